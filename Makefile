@@ -1,0 +1,29 @@
+# Two entry points (see README): `make lab` and `make test`. Both create .venv on first use.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip install --quiet --constraint constraints.txt
+STAMP := $(VENV)/.installed
+
+.PHONY: install lab test bench clean
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	# torch first, pinned by constraints.txt, so that no later resolution pulls another (CUDA) build.
+	$(PIP) "torch==2.13.0"
+	$(PIP) -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+lab: $(STAMP)
+	$(VENV)/bin/jupyter lab --notebook-dir=tutorials
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+bench: $(STAMP)
+	$(PY) -m dpnotebook.benchmarks.memory
+
+clean:
+	rm -rf $(VENV) build *.egg-info

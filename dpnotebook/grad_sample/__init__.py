@@ -1,0 +1,28 @@
+"""Per-sample gradients: the hooks engine, its layer samplers and their registry."""
+
+from dpnotebook.grad_sample import (  # noqa: F401  (importing fills the registry)
+    conv,
+    embedding,
+    embedding_bag,
+    group_norm,
+    instance_norm,
+    layer_norm,
+    linear,
+    rms_norm,
+)
+from dpnotebook.grad_sample.module import GradSampleModule, plan_units
+from dpnotebook.grad_sample.registry import (
+    find_grad_sampler,
+    register_grad_sampler,
+    registered_layer_types,
+    unregister_grad_sampler,
+)
+
+__all__ = [
+    "GradSampleModule",
+    "plan_units",
+    "register_grad_sampler",
+    "unregister_grad_sampler",
+    "find_grad_sampler",
+    "registered_layer_types",
+]

@@ -1,0 +1,70 @@
+"""Small tensor helpers shared by the built-in samplers.
+
+Every sampler receives tensors with the batch in dimension 0 holding ``B*K``
+rows, sample-major. These helpers fold the ``K`` copies of a sample together
+with everything else that is summed over (time steps, pixels), so that no
+sampler ever builds ``B*K`` per-row gradients.
+"""
+
+from __future__ import annotations
+
+import math
+
+from torch import Tensor, nn
+
+
+def group_rows(t: Tensor, K: int) -> Tensor:
+    """``[B*K, *rest] -> [B, K*prod(middle), last]`` for a trailing feature dim.
+
+    >>> import torch
+    >>> group_rows(torch.zeros(6, 5, 3), K=2).shape
+    torch.Size([3, 10, 3])
+    """
+    middle = K * math.prod(t.shape[1:-1])  # explicit, so that an empty batch reshapes too
+    return t.reshape(t.shape[0] // K, middle, t.shape[-1])
+
+
+def sum_rows(t: Tensor, K: int, keep: int) -> Tensor:
+    """Sum over the K copies and every dim but the ``keep`` trailing ones, divide by K.
+
+    ``[B*K, *middle, *kept] -> [B, *kept]``.
+
+    >>> import torch
+    >>> sum_rows(torch.ones(4, 7, 2, 3), K=2, keep=2)
+    tensor([[[7., 7., 7.],
+             [7., 7., 7.]],
+    <BLANKLINE>
+            [[7., 7., 7.],
+             [7., 7., 7.]]])
+    """
+    split = t.dim() - keep
+    middle = K * math.prod(t.shape[1:split])
+    return t.reshape(t.shape[0] // K, middle, *t.shape[split:]).sum(1) / K
+
+
+def affine_grads(
+    layer: nn.Module, x_hat: Tensor, backprops: Tensor, K: int, channels_dim1: bool
+) -> dict[nn.Parameter, Tensor]:
+    """Per-sample gradients of ``y = x_hat * weight + bias``, as in every norm layer.
+
+    Args:
+        layer: holds ``weight`` and ``bias`` (either may be ``None`` or frozen).
+        x_hat: the normalised input, same shape as ``backprops``.
+        backprops: gradient of the loss w.r.t. ``y``; ``B*K`` rows.
+        K: augmentation multiplicity.
+        channels_dim1: the affine parameters span dim 1 (GroupNorm, InstanceNorm)
+            rather than the trailing dims (LayerNorm, RMSNorm).
+    """
+    weight, bias = getattr(layer, "weight", None), getattr(layer, "bias", None)
+    ref = weight if weight is not None else bias
+    if ref is None:
+        return {}
+    if channels_dim1:
+        x_hat, backprops = x_hat.movedim(1, -1), backprops.movedim(1, -1)
+    keep = ref.dim()
+    out = {}
+    if weight is not None and weight.requires_grad:
+        out[weight] = sum_rows(backprops * x_hat, K, keep)
+    if bias is not None and bias.requires_grad:
+        out[bias] = sum_rows(backprops, K, keep)
+    return out

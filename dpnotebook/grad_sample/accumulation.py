@@ -1,0 +1,111 @@
+"""Where per-sample gradients are stored, and the check that none went missing.
+
+``p.grad_sample`` collects what every unit contributes in one backward pass.
+Within one forward pass, contributions add up (a layer called twice, tied
+weights). A later forward pass brings new samples: before ``zero_grad`` they
+are appended (concatenated along the sample dim) or refused, as the wrapper says.
+
+At the end of every backward pass, each parameter that received a ``.grad``
+must also have received per-sample gradients, or we raise: a silently missing
+``grad_sample`` would make DP-SGD clip the wrong thing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from dpnotebook.errors import GradSampleError
+
+
+class GradSampleStore:
+    """Stores ``p.grad_sample`` for the parameters of ``owner._module``.
+
+    Args:
+        owner: the wrapper; its ``hooks_enabled`` switches the end-of-backward check.
+    """
+
+    def __init__(self, owner: Any) -> None:
+        self.owner = owner
+        self.allow_accumulation = True
+        self._forward_of: dict[int, int] = {}
+        self._graded: set[int] = set()
+        self._sampled: set[int] = set()
+        self._handles: list[Any] = []
+        self._check_queued = False
+
+    @property
+    def _module(self) -> nn.Module:
+        return self.owner._module
+
+    def watch(self) -> None:
+        """Hook every parameter so the end-of-backward check knows which ones got a gradient."""
+        self._handles = [p.register_post_accumulate_grad_hook(self._on_grad) for p in self._module.parameters()]
+
+    def unwatch(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    def add(self, p: nn.Parameter, g: Tensor, forward_id: int) -> None:
+        """Add one unit's per-sample gradients ``g`` (``[B, *p.shape]``) to ``p.grad_sample``."""
+        prev = getattr(p, "grad_sample", None)
+        if prev is None:
+            p.grad_sample = g
+        elif self._forward_of.get(id(p)) == forward_id:
+            p.grad_sample = prev + g
+        elif not self.allow_accumulation:
+            raise GradSampleError(
+                f"{self._name(p)} already holds grad_sample from an earlier batch and gradient "
+                "accumulation is forbidden. Call zero_grad() (on the model or the DP optimizer) "
+                "before the next forward/backward, or call allow_grad_accumulation()."
+            )
+        else:
+            p.grad_sample = torch.cat([prev, g])
+        self._forward_of[id(p)] = forward_id
+        self._sampled.add(id(p))
+        self._queue_check()
+
+    def clear(self, *, delete: bool = False) -> None:
+        """Forget all per-sample gradients (``delete`` removes the attribute itself)."""
+        for p in self._module.parameters():
+            if delete:
+                if hasattr(p, "grad_sample"):
+                    del p.grad_sample
+            else:
+                p.grad_sample = None
+        self._forward_of.clear()
+
+    def _name(self, p: nn.Parameter) -> str:
+        for name, q in self._module.named_parameters():
+            if q is p:
+                return f"parameter {name!r}"
+        return "a parameter"
+
+    def _on_grad(self, p: nn.Parameter) -> None:
+        if self.owner.hooks_enabled:
+            self._graded.add(id(p))
+            self._queue_check()
+
+    def _queue_check(self) -> None:
+        if not self._check_queued:
+            self._check_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._check)
+
+    def _check(self) -> None:
+        missing_ids = self._graded - self._sampled
+        self._check_queued = False
+        self._graded, self._sampled = set(), set()
+        if not missing_ids:
+            return
+        missing = [n for n, p in self._module.named_parameters() if id(p) in missing_ids]
+        raise GradSampleError(
+            f"{len(missing)} trainable parameter(s) received .grad but no grad_sample: {missing}. "
+            "This happens when a parameter is used outside its module's forward (e.g. "
+            "F.linear(x, self.fc.weight) in a parent, or a submodule called outside the wrapped "
+            "model). Call the submodule itself inside the model's forward, give the parent a "
+            "grad sampler (dpnotebook.register_grad_sampler), or freeze the parameter "
+            "(requires_grad=False)."
+        )

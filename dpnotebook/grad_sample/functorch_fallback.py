@@ -1,0 +1,150 @@
+"""Per-sample gradients of any layer that does not mix samples, with ``torch.func``.
+
+When a layer has no registered sampler, we replay its forward pass for one
+sample at a time inside ``vmap``: for sample ``i`` we take the gradient of
+
+    sum_k < layer(params, x[i, k]), backprop[i, k] >
+
+with respect to the parameters. That is exactly ``sum_k grad loss(row i*K+k)``,
+so dividing by ``K`` gives the augmentation-multiplicity average, and ``vmap``
+over the ``B`` samples never builds ``B*K`` per-row gradients.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from torch import Tensor, nn
+from torch.func import functional_call, grad, vmap
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from dpnotebook.errors import GradSampleError
+
+_PAUSED = [0]
+
+
+@contextlib.contextmanager
+def capture_paused() -> Iterator[None]:
+    """Forward hooks record nothing inside this block (used while replaying a layer)."""
+    _PAUSED[0] += 1
+    try:
+        yield
+    finally:
+        _PAUSED[0] -= 1
+
+
+def capture_is_paused() -> bool:
+    return _PAUSED[0] > 0
+
+
+@dataclass
+class LayerCall:
+    """What one call of a layer saw in the forward pass.
+
+    Attributes:
+        module: the layer.
+        path: its name in the wrapped model, for messages.
+        args: positional arguments (tensors detached).
+        kwargs: keyword arguments (tensors detached).
+        out_index: positions, in the flattened output, of the tensors whose
+            gradients the backward hook receives.
+        batch_dim: the dimension holding the ``B*K`` rows.
+        rows: ``B*K``.
+        forward_id: which forward pass of the wrapper this call belongs to.
+    """
+
+    module: nn.Module
+    path: str
+    args: tuple
+    kwargs: dict
+    out_index: list[int]
+    batch_dim: int
+    rows: int
+    forward_id: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _split_rows(t: Tensor, dim: int, B: int, K: int) -> Tensor:
+    return t.unflatten(dim, (B, K))
+
+
+def fallback_grad_samples(
+    call: LayerCall, grads: list[Tensor | None], K: int, scale: float
+) -> dict[nn.Parameter, Tensor]:
+    """Per-sample gradients of every trainable parameter of ``call.module`` (submodules included).
+
+    Args:
+        call: the recorded forward call.
+        grads: gradient of the loss w.r.t. each output tensor in ``call.out_index`` (or None).
+        K: augmentation multiplicity.
+        scale: factor that undoes the loss reduction (``B*K`` for a mean).
+    """
+    module, bd, rows = call.module, call.batch_dim, call.rows
+    B = rows // K
+    trainable = {n: p for n, p in module.named_parameters() if p.requires_grad}
+    if not trainable:
+        return {}
+    if B == 0:
+        return {p: p.new_zeros((0, *p.shape)) for p in trainable.values()}
+    fixed = {n: p.detach() for n, p in module.named_parameters() if not p.requires_grad}
+    fixed.update(dict(module.named_buffers()))
+
+    leaves, spec = tree_flatten((call.args, call.kwargs))
+    in_dims = [
+        bd if isinstance(x, Tensor) and x.dim() > bd and x.shape[bd] == rows else None
+        for x in leaves
+    ]
+    batched = [_split_rows(x, bd, B, K) if d is not None else x for x, d in zip(leaves, in_dims)]
+    used = [(i, g) for i, g in zip(call.out_index, grads) if g is not None]
+    for i, g in used:
+        if g.dim() <= bd or g.shape[bd] != rows:
+            raise GradSampleError(
+                f"{call.path} ({type(module).__name__}): output {i} has shape {tuple(g.shape)}, "
+                f"which does not hold the batch's {rows} rows in dim {bd}, so torch.func cannot "
+                "split it per sample. Register a grad sampler for this layer "
+                "(dpnotebook.register_grad_sampler) or use its DP replacement."
+            )
+    out_pos = [i for i, _ in used]
+    out_grads = [_split_rows(g, bd, B, K) for _, g in used]
+
+    def sample_loss(params: dict, xs: list, gs: list) -> Tensor:
+        args, kwargs = tree_unflatten(xs, spec)
+        out, _ = tree_flatten(functional_call(module, {**params, **fixed}, args, kwargs))
+        return sum((out[i] * g).sum() for i, g in zip(out_pos, gs))
+
+    try:
+        with capture_paused():
+            per_sample = vmap(
+                grad(sample_loss), in_dims=(None, in_dims, [bd] * len(out_grads)), randomness="error"
+            )(trainable, batched, out_grads)
+    except Exception as err:  # re-raised with the layer's name and the way out
+        raise GradSampleError(
+            f"{call.path} ({type(module).__name__}) has no registered grad sampler and "
+            f"torch.func could not compute its per-sample gradients: {err}\n"
+            "Fix: register one with dpnotebook.register_grad_sampler, replace the layer with a "
+            "supported one (dpnotebook.validate(model) lists them), or, if the layer uses "
+            "dropout, move the dropout out of it."
+        ) from err
+    return {p: per_sample[n] * (scale / K) for n, p in trainable.items()}
+
+
+def loss_scale(loss_reduction: str, rows: int) -> float:
+    """Factor that turns backprops of the reduced loss into backprops of each row's own loss."""
+    return float(rows) if loss_reduction == "mean" else 1.0
+
+
+def detach_tree(tree: Any) -> Any:
+    leaves, spec = tree_flatten(tree)
+    return tree_unflatten([x.detach() if isinstance(x, Tensor) else x for x in leaves], spec)
+
+
+__all__ = [
+    "LayerCall",
+    "capture_paused",
+    "capture_is_paused",
+    "fallback_grad_samples",
+    "loss_scale",
+    "detach_tree",
+]

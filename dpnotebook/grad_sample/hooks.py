@@ -1,0 +1,146 @@
+"""Recording layer calls in the forward pass and turning backprops into ``grad_sample``.
+
+:class:`LayerHooks` is the machinery behind :class:`GradSampleModule`: a forward
+hook on each *unit* (a layer with a registered sampler, or a subtree computed by
+the ``torch.func`` fallback) records what the layer saw and registers a hook on
+its outputs; when their gradients arrive, the unit's per-sample gradients are
+computed and added to ``p.grad_sample``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from functools import partial
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.autograd.graph import register_multi_grad_hook
+from torch.utils._pytree import tree_flatten
+
+from dpnotebook.errors import GradSampleError
+from dpnotebook.grad_sample.functorch_fallback import (
+    LayerCall,
+    capture_is_paused,
+    detach_tree,
+    fallback_grad_samples,
+    loss_scale,
+)
+from dpnotebook.grad_sample.registry import SamplerEntry
+
+
+def bound_arguments(module: nn.Module, args: tuple, kwargs: dict) -> list[Any]:
+    """The forward's arguments in signature order, defaults filled in (``activations``).
+
+    >>> from torch import nn
+    >>> bound_arguments(nn.EmbeddingBag(3, 2), ("idx",), {"offsets": "off"})
+    ['idx', 'off', None]
+    """
+    sig = inspect.signature(module.forward)
+    if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in sig.parameters.values()):
+        return [*args, *kwargs.values()]
+    bound = sig.bind(*args, **kwargs)
+    bound.apply_defaults()
+    return list(bound.arguments.values())
+
+
+def to_batch_first(x: Any, batch_dim: int) -> Any:
+    if batch_dim == 0 or not isinstance(x, Tensor) or x.dim() < 2:
+        return x
+    return x.movedim(batch_dim, 0)
+
+
+def sampler_grad_samples(
+    entry: SamplerEntry, call: LayerCall, backprops: Tensor, K: int, scale: float
+) -> dict[nn.Parameter, Tensor]:
+    """Run a registered sampler on one recorded call, checking what it returns."""
+    module = call.module
+    acts = [to_batch_first(a, call.batch_dim) for a in bound_arguments(module, call.args, call.kwargs)]
+    bp = to_batch_first(backprops, call.batch_dim) * scale
+    B = call.rows // K
+    if entry.takes_k:
+        found = entry.fn(module, acts, bp, K)
+    else:  # Opacus-style: per-row gradients, averaged over each sample's K rows here
+        found = {p: g.reshape(B, K, *g.shape[1:]).mean(1) for p, g in entry.fn(module, acts, bp).items()}
+    own = {id(p): n for n, p in module.named_parameters()}
+    for p, g in found.items():
+        if id(p) not in own:
+            raise GradSampleError(
+                f"grad sampler {entry.name!r} for {call.path} returned a tensor for a parameter "
+                f"that is not one of {type(module).__name__}'s own ({sorted(own.values())})."
+            )
+        if tuple(g.shape) != (B, *p.shape):
+            raise GradSampleError(
+                f"grad sampler {entry.name!r} for {call.path} returned shape {tuple(g.shape)} for "
+                f"{own[id(p)]!r}; expected [B, *param.shape] = {(B, *p.shape)} with B={B} samples "
+                f"of K={K} rows each."
+            )
+    return found
+
+
+class LayerHooks:
+    """Forward/backward hooks on the units of one wrapped model.
+
+    Args:
+        units: ``(path, module, sampler entry or None for the torch.func fallback)``.
+        owner: the :class:`GradSampleModule` that holds the settings and the storage.
+    """
+
+    def __init__(self, units: list[tuple[str, nn.Module, SamplerEntry | None]], owner: Any) -> None:
+        self.units = units
+        self.owner = owner
+        self.handles: list[Any] = []
+        for path, module, entry in units:
+            hook = partial(self._record, path, entry)
+            self.handles.append(module.register_forward_hook(hook, with_kwargs=True))
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
+
+    def _batch_dim(self, module: nn.Module, entry: SamplerEntry | None) -> int:
+        if getattr(module, "_dpn_batch_first", False) or (entry is not None and entry.batch_first_always):
+            return 0
+        return 0 if self.owner.batch_first else 1
+
+    def _record(
+        self, path: str, entry: SamplerEntry | None, module: nn.Module, args: tuple, kwargs: dict, output: Any
+    ) -> None:
+        owner = self.owner
+        if not owner.hooks_enabled or capture_is_paused() or not torch.is_grad_enabled():
+            return
+        if not any(p.requires_grad for p in module.parameters(recurse=entry is None)):
+            return
+        leaves, _ = tree_flatten(output)
+        out_index = [i for i, x in enumerate(leaves) if isinstance(x, Tensor) and x.requires_grad]
+        if not out_index:
+            return
+        bd = self._batch_dim(module, entry)
+        first = leaves[out_index[0]]
+        if first.dim() <= bd:
+            raise GradSampleError(
+                f"{path} ({type(module).__name__}) returned shape {tuple(first.shape)}, which has no "
+                f"batch dim {bd} (batch_first={owner.batch_first}). With batch_first=False inputs are "
+                "[T, B*K, ...]; check the batch_first argument of GradSampleModule."
+            )
+        rows = first.shape[bd]
+        owner._check_rows(path, module, rows, bd)
+        call = LayerCall(module, path, detach_tree(args), detach_tree(kwargs), out_index, bd, rows, owner._forward_id)
+        register_multi_grad_hook(
+            [leaves[i] for i in out_index], partial(self._on_grads, entry, call), mode="all"
+        )
+
+    def _on_grads(self, entry: SamplerEntry | None, call: LayerCall, grads: list[Tensor | None]) -> None:
+        owner = self.owner
+        if not owner.hooks_enabled:
+            return
+        K, scale = owner.K, loss_scale(owner.loss_reduction, call.rows)
+        if entry is None:
+            found = fallback_grad_samples(call, list(grads), K, scale)
+        elif grads[0] is None:
+            return
+        else:
+            found = sampler_grad_samples(entry, call, grads[0], K, scale)
+        for p, g in found.items():
+            owner._store.add(p, g.detach(), call.forward_id)

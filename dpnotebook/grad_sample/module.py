@@ -1,0 +1,249 @@
+"""``GradSampleModule``: wrap a model so that ``loss.backward()`` also fills ``p.grad_sample``.
+
+>>> import torch
+>>> from torch import nn
+>>> from dpnotebook import GradSampleModule
+>>> model = GradSampleModule(nn.Linear(3, 2), K=2)
+>>> x = torch.randn(4, 3)                    # B=2 samples, K=2 copies each, sample-major
+>>> model(x).sum().backward()
+>>> model.weight.grad_sample.shape           # one gradient per sample, not per row
+torch.Size([2, 2, 3])
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor, nn
+
+from dpnotebook.errors import GradSampleError, UnsupportedModuleError
+from dpnotebook.grad_sample.hooks import LayerHooks
+from dpnotebook.grad_sample.registry import SamplerEntry, find_grad_sampler
+from dpnotebook.grad_sample.accumulation import GradSampleStore
+from dpnotebook.validation import Problem, raise_if_problems, validate
+
+LOSS_REDUCTIONS = ("mean", "sum")
+
+
+def check_k(K: Any) -> int:
+    """Validate the augmentation multiplicity ``K``.
+
+    >>> check_k(0)
+    Traceback (most recent call last):
+    ...
+    ValueError: K=0 is invalid: K is the number of augmented copies of each sample and must be an int >= 1 (K=1 means no augmentation multiplicity).
+    """
+    if isinstance(K, bool) or not isinstance(K, int) or K < 1:
+        raise ValueError(
+            f"K={K!r} is invalid: K is the number of augmented copies of each sample and must be "
+            "an int >= 1 (K=1 means no augmentation multiplicity)."
+        )
+    return K
+
+
+def plan_units(
+    module: nn.Module, *, force_functorch: bool = False, whole_model: bool = False, root: str = "model"
+) -> list[tuple[str, nn.Module, SamplerEntry | None]]:
+    """Split ``module`` into units, each computed by one sampler or by the torch.func fallback.
+
+    Walking from the root: a module with a registered sampler is a unit for its
+    own parameters (its children are visited too); a module with parameters of
+    its own but no sampler is a fallback unit for its whole subtree.
+
+    >>> from torch import nn
+    >>> [(p, e.name if e else "torch.func") for p, _, e in plan_units(nn.Sequential(nn.Linear(2, 2), nn.PReLU()))]
+    [('model.0', 'linear_grad_sampler'), ('model.1', 'torch.func')]
+    """
+    if whole_model:
+        return [(root, module, None)]
+    units: list[tuple[str, nn.Module, SamplerEntry | None]] = []
+
+    def visit(path: str, m: nn.Module) -> None:
+        entry = None if force_functorch else find_grad_sampler(m)
+        has_own = any(True for _ in m.parameters(recurse=False))
+        if entry is not None and has_own:
+            units.append((path, m, entry))
+        elif has_own:
+            units.append((path, m, None))
+            return
+        for name, child in m.named_children():
+            visit(f"{path}.{name}", child)
+
+    visit(root, module)
+    return units
+
+
+class GradSampleModule(nn.Module):
+    """Wraps ``module``; after ``loss.backward()`` every trainable ``p`` has ``p.grad_sample``.
+
+    The input holds ``B*K`` rows, sample-major (rows ``i*K .. i*K+K-1`` are the
+    ``K`` augmented copies of sample ``i``). Then ``p.grad_sample`` has shape
+    ``[B, *p.shape]`` and ``p.grad_sample[i]`` is the mean over the ``K`` copies
+    of the gradient of each copy's own loss. ``p.grad`` is left exactly as
+    PyTorch computes it.
+
+    Args:
+        module: the model to wrap. It is not copied; :meth:`to_standard_module`
+            gives it back unchanged.
+        batch_first: rows are in dim 0 (``True``) or dim 1 (``False``: ``[T, B*K, ...]``).
+        loss_reduction: how the loss over all ``B*K`` rows was reduced,
+            ``"mean"`` or ``"sum"``; the module undoes it.
+        strict: refuse models with layers that mix samples (see :func:`dpnotebook.validate`).
+        force_functorch: use the ``torch.func`` fallback for every layer.
+        K: augmentation multiplicity, an int >= 1.
+
+    Raises:
+        UnsupportedModuleError: ``strict`` and the model holds layers that mix samples.
+        ValueError: a bad ``K``, ``loss_reduction`` or ``batch_first``.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        *,
+        batch_first: bool = True,
+        loss_reduction: str = "mean",
+        strict: bool = True,
+        force_functorch: bool = False,
+        K: int = 1,
+    ) -> None:
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"module must be an nn.Module, got {type(module).__name__}.")
+        if loss_reduction not in LOSS_REDUCTIONS:
+            raise ValueError(
+                f"loss_reduction={loss_reduction!r} is invalid; use one of {LOSS_REDUCTIONS}: "
+                "'mean' if your loss averages over the batch's rows, 'sum' if it adds them up."
+            )
+        if not isinstance(batch_first, bool):
+            raise ValueError(f"batch_first={batch_first!r} is invalid; use True or False.")
+        K = check_k(K)
+        if strict:
+            raise_if_problems(self.validate(module, strict=False))
+        super().__init__()
+        self._module = module
+        self.batch_first = batch_first
+        self.loss_reduction = loss_reduction
+        self.force_functorch = force_functorch
+        self.K = K
+        self.hooks_enabled = True
+        self._forward_id = 0
+        self._rows_seen: tuple[str, int] | None = None
+        self._in_forward = False
+        self._store = GradSampleStore(self)
+        self._hooks: LayerHooks | None = None
+        self.add_hooks()
+
+    # -- what users of the Opacus API know ---------------------------------
+    @classmethod
+    def validate(cls, module: nn.Module, *, strict: bool = False) -> list[Problem]:
+        """Problems that stop per-sample gradients; raise them all at once if ``strict``."""
+        problems = validate(module)
+        if strict:
+            raise_if_problems(problems)
+        return problems
+
+    @classmethod
+    def is_supported(cls, module: nn.Module) -> bool:
+        """``True`` when :meth:`validate` finds no problem."""
+        return not cls.validate(module, strict=False)
+
+    def _plan(self) -> list[tuple[str, nn.Module, SamplerEntry | None]]:
+        return plan_units(self._module, force_functorch=self.force_functorch)
+
+    def add_hooks(self) -> None:
+        """Install the hooks (done by the constructor)."""
+        if self._hooks is None:
+            self._hooks = LayerHooks(self._plan(), self)
+            self._store.watch()
+
+    def remove_hooks(self) -> None:
+        """Remove every hook this wrapper installed."""
+        if self._hooks is not None:
+            self._hooks.remove()
+            self._hooks = None
+        self._store.unwatch()
+
+    def disable_hooks(self) -> None:
+        """Keep the hooks but record nothing (plain PyTorch behaviour) until :meth:`enable_hooks`."""
+        self.hooks_enabled = False
+
+    def enable_hooks(self) -> None:
+        self.hooks_enabled = True
+
+    def allow_grad_accumulation(self) -> None:
+        """A second forward/backward before ``zero_grad`` appends its samples to ``grad_sample``."""
+        self._store.allow_accumulation = True
+
+    def forbid_grad_accumulation(self) -> None:
+        """A second forward/backward before ``zero_grad`` raises instead."""
+        self._store.allow_accumulation = False
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear ``p.grad`` (as ``nn.Module.zero_grad``) and ``p.grad_sample``."""
+        super().zero_grad(set_to_none=set_to_none)
+        self._store.clear()
+
+    def to_standard_module(self) -> nn.Module:
+        """Remove hooks and ``grad_sample`` attributes and return the original module."""
+        self.remove_hooks()
+        self._store.clear(delete=True)
+        return self._module
+
+    @property
+    def units(self) -> list[tuple[str, str]]:
+        """``(path, how)`` for each unit: the sampler's name or ``"torch.func"``."""
+        plan = self._hooks.units if self._hooks is not None else self._plan()
+        return [(p, e.name if e is not None else "torch.func") for p, _, e in plan]
+
+    # -- the forward pass ----------------------------------------------------
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        self._forward_id += 1
+        self._rows_seen = None
+        self._in_forward = True
+        try:
+            return self._forward(*args, **kwargs)
+        finally:
+            self._in_forward = False
+
+    def _forward(self, *args: Any, **kwargs: Any) -> Any:
+        first = args[0] if args else None
+        if isinstance(first, Tensor) and self.hooks_enabled:
+            bd = 0 if self.batch_first else 1
+            if first.dim() <= bd:
+                raise ValueError(
+                    f"batch_first=False expects inputs shaped [T, B*K, ...] but the input has shape "
+                    f"{tuple(first.shape)}; pass batch_first=True for [B*K, ...] inputs."
+                )
+            self._check_rows("the input", self._module, first.shape[bd], bd)
+        return self._module(*args, **kwargs)
+
+    def _check_rows(self, path: str, module: nn.Module, rows: int, bd: int) -> None:
+        if rows % self.K:
+            raise ValueError(
+                f"{path} has {rows} rows in dim {bd}, which K={self.K} does not divide. A batch "
+                f"holds B*K rows: K augmented copies of each of B samples, sample-major. Pass "
+                f"B*K rows, or the right K."
+            )
+        if not self._in_forward:
+            return
+        if self._rows_seen is None:
+            self._rows_seen = (path, rows)
+        elif self._rows_seen[1] != rows:
+            raise GradSampleError(
+                f"{path} ({type(module).__name__}) sees {rows} rows in dim {bd} but "
+                f"{self._rows_seen[0]} saw {self._rows_seen[1]}: the batch dimension is not where "
+                f"batch_first={self.batch_first} says. Use batch_first={not self.batch_first} "
+                "or permute the input."
+            )
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(super().__getattr__("_module"), name)
+
+    def __repr__(self) -> str:
+        return f"GradSampleModule(K={self.K}, loss_reduction={self.loss_reduction!r}, batch_first={self.batch_first},\n  {self._module!r})"
+
+
+__all__ = ["GradSampleModule", "plan_units", "check_k", "UnsupportedModuleError"]

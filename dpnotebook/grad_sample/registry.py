@@ -1,0 +1,162 @@
+"""The registry of per-layer grad samplers.
+
+A grad sampler turns what a layer saw in the forward pass (its *activations*)
+and what came back in the backward pass (the gradient of the loss with respect
+to its output, the *backprops*) into per-sample gradients of its parameters.
+
+Samplers are registered per layer type:
+
+>>> import torch
+>>> from torch import nn
+>>> from dpnotebook.grad_sample import register_grad_sampler, find_grad_sampler
+>>> class Scale(nn.Module):
+...     def __init__(self, d):
+...         super().__init__()
+...         self.w = nn.Parameter(torch.ones(d))
+...     def forward(self, x):
+...         return x * self.w
+>>> @register_grad_sampler(Scale)
+... def scale_sampler(layer, activations, backprops, K):
+...     x, = activations                      # [B*K, ..., d]
+...     per_row = (x * backprops).reshape(-1, K, x.shape[-1] if x.dim() > 1 else 1)
+...     return {layer.w: per_row.sum(1) / K}
+>>> find_grad_sampler(Scale(3)).name
+'scale_sampler'
+
+The full signature is ``fn(layer, activations, backprops, K) -> {param: grad_sample}``.
+Opacus-style samplers ``fn(layer, activations, backprops)`` are accepted too;
+dpnotebook then averages each group of ``K`` per-row gradients itself.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Callable
+
+from torch import Tensor, nn
+
+__all__ = [
+    "GradSampler",
+    "SamplerEntry",
+    "register_grad_sampler",
+    "find_grad_sampler",
+    "registered_layer_types",
+    "unregister_grad_sampler",
+]
+
+GradSampler = Callable[..., dict[nn.Parameter, Tensor]]
+
+
+@dataclass(frozen=True)
+class SamplerEntry:
+    """One registered sampler.
+
+    Attributes:
+        fn: The sampler function.
+        takes_k: ``True`` for ``fn(layer, activations, backprops, K)``; ``False``
+            for Opacus-style ``fn(layer, activations, backprops)``, whose per-row
+            results dpnotebook averages over each sample's ``K`` rows.
+        batch_first_always: The layer's inputs and outputs always have the batch
+            in dimension 0, whatever the wrapper's ``batch_first`` says
+            (``EmbeddingBag`` outputs ``[bags, D]``, for instance).
+    """
+
+    fn: GradSampler
+    takes_k: bool
+    batch_first_always: bool = False
+
+    @property
+    def name(self) -> str:
+        return getattr(self.fn, "__name__", repr(self.fn))
+
+
+_SAMPLERS: dict[type[nn.Module], SamplerEntry] = {}
+
+
+def _takes_k(fn: GradSampler) -> bool:
+    params = list(inspect.signature(fn).parameters.values())
+    positional = [
+        p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    if any(p.kind == p.VAR_POSITIONAL for p in params) or len(positional) >= 4:
+        return True
+    if len(positional) == 3:
+        return False
+    raise TypeError(
+        f"grad sampler {getattr(fn, '__name__', fn)!r} takes {len(positional)} positional "
+        "arguments; expected fn(layer, activations, backprops, K) or the Opacus-style "
+        "fn(layer, activations, backprops)."
+    )
+
+
+def register_grad_sampler(
+    *layer_types: type[nn.Module], batch_first_always: bool = False
+) -> Callable[[GradSampler], GradSampler]:
+    """Register ``fn`` as the grad sampler of each type in ``layer_types``.
+
+    Args:
+        *layer_types: ``nn.Module`` subclasses the sampler handles. A subclass
+            that does not override ``forward`` inherits its parent's sampler.
+        batch_first_always: The layer always sees the batch in dimension 0.
+
+    Returns:
+        A decorator that registers the function and returns it unchanged.
+
+    Raises:
+        TypeError: if a type is not an ``nn.Module`` subclass or the function
+            has the wrong number of arguments.
+
+    >>> from torch import nn
+    >>> from dpnotebook.grad_sample import register_grad_sampler
+    >>> register_grad_sampler("Linear")
+    Traceback (most recent call last):
+    ...
+    TypeError: register_grad_sampler takes nn.Module subclasses, got 'Linear' (a str); pass the class itself, e.g. register_grad_sampler(nn.Linear).
+    """
+    for t in layer_types:
+        if not (isinstance(t, type) and issubclass(t, nn.Module)):
+            raise TypeError(
+                f"register_grad_sampler takes nn.Module subclasses, got {t!r} "
+                f"(a {type(t).__name__}); pass the class itself, e.g. "
+                "register_grad_sampler(nn.Linear)."
+            )
+
+    def decorator(fn: GradSampler) -> GradSampler:
+        entry = SamplerEntry(fn, _takes_k(fn), batch_first_always)
+        for t in layer_types:
+            _SAMPLERS[t] = entry
+        return fn
+
+    return decorator
+
+
+def unregister_grad_sampler(layer_type: type[nn.Module]) -> None:
+    """Remove the sampler registered for exactly ``layer_type`` (if any)."""
+    _SAMPLERS.pop(layer_type, None)
+
+
+def find_grad_sampler(module: nn.Module) -> SamplerEntry | None:
+    """The sampler for ``module``'s type, or ``None``.
+
+    The exact type is looked up first, then its base classes, but a base class's
+    sampler is only inherited while ``forward`` is inherited too: a subclass
+    that computes something else must register its own sampler.
+    """
+    cls = type(module)
+    if cls in _SAMPLERS:
+        return _SAMPLERS[cls]
+    for base in cls.__mro__[1:]:
+        if base in _SAMPLERS and cls.forward is base.forward:
+            return _SAMPLERS[base]
+    return None
+
+
+def registered_layer_types() -> list[str]:
+    """Names of the layer types with a registered sampler, sorted.
+
+    >>> from dpnotebook.grad_sample import registered_layer_types
+    >>> "Linear" in registered_layer_types()
+    True
+    """
+    return sorted(t.__name__ for t in _SAMPLERS)
