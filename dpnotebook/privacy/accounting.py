@@ -1,0 +1,287 @@
+"""Privacy accounting: the epsilon a run has spent, computed by Google's ``dp_accounting``.
+
+Each DP-SGD step is a *Poisson-subsampled Gaussian mechanism*: every sample
+is in the batch with probability ``q`` (``sample_rate``) and the clipped sum
+gets Gaussian noise of std ``sigma * C`` (``sigma`` = ``noise_multiplier``).
+An accountant records the steps and composes them into ``(epsilon, delta)``.
+No formula is written here: every number comes from ``dp_accounting``.
+
+Two accountants, in one registry (:func:`create_accountant`):
+
+* ``"rdp"``: Renyi DP (Mironov 2017), fast, a little pessimistic.
+* ``"pld"``: privacy loss distributions (Koskela et al. 2020, Doroshenko et
+  al. 2022), tighter, slower for many steps or small ``sigma``. ``"prv"``
+  (Opacus' default, Gopi et al. 2021) computes the same privacy loss
+  distribution numerically, so it is accepted as an alias of ``"pld"``.
+
+The history is a list of ``(noise_multiplier, sample_rate, num_steps)``, so
+``sigma`` and ``q`` may change during training; epsilon is recomputed from
+it (and cached) on request.
+
+>>> acc = create_accountant("rdp")
+>>> acc.step(noise_multiplier=1.1, sample_rate=256 / 60000, num_steps=14062)
+>>> round(acc.get_epsilon(1e-5), 2)
+2.6
+>>> acc.history
+[(1.1, 0.004266666666666667, 14062)]
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, ClassVar
+
+import dp_accounting
+
+from dpnotebook.privacy.arguments import (
+    check_choice,
+    check_delta,
+    check_epsilon,
+    check_noise_multiplier,
+    check_positive_int,
+    check_positive_number,
+    check_sample_rate,
+)
+
+__all__ = [
+    "Accountant",
+    "RDPAccountant",
+    "PLDAccountant",
+    "ACCOUNTANTS",
+    "available_accountants",
+    "create_accountant",
+    "compute_epsilon",
+    "get_noise_multiplier",
+]
+
+History = tuple[tuple[float, float, int], ...]
+
+
+class Accountant:
+    """Records DP-SGD steps and turns them into epsilon with a ``dp_accounting`` accountant.
+
+    Subclasses set ``mechanism`` and build the ``dp_accounting`` accountant in
+    :meth:`new_dp_accountant`.
+
+    Attributes:
+        history: ``[(noise_multiplier, sample_rate, num_steps), ...]``; consecutive
+            steps with the same ``sigma`` and ``q`` are merged into one entry.
+    """
+
+    mechanism: ClassVar[str] = ""
+
+    def __init__(self) -> None:
+        self.history: list[tuple[float, float, int]] = []
+
+    def new_dp_accountant(self) -> dp_accounting.PrivacyAccountant:
+        """A fresh, empty ``dp_accounting`` accountant of this kind."""
+        raise NotImplementedError
+
+    def options(self) -> tuple[tuple[str, Any], ...]:
+        """The constructor options, as a hashable tuple (they are part of the cache key)."""
+        return ()
+
+    def step(self, *, noise_multiplier: float, sample_rate: float, num_steps: int = 1) -> None:
+        """Record ``num_steps`` DP-SGD steps with noise ``noise_multiplier`` and sample rate ``sample_rate``."""
+        sigma = check_noise_multiplier(noise_multiplier)
+        q = check_sample_rate(sample_rate)
+        n = check_positive_int("num_steps", num_steps)
+        if self.history and self.history[-1][:2] == (sigma, q):
+            self.history[-1] = (sigma, q, self.history[-1][2] + n)
+        else:
+            self.history.append((sigma, q, n))
+
+    def __len__(self) -> int:
+        """The total number of steps recorded."""
+        return sum(n for _, _, n in self.history)
+
+    def get_epsilon(self, delta: float) -> float:
+        """The epsilon spent so far at this ``delta`` (0.0 before the first step)."""
+        delta = check_delta(delta)
+        return _epsilon(type(self), self.options(), tuple(self.history), delta)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain Python data for ``torch.save`` (safe with ``weights_only=True``)."""
+        return {"mechanism": self.mechanism, "history": [list(h) for h in self.history]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Replace the history by the one in ``state`` (from :meth:`state_dict`)."""
+        history = []
+        for sigma, q, n in state["history"]:
+            history.append((check_noise_multiplier(sigma), check_sample_rate(q), check_positive_int("num_steps", n)))
+        self.history = history
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(steps={len(self)}, history={self.history})"
+
+
+class RDPAccountant(Accountant):
+    """Renyi-DP accounting (``dp_accounting.rdp.RdpAccountant``).
+
+    Args:
+        orders: the Renyi orders to optimise over (``None``: dp_accounting's defaults).
+    """
+
+    mechanism = "rdp"
+
+    def __init__(self, *, orders: tuple[float, ...] | None = None) -> None:
+        super().__init__()
+        self.orders = None if orders is None else tuple(float(a) for a in orders)
+
+    def new_dp_accountant(self) -> dp_accounting.PrivacyAccountant:
+        return dp_accounting.rdp.RdpAccountant(orders=self.orders)
+
+    def options(self) -> tuple[tuple[str, Any], ...]:
+        return (("orders", self.orders),)
+
+
+class PLDAccountant(Accountant):
+    """Privacy-loss-distribution accounting (``dp_accounting.pld.PLDAccountant``).
+
+    Args:
+        value_discretization_interval: the grid step of the privacy loss. The
+            result is a pessimistic (upper) bound at any step; a smaller one is
+            tighter but slower. The default 1e-3 is within about 0.01 of 1e-4
+            for typical DP-SGD settings and 10 times faster.
+    """
+
+    mechanism = "pld"
+
+    def __init__(self, *, value_discretization_interval: float = 1e-3) -> None:
+        super().__init__()
+        self.value_discretization_interval = check_positive_number(
+            "value_discretization_interval", value_discretization_interval
+        )
+
+    def new_dp_accountant(self) -> dp_accounting.PrivacyAccountant:
+        return dp_accounting.pld.PLDAccountant(value_discretization_interval=self.value_discretization_interval)
+
+    def options(self) -> tuple[tuple[str, Any], ...]:
+        return (("value_discretization_interval", self.value_discretization_interval),)
+
+
+#: The registry: name -> accountant class. ``"prv"`` is an alias of ``"pld"``.
+ACCOUNTANTS: dict[str, type[Accountant]] = {"rdp": RDPAccountant, "pld": PLDAccountant, "prv": PLDAccountant}
+
+
+def available_accountants() -> list[str]:
+    """The registered accountant names, sorted.
+
+    >>> available_accountants()
+    ['pld', 'prv', 'rdp']
+    """
+    return sorted(ACCOUNTANTS)
+
+
+def create_accountant(name: str = "pld", **options: Any) -> Accountant:
+    """A new, empty accountant from the registry.
+
+    >>> create_accountant("moments")
+    Traceback (most recent call last):
+    ...
+    ValueError: accountant='moments' is unknown; choose one of ['pld', 'prv', 'rdp'].
+    """
+    return ACCOUNTANTS[check_choice("accountant", name, ACCOUNTANTS)](**options)
+
+
+@functools.lru_cache(maxsize=4096)
+def _epsilon(kind: type[Accountant], options: tuple, history: History, delta: float) -> float:
+    """Epsilon of ``history`` at ``delta``: compose every entry in a fresh ``dp_accounting`` accountant."""
+    if not history:
+        return 0.0
+    accountant = kind(**dict(options)).new_dp_accountant()
+    for sigma, q, n in history:
+        event = dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma))
+        accountant.compose(event, n)
+    return float(accountant.get_epsilon(delta))
+
+
+def compute_epsilon(
+    *, noise_multiplier: float, sample_rate: float, steps: int, delta: float, accountant: str = "pld"
+) -> float:
+    """Epsilon of ``steps`` DP-SGD steps with a fixed ``sigma`` and ``q`` (cached).
+
+    >>> round(compute_epsilon(noise_multiplier=1.1, sample_rate=0.01, steps=100, delta=1e-5), 3)
+    0.55
+    """
+    acc = create_accountant(accountant)
+    acc.step(noise_multiplier=noise_multiplier, sample_rate=sample_rate, num_steps=steps)
+    return acc.get_epsilon(delta)
+
+
+def get_noise_multiplier(
+    *,
+    target_epsilon: float,
+    target_delta: float,
+    sample_rate: float,
+    steps: int | None = None,
+    epochs: float | None = None,
+    accountant: str = "pld",
+    epsilon_tolerance: float = 0.01,
+) -> float:
+    """The smallest noise multiplier (within tolerance) whose epsilon is at most ``target_epsilon``.
+
+    Brackets sigma by doubling or halving from 1, then bisects; the answer is
+    always a sigma whose epsilon was computed and found ``<= target_epsilon``,
+    and ``>= target_epsilon - epsilon_tolerance`` unless the search interval
+    became tiny. Results are cached, so repeated queries (a slider) are instant.
+
+    Args:
+        target_epsilon: the privacy budget epsilon (> 0).
+        target_delta: the delta in (0, 1).
+        sample_rate: q, the probability that a sample is in a batch.
+        steps: the number of steps; or give ``epochs`` (``steps = int(epochs / q)``).
+        epochs: the number of epochs, instead of ``steps``.
+        accountant: a registry name (``"pld"``, ``"prv"``, ``"rdp"``).
+        epsilon_tolerance: how far below the target epsilon may end (> 0).
+
+    >>> sigma = get_noise_multiplier(target_epsilon=1.0, target_delta=1e-5, sample_rate=0.01, steps=100)
+    >>> round(sigma, 2)
+    0.9
+    >>> compute_epsilon(noise_multiplier=sigma, sample_rate=0.01, steps=100, delta=1e-5) <= 1.0
+    True
+    """
+    target_epsilon = check_epsilon(target_epsilon)
+    target_delta = check_delta(target_delta, name="target_delta")
+    sample_rate = check_sample_rate(sample_rate)
+    tolerance = check_positive_number("epsilon_tolerance", epsilon_tolerance)
+    check_choice("accountant", accountant, ACCOUNTANTS)
+    if (steps is None) == (epochs is None):
+        raise ValueError(f"steps={steps!r}, epochs={epochs!r}: give exactly one of them.")
+    if steps is None:
+        steps = int(check_positive_number("epochs", epochs) / sample_rate)
+    steps = check_positive_int("steps", steps)
+    return _search_noise_multiplier(target_epsilon, target_delta, sample_rate, steps, accountant, tolerance)
+
+
+@functools.lru_cache(maxsize=1024)
+def _search_noise_multiplier(
+    target: float, delta: float, q: float, steps: int, accountant: str, tolerance: float
+) -> float:
+    def epsilon(sigma: float) -> float:
+        return compute_epsilon(noise_multiplier=sigma, sample_rate=q, steps=steps, delta=delta, accountant=accountant)
+
+    low, high = 1.0, 1.0                        # invariant: eps(low) > target >= eps(high)
+    eps_high = epsilon(high)
+    while eps_high > target:
+        low, high = high, 2 * high
+        if high > 1e6:
+            raise ValueError(f"target_epsilon={target!r} cannot be reached with noise_multiplier <= 1e6.")
+        eps_high = epsilon(high)
+    if low == high:
+        low = high / 2
+        while epsilon(low) <= target:
+            high, low = low, low / 2
+            if low < 1e-3:
+                raise ValueError(f"target_epsilon={target!r} is reached without noise; pick a smaller target.")
+        eps_high = epsilon(high)
+    while target - eps_high > tolerance and high - low > 1e-9 * high:
+        mid = (low + high) / 2
+        eps_mid = epsilon(mid)
+        if eps_mid > target:
+            low = mid
+        else:
+            high, eps_high = mid, eps_mid
+    assert eps_high <= target and math.isfinite(high)
+    return high

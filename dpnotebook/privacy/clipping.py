@@ -1,0 +1,182 @@
+"""Per-sample gradient clipping: the step that bounds each sample's influence.
+
+DP-SGD scales the gradient ``g_i`` of every sample ``i`` down to norm at most
+``C`` (``max_grad_norm``) and sums the results. Adding or removing one sample
+then changes the sum by a vector of norm at most ``C``: the *sensitivity* that
+the Gaussian noise is calibrated to.
+
+Two ways to measure "the norm":
+
+* ``"flat"``: one norm over all parameters together,
+  ``||g_i|| = sqrt(sum over parameters of ||g_i[p]||^2)``, and one clip factor
+  ``min(1, C / (||g_i|| + 1e-6))`` per sample.
+* ``"per_layer"``: each parameter tensor ("layer", as in Opacus) is clipped on
+  its own to ``C / sqrt(L)`` where ``L`` is the number of parameter tensors.
+  Then ``||clipped g_i||^2 <= L * C^2 / L = C^2``: the total norm, hence the
+  sensitivity, is still at most ``C``.
+
+>>> import torch
+>>> g = [torch.tensor([[3.0, 4.0], [0.3, 0.4]])]   # one parameter of shape [2], B=2 samples
+>>> result = clip_and_sum(g, max_grad_norm=1.0)
+>>> result.norms                                   # before clipping
+tensor([5.0000, 0.5000])
+>>> result.summed[0]                               # [0.6, 0.8] + [0.3, 0.4]
+tensor([0.9000, 1.2000])
+>>> result.fraction_clipped
+0.5
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import torch
+from torch import Tensor
+
+from dpnotebook.privacy.arguments import check_choice, check_max_grad_norm
+
+__all__ = [
+    "CLIPPING_MODES",
+    "ClipResult",
+    "per_layer_norms",
+    "per_sample_norms",
+    "clip_factors",
+    "layer_thresholds",
+    "clip_and_sum",
+]
+
+CLIPPING_MODES = ("flat", "per_layer")
+
+#: Added to the norm before dividing, so that a zero gradient gives factor 1, not nan.
+EPS = 1e-6
+
+GradSamples = Sequence[Tensor] | Mapping[str, Tensor]
+
+
+def _as_list(grad_samples: GradSamples) -> list[Tensor]:
+    values = list(grad_samples.values()) if isinstance(grad_samples, Mapping) else list(grad_samples)
+    if not values:
+        raise ValueError("grad_samples is empty: pass one [B, *shape] tensor per parameter.")
+    rows = {g.shape[0] for g in values}
+    if len(rows) > 1:
+        raise ValueError(
+            f"grad_samples disagree on the number of samples B (dim 0): {sorted(rows)}. Every "
+            "parameter's per-sample gradient must come from the same batch."
+        )
+    return values
+
+
+def per_layer_norms(grad_samples: GradSamples) -> Tensor:
+    """The norm of each sample's gradient for each parameter tensor: shape ``[L, B]``.
+
+    >>> import torch
+    >>> per_layer_norms([torch.ones(2, 4), torch.ones(2, 3, 3)])
+    tensor([[2., 2.],
+            [3., 3.]])
+    """
+    return torch.stack([g.flatten(start_dim=1).norm(dim=1) for g in _as_list(grad_samples)])
+
+
+def per_sample_norms(grad_samples: GradSamples) -> Tensor:
+    """The norm of each sample's whole gradient (all parameters flattened together): shape ``[B]``.
+
+    >>> import torch
+    >>> per_sample_norms([torch.ones(2, 4), torch.ones(2, 3, 3)])   # sqrt(4 + 9)
+    tensor([3.6056, 3.6056])
+    """
+    return per_layer_norms(grad_samples).norm(dim=0)
+
+
+def clip_factors(norms: Tensor, max_grad_norm: float) -> Tensor:
+    """``min(1, max_grad_norm / (norm + 1e-6))`` for each norm: multiply a gradient by it to clip it.
+
+    >>> import torch
+    >>> clip_factors(torch.tensor([0.0, 0.5, 4.0]), 2.0)
+    tensor([1.0000, 1.0000, 0.5000])
+    """
+    max_grad_norm = check_max_grad_norm(max_grad_norm)
+    return (max_grad_norm / (norms + EPS)).clamp(max=1.0)
+
+
+def layer_thresholds(max_grad_norm: float, num_layers: int) -> float:
+    """The per-layer bound ``C / sqrt(L)``: ``L`` layers clipped to it have total norm <= ``C``.
+
+    >>> layer_thresholds(1.0, 4)
+    0.5
+    """
+    return check_max_grad_norm(max_grad_norm) / math.sqrt(num_layers)
+
+
+@dataclass
+class ClipResult:
+    """What :func:`clip_and_sum` computed, for the optimizer and for plots.
+
+    Attributes:
+        summed: the clipped per-sample gradients summed over the batch, one
+            tensor of shape ``p.shape`` per parameter (in the order given).
+        sensitivity: the largest change one sample can make to ``summed`` (= ``max_grad_norm``).
+        norms: each sample's total gradient norm before clipping, shape ``[B]``.
+        layer_norms: each sample's norm per parameter tensor before clipping, shape ``[L, B]``.
+        factors: the clip factors: ``[B]`` for ``"flat"``, ``[L, B]`` for ``"per_layer"``.
+        fraction_clipped: the fraction of samples whose gradient was scaled down
+            (in any layer); 0.0 for an empty batch.
+        clipping: ``"flat"`` or ``"per_layer"``.
+    """
+
+    summed: list[Tensor]
+    sensitivity: float
+    norms: Tensor
+    layer_norms: Tensor
+    factors: Tensor
+    fraction_clipped: float
+    clipping: str
+
+    @property
+    def batch_size(self) -> int:
+        """The number of samples B that were clipped."""
+        return int(self.norms.shape[0])
+
+
+def clip_and_sum(grad_samples: GradSamples, *, max_grad_norm: float, clipping: str = "flat") -> ClipResult:
+    """Clip every sample's gradient to norm ``max_grad_norm`` and sum over the batch.
+
+    Args:
+        grad_samples: one tensor ``[B, *p.shape]`` per parameter (a list, or a
+            dict whose values are used in order), e.g. ``[p.grad_sample for p in model.parameters()]``.
+        max_grad_norm: the clipping bound C (> 0; ``math.inf`` disables clipping).
+        clipping: ``"flat"`` (one norm over all parameters) or ``"per_layer"``
+            (each parameter tensor clipped to ``C / sqrt(L)``).
+
+    Returns:
+        A :class:`ClipResult`; its ``summed`` has one tensor per parameter.
+
+    >>> import torch
+    >>> g = [torch.tensor([[3.0, 0.0]]), torch.tensor([[0.0, 4.0]])]   # 2 parameters, B=1
+    >>> clip_and_sum(g, max_grad_norm=1.0, clipping="per_layer").summed   # each to 1/sqrt(2)
+    [tensor([0.7071, 0.0000]), tensor([0.0000, 0.7071])]
+    """
+    max_grad_norm = check_max_grad_norm(max_grad_norm)
+    check_choice("clipping", clipping, CLIPPING_MODES)
+    grads = _as_list(grad_samples)
+    layer_norms = per_layer_norms(grads)
+    norms = layer_norms.norm(dim=0)
+    if clipping == "flat":
+        factors = clip_factors(norms, max_grad_norm)
+        clipped = factors < 1
+        summed = [torch.tensordot(factors.to(g.dtype), g, dims=1) for g in grads]
+    else:
+        factors = clip_factors(layer_norms, layer_thresholds(max_grad_norm, len(grads)))
+        clipped = (factors < 1).any(dim=0)
+        summed = [torch.tensordot(f.to(g.dtype), g, dims=1) for f, g in zip(factors, grads)]
+    fraction = clipped.float().mean().item() if clipped.numel() else 0.0
+    return ClipResult(
+        summed=summed,
+        sensitivity=max_grad_norm,
+        norms=norms,
+        layer_norms=layer_norms,
+        factors=factors,
+        fraction_clipped=fraction,
+        clipping=clipping,
+    )
