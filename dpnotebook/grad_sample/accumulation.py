@@ -33,7 +33,7 @@ class GradSampleStore:
         self._forward_of: dict[int, int] = {}
         self._graded: set[int] = set()
         self._sampled: set[int] = set()
-        self._handles: list[Any] = []
+        self._handles: dict[int, Any] = {}
         self._check_queued = False
 
     @property
@@ -41,13 +41,18 @@ class GradSampleStore:
         return self.owner._module
 
     def watch(self) -> None:
-        """Hook every parameter so the end-of-backward check knows which ones got a gradient."""
-        self._handles = [p.register_post_accumulate_grad_hook(self._on_grad) for p in self._module.parameters()]
+        """Hook each trainable parameter so the end-of-backward check knows which ones got a gradient.
+
+        Called on every forward pass, so parameters unfrozen after wrapping are watched too.
+        """
+        for p in self._module.parameters():
+            if p.requires_grad and id(p) not in self._handles:
+                self._handles[id(p)] = p.register_post_accumulate_grad_hook(self._on_grad)
 
     def unwatch(self) -> None:
-        for h in self._handles:
+        for h in self._handles.values():
             h.remove()
-        self._handles = []
+        self._handles = {}
 
     def add(self, p: nn.Parameter, g: Tensor, forward_id: int) -> None:
         """Add one unit's per-sample gradients ``g`` (``[B, *p.shape]``) to ``p.grad_sample``."""

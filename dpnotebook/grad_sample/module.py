@@ -206,15 +206,8 @@ class GradSampleModule(nn.Module):
             self._in_forward = False
 
     def _forward(self, *args: Any, **kwargs: Any) -> Any:
-        first = args[0] if args else None
-        if isinstance(first, Tensor) and self.hooks_enabled:
-            bd = 0 if self.batch_first else 1
-            if first.dim() <= bd:
-                raise ValueError(
-                    f"batch_first=False expects inputs shaped [T, B*K, ...] but the input has shape "
-                    f"{tuple(first.shape)}; pass batch_first=True for [B*K, ...] inputs."
-                )
-            self._check_rows("the input", self._module, first.shape[bd], bd)
+        if self._hooks is not None:
+            self._store.watch()
         return self._module(*args, **kwargs)
 
     def _check_rows(self, path: str, module: nn.Module, rows: int, bd: int) -> None:
