@@ -1,0 +1,88 @@
+"""DP-SGD in PyTorch: clipping, noise, Poisson sampling, privacy accounting and ``make_private``.
+
+One concept per module:
+
+* :mod:`~dpnotebook.privacy.clipping`: per-sample norms and clipping;
+* :mod:`~dpnotebook.privacy.noise`: Gaussian noise, seedable or secure;
+* :mod:`~dpnotebook.privacy.optimizer`: :class:`DPOptimizer` (clip, sum, noise, scale, step);
+* :mod:`~dpnotebook.privacy.data_loader`: Poisson sampling, augmentation multiplicity, physical batches;
+* :mod:`~dpnotebook.privacy.batch_memory`: Opacus' :class:`BatchMemoryManager`;
+* :mod:`~dpnotebook.privacy.accounting`: epsilon from Google's ``dp_accounting``;
+* :mod:`~dpnotebook.privacy.engine`: :class:`PrivacyEngine` and ``make_private``;
+* :mod:`~dpnotebook.privacy.training`: train and evaluate loops;
+* :mod:`~dpnotebook.privacy.arguments`: the checks behind every error message.
+
+>>> from dpnotebook.privacy import PrivacyEngine
+>>> PrivacyEngine(accountant="rdp")
+PrivacyEngine(accountant='rdp', steps=0, secure_mode=False)
+"""
+
+from dpnotebook.privacy.accounting import (
+    ACCOUNTANTS,
+    Accountant,
+    PLDAccountant,
+    RDPAccountant,
+    available_accountants,
+    compute_epsilon,
+    create_accountant,
+    get_noise_multiplier,
+)
+from dpnotebook.privacy.batch_memory import BatchMemoryManager
+from dpnotebook.privacy.clipping import (
+    CLIPPING_MODES,
+    ClipResult,
+    clip_and_sum,
+    clip_factors,
+    layer_thresholds,
+    per_layer_norms,
+    per_sample_norms,
+)
+from dpnotebook.privacy.data_loader import (
+    AugmultCollate,
+    DPDataLoader,
+    PoissonBatchSampler,
+    augmult_data_loader,
+    split_batch,
+)
+from dpnotebook.privacy.engine import PrivacyEngine, unwrap_model
+from dpnotebook.privacy.noise import gaussian_noise
+from dpnotebook.privacy.optimizer import DPOptimizer, StepStats
+from dpnotebook.privacy.training import evaluate, fit, train_epoch
+
+__all__ = [
+    # clipping
+    "CLIPPING_MODES",
+    "ClipResult",
+    "clip_and_sum",
+    "clip_factors",
+    "layer_thresholds",
+    "per_layer_norms",
+    "per_sample_norms",
+    # noise
+    "gaussian_noise",
+    # optimizer
+    "DPOptimizer",
+    "StepStats",
+    # data
+    "AugmultCollate",
+    "BatchMemoryManager",
+    "DPDataLoader",
+    "PoissonBatchSampler",
+    "augmult_data_loader",
+    "split_batch",
+    # accounting
+    "ACCOUNTANTS",
+    "Accountant",
+    "PLDAccountant",
+    "RDPAccountant",
+    "available_accountants",
+    "compute_epsilon",
+    "create_accountant",
+    "get_noise_multiplier",
+    # engine and loops
+    "PrivacyEngine",
+    "unwrap_model",
+    "evaluate",
+    "fit",
+    "train_epoch",
+]

@@ -1,0 +1,76 @@
+"""``BatchMemoryManager``: big logical batches, small physical ones (Opacus' API).
+
+DP-SGD likes large batches (the noise is divided by the batch size), but the
+per-sample gradients of a large batch may not fit in memory. The manager
+cuts every logical batch into physical pieces; the optimizer's step on each
+piece but the last only clips and accumulates (a virtual step), and the step
+on the last piece adds the noise once and updates the model.
+
+>>> import torch
+>>> from torch import nn
+>>> from torch.utils.data import TensorDataset
+>>> import dpnotebook
+>>> from dpnotebook.privacy import DPDataLoader, DPOptimizer
+>>> model = dpnotebook.wrap_model(nn.Linear(2, 1), "hooks")
+>>> loader = DPDataLoader(TensorDataset(torch.randn(40, 2)), sample_rate=0.5,
+...                       generator=torch.Generator().manual_seed(0))
+>>> opt = DPOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), noise_multiplier=1.0,
+...                   max_grad_norm=1.0, expected_batch_size=20)
+>>> with BatchMemoryManager(data_loader=loader, max_physical_batch_size=8, optimizer=opt) as batches:
+...     for (x,) in batches:
+...         opt.zero_grad()
+...         model(x).sum().backward()
+...         opt.step()
+>>> opt.last_step_stats.virtual_steps > 1
+True
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Any, Iterator
+
+from torch.utils.data import DataLoader
+
+from dpnotebook.privacy.arguments import check_positive_int
+from dpnotebook.privacy.data_loader import loader_k, split_batch
+from dpnotebook.privacy.optimizer import DPOptimizer
+
+__all__ = ["BatchMemoryManager"]
+
+
+class BatchMemoryManager:
+    """Context manager yielding physical batches of at most ``max_physical_batch_size`` samples.
+
+    Args:
+        data_loader: yields logical batches (e.g. a :class:`DPDataLoader`).
+        max_physical_batch_size: the most samples per physical batch.
+        optimizer: the :class:`DPOptimizer` to tell which steps are virtual.
+        K: rows per sample (default: the data loader's augmentation multiplicity).
+    """
+
+    def __init__(
+        self, *, data_loader: DataLoader, max_physical_batch_size: int, optimizer: DPOptimizer, K: int | None = None
+    ) -> None:
+        if not isinstance(optimizer, DPOptimizer):
+            raise TypeError(f"optimizer must be a DPOptimizer, got {type(optimizer).__name__}.")
+        self.data_loader = data_loader
+        self.max_physical_batch_size = check_positive_int("max_physical_batch_size", max_physical_batch_size)
+        self.optimizer = optimizer
+        self.K = loader_k(data_loader) if K is None else check_positive_int("K", K)
+
+    def _batches(self) -> Iterator[Any]:
+        for batch in self.data_loader:
+            pieces = list(split_batch(batch, max_physical_batch_size=self.max_physical_batch_size, K=self.K))
+            pieces = pieces or [batch]            # an empty batch is still one (noise-only) step
+            for i, piece in enumerate(pieces):
+                self.optimizer.signal_skip_step(i < len(pieces) - 1)
+                yield piece
+
+    def __enter__(self) -> Iterator[Any]:
+        return self._batches()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.optimizer.signal_skip_step(False)

@@ -1,0 +1,278 @@
+"""``PrivacyEngine``: make a model, optimizer and data loader differentially private in one call.
+
+It is Opacus' API: an Opacus script changes only its import.
+
+>>> import torch
+>>> from torch import nn
+>>> from torch.utils.data import DataLoader, TensorDataset
+>>> data = TensorDataset(torch.randn(64, 3), torch.randint(0, 2, (64,)))
+>>> model = nn.Linear(3, 2)
+>>> engine = PrivacyEngine(accountant="rdp")
+>>> model, optimizer, loader = engine.make_private(
+...     module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+...     data_loader=DataLoader(data, batch_size=16), noise_multiplier=1.0, max_grad_norm=1.0)
+>>> for x, y in loader:
+...     optimizer.zero_grad()
+...     nn.functional.cross_entropy(model(x), y).backward()
+...     optimizer.step()
+>>> len(engine.accountant), 0 < engine.get_epsilon(1e-5) < 20
+(4, True)
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from torch import nn
+from torch.optim import Optimizer
+from torch.utils.data import DataLoader
+
+from dpnotebook.grad_sample.module import GradSampleModule, check_k
+from dpnotebook.modes import wrap_model
+from dpnotebook.privacy.accounting import create_accountant, get_noise_multiplier
+from dpnotebook.privacy.arguments import (
+    check_choice,
+    check_delta,
+    check_max_grad_norm,
+    check_noise_multiplier,
+)
+from dpnotebook.privacy.clipping import CLIPPING_MODES
+from dpnotebook.privacy.data_loader import DPDataLoader, loader_k
+from dpnotebook.privacy.optimizer import LOSS_REDUCTIONS, DPOptimizer
+
+__all__ = ["PrivacyEngine", "unwrap_model", "is_wrapped"]
+
+
+def is_wrapped(module: nn.Module) -> bool:
+    """Whether ``module`` is a grad-sample wrapper (from :func:`dpnotebook.wrap_model`, any mode)."""
+    return isinstance(module, GradSampleModule) or callable(getattr(type(module), "to_standard_module", None))
+
+
+def unwrap_model(module: nn.Module) -> nn.Module:
+    """The original model inside a grad-sample wrapper (or ``module`` itself).
+
+    >>> from torch import nn
+    >>> from dpnotebook import wrap_model
+    >>> layer = nn.Linear(2, 2)
+    >>> unwrap_model(wrap_model(layer, "hooks")) is layer, unwrap_model(layer) is layer
+    (True, True)
+    """
+    return module._module if is_wrapped(module) else module
+
+
+def _check_optimizer_params(module: nn.Module, optimizer: Optimizer) -> None:
+    """Raise if the optimizer updates a parameter that is not ``module``'s."""
+    own = {id(p) for p in module.parameters()}
+    strangers = [
+        f"param_groups[{g}]['params'][{i}] (shape {tuple(p.shape)})"
+        for g, group in enumerate(optimizer.param_groups)
+        for i, p in enumerate(group["params"])
+        if id(p) not in own
+    ]
+    if strangers:
+        raise ValueError(
+            f"optimizer holds {len(strangers)} parameter(s) that are not the model's: {', '.join(strangers)}. "
+            "They would be updated without clipping or noise. Fix: build the optimizer from "
+            "module.parameters() of the very model passed as module=."
+        )
+
+
+class PrivacyEngine:
+    """Turns training private and keeps the privacy ledger.
+
+    Args:
+        accountant: the accountant's name in the registry (``"pld"``, ``"prv"``, ``"rdp"``).
+        secure_mode: draw noise and batches from the OS CSPRNG (see :mod:`dpnotebook.privacy.noise`).
+
+    Attributes:
+        accountant: the :class:`~dpnotebook.privacy.accounting.Accountant`
+            stepped by every optimizer step.
+        dataset_size: N of the last data loader made private (for the delta check).
+        sample_rate: q of the last data loader made private (samples, not rows).
+    """
+
+    def __init__(self, *, accountant: str = "pld", secure_mode: bool = False) -> None:
+        self.accountant = create_accountant(accountant)
+        self.secure_mode = bool(secure_mode)
+        self.dataset_size: int | None = None
+        self.sample_rate: float | None = None
+
+    def make_private(
+        self,
+        *,
+        module: nn.Module,
+        optimizer: Optimizer,
+        data_loader: DataLoader,
+        noise_multiplier: float,
+        max_grad_norm: float,
+        grad_sample_mode: str = "hooks",
+        K: int = 1,
+        poisson_sampling: bool = True,
+        clipping: str = "flat",
+        batch_first: bool = True,
+        loss_reduction: str = "mean",
+        noise_generator: torch.Generator | None = None,
+        sampling_generator: torch.Generator | None = None,
+    ) -> tuple[nn.Module, DPOptimizer, DataLoader]:
+        """Return ``(module, optimizer, data_loader)`` ready for DP-SGD.
+
+        Args:
+            module: the model; it is wrapped by :func:`dpnotebook.wrap_model`.
+            optimizer: an optimizer over ``module``'s parameters; it is wrapped in a :class:`DPOptimizer`.
+            data_loader: its dataset and ``len`` give ``q = 1 / len(data_loader)``; with
+                ``poisson_sampling`` it is replaced by a :class:`DPDataLoader`.
+            noise_multiplier: sigma (>= 0).
+            max_grad_norm: C (> 0).
+            grad_sample_mode: how per-sample gradients are computed (``"hooks"``, ``"functorch"``, ...).
+            K: augmented rows per sample (augmentation multiplicity); the loader
+                must yield ``B*K`` rows, sample-major, e.g. with
+                :class:`~dpnotebook.privacy.data_loader.AugmultCollate`.
+                Accounting counts samples, not rows.
+            poisson_sampling: sample batches as the privacy analysis assumes. With
+                ``False`` the loader is kept, and the accountant's figure assumes
+                Poisson sampling anyway (an approximation).
+            clipping: ``"flat"`` or ``"per_layer"``.
+            batch_first: rows in dim 0 (``True``) or dim 1.
+            loss_reduction: ``"mean"`` or ``"sum"``, as your loss reduces the batch.
+            noise_generator: a seeded ``torch.Generator`` for reproducible noise.
+            sampling_generator: a seeded ``torch.Generator`` for reproducible batches.
+        """
+        noise_multiplier = check_noise_multiplier(noise_multiplier)
+        max_grad_norm = check_max_grad_norm(max_grad_norm)
+        check_choice("clipping", clipping, CLIPPING_MODES)
+        check_choice("loss_reduction", loss_reduction, LOSS_REDUCTIONS)
+        K = check_k(K)
+        if loader_k(data_loader) != K:
+            raise ValueError(
+                f"K={K} but the data loader's AugmultCollate makes K={loader_k(data_loader)} rows per "
+                "sample. Fix: pass the same K to both."
+            )
+        for name, generator in (("noise_generator", noise_generator), ("sampling_generator", sampling_generator)):
+            if self.secure_mode and generator is not None:
+                raise ValueError(
+                    f"{name}={generator!r} with secure_mode=True: a seeded generator is predictable. "
+                    f"Fix: drop {name}, or use PrivacyEngine(secure_mode=False) to reproduce a run."
+                )
+        _check_optimizer_params(unwrap_model(module), optimizer)
+        if is_wrapped(module):
+            if (module.K, module.batch_first, module.loss_reduction) != (K, batch_first, loss_reduction):
+                raise ValueError(
+                    f"module is already wrapped with K={module.K}, batch_first={module.batch_first}, "
+                    f"loss_reduction={module.loss_reduction!r}; pass the same values to make_private."
+                )
+        else:
+            module = wrap_model(
+                module, grad_sample_mode, K=K, batch_first=batch_first, loss_reduction=loss_reduction
+            )
+
+        self.dataset_size = len(data_loader.dataset)
+        sample_rate = 1 / len(data_loader)
+        if poisson_sampling:
+            data_loader = DPDataLoader.from_data_loader(
+                data_loader, generator=sampling_generator, secure_mode=self.secure_mode
+            )
+            expected_batch_size = data_loader.expected_batch_size
+        else:
+            expected_batch_size = data_loader.batch_size or sample_rate * self.dataset_size
+        self.sample_rate = sample_rate
+
+        dp_optimizer = DPOptimizer(
+            optimizer,
+            noise_multiplier=noise_multiplier,
+            max_grad_norm=max_grad_norm,
+            expected_batch_size=expected_batch_size,
+            loss_reduction=loss_reduction,
+            clipping=clipping,
+            generator=noise_generator,
+            secure_mode=self.secure_mode,
+        )
+
+        def step_accountant(opt: DPOptimizer) -> None:
+            self.accountant.step(noise_multiplier=opt.noise_multiplier, sample_rate=sample_rate)
+
+        dp_optimizer.attach_step_hook(step_accountant)
+        return module, dp_optimizer, data_loader
+
+    def make_private_with_epsilon(
+        self,
+        *,
+        module: nn.Module,
+        optimizer: Optimizer,
+        data_loader: DataLoader,
+        target_epsilon: float,
+        target_delta: float,
+        epochs: int,
+        max_grad_norm: float,
+        epsilon_tolerance: float = 0.01,
+        **kwargs: Any,
+    ) -> tuple[nn.Module, DPOptimizer, DataLoader]:
+        """As :meth:`make_private`, with the smallest sigma that spends at most ``target_epsilon`` in ``epochs``.
+
+        The chosen sigma is ``optimizer.noise_multiplier``. ``**kwargs`` go to :meth:`make_private`.
+        """
+        check_delta(target_delta, dataset_size=len(data_loader.dataset), name="target_delta")
+        sigma = get_noise_multiplier(
+            target_epsilon=target_epsilon,
+            target_delta=target_delta,
+            sample_rate=1 / len(data_loader),
+            epochs=epochs,
+            accountant=self.accountant.mechanism,
+            epsilon_tolerance=epsilon_tolerance,
+        )
+        return self.make_private(
+            module=module,
+            optimizer=optimizer,
+            data_loader=data_loader,
+            noise_multiplier=sigma,
+            max_grad_norm=max_grad_norm,
+            **kwargs,
+        )
+
+    def get_epsilon(self, delta: float) -> float:
+        """The epsilon spent so far at ``delta`` (warns if ``delta >= 1 / dataset size``)."""
+        return self.accountant.get_epsilon(check_delta(delta, dataset_size=self.dataset_size))
+
+    def save_checkpoint(
+        self,
+        *,
+        path: str | os.PathLike,
+        module: nn.Module,
+        optimizer: Optimizer | None = None,
+        checkpoint_dict: dict[str, Any] | None = None,
+    ) -> None:
+        """Save the model (unwrapped, loadable into the plain model), the optimizer and the accountant.
+
+        Args:
+            path: the file to write with ``torch.save``.
+            module: the (wrapped or plain) model.
+            optimizer: the optimizer, if its state should be saved too.
+            checkpoint_dict: extra entries to store (epoch, ...), given back by :meth:`load_checkpoint`.
+        """
+        state = dict(checkpoint_dict or {})
+        state["module_state_dict"] = unwrap_model(module).state_dict()
+        state["privacy_accountant_state_dict"] = self.accountant.state_dict()
+        if optimizer is not None:
+            state["optimizer_state_dict"] = optimizer.state_dict()
+        torch.save(state, path)
+
+    def load_checkpoint(
+        self,
+        *,
+        path: str | os.PathLike,
+        module: nn.Module,
+        optimizer: Optimizer | None = None,
+        map_location: Any = None,
+    ) -> dict[str, Any]:
+        """Restore what :meth:`save_checkpoint` wrote; return the extra entries of ``checkpoint_dict``."""
+        state = torch.load(path, map_location=map_location, weights_only=True)
+        unwrap_model(module).load_state_dict(state.pop("module_state_dict"))
+        self.accountant.load_state_dict(state.pop("privacy_accountant_state_dict"))
+        optimizer_state = state.pop("optimizer_state_dict", None)
+        if optimizer is not None and optimizer_state is not None:
+            optimizer.load_state_dict(optimizer_state)
+        return state
+
+    def __repr__(self) -> str:
+        return f"PrivacyEngine(accountant={self.accountant.mechanism!r}, steps={len(self.accountant)}, secure_mode={self.secure_mode})"

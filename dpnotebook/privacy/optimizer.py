@@ -1,0 +1,322 @@
+"""``DPOptimizer``: turn any PyTorch optimizer into a DP-SGD one.
+
+One step of DP-SGD, in the order this class does it:
+
+1. **clip** every sample's gradient ``p.grad_sample[i]`` to norm ``<= C`` (``max_grad_norm``);
+2. **accumulate**: sum the clipped gradients over the batch (and over virtual steps);
+3. **add noise** ``N(0, (sigma * C)^2)`` to the sum, once per logical batch;
+4. **scale** by ``1 / expected_batch_size`` (for ``loss_reduction="mean"``);
+5. write the result into ``p.grad`` and let the wrapped optimizer take its step.
+
+A logical batch too large for memory can be fed in physical pieces: call
+:meth:`DPOptimizer.virtual_step` after each piece's ``backward()``; it clips the
+piece, adds it to the running sum and frees its per-sample gradients. The next
+:meth:`DPOptimizer.step` draws the noise once for the whole logical batch.
+
+>>> import torch
+>>> from torch import nn
+>>> import dpnotebook
+>>> model = dpnotebook.wrap_model(nn.Linear(3, 1), "hooks")
+>>> opt = DPOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), noise_multiplier=1.0,
+...                   max_grad_norm=1.0, expected_batch_size=4, generator=torch.Generator().manual_seed(0))
+>>> model(torch.randn(4, 3)).sum().backward()
+>>> opt.step()
+>>> opt.last_step_stats.batch_size, opt.last_step_stats.noise_std
+(4, 1.0)
+>>> opt.zero_grad()
+>>> model.weight.grad_sample is None
+True
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch import Tensor, nn
+from torch.optim import Optimizer
+
+from dpnotebook.privacy.arguments import (
+    check_choice,
+    check_max_grad_norm,
+    check_noise_multiplier,
+    check_positive_number,
+)
+from dpnotebook.privacy.clipping import CLIPPING_MODES, clip_and_sum
+from dpnotebook.privacy.noise import gaussian_noise
+
+__all__ = ["DPOptimizer", "StepStats"]
+
+LOSS_REDUCTIONS = ("mean", "sum")
+
+
+@dataclass
+class StepStats:
+    """What the last :meth:`DPOptimizer.step` did, for printing and plotting.
+
+    Attributes:
+        batch_size: the number of samples in the logical batch (0 for an empty one).
+        per_sample_norms: each sample's gradient norm before clipping, shape ``[batch_size]``.
+        fraction_clipped: the fraction of samples whose gradient was scaled down.
+        noise_multiplier: sigma.
+        max_grad_norm: C.
+        noise_std: ``sigma * C``, the std of the noise added to the clipped sum.
+        expected_batch_size: what the noisy sum was divided by (for ``"mean"``).
+        clipped_sum_norm: the norm of the clipped sum (the signal), over all parameters.
+        noise_norm: the norm of the noise that was added to it.
+        virtual_steps: how many physical pieces made up the logical batch.
+    """
+
+    batch_size: int
+    per_sample_norms: Tensor
+    fraction_clipped: float
+    noise_multiplier: float
+    max_grad_norm: float
+    noise_std: float
+    expected_batch_size: float
+    clipped_sum_norm: float
+    noise_norm: float
+    virtual_steps: int
+
+
+class DPOptimizer(Optimizer):
+    """Wraps ``optimizer``: each :meth:`step` clips, sums, adds noise, scales, then steps.
+
+    It reads ``p.grad_sample`` (filled by a model from :func:`dpnotebook.wrap_model`)
+    and overwrites ``p.grad`` with the private gradient. Everything else
+    (``param_groups``, ``state``, learning-rate schedulers, ``state_dict``) is the
+    wrapped optimizer's.
+
+    Args:
+        optimizer: any ``torch.optim.Optimizer`` over the model's parameters.
+        noise_multiplier: sigma (>= 0); the noise std is ``sigma * max_grad_norm``.
+        max_grad_norm: C (> 0), the bound on each sample's gradient norm.
+        expected_batch_size: the expected number of samples per logical batch
+            (``sample_rate * dataset_size``); the noisy sum is divided by it for
+            ``loss_reduction="mean"``. Dividing by the *expected* size, not the
+            drawn one, keeps the batch size itself private.
+        loss_reduction: ``"mean"`` or ``"sum"``, as the model's wrapper was told.
+        clipping: ``"flat"`` or ``"per_layer"`` (see :mod:`dpnotebook.privacy.clipping`).
+        generator: a ``torch.Generator`` for the noise (seed it to reproduce a run).
+        secure_mode: draw the noise from the OS CSPRNG (no ``generator`` then).
+
+    Attributes:
+        last_step_stats: the :class:`StepStats` of the last step (``None`` before it).
+        step_hooks: functions ``hook(optimizer)`` called after every step (the
+            privacy engine steps its accountant there).
+    """
+
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        *,
+        noise_multiplier: float,
+        max_grad_norm: float,
+        expected_batch_size: float,
+        loss_reduction: str = "mean",
+        clipping: str = "flat",
+        generator: torch.Generator | None = None,
+        secure_mode: bool = False,
+    ) -> None:
+        if not isinstance(optimizer, Optimizer):
+            raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}.")
+        if secure_mode and generator is not None:
+            raise ValueError(
+                f"generator={generator!r} with secure_mode=True: a seeded generator is predictable. "
+                "Fix: pass generator=None for secure noise, or secure_mode=False to reproduce a run."
+            )
+        self.original_optimizer = optimizer
+        self.noise_multiplier = noise_multiplier
+        self.max_grad_norm = max_grad_norm
+        self.expected_batch_size = check_positive_number("expected_batch_size", expected_batch_size)
+        self.loss_reduction = check_choice("loss_reduction", loss_reduction, LOSS_REDUCTIONS)
+        self.clipping = check_choice("clipping", clipping, CLIPPING_MODES)
+        self.generator = generator
+        self.secure_mode = bool(secure_mode)
+        self.step_hooks: list[Callable[[DPOptimizer], None]] = []
+        self.last_step_stats: StepStats | None = None
+        self._skip_next_step = False
+        self._reset_accumulation()
+
+    # -- the privacy knobs, validated whenever they are set -------------------
+    @property
+    def noise_multiplier(self) -> float:
+        return self._noise_multiplier
+
+    @noise_multiplier.setter
+    def noise_multiplier(self, value: float) -> None:
+        self._noise_multiplier = check_noise_multiplier(value)
+
+    @property
+    def max_grad_norm(self) -> float:
+        return self._max_grad_norm
+
+    @max_grad_norm.setter
+    def max_grad_norm(self, value: float) -> None:
+        self._max_grad_norm = check_max_grad_norm(value)
+
+    # -- what is the wrapped optimizer's --------------------------------------
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.original_optimizer.param_groups
+
+    @param_groups.setter
+    def param_groups(self, value: list[dict[str, Any]]) -> None:
+        self.original_optimizer.param_groups = value
+
+    @property
+    def state(self) -> Any:
+        return self.original_optimizer.state
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        return self.original_optimizer.defaults
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "original_optimizer":      # not set yet: do not recurse
+            raise AttributeError(name)
+        return getattr(self.original_optimizer, name)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.original_optimizer.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.original_optimizer.load_state_dict(state_dict)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        self.original_optimizer.add_param_group(param_group)
+
+    @property
+    def params(self) -> list[nn.Parameter]:
+        """The trainable parameters of all param groups, in order."""
+        return [p for group in self.param_groups for p in group["params"] if p.requires_grad]
+
+    def attach_step_hook(self, hook: Callable[[DPOptimizer], None]) -> None:
+        """Call ``hook(self)`` after every :meth:`step`."""
+        self.step_hooks.append(hook)
+
+    # -- DP-SGD ---------------------------------------------------------------
+    def _reset_accumulation(self) -> None:
+        self._summed: list[Tensor] | None = None
+        self._norms: list[Tensor] = []
+        self._num_clipped = 0
+        self._virtual_steps = 0
+
+    def _grad_samples(self) -> list[Tensor] | None:
+        """Each parameter's ``grad_sample`` (zeros for one the batch did not reach); ``None`` if there are none."""
+        params = self.params
+        found = [getattr(p, "grad_sample", None) for p in params]
+        present = [g for g in found if g is not None]
+        if not present:
+            if any(p.grad is not None and bool(p.grad.any()) for p in params):
+                raise RuntimeError(
+                    "The parameters have .grad but no .grad_sample, so the gradients cannot be "
+                    "clipped per sample. Fix: wrap the model with PrivacyEngine.make_private or "
+                    "dpnotebook.wrap_model before the forward pass."
+                )
+            return None
+        rows = present[0].shape[0]
+        return [g if g is not None else p.new_zeros((rows, *p.shape)) for p, g in zip(params, found)]
+
+    def virtual_step(self) -> None:
+        """Clip the per-sample gradients present now, add them to the running sum and free them.
+
+        Call it after the ``backward()`` of each physical piece of a logical
+        batch; :meth:`step` then adds noise once for the whole batch.
+        """
+        grads = self._grad_samples()
+        if grads is not None:
+            result = clip_and_sum(grads, max_grad_norm=self.max_grad_norm, clipping=self.clipping)
+            if self._summed is None:
+                self._summed = result.summed
+            else:
+                self._summed = [s + r for s, r in zip(self._summed, result.summed)]
+            self._norms.append(result.norms.detach())
+            self._num_clipped += round(result.fraction_clipped * result.batch_size)
+        self._virtual_steps += 1
+        for p in self.params:
+            p.grad_sample = None
+            p.grad = None
+
+    def add_noise(self) -> None:
+        """Finish the logical batch: clip what is left, add noise, scale, and write ``p.grad``.
+
+        :meth:`step` calls it; call it yourself only to inspect the private
+        gradient without updating the model.
+        """
+        self.virtual_step()
+        params = self.params
+        summed = self._summed or [torch.zeros_like(p) for p in params]
+        std = self.noise_multiplier * self.max_grad_norm
+        signal_sq, noise_sq = 0.0, 0.0
+        for p, s in zip(params, summed):
+            noise = gaussian_noise(
+                p.shape, std=std, generator=self.generator, secure=self.secure_mode, dtype=p.dtype, device=p.device
+            )
+            signal_sq += float(s.pow(2).sum())
+            noise_sq += float(noise.pow(2).sum())
+            grad = s + noise
+            if self.loss_reduction == "mean":
+                grad = grad / self.expected_batch_size
+            p.grad = grad.detach()
+        norms = torch.cat(self._norms) if self._norms else torch.empty(0)
+        self.last_step_stats = StepStats(
+            batch_size=int(norms.numel()),
+            per_sample_norms=norms,
+            fraction_clipped=self._num_clipped / norms.numel() if norms.numel() else 0.0,
+            noise_multiplier=self.noise_multiplier,
+            max_grad_norm=self.max_grad_norm,
+            noise_std=std,
+            expected_batch_size=self.expected_batch_size,
+            clipped_sum_norm=signal_sq**0.5,
+            noise_norm=noise_sq**0.5,
+            virtual_steps=self._virtual_steps,
+        )
+        self._reset_accumulation()
+
+    def signal_skip_step(self, do_skip: bool = True) -> None:
+        """Make the next :meth:`step` a :meth:`virtual_step` (as in Opacus' ``BatchMemoryManager``)."""
+        self._skip_next_step = do_skip
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """One DP-SGD step: :meth:`add_noise`, the wrapped optimizer's step, then the step hooks.
+
+        After :meth:`signal_skip_step`, only a :meth:`virtual_step` instead.
+
+        Args:
+            closure: recomputes the loss (forward + backward), as for any optimizer.
+
+        Returns:
+            The closure's loss, or ``None``.
+        """
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if self._skip_next_step:
+            self._skip_next_step = False
+            self.virtual_step()
+            return loss
+        self.add_noise()
+        self.original_optimizer.step()
+        for hook in self.step_hooks:
+            hook(self)
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear ``p.grad`` and ``p.grad_sample``.
+
+        The clipped sum of earlier virtual steps is kept: it belongs to the
+        logical batch that the next :meth:`step` completes.
+        """
+        self.original_optimizer.zero_grad(set_to_none=set_to_none)
+        for p in self.params:
+            p.grad_sample = None
+
+    def __repr__(self) -> str:
+        return (
+            f"DPOptimizer(noise_multiplier={self.noise_multiplier}, max_grad_norm={self.max_grad_norm}, "
+            f"expected_batch_size={self.expected_batch_size}, clipping={self.clipping!r}, "
+            f"secure_mode={self.secure_mode},\n  {self.original_optimizer!r})"
+        )
