@@ -120,12 +120,18 @@ def fallback_grad_samples(
                 grad(sample_loss), in_dims=(None, in_dims, [bd] * len(out_grads)), randomness="error"
             )(trainable, batched, out_grads)
     except Exception as err:  # re-raised with the layer's name and the way out
+        why = (
+            "it draws random numbers in its forward (dropout?), and a replay would draw "
+            "different ones than the real forward did"
+            if "random" in str(err)
+            else str(err)
+        )
         raise GradSampleError(
             f"{call.path} ({type(module).__name__}) has no registered grad sampler and "
-            f"torch.func could not compute its per-sample gradients: {err}\n"
+            f"torch.func could not compute its per-sample gradients: {why}.\n"
             "Fix: register one with dpnotebook.register_grad_sampler, replace the layer with a "
-            "supported one (dpnotebook.validate(model) lists them), or, if the layer uses "
-            "dropout, move the dropout out of it."
+            "supported one (dpnotebook.validate(model) lists them), or move the dropout out of it "
+            "into its own nn.Dropout module."
         ) from err
     return {p: per_sample[n] * (scale / K) for n, p in trainable.items()}
 

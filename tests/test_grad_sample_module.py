@@ -1,0 +1,368 @@
+"""GradSampleModule on whole models, and everything around the samplers.
+
+Composite models are compared with the float64 oracle under a real loss
+(cross-entropy), in every mode that supports them and for K in {1, 2, 4}.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import dpnotebook
+from dpnotebook import GradSampleError, GradSampleModule, UnsupportedModuleError, register_grad_sampler
+from dpnotebook.grad_sample import unregister_grad_sampler
+from dpnotebook.testing import reference_grad_samples
+
+
+class SampleConvNet(nn.Module):
+    """The example network of the Opacus README (MNIST-sized)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 16, 8, 2, padding=3)
+        self.conv2 = nn.Conv2d(16, 32, 4, 2)
+        self.fc1 = nn.Linear(32 * 4 * 4, 32)
+        self.fc2 = nn.Linear(32, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2, 1)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2, 1)
+        return self.fc2(F.relu(self.fc1(x.flatten(1))))
+
+
+class TinyTransformerBlock(nn.Module):
+    """Embedding + LayerNorm + a per-sample self-attention made of Linear layers + mean pooling."""
+
+    def __init__(self, vocab: int = 11, d: int = 8, classes: int = 3) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d, padding_idx=0)
+        self.norm = nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.ff = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+        self.head = nn.Linear(d, classes)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.norm(self.embed(tokens))
+        q, k, v = self.qkv(h).chunk(3, dim=-1)
+        h = h + torch.softmax(q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5, dim=-1) @ v
+        return self.head((h + self.ff(h)).mean(1))
+
+
+class TiedLM(nn.Module):
+    """Embedding whose weight is reused by the output layer (weight tying)."""
+
+    def __init__(self, vocab: int = 9, d: int = 5) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        self.mix = nn.Linear(d, d)
+        self.out = nn.Linear(d, vocab, bias=False)
+        self.out.weight = self.embed.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.tanh(self.mix(self.embed(tokens)))).mean(1)
+
+
+def mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4))
+
+
+MODELS = {
+    "SampleConvNet": (SampleConvNet, lambda n: torch.randn(n, 1, 28, 28), 10),
+    "MLP": (mlp, lambda n: torch.randn(n, 6), 4),
+    "TransformerBlock": (TinyTransformerBlock, lambda n: torch.randint(0, 11, (n, 5)), 3),
+    "TiedLM": (TiedLM, lambda n: torch.randint(0, 9, (n, 4)), 9),
+}
+
+
+def ce_sum(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(out, y, reduction="sum")
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("mode", ["hooks", "functorch"])
+@pytest.mark.parametrize("K", [1, 2, 4])
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_composite_models_match_oracle(name: str, mode: str, K: int, reduction: str) -> None:
+    build, make_input, classes = MODELS[name]
+    model = build().to(torch.float64)
+    B = 3
+    x, y = make_input(B * K), torch.randint(0, classes, (B * K,))
+    x = x.double() if x.is_floating_point() else x
+    ref = reference_grad_samples(model, [x], target=y, loss_fn=ce_sum, K=K)
+    plain = copy.deepcopy(model)
+    F.cross_entropy(plain(x), y, reduction=reduction).backward()
+    wrapped = dpnotebook.wrap_model(model, mode, K=K, loss_reduction=reduction)
+    F.cross_entropy(wrapped(x), y, reduction=reduction).backward()
+    for (n, p), q in zip(model.named_parameters(), plain.parameters()):
+        assert p.grad_sample.shape == (B, *p.shape)
+        torch.testing.assert_close(p.grad_sample, ref[n], rtol=1e-10, atol=1e-12)
+        assert torch.equal(p.grad, q.grad), "p.grad must stay what plain PyTorch computes"
+
+
+def test_memory_free_k_average_is_the_mean_of_copies() -> None:
+    """K identical copies of a sample give that sample's own K=1 gradient."""
+    model = mlp().double()
+    x = torch.randn(3, 6, dtype=torch.float64)
+    y = torch.randint(0, 4, (3,))
+    g1 = GradSampleModule(copy.deepcopy(model))
+    F.cross_entropy(g1(x), y).backward()
+    g4 = GradSampleModule(copy.deepcopy(model), K=4)
+    F.cross_entropy(g4(x.repeat_interleave(4, 0)), y.repeat_interleave(4)).backward()
+    for p1, p4 in zip(g1.parameters(), g4.parameters()):
+        torch.testing.assert_close(p1.grad_sample, p4.grad_sample)
+
+
+def test_layer_called_twice_adds_contributions() -> None:
+    lin = nn.Linear(3, 3).double()
+
+    class Twice(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = lin
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.lin(torch.tanh(self.lin(x)))
+
+    model = Twice()
+    x = torch.randn(4, 3, dtype=torch.float64)
+    ref = reference_grad_samples(model, [x], target=torch.ones(4, 3, dtype=torch.float64), K=2)
+    GradSampleModule(model, K=2, loss_reduction="sum")(x).sum().backward()
+    torch.testing.assert_close(lin.weight.grad_sample, ref["lin.weight"], rtol=1e-10, atol=0)
+
+
+def test_frozen_parameters_get_no_grad_sample_and_unfreezing_later_works() -> None:
+    model = mlp()
+    model[0].requires_grad_(False)
+    wrapped = GradSampleModule(model)
+    wrapped(torch.randn(5, 6)).sum().backward()
+    assert model[0].weight.grad_sample is None if hasattr(model[0].weight, "grad_sample") else True
+    assert model[2].weight.grad_sample.shape == (5, 16, 16)
+    model[0].requires_grad_(True)
+    wrapped.zero_grad()
+    wrapped(torch.randn(5, 6)).sum().backward()
+    assert model[0].weight.grad_sample.shape == (5, 16, 6)
+
+
+def test_batch_first_false_sequence_model() -> None:
+    model = nn.Sequential(nn.Embedding(7, 4), nn.LayerNorm(4), nn.Linear(4, 2)).double()
+    tokens = torch.randint(0, 7, (5, 6))  # [T, B*K]
+    ref = reference_grad_samples(model, [tokens], K=3, batch_first=False)
+    target = torch.randn(5, 6, 2, dtype=torch.float64)
+    ref = reference_grad_samples(model, [tokens], target=target, K=3, batch_first=False)
+    GradSampleModule(model, K=3, batch_first=False, loss_reduction="sum")(tokens).mul(target).sum().backward()
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad_sample, ref[n], rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("mode", ["hooks", "functorch"])
+def test_empty_batch(mode: str) -> None:
+    model = mlp()
+    wrapped = dpnotebook.wrap_model(model, mode, K=2)
+    wrapped(torch.randn(0, 6)).sum().backward()
+    for p in model.parameters():
+        assert p.grad_sample.shape == (0, *p.shape)
+
+
+def test_second_backward_appends_samples_unless_forbidden() -> None:
+    model = mlp()
+    wrapped = GradSampleModule(model)
+    wrapped(torch.randn(3, 6)).sum().backward()
+    first = model[0].weight.grad_sample.clone()
+    wrapped(torch.randn(2, 6)).sum().backward()
+    assert model[0].weight.grad_sample.shape[0] == 5
+    assert torch.equal(model[0].weight.grad_sample[:3], first)
+    wrapped.zero_grad()
+    assert model[0].weight.grad_sample is None and model[0].weight.grad is None
+    wrapped.forbid_grad_accumulation()
+    wrapped(torch.randn(3, 6)).sum().backward()
+    with pytest.raises(GradSampleError, match=r"accumulation is forbidden.*zero_grad\(\)"):
+        wrapped(torch.randn(3, 6)).sum().backward()
+    wrapped.zero_grad()
+    wrapped(torch.randn(3, 6)).sum().backward()  # usable again
+    assert model[0].weight.grad_sample.shape[0] == 3
+
+
+def test_to_standard_module_returns_the_original_untouched() -> None:
+    model = mlp()
+    wrapped = GradSampleModule(model)
+    assert getattr(wrapped, "0") is model[0]  # attributes fall through to the wrapped module
+    wrapped(torch.randn(2, 6)).sum().backward()
+    back = wrapped.to_standard_module()
+    assert back is model
+    for m in model.modules():
+        assert not m._forward_hooks and not m._forward_pre_hooks and not m._backward_hooks
+    for p in model.parameters():
+        assert not hasattr(p, "grad_sample")
+        assert not p._post_accumulate_grad_hooks
+    model(torch.randn(2, 6)).sum().backward()  # plain PyTorch again, no error
+    assert not hasattr(model[0].weight, "grad_sample")
+
+
+def test_disable_hooks_gives_plain_pytorch() -> None:
+    model = mlp()
+    wrapped = GradSampleModule(model)
+    wrapped.disable_hooks()
+    wrapped(torch.randn(2, 6)).sum().backward()
+    assert model[0].weight.grad is not None and not hasattr(model[0].weight, "grad_sample")
+    wrapped.enable_hooks()
+    wrapped.zero_grad()
+    wrapped(torch.randn(2, 6)).sum().backward()
+    assert model[0].weight.grad_sample.shape == (2, 16, 6)
+
+
+def test_remove_and_add_hooks() -> None:
+    model = mlp()
+    wrapped = GradSampleModule(model)
+    wrapped.remove_hooks()
+    assert all(not m._forward_hooks for m in model.modules())
+    wrapped.add_hooks()
+    wrapped(torch.randn(2, 6)).sum().backward()
+    assert model[4].bias.grad_sample.shape == (2, 4)
+
+
+# -- bad input ---------------------------------------------------------------
+
+
+def test_strict_wrap_lists_every_sample_mixing_layer_and_leaves_model_unchanged() -> None:
+    model = nn.Sequential(
+        nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.Sequential(nn.Conv2d(4, 4, 3), nn.BatchNorm2d(4))
+    )
+    with pytest.raises(UnsupportedModuleError) as info:
+        GradSampleModule(model)
+    msg = str(info.value)
+    assert "model.1 (BatchNorm2d)" in msg and "model.2.1 (BatchNorm2d)" in msg and "GroupNorm" in msg
+    assert [p.path for p in info.value.problems] == ["model.1", "model.2.1"]
+    assert all(not m._forward_hooks for m in model.modules())
+    assert not GradSampleModule.is_supported(model)
+    assert len(GradSampleModule.validate(model)) == 2
+    model(torch.randn(2, 1, 8, 8)).sum().backward()  # still a working model
+
+
+@pytest.mark.parametrize("K", [0, -1, 1.5, "2", True])
+def test_bad_k(K: object) -> None:
+    with pytest.raises(ValueError, match=rf"K={K!r} is invalid.*int >= 1"):
+        GradSampleModule(nn.Linear(2, 2), K=K)
+
+
+def test_rows_not_divisible_by_k_and_model_usable_after() -> None:
+    wrapped = GradSampleModule(nn.Linear(2, 2), K=3)
+    with pytest.raises(ValueError, match=r"has 4 rows in dim 0, which K=3 does not divide"):
+        wrapped(torch.randn(4, 2))
+    wrapped(torch.randn(6, 2)).sum().backward()
+    assert wrapped.weight.grad_sample.shape == (2, 2, 2)
+
+
+def test_bad_loss_reduction() -> None:
+    with pytest.raises(ValueError, match=r"loss_reduction='avg' is invalid.*'mean'.*'sum'"):
+        GradSampleModule(nn.Linear(2, 2), loss_reduction="avg")
+
+
+def test_batch_first_contradicting_the_input_is_detected() -> None:
+    wrapped = GradSampleModule(nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2)), batch_first=False)
+    with pytest.raises(GradSampleError, match=r"batch_first=False says\. Use batch_first=True"):
+        wrapped(torch.randn(5, 3))
+    with pytest.raises(GradSampleError, match=r"has no batch dim 1 \(batch_first=False\)"):
+        GradSampleModule(nn.Linear(3, 4), batch_first=False)(torch.randn(3))
+
+
+def test_parameter_used_outside_its_module_is_an_error() -> None:
+    class Sneaky(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(3, 2)
+            self.out = nn.Linear(2, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.out(F.linear(x, self.fc.weight, self.fc.bias))  # bypasses fc's hooks
+
+    wrapped = GradSampleModule(Sneaky())
+    with pytest.raises(GradSampleError, match=r"received \.grad but no grad_sample: \['fc.weight', 'fc.bias'\]"):
+        wrapped(torch.randn(4, 3)).sum().backward()
+
+
+def test_bare_parameter_in_a_parent_is_computed_by_torch_func() -> None:
+    class Scaled(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(3, 2)
+            self.scale = nn.Parameter(torch.tensor([2.0, 0.5]))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(x) * self.scale
+
+    model = Scaled().double()
+    x = torch.randn(4, 3, dtype=torch.float64)
+    ref = reference_grad_samples(model, [x], K=2)
+    wrapped = GradSampleModule(model, K=2, loss_reduction="sum")
+    assert wrapped.units == [("model", "torch.func")]
+    target = torch.randn(4, 2, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    (wrapped(x) * target).sum().backward()
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad_sample, ref[n], rtol=1e-10, atol=1e-12)
+
+
+def test_dropout_inside_a_fallback_unit_is_refused_clearly() -> None:
+    class WithDropout(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(3))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return F.dropout(x * self.w, 0.5, self.training)
+
+    wrapped = GradSampleModule(WithDropout())
+    with pytest.raises(GradSampleError, match=r"(?s)model \(WithDropout\) has no registered grad sampler.*random numbers.*nn.Dropout"):
+        wrapped(torch.randn(4, 3)).sum().backward()
+
+
+# -- custom samplers ---------------------------------------------------------
+
+
+class Scale(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.w
+
+
+def test_opacus_style_three_argument_sampler_is_averaged_over_k() -> None:
+    @register_grad_sampler(Scale)
+    def per_row(layer: Scale, activations: list, backprops: torch.Tensor) -> dict:
+        return {layer.w: activations[0] * backprops}
+
+    try:
+        model = Scale(3).double()
+        x = torch.randn(6, 3, dtype=torch.float64)
+        ref = reference_grad_samples(model, [x], K=3)
+        wrapped = GradSampleModule(model, K=3, loss_reduction="sum")
+        assert wrapped.units == [("model", "per_row")]
+        target = torch.randn(6, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+        (wrapped(x) * target).sum().backward()
+        torch.testing.assert_close(model.w.grad_sample, ref["w"], rtol=1e-10, atol=0)
+    finally:
+        unregister_grad_sampler(Scale)
+
+
+def test_sampler_with_wrong_shape_is_reported() -> None:
+    @register_grad_sampler(Scale)
+    def wrong(layer: Scale, activations: list, backprops: torch.Tensor, K: int) -> dict:
+        return {layer.w: (activations[0] * backprops)}  # forgot to average over K
+
+    try:
+        wrapped = GradSampleModule(Scale(3), K=2)
+        with pytest.raises(GradSampleError, match=r"'wrong' .* returned shape \(4, 3\) for 'w'; expected .* \(2, 3\)"):
+            wrapped(torch.randn(4, 3)).sum().backward()
+    finally:
+        unregister_grad_sampler(Scale)
+
+
+def test_register_rejects_non_module_types() -> None:
+    with pytest.raises(TypeError, match=r"got 'Linear' \(a str\).*register_grad_sampler\(nn.Linear\)"):
+        register_grad_sampler("Linear")
