@@ -84,7 +84,7 @@ def ce_sum(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("name", list(MODELS))
-@pytest.mark.parametrize("mode", ["hooks", "functorch"])
+@pytest.mark.parametrize("mode", ["hooks", "functorch", "ew"])
 @pytest.mark.parametrize("K", [1, 2, 4])
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
 def test_composite_models_match_oracle(name: str, mode: str, K: int, reduction: str) -> None:
@@ -101,7 +101,10 @@ def test_composite_models_match_oracle(name: str, mode: str, K: int, reduction: 
     for (n, p), q in zip(model.named_parameters(), plain.parameters()):
         assert p.grad_sample.shape == (B, *p.shape)
         torch.testing.assert_close(p.grad_sample, ref[n], rtol=1e-10, atol=1e-12)
-        assert torch.equal(p.grad, q.grad), "p.grad must stay what plain PyTorch computes"
+        if mode == "ew":  # rebuilt from per-row gradients: equal up to roundoff
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-12, atol=1e-14)
+        else:
+            assert torch.equal(p.grad, q.grad), "p.grad must stay what plain PyTorch computes"
 
 
 def test_memory_free_k_average_is_the_mean_of_copies() -> None:

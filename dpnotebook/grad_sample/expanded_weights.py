@@ -1,0 +1,215 @@
+"""The "ew" mode: PyTorch's ExpandedWeights (``call_for_per_sample_grads``).
+
+ExpandedWeights swaps each parameter for a wrapper that knows the batch size;
+PyTorch's own per-function rules then write one gradient per *row* into
+``p.grad_sample`` during the backward pass. This module is the only place that
+touches that private API, and imports it lazily.
+
+What we add on top, so that "ew" means the same as the other modes:
+
+- ``K``: the per-row gradients are averaged over each sample's ``K`` rows at the
+  end of the backward pass (so this mode does hold ``B*K`` per-row gradients
+  for a moment; hooks and functorch do not);
+- ``p.grad`` is filled as plain PyTorch would (ExpandedWeights leaves it empty);
+- an ``Embedding``'s ``padding_idx`` row gets zero per-sample gradients, as in
+  ``weight.grad`` (ExpandedWeights' own rule gives it non-zero ones);
+- a second batch before ``zero_grad`` appends samples (or raises), instead of
+  silently adding two batches' gradients sample by sample;
+- what ExpandedWeights cannot do (``batch_first=False``, empty batches, a
+  function it has no rule for) raises an error naming the mode to use instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from typing import Any, Iterator
+
+import torch
+from torch import Tensor, nn
+from torch.autograd.graph import register_multi_grad_hook
+from torch.utils._pytree import tree_flatten
+
+from dpnotebook.errors import GradSampleError
+from dpnotebook.grad_sample.module import LOSS_REDUCTIONS, check_k
+from dpnotebook.validation import Problem, raise_if_problems, validate
+
+
+@contextlib.contextmanager
+def _plain_rnn_kernels(needed: bool) -> Iterator[None]:
+    """Turn oneDNN off while an RNN runs: ExpandedWeights has rules for the plain RNN kernels only."""
+    if not needed:
+        yield
+        return
+    before = torch._C._get_mkldnn_enabled()
+    torch._C._set_mkldnn_enabled(False)
+    try:
+        yield
+    finally:
+        torch._C._set_mkldnn_enabled(before)
+
+
+class GradSampleModuleExpandedWeights(nn.Module):
+    """Per-sample gradients through PyTorch's ExpandedWeights.
+
+    Args:
+        module: the model (not copied; :meth:`to_standard_module` returns it).
+        batch_first: must be ``True``; ExpandedWeights has no other layout.
+        loss_reduction: ``"mean"`` or ``"sum"``, as in :class:`GradSampleModule`.
+        strict: refuse models with layers that mix samples.
+        K: augmentation multiplicity.
+
+    >>> import torch
+    >>> from torch import nn
+    >>> m = GradSampleModuleExpandedWeights(nn.Linear(3, 2), K=2)
+    >>> m(torch.randn(4, 3)).sum().backward()
+    >>> m.weight.grad_sample.shape
+    torch.Size([2, 2, 3])
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        *,
+        batch_first: bool = True,
+        loss_reduction: str = "mean",
+        strict: bool = True,
+        K: int = 1,
+        force_functorch: bool = False,
+    ) -> None:
+        if batch_first is not True:
+            raise ValueError(
+                f"grad_sample_mode='ew' cannot handle batch_first={batch_first!r}: ExpandedWeights "
+                "needs the batch in dim 0. Use grad_sample_mode='hooks' or 'functorch'."
+            )
+        if loss_reduction not in LOSS_REDUCTIONS:
+            raise ValueError(f"loss_reduction={loss_reduction!r} is invalid; use one of {LOSS_REDUCTIONS}.")
+        if force_functorch:
+            raise ValueError("force_functorch=True has no meaning in grad_sample_mode='ew'; use 'functorch'.")
+        K = check_k(K)
+        if strict:
+            raise_if_problems(validate(module))
+        super().__init__()
+        self._module = module
+        self.batch_first = True
+        self.loss_reduction = loss_reduction
+        self.K = K
+        self.hooks_enabled = True
+        self.allow_accumulation = True
+        self._earlier: dict[int, Tensor] = {}
+        self._has_rnn = any(isinstance(m, nn.RNNBase) for m in module.modules())
+
+    @classmethod
+    def validate(cls, module: nn.Module, *, strict: bool = False) -> list[Problem]:
+        problems = validate(module)
+        if strict:
+            raise_if_problems(problems)
+        return problems
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if not self.hooks_enabled or not torch.is_grad_enabled():
+            return self._module(*args, **kwargs)
+        from torch.nn.utils._per_sample_grad import call_for_per_sample_grads  # private API, lazily
+
+        rows = self._rows(args)
+        self._set_aside_earlier_samples()
+        try:
+            with _plain_rnn_kernels(self._has_rnn):
+                out = call_for_per_sample_grads(
+                    self._module, batch_size=rows, loss_reduction=self.loss_reduction
+                )(*args, **kwargs)
+        except RuntimeError as err:
+            found = re.search(r"cannot handle function (\S+)", str(err))
+            if not found:
+                raise
+            raise GradSampleError(
+                f"grad_sample_mode='ew': ExpandedWeights has no per-sample rule for "
+                f"{found.group(1)!r}. Use grad_sample_mode='hooks' (or 'functorch') for this model."
+            ) from err
+        leaves = [x for x in tree_flatten(out)[0] if isinstance(x, Tensor) and x.requires_grad]
+        if leaves:
+            register_multi_grad_hook(leaves, lambda grads: self._queue_finish(rows), mode="any")
+        return out
+
+    def _rows(self, args: tuple) -> int:
+        first = next((a for a in args if isinstance(a, Tensor)), None)
+        if first is None or first.dim() == 0:
+            raise ValueError("grad_sample_mode='ew' needs a tensor input with the batch in dim 0.")
+        rows = first.shape[0]
+        if rows == 0:
+            raise ValueError(
+                "grad_sample_mode='ew' cannot run an empty batch (ExpandedWeights needs a positive "
+                "batch size). Use grad_sample_mode='hooks' or 'functorch', which return [0, ...] "
+                "grad samples."
+            )
+        if rows % self.K:
+            raise ValueError(f"the input has {rows} rows in dim 0, which K={self.K} does not divide.")
+        return rows
+
+    def _set_aside_earlier_samples(self) -> None:
+        for p in self._module.parameters():
+            if getattr(p, "grad_sample", None) is not None:
+                if id(p) in self._earlier:  # forward twice without backward: keep the first
+                    continue
+                self._earlier[id(p)] = p.grad_sample
+                p.grad_sample = None
+
+    def _queue_finish(self, rows: int) -> None:
+        torch.autograd.Variable._execution_engine.queue_callback(lambda: self._finish(rows))
+
+    def _finish(self, rows: int) -> None:
+        """Per-row gradients -> per-sample means; fill ``p.grad``; append to earlier samples."""
+        B = rows // self.K
+        self._zero_padding_rows(rows)
+        for p in self._module.parameters():
+            per_row = getattr(p, "grad_sample", None)
+            if per_row is None or per_row.shape[0] != rows:
+                continue
+            grad = per_row.sum(0) / (rows if self.loss_reduction == "mean" else 1)
+            p.grad = grad if p.grad is None else p.grad + grad
+            samples = per_row.reshape(B, self.K, *p.shape).mean(1)
+            earlier = self._earlier.pop(id(p), None)
+            if earlier is not None and not self.allow_accumulation:
+                raise GradSampleError(
+                    "grad_sample from an earlier batch is still there and accumulation is "
+                    "forbidden: call zero_grad() first, or allow_grad_accumulation()."
+                )
+            p.grad_sample = samples if earlier is None else torch.cat([earlier, samples])
+
+    def _zero_padding_rows(self, rows: int) -> None:
+        """ExpandedWeights' embedding rule ignores ``padding_idx``; ``weight.grad`` has zeros there."""
+        for m in self._module.modules():
+            if isinstance(m, nn.Embedding) and m.padding_idx is not None:
+                per_row = getattr(m.weight, "grad_sample", None)
+                if per_row is not None and per_row.shape[0] == rows:
+                    per_row[:, m.padding_idx] = 0
+
+    def allow_grad_accumulation(self) -> None:
+        self.allow_accumulation = True
+
+    def forbid_grad_accumulation(self) -> None:
+        self.allow_accumulation = False
+
+    def disable_hooks(self) -> None:
+        self.hooks_enabled = False
+
+    def enable_hooks(self) -> None:
+        self.hooks_enabled = True
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        super().zero_grad(set_to_none=set_to_none)
+        for p in self._module.parameters():
+            p.grad_sample = None
+        self._earlier.clear()
+
+    def to_standard_module(self) -> nn.Module:
+        for p in self._module.parameters():
+            if hasattr(p, "grad_sample"):
+                del p.grad_sample
+        return self._module
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(super().__getattr__("_module"), name)

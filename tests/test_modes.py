@@ -1,0 +1,91 @@
+"""The mode registry and what each mode refuses, with messages that name the way out."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import dpnotebook
+from dpnotebook import GradSampleError
+from dpnotebook.testing import reference_grad_samples
+
+
+class LSTMClassifier(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(3, 4, batch_first=True)
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.lstm(x)[0][:, -1])
+
+
+def test_unknown_mode_lists_the_registry() -> None:
+    with pytest.raises(ValueError, match=r"grad_sample_mode='vmap' is unknown; choose one of \['ew', 'functorch', 'hooks'\]"):
+        dpnotebook.wrap_model(nn.Linear(2, 2), "vmap")
+
+
+@pytest.mark.parametrize("mode", ["functorch", "ew"])
+@pytest.mark.parametrize("K", [1, 3])
+def test_native_lstm_in_modes_that_can_compute_it(mode: str, K: int) -> None:
+    # functorch batches native nn.LSTM only through oneDNN's float32 kernel on CPU
+    # (the float64 kernel does an in-place update that vmap cannot batch), so it is
+    # checked in float32 against the float64 oracle.
+    dtype, rtol = (torch.float32, 1e-5) if mode == "functorch" else (torch.float64, 1e-10)
+    model = LSTMClassifier().to(dtype)
+    x = torch.randn(2 * K, 5, 3, dtype=dtype)
+    target = torch.randn(2 * K, 2, dtype=dtype)
+    ref = reference_grad_samples(model, [x], target=target, K=K)
+    wrapped = dpnotebook.wrap_model(model, mode, K=K, loss_reduction="sum")
+    (wrapped(x) * target).sum().backward()
+    scale = max(r.abs().max().item() for r in ref.values())
+    for n, p in model.named_parameters():
+        err = (p.grad_sample.double() - ref[n]).abs().max().item()
+        assert err <= rtol * scale, (n, err, scale)
+
+
+def test_functorch_handles_batch_first_false() -> None:
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2)).double()
+    x = torch.randn(5, 4, 3, dtype=torch.float64)  # [T, B*K, d]
+    target = torch.randn(5, 4, 2, dtype=torch.float64)
+    ref = reference_grad_samples(model, [x], target=target, K=2, batch_first=False)
+    wrapped = dpnotebook.wrap_model(model, "functorch", K=2, batch_first=False, loss_reduction="sum")
+    (wrapped(x) * target).sum().backward()
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad_sample, ref[n], rtol=1e-10, atol=1e-12)
+
+
+def test_functorch_refuses_sample_mixing_layers() -> None:
+    with pytest.raises(dpnotebook.UnsupportedModuleError, match=r"model.1 \(BatchNorm1d\)"):
+        dpnotebook.wrap_model(nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2)), "functorch")
+
+
+def test_ew_refusals_name_the_mode_to_use() -> None:
+    with pytest.raises(ValueError, match=r"'ew' cannot handle batch_first=False.*'hooks' or 'functorch'"):
+        dpnotebook.wrap_model(nn.Linear(2, 2), "ew", batch_first=False)
+    wrapped = dpnotebook.wrap_model(nn.Linear(2, 2), "ew")
+    with pytest.raises(ValueError, match=r"cannot run an empty batch.*'hooks' or 'functorch'"):
+        wrapped(torch.randn(0, 2))
+    bag = dpnotebook.wrap_model(nn.EmbeddingBag(5, 2), "ew")
+    with pytest.raises(GradSampleError, match=r"no per-sample rule for 'embedding_bag'.*grad_sample_mode='hooks'"):
+        bag(torch.randint(0, 5, (2, 3)))
+    mha = nn.MultiheadAttention(4, 2, batch_first=True)
+    x = torch.randn(2, 3, 4)
+    with pytest.raises(GradSampleError, match=r"multi_head_attention_forward.*grad_sample_mode='hooks'"):
+        dpnotebook.wrap_model(mha, "ew")(x, x, x)
+
+
+def test_ew_accumulates_like_hooks_and_unwraps() -> None:
+    model = nn.Linear(3, 2)
+    wrapped = dpnotebook.wrap_model(model, "ew", K=2)
+    wrapped(torch.randn(4, 3)).sum().backward()
+    wrapped(torch.randn(6, 3)).sum().backward()
+    assert model.weight.grad_sample.shape == (5, 2, 3)  # 2 samples, then 3 more
+    wrapped.zero_grad()
+    wrapped.forbid_grad_accumulation()
+    wrapped(torch.randn(4, 3)).sum().backward()
+    with pytest.raises(GradSampleError, match="zero_grad"):
+        wrapped(torch.randn(4, 3)).sum().backward()
+    assert wrapped.to_standard_module() is model
+    assert not hasattr(model.weight, "grad_sample")
