@@ -64,6 +64,8 @@ class FunctorchGradSampleModule(GradSampleModule):
     pass is replayed in the backward pass.
     """
 
+    grad_sample_mode = "functorch"
+
     def _plan(self) -> list:
         return plan_units(self._module, whole_model=True)
 

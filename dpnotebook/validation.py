@@ -1,25 +1,35 @@
 """Which layers per-sample gradients can be computed for, and how to fix the rest.
 
-A check looks at one submodule and returns a :class:`Problem` or ``None``.
-Checks live in one list, so a new rule is one decorated function.
+A check looks at one submodule and returns ``(why, fix)`` or ``None``. Checks
+live in one list, so a new rule is one decorated function. Some problems exist
+in every grad-sample mode (batch normalisation mixes samples), others only in
+some (``nn.LSTM`` has no hooks-mode sampler, but ExpandedWeights handles it),
+so a check may name the modes it applies to. :func:`dpnotebook.fixers.fix`
+repairs what it can.
 
 >>> from torch import nn
 >>> from dpnotebook.validation import validate
 >>> model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.ReLU())
 >>> [p.path for p in validate(model)]
 ['model.1']
+>>> rnn = nn.Sequential(nn.LSTM(3, 4))
+>>> [p.path for p in validate(rnn)], validate(rnn, mode="ew")
+(['model.0'], [])
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
+import torch
 from torch import nn
 
 from dpnotebook.errors import UnsupportedModuleError
 
-__all__ = ["Problem", "validate", "register_check", "raise_if_problems"]
+__all__ = ["Problem", "validate", "register_check", "raise_if_problems", "MODES"]
+
+MODES = ("hooks", "functorch", "ew")
 
 
 @dataclass(frozen=True)
@@ -43,15 +53,27 @@ class Problem:
 
 
 Check = Callable[[nn.Module], "tuple[str, str] | None"]
-_CHECKS: list[Check] = []
+_CHECKS: list[tuple[Check, "frozenset[str] | None"]] = []
 
 
-def register_check(fn: Check) -> Check:
-    """Add a check ``fn(module) -> (why, fix) | None`` run on every submodule."""
-    _CHECKS.append(fn)
-    return fn
+def register_check(fn: Check | None = None, *, modes: Iterable[str] | None = None) -> Check | Callable[[Check], Check]:
+    """Add a check ``fn(module) -> (why, fix) | None`` run on every submodule.
+
+    Use it as ``@register_check`` (every mode) or ``@register_check(modes=["hooks"])``.
+
+    Args:
+        fn: the check.
+        modes: the grad-sample modes in which the check applies (default: all).
+    """
+
+    def add(check: Check) -> Check:
+        _CHECKS.append((check, None if modes is None else frozenset(modes)))
+        return check
+
+    return add(fn) if fn is not None else add
 
 
+# -- problems in every mode -------------------------------------------------------
 @register_check
 def _batch_norm(module: nn.Module) -> tuple[str, str] | None:
     if isinstance(module, nn.modules.batchnorm._BatchNorm):
@@ -80,21 +102,116 @@ def _embedding_freq_scaling(module: nn.Module) -> tuple[str, str] | None:
         return (
             "scale_grad_by_freq=True divides each gradient by how often a word occurs in the "
             "whole batch, which mixes the samples.",
-            "construct it with scale_grad_by_freq=False.",
+            "construct it with scale_grad_by_freq=False (dpnotebook.fix(model) does it).",
         )
     return None
 
 
-def validate(model: nn.Module, *, root: str = "model") -> list[Problem]:
-    """Every problem in ``model``, in module order (an empty list when all is well).
+# -- recurrent layers and attention: it depends on the mode -------------------------
+def _dp_name(module: nn.Module) -> str:
+    return "DPMultiheadAttention" if isinstance(module, nn.MultiheadAttention) else f"DP{type(module).__name__}"
+
+
+def _rnn_fix(module: nn.RNNBase) -> str:
+    if getattr(module, "proj_size", 0):
+        return (
+            "DPLSTM has no proj_size: use grad_sample_mode='ew', or an LSTM without proj_size "
+            "followed by an nn.Linear."
+        )
+    return (
+        f"replace it with dpnotebook.layers.{_dp_name(module)} (same arguments, parameter names and "
+        "state_dict); dpnotebook.fix(model) swaps it in with the weights copied. "
+        "grad_sample_mode='ew' handles it too."
+    )
+
+
+def _is_native_rnn(module: nn.Module) -> bool:
+    return isinstance(module, (nn.RNN, nn.LSTM, nn.GRU))
+
+
+@register_check(modes=["hooks"])
+def _rnn_hooks(module: nn.Module) -> tuple[str, str] | None:
+    if _is_native_rnn(module):
+        return (
+            "hooks mode has no grad sampler for torch's fused recurrent kernel, and the torch.func "
+            "fallback cannot batch it (it updates tensors in place).",
+            _rnn_fix(module),
+        )
+    return None
+
+
+@register_check(modes=["functorch"])
+def _rnn_functorch(module: nn.Module) -> tuple[str, str] | None:
+    if not _is_native_rnn(module):
+        return None
+    weight = module.weight_ih_l0
+    if isinstance(module, nn.LSTM) and weight.dtype == torch.float32 and weight.device.type == "cpu":
+        return None  # oneDNN's float32 LSTM kernel is the one that vmap can batch
+    return (
+        "torch.func's vmap cannot batch torch's fused recurrent kernel here (it updates tensors in "
+        "place; only nn.LSTM's float32 CPU kernel can be batched).",
+        _rnn_fix(module),
+    )
+
+
+_MHA_FIX = (
+    "replace it with dpnotebook.layers.DPMultiheadAttention (same arguments, parameter names and "
+    "state_dict); dpnotebook.fix(model) swaps it in with the weights copied."
+)
+
+
+@register_check(modes=["hooks"])
+def _attention_hooks(module: nn.Module) -> tuple[str, str] | None:
+    if isinstance(module, nn.MultiheadAttention):
+        return (
+            "hooks mode has no grad sampler for it; the torch.func fallback would replay it, which "
+            "fails with attention dropout and cannot tell which masks hold the batch.",
+            _MHA_FIX,
+        )
+    return None
+
+
+@register_check(modes=["functorch"])
+def _attention_functorch(module: nn.Module) -> tuple[str, str] | None:
+    if isinstance(module, nn.MultiheadAttention) and module.dropout > 0:
+        return (
+            f"its attention dropout (p={module.dropout}) draws random numbers, which torch.func "
+            "cannot replay sample by sample.",
+            _MHA_FIX + " Or construct it with dropout=0.0.",
+        )
+    return None
+
+
+@register_check(modes=["ew"])
+def _dp_layers_ew(module: nn.Module) -> tuple[str, str] | None:
+    if getattr(module, "_dpn_grad_samples_from_children", False):
+        return (
+            "its per-sample gradients come from hooks-mode units, which ExpandedWeights does not use.",
+            "use grad_sample_mode='hooks' (or the torch.nn layer it replaces, in 'ew' mode).",
+        )
+    return None
+
+
+# -- running the checks -------------------------------------------------------------
+def validate(model: nn.Module, *, mode: str = "hooks", root: str = "model") -> list[Problem]:
+    """Every problem in ``model`` for grad-sample mode ``mode``, in module order (empty when all is well).
 
     Args:
         model: the module to inspect; it is not changed.
+        mode: ``"hooks"``, ``"functorch"`` or ``"ew"``; checks tied to other modes are skipped.
         root: the name that paths start with.
+
+    >>> from torch import nn
+    >>> validate(nn.MultiheadAttention(4, 2), mode="functorch")
+    []
+    >>> print(validate(nn.MultiheadAttention(4, 2, dropout=0.1), mode="functorch")[0].path)
+    model
     """
     problems = []
     for name, sub in model.named_modules():
-        for check in _CHECKS:
+        for check, modes in _CHECKS:
+            if modes is not None and mode not in modes:
+                continue
             found = check(sub)
             if found is not None:
                 path = f"{root}.{name}" if name else root
@@ -102,13 +219,18 @@ def validate(model: nn.Module, *, root: str = "model") -> list[Problem]:
     return problems
 
 
+def format_problems(problems: list[Problem]) -> str:
+    """One ``  - path (Type): why Fix: fix`` line per problem."""
+    return "\n".join(f"  - {p}" for p in problems)
+
+
 def raise_if_problems(problems: list[Problem]) -> None:
     """Raise one :class:`UnsupportedModuleError` that lists every problem."""
     if problems:
-        lines = "\n".join(f"  - {p}" for p in problems)
         raise UnsupportedModuleError(
-            f"{len(problems)} submodule(s) cannot be used with per-sample gradients:\n{lines}\n"
-            "Call dpnotebook.validate(model) to list them, or pass strict=False to wrap anyway "
-            "(their per-sample gradients would then be wrong).",
+            f"{len(problems)} submodule(s) cannot be used with per-sample gradients:\n"
+            f"{format_problems(problems)}\n"
+            "Call dpnotebook.validate(model) to list them, dpnotebook.fix(model) to repair what can be "
+            "repaired, or pass strict=False to wrap anyway (their per-sample gradients would then be wrong).",
             problems,
         )

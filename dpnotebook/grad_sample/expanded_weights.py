@@ -88,7 +88,7 @@ class GradSampleModuleExpandedWeights(nn.Module):
             raise ValueError("force_functorch=True has no meaning in grad_sample_mode='ew'; use 'functorch'.")
         K = check_k(K)
         if strict:
-            raise_if_problems(validate(module))
+            raise_if_problems(validate(module, mode="ew"))
         super().__init__()
         self._module = module
         self.batch_first = True
@@ -101,7 +101,7 @@ class GradSampleModuleExpandedWeights(nn.Module):
 
     @classmethod
     def validate(cls, module: nn.Module, *, strict: bool = False) -> list[Problem]:
-        problems = validate(module)
+        problems = validate(module, mode="ew")
         if strict:
             raise_if_problems(problems)
         return problems

@@ -48,7 +48,10 @@ def plan_units(
 
     Walking from the root: a module with a registered sampler is a unit for its
     own parameters (its children are visited too); a module with parameters of
-    its own but no sampler is a fallback unit for its whole subtree.
+    its own but no sampler is a fallback unit for its whole subtree. A module
+    with ``_dpn_grad_samples_from_children = True`` (``dpnotebook.layers.DPLSTM``)
+    is skipped and its children are visited: they hold the same Parameter objects
+    and their samplers compute the per-sample gradients (unless ``force_functorch``).
 
     >>> from torch import nn
     >>> [(p, e.name if e else "torch.func") for p, _, e in plan_units(nn.Sequential(nn.Linear(2, 2), nn.PReLU()))]
@@ -61,6 +64,8 @@ def plan_units(
     def visit(path: str, m: nn.Module) -> None:
         entry = None if force_functorch else find_grad_sampler(m)
         has_own = any(True for _ in m.parameters(recurse=False))
+        if entry is None and not force_functorch and getattr(m, "_dpn_grad_samples_from_children", False):
+            has_own = False  # e.g. DPLSTM: submodules that share its parameters compute their grad_sample
         if entry is not None and has_own:
             units.append((path, m, entry))
         elif has_own:
@@ -96,6 +101,8 @@ class GradSampleModule(nn.Module):
         UnsupportedModuleError: ``strict`` and the model holds layers that mix samples.
         ValueError: a bad ``K``, ``loss_reduction`` or ``batch_first``.
     """
+
+    grad_sample_mode = "hooks"  # which checks of dpnotebook.validate apply
 
     def __init__(
         self,
@@ -137,7 +144,7 @@ class GradSampleModule(nn.Module):
     @classmethod
     def validate(cls, module: nn.Module, *, strict: bool = False) -> list[Problem]:
         """Problems that stop per-sample gradients; raise them all at once if ``strict``."""
-        problems = validate(module)
+        problems = validate(module, mode=cls.grad_sample_mode)
         if strict:
             raise_if_problems(problems)
         return problems

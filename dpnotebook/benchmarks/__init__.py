@@ -1,0 +1,1 @@
+"""Small benchmark scripts: ``python -m dpnotebook.benchmarks.<name>``."""

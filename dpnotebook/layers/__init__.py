@@ -1,0 +1,11 @@
+"""Drop-in DP replacements for ``torch.nn`` layers that hooks mode cannot handle as they are.
+
+Each has the same constructor, parameter names, ``state_dict`` and outputs as
+the ``torch.nn`` layer, so ``load_state_dict`` works both ways;
+``dpnotebook.fix(model)`` swaps them in for you.
+"""
+
+from dpnotebook.layers.attention import DPMultiheadAttention
+from dpnotebook.layers.rnn import DPGRU, DPLSTM, DPRNN, DPRNNBase
+
+__all__ = ["DPRNN", "DPLSTM", "DPGRU", "DPRNNBase", "DPMultiheadAttention"]

@@ -1,0 +1,275 @@
+"""``DPMultiheadAttention``: a drop-in replacement for ``nn.MultiheadAttention``.
+
+Same constructor, parameter names, ``state_dict``, forward arguments and
+outputs as ``torch.nn.MultiheadAttention`` (masks, ``need_weights``,
+``is_causal``, ``add_bias_kv``, ``add_zero_attn``, ``kdim``/``vdim``, unbatched
+inputs), computed the way ``F.multi_head_attention_forward`` does it, but
+batch-first inside and through the units of
+:mod:`dpnotebook.layers.attention_units`, so hooks mode finds a sampler for
+every parameter. It also works as ``nn.TransformerEncoderLayer.self_attn``.
+
+>>> import torch
+>>> from torch import nn
+>>> native = nn.MultiheadAttention(8, 2, batch_first=True)
+>>> dp = DPMultiheadAttention(8, 2, batch_first=True)
+>>> _ = dp.load_state_dict(native.state_dict())
+>>> x = torch.randn(3, 5, 8)
+>>> torch.allclose(dp(x, x, x)[0], native(x, x, x)[0], atol=1e-6)
+True
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from dpnotebook.layers.attention_units import AppendBias, InProjection, OutProjection
+from dpnotebook.layers.shared import reshare
+
+
+def float_mask(mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
+    """A boolean mask (``True`` = may not attend) as an additive float mask; float masks pass through.
+
+    >>> import torch
+    >>> float_mask(torch.tensor([True, False]), torch.float32)
+    tensor([-inf, 0.])
+    """
+    if mask is None or mask.is_floating_point():
+        return mask
+    if mask.dtype != torch.bool:
+        raise AssertionError("only bool and floating types of masks are supported")
+    return torch.zeros_like(mask, dtype=dtype).masked_fill_(mask, float("-inf"))
+
+
+class DPMultiheadAttention(nn.Module):
+    """Multi-head attention with hooks-mode per-sample gradients (see the module docstring).
+
+    Args:
+        embed_dim, num_heads, dropout, bias, add_bias_kv, add_zero_attn, kdim, vdim,
+        batch_first, device, dtype: as in ``nn.MultiheadAttention``.
+    """
+
+    _dpn_grad_samples_from_children = True  # hooks mode: the projection units hold the samplers
+    merge_masks = nn.MultiheadAttention.merge_masks  # used by TransformerEncoderLayer's fast path
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        dropout: float = 0.0,
+        bias: bool = True,
+        add_bias_kv: bool = False,
+        add_zero_attn: bool = False,
+        kdim: int | None = None,
+        vdim: int | None = None,
+        batch_first: bool = False,
+        device: Any = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        if embed_dim <= 0 or num_heads <= 0:
+            raise ValueError(
+                f"embed_dim and num_heads must be greater than 0, got embed_dim={embed_dim} and "
+                f"num_heads={num_heads} instead"
+            )
+        super().__init__()
+        factory = {"device": device, "dtype": dtype}
+        self.embed_dim, self.num_heads, self.dropout, self.batch_first = embed_dim, num_heads, dropout, batch_first
+        self.kdim = kdim if kdim is not None else embed_dim
+        self.vdim = vdim if vdim is not None else embed_dim
+        self._qkv_same_embed_dim = self.kdim == embed_dim and self.vdim == embed_dim
+        self.head_dim = embed_dim // num_heads
+        if self.head_dim * num_heads != embed_dim:
+            raise AssertionError("embed_dim must be divisible by num_heads")
+        E = embed_dim
+        if self._qkv_same_embed_dim:
+            self.in_proj_weight = nn.Parameter(torch.empty(3 * E, E, **factory))
+            for name in ("q_proj_weight", "k_proj_weight", "v_proj_weight"):
+                self.register_parameter(name, None)
+        else:
+            self.q_proj_weight = nn.Parameter(torch.empty(E, E, **factory))
+            self.k_proj_weight = nn.Parameter(torch.empty(E, self.kdim, **factory))
+            self.v_proj_weight = nn.Parameter(torch.empty(E, self.vdim, **factory))
+            self.register_parameter("in_proj_weight", None)
+        if bias:
+            self.in_proj_bias = nn.Parameter(torch.empty(3 * E, **factory))
+        else:
+            self.register_parameter("in_proj_bias", None)
+        self.out_proj = OutProjection(E, E, bias=bias, **factory)
+        if add_bias_kv:
+            self.bias_k = nn.Parameter(torch.empty(1, 1, E, **factory))
+            self.bias_v = nn.Parameter(torch.empty(1, 1, E, **factory))
+        else:
+            self.bias_k = self.bias_v = None
+        self.add_zero_attn = add_zero_attn
+        self._make_units()
+        self._units_made = True
+        self._reset_parameters()
+
+    def _make_units(self) -> None:
+        """Create the units that share this module's parameters (see ``_links``)."""
+        if self._qkv_same_embed_dim:
+            self.in_proj = InProjection(self.in_proj_weight, self.in_proj_bias)
+        else:
+            self.q_in_proj = InProjection(self.q_proj_weight, self.in_proj_bias)
+            self.k_in_proj = InProjection(self.k_proj_weight, self.in_proj_bias)
+            self.v_in_proj = InProjection(self.v_proj_weight, self.in_proj_bias)
+        if self.bias_k is not None:
+            self.append_bias_k, self.append_bias_v = AppendBias(self.bias_k), AppendBias(self.bias_v)
+
+    def _links(self) -> list[tuple[Any, dict[str, str]]]:
+        """``(unit, {slot: parameter name})`` for every unit."""
+        if self._qkv_same_embed_dim:
+            links = [(self.in_proj, {"weight": "in_proj_weight", "bias": "in_proj_bias"})]
+        else:
+            links = [
+                (getattr(self, f"{p}_in_proj"), {"weight": f"{p}_proj_weight", "bias": "in_proj_bias"}) for p in "qkv"
+            ]
+        if "append_bias_k" in self._modules:
+            links += [(self.append_bias_k, {"bias": "bias_k"}), (self.append_bias_v, {"bias": "bias_v"})]
+        return links
+
+    def _reset_parameters(self) -> None:
+        """The initialisation of ``nn.MultiheadAttention``, in the same order."""
+        for w in (self.in_proj_weight, self.q_proj_weight, self.k_proj_weight, self.v_proj_weight):
+            if w is not None:
+                nn.init.xavier_uniform_(w)
+        if self.in_proj_bias is not None:
+            nn.init.constant_(self.in_proj_bias, 0.0)
+            nn.init.constant_(self.out_proj.bias, 0.0)
+        if self.bias_k is not None:
+            nn.init.xavier_normal_(self.bias_k)
+            nn.init.xavier_normal_(self.bias_v)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        shared = ("in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight", "in_proj_bias", "bias_k", "bias_v")
+        if name in shared and "_units_made" in self.__dict__:
+            reshare(self, self._links())  # a parameter object was replaced (e.g. load_state_dict(assign=True))
+
+    def _apply(self, fn: Any, recurse: bool = True) -> "DPMultiheadAttention":
+        out = super()._apply(fn, recurse)
+        reshare(self, self._links())
+        return out
+
+    # -- the forward pass ------------------------------------------------------
+    def _project(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """q, k, v ``[N, L or S, E]``: one call for self-attention, as few as possible otherwise."""
+        E = self.embed_dim
+        rows = [(0, E), (E, 2 * E), (2 * E, 3 * E)]
+        if not self._qkv_same_embed_dim:
+            units = (self.q_in_proj, self.k_in_proj, self.v_in_proj)
+            return tuple(u(x, (0, E), r) for u, x, r in zip(units, (query, key, value), rows))
+        if query is key and key is value:
+            return self.in_proj(query, (0, 3 * E), (0, 3 * E)).chunk(3, -1)
+        q = self.in_proj(query, rows[0], rows[0])
+        if key is value:
+            return (q, *self.in_proj(key, (E, 3 * E), (E, 3 * E)).chunk(2, -1))
+        return q, self.in_proj(key, rows[1], rows[1]), self.in_proj(value, rows[2], rows[2])
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        key_padding_mask: Tensor | None = None,
+        need_weights: bool = True,
+        attn_mask: Tensor | None = None,
+        average_attn_weights: bool = True,
+        is_causal: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Same arguments and outputs as ``nn.MultiheadAttention.forward``."""
+        batched = query.dim() == 3
+        if batched and not self.batch_first:  # work batch-first: [N, L, E]
+            query, key, value = self._transpose_same(query, key, value)
+        elif not batched:
+            query, key, value = self._transpose_same(query, key, value, unbatched=True)
+            key_padding_mask = None if key_padding_mask is None else key_padding_mask.unsqueeze(0)
+        N, L, _ = query.shape
+        H, hd = self.num_heads, self.head_dim
+        if query.shape[-1] != self.embed_dim:
+            raise AssertionError(f"was expecting embedding dimension of {self.embed_dim}, but got {query.shape[-1]}")
+        key_padding_mask = float_mask(key_padding_mask, query.dtype)
+        if is_causal and attn_mask is None:
+            raise RuntimeError(
+                "Need attn_mask if specifying the is_causal hint. You may use the Transformer module "
+                "method `generate_square_subsequent_mask` to create this mask."
+            )
+        if is_causal and key_padding_mask is None and not need_weights:
+            attn_mask = None  # scaled_dot_product_attention applies the causal mask itself
+        else:
+            attn_mask = float_mask(attn_mask, query.dtype)
+            is_causal = is_causal and key_padding_mask is None
+
+        q, k, v = self._project(query, key, value)
+        if self.bias_k is not None:
+            k, v = self.append_bias_k(k), self.append_bias_v(v)
+        q, k, v = (t.reshape(N, t.shape[1], H, hd).transpose(1, 2) for t in (q, k, v))  # [N, H, *, hd]
+        extra = int(self.bias_k is not None) + int(self.add_zero_attn)
+        if self.add_zero_attn:
+            k, v = (torch.cat([t, t.new_zeros(N, H, 1, hd)], 2) for t in (k, v))
+        mask = self._merged_mask(attn_mask, key_padding_mask, N, L, k.shape[2], extra)
+        dropout_p = self.dropout if self.training else 0.0
+        if need_weights:
+            scores = (q * math.sqrt(1.0 / hd)) @ k.transpose(-2, -1)
+            weights = torch.softmax(scores if mask is None else scores + mask, dim=-1)
+            if dropout_p > 0.0:
+                weights = F.dropout(weights, p=dropout_p)
+            out = weights @ v
+            weights = weights.mean(1) if average_attn_weights else weights
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal)
+            weights = None
+        out = self.out_proj(out.transpose(1, 2).reshape(N, L, self.embed_dim))
+        if not batched:
+            return out.squeeze(0), None if weights is None else weights.squeeze(0)
+        return (out if self.batch_first else out.transpose(0, 1)), weights
+
+    @staticmethod
+    def _transpose_same(query: Tensor, key: Tensor, value: Tensor, unbatched: bool = False) -> tuple[Tensor, ...]:
+        """Move the batch to dim 0 (or add it), keeping ``query is key is value`` as it was."""
+        move = (lambda t: t.unsqueeze(0)) if unbatched else (lambda t: t.transpose(0, 1))
+        q = move(query)
+        k = q if key is query else move(key)
+        v = k if value is key else (q if value is query else move(value))
+        return q, k, v
+
+    def _merged_mask(
+        self, attn_mask: Tensor | None, key_padding_mask: Tensor | None, N: int, L: int, S: int, extra: int
+    ) -> Tensor | None:
+        """``attn_mask`` (``[L, S]`` or ``[N*H, L, S]``) plus ``key_padding_mask`` (``[N, S]``) as ``[N|1, H|1, L, S]``.
+
+        ``extra`` zero columns are appended for ``bias_k`` and ``add_zero_attn``, as in torch.
+        """
+        if attn_mask is not None:
+            S0 = S - extra
+            if attn_mask.dim() == 2:
+                if tuple(attn_mask.shape) != (L, S0):
+                    raise RuntimeError(f"The shape of the 2D attn_mask is {attn_mask.shape}, but should be {(L, S0)}.")
+                attn_mask = attn_mask.reshape(1, 1, L, S0)
+            elif attn_mask.dim() == 3:
+                if tuple(attn_mask.shape) != (N * self.num_heads, L, S0):
+                    raise RuntimeError(
+                        f"The shape of the 3D attn_mask is {attn_mask.shape}, but should be {(N * self.num_heads, L, S0)}."
+                    )
+                attn_mask = attn_mask.reshape(N, self.num_heads, L, S0)
+            else:
+                raise RuntimeError(f"attn_mask's dimension {attn_mask.dim()} is not supported")
+            attn_mask = F.pad(attn_mask, (0, extra))
+        if key_padding_mask is not None:
+            if tuple(key_padding_mask.shape) != (N, S - extra):
+                raise AssertionError(
+                    f"expecting key_padding_mask shape of {(N, S - extra)}, but got {tuple(key_padding_mask.shape)}"
+                )
+            kpm = F.pad(key_padding_mask, (0, extra)).reshape(N, 1, 1, S)
+            attn_mask = kpm if attn_mask is None else attn_mask + kpm
+        return attn_mask
+
+    def extra_repr(self) -> str:
+        return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, batch_first={self.batch_first}"
+
+
+__all__ = ["DPMultiheadAttention", "float_mask"]
