@@ -1,0 +1,47 @@
+"""Interactive widgets for teaching DP deep learning (ipywidgets 8 + matplotlib).
+
+Each explorer is a validated state (``explorer.state``, traitlets), pure plotting
+functions (``dpnotebook.widgets.<name>.plots``) and thin widget wiring, all
+driven by the same library code that trains models. Display one in a notebook
+by leaving it last in a cell; a page rendered without a kernel shows its PNG.
+
+* :class:`GradientExplorer`: per-sample gradients layer by layer; the grad-sample modes agree.
+* :class:`ClippingExplorer`: the bound C, norms, fraction clipped, clipping bias.
+* :class:`NoiseExplorer`: sigma, B, C and the noise on the averaged gradient.
+* :class:`PrivacyBudgetExplorer`: epsilon against epochs; the sigma a target needs.
+* :class:`AugmultExplorer`: averaging over K augmented copies.
+* :class:`TrainingMonitor`: live curves of a training run, as a callback.
+
+>>> from dpnotebook.widgets import ClippingExplorer
+>>> ex = ClippingExplorer(backend="static")
+>>> ex.set(max_grad_norm=1.0, clipping="per_layer")
+>>> ex.state.clipping
+'per_layer'
+"""
+
+from dpnotebook.widgets._validate import WidgetValueError
+from dpnotebook.widgets.augment import augment_copies
+from dpnotebook.widgets.augmult import AugmultExplorer
+from dpnotebook.widgets.budget import PrivacyBudgetExplorer
+from dpnotebook.widgets.clipping import ClippingExplorer
+from dpnotebook.widgets.gradient import GradientExplorer
+from dpnotebook.widgets.grads import compute_grad_samples
+from dpnotebook.widgets.monitor import TrainingMonitor
+from dpnotebook.widgets.noise import NoiseExplorer
+from dpnotebook.widgets.toy import ToyMLP, ToyProblem, make_blobs, make_toy
+
+__all__ = [
+    "GradientExplorer",
+    "ClippingExplorer",
+    "NoiseExplorer",
+    "PrivacyBudgetExplorer",
+    "AugmultExplorer",
+    "TrainingMonitor",
+    "WidgetValueError",
+    "compute_grad_samples",
+    "augment_copies",
+    "make_toy",
+    "make_blobs",
+    "ToyProblem",
+    "ToyMLP",
+]

@@ -1,0 +1,238 @@
+"""What every explorer shares: controls bound to a validated state, an error area, a static figure.
+
+A subclass builds its figure once (:meth:`Explorer._build`), updates its
+artists from the state (:meth:`Explorer._update`) and lists its controls
+(:meth:`Explorer._controls`). This base class keeps the controls and the state
+in step, shows any exception raised by a callback inside the widget, and
+gives a PNG of the figure to pages rendered without a kernel.
+
+>>> area = ErrorArea()
+>>> area.show(ValueError("max_grad_norm=-1 is invalid"))
+>>> area.message
+'ValueError: max_grad_norm=-1 is invalid'
+"""
+
+from __future__ import annotations
+
+import functools
+import html
+import traceback
+from typing import Any, Callable, TypeVar
+
+import ipywidgets
+import traitlets
+
+from dpnotebook.widgets._figure import FigureHost
+
+__all__ = ["ErrorArea", "Explorer"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class ErrorArea:
+    """A red message box inside the widget; hidden while there is nothing to say.
+
+    Attributes:
+        view: the ``ipywidgets.HTML`` that shows the message.
+        message: ``"TypeName: text"`` of the last error, ``""`` when cleared.
+        exception: the last exception, or ``None``.
+    """
+
+    def __init__(self) -> None:
+        self.view = ipywidgets.HTML(layout=ipywidgets.Layout(display="none"))
+        self.message = ""
+        self.exception: BaseException | None = None
+
+    def show(self, exc: BaseException) -> None:
+        """Display ``exc`` with its traceback folded underneath."""
+        self.exception = exc
+        self.message = f"{type(exc).__name__}: {exc}"
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        self.view.value = (
+            '<div style="color:#b00020;border-left:4px solid #b00020;padding:2px 8px">'
+            f"<b>{html.escape(self.message)}</b>"
+            f"<details><summary>traceback</summary><pre>{html.escape(tb)}</pre></details></div>"
+        )
+        self.view.layout.display = ""
+
+    def clear(self) -> None:
+        """Hide the message."""
+        if self.exception is not None or self.message:
+            self.exception = None
+            self.message = ""
+            self.view.value = ""
+            self.view.layout.display = "none"
+
+
+def _widen(control: ipywidgets.Widget, value: Any) -> None:
+    """Stretch a slider's range so that it can show ``value`` (set programmatically)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not hasattr(control, "max"):
+        return
+    if isinstance(control, ipywidgets.FloatLogSlider):
+        if value <= 0:
+            return
+        import math
+
+        exponent = math.log(value, control.base)
+        if exponent > control.max:
+            control.max = math.ceil(exponent)
+        if exponent < control.min:
+            control.min = math.floor(exponent)
+    else:
+        if value > control.max:
+            control.max = value
+        if value < control.min:
+            control.min = value
+
+
+class Explorer:
+    """Base class of the explorers: state + figure + controls + error area.
+
+    Args:
+        state: the validated state (a ``traitlets.HasTraits``).
+        figsize: figure size in inches.
+        backend: how the figure is shown, see :class:`~dpnotebook.widgets._figure.FigureHost`.
+        dpi: figure resolution.
+
+    Attributes:
+        state: the validated state; set its traits to move the widget.
+        controls: the control widgets, by the name of the trait they drive.
+        error: where exceptions raised in callbacks are shown.
+        widget: the ``ipywidgets.VBox`` to display.
+    """
+
+    watch: tuple[str, ...] = ()
+
+    def __init__(
+        self,
+        state: traitlets.HasTraits,
+        *,
+        figsize: tuple[float, float] = (9.0, 3.0),
+        backend: str = "auto",
+        dpi: float = 72,
+    ) -> None:
+        self.state = state
+        self.error = ErrorArea()
+        self.host = FigureHost(figsize, dpi=dpi, backend=backend)
+        self.controls: dict[str, ipywidgets.Widget] = {}
+        self._syncing = False
+        self._build(self.host.figure)
+        self._update()
+        self.widget = ipywidgets.VBox(
+            [ipywidgets.HBox(self._controls(), layout=ipywidgets.Layout(flex_flow="row wrap")),
+             self.host.view, self.error.view]
+        )
+        if self.watch:
+            self.state.observe(self._on_state, names=list(self.watch))
+        self.host.redraw()
+
+    # -- to be provided by subclasses -----------------------------------------
+    def _build(self, fig: Any) -> None:
+        """Create the axes and artists once."""
+        raise NotImplementedError
+
+    def _update(self) -> None:
+        """Move the artists to show the state (no drawing)."""
+        raise NotImplementedError
+
+    def _controls(self) -> list[ipywidgets.Widget]:
+        """The control widgets, usually made with :meth:`bind`."""
+        return []
+
+    # -- wiring -----------------------------------------------------------------
+    def guard(self, fn: F) -> F:
+        """Wrap a callback so that an exception is shown in the widget instead of lost."""
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - shown to the user
+                self.error.show(exc)
+                return None
+
+        return wrapper  # type: ignore[return-value]
+
+    def _on_state(self, change: dict) -> None:
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Update the artists from the state and redraw; errors go to :attr:`error`."""
+        try:
+            self._update()
+            self.host.redraw()
+        except Exception as exc:  # noqa: BLE001 - shown to the user
+            self.error.show(exc)
+
+    def _set_control(self, control: ipywidgets.Widget, value: Any) -> None:
+        self._syncing = True
+        try:
+            _widen(control, value)
+            control.value = value
+        finally:
+            self._syncing = False
+
+    def bind(self, name: str, control: ipywidgets.ValueWidget) -> ipywidgets.ValueWidget:
+        """Keep ``control.value`` and ``state.<name>`` equal; refused values are shown and undone."""
+        self._set_control(control, getattr(self.state, name))
+
+        def on_control(change: dict) -> None:
+            if self._syncing:
+                return
+            try:
+                setattr(self.state, name, change["new"])
+            except Exception as exc:  # noqa: BLE001 - shown to the user
+                self.error.show(exc)
+                self._set_control(control, getattr(self.state, name))
+            else:
+                if not isinstance(self.error.exception, traitlets.TraitError):
+                    return
+                self.error.clear()
+
+        def on_state(change: dict) -> None:
+            self._set_control(control, change["new"])
+
+        control.observe(on_control, names="value")
+        self.state.observe(on_state, names=name)
+        self.controls[name] = control
+        return control
+
+    def set(self, **values: Any) -> None:
+        """Set several state traits, then redraw once.
+
+        Values are checked together, so ``set(batch_size=500, dataset_size=1000)``
+        works whatever the order.
+
+        Raises:
+            WidgetValueError: a value is refused (then nothing is changed).
+        """
+        with self.state.hold_trait_notifications():
+            for key, value in values.items():
+                setattr(self.state, key, value)
+
+    # -- display ----------------------------------------------------------------
+    @property
+    def figure(self) -> Any:
+        """The matplotlib figure (created once, updated in place)."""
+        return self.host.figure
+
+    def show_static(self) -> Any:
+        """An ``IPython.display.Image`` of the figure, for pages without a kernel."""
+        from IPython.display import Image
+
+        return Image(data=self.host.png(), format="png")
+
+    def _repr_png_(self) -> bytes:
+        return self.host.png()
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict:
+        data = dict(self.widget._repr_mimebundle_(include=include, exclude=exclude) or {})
+        data["image/png"] = self.host.png_base64()
+        return data
+
+    def close(self) -> None:
+        """Close the widgets and the figure."""
+        for control in self.controls.values():
+            control.close()
+        self.widget.close()
+        self.host.close()

@@ -1,0 +1,138 @@
+"""The gradient explorer's state: per-sample gradients of one batch in every grad-sample mode.
+
+Every mode of :func:`dpnotebook.available_modes` is run once on the batch; a
+mode that fails keeps its error text, to be shown instead of its gradients.
+
+>>> import torch
+>>> from torch import nn
+>>> torch.manual_seed(0) and None
+>>> s = GradientState(nn.Linear(3, 2), (torch.randn(4, 3), torch.randn(4, 2)), nn.functional.mse_loss)
+>>> s.layer, s.sample, s.mode
+('weight', 0, 'hooks')
+>>> s.sample = 9
+Traceback (most recent call last):
+...
+dpnotebook.widgets.WidgetValueError: sample=9 is invalid: it must be an integer between 0 and 3.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+import traitlets
+from torch import Tensor, nn
+
+from dpnotebook.modes import available_modes
+from dpnotebook.privacy.clipping import per_layer_norms
+from dpnotebook.widgets._validate import int_at_least, one_of, refuse
+from dpnotebook.widgets.grads import compute_grad_samples
+
+__all__ = ["GradientState", "compare_modes", "max_difference"]
+
+
+def max_difference(a: dict[str, Tensor], b: dict[str, Tensor]) -> float:
+    """The largest absolute difference between two sets of per-sample gradients.
+
+    >>> max_difference({"w": torch.zeros(2, 3)}, {"w": torch.full((2, 3), 0.5)})
+    0.5
+    """
+    if a.keys() != b.keys():
+        return float("inf")
+    return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
+
+
+def compare_modes(
+    model: nn.Module, inputs: Tensor, targets: Tensor, loss_fn: Callable[[Tensor, Tensor], Tensor],
+    modes: Sequence[str] | None = None,
+) -> tuple[dict[str, dict[str, Tensor]], dict[str, str]]:
+    """Per-sample gradients in each mode, and the error text of each mode that failed.
+
+    Returns:
+        ``(grads, errors)``: ``grads[mode][param_name]`` is ``[B, *shape]``;
+        ``errors[mode]`` is ``"TypeName: message"``.
+    """
+    grads: dict[str, dict[str, Tensor]] = {}
+    errors: dict[str, str] = {}
+    for mode in modes if modes is not None else available_modes():
+        try:
+            grads[mode] = compute_grad_samples(model, inputs, targets, loss_fn, mode=mode)
+        except Exception as exc:  # noqa: BLE001 - a failing mode is reported, not fatal
+            errors[mode] = f"{type(exc).__name__}: {exc}"
+    return grads, errors
+
+
+class GradientState(traitlets.HasTraits):
+    """Which layer (parameter tensor), which sample and which mode's gradients to show.
+
+    Args:
+        model: the model.
+        batch: ``(inputs, targets)``.
+        loss_fn: ``loss_fn(output, targets)``, averaged.
+        modes: the modes to compare (default: all registered).
+        reference: the mode others are compared with (default ``"hooks"`` or the first that works).
+
+    Raises:
+        RuntimeError: no mode could compute the gradients (the errors are listed).
+    """
+
+    layer = traitlets.Unicode()
+    sample = traitlets.Int(0)
+    mode = traitlets.Unicode()
+
+    def __init__(
+        self,
+        model: nn.Module,
+        batch: tuple[Tensor, Tensor],
+        loss_fn: Callable[[Tensor, Tensor], Tensor],
+        *,
+        modes: Sequence[str] | None = None,
+        reference: str = "hooks",
+    ) -> None:
+        self.grads, self.errors = compare_modes(model, batch[0], batch[1], loss_fn, modes)
+        if not self.grads:
+            lines = "\n".join(f"  {m}: {e}" for m, e in self.errors.items())
+            raise RuntimeError(f"no grad-sample mode could compute per-sample gradients:\n{lines}")
+        self.modes = list(self.grads) + list(self.errors)
+        self.reference = reference if reference in self.grads else next(iter(self.grads))
+        first = self.grads[self.reference]
+        self.layers = list(first)
+        self.batch_size = int(next(iter(first.values())).shape[0])
+        self.differences = {m: max_difference(g, first) for m, g in self.grads.items()}
+        super().__init__(layer=self.layers[0], sample=0, mode=self.reference)
+
+    @traitlets.validate("layer")
+    def _check_layer(self, proposal: dict) -> str:
+        return one_of("layer", proposal["value"], self.layers)
+
+    @traitlets.validate("sample")
+    def _check_sample(self, proposal: dict) -> int:
+        return int_at_least("sample", proposal["value"], 0, self.batch_size - 1)
+
+    @traitlets.validate("mode")
+    def _check_mode(self, proposal: dict) -> str:
+        mode = proposal["value"]
+        if mode in self.errors:
+            refuse("mode", mode, f"this mode failed on the model: {self.errors[mode]}")
+        return one_of("mode", mode, list(self.grads))
+
+    def layer_norms(self) -> np.ndarray:
+        """Norms ``[L, B]`` of each sample's gradient per layer, in the current mode."""
+        return per_layer_norms(self.grads[self.mode]).double().numpy()
+
+    def gradient(self) -> np.ndarray:
+        """The selected sample's gradient of the selected layer, shaped like the parameter."""
+        return self.grads[self.mode][self.layer][self.sample].double().numpy()
+
+    def comparison_rows(self) -> list[tuple[str, str]]:
+        """``(mode, "max |difference| vs reference" or the error)`` for each mode."""
+        rows = []
+        for mode in self.modes:
+            if mode in self.errors:
+                rows.append((mode, f"failed: {self.errors[mode]}"))
+            elif mode == self.reference:
+                rows.append((mode, "reference"))
+            else:
+                rows.append((mode, f"max |difference| = {self.differences[mode]:.2e}"))
+        return rows

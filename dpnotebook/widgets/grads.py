@@ -1,0 +1,111 @@
+"""Per-sample gradients for the widgets, computed by the library's grad-sample modes.
+
+>>> import torch
+>>> from torch import nn
+>>> torch.manual_seed(0) and None
+>>> g = compute_grad_samples(nn.Linear(3, 2), torch.randn(4, 3), torch.randn(4, 2), nn.functional.mse_loss)
+>>> {k: tuple(v.shape) for k, v in g.items()}
+{'weight': (4, 2, 3), 'bias': (4, 2)}
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Iterator, Mapping
+
+import torch
+from torch import Tensor, nn
+
+from dpnotebook.grad_sample.module import GradSampleModule, check_k
+from dpnotebook.modes import wrap_model
+
+__all__ = ["compute_grad_samples", "flatten_grad_samples", "as_grad_samples", "few_threads"]
+
+#: Inputs with at most this many numbers are computed on one thread (see :func:`few_threads`).
+SMALL_INPUT = 200_000
+
+
+@contextlib.contextmanager
+def few_threads(small: bool = True) -> Iterator[None]:
+    """Run the block on one intra-op thread if ``small``, then restore the thread count.
+
+    For teaching-sized batches, waking a second thread costs more than the work
+    itself, badly so on a busy 2-core Binder machine (measured: 25 ms instead of 2 ms).
+    """
+    if not small:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+LossFn = Callable[[Tensor, Tensor], Tensor]
+
+
+def compute_grad_samples(
+    model: nn.Module,
+    inputs: Tensor,
+    targets: Tensor,
+    loss_fn: LossFn,
+    *,
+    mode: str = "hooks",
+    K: int = 1,
+) -> dict[str, Tensor]:
+    """One forward and backward pass in grad-sample ``mode``; each sample's gradient by parameter name.
+
+    The model is wrapped with :func:`dpnotebook.wrap_model` and unwrapped again,
+    and its ``.grad`` are cleared, so it is left as it was.
+
+    Args:
+        model: a plain ``nn.Module`` (or a :class:`~dpnotebook.GradSampleModule`, used as
+            is with its own ``K``).
+        inputs: ``B*K`` rows, sample-major (the ``K`` copies of sample ``i`` are rows ``i*K .. i*K+K-1``).
+        targets: ``B`` targets (repeated ``K`` times for the copies) or ``B*K`` targets.
+        loss_fn: ``loss_fn(output, targets)`` averaged over rows.
+        mode: ``"hooks"``, ``"functorch"`` or ``"ew"``.
+        K: augmentation multiplicity.
+
+    Returns:
+        ``{name: [B, *p.shape]}`` for every trainable parameter, detached copies.
+    """
+    own = not isinstance(model, GradSampleModule)
+    K = check_k(K) if own else model.K
+    if targets.shape[0] * K == inputs.shape[0] and K > 1:
+        targets = targets.repeat_interleave(K, dim=0)
+    wrapped = wrap_model(model, mode, K=K) if own else model
+    try:
+        wrapped.zero_grad()
+        with few_threads(inputs.numel() <= SMALL_INPUT):
+            loss = loss_fn(wrapped(inputs), targets)
+            loss.backward()
+        params = (model if own else model._module).named_parameters()
+        return {name: p.grad_sample.detach().clone() for name, p in params if p.requires_grad}
+    finally:
+        if own:
+            wrapped.to_standard_module()
+            model.zero_grad(set_to_none=True)
+        else:
+            wrapped.zero_grad()
+
+
+def as_grad_samples(grad_samples: Mapping[str, Tensor] | list[Tensor]) -> dict[str, Tensor]:
+    """A dict ``{name: [B, *shape]}`` from a dict or a list (named ``"param0"``, ``"param1"``...)."""
+    if isinstance(grad_samples, Mapping):
+        out = {str(k): torch.as_tensor(v).detach() for k, v in grad_samples.items()}
+    else:
+        out = {f"param{i}": torch.as_tensor(v).detach() for i, v in enumerate(grad_samples)}
+    if not out:
+        raise ValueError("grad_samples is empty: pass one [B, *shape] tensor per parameter.")
+    return out
+
+
+def flatten_grad_samples(grad_samples: Mapping[str, Tensor]) -> Tensor:
+    """All parameters of each sample in one row: ``[B, D]``.
+
+    >>> flatten_grad_samples({"a": torch.ones(2, 3), "b": torch.zeros(2, 1, 2)}).shape
+    torch.Size([2, 5])
+    """
+    return torch.cat([g.flatten(start_dim=1) for g in grad_samples.values()], dim=1)
