@@ -1,19 +1,22 @@
 """Grad sampler for ``nn.Conv1d``, ``nn.Conv2d`` and ``nn.Conv3d``.
 
-A convolution's weight gradient for one row is a sum over output positions of
-``backprop[o, pos] * input_patch[c, window, pos]``. We cut the (padded) input
-into the patches every output position sees (``Tensor.unfold`` along each
-spatial dim, so 1-D, 2-D and 3-D share one code path, dilation included), then
-contract over the ``K`` copies and all positions at once.
+The weight gradient PyTorch computes for a batch is already a *sum over rows*.
+So the per-sample gradient of sample ``i``, averaged over its ``K`` copies, is
+the ordinary convolution weight gradient of the mini-batch made of those ``K``
+rows, divided by ``K``. We run that ordinary gradient (``convolution_backward``)
+for every sample at once with ``vmap``: no ``B*K`` per-row gradients and no
+``B*K``-sized im2col copy, so memory grows with ``B``, not ``B*K``.
+
+:func:`unfold_patches` shows the same computation spelled out (each output
+position's input window) and is kept for teaching and for the tests.
 """
 
 from __future__ import annotations
 
-import math
-
+import torch
 import torch.nn.functional as F
-from opt_einsum import contract
 from torch import Tensor, nn
+from torch.func import vmap
 
 from dpnotebook.grad_sample._contract import sum_rows
 from dpnotebook.grad_sample.registry import register_grad_sampler
@@ -59,24 +62,44 @@ def unfold_patches(x: Tensor, layer: nn.modules.conv._ConvNd) -> Tensor:
     return x
 
 
+def conv_weight_grad_per_sample(layer: nn.modules.conv._ConvNd, x: Tensor, g: Tensor, K: int) -> Tensor:
+    """``[B, *weight.shape]``: each sample's weight gradient, averaged over its K rows.
+
+    >>> import torch
+    >>> from torch import nn
+    >>> conv = nn.Conv1d(1, 1, 2, bias=False)
+    >>> x, g = torch.ones(2, 1, 3), torch.ones(2, 1, 2)   # one sample, K=2 copies
+    >>> conv_weight_grad_per_sample(conv, x, g, K=2)
+    tensor([[[[2., 2.]]]])
+    """
+    B, dims = x.shape[0] // K, len(layer.kernel_size)
+    if B == 0:
+        return x.new_zeros((0, *layer.weight.shape))
+    pads = _explicit_padding(layer)
+    if layer.padding_mode == "zeros" and pads[0::2] == pads[1::2]:
+        padding = pads[0::2][::-1]  # symmetric zero padding: let the kernel do it, no copy
+    else:
+        mode = "constant" if layer.padding_mode == "zeros" else layer.padding_mode
+        x, padding = F.pad(x, pads, mode=mode), [0] * dims
+    weight = layer.weight.detach().to(x.dtype)
+
+    def one_sample(xs: Tensor, gs: Tensor) -> Tensor:  # xs: [K, C, ...], the sample's copies
+        return torch.ops.aten.convolution_backward(
+            gs, xs, weight, None, layer.stride, padding, layer.dilation, False, [0] * dims,
+            layer.groups, [False, True, False],
+        )[1]
+
+    return vmap(one_sample)(x.unflatten(0, (B, K)), g.unflatten(0, (B, K))) / K
+
+
 @register_grad_sampler(nn.Conv1d, nn.Conv2d, nn.Conv3d)
 def conv_grad_sampler(
     layer: nn.modules.conv._ConvNd, activations: list[Tensor], backprops: Tensor, K: int
 ) -> dict[nn.Parameter, Tensor]:
     """Per-sample gradients of a convolution's weight and bias (any groups)."""
     out: dict[nn.Parameter, Tensor] = {}
-    n, c_out = backprops.shape[:2]
-    B, g = n // K, layer.groups
     if layer.weight.requires_grad:
-        dims = len(layer.kernel_size)
-        patches = unfold_patches(activations[0], layer)  # [n, C_in, *pos, *kernel]
-        positions = math.prod(patches.shape[2 : 2 + dims])
-        taps = math.prod(layer.kernel_size)
-        c_in = patches.shape[1]
-        patches = patches.reshape(B, K, g, c_in // g, positions, taps)
-        grads = backprops.reshape(B, K, g, c_out // g, positions)
-        w = contract("bkgcpt,bkgop->bgoct", patches, grads) / K
-        out[layer.weight] = w.reshape(B, *layer.weight.shape)
+        out[layer.weight] = conv_weight_grad_per_sample(layer, activations[0], backprops, K)
     if layer.bias is not None and layer.bias.requires_grad:
         out[layer.bias] = sum_rows(backprops.movedim(1, -1), K, keep=1)
     return out

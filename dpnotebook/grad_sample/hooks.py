@@ -56,12 +56,14 @@ def sampler_grad_samples(
     """Run a registered sampler on one recorded call, checking what it returns."""
     module = call.module
     acts = [to_batch_first(a, call.batch_dim) for a in bound_arguments(module, call.args, call.kwargs)]
-    bp = to_batch_first(backprops, call.batch_dim) * scale
+    bp = to_batch_first(backprops, call.batch_dim)
     B = call.rows // K
+    # Gradients are linear in the backprops, so the loss reduction is undone on the
+    # (small) result rather than on the (activation-sized) backprops.
     if entry.takes_k:
-        found = entry.fn(module, acts, bp, K)
+        found = {p: g * scale for p, g in entry.fn(module, acts, bp, K).items()}
     else:  # Opacus-style: per-row gradients, averaged over each sample's K rows here
-        found = {p: g.reshape(B, K, *g.shape[1:]).mean(1) for p, g in entry.fn(module, acts, bp).items()}
+        found = {p: g.reshape(B, K, *g.shape[1:]).mean(1) * scale for p, g in entry.fn(module, acts, bp).items()}
     own = {id(p): n for n, p in module.named_parameters()}
     for p, g in found.items():
         if id(p) not in own:
