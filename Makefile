@@ -8,8 +8,8 @@ STAMP := $(VENV)/.installed
 .PHONY: install lab test bench clean
 
 $(STAMP): pyproject.toml constraints.txt
+# torch goes in first, pinned by constraints.txt, so that no later resolution pulls another (CUDA) build.
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	# torch first, pinned by constraints.txt, so that no later resolution pulls another (CUDA) build.
 	$(PIP) "torch==2.13.0"
 	$(PIP) -e ".[dev]"
 	touch $(STAMP)
