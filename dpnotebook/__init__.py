@@ -1,19 +1,57 @@
-"""dpnotebook: differentially private deep learning in PyTorch, taught in Jupyter."""
+"""dpnotebook: differentially private deep learning in PyTorch, taught in Jupyter.
+
+>>> import dpnotebook
+>>> sorted(dpnotebook.available_modes())
+['ew', 'functorch', 'hooks']
+
+The DP-SGD names (``PrivacyEngine``, ``DPOptimizer``, ``DPDataLoader``) are
+loaded on first use, so ``import dpnotebook`` stays quick; the widgets live in
+``dpnotebook.widgets`` (they need the ``widgets`` extra).
+"""
+
+from importlib import import_module
+from typing import Any
 
 from dpnotebook.errors import GradSampleError, GradSamplerMismatch, UnsupportedModuleError
 from dpnotebook.grad_sample import GradSampleModule, register_grad_sampler
+from dpnotebook.layers import DPGRU, DPLSTM, DPRNN, DPMultiheadAttention
 from dpnotebook.modes import available_modes, wrap_model
 from dpnotebook.validation import validate
 
 __version__ = "0.1.0"
 
+_LAZY = {
+    "PrivacyEngine": "dpnotebook.privacy",
+    "DPOptimizer": "dpnotebook.privacy",
+    "DPDataLoader": "dpnotebook.privacy",
+    "get_noise_multiplier": "dpnotebook.privacy",
+}
+
 __all__ = [
     "GradSampleModule",
     "register_grad_sampler",
-    "validate",
     "wrap_model",
     "available_modes",
+    "validate",
+    "DPRNN",
+    "DPLSTM",
+    "DPGRU",
+    "DPMultiheadAttention",
+    "PrivacyEngine",
+    "DPOptimizer",
+    "DPDataLoader",
+    "get_noise_multiplier",
     "GradSampleError",
     "GradSamplerMismatch",
     "UnsupportedModuleError",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'dpnotebook' has no attribute {name!r}; see dpnotebook.__all__")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
