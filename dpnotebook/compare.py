@@ -1,0 +1,116 @@
+"""Compare the grad-sample modes on one model: do they agree with the oracle, and what do they cost?
+
+>>> import torch
+>>> from torch import nn
+>>> torch.manual_seed(0) and None
+>>> rows = compare_modes(nn.Linear(4, 3), torch.randn(6, 4), torch.randint(0, 3, (6,)), repeats=1)
+>>> [(r.mode, r.agrees) for r in rows]
+[('oracle', True), ('ew', True), ('functorch', True), ('hooks', True)]
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from dpnotebook.modes import available_modes, wrap_model
+from dpnotebook.testing import reference_grad_samples
+
+__all__ = ["ModeComparison", "compare_modes", "median_seconds"]
+
+LossFn = Callable[[Tensor, Tensor], Tensor]
+
+
+@dataclass(frozen=True)
+class ModeComparison:
+    """One mode on one batch.
+
+    Attributes:
+        mode: the mode's name, or ``"oracle"`` for one float64 backward pass per row.
+        max_error: largest ``|mode - oracle|`` over all per-sample gradients, relative
+            to the largest oracle entry.
+        ms: median milliseconds for one forward+backward with per-sample gradients.
+        agrees: ``max_error <= tolerance``.
+        error: the mode's error message when it refused the model.
+    """
+
+    mode: str
+    max_error: float
+    ms: float
+    agrees: bool
+    error: str = ""
+
+
+def median_seconds(fn: Callable[[], object], repeats: int = 5) -> float:
+    """Median wall-clock seconds of ``fn()`` over ``repeats`` calls, after one warm-up call."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _row_loss(loss_fn: LossFn) -> LossFn:
+    return lambda out, target: loss_fn(out, target) * out.shape[0]  # one row: mean == sum
+
+
+def compare_modes(
+    model: nn.Module,
+    inputs: Tensor,
+    targets: Tensor,
+    loss_fn: LossFn = F.cross_entropy,
+    *,
+    K: int = 1,
+    modes: list[str] | None = None,
+    repeats: int = 3,
+    tolerance: float = 1e-4,
+) -> list[ModeComparison]:
+    """Per-sample gradients of ``model`` on one batch in every mode, against the oracle.
+
+    Args:
+        model: a plain module (copied for each mode; never changed).
+        inputs: ``B*K`` rows, sample-major.
+        targets: one target per row.
+        loss_fn: ``loss_fn(outputs, targets)``, a mean over rows.
+        K: augmentation multiplicity.
+        modes: which modes (default: all registered).
+        repeats: timed repetitions per mode (median reported).
+        tolerance: largest relative error counted as agreement (float32 models).
+
+    Returns:
+        The oracle first, then one :class:`ModeComparison` per mode.
+    """
+    row_loss = _row_loss(loss_fn)
+    ref = reference_grad_samples(model, [inputs], target=targets, loss_fn=row_loss, K=K)
+    scale = max((r.abs().max().item() for r in ref.values() if r.numel()), default=1.0) or 1.0
+    oracle_s = median_seconds(
+        lambda: reference_grad_samples(model, [inputs], target=targets, loss_fn=row_loss, K=K), repeats=1
+    )
+    results = [ModeComparison("oracle", 0.0, oracle_s * 1e3, True)]
+    for mode in modes or available_modes():
+        copy_ = copy.deepcopy(model)
+        try:
+            wrapped = wrap_model(copy_, mode, K=K)
+
+            def step() -> dict[str, Tensor]:
+                wrapped.zero_grad()
+                loss_fn(wrapped(inputs), targets).backward()
+                return {n: p.grad_sample for n, p in copy_.named_parameters() if p.requires_grad}
+
+            got = step()
+            seconds = median_seconds(step, repeats)
+        except Exception as err:  # a refusal is a result worth showing
+            results.append(ModeComparison(mode, float("nan"), float("nan"), False, str(err).splitlines()[0]))
+            continue
+        err = max(((got[n].double() - r).abs().max().item() for n, r in ref.items() if r.numel()), default=0.0)
+        results.append(ModeComparison(mode, err / scale, seconds * 1e3, err / scale <= tolerance))
+    return results
