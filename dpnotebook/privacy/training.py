@@ -68,7 +68,7 @@ def train_epoch(
         if progress is not None:
             progress.update(1)
             if losses:
-                progress.set_postfix(loss=f"{losses[-1]:.3f}")
+                progress.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
     return sum(losses) / len(losses) if losses else float("nan")
 
 

@@ -1,0 +1,60 @@
+"""Small datasets as tensors, ready for a ``DataLoader``: nothing to download.
+
+>>> from dpnotebook.datasets import load_digits_tensors
+>>> train, test = load_digits_tensors()
+>>> len(train), len(test)
+(1437, 360)
+>>> x, y = train[0]
+>>> x.shape, x.dtype, y.dtype
+(torch.Size([1, 8, 8]), torch.float32, torch.int64)
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.data import TensorDataset
+
+__all__ = ["load_digits_tensors", "split_tensors"]
+
+
+def split_tensors(
+    *tensors: torch.Tensor, test_fraction: float = 0.2, seed: int = 0
+) -> tuple[TensorDataset, TensorDataset]:
+    """Shuffle rows with a seeded generator and split them into a train and a test dataset.
+
+    >>> import torch
+    >>> train, test = split_tensors(torch.arange(10), test_fraction=0.3)
+    >>> len(train), len(test)
+    (7, 3)
+    """
+    if not 0 < test_fraction < 1:
+        raise ValueError(f"test_fraction={test_fraction!r} is invalid: it must be in (0, 1), e.g. 0.2.")
+    n = tensors[0].shape[0]
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    n_test = round(n * test_fraction)
+    test, train = order[:n_test], order[n_test:]
+    return TensorDataset(*(t[train] for t in tensors)), TensorDataset(*(t[test] for t in tensors))
+
+
+def load_digits_tensors(*, test_fraction: float = 0.2, seed: int = 0) -> tuple[TensorDataset, TensorDataset]:
+    """scikit-learn's handwritten digits (1797 images 8x8, 10 classes), split into train and test.
+
+    The images are ``[1, 8, 8]`` float32 in ``[0, 1]`` (the 0..16 pixel values
+    divided by 16), the labels int64. The data ship with scikit-learn, so it
+    works offline.
+
+    Args:
+        test_fraction: the fraction of images held out for testing.
+        seed: seeds the shuffle before the split.
+
+    Returns:
+        ``(train, test)``, two ``TensorDataset`` of ``(image, label)``.
+    """
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError as err:  # pragma: no cover - depends on the environment
+        raise ImportError("load_digits_tensors needs scikit-learn: pip install 'dpnotebook[lab]'.") from err
+    digits = load_digits()
+    images = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    labels = torch.tensor(digits.target, dtype=torch.int64)
+    return split_tensors(images, labels, test_fraction=test_fraction, seed=seed)
