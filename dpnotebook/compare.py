@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import copy
 import statistics
 import time
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dpnotebook.modes import available_modes, wrap_model
-from dpnotebook.testing import reference_grad_samples
+from dpnotebook.testing import clean_copy, reference_grad_samples
 
 __all__ = ["ModeComparison", "compare_modes", "median_seconds"]
 
@@ -97,7 +96,7 @@ def compare_modes(
     )
     results = [ModeComparison("oracle", 0.0, oracle_s * 1e3, True)]
     for mode in modes or available_modes():
-        copy_ = copy.deepcopy(model)
+        copy_ = clean_copy(model)
         try:
             wrapped = wrap_model(copy_, mode, K=K)
 

@@ -47,6 +47,13 @@ def random_target(module: nn.Module, inputs: Sequence, seed: int = 0) -> Tensor:
     return torch.randn(out.shape, generator=gen, dtype=torch.float64).to(out.device)
 
 
+def clean_copy(module: nn.Module) -> nn.Module:
+    """A deep copy of ``module`` without the hooks of any dpnotebook wrapper on it."""
+    from dpnotebook.grad_sample.ownership import strip_dpnotebook_hooks
+
+    return strip_dpnotebook_hooks(copy.deepcopy(module))
+
+
 def _to64(x: object) -> object:
     return x.to(torch.float64) if isinstance(x, Tensor) and x.is_floating_point() else x
 
@@ -104,7 +111,7 @@ def reference_grad_samples(
     tensor([[[2., 3.]]], dtype=torch.float64)
     """
     bd = 0 if batch_first else 1
-    model = copy.deepcopy(module).to(torch.float64)
+    model = clean_copy(module).to(torch.float64)
     inputs = tuple(_to64(x) for x in inputs)
     if target is None:
         target = random_target(model, inputs)
@@ -249,12 +256,12 @@ def check_grad_sampler(
     tol = tolerance if tolerance is not None else (1e-10 if dtype == torch.float64 else 1e-5)
     atol = 1e-12 if dtype == torch.float64 else 1e-6  # for gradients that are exactly zero
     ref = reference_grad_samples(module, inputs, K=K, batch_first=batch_first, split=split)
-    target = random_target(copy.deepcopy(module).to(torch.float64), tuple(_to64(x) for x in inputs))
+    target = random_target(clean_copy(module).to(torch.float64), tuple(_to64(x) for x in inputs))
     cast = tuple(x.to(dtype) if isinstance(x, Tensor) and x.is_floating_point() else x for x in inputs)
     rows: list[ReportRow] = []
     strategies = [("registered sampler", False)] + ([("torch.func fallback", True)] if fallback else [])
     for strategy, force in strategies:
-        copy_ = copy.deepcopy(module).to(dtype)
+        copy_ = clean_copy(module).to(dtype)
 
         def factory(m: nn.Module, force: bool = force) -> nn.Module:
             return GradSampleModule(m, K=K, batch_first=batch_first, loss_reduction=loss_reduction, force_functorch=force)

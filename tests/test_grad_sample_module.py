@@ -369,3 +369,19 @@ def test_sampler_with_wrong_shape_is_reported() -> None:
 def test_register_rejects_non_module_types() -> None:
     with pytest.raises(TypeError, match=r"got 'Linear' \(a str\).*register_grad_sampler\(nn.Linear\)"):
         register_grad_sampler("Linear")
+
+
+def test_wrapping_a_model_twice_is_refused_and_copies_drop_stale_hooks() -> None:
+    from dpnotebook.testing import check_grad_sampler, clean_copy
+
+    model = mlp()
+    first = GradSampleModule(model)
+    with pytest.raises(ValueError, match=r"model.0 already has hooks of another GradSampleModule.*to_standard_module"):
+        GradSampleModule(model)
+    copied = clean_copy(model)  # a wrapped model's copy carries no hooks, so it can be wrapped
+    assert all(not m._forward_hooks for m in copied.modules())
+    GradSampleModule(copied)(torch.randn(2, 6)).sum().backward()
+    assert copied[0].weight.grad_sample.shape == (2, 16, 6)
+    assert check_grad_sampler(model, torch.randn(4, 6), K=2).ok  # checks a clean copy
+    first.to_standard_module()
+    GradSampleModule(model)  # free again

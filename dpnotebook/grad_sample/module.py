@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from dpnotebook.errors import GradSampleError, UnsupportedModuleError
 from dpnotebook.grad_sample.hooks import LayerHooks
+from dpnotebook.grad_sample.ownership import check_not_wrapped
 from dpnotebook.grad_sample.registry import SamplerEntry, find_grad_sampler
 from dpnotebook.grad_sample.accumulation import GradSampleStore
 from dpnotebook.validation import Problem, raise_if_problems, validate
@@ -160,6 +161,7 @@ class GradSampleModule(nn.Module):
     def add_hooks(self) -> None:
         """Install the hooks (done by the constructor)."""
         if self._hooks is None:
+            check_not_wrapped(self._module)
             self._hooks = LayerHooks(self._plan(), self)
             self._store.watch()
 
