@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --quiet --constraint constraints.txt
 STAMP := $(VENV)/.installed
 
-.PHONY: install lab test bench clean
+.PHONY: install lab test bench badges clean
 
 $(STAMP): pyproject.toml constraints.txt
 # torch goes in first, pinned by constraints.txt, so that no later resolution pulls another (CUDA) build.
@@ -21,6 +21,9 @@ lab: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest
+
+badges: $(STAMP)
+	$(PY) -m dpnotebook.binder --update README.md tutorials
 
 bench: $(STAMP)
 	$(PY) -m dpnotebook.benchmarks.memory
