@@ -57,7 +57,7 @@ class BatchMemoryManager:
         self.data_loader = data_loader
         self.max_physical_batch_size = check_positive_int("max_physical_batch_size", max_physical_batch_size)
         self.optimizer = optimizer
-        self.K = loader_k(data_loader) if K is None else check_positive_int("K", K)
+        self.K = (loader_k(data_loader) or 1) if K is None else check_positive_int("K", K)
 
     def _batches(self) -> Iterator[Any]:
         for batch in self.data_loader:

@@ -263,8 +263,8 @@ def augmult_data_loader(
     )
 
 
-def loader_k(data_loader: DataLoader) -> int:
-    """The ``K`` of ``data_loader``'s :class:`AugmultCollate` (1 if it has none).
+def loader_k(data_loader: DataLoader) -> int | None:
+    """The ``K`` of ``data_loader``'s :class:`AugmultCollate` (``None`` if it has none).
 
     >>> from torch.utils.data import TensorDataset
     >>> import torch
@@ -274,7 +274,7 @@ def loader_k(data_loader: DataLoader) -> int:
     collate = data_loader.collate_fn
     if isinstance(collate, EmptyBatchCollate):
         collate = collate.collate_fn
-    return collate.K if isinstance(collate, AugmultCollate) else 1
+    return collate.K if isinstance(collate, AugmultCollate) else None
 
 
 def split_batch(batch: Any, *, max_physical_batch_size: int, K: int = 1) -> Iterator[Any]:

@@ -144,7 +144,7 @@ class PrivacyEngine:
         check_choice("clipping", clipping, CLIPPING_MODES)
         check_choice("loss_reduction", loss_reduction, LOSS_REDUCTIONS)
         K = check_k(K)
-        if loader_k(data_loader) != K:
+        if loader_k(data_loader) not in (None, K):
             raise ValueError(
                 f"K={K} but the data loader's AugmultCollate makes K={loader_k(data_loader)} rows per "
                 "sample. Fix: pass the same K to both."
