@@ -124,7 +124,8 @@ class GradSampleModuleExpandedWeights(nn.Module):
                 raise
             raise GradSampleError(
                 f"grad_sample_mode='ew': ExpandedWeights has no per-sample rule for "
-                f"{found.group(1)!r}. Use grad_sample_mode='hooks' (or 'functorch') for this model."
+                f"{found.group(1)!r}. Use grad_sample_mode='functorch', or 'hooks' (after "
+                "dpnotebook.fix(model) if it holds torch.nn recurrent or attention layers)."
             ) from err
         leaves = [x for x in tree_flatten(out)[0] if isinstance(x, Tensor) and x.requires_grad]
         if leaves:
