@@ -14,6 +14,7 @@ gives a PNG of the figure to pages rendered without a kernel.
 
 from __future__ import annotations
 
+import base64
 import functools
 import html
 import traceback
@@ -23,6 +24,7 @@ import ipywidgets
 import traitlets
 
 from dpnotebook.widgets._figure import FigureHost
+from dpnotebook.widgets._style import lighten
 
 __all__ = ["ErrorArea", "Explorer"]
 
@@ -99,9 +101,14 @@ class Explorer:
         controls: the control widgets, by the name of the trait they drive.
         error: where exceptions raised in callbacks are shown.
         widget: the ``ipywidgets.VBox`` to display.
+        label: the figure's one-line summary (a ``Text``), or ``None``. Live, it is
+            shown as :attr:`caption` (HTML) above the figure; static pictures draw it.
+        caption: the ``ipywidgets.HTML`` showing :attr:`label`'s text.
     """
 
     watch: tuple[str, ...] = ()
+    #: at most this many tick labels per axis (see :func:`~dpnotebook.widgets._style.lighten`)
+    tick_bins: int = 4
 
     def __init__(
         self,
@@ -115,12 +122,17 @@ class Explorer:
         self.error = ErrorArea()
         self.host = FigureHost(figsize, dpi=dpi, backend=backend)
         self.controls: dict[str, ipywidgets.Widget] = {}
+        self.caption = ipywidgets.HTML()
+        self.label: Any = None
         self._syncing = False
         self._build(self.host.figure)
+        lighten(self.host.figure, nbins=self.tick_bins)
+        self.host.after_layout.append(self._hide_label)
         self._update()
+        self._sync_caption()
         self.widget = ipywidgets.VBox(
             [ipywidgets.HBox(self._controls(), layout=ipywidgets.Layout(flex_flow="row wrap")),
-             self.host.view, self.error.view]
+             self.caption, self.host.view, self.error.view]
         )
         if self.watch:
             self.state.observe(self._on_state, names=list(self.watch))
@@ -156,10 +168,21 @@ class Explorer:
     def _on_state(self, change: dict) -> None:
         self.refresh()
 
+    def _hide_label(self) -> None:
+        # Live, the summary line is the HTML caption (text is most of a redraw's cost);
+        # the figure keeps room for it and shows it in static pictures (see _png).
+        if self.label is not None:
+            self.label.set_visible(False)
+
+    def _sync_caption(self) -> None:
+        if self.label is not None:
+            self.caption.value = f"<small>{html.escape(self.label.get_text())}</small>"
+
     def refresh(self) -> None:
         """Update the artists from the state and redraw; errors go to :attr:`error`."""
         try:
             self._update()
+            self._sync_caption()
             self.host.redraw()
         except Exception as exc:  # noqa: BLE001 - shown to the user
             self.error.show(exc)
@@ -220,14 +243,27 @@ class Explorer:
         """An ``IPython.display.Image`` of the figure, for pages without a kernel."""
         from IPython.display import Image
 
-        return Image(data=self.host.png(), format="png")
+        return Image(data=self._png(), format="png")
+
+    def _png(self) -> bytes:
+        """The figure as PNG, with the summary line drawn in it."""
+        if self.label is None:
+            return self.host.png()
+        self.host.freeze_layout()
+        self.label.set_visible(True)
+        try:
+            self.host.draw()
+            return self.host.encode()
+        finally:
+            self.label.set_visible(False)
+            self.host.mark_stale()
 
     def _repr_png_(self) -> bytes:
-        return self.host.png()
+        return self._png()
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict:
         data = dict(self.widget._repr_mimebundle_(include=include, exclude=exclude) or {})
-        data["image/png"] = self.host.png_base64()
+        data["image/png"] = base64.b64encode(self._png()).decode("ascii")
         return data
 
     def close(self) -> None:

@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import base64
 import io
+import warnings
 
 import ipywidgets
 import matplotlib
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from dpnotebook.widgets._style import pin_labels
 from dpnotebook.widgets._validate import one_of
 
 __all__ = ["FigureHost", "in_kernel", "ipympl_active", "BACKENDS"]
@@ -81,7 +83,9 @@ class FigureHost:
 
             self.figure = Figure(figsize=figsize, dpi=dpi, layout="constrained")
             canvas = Canvas(self.figure)
-            self._manager = FigureManager(canvas, 0)   # the toolbar; not registered with pyplot
+            with warnings.catch_warnings():        # ipympl's Toolbar passes traitlets an unused argument
+                warnings.simplefilter("ignore", DeprecationWarning)
+                self._manager = FigureManager(canvas, 0)   # the toolbar; not registered with pyplot
             for name, value in (("header_visible", False), ("toolbar_position", "right")):
                 if hasattr(canvas, name):
                     setattr(canvas, name, value)
@@ -96,6 +100,18 @@ class FigureHost:
             )
         self._frozen = False
         self._stale = True
+        self.after_layout: list = []
+        self._draw_cid = self.figure.canvas.mpl_connect("draw_event", self._on_first_draw)
+
+    def _on_first_draw(self, event: object = None) -> None:
+        """After the first draw, by whoever (``png``, ipympl, ``fig.canvas.draw()``), keep the layout."""
+        if not self._frozen:
+            self.figure.set_layout_engine("none")
+            pin_labels(self.figure)
+            self._frozen = True
+            for callback in self.after_layout:
+                callback()
+        self.figure.canvas.mpl_disconnect(self._draw_cid)
 
     def freeze_layout(self) -> None:
         """Lay the figure out once (constrained layout), then keep the axes where they are.
@@ -104,9 +120,7 @@ class FigureHost:
         for the first draw.
         """
         if not self._frozen:
-            self.figure.canvas.draw()
-            self.figure.set_layout_engine("none")
-            self._frozen = True
+            self.figure.canvas.draw()          # the draw event freezes the layout
             self._stale = False
 
     def redraw(self) -> None:
@@ -125,15 +139,19 @@ class FigureHost:
         elif self.backend == "image":
             self.figure.canvas.draw()
             self._stale = False
-            self.view.value = self._encode()
+            self.view.value = self.encode()
 
     def draw(self) -> None:
         """Render now (Agg or the interactive canvas), whatever the backend."""
-        self.freeze_layout()
         self.figure.canvas.draw()
         self._stale = False
 
-    def _encode(self) -> bytes:
+    def mark_stale(self) -> None:
+        """Note that the artists changed without a redraw."""
+        self._stale = True
+
+    def encode(self) -> bytes:
+        """The pixels of the last draw as PNG bytes (fast: zlib level 1)."""
         canvas = self.figure.canvas
         if not isinstance(canvas, FigureCanvasAgg):  # pragma: no cover - other canvases
             buf = io.BytesIO()
@@ -151,7 +169,7 @@ class FigureHost:
         """The figure as PNG bytes, drawn first if anything changed."""
         if self._stale or not self._frozen:
             self.draw()
-        return self._encode()
+        return self.encode()
 
     def png_base64(self) -> str:
         """:meth:`png`, base64-encoded, as notebooks store images."""

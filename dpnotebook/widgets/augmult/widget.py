@@ -50,7 +50,6 @@ class AugmultExplorer(Explorer):
         backend: str = "auto",
     ) -> None:
         state = AugmultState(model, x, y, loss_fn, augment=augment, k_max=k_max, K=K, max_grad_norm=max_grad_norm)
-        self.summary = ipywidgets.HTML()
         super().__init__(state, figsize=(12.0, 3.6), backend=backend)
 
     def _text(self) -> str:
@@ -74,11 +73,10 @@ class AugmultExplorer(Explorer):
         plots.update_k_curves(self.curves, K=s.K)
         plots.update_fraction_curve(self.fraction, s.fractions(), K=s.K)
         self.label.set_text(self._text())
-        self.summary.value = f"clipped <b>{100 * s.fractions()[s.K - 1]:.0f}%</b>"
 
     def _controls(self) -> list[ipywidgets.Widget]:
         s: AugmultState = self.state
         k = ipywidgets.IntSlider(min=1, max=s.k_max, description="K")
         lo = math.floor(math.log10(s.max_grad_norm)) - 2
         c = ipywidgets.FloatLogSlider(base=10, min=lo, max=lo + 4, step=0.01, description="C", readout_format=".3g")
-        return [self.bind("K", k), self.bind("max_grad_norm", c), self.summary]
+        return [self.bind("K", k), self.bind("max_grad_norm", c)]

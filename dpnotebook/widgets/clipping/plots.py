@@ -87,9 +87,8 @@ def draw_norm_histogram(
     ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlim(edges[0], edges[-1])
     ax.set_ylim(0, max(top, 1) * 1.15)
-    ax.set_xlabel("per-sample gradient norm")
+    ax.set_xlabel("per-sample norm (red: C" + (", green: per layer)" if layer_norms is not None else ")"))
     ax.set_ylabel("samples")
-    ax.legend(loc="upper right", fontsize="small")
     return art
 
 
@@ -120,15 +119,15 @@ class CurveArtists:
 def draw_bias_curves(ax: Axes, curves: dict[str, np.ndarray], *, max_grad_norm: float) -> CurveArtists:
     """Fraction clipped, cosine(clipped mean, mean) and norm ratio against C (log x)."""
     c = curves["C"]
-    fraction, = ax.plot(c, curves["fraction_clipped"], color="C3", label="fraction clipped")
-    cosine, = ax.plot(c, curves["cosine"], color="C0", label="cos(clipped mean, mean)")
-    ratio, = ax.plot(c, curves["norm_ratio"], color="C1", label="|clipped mean| / |mean|")
+    fraction, = ax.plot(c, curves["fraction_clipped"], color="C3", label="clipped")
+    cosine, = ax.plot(c, curves["cosine"], color="C0", label="cosine")
+    ratio, = ax.plot(c, curves["norm_ratio"], color="C1", label="norm ratio")
     c_line = ax.axvline(max_grad_norm, color="C3", lw=2, alpha=0.6)
     ax.set_xscale("log")
     ax.set_xlim(c[0], c[-1])
     ax.set_ylim(-0.05, 1.1)
     ax.set_xlabel("clipping bound C")
-    ax.legend(loc="center right", fontsize="small")
+    ax.legend(loc="center right", fontsize="x-small")
     return CurveArtists(ax, fraction, cosine, ratio, c_line)
 
 
@@ -174,7 +173,9 @@ def draw_arrows(
     ax.set_xlim(-r, r)
     ax.set_ylim(-r, r)
     ax.set_aspect("equal", adjustable="box")
-    ax.set_title("gradients (grey), clipped (blue), mean (black), clipped mean (red)", fontsize="small")
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.set_title("gradients, clipped (blue), ball C", fontsize="small")
     return ArrowArtists(ax, raw, clip, means, ball)
 
 

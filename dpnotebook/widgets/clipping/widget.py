@@ -84,7 +84,6 @@ class ClippingExplorer(Explorer):
         state = ClippingState(grad_samples, max_grad_norm=max_grad_norm, clipping=clipping)
         self._vectors = flatten_grad_samples(state.grad_samples).double().numpy()
         two_d = state.is_2d
-        self.summary = ipywidgets.HTML()
         super().__init__(state, figsize=(12.0, 3.6) if two_d else (9.0, 3.4), backend=backend)
 
     # -- figure -----------------------------------------------------------------
@@ -124,11 +123,6 @@ class ClippingExplorer(Explorer):
             plots.update_arrows(self.arrows, clipped=clipped_vectors(s.grad_samples, stats), max_grad_norm=c,
                                 clipped_mean=stats.clipped_mean, mean=stats.mean)
         self.label.set_text(stats.label())
-        self.summary.value = self._summary(stats)
-
-    def _summary(self, stats: ClippingStats) -> str:
-        return (f"clipped <b>{100 * stats.fraction_clipped:.0f}%</b> &nbsp; cos = {stats.cosine:.3f}"
-                f" &nbsp; norm ratio = {stats.norm_ratio:.3f}")
 
     def _controls(self) -> list[ipywidgets.Widget]:
         lo, hi = self.state.norm_range()
@@ -137,4 +131,4 @@ class ClippingExplorer(Explorer):
             readout_format=".3g", continuous_update=True,
         )
         mode = ipywidgets.ToggleButtons(options=list(CLIPPING_MODES), description="clipping")
-        return [self.bind("max_grad_norm", slider), self.bind("clipping", mode), self.summary]
+        return [self.bind("max_grad_norm", slider), self.bind("clipping", mode)]

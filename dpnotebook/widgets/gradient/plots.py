@@ -71,6 +71,8 @@ def draw_gradient(ax: Axes, g: np.ndarray, *, title: str = "", colorbar: bool = 
     ax.set_xticks([])
     ax.set_yticks([])
     cbar = ax.figure.colorbar(image, ax=ax) if colorbar else None
+    if cbar is not None:
+        cbar.set_ticks([-v, 0.0, v], labels=[f"{-v:.2g}", "0", f"{v:.2g}"])
     return GradientArtists(ax, image, cbar)
 
 
@@ -82,6 +84,8 @@ def update_gradient(art: GradientArtists, g: np.ndarray, *, title: str | None = 
     art.image.set_data(img)
     art.image.set_extent((-0.5, w - 0.5, h - 0.5, -0.5))
     art.image.set_clim(-v, v)
+    if art.colorbar is not None:
+        art.colorbar.set_ticks([-v, 0.0, v], labels=[f"{-v:.2g}", "0", f"{v:.2g}"])
     art.ax.set_xlim(-0.5, w - 0.5)
     art.ax.set_ylim(h - 0.5, -0.5)
     if title is not None:
@@ -90,12 +94,16 @@ def update_gradient(art: GradientArtists, g: np.ndarray, *, title: str | None = 
 
 @dataclass
 class NormArtists:
-    """One line of per-sample norms per layer, the selected sample's line and marker."""
+    """One line of per-sample norms per layer, the selected sample's line and marker.
+
+    The title names the highlighted layer (a legend of every layer costs more to draw
+    than the rest of the figure)."""
 
     ax: Axes
     lines: list[Line2D]
     sample_line: Line2D
     marker: Line2D
+    names: list[str]
 
 
 def draw_layer_norms(ax: Axes, names: list[str], norms: np.ndarray, *, layer: int, sample: int) -> NormArtists:
@@ -107,8 +115,8 @@ def draw_layer_norms(ax: Axes, names: list[str], norms: np.ndarray, *, layer: in
     ax.set_yscale("log")
     ax.set_xlabel("sample")
     ax.set_ylabel("gradient norm")
-    ax.legend(fontsize="x-small", loc="upper right", ncols=2)
-    art = NormArtists(ax, lines, sample_line, marker)
+    ax.set_title(" ", fontsize="small")
+    art = NormArtists(ax, lines, sample_line, marker, list(names))
     update_layer_norms(art, norms, layer=layer, sample=sample)
     return art
 
@@ -121,3 +129,5 @@ def update_layer_norms(art: NormArtists, norms: np.ndarray, *, layer: int, sampl
         line.set_alpha(1.0 if i == layer else 0.35)
     art.sample_line.set_xdata([sample, sample])
     art.marker.set_data([sample], [norms[layer, sample]])
+    art.ax.title.set_text(f"thick line: {art.names[layer]}")
+    art.ax.title.set_color(art.lines[layer].get_color())

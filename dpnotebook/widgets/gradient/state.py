@@ -100,6 +100,7 @@ class GradientState(traitlets.HasTraits):
         self.layers = list(first)
         self.batch_size = int(next(iter(first.values())).shape[0])
         self.differences = {m: max_difference(g, first) for m, g in self.grads.items()}
+        self._norms: dict[str, np.ndarray] = {}
         super().__init__(layer=self.layers[0], sample=0, mode=self.reference)
 
     @traitlets.validate("layer")
@@ -118,8 +119,10 @@ class GradientState(traitlets.HasTraits):
         return one_of("mode", mode, list(self.grads))
 
     def layer_norms(self) -> np.ndarray:
-        """Norms ``[L, B]`` of each sample's gradient per layer, in the current mode."""
-        return per_layer_norms(self.grads[self.mode]).double().numpy()
+        """Norms ``[L, B]`` of each sample's gradient per layer, in the current mode (cached)."""
+        if self.mode not in self._norms:
+            self._norms[self.mode] = per_layer_norms(self.grads[self.mode]).double().numpy()
+        return self._norms[self.mode]
 
     def gradient(self) -> np.ndarray:
         """The selected sample's gradient of the selected layer, shaped like the parameter."""

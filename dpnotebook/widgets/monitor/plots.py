@@ -32,13 +32,13 @@ class MetricArtists:
 
 
 def draw_metric(ax: Axes, title: str, *, color: str = "C0", target: float | None = None,
-                unit_range: bool = False) -> MetricArtists:
+                unit_range: bool = False, xlabel: str = "step") -> MetricArtists:
     """An empty curve titled ``title``; ``unit_range`` fixes y to [0, 1]."""
     line, = ax.plot([], [], color=color, lw=1.5)
     last, = ax.plot([], [], "o", color=color, ms=5)
     tline = ax.axhline(target, color="C3", ls=":", lw=1.2) if target is not None else None
     ax.set_title(title, fontsize="small")
-    ax.set_xlabel("step", fontsize="small")
+    ax.set_xlabel(xlabel, fontsize="small")
     if unit_range:
         ax.set_ylim(-0.02, 1.02)
     ax.set_xlim(0, 1)

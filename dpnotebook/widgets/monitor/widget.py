@@ -57,6 +57,7 @@ class TrainingMonitor(Explorer):
     """
 
     watch = ("target_epsilon",)
+    tick_bins = 3
 
     def __init__(
         self,
@@ -74,10 +75,11 @@ class TrainingMonitor(Explorer):
 
     def _build(self, fig: Any) -> None:
         s: MonitorState = self.state
-        axes = fig.subplots(2, 2).ravel()
+        axes = fig.subplots(2, 2, sharex=True).ravel()
         self.plots = {
             name: plots.draw_metric(ax, title, color=f"C{i}", unit_range=name in ("accuracy", "clip_fraction"),
-                                    target=s.target_epsilon if name == "epsilon" else None)
+                                    target=s.target_epsilon if name == "epsilon" else None,
+                                    xlabel="step" if i >= 2 else "")
             for i, (ax, (name, title)) in enumerate(zip(axes, METRICS.items()))
         }
 

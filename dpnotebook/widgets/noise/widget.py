@@ -69,7 +69,6 @@ class NoiseExplorer(Explorer):
                 grad_samples = (toy if toy is not None else make_toy(256)).grad_samples()
         state = NoiseState(grad_samples, noise_multiplier=noise_multiplier, batch_size=batch_size,
                            max_grad_norm=max_grad_norm, draws=draws, seed=seed)
-        self.summary = ipywidgets.HTML()
         super().__init__(state, figsize=(10.0, 3.8), backend=backend)
 
     def _text(self, v: NoiseView) -> str:
@@ -98,7 +97,6 @@ class NoiseExplorer(Explorer):
         sizes, snr = s.snr_curve()
         plots.update_snr_curve(self.snr, sizes, snr, batch_size=s.batch_size, current=v.snr)
         self.label.set_text(self._text(v))
-        self.summary.value = f"SNR = <b>{v.snr:.3g}</b>"
 
     def _controls(self) -> list[ipywidgets.Widget]:
         s: NoiseState = self.state
@@ -108,4 +106,4 @@ class NoiseExplorer(Explorer):
         c = ipywidgets.FloatLogSlider(base=10, min=lo, max=lo + 4, step=0.01, description="C", readout_format=".3g")
         draws = ipywidgets.IntSlider(min=1, max=100, description="draws")
         return [self.bind("noise_multiplier", sigma), self.bind("batch_size", batch),
-                self.bind("max_grad_norm", c), self.bind("draws", draws), self.summary]
+                self.bind("max_grad_norm", c), self.bind("draws", draws)]
