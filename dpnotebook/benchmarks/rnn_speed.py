@@ -3,7 +3,8 @@
 Both layers get the same weights and the same input; each measurement is one
 forward and backward pass (no per-sample gradients: the DP layer's cost as a
 plain layer). The runs alternate so that a busy machine slows both alike, and
-the fastest of several runs is reported. With ``--hooks`` it also times DPLSTM
+the fastest of several runs is reported (on a machine busy with other work,
+fewer ``--threads`` give steadier figures). With ``--hooks`` it also times DPLSTM
 wrapped in hooks mode (per-sample gradients included).
 
 >>> from dpnotebook.benchmarks.rnn_speed import compare
@@ -80,7 +81,10 @@ def main() -> None:
     parser.add_argument("--num-layers", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--hooks", action="store_true", help="also time hooks mode (per-sample gradients)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     times = compare(args.batch, args.steps, args.input_size, args.hidden, args.num_layers, args.repeats, args.hooks)
     print(f"forward+backward, B={args.batch} T={args.steps} input={args.input_size} hidden={args.hidden} "
           f"layers={args.num_layers}, {torch.get_num_threads()} threads, best of {args.repeats}:")

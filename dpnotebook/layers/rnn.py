@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import warnings
 from typing import Any
 
 import torch
@@ -225,6 +226,12 @@ def _check_arguments(
             raise TypeError(f"{name} should be of type int, got: {type(value).__name__}")
         if value <= 0:
             raise ValueError(f"{name} must be greater than zero")
+    if dropout > 0 and num_layers == 1:
+        warnings.warn(
+            "dropout option adds dropout after all but last recurrent layer, so non-zero dropout expects "
+            f"num_layers greater than 1, but got dropout={dropout} and num_layers={num_layers}",
+            stacklevel=3,
+        )
 
 
 class DPRNN(DPRNNBase):

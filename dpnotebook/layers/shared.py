@@ -47,6 +47,9 @@ class SharedParameters(nn.Module):
         for slot, param in slots.items():
             self._parameters[slot] = param
 
+    def extra_repr(self) -> str:
+        return f"shares={list(self.slot_names)}"
+
     def _save_to_state_dict(self, destination: Any, prefix: str, keep_vars: bool) -> None:
         """Save nothing: the parent saves these parameters under their native names."""
 

@@ -1,0 +1,197 @@
+"""``fix(model)``: a copy of the model in which what :func:`~dpnotebook.validate` flags is repaired.
+
+Each repair is a *fixer*, registered for a layer type, that returns the
+replacement layer. The original model is never touched.
+
+============================  ==========================================================
+found (hooks mode)            replaced by
+============================  ==========================================================
+``BatchNorm1d/2d/3d``          ``GroupNorm(G, C)``, affine parameters copied (see
+                               :func:`group_count` for ``G``)
+``InstanceNorm`` with          the same layer with ``track_running_stats=False``,
+running stats                  affine parameters copied
+``Embedding(Bag)`` with        the same layer with ``scale_grad_by_freq=False``
+``scale_grad_by_freq``
+``RNN``, ``LSTM``, ``GRU``      ``DPRNN``, ``DPLSTM``, ``DPGRU``, weights copied
+``MultiheadAttention``         ``DPMultiheadAttention``, weights copied
+============================  ==========================================================
+
+The recurrent and attention replacements compute exactly what the originals
+compute; the normalisation ones do not (GroupNorm is not BatchNorm), so a
+model with BatchNorm needs training after ``fix``.
+
+>>> import torch
+>>> from torch import nn
+>>> model = nn.Sequential(nn.Conv2d(1, 8, 3), nn.BatchNorm2d(8))
+>>> fix(model)[1]
+GroupNorm(4, 8, eps=1e-05, affine=True...)
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Callable
+
+from torch import nn
+
+from dpnotebook.errors import UnsupportedModuleError
+from dpnotebook.layers import DPGRU, DPLSTM, DPRNN, DPMultiheadAttention
+from dpnotebook.validation import Problem, format_problems, validate
+
+__all__ = ["fix", "register_fixer", "group_count", "FixRefused"]
+
+Fixer = Callable[[nn.Module], nn.Module]
+_FIXERS: dict[type, Fixer] = {}
+
+
+class FixRefused(Exception):
+    """Raised by a fixer that cannot repair this particular layer; the message says why."""
+
+
+def register_fixer(*layer_types: type[nn.Module]) -> Callable[[Fixer], Fixer]:
+    """Register ``fn(layer) -> replacement`` for layers of these types (and their subclasses)."""
+
+    def decorator(fn: Fixer) -> Fixer:
+        for t in layer_types:
+            _FIXERS[t] = fn
+        return fn
+
+    return decorator
+
+
+def _find_fixer(module: nn.Module) -> Fixer | None:
+    for cls in type(module).__mro__:
+        if cls in _FIXERS:
+            return _FIXERS[cls]
+    return None
+
+
+def group_count(channels: int, max_groups: int = 32) -> int:
+    """Number of GroupNorm groups for ``channels``: the largest divisor ``G`` with ``G <= 32`` and ``G <= C/2``.
+
+    Up to 32 groups is the usual GroupNorm choice (Wu & He, 2018); ``G <= C/2``
+    keeps at least two channels in every group, because ``GroupNorm(C, C)``
+    normalises each channel on its own (instance normalisation), which throws
+    away the relative scale of the channels. With fewer than 4 channels this
+    leaves ``G = 1`` (one group of all channels).
+
+    >>> [group_count(c) for c in (1, 3, 4, 6, 16, 64, 96, 7)]
+    [1, 1, 2, 3, 8, 32, 32, 1]
+    """
+    for g in range(min(max_groups, channels // 2), 0, -1):
+        if channels % g == 0:
+            return g
+    return 1
+
+
+def _factory(module: nn.Module) -> dict:
+    tensor = next(iter(module.parameters()), None)
+    if tensor is None:
+        tensor = next(iter(module.buffers()), None)
+    return {} if tensor is None else {"device": tensor.device, "dtype": tensor.dtype}
+
+
+def _copy_weights(old: nn.Module, new: nn.Module) -> nn.Module:
+    """Load ``old``'s parameters into ``new`` (same names), with their ``requires_grad`` and train/eval mode."""
+    params = dict(old.named_parameters())
+    new.load_state_dict({n: p for n, p in old.state_dict().items() if n in params or n in dict(new.named_parameters())})
+    for name, p in new.named_parameters():
+        if name in params:
+            p.requires_grad_(params[name].requires_grad)
+    return new.train(old.training)
+
+
+@register_fixer(nn.modules.batchnorm._BatchNorm)
+def _batch_norm_to_group_norm(bn: nn.modules.batchnorm._BatchNorm) -> nn.Module:
+    if isinstance(bn, nn.modules.lazy.LazyModuleMixin) and bn.has_uninitialized_params():
+        raise FixRefused("a lazy BatchNorm does not know its channels yet; run one forward pass first.")
+    C = bn.num_features
+    gn = nn.GroupNorm(group_count(C), C, eps=bn.eps, affine=bn.affine, **_factory(bn))
+    return _copy_weights(bn, gn) if bn.affine else gn.train(bn.training)
+
+
+@register_fixer(nn.modules.instancenorm._InstanceNorm)
+def _instance_norm_without_running_stats(norm: nn.modules.instancenorm._InstanceNorm) -> nn.Module:
+    cls = type(norm)
+    if isinstance(norm, nn.modules.lazy.LazyModuleMixin):
+        raise FixRefused("construct it as nn.InstanceNorm*d(..., track_running_stats=False).")
+    new = cls(norm.num_features, eps=norm.eps, momentum=norm.momentum, affine=norm.affine,
+              track_running_stats=False, **_factory(norm))
+    return _copy_weights(norm, new)
+
+
+@register_fixer(nn.Embedding, nn.EmbeddingBag)
+def _embedding_without_freq_scaling(emb: nn.Module) -> nn.Module:
+    new = copy.deepcopy(emb)
+    new.scale_grad_by_freq = False
+    return new
+
+
+@register_fixer(nn.RNN, nn.LSTM, nn.GRU)
+def _rnn_to_dp(rnn: nn.RNNBase) -> nn.Module:
+    if rnn.proj_size:
+        raise FixRefused(f"dpnotebook.fix has no replacement for an LSTM with proj_size={rnn.proj_size}.")
+    args = dict(num_layers=rnn.num_layers, bias=rnn.bias, batch_first=rnn.batch_first,
+                dropout=rnn.dropout, bidirectional=rnn.bidirectional, **_factory(rnn))
+    if isinstance(rnn, nn.RNN):
+        new: nn.Module = DPRNN(rnn.input_size, rnn.hidden_size, nonlinearity=rnn.nonlinearity, **args)
+    else:
+        new = (DPLSTM if isinstance(rnn, nn.LSTM) else DPGRU)(rnn.input_size, rnn.hidden_size, **args)
+    return _copy_weights(rnn, new)
+
+
+@register_fixer(nn.MultiheadAttention)
+def _attention_to_dp(mha: nn.MultiheadAttention) -> nn.Module:
+    new = DPMultiheadAttention(
+        mha.embed_dim, mha.num_heads, dropout=mha.dropout, bias=mha.in_proj_bias is not None,
+        add_bias_kv=mha.bias_k is not None, add_zero_attn=mha.add_zero_attn, kdim=mha.kdim,
+        vdim=mha.vdim, batch_first=mha.batch_first, **_factory(mha),
+    )
+    return _copy_weights(mha, new)
+
+
+def fix(model: nn.Module, *, mode: str = "hooks", root: str = "model") -> nn.Module:
+    """A deep copy of ``model`` with every problem :func:`~dpnotebook.validate` finds repaired.
+
+    Args:
+        model: the model; it is not changed.
+        mode: the grad-sample mode the copy is for (what counts as a problem depends on it).
+        root: the name that paths in messages start with.
+
+    Returns:
+        The repaired copy (``model`` itself may be replaced: ``fix(nn.LSTM(2, 3))`` is a ``DPLSTM``).
+
+    Raises:
+        UnsupportedModuleError: some problems cannot be repaired automatically; the message
+            names each one's path, type and what to do, and nothing is returned.
+    """
+    fixed = copy.deepcopy(model)
+    reasons: dict[str, str] = {}
+    paths = dict.fromkeys(p.path for p in validate(fixed, mode=mode, root=root))
+    for path in sorted(paths, key=lambda p: -p.count(".")):  # deepest first
+        name = path[len(root) + 1 :]
+        fixer = _find_fixer(fixed.get_submodule(name))
+        if fixer is None:
+            continue
+        try:
+            new = fixer(fixed.get_submodule(name))
+        except FixRefused as why:
+            reasons[path] = str(why)
+            continue
+        if not name:
+            fixed = new
+        else:
+            parent, _, child = name.rpartition(".")
+            setattr(fixed.get_submodule(parent), child, new)
+    left = validate(fixed, mode=mode, root=root)
+    if left:
+        refused = [
+            Problem(p.path, p.module_type, f"{p.why} {reasons.get(p.path, 'No automatic repair is registered for it.')}", p.fix)
+            for p in left
+        ]
+        raise UnsupportedModuleError(
+            f"dpnotebook.fix cannot repair {len(refused)} submodule(s) automatically:\n"
+            f"{format_problems(refused)}\nThe model was not changed.",
+            refused,
+        )
+    return fixed
