@@ -19,7 +19,7 @@ training loop needs no special case.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 from torch import Tensor
@@ -177,6 +177,8 @@ class DPDataLoader(DataLoader):
     ) -> DPDataLoader:
         """The Poisson version of ``loader``: same dataset, collate and workers, ``q = 1 / len(loader)``.
 
+        A :class:`DPDataLoader` keeps its own sample rate and number of steps.
+
         >>> import torch
         >>> from torch.utils.data import TensorDataset
         >>> loader = DataLoader(TensorDataset(torch.randn(60, 2)), batch_size=20)
@@ -200,7 +202,8 @@ class DPDataLoader(DataLoader):
             )
         return cls(
             loader.dataset,
-            sample_rate=1 / len(loader),
+            sample_rate=loader.sample_rate if isinstance(loader, DPDataLoader) else 1 / len(loader),
+            steps=len(loader),
             collate_fn=loader.collate_fn,
             generator=generator,
             secure_mode=secure_mode,

@@ -42,7 +42,7 @@ from dpnotebook.privacy.clipping import CLIPPING_MODES
 from dpnotebook.privacy.data_loader import DPDataLoader, loader_k
 from dpnotebook.privacy.optimizer import LOSS_REDUCTIONS, DPOptimizer
 
-__all__ = ["PrivacyEngine", "unwrap_model", "is_wrapped"]
+__all__ = ["PrivacyEngine", "unwrap_model", "is_wrapped", "sample_rate_of"]
 
 
 def is_wrapped(module: nn.Module) -> bool:
@@ -60,6 +60,11 @@ def unwrap_model(module: nn.Module) -> nn.Module:
     (True, True)
     """
     return module._module if is_wrapped(module) else module
+
+
+def sample_rate_of(data_loader: DataLoader) -> float:
+    """q of a data loader: its own for a :class:`DPDataLoader`, else ``1 / len(data_loader)`` (in samples)."""
+    return data_loader.sample_rate if isinstance(data_loader, DPDataLoader) else 1 / len(data_loader)
 
 
 def _check_optimizer_params(module: nn.Module, optimizer: Optimizer) -> None:
@@ -168,7 +173,7 @@ class PrivacyEngine:
             )
 
         self.dataset_size = len(data_loader.dataset)
-        sample_rate = 1 / len(data_loader)
+        sample_rate = sample_rate_of(data_loader)
         if poisson_sampling:
             data_loader = DPDataLoader.from_data_loader(
                 data_loader, generator=sampling_generator, secure_mode=self.secure_mode
@@ -216,7 +221,7 @@ class PrivacyEngine:
         sigma = get_noise_multiplier(
             target_epsilon=target_epsilon,
             target_delta=target_delta,
-            sample_rate=1 / len(data_loader),
+            sample_rate=sample_rate_of(data_loader),
             epochs=epochs,
             accountant=self.accountant.mechanism,
             epsilon_tolerance=epsilon_tolerance,

@@ -54,8 +54,9 @@ def test_mnist_epsilon_pld_equals_dp_accounting():
 @pytest.mark.parametrize("name", ["rdp", "pld"])
 def test_history_with_changing_sigma_and_q(name):
     acc = create_accountant(name)
-    for _ in range(30):
+    for _ in range(20):
         acc.step(noise_multiplier=1.0, sample_rate=0.01)
+    acc.step(noise_multiplier=1.0, sample_rate=0.01, num_steps=10)
     acc.step(noise_multiplier=0.8, sample_rate=0.02, num_steps=20)
     acc.step(noise_multiplier=1.0, sample_rate=0.01, num_steps=5)
     assert acc.history == [(1.0, 0.01, 30), (0.8, 0.02, 20), (1.0, 0.01, 5)]

@@ -3,7 +3,6 @@
 import pytest
 import torch
 from torch import nn
-from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 from dpnotebook.grad_sample import GradSampleModule
@@ -132,3 +131,16 @@ def test_secure_mode_trains():
         data_loader=DataLoader(toy_data(), batch_size=50), noise_multiplier=1.0, max_grad_norm=1.0)
     fit(model, optimizer, loader, epochs=1, progress=False)
     assert optimizer.secure_mode and len(engine.accountant) == 4
+
+
+def test_a_dp_data_loader_keeps_its_sample_rate():
+    data = toy_data(100)
+    model = toy_model()
+    engine = PrivacyEngine(accountant="rdp")
+    loader = DPDataLoader(data, sample_rate=0.05, steps=7)
+    model, optimizer, dp_loader = engine.make_private(
+        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), data_loader=loader,
+        noise_multiplier=1.0, max_grad_norm=1.0)
+    assert dp_loader.sample_rate == 0.05 and len(dp_loader) == 7 and engine.sample_rate == 0.05
+    fit(model, optimizer, dp_loader, epochs=1, progress=False)
+    assert engine.accountant.history == [(1.0, 0.05, 7)]
