@@ -12,7 +12,7 @@ The noise added to the clipped sum has standard deviation ``sigma * C``
   transform in float64. Floating-point normals have gaps that can leak the
   unnoised value (Mironov, CCS 2012); following Holohan & Braghin (2021) and
   Opacus, the secure noise is the sum of 4 independent normals of std ``s``
-  divided by 2 (still std ``s``), which fills those gaps. It costs about 64
+  divided by 2 (still std ``s``), which fills those gaps. It costs about 32
   random bytes per number, so it is slower; use it for real releases.
 
 >>> import torch

@@ -7,8 +7,7 @@ so the non-private baseline runs the very same code.
 >>> import torch
 >>> from torch import nn
 >>> from torch.utils.data import DataLoader, TensorDataset
->>> torch.manual_seed(0)  # doctest: +ELLIPSIS
-<torch._C.Generator object at ...>
+>>> _ = torch.manual_seed(0)
 >>> data = TensorDataset(torch.randn(64, 2), torch.randint(0, 2, (64,)))
 >>> model = nn.Linear(2, 2)
 >>> losses = fit(model, torch.optim.SGD(model.parameters(), lr=0.1), DataLoader(data, batch_size=16),
