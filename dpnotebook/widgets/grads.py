@@ -16,10 +16,12 @@ from typing import Callable, Iterator, Mapping
 import torch
 from torch import Tensor, nn
 
+from dpnotebook.errors import GradSampleError
 from dpnotebook.grad_sample.module import GradSampleModule, check_k
 from dpnotebook.modes import wrap_model
+from dpnotebook.privacy.clipping import per_sample_norms
 
-__all__ = ["compute_grad_samples", "flatten_grad_samples", "as_grad_samples", "few_threads"]
+__all__ = ["run_mode", "compute_grad_samples", "flatten_grad_samples", "as_grad_samples", "few_threads"]
 
 #: Inputs with at most this many numbers are computed on one thread (see :func:`few_threads`).
 SMALL_INPUT = 200_000
@@ -42,10 +44,11 @@ def few_threads(small: bool = True) -> Iterator[None]:
     finally:
         torch.set_num_threads(before)
 
+
 LossFn = Callable[[Tensor, Tensor], Tensor]
 
 
-def compute_grad_samples(
+def run_mode(
     model: nn.Module,
     inputs: Tensor,
     targets: Tensor,
@@ -53,8 +56,8 @@ def compute_grad_samples(
     *,
     mode: str = "hooks",
     K: int = 1,
-) -> dict[str, Tensor]:
-    """One forward and backward pass in grad-sample ``mode``; each sample's gradient by parameter name.
+) -> tuple[dict[str, Tensor] | None, Tensor]:
+    """One forward and backward pass in grad-sample ``mode``: per-sample gradients and norms.
 
     The model is wrapped with :func:`dpnotebook.wrap_model` and unwrapped again,
     and its ``.grad`` are cleared, so it is left as it was.
@@ -65,11 +68,14 @@ def compute_grad_samples(
         inputs: ``B*K`` rows, sample-major (the ``K`` copies of sample ``i`` are rows ``i*K .. i*K+K-1``).
         targets: ``B`` targets (repeated ``K`` times for the copies) or ``B*K`` targets.
         loss_fn: ``loss_fn(output, targets)`` averaged over rows.
-        mode: ``"hooks"``, ``"functorch"`` or ``"ew"``.
+        mode: a grad-sample mode (:func:`dpnotebook.available_modes`).
         K: augmentation multiplicity.
 
     Returns:
-        ``{name: [B, *p.shape]}`` for every trainable parameter, detached copies.
+        ``(grads, norms)``: ``grads`` is ``{name: [B, *p.shape]}`` for every trainable
+        parameter (detached copies), or ``None`` for a mode that computes the norms
+        without forming per-sample gradients (``"ghost"``); ``norms`` is each sample's
+        total gradient norm ``[B]``.
     """
     own = not isinstance(model, GradSampleModule)
     K = check_k(K) if own else model.K
@@ -81,14 +87,43 @@ def compute_grad_samples(
         with few_threads(inputs.numel() <= SMALL_INPUT):
             loss = loss_fn(wrapped(inputs), targets)
             loss.backward()
-        params = (model if own else model._module).named_parameters()
-        return {name: p.grad_sample.detach().clone() for name, p in params if p.requires_grad}
+        params = [(n, p) for n, p in (model if own else model._module).named_parameters() if p.requires_grad]
+        if all(getattr(p, "grad_sample", None) is not None for _, p in params):
+            grads = {name: p.grad_sample.detach().clone() for name, p in params}
+            return grads, per_sample_norms(grads).detach()
+        if callable(getattr(wrapped, "per_sample_norms", None)):
+            return None, wrapped.per_sample_norms().detach().clone()
+        missing = [name for name, p in params if getattr(p, "grad_sample", None) is None]
+        raise GradSampleError(f"grad_sample_mode={mode!r} left no per-sample gradient for {missing}.")
     finally:
         if own:
             wrapped.to_standard_module()
             model.zero_grad(set_to_none=True)
         else:
             wrapped.zero_grad()
+
+
+def compute_grad_samples(
+    model: nn.Module,
+    inputs: Tensor,
+    targets: Tensor,
+    loss_fn: LossFn,
+    *,
+    mode: str = "hooks",
+    K: int = 1,
+) -> dict[str, Tensor]:
+    """Each sample's gradient by parameter name, ``{name: [B, *p.shape]}``, from :func:`run_mode`.
+
+    Raises:
+        ValueError: ``mode`` computes norms only (``"ghost"``).
+    """
+    grads, _ = run_mode(model, inputs, targets, loss_fn, mode=mode, K=K)
+    if grads is None:
+        raise ValueError(
+            f"grad_sample_mode={mode!r} computes per-sample gradient norms without forming the "
+            "per-sample gradients; use 'hooks', 'functorch' or 'ew' to see them."
+        )
+    return grads
 
 
 def as_grad_samples(grad_samples: Mapping[str, Tensor] | list[Tensor]) -> dict[str, Tensor]:

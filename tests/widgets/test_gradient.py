@@ -19,6 +19,7 @@ def explorer(small_model_batch):
 def test_modes_agree_and_failures_are_listed(explorer):
     s = explorer.state
     assert set(s.modes) == set(available_modes())
+    assert set(s.grads) | set(s.norms_only) | set(s.errors) == set(s.modes)
     for mode, diff in s.differences.items():
         assert diff < 1e-5, mode
     for mode, error in s.errors.items():                  # e.g. "ew" while it is being written
@@ -84,3 +85,26 @@ def test_callback_error_is_displayed(explorer, monkeypatch, boom):
                                           ((2, 2, 3, 3), (7, 7))])
 def test_gradient_image_shapes(shape, image):
     assert plots.gradient_image(np.ones(shape)).shape == image
+
+
+def test_norms_only_mode_is_compared_and_refused(explorer):
+    s = explorer.state
+    if not s.norms_only:
+        pytest.skip("no norms-only grad-sample mode registered")
+    mode, diff = next(iter(s.norm_differences.items()))
+    assert diff < 1e-4
+    assert f"norms only: max |norm difference| = {diff:.2e}" in explorer.table.value
+    explorer.controls["mode"].value = mode
+    assert s.mode == s.reference
+    assert "computes per-sample gradient norms without forming the gradients" in explorer.error.message
+
+
+def test_compute_grad_samples_refuses_norms_only_mode(small_model_batch):
+    from dpnotebook.modes import available_modes
+    from dpnotebook.widgets import compute_grad_samples
+
+    if "ghost" not in available_modes():
+        pytest.skip("no ghost mode")
+    model, (x, y), loss_fn = small_model_batch
+    with pytest.raises(ValueError, match="grad_sample_mode='ghost' computes per-sample gradient norms"):
+        compute_grad_samples(model, x, y, loss_fn, mode="ghost")

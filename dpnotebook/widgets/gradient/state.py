@@ -25,9 +25,9 @@ import traitlets
 from torch import Tensor, nn
 
 from dpnotebook.modes import available_modes
-from dpnotebook.privacy.clipping import per_layer_norms
+from dpnotebook.privacy.clipping import per_layer_norms, per_sample_norms
 from dpnotebook.widgets._validate import int_at_least, one_of, refuse
-from dpnotebook.widgets.grads import compute_grad_samples
+from dpnotebook.widgets.grads import run_mode
 
 __all__ = ["GradientState", "compare_modes", "max_difference"]
 
@@ -46,21 +46,28 @@ def max_difference(a: dict[str, Tensor], b: dict[str, Tensor]) -> float:
 def compare_modes(
     model: nn.Module, inputs: Tensor, targets: Tensor, loss_fn: Callable[[Tensor, Tensor], Tensor],
     modes: Sequence[str] | None = None,
-) -> tuple[dict[str, dict[str, Tensor]], dict[str, str]]:
-    """Per-sample gradients in each mode, and the error text of each mode that failed.
+) -> tuple[dict[str, dict[str, Tensor]], dict[str, Tensor], dict[str, str]]:
+    """Per-sample gradients in each mode, the norms of modes that compute only norms, and errors.
 
     Returns:
-        ``(grads, errors)``: ``grads[mode][param_name]`` is ``[B, *shape]``;
-        ``errors[mode]`` is ``"TypeName: message"``.
+        ``(grads, norms_only, errors)``: ``grads[mode][param_name]`` is ``[B, *shape]``;
+        ``norms_only[mode]`` is ``[B]`` for a mode such as ``"ghost"``; ``errors[mode]``
+        is ``"TypeName: message"`` for a mode that failed.
     """
     grads: dict[str, dict[str, Tensor]] = {}
+    norms_only: dict[str, Tensor] = {}
     errors: dict[str, str] = {}
     for mode in modes if modes is not None else available_modes():
         try:
-            grads[mode] = compute_grad_samples(model, inputs, targets, loss_fn, mode=mode)
+            g, norms = run_mode(model, inputs, targets, loss_fn, mode=mode)
         except Exception as exc:  # noqa: BLE001 - a failing mode is reported, not fatal
             errors[mode] = f"{type(exc).__name__}: {exc}"
-    return grads, errors
+            continue
+        if g is None:
+            norms_only[mode] = norms
+        else:
+            grads[mode] = g
+    return grads, norms_only, errors
 
 
 class GradientState(traitlets.HasTraits):
@@ -90,16 +97,18 @@ class GradientState(traitlets.HasTraits):
         modes: Sequence[str] | None = None,
         reference: str = "hooks",
     ) -> None:
-        self.grads, self.errors = compare_modes(model, batch[0], batch[1], loss_fn, modes)
+        self.grads, self.norms_only, self.errors = compare_modes(model, batch[0], batch[1], loss_fn, modes)
         if not self.grads:
             lines = "\n".join(f"  {m}: {e}" for m, e in self.errors.items())
             raise RuntimeError(f"no grad-sample mode could compute per-sample gradients:\n{lines}")
-        self.modes = list(self.grads) + list(self.errors)
+        self.modes = list(self.grads) + list(self.norms_only) + list(self.errors)
         self.reference = reference if reference in self.grads else next(iter(self.grads))
         first = self.grads[self.reference]
         self.layers = list(first)
         self.batch_size = int(next(iter(first.values())).shape[0])
         self.differences = {m: max_difference(g, first) for m, g in self.grads.items()}
+        ref_norms = per_sample_norms(first).double()
+        self.norm_differences = {m: float((n.double() - ref_norms).abs().max()) for m, n in self.norms_only.items()}
         self._norms: dict[str, np.ndarray] = {}
         super().__init__(layer=self.layers[0], sample=0, mode=self.reference)
 
@@ -116,6 +125,9 @@ class GradientState(traitlets.HasTraits):
         mode = proposal["value"]
         if mode in self.errors:
             refuse("mode", mode, f"this mode failed on the model: {self.errors[mode]}")
+        if mode in self.norms_only:
+            refuse("mode", mode, "this mode computes per-sample gradient norms without forming the gradients "
+                   "(the table compares its norms); pick another mode to see gradients.")
         return one_of("mode", mode, list(self.grads))
 
     def layer_norms(self) -> np.ndarray:
@@ -134,6 +146,8 @@ class GradientState(traitlets.HasTraits):
         for mode in self.modes:
             if mode in self.errors:
                 rows.append((mode, f"failed: {self.errors[mode]}"))
+            elif mode in self.norms_only:
+                rows.append((mode, f"norms only: max |norm difference| = {self.norm_differences[mode]:.2e}"))
             elif mode == self.reference:
                 rows.append((mode, "reference"))
             else:
