@@ -3,7 +3,7 @@
 >>> from dpnotebook.datasets import load_digits_tensors
 >>> train, test = load_digits_tensors()
 >>> len(train), len(test)
-(1437, 360)
+(1438, 359)
 >>> x, y = train[0]
 >>> x.shape, x.dtype, y.dtype
 (torch.Size([1, 8, 8]), torch.float32, torch.int64)
