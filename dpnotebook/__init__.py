@@ -1,8 +1,8 @@
 """dpnotebook: differentially private deep learning in PyTorch, taught in Jupyter.
 
 >>> import dpnotebook
->>> sorted(dpnotebook.available_modes())
-['ew', 'functorch', 'hooks']
+>>> {"hooks", "functorch", "ew"} <= set(dpnotebook.available_modes())
+True
 
 The DP-SGD names (``PrivacyEngine``, ``DPOptimizer``, ``DPDataLoader``) are
 loaded on first use, so ``import dpnotebook`` stays quick; the widgets live in

@@ -4,8 +4,8 @@
 >>> from torch import nn
 >>> torch.manual_seed(0) and None
 >>> rows = compare_modes(nn.Linear(4, 3), torch.randn(6, 4), torch.randint(0, 3, (6,)), repeats=1)
->>> [(r.mode, r.agrees) for r in rows]
-[('oracle', True), ('ew', True), ('functorch', True), ('hooks', True)]
+>>> [r.mode for r in rows][:3], all(r.agrees for r in rows)
+(['oracle', 'ew', 'functorch'], True)
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from dpnotebook.modes import available_modes, wrap_model
 from dpnotebook.testing import clean_copy, reference_grad_samples
 
-__all__ = ["ModeComparison", "compare_modes", "median_seconds"]
+__all__ = ["ModeComparison", "compare_modes", "median_seconds", "mode_result", "error_against"]
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
 
@@ -34,7 +34,8 @@ class ModeComparison:
     Attributes:
         mode: the mode's name, or ``"oracle"`` for one float64 backward pass per row.
         max_error: largest ``|mode - oracle|`` over all per-sample gradients, relative
-            to the largest oracle entry.
+            to the largest oracle entry; for a mode that computes only per-sample norms
+            (``"ghost"``), over the norms, relative to the largest norm.
         ms: median milliseconds for one forward+backward with per-sample gradients.
         agrees: ``max_error <= tolerance``.
         error: the mode's error message when it refused the model.
@@ -56,6 +57,34 @@ def median_seconds(fn: Callable[[], object], repeats: int = 5) -> float:
         fn()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def mode_result(wrapped: nn.Module, model: nn.Module) -> dict[str, Tensor] | Tensor:
+    """What a mode computed after backward: ``{name: grad_sample}``, or ``[B]`` norms for a norms-only mode."""
+    grads = {n: getattr(p, "grad_sample", None) for n, p in model.named_parameters() if p.requires_grad}
+    if any(g is None for g in grads.values()) and hasattr(wrapped, "per_sample_norms"):
+        return wrapped.per_sample_norms()
+    return grads
+
+
+def error_against(result: dict[str, Tensor | None] | Tensor, ref: dict[str, Tensor]) -> float:
+    """Largest difference from the oracle, relative to its largest entry (``inf`` if something is missing).
+
+    >>> import torch
+    >>> ref = {"w": torch.tensor([[3.0, 4.0]], dtype=torch.float64)}
+    >>> error_against(torch.tensor([5.0]), ref), error_against({"w": None}, ref)
+    (0.0, inf)
+    """
+    if isinstance(result, Tensor):  # per-sample norms only
+        norms = torch.cat([r.flatten(1) for r in ref.values()], dim=1).norm(dim=1)
+        scale = norms.abs().max().item() if norms.numel() else 1.0
+        diff = (result.double() - norms).abs().max().item() if norms.numel() else 0.0
+        return diff / (scale or 1.0)
+    if any(result.get(n) is None or result[n].shape != r.shape for n, r in ref.items()):
+        return float("inf")
+    scale = max((r.abs().max().item() for r in ref.values() if r.numel()), default=1.0) or 1.0
+    diff = max(((result[n].double() - r).abs().max().item() for n, r in ref.items() if r.numel()), default=0.0)
+    return diff / scale
 
 
 def _row_loss(loss_fn: LossFn) -> LossFn:
@@ -90,7 +119,6 @@ def compare_modes(
     """
     row_loss = _row_loss(loss_fn)
     ref = reference_grad_samples(model, [inputs], target=targets, loss_fn=row_loss, K=K)
-    scale = max((r.abs().max().item() for r in ref.values() if r.numel()), default=1.0) or 1.0
     oracle_s = median_seconds(
         lambda: reference_grad_samples(model, [inputs], target=targets, loss_fn=row_loss, K=K), repeats=1
     )
@@ -100,16 +128,16 @@ def compare_modes(
         try:
             wrapped = wrap_model(copy_, mode, K=K)
 
-            def step() -> dict[str, Tensor]:
+            def step() -> dict[str, Tensor] | Tensor:
                 wrapped.zero_grad()
                 loss_fn(wrapped(inputs), targets).backward()
-                return {n: p.grad_sample for n, p in copy_.named_parameters() if p.requires_grad}
+                return mode_result(wrapped, copy_)
 
             got = step()
             seconds = median_seconds(step, repeats)
         except Exception as err:  # a refusal is a result worth showing
             results.append(ModeComparison(mode, float("nan"), float("nan"), False, str(err).splitlines()[0]))
             continue
-        err = max(((got[n].double() - r).abs().max().item() for n, r in ref.items() if r.numel()), default=0.0)
-        results.append(ModeComparison(mode, err / scale, seconds * 1e3, err / scale <= tolerance))
+        err = error_against(got, ref)
+        results.append(ModeComparison(mode, err, seconds * 1e3, err <= tolerance))
     return results

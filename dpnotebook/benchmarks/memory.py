@@ -3,7 +3,9 @@
 ``python -m dpnotebook.benchmarks.memory [--batch 32] [--ks 1 16] [--mode hooks]``
 
 Every configuration runs in its own subprocess, and we read that process's peak
-resident memory (``ru_maxrss``). For each K we run the same B*K rows twice: a
+resident memory (``VmHWM`` on Linux, which a new program starts afresh; ``ru_maxrss``
+elsewhere, which on Linux would carry over the high-water mark of the process
+that launched it, such as a 400 MB Jupyter kernel). For each K we run the same B*K rows twice: a
 plain forward+backward, and the same with per-sample gradients. Their
 difference is what per-sample gradients cost, and it is what should grow with
 B, not with B*K: the forward activations of B*K rows are needed either way.
@@ -16,6 +18,18 @@ import json
 import resource
 import subprocess
 import sys
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory in MB."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _measure(mode: str, batch: int, K: int, private: bool) -> dict:
@@ -32,12 +46,11 @@ def _measure(mode: str, batch: int, K: int, private: bool) -> dict:
     y = torch.randint(0, 10, (batch * K,))
     if private:
         model = dpnotebook.wrap_model(model, mode, K=K)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    before = peak_rss_mb()
     for _ in range(3):
         model.zero_grad()
         F.cross_entropy(model(x), y).backward()
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return {"mode": mode, "B": batch, "K": K, "private": private, "rss0_mb": before / 1024, "peak_mb": peak / 1024}
+    return {"mode": mode, "B": batch, "K": K, "private": private, "rss0_mb": before, "peak_mb": peak_rss_mb()}
 
 
 def run(mode: str, batch: int, ks: list[int]) -> list[dict]:

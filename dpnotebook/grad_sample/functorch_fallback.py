@@ -13,6 +13,7 @@ over the ``B`` samples never builds ``B*K`` per-row gradients.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -115,7 +116,10 @@ def fallback_grad_samples(
         return sum((out[i] * g).sum() for i, g in zip(out_pos, gs))
 
     try:
-        with capture_paused():
+        with capture_paused(), warnings.catch_warnings():
+            # vmap runs ops without a batching rule one sample at a time, correctly; its
+            # "performance drop" notice is for PyTorch developers, not for our users.
+            warnings.filterwarnings("ignore", message="There is a performance drop")
             per_sample = vmap(
                 grad(sample_loss), in_dims=(None, in_dims, [bd] * len(out_grads)), randomness="error"
             )(trainable, batched, out_grads)
