@@ -13,6 +13,7 @@ from importlib import import_module
 from typing import Any
 
 from dpnotebook.errors import GradSampleError, GradSamplerMismatch, UnsupportedModuleError
+from dpnotebook.fixers import fix
 from dpnotebook.grad_sample import GradSampleModule, register_grad_sampler
 from dpnotebook.layers import DPGRU, DPLSTM, DPRNN, DPMultiheadAttention
 from dpnotebook.modes import available_modes, wrap_model
@@ -20,12 +21,18 @@ from dpnotebook.validation import validate
 
 __version__ = "0.1.0"
 
-_LAZY = {
-    "PrivacyEngine": "dpnotebook.privacy",
-    "DPOptimizer": "dpnotebook.privacy",
-    "DPDataLoader": "dpnotebook.privacy",
-    "get_noise_multiplier": "dpnotebook.privacy",
-}
+_PRIVACY = (
+    "PrivacyEngine",
+    "DPOptimizer",
+    "DPDataLoader",
+    "BatchMemoryManager",
+    "AugmultCollate",
+    "get_noise_multiplier",
+    "compute_epsilon",
+    "create_accountant",
+    "clip_and_sum",
+)
+_LAZY = {name: "dpnotebook.privacy" for name in _PRIVACY}
 
 __all__ = [
     "GradSampleModule",
@@ -33,14 +40,12 @@ __all__ = [
     "wrap_model",
     "available_modes",
     "validate",
+    "fix",
     "DPRNN",
     "DPLSTM",
     "DPGRU",
     "DPMultiheadAttention",
-    "PrivacyEngine",
-    "DPOptimizer",
-    "DPDataLoader",
-    "get_noise_multiplier",
+    *_PRIVACY,
     "GradSampleError",
     "GradSamplerMismatch",
     "UnsupportedModuleError",
