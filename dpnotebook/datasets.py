@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch.utils.data import TensorDataset
 
-__all__ = ["load_digits_tensors", "split_tensors"]
+__all__ = ["load_digits_tensors", "split_tensors", "make_order_task"]
 
 
 def split_tensors(
@@ -58,3 +58,43 @@ def load_digits_tensors(*, test_fraction: float = 0.2, seed: int = 0) -> tuple[T
     images = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
     labels = torch.tensor(digits.target, dtype=torch.int64)
     return split_tensors(images, labels, test_fraction=test_fraction, seed=seed)
+
+
+def make_order_task(
+    n: int = 2000, *, length: int = 12, vocab: int = 20, test_fraction: float = 0.2, seed: int = 0
+) -> tuple[TensorDataset, TensorDataset]:
+    """A generated text task that needs word order: does word ``1`` come before word ``2``?
+
+    Each sequence holds random "words" ``3 .. vocab-1`` with word ``1`` and word
+    ``2`` placed once each at random positions; the label is ``1`` when ``1``
+    comes first. A bag of words sees both orders as the same sentence, so only a
+    model that reads in order (an LSTM, attention with positions) can beat chance.
+    Word ``0`` is left free for padding.
+
+    Args:
+        n: number of sequences (half of each label, in expectation).
+        length: tokens per sequence (at least 2).
+        vocab: vocabulary size, including the words 0, 1 and 2 (at least 4).
+        test_fraction: fraction held out for testing.
+        seed: seeds the generator.
+
+    Returns:
+        ``(train, test)``: ``TensorDataset`` of ``(tokens [length] int64, label int64)``.
+
+    >>> train, test = make_order_task(10, length=5, vocab=6)
+    >>> x, y = train[0]
+    >>> x.shape, bool((x == 1).sum() == 1 and (x == 2).sum() == 1)
+    (torch.Size([5]), True)
+    >>> int(y) == int((x == 1).nonzero() < (x == 2).nonzero())
+    True
+    """
+    if length < 2 or vocab < 4:
+        raise ValueError(f"length={length}, vocab={vocab} is invalid: need length >= 2 and vocab >= 4.")
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(3, vocab, (n, length), generator=g)
+    positions = torch.rand(n, length, generator=g).argsort(dim=1)[:, :2]  # two distinct positions
+    rows = torch.arange(n)
+    tokens[rows, positions[:, 0]] = 1
+    tokens[rows, positions[:, 1]] = 2
+    labels = (positions[:, 0] < positions[:, 1]).long()
+    return split_tensors(tokens, labels, test_fraction=test_fraction, seed=seed)

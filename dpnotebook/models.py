@@ -14,9 +14,10 @@ torch.Size([5, 10])
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
-__all__ = ["SmallCNN", "MLP"]
+__all__ = ["SmallCNN", "MLP", "SequenceClassifier"]
 
 
 class SmallCNN(nn.Module):
@@ -69,3 +70,49 @@ class MLP(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x)
+
+
+class SequenceClassifier(nn.Module):
+    """Embedding, then an LSTM or a one-layer transformer encoder, then a linear classifier.
+
+    Built from ``torch.nn`` layers on purpose: ``dpnotebook.fix(model)`` turns the
+    ``nn.LSTM`` / ``nn.MultiheadAttention`` inside into their DP versions.
+
+    Args:
+        kind: ``"lstm"`` (reads the last hidden state) or ``"transformer"``
+            (learned positions, mean over positions).
+        vocab: vocabulary size.
+        dim: embedding and hidden width.
+        num_classes: outputs.
+        max_length: longest sequence (for the transformer's positions).
+
+    >>> import torch
+    >>> SequenceClassifier("transformer", vocab=10, dim=8)(torch.zeros(3, 5, dtype=torch.long)).shape
+    torch.Size([3, 2])
+    """
+
+    def __init__(
+        self, kind: str = "lstm", *, vocab: int = 20, dim: int = 32, num_classes: int = 2, max_length: int = 64
+    ) -> None:
+        super().__init__()
+        if kind not in ("lstm", "transformer"):
+            raise ValueError(f"kind={kind!r} is invalid; use 'lstm' or 'transformer'.")
+        self.kind = kind
+        self.embed = nn.Embedding(vocab, dim)
+        if kind == "lstm":
+            self.encoder = nn.LSTM(dim, dim, batch_first=True)
+        else:
+            self.positions = nn.Embedding(max_length, dim)
+            self.encoder = nn.TransformerEncoderLayer(
+                dim, nhead=2, dim_feedforward=2 * dim, dropout=0.0, batch_first=True
+            )
+        self.head = nn.Linear(dim, num_classes)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        h = self.embed(tokens)
+        if self.kind == "lstm":
+            return self.head(self.encoder(h)[0][:, -1])
+        # positions looked up per row (not once for all rows), so each sample's use of the
+        # position table is its own and per-sample gradients can see it
+        steps = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens)
+        return self.head(self.encoder(h + self.positions(steps)).mean(dim=1))

@@ -267,7 +267,7 @@ def test_bad_loss_reduction() -> None:
 
 def test_batch_first_contradicting_the_input_is_detected() -> None:
     wrapped = GradSampleModule(nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2)), batch_first=False)
-    with pytest.raises(GradSampleError, match=r"batch_first=False says\. Use batch_first=True"):
+    with pytest.raises(GradSampleError, match=r"batch_first=False says \(use batch_first=True"):
         wrapped(torch.randn(5, 3))
     with pytest.raises(GradSampleError, match=r"has no batch dim 1 \(batch_first=False\)"):
         GradSampleModule(nn.Linear(3, 4), batch_first=False)(torch.randn(3))
@@ -385,3 +385,17 @@ def test_wrapping_a_model_twice_is_refused_and_copies_drop_stale_hooks() -> None
     assert check_grad_sampler(model, torch.randn(4, 6), K=2).ok  # checks a clean copy
     first.to_standard_module()
     GradSampleModule(model)  # free again
+
+
+def test_a_layer_shared_by_all_samples_is_refused_with_both_causes_named() -> None:
+    class Positions(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(9, 4)
+            self.positions = nn.Embedding(5, 4)
+
+        def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+            return self.embed(tokens) + self.positions(torch.arange(tokens.shape[1]))
+
+    with pytest.raises(GradSampleError, match=r"(?s)model.positions.*shared by all samples.*arange\(T\).expand"):
+        GradSampleModule(Positions())(torch.randint(0, 9, (3, 5)))

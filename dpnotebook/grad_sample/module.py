@@ -233,9 +233,11 @@ class GradSampleModule(nn.Module):
         elif self._rows_seen[1] != rows:
             raise GradSampleError(
                 f"{path} ({type(module).__name__}) sees {rows} rows in dim {bd} but "
-                f"{self._rows_seen[0]} saw {self._rows_seen[1]}: the batch dimension is not where "
-                f"batch_first={self.batch_first} says. Use batch_first={not self.batch_first} "
-                "or permute the input."
+                f"{self._rows_seen[0]} saw {self._rows_seen[1]}. Either the batch dimension is not "
+                f"where batch_first={self.batch_first} says (use batch_first={not self.batch_first} or "
+                "permute the input), or this layer runs on something shared by all samples, such "
+                "as a position table looked up with arange(T): look it up per row "
+                "(arange(T).expand(B, T)) or use grad_sample_mode='functorch'."
             )
 
     def __getattr__(self, name: str) -> Any:
