@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --quiet --constraint constraints.txt
 STAMP := $(VENV)/.installed
 
-.PHONY: install lab test bench badges clean
+.PHONY: install lab test docs bench badges clean
 
 $(STAMP): pyproject.toml constraints.txt
 # torch goes in first, pinned by constraints.txt, so that no later resolution pulls another (CUDA) build.
@@ -21,6 +21,10 @@ lab: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest
+
+# The same build runs once in `make test` (tests/test_docs.py), into a temporary folder.
+docs: $(STAMP)
+	$(PY) -m sphinx -W --keep-going -c docs -b html . docs/_build/html
 
 badges: $(STAMP)
 	$(PY) -m dpnotebook.binder --update README.md tutorials
