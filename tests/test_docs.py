@@ -1,0 +1,111 @@
+"""The documentation builds with warnings as errors, and shows what it promises.
+
+The build runs once per test session (``make test``), into a temporary folder, with
+the command of ``make docs``. A broken reference, a docstring that is not valid
+reStructuredText, a tutorial that no longer renders or a widget output saved without
+its state is a Sphinx warning, hence a failure here.
+"""
+
+from __future__ import annotations
+
+import html as html_module
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TUTORIALS = sorted((ROOT / "tutorials").glob("*.ipynb"))
+SPHINX = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-c", "docs", "-b", "html", "."]
+
+
+@pytest.fixture(scope="session")
+def html(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("docs") / "html"
+    result = subprocess.run([*SPHINX, str(out)], cwd=ROOT, capture_output=True, text=True)
+    warnings = "\n".join(line for line in result.stderr.splitlines() if "WARNING" in line or "ERROR" in line)
+    assert result.returncode == 0, (
+        f"the docs do not build with warnings as errors (`make docs` shows the same):\n{warnings}\n\n"
+        f"{result.stderr[-6000:]}"
+    )
+    return out
+
+
+def page(html: Path, name: str) -> str:
+    return (html / name).read_text(encoding="utf-8")
+
+
+def test_the_site_has_its_sections(html: Path) -> None:
+    index = page(html, "docs/index.html")
+    for target in ("getting-started.html", "concepts/index.html", "tutorials.html", "api/index.html"):
+        assert f'href="{target}"' in index, target
+    assert 'url=docs/index.html' in page(html, "index.html")      # the top-level redirect
+
+
+@pytest.mark.parametrize("notebook", TUTORIALS, ids=lambda p: p.name)
+def test_every_tutorial_is_rendered_with_its_outputs(html: Path, notebook: Path) -> None:
+    text = page(html, f"tutorials/{notebook.stem}.html")
+    assert f'href="../tutorials/{notebook.stem}.html"' in page(html, "docs/tutorials.html")
+    nb = json.loads(notebook.read_text(encoding="utf-8"))
+    printed = [
+        "".join(o["text"]).strip()
+        for cell in nb["cells"] if cell["cell_type"] == "code"
+        for o in cell.get("outputs", []) if o.get("output_type") == "stream" and "".join(o["text"]).strip()
+    ]
+    if printed:  # a stored output appears on the page, so outputs are rendered, not executed
+        first_line = printed[0].splitlines()[0].strip()
+        assert first_line in _text(text), f"{notebook.name}: stored output {first_line!r} is not on the page"
+
+
+@pytest.mark.parametrize("notebook", TUTORIALS, ids=lambda p: p.name)
+def test_widget_state_comes_with_the_widget_manager(html: Path, notebook: Path) -> None:
+    from ipywidgets.embed import DEFAULT_EMBED_REQUIREJS_URL
+
+    text = page(html, f"tutorials/{notebook.stem}.html")
+    nb = json.loads(notebook.read_text(encoding="utf-8"))
+    state = nb["metadata"].get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {})
+    manager = DEFAULT_EMBED_REQUIREJS_URL in text and "require.min.js" in text
+    if state.get("state"):
+        assert 'type="application/vnd.jupyter.widget-state+json"' in text
+        assert manager, "the page has widget state but does not load the widget manager"
+        views = re.findall(r'type="application/vnd.jupyter.widget-view\+json">(.*?)</script>', text, re.S)
+        for view in views:
+            assert json.loads(view.replace("<\\/", "</"))["model_id"] in state["state"]
+    else:
+        assert not manager, "the widget manager is loaded on a page without widget state"
+
+
+def test_capability_table_is_generated_from_the_code(html: Path) -> None:
+    from dpnotebook.capabilities import FEATURES
+    from dpnotebook.modes import available_modes
+
+    text = page(html, "docs/concepts/modes.html")
+    header = re.search(r"<thead>(.*?)</thead>", text[text.index("What each mode can do"):], re.S).group(1)
+    for mode in available_modes():
+        assert f">{mode}<" in header
+    for feature in FEATURES:
+        assert feature in _text(text), feature
+
+
+def test_every_public_name_has_an_api_entry(html: Path) -> None:
+    sys.path.insert(0, str(ROOT / "docs" / "_ext"))
+    try:
+        from dpn_docs import collect_api
+    finally:
+        sys.path.pop(0)
+    api_html = "".join(p.read_text(encoding="utf-8") for p in (html / "docs" / "api").glob("*.html"))
+    missing = [o.fullname for o in collect_api().objects if f'id="{o.fullname}"' not in api_html]
+    assert not missing, f"no API entry for: {missing}"
+
+
+def test_the_build_needs_no_network() -> None:
+    conf = (ROOT / "docs" / "conf.py").read_text(encoding="utf-8")
+    assert "sphinx.ext.intersphinx" not in conf
+
+
+def _text(page_html: str) -> str:
+    """What a reader sees: the page without its tags."""
+    return html_module.unescape(re.sub(r"<[^>]+>", "", page_html))
