@@ -13,6 +13,14 @@ __all__ = ["UnsupportedModuleError", "GradSampleError", "GradSamplerMismatch"]
 class UnsupportedModuleError(ValueError):
     """The model holds layers that per-sample gradients cannot be computed for.
 
+    >>> from torch import nn
+    >>> from dpnotebook import GradSampleModule, UnsupportedModuleError
+    >>> try:
+    ...     GradSampleModule(nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2)))
+    ... except UnsupportedModuleError as err:
+    ...     print(err.problems[0].path, err.problems[0].module_type)
+    model.1 BatchNorm1d
+
     Attributes:
         problems: one :class:`dpnotebook.validation.Problem` per offending submodule.
     """
@@ -23,11 +31,40 @@ class UnsupportedModuleError(ValueError):
 
 
 class GradSampleError(RuntimeError):
-    """Per-sample gradients could not be computed or stored correctly."""
+    """Per-sample gradients could not be computed or stored correctly.
+
+    >>> import torch
+    >>> from torch import nn
+    >>> from dpnotebook import GradSampleModule, GradSampleError
+    >>> model = GradSampleModule(nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2)), batch_first=False)
+    >>> try:
+    ...     model(torch.randn(5, 3))      # batch-first data, but batch_first=False was said
+    ... except GradSampleError as err:
+    ...     print(str(err).split(". ")[0])
+    model.1 (Linear) sees 2 rows in dim 1 but model.0 saw 4
+    """
 
 
 class GradSamplerMismatch(AssertionError):
     """A grad sampler disagrees with the microbatching oracle.
+
+    >>> import torch
+    >>> from torch import nn
+    >>> from dpnotebook import GradSamplerMismatch, register_grad_sampler
+    >>> from dpnotebook.grad_sample import unregister_grad_sampler
+    >>> from dpnotebook.testing import check_grad_sampler
+    >>> class Double(nn.Linear):
+    ...     pass
+    >>> @register_grad_sampler(Double)
+    ... def wrong(layer, activations, backprops, K):   # the bias part forgets to divide by K
+    ...     g, a = backprops.reshape(-1, K, 2), activations[0].reshape(-1, K, 2)
+    ...     return {layer.weight: torch.einsum("bko,bki->boi", g, a) / K, layer.bias: g.sum(1)}
+    >>> try:
+    ...     check_grad_sampler(Double(2, 2), torch.randn(6, 2), K=3)
+    ... except GradSamplerMismatch as err:
+    ...     print(sorted({row.name for row in err.report.rows if not row.ok}))
+    ['bias']
+    >>> unregister_grad_sampler(Double)
 
     Attributes:
         report: the :class:`dpnotebook.testing.GradSamplerReport` with every parameter's error.

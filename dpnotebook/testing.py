@@ -105,7 +105,7 @@ def reference_grad_samples(
     >>> from torch import nn
     >>> lin = nn.Linear(2, 1, bias=False)
     >>> with torch.no_grad():
-    ...     lin.weight.fill_(1.0)
+    ...     _ = lin.weight.fill_(1.0)
     >>> x = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
     >>> reference_grad_samples(lin, [x], target=torch.ones(2, 1), K=2)["weight"]
     tensor([[[2., 3.]]], dtype=torch.float64)
