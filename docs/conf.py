@@ -136,7 +136,4 @@ dpn_mode_order = ["hooks", "functorch", "ew", "ghost"]
 # Warnings from docstrings that the docs cannot fix (their modules belong to others):
 # ``(where, message)`` substrings of the warning. Route each to the module's owner and
 # delete the entry once fixed; the build lists entries that no longer match anything.
-dpn_known_warnings = [
-    # "Args:" lists several names on one line; Google style wants one "name: text" each.
-    ("DPMultiheadAttention", "Field list ends without a blank line"),
-]
+dpn_known_warnings: list[tuple[str, str]] = []

@@ -49,8 +49,17 @@ class DPMultiheadAttention(nn.Module):
     """Multi-head attention with hooks-mode per-sample gradients (see the module docstring).
 
     Args:
-        embed_dim, num_heads, dropout, bias, add_bias_kv, add_zero_attn, kdim, vdim,
-        batch_first, device, dtype: as in ``nn.MultiheadAttention``.
+        embed_dim: total width of the model (split over the heads).
+        num_heads: number of attention heads; must divide ``embed_dim``.
+        dropout: dropout on the attention weights (training only).
+        bias: add biases to the input and output projections.
+        add_bias_kv: append a learned bias to the key and value sequences.
+        add_zero_attn: append a zero to the key and value sequences.
+        kdim: width of the keys (default ``embed_dim``).
+        vdim: width of the values (default ``embed_dim``).
+        batch_first: inputs are ``[B, T, E]`` rather than ``[T, B, E]``.
+        device: where to create the parameters.
+        dtype: dtype of the parameters.
     """
 
     _dpn_grad_samples_from_children = True  # hooks mode: the projection units hold the samplers
