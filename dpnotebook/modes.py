@@ -85,3 +85,6 @@ def _ew(module: nn.Module, **kwargs: Any) -> nn.Module:
     from dpnotebook.grad_sample.expanded_weights import GradSampleModuleExpandedWeights
 
     return GradSampleModuleExpandedWeights(module, **kwargs)
+
+
+from dpnotebook.grad_sample import ghost_mode  # noqa: E402,F401  (registers "ghost"; its wrapper is imported on first use)

@@ -12,11 +12,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from dpnotebook.grad_sample._reuse import result_buffer
 from dpnotebook.grad_sample.registry import register_grad_sampler
 
 
 def scatter_rows(
-    indices: Tensor, values: Tensor, sample_of: Tensor, B: int, V: int, K: int
+    indices: Tensor, values: Tensor, sample_of: Tensor, B: int, V: int, K: int, out: Tensor | None = None
 ) -> Tensor:
     """Sum ``values[j]`` into row ``indices[j]`` of sample ``sample_of[j]``: ``[B, V, D] / K``.
 
@@ -26,9 +27,12 @@ def scatter_rows(
              [2.]]])
     """
     D = values.shape[-1]
-    flat = torch.zeros(B * V, D, dtype=values.dtype, device=values.device)
+    if out is None:
+        flat = torch.zeros(B * V, D, dtype=values.dtype, device=values.device)
+    else:  # a [B, V, D] buffer to fill (see dpnotebook.grad_sample._reuse)
+        flat = out.view(B * V, D).zero_()
     flat.index_add_(0, sample_of * V + indices, values)
-    return flat.view(B, V, D) / K
+    return flat.view(B, V, D).div_(K) if K > 1 else flat.view(B, V, D)
 
 
 @register_grad_sampler(nn.Embedding)
@@ -48,4 +52,6 @@ def embedding_grad_sampler(
     sample_of = sample_of.repeat_interleave(per_row)
     if layer.padding_idx is not None:
         values = values * (flat_idx != layer.padding_idx).unsqueeze(-1).to(values.dtype)
-    return {layer.weight: scatter_rows(flat_idx, values, sample_of, n // K, layer.num_embeddings, K)}
+    V, B = layer.num_embeddings, n // K
+    buf = None if values.requires_grad else result_buffer(layer, "weight", (B, V, D), values)
+    return {layer.weight: scatter_rows(flat_idx, values, sample_of, B, V, K, out=buf)}

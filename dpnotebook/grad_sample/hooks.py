@@ -58,12 +58,17 @@ def sampler_grad_samples(
     acts = [to_batch_first(a, call.batch_dim) for a in bound_arguments(module, call.args, call.kwargs)]
     bp = to_batch_first(backprops, call.batch_dim)
     B = call.rows // K
-    # Gradients are linear in the backprops, so the loss reduction is undone on the
-    # (small) result rather than on the (activation-sized) backprops.
+    # Gradients are linear in the backprops, so the loss reduction can be undone on either
+    # side: on the backprops or on the B per-sample gradients, whichever is smaller.
+    size = B * sum(p.numel() for p in module.parameters(recurse=False) if p.requires_grad)
+    if scale != 1.0 and bp.numel() < size:
+        bp, scale = bp * scale, 1.0
     if entry.takes_k:
-        found = {p: g * scale for p, g in entry.fn(module, acts, bp, K).items()}
+        found = entry.fn(module, acts, bp, K)
     else:  # Opacus-style: per-row gradients, averaged over each sample's K rows here
-        found = {p: g.reshape(B, K, *g.shape[1:]).mean(1) * scale for p, g in entry.fn(module, acts, bp).items()}
+        found = {p: g.reshape(B, K, *g.shape[1:]).mean(1) for p, g in entry.fn(module, acts, bp).items()}
+    if scale != 1.0:
+        found = {p: g * scale for p, g in found.items()}
     own = {id(p): n for n, p in module.named_parameters()}
     for p, g in found.items():
         if id(p) not in own:

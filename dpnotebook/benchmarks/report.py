@@ -1,0 +1,89 @@
+"""Tables from the suite's rows: times and ratios, dpnotebook against Opacus, and the cost of K.
+
+>>> rows = [{"model": "MLP", "batch": 8, "K": 1, "what": "dpsgd_ghost", "median_ms": 2.0, "min_ms": 1.9,
+...          "ratio": 1.1, "peak_mb": 300.0, "rss0_mb": 290.0, "n": 10}]
+>>> print(results_table(rows).splitlines()[2])
+| MLP | 8 | 1 | dpsgd_ghost | 2.0 | 1.9 | 1.10 | 300 | 10 | 10 |  |
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+Row = dict
+
+
+def _f(x: float | None, digits: int = 1) -> str:
+    return "" if x is None else f"{x:.{digits}f}"
+
+
+def results_table(rows: Iterable[Row]) -> str:
+    """Markdown table: one line per configuration; ratio = time / non-private step on the same rows (paired)."""
+    lines = [
+        "| model | B | K | config | median ms | min ms | ratio to non-private | peak RSS MB | Δ RSS MB | n | note |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['model']} | {r['batch']} | {r['K']} | {r['what']} | ERROR | | | | | | {r['error'][:120]} |")
+            continue
+        delta = r["peak_mb"] - r["rss0_mb"]
+        lines.append(
+            f"| {r['model']} | {r['batch']} | {r['K']} | {r['what']} | {_f(r['median_ms'])} | {_f(r['min_ms'])} | "
+            f"{_f(r['ratio'], 2)} | {r['peak_mb']:.0f} | {delta:.0f} | {r['n']} | {r.get('note', '')} |"
+        )
+    return "\n".join(lines)
+
+
+def _index(rows: Iterable[Row]) -> dict[tuple, Row]:
+    return {(r["model"], r["batch"], r["K"], r["what"]): r for r in rows if "error" not in r}
+
+
+def _best(index: dict[tuple, Row], key: tuple, prefix: str) -> tuple[str, float] | None:
+    found = [(w, r["ratio"]) for (m, b, k, w), r in index.items() if (m, b, k) == key and w.startswith(prefix)]
+    return min(found, key=lambda t: t[1]) if found else None
+
+
+def opacus_table(rows: Iterable[Row]) -> str:
+    """dpnotebook against Opacus for each model and B: ratios to the same non-private step, and their quotient."""
+    index = _index(rows)
+    keys = sorted({(m, b, k) for (m, b, k, w) in index if w.startswith("opacus_")})
+    lines = [
+        "| model | B | what | dpnotebook (ratio) | Opacus (ratio) | dpnotebook / Opacus |",
+        "|---|---|---|---|---|---|",
+    ]
+    for key in keys:
+        pairs = [
+            ("DP-SGD step, best mode each", _best(index, key, "dpsgd_"), _best(index, key, "opacus_dpsgd_")),
+            ("per-sample grads, hooks", _best(index, key, "gsm_hooks"), _best(index, key, "opacus_gsm_hooks")),
+            ("DP-SGD step, hooks", _best(index, key, "dpsgd_hooks"), _best(index, key, "opacus_dpsgd_hooks")),
+        ]
+        for label, ours, theirs in pairs:
+            if ours and theirs:
+                lines.append(
+                    f"| {key[0]} | {key[1]} | {label} | {ours[0]} ({ours[1]:.2f}) | "
+                    f"{theirs[0].removeprefix('opacus_')} ({theirs[1]:.2f}) | {ours[1] / theirs[1]:.2f} |"
+                )
+    return "\n".join(lines)
+
+
+def multiplicity_table(rows: Iterable[Row]) -> str:
+    """For each K: per-sample-gradient memory (peak minus the non-private peak on the same rows) and the step ratio."""
+    index = _index(rows)
+    lines = ["| model | B | K | config | step / non-private on B*K rows | per-sample-grad MB | vs K=1 |", "|---|---|---|---|---|---|---|"]
+    ks = sorted({(m, b, k) for (m, b, k, w) in index})
+    for m, b, k in ks:
+        if not any(kk > 1 for (mm, bb, kk) in ks if (mm, bb) == (m, b)):
+            continue
+        base = index.get((m, b, k, "nonprivate"))
+        for (mm, bb, kk, w), r in index.items():
+            if (mm, bb, kk) != (m, b, k) or w == "nonprivate" or w.startswith(("opacus", "naive", "nonprivate")):
+                continue
+            psg = r["peak_mb"] - base["peak_mb"] if base else None
+            one, base1 = index.get((m, b, 1, w)), index.get((m, b, 1, "nonprivate"))
+            rel = psg / (one["peak_mb"] - base1["peak_mb"]) if (psg is not None and one and base1 and one["peak_mb"] > base1["peak_mb"]) else None
+            lines.append(f"| {m} | {b} | {k} | {w} | {r['ratio']:.2f} | {_f(psg)} | {_f(rel, 2)} |")
+    return "\n".join(lines)
+
+
+__all__ = ["results_table", "opacus_table", "multiplicity_table"]

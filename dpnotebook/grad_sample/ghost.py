@@ -1,0 +1,377 @@
+"""Ghost mode: per-sample gradient norms and the clipped sum, without per-sample gradients.
+
+DP-SGD needs two things from a batch: every sample's gradient norm (to find its
+clip factor ``c_b``) and the clipped sum ``sum_b c_b g_b``. Neither needs the
+``B`` gradients themselves. For each layer this wrapper keeps what the layer
+saw (activations) and what came back (backprops), and then
+
+1. computes the norms from them (:mod:`~dpnotebook.grad_sample.ghost_norms`:
+   Gram matrices or index matching, whichever is cheaper; small per-sample
+   gradients such as a norm layer's are simply formed);
+2. once the optimizer knows the clip factors, forms the clipped sum in one
+   weighted pass per layer (no second backward pass).
+
+The layers it handles run their forward with *detached* parameters and a tap on
+the output, so autograd computes only what flows back to the inputs: the
+ordinary weight gradient, which DP-SGD throws away, is never computed. Layers
+it cannot handle are left to the hooks engine, layer by layer (their registered
+sampler, or torch.func), and join the norms and sums through ``p.grad_sample``.
+
+After ``backward()``, ``p.grad`` is *not* filled for the layers ghost mode
+handles: use :class:`~dpnotebook.privacy.ghost_optimizer.GhostDPOptimizer`
+(``make_private(grad_sample_mode="ghost")`` does), or read
+:meth:`GhostGradSampleModule.per_sample_norms` and
+:meth:`GhostGradSampleModule.weighted_sums` yourself.
+
+>>> import torch
+>>> from torch import nn
+>>> model = GhostGradSampleModule(nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 2)))
+>>> model(torch.randn(5, 4)).sum().backward()
+>>> model.per_sample_norms().shape
+torch.Size([5])
+>>> model.units
+[('model.0', 'ghost'), ('model.2', 'ghost')]
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import Counter
+from functools import partial
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from dpnotebook.errors import GradSampleError
+from dpnotebook.grad_sample.functorch_fallback import LayerCall, capture_is_paused, detach_tree, loss_scale
+from dpnotebook.grad_sample.ghost_layers import GhostCall, GhostGroup, ghost_handler
+from dpnotebook.grad_sample.accumulation import GradSampleStore
+from dpnotebook.grad_sample.hooks import to_batch_first
+from dpnotebook.grad_sample.module import GradSampleModule, plan_units
+from dpnotebook.validation import Problem, raise_if_problems, validate
+
+Grads = dict[nn.Parameter, Tensor]
+
+
+class _Tap(torch.autograd.Function):
+    """Identity on a layer's output that hands the output's gradient to ``sink``.
+
+    Its inputs include the layer's parameters, so the output requires grad even
+    when nothing before the layer does; ``mark_dirty`` returns the very tensor
+    (no view), so in-place operations after the layer (``ReLU(inplace=True)``) work.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, out: Tensor, sink: Any, *params: Tensor) -> Tensor:
+        ctx.sink, ctx.n_params = sink, len(params)
+        ctx.mark_dirty(out)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple:
+        ctx.sink(grad)
+        return (grad, None) + (None,) * ctx.n_params
+
+
+def _grad_mark(p: nn.Parameter) -> tuple[int, int] | None:
+    return None if p.grad is None else (id(p.grad), p.grad._version)
+
+
+class _GhostStore(GradSampleStore):
+    """The hooks engine's store, told that a ghosted parameter whose ``.grad`` did not change got none.
+
+    Autograd calls post-accumulate-grad hooks for the parameters fed to the tap
+    even though the tap gives them no gradient; a parameter whose ``.grad``
+    really changed was used outside its layer, and the store's check reports it.
+    """
+
+    def __init__(self, owner: Any) -> None:
+        super().__init__(owner)
+        self.marks: dict[int, tuple[int, int] | None] = {}
+
+    def _on_grad(self, p: nn.Parameter) -> None:
+        if id(p) not in self.marks or _grad_mark(p) != self.marks[id(p)]:
+            super()._on_grad(p)
+
+
+class GhostGradSampleModule(GradSampleModule):
+    """Wraps ``module`` for ghost clipping (see the module docstring).
+
+    Args: as :class:`~dpnotebook.grad_sample.module.GradSampleModule`
+    (``force_functorch`` has no meaning here).
+
+    Attributes:
+        ghost_paths: the paths of the layers handled by ghost norms.
+    """
+
+    grad_sample_mode = "ghost"
+
+    def __init__(self, module: nn.Module, *, force_functorch: bool = False, **kwargs: Any) -> None:
+        if force_functorch:
+            raise ValueError("force_functorch=True has no meaning in grad_sample_mode='ghost'; use grad_sample_mode='functorch'.")
+        super().__init__(module, **kwargs)
+
+    @classmethod
+    def validate(cls, module: nn.Module, *, strict: bool = False) -> list[Problem]:
+        """The problems of hooks mode, on which ghost mode builds."""
+        problems = validate(module, mode="hooks")
+        if strict:
+            raise_if_problems(problems)
+        return problems
+
+    # -- planning: which layers are ghosted, which go to the hooks engine -------------
+    def _split_plan(self) -> tuple[list, list]:
+        units = plan_units(self._module)
+        owners = Counter(
+            id(p) for _, m, e in units for p in set(m.parameters(recurse=e is None))
+        )
+        ghost, hooks = [], []
+        for path, m, entry in units:
+            handler = ghost_handler(m) if entry is not None else None
+            exclusive = all(owners[id(p)] == 1 for p in m.parameters(recurse=False))
+            (ghost if handler is not None and exclusive else hooks).append((path, m, entry, handler))
+        return ghost, [(path, m, entry) for path, m, entry, _ in hooks]
+
+    def _plan(self) -> list:
+        return self._split_plan()[1]
+
+    def add_hooks(self) -> None:
+        """Install the hooks engine's hooks and the ghost taps (done by the constructor)."""
+        if self._hooks is not None:
+            return
+        if not isinstance(self._store, _GhostStore):
+            self._store = _GhostStore(self)
+        super().add_hooks()
+        self._pending: dict[int, dict[nn.Module, list[GhostCall]]] = {}
+        self._versions: dict[int, int] = {}
+        self._groups: list[tuple[int, dict[nn.Module, GhostGroup]]] | None = None
+        self._ghost_units, _ = self._split_plan()
+        self._makers = {m: handler[0] for _, m, _, handler in self._ghost_units}
+        self._buffers_kept: dict[tuple, Tensor] = {}
+        self._swapped: dict[int, list[dict]] = {}
+        self._held: list[tuple[nn.Module, str, nn.Parameter]] = []
+        self._ghost_handles = []
+        for p in self._module.parameters():  # lets GhostDPOptimizer find this wrapper from its parameters
+            p._dpn_ghost_owner = weakref.ref(self)
+        for path, m, _, (_, outside) in self._ghost_units:
+            self._ghost_handles.append(m.register_forward_pre_hook(self._detach_params, with_kwargs=True))
+            hook = partial(self._tap_output, path, outside)
+            self._ghost_handles.append(m.register_forward_hook(hook, with_kwargs=True, always_call=True))
+
+    def remove_hooks(self) -> None:
+        for h in getattr(self, "_ghost_handles", []):
+            h.remove()
+        self._ghost_handles = []
+        for p in self._module.parameters():
+            if getattr(p, "_dpn_ghost_owner", None) is not None and p._dpn_ghost_owner() is self:
+                del p._dpn_ghost_owner
+        super().remove_hooks()
+
+    @property
+    def ghost_paths(self) -> list[str]:
+        return [path for path, *_ in getattr(self, "_ghost_units", [])]
+
+    @property
+    def units(self) -> list[tuple[str, str]]:
+        """``(path, how)``: ``"ghost"``, a sampler's name (materialised) or ``"torch.func"``."""
+        return sorted([(p, "ghost") for p in self.ghost_paths] + super().units)
+
+    # -- the forward pass ---------------------------------------------------------
+    def _active(self, m: nn.Module) -> bool:
+        return (
+            self.hooks_enabled
+            and torch.is_grad_enabled()
+            and not capture_is_paused()
+            and any(p.requires_grad for p in m.parameters(recurse=False))
+        )
+
+    def _forward(self, *args: Any, **kwargs: Any) -> Any:
+        self._check_not_stale()
+        try:
+            return super()._forward(*args, **kwargs)
+        finally:
+            for m, name, p in self._held:
+                m._parameters[name] = p
+            self._held = []
+
+    def _detach_params(self, m: nn.Module, args: tuple, kwargs: dict) -> None:
+        if not self._active(m):
+            self._swapped.setdefault(id(m), []).append({})
+            return
+        saved = {n: p for n, p in m._parameters.items() if p is not None and p.requires_grad}
+        self._swapped.setdefault(id(m), []).append(saved)
+        for n, p in saved.items():
+            m._parameters[n] = p.detach()
+
+    def _tap_output(self, path: str, outside: tuple[str, ...], m: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
+        saved = self._swapped[id(m)].pop()
+        for name, p in saved.items():
+            if name in outside and self._in_forward and output is not None:
+                # used again later in the model's forward (an RNN's recurrence): kept detached until it
+                # ends, so that autograd does not compute its gradient (the ghost group accounts for it)
+                self._held.append((m, name, p))
+            else:
+                m._parameters[name] = p
+        if not saved or output is None:  # not recording, or the forward raised
+            return None
+        if not isinstance(output, Tensor):
+            raise GradSampleError(f"{path} ({type(m).__name__}) returned {type(output).__name__}, not a tensor; ghost mode cannot tap it.")
+        bd = self._batch_dim(m)
+        rows = output.shape[bd]
+        self._check_rows(path, m, rows, bd)
+        call = LayerCall(m, path, detach_tree(args), detach_tree(kwargs), [0], bd, rows, self._forward_id)
+        record = GhostCall(call)
+        versions = [a._version for a in call.args if isinstance(a, Tensor)]
+        if not self._pending:  # a new batch: remember the parameters' versions (see _check_not_stale)
+            self._versions = {id(p): p._version for p in self._ghost_params()}
+        self._pending.setdefault(self._forward_id, {}).setdefault(m, []).append(record)
+        for p in saved.values():
+            self._store.marks[id(p)] = _grad_mark(p)
+        accounted = [saved[n] for n in outside if n in saved]
+        sink = partial(self._on_backprops, record, versions, accounted)
+        return _Tap.apply(output, sink, *saved.values())
+
+    def _batch_dim(self, m: nn.Module) -> int:
+        return 0 if getattr(m, "_dpn_batch_first", False) or self.batch_first else 1
+
+    def _on_backprops(self, record: GhostCall, versions: list[int], accounted: list[nn.Parameter], grad: Tensor) -> None:
+        call = record.call
+        if [a._version for a in call.args if isinstance(a, Tensor)] != versions:
+            raise GradSampleError(
+                f"{call.path} ({type(call.module).__name__}): its input was modified in place after the layer "
+                "used it, so ghost mode cannot compute its gradient norms. Avoid in-place operations on "
+                "layer inputs (e.g. use ReLU(inplace=False) before this layer)."
+            )
+        g = to_batch_first(grad, call.batch_dim).detach()
+        record.backprops = g if record.backprops is None else record.backprops + g
+        record.scale = loss_scale(self.loss_reduction, call.rows) / self.K
+        self._groups = None
+        for p in accounted:  # used outside the layer by design (an RNN's recurrence): accounted for here
+            self._store._sampled.add(id(p))
+
+    def _ghost_params(self) -> list[nn.Parameter]:
+        return [p for _, m, _, _ in self._ghost_units for p in m.parameters(recurse=False)]
+
+    def _check_not_stale(self) -> None:
+        if not self._pending:
+            return
+        if not self._store.allow_accumulation:
+            raise GradSampleError(
+                "ghost mode holds the norms of an earlier batch and gradient accumulation is forbidden. "
+                "Call zero_grad() (on the model or the DP optimizer) before the next forward/backward, "
+                "or call allow_grad_accumulation()."
+            )
+        for p in self._ghost_params():
+            if id(p) in self._versions and p._version != self._versions[id(p)]:
+                raise GradSampleError(
+                        "ghost mode: the parameters changed after a backward pass whose clipped gradients "
+                        "were never used, so an optimizer stepped without them (in ghost mode p.grad is "
+                        "not filled). Use dpnotebook.privacy.ghost_optimizer.GhostDPOptimizer, e.g. through "
+                        "PrivacyEngine.make_private(grad_sample_mode='ghost'), or call zero_grad() between steps."
+                    )
+
+    # -- after backward: norms and weighted sums -------------------------------------
+    def _ghost_groups(self) -> list[tuple[int, dict[nn.Module, GhostGroup]]]:
+        """``(samples, {layer: group})`` for each forward pass since the last :meth:`zero_grad`."""
+        if self._groups is None:
+            groups = []
+            for fid, layers in self._pending.items():
+                rows = next(c.call.rows for calls in layers.values() for c in calls)
+                made = {}
+                for m, calls in layers.items():
+                    done = [c for c in calls if c.backprops is not None]
+                    if done:
+                        made[m] = self._makers[m](m, done, self.K, partial(self._scratch, m, len(groups)))
+                groups.append((rows // self.K, made))
+            self._groups = groups
+        return self._groups
+
+    def _scratch(self, m: nn.Module, ordinal: int, key: tuple, shape: tuple, like: Tensor) -> Tensor:
+        """A buffer kept from step to step for layer ``m`` (in the ``ordinal``-th forward since zero_grad)."""
+        full = (id(m), ordinal, key)
+        buf = self._buffers_kept.get(full)
+        if buf is None or tuple(buf.shape) != tuple(shape) or buf.dtype != like.dtype or buf.device != like.device:
+            buf = self._buffers_kept[full] = like.new_empty(shape)
+        return buf
+
+    def _trainable(self) -> list[nn.Parameter]:
+        return [p for p in self._module.parameters() if p.requires_grad]
+
+    def _samples(self) -> int:
+        ghost = sum(B for B, _ in self._ghost_groups())
+        sampled = {getattr(p, "grad_sample", None) is not None and p.grad_sample.shape[0] for p in self._trainable()} - {False}
+        if ghost and sampled and sampled != {ghost}:
+            raise GradSampleError(f"ghost layers saw {ghost} samples but materialised layers {sorted(sampled)}.")
+        return ghost or (sampled.pop() if sampled else 0)
+
+    def sq_norms(self) -> Grads:
+        """Every sample's squared gradient norm for each trainable parameter: ``{p: [B]}``."""
+        B = self._samples()
+        out: Grads = {}
+        offset = 0
+        for Bf, made in self._ghost_groups():
+            for group in made.values():
+                for p, sq in group.sq_norms().items():
+                    if p not in out:
+                        out[p] = sq.new_zeros(B)
+                    out[p][offset : offset + Bf] += sq
+            offset += Bf
+        for p in self._trainable():
+            gs = getattr(p, "grad_sample", None)
+            if gs is not None:
+                sq = gs.flatten(1).pow(2).sum(1)
+                out[p] = out[p] + sq if p in out else sq
+        return out
+
+    def per_sample_norms(self) -> Tensor:
+        """Every sample's total gradient norm (all parameters): shape ``[B]``."""
+        norms = list(self.sq_norms().values())
+        return torch.stack(norms).sum(0).sqrt() if norms else torch.zeros(self._samples())
+
+    def weighted_sums(self, weights: Tensor | Grads) -> Grads:
+        """``sum_b w_b * (sample b's gradient)`` for each trainable parameter reached by the batch.
+
+        Args:
+            weights: ``[B]`` (one weight per sample, e.g. flat clip factors) or ``{p: [B]}`` (per parameter).
+        """
+        per_param = isinstance(weights, dict)
+        out: Grads = {}
+        offset = 0
+        for Bf, made in self._ghost_groups():
+            for m, group in made.items():
+                w = {
+                    p: (weights[p] if per_param else weights)[offset : offset + Bf]
+                    for p in m.parameters(recurse=False)
+                    if p.requires_grad and (not per_param or p in weights)
+                }
+                for p, s in group.weighted_sums(w).items():
+                    out[p] = out[p] + s if p in out else s
+            offset += Bf
+        for p in self._trainable():
+            gs = getattr(p, "grad_sample", None)
+            if gs is not None and (not per_param or p in weights):
+                s = torch.tensordot((weights[p] if per_param else weights).to(gs.dtype), gs, dims=1)
+                out[p] = out[p] + s if p in out else s
+        return out
+
+    def clear_ghost(self) -> None:
+        """Forget the recorded activations and backprops (after their sums were taken)."""
+        self._pending, self._groups, self._versions = {}, None, {}
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear ``p.grad``, ``p.grad_sample`` and the recorded activations and backprops."""
+        super().zero_grad(set_to_none=set_to_none)
+        self.clear_ghost()
+
+    def __repr__(self) -> str:
+        return "Ghost" + super().__repr__()
+
+
+def ghost_owner(p: nn.Parameter) -> GhostGradSampleModule | None:
+    """The ghost wrapper whose model holds ``p`` (``None`` if there is none)."""
+    ref = getattr(p, "_dpn_ghost_owner", None)
+    return ref() if ref is not None else None
+
+
+__all__ = ["GhostGradSampleModule", "ghost_owner"]

@@ -1,0 +1,22 @@
+"""Registers grad-sample mode ``"ghost"`` (:mod:`dpnotebook.grad_sample.ghost`), imported on first use.
+
+>>> from torch import nn
+>>> from dpnotebook import wrap_model
+>>> type(wrap_model(nn.Linear(2, 2), "ghost")).__name__
+'GhostGradSampleModule'
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from dpnotebook.modes import register_mode
+
+
+@register_mode("ghost")
+def _ghost(module: nn.Module, **kwargs: Any) -> nn.Module:
+    from dpnotebook.grad_sample.ghost import GhostGradSampleModule
+
+    return GhostGradSampleModule(module, **kwargs)

@@ -1,0 +1,149 @@
+"""Per-sample gradient norms without per-sample gradients, and weighted sums in one pass.
+
+For a linear map applied at ``n`` positions of one sample (its ``K`` copies
+times ``T`` time steps, folded together), with inputs ``A`` ``[n, in]`` and
+backprops ``G`` ``[n, out]``, the sample's weight gradient is ``G^T A``.
+Its squared norm can be had two ways:
+
+* **direct**: form ``G^T A`` (``n*in*out`` multiply-adds, an ``[out, in]`` matrix);
+* **Gram** ("ghost norm"): ``||G^T A||^2 = <A A^T, G G^T>``, two ``[n, n]``
+  matrices (``n^2 * (in + out)``); cheaper when ``n`` is small next to ``in*out/(in+out)``.
+
+:func:`linear_sq_norms` picks the cheaper one. Once every sample's clip factor
+``c_b`` is known, the clipped sum needs no per-sample gradient either
+("book-keeping"): ``sum_b c_b G_b^T A_b = (c-weighted G)^T A`` is one matrix
+product over all rows (:func:`linear_weighted_sum`).
+
+>>> import torch
+>>> A, G = torch.randn(3, 5, 4), torch.randn(3, 5, 2)      # B=3 samples, n=5 positions
+>>> direct = torch.einsum("bno,bni->boi", G, A).flatten(1).pow(2).sum(1)
+>>> torch.allclose(linear_sq_norms(A, G, strategy="gram"), direct, rtol=1e-4)
+True
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+#: Largest scratch buffer (bytes) a direct norm computation fills at once; bigger batches go in chunks.
+CHUNK_BYTES = 32 * 2**20
+
+__all__ = [
+    "linear_strategy",
+    "linear_sq_norms",
+    "linear_weighted_sum",
+    "embedding_sq_norms",
+    "embedding_weighted_sum",
+    "repeat_rows",
+    "CHUNK_BYTES",
+]
+
+
+def linear_strategy(n: int, d_in: int, d_out: int) -> str:
+    """``"outer"`` (``n == 1``), ``"gram"`` or ``"direct"``: the cheaper way to get the norms.
+
+    >>> linear_strategy(1, 784, 512), linear_strategy(64, 128, 384), linear_strategy(1024, 128, 384)
+    ('outer', 'gram', 'direct')
+    """
+    if n <= 1:
+        return "outer"
+    return "gram" if n * n * (d_in + d_out) < n * d_in * d_out else "direct"
+
+
+def _chunk(B: int, per_sample: int, itemsize: int) -> int:
+    return max(1, min(B, CHUNK_BYTES // max(1, per_sample * itemsize)))
+
+
+def linear_sq_norms(A: Tensor, G: Tensor, *, strategy: str | None = None) -> Tensor:
+    """``||G_b^T A_b||_F^2`` for every sample ``b``: shape ``[B]``.
+
+    Args:
+        A: activations ``[B, n, in]``.
+        G: backprops ``[B, n, out]``.
+        strategy: ``"outer"``, ``"gram"`` or ``"direct"``; default: :func:`linear_strategy`.
+    """
+    B, n, d_in = A.shape
+    d_out = G.shape[-1]
+    strategy = strategy or linear_strategy(n, d_in, d_out)
+    if B == 0:
+        return A.new_zeros(0)
+    if strategy == "outer":  # n == 1: ||g a^T||^2 = ||g||^2 ||a||^2
+        return A.flatten(1).pow(2).sum(1) * G.flatten(1).pow(2).sum(1)
+    out = A.new_empty(B)
+    if strategy == "gram":
+        step = _chunk(B, 2 * n * n, A.element_size())
+        for s in range(0, B, step):
+            a, g = A[s : s + step], G[s : s + step]
+            out[s : s + step] = (torch.bmm(a, a.transpose(1, 2)) * torch.bmm(g, g.transpose(1, 2))).sum((1, 2))
+        return out
+    step = _chunk(B, d_in * d_out, A.element_size())
+    scratch = A.new_empty(step, d_out, d_in)
+    for s in range(0, B, step):
+        a, g = A[s : s + step], G[s : s + step]
+        per_sample = torch.bmm(g.transpose(1, 2), a, out=scratch[: a.shape[0]])
+        out[s : s + step] = per_sample.flatten(1).pow(2).sum(1)
+    return out
+
+
+def repeat_rows(weights: Tensor, n: int) -> Tensor:
+    """Each sample's weight repeated for its ``n`` rows: ``[B] -> [B*n, 1]``.
+
+    >>> repeat_rows(torch.tensor([1.0, 2.0]), 2).flatten().tolist()
+    [1.0, 1.0, 2.0, 2.0]
+    """
+    return weights.repeat_interleave(n).unsqueeze(1)
+
+
+def linear_weighted_sum(A: Tensor, G: Tensor, weights: Tensor) -> Tensor:
+    """``sum_b weights[b] * G_b^T A_b`` in one matrix product: shape ``[out, in]``.
+
+    >>> A, G, w = torch.randn(3, 2, 4), torch.randn(3, 2, 5), torch.rand(3)
+    >>> ref = torch.einsum("b,bno,bni->oi", w, G, A)
+    >>> torch.allclose(linear_weighted_sum(A, G, w), ref, atol=1e-5)
+    True
+    """
+    B, n, d_in = A.shape
+    d_out = G.shape[-1]
+    rows = repeat_rows(weights.to(A.dtype), n)
+    a, g = A.reshape(B * n, d_in), G.reshape(B * n, d_out)
+    if d_in < d_out:
+        return torch.mm(g.t(), a * rows)
+    return torch.mm((g * rows).t(), a)
+
+
+def embedding_sq_norms(idx: Tensor, G: Tensor, V: int) -> Tensor:
+    """Squared norm of each sample's embedding gradient, by matching indices: shape ``[B]``.
+
+    Sample ``b`` adds ``G[b, t]`` to row ``idx[b, t]``; positions with equal
+    indices add up before squaring. One sort (``unique``) finds them all.
+
+    Args:
+        idx: ``[B, n]`` indices (positions to leave out already have zero backprops).
+        G: ``[B, n, D]`` backprops.
+        V: number of embeddings.
+
+    >>> idx = torch.tensor([[1, 1, 2]])
+    >>> G = torch.tensor([[[1.0], [2.0], [5.0]]])
+    >>> embedding_sq_norms(idx, G, V=3)      # (1 + 2)^2 + 5^2
+    tensor([34.])
+    """
+    B, n = idx.shape
+    if B == 0 or n == 0:
+        return G.new_zeros(B)
+    sample = torch.arange(B, device=idx.device).repeat_interleave(n)
+    keys, inverse = torch.unique(sample * V + idx.reshape(-1), return_inverse=True)
+    summed = G.new_zeros(keys.shape[0], G.shape[-1]).index_add_(0, inverse, G.reshape(B * n, -1))
+    return G.new_zeros(B).index_add_(0, torch.div(keys, V, rounding_mode="floor"), summed.pow(2).sum(1))
+
+
+def embedding_weighted_sum(idx: Tensor, G: Tensor, weights: Tensor, V: int) -> Tensor:
+    """``sum_b weights[b] * (sample b's embedding gradient)``: shape ``[V, D]``.
+
+    >>> embedding_weighted_sum(torch.tensor([[0, 1]]), torch.ones(1, 2, 1), torch.tensor([0.5]), V=2)
+    tensor([[0.5000],
+            [0.5000]])
+    """
+    B, n = idx.shape
+    rows = repeat_rows(weights.to(G.dtype), n)
+    return G.new_zeros(V, G.shape[-1]).index_add_(0, idx.reshape(-1), G.reshape(B * n, -1) * rows)

@@ -1,0 +1,355 @@
+"""Ghost mode against the float64 oracle: per-sample norms and clipped sums, layer by layer and whole models.
+
+The oracle is ``reference_grad_samples`` (one backward per row), then the
+norms, clip factors and clipped sums of ``clip_and_sum``. Ghost mode never
+forms most per-sample gradients, so it is judged by those two results.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import dpnotebook
+from dpnotebook import GradSampleError
+from dpnotebook.benchmarks.models import SampleConvNet, SmallResNetGN, TextTransformer
+from dpnotebook.grad_sample.ghost import GhostGradSampleModule
+from dpnotebook.grad_sample.ghost_norms import linear_sq_norms
+from dpnotebook.layers import DPGRU, DPLSTM, DPMultiheadAttention
+from dpnotebook.privacy.clipping import clip_and_sum, clip_factors, layer_thresholds
+from dpnotebook.privacy.ghost_optimizer import GhostDPOptimizer
+from dpnotebook.testing import dot_loss, random_target, reference_grad_samples
+
+TOL = 1e-10
+
+
+def ghost_results(model, inputs, target, *, K, reduction, C, clipping="flat", batch_first=True):
+    """``(norms, clipped sums by parameter name, wrapper)`` from ghost mode (on a copy of ``model``)."""
+    model = copy.deepcopy(model)
+    wrapped = dpnotebook.wrap_model(model, "ghost", K=K, loss_reduction=reduction, batch_first=batch_first)
+    out = wrapped(*inputs)
+    loss = dot_loss(out, target)
+    if reduction == "mean":
+        loss = loss / target.shape[0 if batch_first else 1]
+    loss.backward()
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    sq = wrapped.sq_norms()
+    B = wrapped.per_sample_norms().shape[0]
+    layer_sq = torch.stack([sq[p] if p in sq else p.new_zeros(B) for _, p in named])
+    norms = layer_sq.sum(0).sqrt()
+    if clipping == "flat":
+        weights = clip_factors(norms, C)
+    else:
+        factors = clip_factors(layer_sq.sqrt(), layer_thresholds(C, len(named)))
+        weights = {p: f for (_, p), f in zip(named, factors)}
+    sums = wrapped.weighted_sums(weights)
+    return norms, {n: sums.get(p, torch.zeros_like(p)) for n, p in named}, wrapped
+
+
+def check(model, *inputs, K=1, reduction="mean", C=None, clipping="flat", batch_first=True):
+    """Ghost norms and clipped sums equal the oracle's (to float64 roundoff); returns the wrapper."""
+    model = model.to(torch.float64)
+    inputs = tuple(x.double() if x.is_floating_point() else x for x in inputs)
+    target = random_target(model, inputs)
+    ref = reference_grad_samples(model, inputs, target=target, K=K, batch_first=batch_first)
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    oracle_norms = clip_and_sum([ref[n] for n in names], max_grad_norm=1e9).norms
+    C = C if C is not None else float(oracle_norms.median()) if oracle_norms.numel() else 1.0  # some clipped, some not
+    oracle = clip_and_sum([ref[n] for n in names], max_grad_norm=C, clipping=clipping)
+    norms, sums, wrapped = ghost_results(
+        model, inputs, target, K=K, reduction=reduction, C=C, clipping=clipping, batch_first=batch_first
+    )
+    scale = max(1.0, float(oracle.norms.max()) if oracle.norms.numel() else 1.0)
+    torch.testing.assert_close(norms, oracle.norms, rtol=TOL, atol=TOL * scale)
+    for n, s in zip(names, oracle.summed):
+        torch.testing.assert_close(sums[n], s, rtol=TOL, atol=TOL * scale, msg=lambda m: f"{n}: {m}")
+    return wrapped
+
+
+# -- the math -------------------------------------------------------------------------
+@pytest.mark.parametrize("strategy", ["gram", "direct"])
+def test_linear_norm_strategies_agree(strategy: str) -> None:
+    A, G = torch.randn(5, 7, 4, dtype=torch.float64), torch.randn(5, 7, 3, dtype=torch.float64)
+    direct = torch.einsum("bno,bni->boi", G, A).flatten(1).pow(2).sum(1)
+    torch.testing.assert_close(linear_sq_norms(A, G, strategy=strategy), direct)
+
+
+# -- layer by layer -------------------------------------------------------------------
+@pytest.mark.parametrize("K", [1, 3])
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("extra", [(), (6,), (2, 3)])
+def test_linear_with_sequence_dims(K: int, reduction: str, extra: tuple) -> None:
+    check(nn.Linear(4, 3), torch.randn(2 * K, *extra, 4), K=K, reduction=reduction)
+
+
+def test_linear_long_sequence_uses_gram_and_batch_first_false() -> None:
+    wrapped = check(nn.Linear(3, 40), torch.randn(12, 4, 3), K=2, batch_first=False)  # [T, B*K, d]
+    assert wrapped.units == [("model", "ghost")]
+
+
+def test_linear_frozen_bias_and_per_layer_clipping() -> None:
+    layer = nn.Linear(5, 4)
+    layer.bias.requires_grad_(False)
+    check(layer, torch.randn(6, 3, 5), K=2, clipping="per_layer")
+
+
+@pytest.mark.parametrize("K", [1, 3])
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_embedding_repeated_indices_and_padding(K: int, reduction: str) -> None:
+    emb = nn.Embedding(6, 4, padding_idx=0)
+    tokens = torch.tensor([[1, 1, 0, 2], [3, 0, 3, 3], [5, 5, 5, 1]]).repeat_interleave(K, 0)
+    tokens[::2, -1] = 4  # copies of a sample differ
+    check(emb, tokens, K=K, reduction=reduction)
+
+
+@pytest.mark.parametrize("K", [1, 3])
+@pytest.mark.parametrize(
+    "conv,shape",
+    [
+        (nn.Conv1d(2, 3, 3, padding=1), (2, 9)),
+        (nn.Conv2d(2, 4, 3, stride=2, padding=1), (2, 7, 7)),
+        (nn.Conv2d(4, 4, 3, groups=2, padding="same"), (4, 5, 5)),
+        (nn.Conv2d(2, 3, 2, padding=1, padding_mode="reflect", dilation=2), (2, 6, 6)),
+        (nn.Conv2d(2, 3, 3, bias=False), (2, 40, 40)),  # large image: the vmap path
+        (nn.Conv3d(1, 2, 2), (1, 3, 4, 4)),
+    ],
+)
+def test_convolutions(conv: nn.Module, shape: tuple, K: int) -> None:
+    check(conv, torch.randn(2 * K, *shape), K=K, reduction="sum" if K == 3 else "mean")
+
+
+@pytest.mark.parametrize(
+    "layer,shape",
+    [
+        (nn.LayerNorm(4), (3, 4)),
+        (nn.GroupNorm(2, 4), (4, 3, 3)),
+        (nn.RMSNorm(4), (2, 4)),
+        (nn.InstanceNorm1d(3, affine=True), (3, 5)),  # no ghost handler: its hooks sampler
+    ],
+)
+@pytest.mark.parametrize("K", [1, 3])
+def test_norm_layers(layer: nn.Module, shape: tuple, K: int) -> None:
+    check(layer, torch.randn(2 * K, *shape), K=K)
+
+
+@pytest.mark.parametrize("K", [1, 2])
+def test_dp_attention_self_and_cross(K: int) -> None:
+    class Attend(nn.Module):
+        def __init__(self, kdim: int = 4, **kw: object) -> None:
+            super().__init__()
+            self.kdim = kdim
+            self.att = DPMultiheadAttention(4, 2, batch_first=True, kdim=kdim, **kw)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            k = x[..., : self.kdim]
+            self_att = self.att(x, k, x)[0].sum(1) if self.kdim != 4 else self.att(x, x, x)[0].sum(1)
+            return self_att + self.att(x[:, :2], k, x)[0].sum(1)  # and again, with other queries
+
+    check(Attend(), torch.randn(2 * K, 5, 4), K=K)  # packed q/k/v weight: row windows
+    wrapped = check(Attend(kdim=3, add_bias_kv=True), torch.randn(2 * K, 5, 4), K=K)  # shared bias: materialised
+    assert dict(wrapped.units)["model.att.q_in_proj"] == "in_projection_grad_sampler"
+
+
+@pytest.mark.parametrize("rnn", [DPLSTM(3, 4, num_layers=2, bidirectional=True, batch_first=True), DPGRU(3, 4, batch_first=True)])
+@pytest.mark.parametrize("K", [1, 3])
+def test_dp_recurrent_layers(rnn: nn.Module, K: int) -> None:
+    class Last(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rnn = copy.deepcopy(rnn)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.rnn(x)[0][:, -1]
+
+    wrapped = check(Last(), torch.randn(2 * K, 5, 3), K=K)
+    assert all(how == "ghost" for _, how in wrapped.units)
+
+
+# -- whole models, fallbacks, shared weights --------------------------------------------
+class TiedLM(nn.Module):
+    """The output layer reuses the embedding matrix: shared weights are materialised."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(9, 5)
+        self.mix = nn.Linear(5, 5)
+        self.out = nn.Linear(5, 9, bias=False)
+        self.out.weight = self.embed.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.tanh(self.mix(self.embed(tokens)))).mean(1)
+
+
+class Scale(nn.Module):
+    """A layer with no grad sampler at all: torch.func computes it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.linspace(0.5, 2.0, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.w
+
+
+class WithFallbacks(nn.Module):
+    """Layers ghost mode leaves to the hooks engine: torch.func ones, an EmbeddingBag (its own sampler)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bag = nn.EmbeddingBag(7, 4, mode="mean")
+        self.fc = nn.Linear(4, 4)
+        self.act = nn.PReLU()
+        self.scale = Scale()
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.scale(self.act(self.fc(self.bag(tokens))))
+
+
+@pytest.mark.parametrize("K", [1, 3])
+@pytest.mark.parametrize(
+    "make,data",
+    [
+        (SampleConvNet, lambda n: torch.randn(n, 1, 28, 28)),
+        (lambda: SmallResNetGN((8, 8, 16)), lambda n: torch.randn(n, 3, 8, 8)),
+        (lambda: TextTransformer(d=8), lambda n: torch.randint(0, 50, (n, 6))),
+        (TiedLM, lambda n: torch.randint(0, 9, (n, 4))),
+        (WithFallbacks, lambda n: torch.randint(0, 7, (n, 3))),
+    ],
+)
+def test_composite_models(make, data, K: int) -> None:
+    wrapped = check(make(), data(2 * K), K=K, reduction="sum" if K == 1 else "mean")
+    if make is TiedLM:
+        assert dict(wrapped.units)["model.embed"] != "ghost"  # shared with model.out: materialised
+    if make is WithFallbacks:
+        assert dict(wrapped.units) == {
+            "model.bag": "embedding_bag_grad_sampler", "model.fc": "ghost", "model.act": "torch.func", "model.scale": "torch.func",
+        }
+
+
+def test_layer_called_twice_joins_its_calls() -> None:
+    class Twice(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(3, 3)
+            self.emb = nn.Embedding(5, 3)
+
+        def forward(self, t: torch.Tensor) -> torch.Tensor:
+            h = self.emb(t) + self.emb(t.flip(1))
+            return self.lin(torch.tanh(self.lin(h))).sum(1)
+
+    check(Twice(), torch.randint(0, 5, (4, 3)), K=2)
+
+
+def test_inplace_relu_after_a_layer_and_empty_batch() -> None:
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(inplace=True), nn.Linear(4, 2))
+    check(model, torch.randn(6, 3), K=2)
+    wrapped = dpnotebook.wrap_model(nn.Linear(3, 2), "ghost")
+    wrapped(torch.randn(0, 3)).sum().backward()
+    assert wrapped.per_sample_norms().shape == (0,)
+
+
+# -- refusals and guards ----------------------------------------------------------------
+def test_parameter_used_outside_its_layer_is_an_error() -> None:
+    class Outside(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(3, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(x) + F.linear(x, self.fc.weight)
+
+    wrapped = dpnotebook.wrap_model(Outside(), "ghost")
+    with pytest.raises(GradSampleError, match=r"received \.grad but no grad_sample: \['fc.weight'\]"):
+        wrapped(torch.randn(2, 3)).sum().backward()
+
+
+def test_input_modified_in_place_after_use_is_an_error() -> None:
+    class Clobber(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(3, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = torch.tanh(x)
+            out = self.fc(h)
+            h.mul_(2)
+            return out
+
+    wrapped = dpnotebook.wrap_model(Clobber(), "ghost")
+    with pytest.raises(GradSampleError, match="modified in place"):
+        wrapped(torch.randn(2, 3)).sum().backward()
+
+
+def test_stepping_a_plain_optimizer_without_the_clipped_sums_is_caught() -> None:
+    wrapped = dpnotebook.wrap_model(nn.Linear(3, 2), "ghost")
+    opt = torch.optim.SGD(wrapped.parameters(), lr=0.1)
+    wrapped(torch.randn(4, 3)).sum().backward()
+    assert wrapped.weight.grad is None  # ghost mode leaves p.grad alone
+    with torch.no_grad():
+        wrapped.weight.add_(1.0)  # what any optimizer step would do
+    opt.zero_grad()
+    with pytest.raises(GradSampleError, match="GhostDPOptimizer"):
+        wrapped(torch.randn(4, 3))
+
+
+def test_force_functorch_and_unwrap() -> None:
+    with pytest.raises(ValueError, match="force_functorch"):
+        GhostGradSampleModule(nn.Linear(2, 2), force_functorch=True)
+    layer = nn.Linear(2, 2)
+    wrapped = dpnotebook.wrap_model(layer, "ghost")
+    assert wrapped.to_standard_module() is layer
+    assert not hasattr(layer.weight, "_dpn_ghost_owner")
+    layer(torch.randn(3, 2)).sum().backward()
+    assert layer.weight.grad is not None  # plain PyTorch again
+
+
+# -- the optimizer --------------------------------------------------------------------
+@pytest.mark.parametrize("clipping", ["flat", "per_layer"])
+def test_ghost_optimizer_matches_oracle_with_virtual_steps(clipping: str) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(8, 4), nn.Linear(4, 3)).double()
+    batches = [torch.randint(0, 8, (3, 5)), torch.randint(0, 8, (2, 5))]
+    targets = [torch.randn(3, 5, 3, dtype=torch.float64), torch.randn(2, 5, 3, dtype=torch.float64)]
+    C = 0.5
+    names = [n for n, _ in model.named_parameters()]
+    expected = None
+    for x, t in zip(batches, targets):
+        ref = reference_grad_samples(model, [x], target=t)
+        summed = clip_and_sum([ref[n] for n in names], max_grad_norm=C, clipping=clipping).summed
+        expected = summed if expected is None else [a + b for a, b in zip(expected, summed)]
+    ghost = copy.deepcopy(model)
+    wrapped = dpnotebook.wrap_model(ghost, "ghost", loss_reduction="sum")
+    opt = GhostDPOptimizer(torch.optim.SGD(wrapped.parameters(), lr=1.0), noise_multiplier=0.0, max_grad_norm=C,
+                           expected_batch_size=5, loss_reduction="sum", clipping=clipping)
+    before = [p.detach().clone() for p in ghost.parameters()]
+    for x, t in zip(batches, targets):
+        dot_loss(wrapped(x), t).backward()
+        opt.virtual_step() if x is batches[0] else opt.step()
+    for b, p, e in zip(before, ghost.parameters(), expected):
+        torch.testing.assert_close(b - p.detach(), e, rtol=1e-10, atol=1e-12)
+    assert opt.last_step_stats.batch_size == 5 and opt.last_step_stats.virtual_steps == 2
+
+
+def test_make_private_ghost_trains() -> None:
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from dpnotebook.privacy import PrivacyEngine
+
+    data = TensorDataset(torch.randn(32, 4), torch.randint(0, 2, (32,)))
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    engine = PrivacyEngine(accountant="rdp")
+    model, opt, loader = engine.make_private(
+        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), data_loader=DataLoader(data, batch_size=8),
+        noise_multiplier=1.0, max_grad_norm=1.0, grad_sample_mode="ghost",
+    )
+    assert isinstance(opt, GhostDPOptimizer)
+    for x, y in loader:
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    assert len(engine.accountant) == len(loader)
+    assert all(torch.isfinite(p).all() for p in model.parameters())
