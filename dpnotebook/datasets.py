@@ -11,10 +11,12 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch.utils.data import TensorDataset
 
-__all__ = ["load_digits_tensors", "split_tensors", "make_order_task"]
+__all__ = ["load_digits_tensors", "split_tensors", "make_order_task", "random_shift"]
 
 
 def split_tensors(
@@ -98,3 +100,32 @@ def make_order_task(
     tokens[rows, positions[:, 1]] = 2
     labels = (positions[:, 0] < positions[:, 1]).long()
     return split_tensors(tokens, labels, test_fraction=test_fraction, seed=seed)
+
+
+def random_shift(max_shift: int = 1, *, seed: int = 0) -> Callable[[torch.Tensor], torch.Tensor]:
+    """An augmentation for images ``[C, H, W]``: shift by up to ``max_shift`` pixels each way, zero-filled.
+
+    Each call draws a new shift from the augmentation's own seeded generator, so a
+    run is reproducible. Use it with :func:`dpnotebook.privacy.augmult_data_loader`.
+
+    >>> import torch
+    >>> shift = random_shift(1, seed=0)
+    >>> image = torch.zeros(1, 3, 3); image[0, 1, 1] = 1.0
+    >>> moved = shift(image)
+    >>> moved.shape, float(moved.sum())
+    (torch.Size([1, 3, 3]), 1.0)
+    """
+    if not isinstance(max_shift, int) or max_shift < 0:
+        raise ValueError(f"max_shift={max_shift!r} is invalid: use an int >= 0 (pixels).")
+    g = torch.Generator().manual_seed(seed)
+
+    def shift(image: torch.Tensor) -> torch.Tensor:
+        dy, dx = (int(v) for v in torch.randint(-max_shift, max_shift + 1, (2,), generator=g))
+        h, w = image.shape[-2:]
+        out = torch.zeros_like(image)
+        out[..., max(dy, 0) : h + min(dy, 0), max(dx, 0) : w + min(dx, 0)] = image[
+            ..., max(-dy, 0) : h + min(-dy, 0), max(-dx, 0) : w + min(-dx, 0)
+        ]
+        return out
+
+    return shift
