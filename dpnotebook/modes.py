@@ -7,7 +7,7 @@
 >>> dpnotebook.wrap_model(nn.Linear(2, 2), "jax")
 Traceback (most recent call last):
 ...
-ValueError: grad_sample_mode='jax' is unknown; choose one of ['ew', 'functorch', 'hooks'].
+ValueError: grad_sample_mode='jax' is unknown; choose one of ['ew', 'functorch', ...].
 """
 
 from __future__ import annotations
