@@ -8,26 +8,28 @@ import pytest
 
 from dpnotebook.capabilities import FEATURES, capability_markdown, capability_table
 
-EXPECTED = {  # feature: (ew, functorch, hooks)
-    "batch_first=False": ("no", "yes", "yes"),
-    "recurrent (DPLSTM)": ("no", "yes", "yes"),
-    "padding='same'": ("yes", "yes", "yes"),
-    "empty batch": ("no", "yes", "yes"),
-    "K > 1": ("yes", "yes", "yes"),
-    "custom grad sampler": ("no", "yes", "yes"),
-    "native nn.LSTM": ("yes", "yes", "no"),
-    "native nn.MultiheadAttention": ("no", "yes", "no"),
-    "DPMultiheadAttention": ("no", "yes", "yes"),
+MODES = ("ew", "functorch", "ghost", "hooks")
+EXPECTED = {  # feature: (ew, functorch, ghost, hooks); ghost compares per-sample norms
+    "batch_first=False": ("no", "yes", "yes", "yes"),
+    "recurrent (DPLSTM)": ("no", "yes", "yes", "yes"),
+    "padding='same'": ("yes", "yes", "yes", "yes"),
+    "empty batch": ("no", "yes", "yes", "yes"),
+    "K > 1": ("yes", "yes", "yes", "yes"),
+    "custom grad sampler": ("no", "yes", "yes", "yes"),
+    "native nn.LSTM": ("yes", "yes", "no", "no"),
+    "native nn.MultiheadAttention": ("no", "yes", "no", "no"),
+    "DPMultiheadAttention": ("no", "yes", "yes", "yes"),
 }
 
 
 @pytest.fixture(scope="module")
 def table():
-    return capability_table(modes=["ew", "functorch", "hooks"])
+    return capability_table()
 
 
 def test_table_matches_what_the_modes_do(table) -> None:
-    got = {row.feature: tuple(row.cells[m].status for m in ("ew", "functorch", "hooks")) for row in table}
+    assert tuple(table[0].cells) == MODES, "a mode was added or removed: extend EXPECTED"
+    got = {row.feature: tuple(row.cells[m].status for m in MODES) for row in table}
     assert got == EXPECTED
 
 
@@ -46,4 +48,4 @@ def test_every_refusal_names_the_way_out(table) -> None:
 def test_markdown_has_a_row_per_feature(table) -> None:
     lines = capability_markdown(table).splitlines()
     assert len(lines) == 2 + len(FEATURES)
-    assert lines[0] == "| feature | ew | functorch | hooks |"
+    assert lines[0] == "| feature | " + " | ".join(MODES) + " |"
