@@ -14,25 +14,10 @@ import torch.nn.functional as F
 from torch import nn
 
 import dpnotebook
+from dpnotebook.benchmarks.models import SampleConvNet
 from dpnotebook import GradSampleError, GradSampleModule, UnsupportedModuleError, register_grad_sampler
 from dpnotebook.grad_sample import unregister_grad_sampler
 from dpnotebook.testing import reference_grad_samples
-
-
-class SampleConvNet(nn.Module):
-    """The example network of the Opacus README (MNIST-sized)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(1, 16, 8, 2, padding=3)
-        self.conv2 = nn.Conv2d(16, 32, 4, 2)
-        self.fc1 = nn.Linear(32 * 4 * 4, 32)
-        self.fc2 = nn.Linear(32, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.max_pool2d(F.relu(self.conv1(x)), 2, 1)
-        x = F.max_pool2d(F.relu(self.conv2(x)), 2, 1)
-        return self.fc2(F.relu(self.fc1(x.flatten(1))))
 
 
 class TinyTransformerBlock(nn.Module):

@@ -31,7 +31,7 @@ from torch.autograd.graph import register_multi_grad_hook
 from torch.utils._pytree import tree_flatten
 
 from dpnotebook.errors import GradSampleError
-from dpnotebook.grad_sample.module import LOSS_REDUCTIONS, check_k
+from dpnotebook.grad_sample.module import check_k, check_loss_reduction
 from dpnotebook.validation import Problem, raise_if_problems, validate
 
 
@@ -82,8 +82,7 @@ class GradSampleModuleExpandedWeights(nn.Module):
                 f"grad_sample_mode='ew' cannot handle batch_first={batch_first!r}: ExpandedWeights "
                 "needs the batch in dim 0. Use grad_sample_mode='hooks' or 'functorch'."
             )
-        if loss_reduction not in LOSS_REDUCTIONS:
-            raise ValueError(f"loss_reduction={loss_reduction!r} is invalid; use one of {LOSS_REDUCTIONS}.")
+        check_loss_reduction(loss_reduction)
         if force_functorch:
             raise ValueError("force_functorch=True has no meaning in grad_sample_mode='ew'; use 'functorch'.")
         K = check_k(K)

@@ -16,7 +16,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from dpnotebook.errors import GradSampleError, UnsupportedModuleError
+from dpnotebook.errors import GradSampleError
 from dpnotebook.grad_sample.hooks import LayerHooks
 from dpnotebook.grad_sample.ownership import check_not_wrapped
 from dpnotebook.grad_sample.registry import SamplerEntry, find_grad_sampler
@@ -40,6 +40,22 @@ def check_k(K: Any) -> int:
             "an int >= 1 (K=1 means no augmentation multiplicity)."
         )
     return K
+
+
+def check_loss_reduction(loss_reduction: Any) -> str:
+    """Validate ``loss_reduction``: how the user's loss combines the batch's rows.
+
+    >>> check_loss_reduction("avg")
+    Traceback (most recent call last):
+    ...
+    ValueError: loss_reduction='avg' is invalid; use one of ('mean', 'sum'): 'mean' if your loss averages over the batch's rows, 'sum' if it adds them up.
+    """
+    if loss_reduction not in LOSS_REDUCTIONS:
+        raise ValueError(
+            f"loss_reduction={loss_reduction!r} is invalid; use one of {LOSS_REDUCTIONS}: "
+            "'mean' if your loss averages over the batch's rows, 'sum' if it adds them up."
+        )
+    return loss_reduction
 
 
 def plan_units(
@@ -117,11 +133,7 @@ class GradSampleModule(nn.Module):
     ) -> None:
         if not isinstance(module, nn.Module):
             raise TypeError(f"module must be an nn.Module, got {type(module).__name__}.")
-        if loss_reduction not in LOSS_REDUCTIONS:
-            raise ValueError(
-                f"loss_reduction={loss_reduction!r} is invalid; use one of {LOSS_REDUCTIONS}: "
-                "'mean' if your loss averages over the batch's rows, 'sum' if it adds them up."
-            )
+        check_loss_reduction(loss_reduction)
         if not isinstance(batch_first, bool):
             raise ValueError(f"batch_first={batch_first!r} is invalid; use True or False.")
         K = check_k(K)
@@ -250,4 +262,4 @@ class GradSampleModule(nn.Module):
         return f"GradSampleModule(K={self.K}, loss_reduction={self.loss_reduction!r}, batch_first={self.batch_first},\n  {self._module!r})"
 
 
-__all__ = ["GradSampleModule", "plan_units", "check_k", "UnsupportedModuleError"]
+__all__ = ["GradSampleModule", "plan_units", "check_k", "check_loss_reduction", "LOSS_REDUCTIONS"]

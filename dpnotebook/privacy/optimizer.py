@@ -37,6 +37,7 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
+from dpnotebook.grad_sample.module import LOSS_REDUCTIONS  # one definition for wrappers and optimizers
 from dpnotebook.privacy.arguments import (
     check_choice,
     check_max_grad_norm,
@@ -47,8 +48,6 @@ from dpnotebook.privacy.clipping import CLIPPING_MODES, clip_and_sum
 from dpnotebook.privacy.noise import gaussian_noise
 
 __all__ = ["DPOptimizer", "StepStats"]
-
-LOSS_REDUCTIONS = ("mean", "sum")
 
 
 @dataclass
