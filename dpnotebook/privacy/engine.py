@@ -130,7 +130,8 @@ class PrivacyEngine:
                 ``poisson_sampling`` it is replaced by a :class:`DPDataLoader`.
             noise_multiplier: sigma (>= 0).
             max_grad_norm: C (> 0).
-            grad_sample_mode: how per-sample gradients are computed (``"hooks"``, ``"functorch"``, ...).
+            grad_sample_mode: how per-sample gradients are computed (``"hooks"``, ``"functorch"``, ...;
+                ``"ghost"``: only their norms, with a :class:`~dpnotebook.privacy.ghost_optimizer.GhostDPOptimizer`).
             K: augmented rows per sample (augmentation multiplicity); the loader
                 must yield ``B*K`` rows, sample-major, e.g. with
                 :class:`~dpnotebook.privacy.data_loader.AugmultCollate`.
@@ -183,7 +184,12 @@ class PrivacyEngine:
             expected_batch_size = data_loader.batch_size or sample_rate * self.dataset_size
         self.sample_rate = sample_rate
 
-        dp_optimizer = DPOptimizer(
+        optimizer_class = DPOptimizer
+        if getattr(module, "grad_sample_mode", None) == "ghost":  # no p.grad_sample: norms and sums come from the wrapper
+            from dpnotebook.privacy.ghost_optimizer import GhostDPOptimizer
+
+            optimizer_class = GhostDPOptimizer
+        dp_optimizer = optimizer_class(
             optimizer,
             noise_multiplier=noise_multiplier,
             max_grad_norm=max_grad_norm,
