@@ -57,9 +57,11 @@ Grads = dict[nn.Parameter, Tensor]
 class _Tap(torch.autograd.Function):
     """Identity on a layer's output that hands the output's gradient to ``sink``.
 
-    Its inputs include the layer's parameters, so the output requires grad even
-    when nothing before the layer does; ``mark_dirty`` returns the very tensor
-    (no view), so in-place operations after the layer (``ReLU(inplace=True)``) work.
+    Used where nothing before the layer requires grad (the model's first layers):
+    its inputs include the layer's parameters, so the output requires grad all
+    the same. ``mark_dirty`` returns the very tensor (no view), so in-place
+    operations after the layer (``ReLU(inplace=True)``) work. Elsewhere a plain
+    tensor hook on the output does (no graph change at all).
     """
 
     @staticmethod
@@ -230,6 +232,9 @@ class GhostGradSampleModule(GradSampleModule):
             self._store.marks[id(p)] = _grad_mark(p)
         accounted = [saved[n] for n in outside if n in saved]
         sink = partial(self._on_backprops, record, versions, accounted)
+        if output.requires_grad:  # the input carries the graph: a hook on the output is enough
+            output.register_hook(sink)
+            return None
         return _Tap.apply(output, sink, *saved.values())
 
     def _batch_dim(self, m: nn.Module) -> int:

@@ -4,15 +4,17 @@ A convolution's weight is small next to its activations, so ghost mode forms
 the per-sample weight gradients (``[B, *weight.shape]``) and takes their norms
 and, later, their weighted sum. Two ways to form them, chosen by shape:
 
-* ``"unfold"``: im2col (``F.unfold``) and one batched matrix product per chunk,
-  ``[B, C_out, n] x [B, n, C_in*k*k]`` with ``n = K * positions``; the fastest
-  for small images or few input channels (``Conv2d`` with ``groups=1``);
+* ``"unfold"``: im2col (strided views, one copy) and one batched matrix product per chunk,
+  ``[B, C_out, n] x [B, n, C_in*k*k]`` with ``n = K * positions``; often the
+  fastest for small images or few input channels (``Conv2d`` with ``groups=1``);
 * ``"vmap"``: the ordinary weight gradient of each sample's ``K`` rows, batched
   with ``vmap`` (:func:`~dpnotebook.grad_sample.conv.conv_weight_grad_per_sample`);
-  as fast as the batch's own weight gradient for large images.
+  often as fast as the batch's own weight gradient for large images.
 
-Both write chunk by chunk into a buffer that the caller keeps from one step to
-the next, so that no large tensor is allocated (and page-faulted) per step.
+Which is faster depends on shapes, threads and machine: :func:`conv_method`
+times both once per layer shape. Both write chunk by chunk into a buffer that
+the caller keeps from one step to the next, so that no large tensor is
+allocated (and page-faulted) per step.
 
 >>> import torch
 >>> from torch import nn
@@ -27,42 +29,74 @@ True
 
 from __future__ import annotations
 
+import time
+
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dpnotebook.grad_sample.conv import _explicit_padding, conv_weight_grad_per_sample
+from dpnotebook.grad_sample.conv import conv_weight_grad_per_sample, unfold_patches
 
 #: Bytes of scratch (im2col patches, vmap results) per chunk of samples.
 CHUNK_BYTES = 8 * 2**20
 
 
-def conv_method(layer: nn.modules.conv._ConvNd, positions: int) -> str:
-    """``"unfold"`` or ``"vmap"`` for a layer whose output has ``positions`` pixels per row.
+#: Fastest method found for each layer configuration and input shape (see :func:`conv_method`).
+_CHOSEN: dict[tuple, str] = {}
 
+
+def _methods(layer: nn.modules.conv._ConvNd) -> list[str]:
+    return ["unfold", "vmap"] if isinstance(layer, nn.Conv2d) and layer.groups == 1 else ["vmap"]
+
+
+def conv_method(layer: nn.modules.conv._ConvNd, x: Tensor, g: Tensor, K: int) -> str:
+    """``"unfold"`` or ``"vmap"``: whichever ran faster on this layer's configuration and input shape.
+
+    Which is faster depends on the shapes, the machine and the thread count in
+    ways no simple rule captures, so both are timed once, on a few samples of
+    the first batch, and the choice is kept for later batches of that shape.
+    Both give the same gradients (up to rounding).
+
+    >>> import torch
     >>> from torch import nn
-    >>> conv_method(nn.Conv2d(32, 32, 3), 32 * 32), conv_method(nn.Conv2d(64, 128, 3), 8 * 8)
-    ('vmap', 'unfold')
+    >>> conv_method(nn.Conv1d(2, 3, 3), torch.randn(4, 2, 8), torch.randn(4, 3, 6), K=1)
+    'vmap'
     """
-    if not isinstance(layer, nn.Conv2d) or layer.groups != 1:
-        return "vmap"
-    patch = layer.in_channels * layer.kernel_size[0] * layer.kernel_size[1]
-    return "vmap" if positions >= 512 and patch >= 64 else "unfold"
+    methods = _methods(layer)
+    if len(methods) == 1:
+        return methods[0]
+    key = (layer.in_channels, layer.out_channels, layer.kernel_size, layer.stride, layer.padding, layer.dilation,
+           layer.padding_mode, tuple(x.shape[1:]), K, x.dtype, x.device)
+    if key not in _CHOSEN:
+        rows = min(x.shape[0], 16 * K)
+        xs, gs = x[:rows], g[:rows]
+        out = x.new_empty(rows // K, *layer.weight.shape)
+        timed = {m: min(_time(layer, xs, gs, K, out, m) for _ in range(2)) for m in methods}
+        _CHOSEN[key] = min(timed, key=timed.get)
+    return _CHOSEN[key]
+
+
+def _time(layer: nn.modules.conv._ConvNd, x: Tensor, g: Tensor, K: int, out: Tensor, method: str) -> float:
+    sync = torch.cuda.synchronize if x.is_cuda else (lambda: None)
+    sync()
+    start = time.perf_counter()
+    conv_per_sample_grads(layer, x, g, K, out, method)
+    sync()
+    return time.perf_counter() - start
 
 
 def _unfold_chunk(layer: nn.Conv2d, x: Tensor, g: Tensor, K: int) -> Tensor:
-    """``[b, C_out, C_in*kh*kw]``: per-sample gradients of ``b = rows/K`` samples by im2col."""
-    pads = _explicit_padding(layer)
-    if layer.padding_mode != "zeros" or pads[0::2] != pads[1::2]:
-        x = F.pad(x, pads, mode="constant" if layer.padding_mode == "zeros" else layer.padding_mode)
-        padding = (0, 0)
-    else:
-        padding = (pads[2], pads[0])
-    U = F.unfold(x, layer.kernel_size, dilation=layer.dilation, padding=padding, stride=layer.stride)  # [r, CK, P]
-    rows, CK, P = U.shape
+    """``[b, C_out, C_in*kh*kw]``: per-sample gradients of ``b = rows/K`` samples by im2col.
+
+    The patches come from strided views (:func:`~dpnotebook.grad_sample.conv.unfold_patches`),
+    copied once into ``[rows, C_in*kh*kw, positions]`` (faster than ``F.unfold`` on CPU).
+    """
+    patches = unfold_patches(x, layer)  # [r, C, oh, ow, kh, kw]
+    rows, _, oh, ow = patches.shape[:4]
+    P = oh * ow
+    U = patches.permute(0, 1, 4, 5, 2, 3).reshape(rows, -1, P)  # [r, CK, P]
     G = g.reshape(rows, g.shape[1], P)
     if K > 1:  # a sample's K rows become K*P positions of one product
-        U = U.reshape(rows // K, K, CK, P).transpose(1, 2).reshape(rows // K, CK, K * P)
+        U = U.reshape(rows // K, K, -1, P).transpose(1, 2).reshape(rows // K, -1, K * P)
         G = G.reshape(rows // K, K, -1, P).transpose(1, 2).reshape(rows // K, -1, K * P)
     return torch.bmm(G, U.transpose(1, 2))
 
@@ -77,10 +111,10 @@ def conv_per_sample_grads(
         x: its input ``[B*K, C_in, ...]``; g: the backprops ``[B*K, C_out, ...]``.
         K: rows per sample.
         out: ``[B, *weight.shape]`` buffer; returned filled.
-        method: ``"unfold"`` or ``"vmap"``; default :func:`conv_method`.
+        method: ``"unfold"`` (``Conv2d`` with ``groups=1`` only) or ``"vmap"``; default :func:`conv_method`.
     """
     B = x.shape[0] // K
-    method = method or conv_method(layer, g[0, 0].numel())
+    method = method or conv_method(layer, x, g, K)
     weight = layer.weight[0].numel() * layer.out_channels
     if method == "unfold":  # the im2col patches of a sample's K rows
         per_sample = K * g[0, 0].numel() * layer.weight[0].numel() + weight

@@ -41,6 +41,8 @@ from dpnotebook.grad_sample.ghost_norms import (
     linear_sq_norms,
     linear_strategy,
     linear_weighted_sum,
+    shared_gram_pays,
+    shared_gram_sq_norms,
 )
 from dpnotebook.grad_sample.hooks import bound_arguments, sampler_grad_samples, to_batch_first
 from dpnotebook.grad_sample.registry import find_grad_sampler
@@ -87,7 +89,7 @@ class MaterialisedGroup(GhostGroup):
         self.grads = grads
 
     def sq_norms(self) -> Grads:
-        return {p: g.flatten(1).pow(2).sum(1) for p, g in self.grads.items()}
+        return {p: torch.linalg.vector_norm(g.flatten(1), dim=1).pow(2) for p, g in self.grads.items()}
 
     def weighted_sums(self, weights: Grads) -> Grads:
         return {p: torch.tensordot(weights[p].to(g.dtype), g, dims=1) for p, g in self.grads.items() if p in weights}
@@ -113,6 +115,7 @@ class LinearPiece:
     def __init__(self, A: Tensor, G: Tensor, scale: float) -> None:
         self.A, self.G, self.scale = A, G, scale
         self.strategy = linear_strategy(A.shape[1], A.shape[2], G.shape[2])
+        self._bias: Tensor | None = None
 
     def weight_sq_norms(self) -> Tensor:
         return linear_sq_norms(self.A, self.G, strategy=self.strategy) * self.scale**2
@@ -121,7 +124,9 @@ class LinearPiece:
         return linear_weighted_sum(self.A, self.G, w * self.scale)
 
     def bias_grads(self) -> Tensor:
-        return self.G.sum(1) * self.scale  # [B, out]: small, so materialised
+        if self._bias is None:
+            self._bias = self.G.sum(1) * self.scale  # [B, out]: small, so materialised
+        return self._bias
 
 
 def _piece(calls: list[tuple[Tensor, Tensor, float]], K: int) -> LinearPiece:
@@ -257,9 +262,24 @@ def conv_group(layer: nn.modules.conv._ConvNd, calls: list[GhostCall], K: int, s
 class GateGroup(GhostGroup):
     """One RNN layer and direction: input-side and hidden-side Linear pieces, and both biases."""
 
-    def __init__(self, unit: nn.Module, x_side: LinearPiece, h_side: LinearPiece) -> None:
+    def __init__(self, unit: nn.Module, x_side: LinearPiece, h_side: LinearPiece, shared: bool) -> None:
         self.unit, self.x_side, self.h_side = unit, x_side, h_side
-        self.how = f"ghost {x_side.strategy}+{h_side.strategy}"
+        A, H, G = x_side.A, h_side.A, x_side.G
+        self.shared = shared and shared_gram_pays([A.shape[2], H.shape[2]], A.shape[1], G.shape[2])
+        if shared:  # LSTM, RNN: the hidden side gets the very same backprops
+            h_side._bias = x_side.bias_grads()
+        self.how = "ghost shared-gram" if self.shared else f"ghost {x_side.strategy}+{h_side.strategy}"
+        self._weight_sq: dict[nn.Parameter, Tensor] | None = None
+
+    def _weight_sq_norms(self) -> dict[nn.Parameter, Tensor]:
+        if self._weight_sq is None:
+            u, x, h = self.unit, self.x_side, self.h_side
+            if self.shared:
+                nx, nh = shared_gram_sq_norms([x.A, h.A], x.G)
+                self._weight_sq = {u.weight_ih: nx * x.scale**2, u.weight_hh: nh * h.scale**2}
+            else:
+                self._weight_sq = {u.weight_ih: x.weight_sq_norms(), u.weight_hh: h.weight_sq_norms()}
+        return self._weight_sq
 
     def _parts(self) -> list[tuple[nn.Parameter | None, LinearPiece, bool]]:
         u = self.unit
@@ -267,7 +287,7 @@ class GateGroup(GhostGroup):
 
     def sq_norms(self) -> Grads:
         return {
-            p: piece.weight_sq_norms() if is_weight else piece.bias_grads().pow(2).sum(1)
+            p: self._weight_sq_norms()[p] if is_weight else piece.bias_grads().pow(2).sum(1)
             for p, piece, is_weight in self._parts()
             if p is not None and p.requires_grad
         }
@@ -282,16 +302,21 @@ class GateGroup(GhostGroup):
 
 def gate_group(unit: nn.Module, calls: list[GhostCall], K: int, scratch: Scratch | None = None) -> GhostGroup:
     """``dpnotebook.layers.GateProjection``: the hidden states come from the layer's record."""
-    xs, hs = [], []
+    xs, hs, shared = [], [], True
     for c in calls:
         acts = c.activations()
         x, record, g = acts[0], acts[1], c.backprops
         with torch.no_grad():
             h_prev = record.hidden_inputs().to(g.dtype)
             g_hh = unit.hidden_backprops(x, h_prev, g)
+        shared = shared and g_hh is g
         xs.append((x, g, c.scale))
         hs.append((h_prev, g_hh, c.scale))
-    return GateGroup(unit, _piece(xs, K), _piece(hs, K))
+    x_side = _piece(xs, K)
+    h_side = _piece(hs, K)
+    if shared:
+        h_side.G = x_side.G  # one tensor (the concatenation made two copies)
+    return GateGroup(unit, x_side, h_side, shared)
 
 
 GroupMaker = Callable[[nn.Module, list[GhostCall], int, Scratch], GhostGroup]

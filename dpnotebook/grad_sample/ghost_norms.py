@@ -33,6 +33,8 @@ __all__ = [
     "linear_strategy",
     "linear_sq_norms",
     "linear_weighted_sum",
+    "shared_gram_sq_norms",
+    "shared_gram_pays",
     "embedding_sq_norms",
     "embedding_weighted_sum",
     "repeat_rows",
@@ -82,8 +84,41 @@ def linear_sq_norms(A: Tensor, G: Tensor, *, strategy: str | None = None) -> Ten
     for s in range(0, B, step):
         a, g = A[s : s + step], G[s : s + step]
         per_sample = torch.bmm(g.transpose(1, 2), a, out=scratch[: a.shape[0]])
-        out[s : s + step] = per_sample.flatten(1).pow(2).sum(1)
+        out[s : s + step] = torch.linalg.vector_norm(per_sample.flatten(1), dim=1).pow(2)
     return out
+
+
+def shared_gram_sq_norms(As: list[Tensor], G: Tensor) -> list[Tensor]:
+    """``||G_b^T A_b||^2`` for several ``A`` (``[B, n, in_i]``) that share the backprops ``G``: one ``G G^T``.
+
+    An RNN layer's input and hidden weights receive the same gate backprops, so
+    their Gram norms share the costly ``[n, n]`` matrix of ``G``.
+
+    >>> A1, A2, G = torch.randn(2, 3, 4), torch.randn(2, 3, 5), torch.randn(2, 3, 6)
+    >>> n1, n2 = shared_gram_sq_norms([A1, A2], G)
+    >>> torch.allclose(n2, linear_sq_norms(A2, G, strategy="direct"), rtol=1e-4)
+    True
+    """
+    B, n = G.shape[:2]
+    out = [G.new_empty(B) for _ in As]
+    step = _chunk(B, (1 + len(As)) * n * n, G.element_size())
+    for s in range(0, B, step):
+        g = G[s : s + step]
+        gg = torch.bmm(g, g.transpose(1, 2))
+        for o, A in zip(out, As):
+            a = A[s : s + step]
+            o[s : s + step] = (torch.bmm(a, a.transpose(1, 2)) * gg).sum((1, 2))
+    return out
+
+
+def shared_gram_pays(ins: list[int], n: int, d_out: int) -> bool:
+    """Whether :func:`shared_gram_sq_norms` costs less than each piece on its own (by multiply-adds).
+
+    >>> shared_gram_pays([64, 128], 64, 512), shared_gram_pays([64, 128], 1024, 512)
+    (True, False)
+    """
+    alone = sum(min(n * n * (i + d_out), n * i * d_out) for i in ins)
+    return n > 1 and n * n * (sum(ins) + d_out) < alone
 
 
 def repeat_rows(weights: Tensor, n: int) -> Tensor:
@@ -105,8 +140,11 @@ def linear_weighted_sum(A: Tensor, G: Tensor, weights: Tensor) -> Tensor:
     """
     B, n, d_in = A.shape
     d_out = G.shape[-1]
-    rows = repeat_rows(weights.to(A.dtype), n)
-    a, g = A.reshape(B * n, d_in), G.reshape(B * n, d_out)
+    w = weights.to(A.dtype)
+    if n > 1 and G.transpose(0, 1).is_contiguous():  # time-major backprops (an RNN's): flatten without a copy
+        a, g, rows = A.transpose(0, 1).reshape(n * B, d_in), G.transpose(0, 1).reshape(n * B, d_out), w.repeat(n)[:, None]
+    else:
+        a, g, rows = A.reshape(B * n, d_in), G.reshape(B * n, d_out), repeat_rows(w, n)
     if d_in < d_out:
         return torch.mm(g.t(), a * rows)
     return torch.mm((g * rows).t(), a)

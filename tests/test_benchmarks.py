@@ -1,0 +1,76 @@
+"""The benchmark suite runs and writes valid JSON (no timing is asserted: timings belong to the machine)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from dpnotebook.benchmarks.__main__ import main, parse_args
+from dpnotebook.benchmarks.models import MODELS, build
+from dpnotebook.benchmarks.report import multiplicity_table, opacus_table, results_table
+from dpnotebook.benchmarks.steps import make_step
+from dpnotebook.benchmarks.suite import Config, measure, plan
+
+
+def test_cli_runs_one_tiny_configuration_and_writes_json(tmp_path, capsys) -> None:
+    out = tmp_path / "bench.json"
+    argv = ["--models", "MLP", "--batch", "4", "--modes", "ghost", "--kinds", "dpsgd", "--ks", "1",
+            "--steps", "1", "--warmup", "0", "--threads", "1", "--device", "cpu", "--json", str(out)]
+    assert main(argv) == 0
+    data = json.loads(out.read_text())
+    rows = {r["what"]: r for r in data["rows"]}
+    assert set(rows) == {"nonprivate", "dpsgd_ghost"}
+    for r in rows.values():
+        assert "error" not in r, r
+        assert r["median_ms"] > 0 and r["peak_mb"] > 0 and r["n"] == 1 and r["ratio"] > 0
+    assert data["settings"]["torch"] == torch.__version__
+    assert "| MLP | 4 | 1 | dpsgd_ghost |" in capsys.readouterr().out
+
+
+def test_plan_covers_modes_kinds_multiplicity_and_opacus() -> None:
+    configs = plan(["LSTMClassifier"], [8], modes=["hooks"], kinds=["gsm", "dpsgd", "naive"], ks=[1, 4], k_batch=2, opacus=True)
+    whats = [(c.batch, c.K, c.what) for c in configs]
+    assert (8, 1, "nonprivate_dplayers") in whats and (8, 1, "naive_microbatch") in whats
+    assert (8, 1, "opacus_dpsgd_ghost") in whats and (8, 1, "opacus_gsm_ghost") not in whats
+    assert (2, 4, "nonprivate") in whats and (2, 4, "dpsgd_ghost") in whats and (2, 1, "gsm_hooks") in whats
+
+
+def test_quick_preset_and_bad_arguments() -> None:
+    args = parse_args(["--quick"])
+    assert args.batch == [128] and "ghost" in args.modes and args.ks == [1, 16]
+    with pytest.raises(SystemExit):
+        parse_args(["--steps", "0"])
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_every_model_builds_in_every_flavour(name: str) -> None:
+    for flavour in ("dp", "native"):
+        model, x, y = build(name, 2, K=2, flavour=flavour)
+        assert model(x).shape == (4, 10) and y.shape == (4,)
+
+
+@pytest.mark.parametrize("what", ["gsm_hooks", "dpsgd_ghost", "naive_microbatch", "gsm_ghost"])
+def test_steps_run(what: str) -> None:
+    make_step("SampleConvNet", what, batch=2, K=2)()
+
+
+def test_measure_in_process_and_errors_become_rows() -> None:
+    row = measure(Config("MLP", 2, 1, "gsm_ghost"), steps=2, warmup=1, threads=1)
+    assert row["n"] == 2 and row["ratio"] > 0 and row["peak_mb"] >= row["rss0_mb"] > 0
+    with pytest.raises(ValueError, match="configuration 'dpsgd_jax' is unknown"):
+        make_step("MLP", "dpsgd_jax", 2)
+    bad = {"model": "MLP", "batch": 2, "K": 1, "what": "dpsgd_jax", "error": "ValueError: unknown"}
+    assert "ERROR" in results_table([bad, row])
+
+
+def test_reports() -> None:
+    def row(what: str, ratio: float, K: int = 1, peak: float = 100.0) -> dict:
+        return {"model": "M", "batch": 2, "K": K, "what": what, "median_ms": ratio, "min_ms": ratio,
+                "ratio": ratio, "peak_mb": peak, "rss0_mb": 50.0, "n": 10}
+
+    rows = [row("nonprivate", 1.0), row("dpsgd_ghost", 1.2), row("opacus_dpsgd_hooks", 2.4), row("opacus_dpsgd_ghost", 3.0),
+            row("gsm_hooks", 2.0, peak=120), row("nonprivate", 1.0, K=4, peak=110), row("gsm_hooks", 1.1, K=4, peak=135)]
+    assert "| M | 2 | DP-SGD step, best mode each | dpsgd_ghost (1.20) | dpsgd_hooks (2.40) | 0.50 |" in opacus_table(rows)
+    assert "| M | 2 | 4 | gsm_hooks | 1.10 | 25.0 | 1.25 |" in multiplicity_table(rows)
