@@ -9,15 +9,13 @@ answers two questions:
 * :meth:`GhostGroup.weighted_sums`: ``sum_b w_b * (sample b's gradient)`` per
   parameter, for the clip factors ``w`` (book-keeping: no second backward).
 
-=================  ==========================================================
-layer              how
-=================  ==========================================================
-``nn.Linear``      Gram or direct norms (:mod:`~dpnotebook.grad_sample.ghost_norms`), one matmul for the sum
-``InProjection``   as Linear, for each block of rows a call used
-``GateProjection`` two Linear pieces (input and hidden side) of an RNN layer
-``nn.Embedding``   norms by matching indices, one ``index_add`` for the sum
-anything else      materialised: the layer's registered grad sampler, then norms and ``tensordot``
-=================  ==========================================================
+How each layer type is handled:
+
+* ``nn.Linear``: Gram or direct norms (:mod:`~dpnotebook.grad_sample.ghost_norms`), one matmul for the sum;
+* ``InProjection``: as Linear, for each block of rows a call used;
+* ``GateProjection``: two Linear pieces (input and hidden side) of an RNN layer;
+* ``nn.Embedding``: norms by matching indices, one ``index_add`` for the sum;
+* anything else: materialised with the layer's registered grad sampler, then norms and ``tensordot``.
 
 Convolutions and norm layers are materialised: their per-sample gradients are
 small next to their activations (a convolution's weight is shared by every
