@@ -8,7 +8,9 @@ for every sample at once with ``vmap``: no ``B*K`` per-row gradients and no
 ``B*K``-sized im2col copy, so memory grows with ``B``, not ``B*K``.
 
 :func:`unfold_patches` shows the same computation spelled out (each output
-position's input window) and is kept for teaching and for the tests.
+position's input window). The sampler itself uses whichever of the two is
+faster for the layer's shape (:mod:`~dpnotebook.grad_sample.ghost_conv`), in
+chunks of samples, into a buffer reused from step to step.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from torch import Tensor, nn
 from torch.func import vmap
 
 from dpnotebook.grad_sample._contract import sum_rows
+from dpnotebook.grad_sample._reuse import result_buffer
 from dpnotebook.grad_sample.registry import register_grad_sampler
 
 
@@ -97,9 +100,16 @@ def conv_grad_sampler(
     layer: nn.modules.conv._ConvNd, activations: list[Tensor], backprops: Tensor, K: int
 ) -> dict[nn.Parameter, Tensor]:
     """Per-sample gradients of a convolution's weight and bias (any groups)."""
+    from dpnotebook.grad_sample.ghost_conv import conv_per_sample_grads  # imports this module
+
     out: dict[nn.Parameter, Tensor] = {}
-    if layer.weight.requires_grad:
-        out[layer.weight] = conv_weight_grad_per_sample(layer, activations[0], backprops, K)
+    x = activations[0]
+    if layer.weight.requires_grad and (x.requires_grad or backprops.requires_grad):  # double backward
+        out[layer.weight] = conv_weight_grad_per_sample(layer, x, backprops, K)
+    elif layer.weight.requires_grad:  # the faster of im2col and vmap, into a buffer reused across steps
+        buf = result_buffer(layer, "weight", (x.shape[0] // K, *layer.weight.shape), backprops)
+        grads = conv_per_sample_grads(layer, x, backprops, K, buf)
+        out[layer.weight] = grads.div_(K) if K > 1 else grads
     if layer.bias is not None and layer.bias.requires_grad:
         out[layer.bias] = sum_rows(backprops.movedim(1, -1), K, keep=1)
     return out

@@ -114,6 +114,8 @@ def conv_per_sample_grads(
         method: ``"unfold"`` (``Conv2d`` with ``groups=1`` only) or ``"vmap"``; default :func:`conv_method`.
     """
     B = x.shape[0] // K
+    if B == 0:
+        return out
     method = method or conv_method(layer, x, g, K)
     weight = layer.weight[0].numel() * layer.out_channels
     if method == "unfold":  # the im2col patches of a sample's K rows
