@@ -16,8 +16,11 @@ $(STAMP): pyproject.toml constraints.txt
 
 install: $(STAMP)
 
+# JupyterLab refuses to start as root unless told; containers and CI machines often are root.
+ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
+
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab --notebook-dir=tutorials
+	$(VENV)/bin/jupyter lab --notebook-dir=tutorials $(ALLOW_ROOT)
 
 test: $(STAMP)
 	$(PY) -m pytest
