@@ -35,6 +35,11 @@ def results_table(rows: Iterable[Row]) -> str:
     return "\n".join(lines)
 
 
+def _own(r: Row) -> float:
+    """The memory the step itself needs: its peak minus the resident memory before it."""
+    return r["peak_mb"] - r["rss0_mb"]
+
+
 def _index(rows: Iterable[Row]) -> dict[tuple, Row]:
     return {(r["model"], r["batch"], r["K"], r["what"]): r for r in rows if "error" not in r}
 
@@ -68,7 +73,7 @@ def opacus_table(rows: Iterable[Row]) -> str:
 
 
 def multiplicity_table(rows: Iterable[Row]) -> str:
-    """For each K: per-sample-gradient memory (peak minus the non-private peak on the same rows) and the step ratio."""
+    """For each K: per-sample-gradient memory (the step's own peak minus the non-private step's, same rows) and the step ratio."""
     index = _index(rows)
     lines = ["| model | B | K | config | step / non-private on B*K rows | per-sample-grad MB | vs K=1 |", "|---|---|---|---|---|---|---|"]
     ks = sorted({(m, b, k) for (m, b, k, w) in index})
@@ -79,9 +84,10 @@ def multiplicity_table(rows: Iterable[Row]) -> str:
         for (mm, bb, kk, w), r in index.items():
             if (mm, bb, kk) != (m, b, k) or w == "nonprivate" or w.startswith(("opacus", "naive", "nonprivate")):
                 continue
-            psg = r["peak_mb"] - base["peak_mb"] if base else None
+            psg = _own(r) - _own(base) if base else None
             one, base1 = index.get((m, b, 1, w)), index.get((m, b, 1, "nonprivate"))
-            rel = psg / (one["peak_mb"] - base1["peak_mb"]) if (psg is not None and one and base1 and one["peak_mb"] > base1["peak_mb"]) else None
+            psg1 = _own(one) - _own(base1) if one and base1 else None
+            rel = psg / psg1 if psg is not None and psg1 and psg1 > 0 else None
             lines.append(f"| {m} | {b} | {k} | {w} | {r['ratio']:.2f} | {_f(psg)} | {_f(rel, 2)} |")
     return "\n".join(lines)
 

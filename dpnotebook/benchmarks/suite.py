@@ -1,7 +1,8 @@
 """The benchmark suite: which configurations to run, and running each in its own process.
 
 Each configuration (model, B, K, what) runs in a fresh subprocess, so that its
-peak resident memory (``ru_maxrss``) is its own. Inside, after warm-up, its
+peak resident memory (``VmHWM``, i.e. ``ru_maxrss`` without what the parent
+process passed on; reset before the first step) is its own. Inside, after warm-up, its
 steps are timed *alternately* with the non-private reference step on the same
 rows, so the ratio compares the two under the same machine load (other
 processes slow both alike). See :mod:`dpnotebook.benchmarks.steps` for the names.
@@ -81,8 +82,36 @@ def plan(
     return out
 
 
+def _status_mb(field: str) -> float | None:
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def _rss_mb() -> float:
+    """Resident memory now (Linux), or the peak so far elsewhere."""
+    now = _status_mb("VmRSS")
+    return now if now is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def _peak_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    """Peak resident memory: ``VmHWM`` on Linux (``ru_maxrss`` there carries over the launching process's peak)."""
+    peak = _status_mb("VmHWM")
+    return peak if peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _reset_peak() -> None:
+    """Restart the peak at the current resident memory (Linux; elsewhere the peak keeps counting)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
 
 
 def _timer(device: str) -> Callable[[Callable[[], None]], float]:
@@ -101,13 +130,16 @@ def _timer(device: str) -> Callable[[Callable[[], None]], float]:
 def measure(cfg: Config, *, steps: int = 10, warmup: int = 3, device: str = "cpu", threads: int = 2) -> dict:
     """Run one configuration in this process: its time, its ratio to the non-private step, its memory.
 
-    Peak memory is read after the warm-up steps, before the reference model is
-    built. Then ``steps`` rounds each time one reference step and one step of
-    the configuration.
+    ``rss0_mb`` is the resident memory once the model and data are built;
+    ``peak_mb`` the peak during the warm-up steps (read before the reference
+    model is built), so ``peak_mb - rss0_mb`` is what the step itself needs.
+    Then ``steps`` rounds each time one reference step and one step of the
+    configuration.
     """
     torch.set_num_threads(threads)
     step = make_step(cfg.model, cfg.what, cfg.batch, cfg.K, device)
-    rss0 = _peak_mb()
+    rss0 = _rss_mb()  # interpreter, libraries, model and data
+    _reset_peak()
     timed = _timer(device)
     for _ in range(warmup):
         timed(step)

@@ -49,7 +49,8 @@ def affine_grads(
 
     Args:
         layer: holds ``weight`` and ``bias`` (either may be ``None`` or frozen).
-        x_hat: the normalised input, same shape as ``backprops``.
+        x_hat: the normalised input, same shape as ``backprops``; a scratch tensor of
+            the caller's, overwritten (the product with ``backprops`` is formed in place).
         backprops: gradient of the loss w.r.t. ``y``; ``B*K`` rows.
         K: augmentation multiplicity.
         channels_dim1: the affine parameters span dim 1 (GroupNorm, InstanceNorm)
@@ -64,7 +65,7 @@ def affine_grads(
     keep = ref.dim()
     out = {}
     if weight is not None and weight.requires_grad:
-        out[weight] = sum_rows(backprops * x_hat, K, keep)
+        out[weight] = sum_rows(x_hat.mul_(backprops), K, keep)  # in place: no second activation-sized tensor
     if bias is not None and bias.requires_grad:
         out[bias] = sum_rows(backprops, K, keep)
     return out
