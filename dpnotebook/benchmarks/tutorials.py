@@ -1,0 +1,61 @@
+"""Time and peak memory of every tutorial, each run in its own process.
+
+``python -m dpnotebook.benchmarks.tutorials [tutorials/*.ipynb]``
+
+Each notebook's code cells run top to bottom in a fresh Python process (as a
+kernel would run them, without the kernel's own ~60 MB); we report the wall
+time and the process's peak resident memory (``VmHWM``), against the budgets
+the tutorials promise: 60 s each, 5 minutes together, 1.5 GB (Binder gives 2 GB).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BUDGET_SECONDS, BUDGET_TOTAL_SECONDS, BUDGET_MB = 60.0, 300.0, 1536.0
+
+_CHILD = """
+import json, sys, time
+code = json.load(open(sys.argv[1]))
+start = time.perf_counter()
+namespace = {"__name__": "__main__"}
+for cell in code["cells"]:
+    if cell["cell_type"] == "code":
+        exec(compile("".join(cell["source"]), sys.argv[1], "exec"), namespace)
+seconds = time.perf_counter() - start
+peak = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:")) / 1024
+print(json.dumps({"seconds": seconds, "peak_mb": peak}))
+"""
+
+
+def measure(notebook: Path) -> dict:
+    """Run ``notebook``'s code cells in a new process; its seconds and peak MB."""
+    start = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", _CHILD, str(notebook)], capture_output=True, text=True, check=True)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result["process_seconds"] = time.perf_counter() - start
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("notebooks", nargs="*", type=Path)
+    args = parser.parse_args()
+    notebooks = args.notebooks or sorted(Path("tutorials").glob("*.ipynb"))
+    total = 0.0
+    print(f"{'tutorial':34s} {'cells s':>8s} {'process s':>10s} {'peak MB':>8s}  within budget")
+    for nb in notebooks:
+        r = measure(nb)
+        total += r["process_seconds"]
+        ok = r["process_seconds"] <= BUDGET_SECONDS and r["peak_mb"] <= BUDGET_MB
+        print(f"{nb.stem:34s} {r['seconds']:8.1f} {r['process_seconds']:10.1f} {r['peak_mb']:8.0f}  {ok}")
+    print(f"{'all together':34s} {'':8s} {total:10.1f} {'':8s}  {total <= BUDGET_TOTAL_SECONDS}")
+
+
+if __name__ == "__main__":
+    main()
