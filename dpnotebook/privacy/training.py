@@ -34,6 +34,11 @@ __all__ = ["train_epoch", "fit", "evaluate"]
 LossFn = Callable[[Tensor, Tensor], Tensor]
 
 
+def model_device(model: nn.Module) -> torch.device:
+    """Where the model's parameters live (CPU for a model without any)."""
+    return next((p.device for p in model.parameters()), torch.device("cpu"))
+
+
 def train_epoch(
     model: nn.Module,
     optimizer: Optimizer,
@@ -51,13 +56,15 @@ def train_epoch(
     Args:
         model: the model (wrapped or plain).
         optimizer: a :class:`~dpnotebook.privacy.optimizer.DPOptimizer` or any optimizer.
-        data_loader: yields ``(inputs, targets)``.
+        data_loader: yields ``(inputs, targets)``, moved to the model's device here.
         loss_fn: ``loss_fn(outputs, targets)``, reducing as the model's wrapper was told.
         progress: a tqdm bar to advance by one per batch.
     """
     model.train()
+    device = model_device(model)
     losses = []
     for inputs, targets in data_loader:
+        inputs, targets = inputs.to(device), targets.to(device)
         optimizer.zero_grad()
         if len(targets) > 0:
             loss = loss_fn(model(inputs), targets)
@@ -88,12 +95,17 @@ def fit(
 
 @torch.no_grad()
 def evaluate(model: nn.Module, data_loader: DataLoader) -> float:
-    """The accuracy of ``model`` (unwrapped, in eval mode) on ``data_loader``'s ``(inputs, labels)``."""
+    """The accuracy of ``model`` (unwrapped, in eval mode) on ``data_loader``'s ``(inputs, labels)``.
+
+    Batches are moved to the model's device, so a model on the GPU works with a CPU data loader.
+    """
     plain = unwrap_model(model)
     was_training = plain.training
     plain.eval()
+    device = model_device(plain)
     correct = total = 0
     for inputs, labels in data_loader:
+        inputs, labels = inputs.to(device), labels.to(device)
         correct += (plain(inputs).argmax(dim=1) == labels).sum().item()
         total += len(labels)
     plain.train(was_training)
