@@ -62,6 +62,23 @@ def _resolve(backend: str) -> str:
     return "image" if in_kernel() else "static"
 
 
+def _size_canvas(canvas: ipywidgets.Widget) -> None:
+    """Give an ipympl canvas its size in the browser now, before any view of it exists.
+
+    A canvas view takes its size from the model's ``_size`` when it is created. ipympl
+    sets ``_size`` only when the canvas itself is displayed (``Canvas._repr_mimebundle_``)
+    or once the browser's ``initialized`` message is handled, after the cell has run. A
+    canvas shown as a child of a ``VBox`` is never displayed itself, and its view is
+    created while ``_size`` is still ``(0, 0)``: the later resize can miss the view,
+    which then stays at 0 x 0 pixels and shows nothing.
+    """
+    if not hasattr(canvas, "_size"):  # pragma: no cover - other ipympl versions
+        return
+    width, height = canvas.figure.bbox.size
+    ratio = getattr(canvas, "device_pixel_ratio", 1) or 1
+    canvas._size = (float(width) / ratio, float(height) / ratio)
+
+
 class FigureHost:
     """Owns a figure and the widget that shows it.
 
@@ -89,6 +106,7 @@ class FigureHost:
             for name, value in (("header_visible", False), ("toolbar_position", "right")):
                 if hasattr(canvas, name):
                     setattr(canvas, name, value)
+            _size_canvas(canvas)
             self.view: ipywidgets.Widget = canvas
         else:
             self.figure = Figure(figsize=figsize, dpi=dpi, layout="constrained")

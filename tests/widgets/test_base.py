@@ -56,6 +56,14 @@ def test_figure_host_backends(backend, fignums):
     host.close()
 
 
+def test_ipympl_canvas_sized_before_display():
+    """The canvas's browser size is set at once: an explorer shows it inside a VBox, never by
+    itself, and a view created at ``_size == (0, 0)`` stays 0 x 0 pixels (nothing drawn)."""
+    host = FigureHost((3, 2), dpi=72, backend="ipympl")
+    assert tuple(host.view._size) == pytest.approx((216.0, 144.0))
+    host.close()
+
+
 def test_figure_host_refuses_unknown_backend():
     with pytest.raises(WidgetValueError, match="backend='qt' is invalid"):
         FigureHost((3, 2), backend="qt")

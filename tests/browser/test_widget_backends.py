@@ -1,0 +1,150 @@
+"""Every explorer under ``%matplotlib widget`` (the ipympl backend), in JupyterLab in headless Chromium.
+
+A throwaway notebook (written into a temp folder, never into ``tutorials/``) runs
+``%matplotlib widget`` and displays each explorer, one per cell. Through the real
+UI: every cell runs without an error output and every widget renders (the
+harness's checks), every explorer shows exactly one ipympl canvas, each canvas
+has a non-zero size and draws pixels that are not all one colour, and moving one
+explorer's slider (keyboard and mouse) changes its canvas's pixels.
+
+Needs Chromium and ``playwright``; skipped loudly without them (see ``conftest.py``).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from browserlab import SCREENSHOTS, NotebookDriver, find_widget_output, wait_for
+
+NOTEBOOK = "ipympl_explorers.ipynb"
+RUN_TIMEOUT_S = 240
+
+#: (what the cell makes, the cell's source); each cell shows one explorer
+CELLS = [
+    ("ClippingExplorer", "ClippingExplorer(toy=make_toy())"),
+    ("NoiseExplorer", "NoiseExplorer(toy=make_toy())"),
+    ("PrivacyBudgetExplorer", 'PrivacyBudgetExplorer(accountant="rdp")'),
+    ("AugmultExplorer", "AugmultExplorer()"),
+    ("TrainingMonitor",
+     "monitor = TrainingMonitor(total_steps=4, progress=False)\n"
+     "for step in (1, 2):\n"
+     "    monitor.update(step=step, loss=1.0 / step, accuracy=0.3 * step, epsilon=0.1 * step, clip_fraction=0.5)\n"
+     "monitor"),
+    ("GradientExplorer",
+     "torch.manual_seed(0)\n"
+     "GradientExplorer(nn.Linear(3, 2), (torch.randn(4, 3), torch.randint(0, 2, (4,))),\n"
+     "                 nn.functional.cross_entropy)"),
+]
+SETUP = (
+    "%matplotlib widget\n"
+    "import torch\n"
+    "from torch import nn\n"
+    "from dpnotebook.widgets import (AugmultExplorer, ClippingExplorer, GradientExplorer, NoiseExplorer,\n"
+    "                                PrivacyBudgetExplorer, TrainingMonitor, make_toy)\n"
+    "from dpnotebook.widgets._figure import ipympl_active\n"
+    "assert ipympl_active(), 'the explorers would not use ipympl'"
+)
+SLIDER_CELL = "ClippingExplorer("
+
+
+def _notebook() -> dict:
+    def code(source: str) -> dict:
+        return {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
+                "source": source}
+
+    return {
+        "cells": [code(SETUP)] + [code(source) for _, source in CELLS],
+        "metadata": {"kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python",
+                                    "name": "python3"}},
+        "nbformat": 4, "nbformat_minor": 5,
+    }
+
+
+@pytest.fixture(scope="module")
+def tutorial_copy(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, bytes]]:
+    """Overrides conftest's fixture of the same name: the folder the ``lab`` fixture serves is a
+    temp folder holding only the throwaway notebook."""
+    root = tmp_path_factory.mktemp("ipympl") / "notebooks"
+    root.mkdir()
+    (root / NOTEBOOK).write_text(json.dumps(_notebook(), indent=1))
+    return root, {}
+
+
+# the ipympl canvases of one cell's output: size and how many distinct colours they show
+_CANVASES = r"""
+i => {
+  const cell = window.__dpnb.panel.content.widgets[i];
+  return Array.from(cell.outputArea.node.querySelectorAll('.jupyter-matplotlib-canvas-div')).map(div => {
+    const c = div.querySelector('canvas');
+    const b = div.getBoundingClientRect();
+    let colours = 0, inked = 0;
+    if (c && c.width > 0 && c.height > 0) {
+      const data = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+      const seen = new Set();
+      for (let k = 0; k < data.length; k += 4) {
+        const rgba = (data[k] << 24) | (data[k + 1] << 16) | (data[k + 2] << 8) | data[k + 3];
+        if (seen.size < 64) seen.add(rgba);
+        if (data[k + 3] > 0 && (data[k] < 200 || data[k + 1] < 200 || data[k + 2] < 200)) inked += 1;
+      }
+      colours = seen.size;
+    }
+    return {width: b.width, height: b.height, canvasWidth: c ? c.width : 0,
+            canvasHeight: c ? c.height : 0, colours, inked};
+  });
+}
+"""
+
+
+def _explorer_cells(nb: dict) -> dict[str, int]:
+    cells = {}
+    for name, source in CELLS:
+        first = source.splitlines()[0]
+        index = next(i for i, cell in enumerate(nb["cells"]) if "".join(cell["source"]).startswith(first))
+        cells[name] = index
+    return cells
+
+
+def test_explorers_draw_with_ipympl(lab: NotebookDriver) -> None:
+    try:
+        report = lab.run_all(NOTEBOOK, timeout=RUN_TIMEOUT_S)
+    finally:
+        try:
+            lab.screenshot(SCREENSHOTS / "ipympl-explorers.png")
+        except Exception as exc:  # noqa: BLE001 - never hide the real failure
+            print(f"screenshot failed: {exc}")
+    print(f"{NOTEBOOK}: ran in {report.seconds:.1f} s in the browser")
+    if report.problems:
+        pytest.fail(report.explain(), pytrace=False)
+
+    cells = _explorer_cells(report.notebook)
+    problems = []
+
+    def drawn() -> bool:
+        problems.clear()
+        for name, index in cells.items():
+            canvases = lab.js(_CANVASES, index)
+            if len(canvases) != 1:
+                problems.append(f"{name}: {len(canvases)} ipympl canvases (expected 1)")
+                continue
+            c = canvases[0]
+            if min(c["width"], c["height"], c["canvasWidth"], c["canvasHeight"]) < 1:
+                problems.append(f"{name}: canvas of zero size {c}")
+            elif c["colours"] < 3 or c["inked"] < 100:
+                problems.append(f"{name}: canvas blank {c}")
+        return not problems
+
+    try:
+        wait_for(drawn, 30, "every ipympl canvas to be drawn", interval=0.5)
+    except TimeoutError:
+        pytest.fail("under %matplotlib widget:\n  " + "\n  ".join(problems), pytrace=False)
+    for name, index in cells.items():
+        print(f"{name}: {lab.js(_CANVASES, index)[0]}")
+
+    cell = find_widget_output(report.notebook, SLIDER_CELL)
+    assert cell is not None and cell == cells["ClippingExplorer"]
+    for line in lab.check_slider_moves_figure(cell, shots=SCREENSHOTS / "ipympl-clipping-slider.png"):
+        print(line)
