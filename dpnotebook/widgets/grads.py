@@ -16,10 +16,10 @@ from typing import Callable, Iterator, Mapping
 import torch
 from torch import Tensor, nn
 
+from dpnotebook.compare import mode_result
 from dpnotebook.errors import GradSampleError
 from dpnotebook.grad_sample.module import GradSampleModule, check_k
 from dpnotebook.modes import wrap_model
-from dpnotebook.privacy.clipping import per_sample_norms
 
 __all__ = ["run_mode", "compute_grad_samples", "flatten_grad_samples", "as_grad_samples", "few_threads"]
 
@@ -56,11 +56,12 @@ def run_mode(
     *,
     mode: str = "hooks",
     K: int = 1,
-) -> tuple[dict[str, Tensor] | None, Tensor]:
-    """One forward and backward pass in grad-sample ``mode``: per-sample gradients and norms.
+) -> dict[str, Tensor] | Tensor:
+    """One forward and backward pass in grad-sample ``mode``; what the mode computed.
 
     The model is wrapped with :func:`dpnotebook.wrap_model` and unwrapped again,
-    and its ``.grad`` are cleared, so it is left as it was.
+    and its ``.grad`` are cleared, so it is left as it was. The result is read
+    with :func:`dpnotebook.compare.mode_result`, as :func:`dpnotebook.compare.compare_modes` does.
 
     Args:
         model: a plain ``nn.Module`` (or a :class:`~dpnotebook.GradSampleModule`, used as
@@ -72,10 +73,12 @@ def run_mode(
         K: augmentation multiplicity.
 
     Returns:
-        ``(grads, norms)``: ``grads`` is ``{name: [B, *p.shape]}`` for every trainable
-        parameter (detached copies), or ``None`` for a mode that computes the norms
-        without forming per-sample gradients (``"ghost"``); ``norms`` is each sample's
-        total gradient norm ``[B]``.
+        ``{name: [B, *p.shape]}`` for every trainable parameter, or, for a mode that
+        computes the norms without forming per-sample gradients (``"ghost"``), each
+        sample's total gradient norm ``[B]`` (detached copies either way).
+
+    Raises:
+        GradSampleError: the mode left a parameter without a per-sample gradient.
     """
     own = not isinstance(model, GradSampleModule)
     K = check_k(K) if own else model.K
@@ -87,14 +90,13 @@ def run_mode(
         with few_threads(inputs.numel() <= SMALL_INPUT):
             loss = loss_fn(wrapped(inputs), targets)
             loss.backward()
-        params = [(n, p) for n, p in (model if own else model._module).named_parameters() if p.requires_grad]
-        if all(getattr(p, "grad_sample", None) is not None for _, p in params):
-            grads = {name: p.grad_sample.detach().clone() for name, p in params}
-            return grads, per_sample_norms(grads).detach()
-        if callable(getattr(wrapped, "per_sample_norms", None)):
-            return None, wrapped.per_sample_norms().detach().clone()
-        missing = [name for name, p in params if getattr(p, "grad_sample", None) is None]
-        raise GradSampleError(f"grad_sample_mode={mode!r} left no per-sample gradient for {missing}.")
+        result = mode_result(wrapped, model if own else model._module)
+        if isinstance(result, Tensor):
+            return result.detach().clone()
+        missing = [name for name, g in result.items() if g is None]
+        if missing:
+            raise GradSampleError(f"grad_sample_mode={mode!r} left no per-sample gradient for {missing}.")
+        return {name: g.detach().clone() for name, g in result.items()}
     finally:
         if own:
             wrapped.to_standard_module()
@@ -117,8 +119,8 @@ def compute_grad_samples(
     Raises:
         ValueError: ``mode`` computes norms only (``"ghost"``).
     """
-    grads, _ = run_mode(model, inputs, targets, loss_fn, mode=mode, K=K)
-    if grads is None:
+    grads = run_mode(model, inputs, targets, loss_fn, mode=mode, K=K)
+    if isinstance(grads, Tensor):
         raise ValueError(
             f"grad_sample_mode={mode!r} computes per-sample gradient norms without forming the "
             "per-sample gradients; use 'hooks', 'functorch' or 'ew' to see them."

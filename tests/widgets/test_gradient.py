@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from dpnotebook.modes import available_modes
 from dpnotebook.widgets import GradientExplorer, WidgetValueError
@@ -108,3 +109,24 @@ def test_compute_grad_samples_refuses_norms_only_mode(small_model_batch):
     model, (x, y), loss_fn = small_model_batch
     with pytest.raises(ValueError, match="grad_sample_mode='ghost' computes per-sample gradient norms"):
         compute_grad_samples(model, x, y, loss_fn, mode="ghost")
+
+
+def test_grad_samples_by_mode_reads_results_as_the_library_does(small_model_batch):
+    """One way to read a mode's result (dpnotebook.compare.mode_result): gradients, or ghost's norms,
+    and the widget's name does not shadow dpnotebook.compare.compare_modes."""
+    import dpnotebook.widgets.gradient as gradient
+    from dpnotebook.compare import error_against
+    from dpnotebook.widgets.grads import run_mode
+
+    assert not hasattr(gradient, "compare_modes")
+    model, (x, y), loss_fn = small_model_batch
+    grads, norms_only, errors = gradient.grad_samples_by_mode(model, x, y, loss_fn)
+    assert "hooks" in grads and not set(grads) & set(norms_only)
+    ref = {name: g.double() for name, g in grads["hooks"].items()}
+    for mode, g in grads.items():
+        assert error_against(g, ref) < 1e-5, mode
+    for mode, norms in norms_only.items():                 # "ghost": compared by its norms
+        assert norms.shape == (x.shape[0],)
+        assert error_against(norms, ref) < 1e-4, mode
+        assert isinstance(run_mode(model, x, y, loss_fn, mode=mode), torch.Tensor)
+    assert all(p.grad is None and not hasattr(p, "grad_sample") for p in model.parameters())

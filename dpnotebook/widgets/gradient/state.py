@@ -29,7 +29,7 @@ from dpnotebook.privacy.clipping import per_layer_norms, per_sample_norms
 from dpnotebook.widgets._validate import int_at_least, one_of, refuse
 from dpnotebook.widgets.grads import run_mode
 
-__all__ = ["GradientState", "compare_modes", "max_difference"]
+__all__ = ["GradientState", "grad_samples_by_mode", "max_difference"]
 
 
 def max_difference(a: dict[str, Tensor], b: dict[str, Tensor]) -> float:
@@ -43,11 +43,15 @@ def max_difference(a: dict[str, Tensor], b: dict[str, Tensor]) -> float:
     return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
 
 
-def compare_modes(
+def grad_samples_by_mode(
     model: nn.Module, inputs: Tensor, targets: Tensor, loss_fn: Callable[[Tensor, Tensor], Tensor],
     modes: Sequence[str] | None = None,
 ) -> tuple[dict[str, dict[str, Tensor]], dict[str, Tensor], dict[str, str]]:
     """Per-sample gradients in each mode, the norms of modes that compute only norms, and errors.
+
+    Each mode runs once through :func:`~dpnotebook.widgets.grads.run_mode`, which reads
+    its result with :func:`dpnotebook.compare.mode_result`. (To measure modes against
+    the float64 oracle, with timings, see :func:`dpnotebook.compare.compare_modes`.)
 
     Returns:
         ``(grads, norms_only, errors)``: ``grads[mode][param_name]`` is ``[B, *shape]``;
@@ -59,14 +63,14 @@ def compare_modes(
     errors: dict[str, str] = {}
     for mode in modes if modes is not None else available_modes():
         try:
-            g, norms = run_mode(model, inputs, targets, loss_fn, mode=mode)
+            result = run_mode(model, inputs, targets, loss_fn, mode=mode)
         except Exception as exc:  # noqa: BLE001 - a failing mode is reported, not fatal
             errors[mode] = f"{type(exc).__name__}: {exc}"
             continue
-        if g is None:
-            norms_only[mode] = norms
+        if isinstance(result, Tensor):
+            norms_only[mode] = result
         else:
-            grads[mode] = g
+            grads[mode] = result
     return grads, norms_only, errors
 
 
@@ -97,7 +101,7 @@ class GradientState(traitlets.HasTraits):
         modes: Sequence[str] | None = None,
         reference: str = "hooks",
     ) -> None:
-        self.grads, self.norms_only, self.errors = compare_modes(model, batch[0], batch[1], loss_fn, modes)
+        self.grads, self.norms_only, self.errors = grad_samples_by_mode(model, batch[0], batch[1], loss_fn, modes)
         if not self.grads:
             lines = "\n".join(f"  {m}: {e}" for m, e in self.errors.items())
             raise RuntimeError(f"no grad-sample mode could compute per-sample gradients:\n{lines}")
