@@ -46,55 +46,12 @@ from torch import Tensor, nn
 from dpnotebook.errors import GradSampleError
 from dpnotebook.grad_sample.functorch_fallback import LayerCall, capture_is_paused, detach_tree, loss_scale
 from dpnotebook.grad_sample.ghost_layers import GhostCall, GhostGroup, ghost_handler
-from dpnotebook.grad_sample.accumulation import GradSampleStore
+from dpnotebook.grad_sample.ghost_tap import GhostStore, Tap, grad_mark
 from dpnotebook.grad_sample.hooks import to_batch_first
 from dpnotebook.grad_sample.module import GradSampleModule, plan_units
 from dpnotebook.validation import Problem, raise_if_problems, validate
 
 Grads = dict[nn.Parameter, Tensor]
-
-
-class _Tap(torch.autograd.Function):
-    """Identity on a layer's output that hands the output's gradient to ``sink``.
-
-    Used where nothing before the layer requires grad (the model's first layers):
-    its inputs include the layer's parameters, so the output requires grad all
-    the same. ``mark_dirty`` returns the very tensor (no view), so in-place
-    operations after the layer (``ReLU(inplace=True)``) work. Elsewhere a plain
-    tensor hook on the output does (no graph change at all).
-    """
-
-    @staticmethod
-    def forward(ctx: Any, out: Tensor, sink: Any, *params: Tensor) -> Tensor:
-        ctx.sink, ctx.n_params = sink, len(params)
-        ctx.mark_dirty(out)
-        return out
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple:
-        ctx.sink(grad)
-        return (grad, None) + (None,) * ctx.n_params
-
-
-def _grad_mark(p: nn.Parameter) -> tuple[int, int] | None:
-    return None if p.grad is None else (id(p.grad), p.grad._version)
-
-
-class _GhostStore(GradSampleStore):
-    """The hooks engine's store, told that a ghosted parameter whose ``.grad`` did not change got none.
-
-    Autograd calls post-accumulate-grad hooks for the parameters fed to the tap
-    even though the tap gives them no gradient; a parameter whose ``.grad``
-    really changed was used outside its layer, and the store's check reports it.
-    """
-
-    def __init__(self, owner: Any) -> None:
-        super().__init__(owner)
-        self.marks: dict[int, tuple[int, int] | None] = {}
-
-    def _on_grad(self, p: nn.Parameter) -> None:
-        if id(p) not in self.marks or _grad_mark(p) != self.marks[id(p)]:
-            super()._on_grad(p)
 
 
 class GhostGradSampleModule(GradSampleModule):
@@ -142,8 +99,8 @@ class GhostGradSampleModule(GradSampleModule):
         """Install the hooks engine's hooks and the ghost taps (done by the constructor)."""
         if self._hooks is not None:
             return
-        if not isinstance(self._store, _GhostStore):
-            self._store = _GhostStore(self)
+        if not isinstance(self._store, GhostStore):
+            self._store = GhostStore(self)
         super().add_hooks()
         self._pending: dict[int, dict[nn.Module, list[GhostCall]]] = {}
         self._versions: dict[int, int] = {}
@@ -229,13 +186,13 @@ class GhostGradSampleModule(GradSampleModule):
             self._versions = {id(p): p._version for p in self._ghost_params()}
         self._pending.setdefault(self._forward_id, {}).setdefault(m, []).append(record)
         for p in saved.values():
-            self._store.marks[id(p)] = _grad_mark(p)
+            self._store.marks[id(p)] = grad_mark(p)
         accounted = [saved[n] for n in outside if n in saved]
         sink = partial(self._on_backprops, record, versions, accounted)
         if output.requires_grad:  # the input carries the graph: a hook on the output is enough
             output.register_hook(sink)
             return None
-        return _Tap.apply(output, sink, *saved.values())
+        return Tap.apply(output, sink, *saved.values())
 
     def _batch_dim(self, m: nn.Module) -> int:
         return 0 if getattr(m, "_dpn_batch_first", False) or self.batch_first else 1
@@ -270,11 +227,11 @@ class GhostGradSampleModule(GradSampleModule):
         for p in self._ghost_params():
             if id(p) in self._versions and p._version != self._versions[id(p)]:
                 raise GradSampleError(
-                        "ghost mode: the parameters changed after a backward pass whose clipped gradients "
-                        "were never used, so an optimizer stepped without them (in ghost mode p.grad is "
-                        "not filled). Use dpnotebook.privacy.ghost_optimizer.GhostDPOptimizer, e.g. through "
-                        "PrivacyEngine.make_private(grad_sample_mode='ghost'), or call zero_grad() between steps."
-                    )
+                    "ghost mode: the parameters changed after a backward pass whose clipped gradients "
+                    "were never used, so an optimizer stepped without them (in ghost mode p.grad is "
+                    "not filled). Use dpnotebook.privacy.ghost_optimizer.GhostDPOptimizer, e.g. through "
+                    "PrivacyEngine.make_private(grad_sample_mode='ghost'), or call zero_grad() between steps."
+                )
 
     # -- after backward: norms and weighted sums -------------------------------------
     def _ghost_groups(self) -> list[tuple[int, dict[nn.Module, GhostGroup]]]:
@@ -325,7 +282,7 @@ class GhostGradSampleModule(GradSampleModule):
         for p in self._trainable():
             gs = getattr(p, "grad_sample", None)
             if gs is not None:
-                sq = gs.flatten(1).pow(2).sum(1)
+                sq = torch.linalg.vector_norm(gs.flatten(1), dim=1).pow(2)
                 out[p] = out[p] + sq if p in out else sq
         return out
 
