@@ -578,7 +578,14 @@ class NotebookDriver:
                 report.kernel_problems.append(f"kernel replaced while running (new id {entry['status']})")
             elif entry["t"] >= run_at and entry["what"] == "status" and entry["status"] == "starting":
                 report.kernel_problems.append("kernel started again while running (a restart)")
-        final = self.js("() => window.__dpnb.kernelState()")
+        # widgets talk to the kernel after the cells ran (an ipympl canvas asks for its draws):
+        # busy for a moment then is fine, busy for good is not
+        state = "() => window.__dpnb.kernelState()"
+        try:
+            final = wait_for(lambda: (k := self.js(state))["status"] != "busy" and k, 15,
+                             "the kernel to be idle", interval=0.25)
+        except TimeoutError:
+            final = self.js(state)
         if final["status"] != "idle" or final["connection"] != "connected":
             report.kernel_problems.append(f"kernel at the end: {final}")
         for text in self.js("() => window.__dpnb.dialogs()"):
