@@ -1,4 +1,4 @@
-"""A JupyterLab server and a headless Chromium, for running the tutorials through the real UI.
+"""A JupyterLab (or Notebook 7) server and a headless Chromium, for running notebooks through the real UI.
 
 :class:`LabServer` starts ``jupyter lab`` from this interpreter's environment on
 127.0.0.1 (a free port, a random token, an isolated config/runtime/kernel-spec
@@ -6,7 +6,9 @@ directory, so the kernel is this environment's ipykernel) and stops it by its
 own process group. :class:`NotebookDriver` opens a notebook in a JupyterLab
 page, runs all its cells with the ``notebook:run-all-cells`` command, waits for
 the end and reports what a reader would see: error outputs, widgets that did
-not render, kernel restarts.
+not render, kernel restarts. With ``app="notebook"`` the server is Notebook 7
+(``python -m notebook``, built on JupyterLab's components) and the driver opens
+each notebook in its own ``/notebooks/<path>`` page instead.
 
 Nothing here needs the network, and nothing downloads a browser: Chromium is
 the system's (``/usr/bin/chromium``).
@@ -24,6 +26,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -110,10 +113,14 @@ class LabServer:
         work_dir: where config, runtime files, kernel spec and the log go.
         python: the interpreter that runs both the server and the kernel.
         startup_timeout: seconds to wait for ``/api/status``.
+        app: ``"lab"`` (``jupyter lab``) or ``"notebook"`` (Notebook 7, ``python -m notebook``).
     """
 
     def __init__(self, root_dir: Path, work_dir: Path, python: str = sys.executable,
-                 startup_timeout: float = 120.0) -> None:
+                 startup_timeout: float = 120.0, app: str = "lab") -> None:
+        if app not in ("lab", "notebook"):
+            raise ValueError(f"app must be 'lab' or 'notebook', not {app!r}")
+        self.app = app
         self.root_dir = Path(root_dir)
         self.work_dir = Path(work_dir)
         self.python = python
@@ -122,7 +129,7 @@ class LabServer:
         self.port = 0
         self.proc: subprocess.Popen | None = None
         self._log: Any = None
-        self.log_path = self.work_dir / "jupyter-lab.log"
+        self.log_path = self.work_dir / f"jupyter-{app}.log"
 
     @property
     def url(self) -> str:
@@ -168,20 +175,25 @@ class LabServer:
         """Start the server process (returns at once; see :meth:`wait_ready`)."""
         self.port = _free_port()
         cmd = [
-            self.python, "-m", "jupyterlab",
+            self.python, "-m", "jupyterlab" if self.app == "lab" else "notebook",
             "--no-browser",
             "--ServerApp.ip=127.0.0.1",
             f"--ServerApp.port={self.port}",
             "--ServerApp.port_retries=0",
             f"--IdentityProvider.token={self.token}",
             f"--ServerApp.root_dir={self.root_dir}",
-            "--LabApp.expose_app_in_browser=True",
-            "--LabApp.news_url=None",
-            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-            "--LabApp.extension_manager=readonly",
             "--KernelSpecManager.ensure_native_kernel=False",
             "--ServerApp.terminals_enabled=False",
         ]
+        if self.app == "lab":
+            cmd += [
+                "--LabApp.expose_app_in_browser=True",
+                "--LabApp.news_url=None",
+                "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+                "--LabApp.extension_manager=readonly",
+            ]
+        else:
+            cmd.append("--JupyterNotebookApp.expose_app_in_browser=True")
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             cmd.append("--allow-root")  # CI containers run as root
         self.work_dir.mkdir(parents=True, exist_ok=True)
@@ -197,14 +209,14 @@ class LabServer:
 
         def ready() -> bool:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"jupyter lab exited with {self.proc.returncode}:\n{self.log_tail()}")
+                raise RuntimeError(f"jupyter {self.app} exited with {self.proc.returncode}:\n{self.log_tail()}")
             try:
                 return self.api("status") is not None
             except (OSError, urllib.error.URLError):
                 return False
 
         try:
-            wait_for(ready, self.startup_timeout, "jupyter lab's /api/status", interval=0.2)
+            wait_for(ready, self.startup_timeout, f"jupyter {self.app}'s /api/status", interval=0.2)
         except TimeoutError as exc:
             raise TimeoutError(f"{exc}\n{self.log_tail()}") from None
 
@@ -218,6 +230,10 @@ class LabServer:
 
     def lab_url(self) -> str:
         return f"{self.url}/lab?token={self.token}"
+
+    def notebook_url(self, path: str) -> str:
+        """Notebook 7's page for the notebook at ``path`` (relative to the root)."""
+        return f"{self.url}/notebooks/{urllib.parse.quote(path)}?token={self.token}"
 
     def shutdown_kernels(self) -> None:
         """Shut down every kernel through the API (best effort)."""
@@ -259,7 +275,7 @@ class LabServer:
             text = self.log_path.read_text(errors="replace")
         except OSError:
             return ""
-        return "--- jupyter lab log (tail) ---\n" + text[-chars:]
+        return f"--- jupyter {self.app} log (tail) ---\n" + text[-chars:]
 
 
 # -- the page side ---------------------------------------------------------------------------
@@ -274,16 +290,32 @@ _PAGE_SETUP = r"""
     setTimeout(() => reject(new Error(`timed out after ${ms / 1000} s: ${what}`)), ms))]);
   window.__dpnb = {
     panel: null, log: [], run: null,
-    open(path) { return limit(this._open(path), 120000, `opening ${path}`); },
+    open(path) { return limit(this._open(path), 120000, `opening ${path === null ? 'the page\'s notebook' : path}`); },
+    // shut the kernel down and let the page go without a "leave the page?" prompt (Notebook 7)
+    async release() {
+      if (!this.panel) return true;
+      try { this.panel.context.model.dirty = false; } catch (e) {}
+      try { await limit(this.panel.sessionContext.shutdown(), 30000, 'the kernel to shut down'); } catch (e) {}
+      return true;
+    },
     async _open(path) {
       await app.restored;
-      // one notebook at a time: close (without asking) whatever is open
-      for (const w of Array.from(app.shell.widgets('main'))) {
-        if (w.sessionContext) { try { await w.sessionContext.shutdown(); } catch (e) {} }
-        w.dispose();
+      let panel = null;
+      if (path === null) {
+        // Notebook 7: the page shows one notebook; wait for its panel
+        while (!(panel = Array.from(app.shell.widgets('main')).find(w => w.sessionContext && w.content))) {
+          await new Promise(r => setTimeout(r, 100));
+        }
+        this.log = []; this.run = null;
+      } else {
+        // one notebook at a time: close (without asking) whatever is open
+        for (const w of Array.from(app.shell.widgets('main'))) {
+          if (w.sessionContext) { try { await w.sessionContext.shutdown(); } catch (e) {} }
+          w.dispose();
+        }
+        this.log = []; this.run = null;
+        panel = await app.commands.execute('docmanager:open', {path, factory: 'Notebook'});
       }
-      this.log = []; this.run = null;
-      const panel = await app.commands.execute('docmanager:open', {path, factory: 'Notebook'});
       this.panel = panel;
       const sc = panel.sessionContext;
       const stamp = () => Math.round(performance.now());
@@ -475,6 +507,9 @@ def find_widget_output(nb: dict, needle: str) -> int | None:
 class NotebookDriver:
     """Runs notebooks, one after the other, in one JupyterLab page (a Playwright ``Page``).
 
+    With a Notebook 7 server (``server.app == "notebook"``) each notebook gets its own
+    ``/notebooks/<path>`` page, loaded in the same Playwright ``Page``.
+
     Args:
         page: a page of the browser.
         server: the running :class:`LabServer`.
@@ -490,8 +525,15 @@ class NotebookDriver:
     def js(self, expression: str, arg: Any = None) -> Any:
         return self.page.evaluate(expression, arg)
 
+    @property
+    def notebook7(self) -> bool:
+        return getattr(self.server, "app", "lab") == "notebook"
+
     def load(self, timeout: float = 120.0) -> None:
-        """Load JupyterLab and install the page helpers (once)."""
+        """Load JupyterLab and install the page helpers (once); Notebook 7 loads a page per notebook."""
+        if self.notebook7:
+            self._loaded = True
+            return
         self.page.goto(self.server.lab_url(), wait_until="domcontentloaded", timeout=timeout * 1000)
         wait_for(lambda: self.js(_PAGE_SETUP), timeout, "JupyterLab (window.jupyterapp)", 0.25)
         self.js("""() => Promise.race([window.jupyterapp.restored, new Promise((_, reject) =>
@@ -508,10 +550,21 @@ class NotebookDriver:
         """Open ``path`` (closing the notebook before it) and wait for its kernel to be idle."""
         if not self._loaded:
             self.load()
-        self.js("() => window.__dpnb.closeDialogs()")
-        self.js("p => window.__dpnb.open(p)", path)
+        if self.notebook7:
+            self._open_notebook7(path, timeout)
+        else:
+            self.js("() => window.__dpnb.closeDialogs()")
+            self.js("p => window.__dpnb.open(p)", path)
         wait_for(lambda: self.js("() => window.__dpnb.kernelState().status") == "idle",
                  timeout, f"the kernel of {path} to be idle")
+
+    def _open_notebook7(self, path: str, timeout: float) -> None:
+        """Load Notebook 7's page for ``path`` (after shutting the previous one's kernel down)."""
+        if self.page.url.startswith(self.server.url):
+            self.js("() => window.__dpnb ? window.__dpnb.release() : true")
+        self.page.goto(self.server.notebook_url(path), wait_until="domcontentloaded", timeout=timeout * 1000)
+        wait_for(lambda: self.js(_PAGE_SETUP), timeout, "Notebook 7 (window.jupyterapp)", 0.25)
+        self.js("() => window.__dpnb.open(null)")
 
     def kernel_eval(self, code: str) -> str:
         """What ``code`` prints on the notebook's kernel (run without touching the notebook)."""
@@ -654,12 +707,13 @@ class NotebookDriver:
             self.page.set_viewport_size(size)
 
     def check_slider_moves_figure(self, cell_index: int, shots: Path | None = None,
-                                  timeout: float = 30.0) -> list[str]:
+                                  timeout: float = 30.0,
+                                  ways: tuple[str, ...] = ("arrow keys", "mouse drag")) -> list[str]:
         """Move the first slider of the widget in cell ``cell_index``; check the figure and readouts follow.
 
         The slider is moved twice, as a reader would: arrow keys on the focused handle, then a
         mouse drag of the handle. Each time the readout, the caption (an HTML widget) and the
-        figure's pixels must change. Returns what changed, step by step (for the report).
+        figure's pixels must change (``ways`` picks the moves). Returns what changed, step by step.
         Raises ``AssertionError`` with what did not.
         """
         tags = self.js("i => window.__dpnb.tagExplorer(i)", cell_index)
@@ -686,7 +740,8 @@ class NotebookDriver:
         if shots is not None:
             shots.parent.mkdir(parents=True, exist_ok=True)
             shots.with_name(shots.stem + "-0-before.png").write_bytes(before["pixels"])
-        moves = [("arrow keys", self._press_arrows), ("mouse drag", self._drag)]
+        moves = [(how, move) for how, move in (("arrow keys", self._press_arrows), ("mouse drag", self._drag))
+                 if how in ways]
         for step, (how, move) in enumerate(moves, start=1):
             move(handle)
             changed: dict = {}

@@ -6,8 +6,10 @@ installs Debian's) or no ``playwright`` Python package. Nothing downloads a brow
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -26,26 +28,29 @@ def browser_missing() -> str | None:
     return None
 
 
-@pytest.fixture(scope="module")
-def tutorial_copy(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, bytes]]:
-    """A copy of ``tutorials/`` to run (JupyterLab saves there, never in the checkout) and the
-    originals' bytes at the time of the copy."""
-    before = tutorial_bytes()
-    copy = tmp_path_factory.mktemp("browser") / "tutorials"
-    shutil.copytree(TUTORIALS, copy, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
-    return copy, before
-
-
-@pytest.fixture(scope="module")
-def lab(tutorial_copy: tuple[Path, dict[str, bytes]], tmp_path_factory: pytest.TempPathFactory):
-    """A :class:`~browserlab.NotebookDriver` on a JupyterLab page in headless Chromium."""
+def notebook7_missing() -> str | None:
+    """Why Notebook 7 cannot be checked here (no browser, no ``notebook`` 7.x), or ``None``."""
     reason = browser_missing()
     if reason:
-        pytest.skip(reason)
+        return reason
+    try:
+        import notebook
+    except ImportError:
+        return (f"{SKIPPED}: the Python package `notebook` (Notebook 7) is not installed "
+                "(`pip install 'notebook>=7' -c constraints.txt`, or the `lab` extra).")
+    version = getattr(notebook, "__version__", "0")
+    if int(version.split(".")[0]) != 7:
+        return f"{SKIPPED}: `notebook` {version} is installed; the Notebook 7 check needs 7.x."
+    return None
+
+
+@contextlib.contextmanager
+def browser_session(root: Path, work: Path, app: str = "lab") -> Iterator[NotebookDriver]:
+    """A server (``app``: ``"lab"`` or ``"notebook"``) on ``root`` and a headless Chromium page on it;
+    both stopped at the end (the server by its process group)."""
     from playwright.sync_api import sync_playwright
 
-    work = tmp_path_factory.mktemp("browser-lab")
-    server = LabServer(tutorial_copy[0], work)
+    server = LabServer(root, work, app=app)
     playwright = context = None
     try:
         server.launch()  # the server boots while Chromium starts
@@ -69,6 +74,26 @@ def lab(tutorial_copy: tuple[Path, dict[str, bytes]], tmp_path_factory: pytest.T
                 playwright.stop()
         finally:
             server.stop()
+
+
+@pytest.fixture(scope="module")
+def tutorial_copy(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, bytes]]:
+    """A copy of ``tutorials/`` to run (JupyterLab saves there, never in the checkout) and the
+    originals' bytes at the time of the copy."""
+    before = tutorial_bytes()
+    copy = tmp_path_factory.mktemp("browser") / "tutorials"
+    shutil.copytree(TUTORIALS, copy, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    return copy, before
+
+
+@pytest.fixture(scope="module")
+def lab(tutorial_copy: tuple[Path, dict[str, bytes]], tmp_path_factory: pytest.TempPathFactory):
+    """A :class:`~browserlab.NotebookDriver` on a JupyterLab page in headless Chromium."""
+    reason = browser_missing()
+    if reason:
+        pytest.skip(reason)
+    with browser_session(tutorial_copy[0], tmp_path_factory.mktemp("browser-lab")) as driver:
+        yield driver
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
