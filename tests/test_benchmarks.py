@@ -27,6 +27,7 @@ def test_cli_runs_one_tiny_configuration_and_writes_json(tmp_path, capsys) -> No
         assert r["median_ms"] > 0 and r["peak_mb"] > 0 and r["n"] == 1 and r["ratio"] > 0
     assert data["settings"]["torch"] == torch.__version__
     assert "| MLP | 4 | 1 | dpsgd_ghost |" in capsys.readouterr().out
+    assert main(["--report", str(out)]) == 0 and "dpsgd_ghost" in capsys.readouterr().out
 
 
 def test_plan_covers_modes_kinds_multiplicity_and_opacus() -> None:

@@ -5,6 +5,7 @@ Examples::
     python -m dpnotebook.benchmarks --quick                      # a meaningful subset, a few minutes
     python -m dpnotebook.benchmarks --compare-opacus --json out.json
     python -m dpnotebook.benchmarks --models MLP --batch 128 --modes ghost hooks --kinds dpsgd
+    python -m dpnotebook.benchmarks --report out.json            # the tables again
 
 Every configuration runs in its own process (peak RSS is its own); its steps are
 timed alternately with the non-private step on the same rows, and the table
@@ -54,6 +55,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--compare-opacus", action="store_true", help="also run Opacus 1.6 on the same models (K=1)")
     p.add_argument("--quick", action="store_true", help="preset: every model at B=128, hooks and ghost, K in {1,16} on SampleConvNet")
     p.add_argument("--json", metavar="PATH", help="write all rows and the settings as JSON")
+    p.add_argument("--report", metavar="PATH", help="print the tables of an earlier --json file and exit")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.quick:
@@ -66,10 +68,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def print_tables(rows: list[dict]) -> None:
+    """The results table, then dpnotebook against Opacus and the cost of K when the rows hold them."""
+    print(results_table(rows))
+    if any(r["what"].startswith("opacus_") for r in rows):
+        print("\n" + opacus_table(rows))
+    if any(r["K"] > 1 for r in rows):
+        print("\n" + multiplicity_table(rows))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.child:
         child_main(args.child)
+        return 0
+    if args.report:
+        with open(args.report) as f:
+            print_tables(json.load(f)["rows"])
         return 0
     configs = plan(args.models, args.batch, modes=args.modes, kinds=args.kinds, ks=[], opacus=args.compare_opacus)
     configs += [c for c in plan(args.k_models or args.models, [], modes=args.modes, kinds=args.kinds, ks=args.ks,
@@ -82,11 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         shown = row.get("error") or f"{row['median_ms']:.1f} ms, x{row['ratio']:.2f}, peak {row['peak_mb']:.0f} MB"
         print(f"[{i}/{len(configs)} {time.time() - start:.0f}s] {cfg.model} B={cfg.batch} K={cfg.K} {cfg.what}: {shown}", file=sys.stderr)
-    print(results_table(rows))
-    if args.compare_opacus:
-        print("\n" + opacus_table(rows))
-    if any(c.K > 1 for c in configs):
-        print("\n" + multiplicity_table(rows))
+    print_tables(rows)
     if args.json:
         meta = {"torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(), **settings}
         with open(args.json, "w") as f:

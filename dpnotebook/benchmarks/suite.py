@@ -159,6 +159,7 @@ def measure(cfg: Config, *, steps: int = 10, warmup: int = 3, device: str = "cpu
     result.update(median_ms=statistics.median(times), min_ms=min(times), n=len(times))
     result["ref_median_ms"] = statistics.median(refs) if refs else result["median_ms"]
     result["ratio"] = result["median_ms"] / result["ref_median_ms"]
+    result["ratio_min"] = result["min_ms"] / (min(refs) if refs else result["min_ms"])  # less sensitive to load spikes
     return result
 
 

@@ -111,5 +111,6 @@ def conv_grad_sampler(
         grads = conv_per_sample_grads(layer, x, backprops, K, buf)
         out[layer.weight] = grads.div_(K) if K > 1 else grads
     if layer.bias is not None and layer.bias.requires_grad:
-        out[layer.bias] = sum_rows(backprops.movedim(1, -1), K, keep=1)
+        per_row = backprops.flatten(2).sum(2)  # [rows, C_out]: positions first, no copy of the backprops
+        out[layer.bias] = sum_rows(per_row, K, keep=1)
     return out

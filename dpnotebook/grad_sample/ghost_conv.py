@@ -12,9 +12,9 @@ and, later, their weighted sum. Two ways to form them, chosen by shape:
   often as fast as the batch's own weight gradient for large images.
 
 Which is faster depends on shapes, threads and machine: :func:`conv_method`
-times both once per layer shape. Both write chunk by chunk into a buffer that
-the caller keeps from one step to the next, so that no large tensor is
-allocated (and page-faulted) per step.
+times both (best of three) once per layer shape. Both write chunk by chunk
+into a buffer that the caller keeps from one step to the next, so that no
+large tensor is allocated (and page-faulted) per step.
 
 >>> import torch
 >>> from torch import nn
@@ -36,8 +36,9 @@ from torch import Tensor, nn
 
 from dpnotebook.grad_sample.conv import conv_weight_grad_per_sample, unfold_patches
 
-#: Bytes of scratch (im2col patches, vmap results) per chunk of samples.
-CHUNK_BYTES = 8 * 2**20
+#: Bytes of scratch (im2col patches, vmap inputs) per chunk of samples: small, so that
+#: memory does not grow with K (a chunk holds at least one sample's K rows).
+CHUNK_BYTES = 2 * 2**20
 
 
 #: Fastest method found for each layer configuration and input shape (see :func:`conv_method`).
@@ -52,8 +53,9 @@ def conv_method(layer: nn.modules.conv._ConvNd, x: Tensor, g: Tensor, K: int) ->
     """``"unfold"`` or ``"vmap"``: whichever ran faster on this layer's configuration and input shape.
 
     Which is faster depends on the shapes, the machine and the thread count in
-    ways no simple rule captures, so both are timed once, on a few samples of
-    the first batch, and the choice is kept for later batches of that shape.
+    ways no simple rule captures, so both are timed (interleaved, best of three)
+    on a few samples of the first batch, and the choice is kept for later
+    batches of that shape.
     Both give the same gradients (up to rounding).
 
     >>> import torch
@@ -70,7 +72,10 @@ def conv_method(layer: nn.modules.conv._ConvNd, x: Tensor, g: Tensor, K: int) ->
         rows = min(x.shape[0], 16 * K)
         xs, gs = x[:rows], g[:rows]
         out = x.new_empty(rows // K, *layer.weight.shape)
-        timed = {m: min(_time(layer, xs, gs, K, out, m) for _ in range(2)) for m in methods}
+        timed = {m: float("inf") for m in methods}
+        for _ in range(3):  # interleaved, best of three: a burst of load elsewhere does not decide
+            for m in methods:
+                timed[m] = min(timed[m], _time(layer, xs, gs, K, out, m))
         _CHOSEN[key] = min(timed, key=timed.get)
     return _CHOSEN[key]
 
@@ -88,16 +93,14 @@ def _unfold_chunk(layer: nn.Conv2d, x: Tensor, g: Tensor, K: int) -> Tensor:
     """``[b, C_out, C_in*kh*kw]``: per-sample gradients of ``b = rows/K`` samples by im2col.
 
     The patches come from strided views (:func:`~dpnotebook.grad_sample.conv.unfold_patches`),
-    copied once into ``[rows, C_in*kh*kw, positions]`` (faster than ``F.unfold`` on CPU).
+    copied once, a sample's K rows side by side: ``[b, C_in*kh*kw, K*positions]``
+    (faster than ``F.unfold`` on CPU).
     """
     patches = unfold_patches(x, layer)  # [r, C, oh, ow, kh, kw]
-    rows, _, oh, ow = patches.shape[:4]
-    P = oh * ow
-    U = patches.permute(0, 1, 4, 5, 2, 3).reshape(rows, -1, P)  # [r, CK, P]
-    G = g.reshape(rows, g.shape[1], P)
-    if K > 1:  # a sample's K rows become K*P positions of one product
-        U = U.reshape(rows // K, K, -1, P).transpose(1, 2).reshape(rows // K, -1, K * P)
-        G = G.reshape(rows // K, K, -1, P).transpose(1, 2).reshape(rows // K, -1, K * P)
+    rows, C, oh, ow, kh, kw = patches.shape
+    b, n = rows // K, K * oh * ow
+    U = patches.reshape(b, K, C, oh, ow, kh, kw).permute(0, 2, 5, 6, 1, 3, 4).reshape(b, C * kh * kw, n)
+    G = g.reshape(b, K, g.shape[1], oh * ow).transpose(1, 2).reshape(b, g.shape[1], n)
     return torch.bmm(G, U.transpose(1, 2))
 
 
