@@ -317,6 +317,19 @@ class GhostGradSampleModule(GradSampleModule):
                 out[p] = out[p] + s if p in out else s
         return out
 
+    def strategies(self) -> dict[str, str]:
+        """How each ghosted layer's norms are computed for the batch seen (after backward): ``{path: how}``.
+
+        >>> import torch
+        >>> from torch import nn
+        >>> model = GhostGradSampleModule(nn.Sequential(nn.Embedding(9, 4), nn.Linear(4, 2)))
+        >>> model(torch.randint(0, 9, (3, 5))).sum().backward()
+        >>> model.strategies()
+        {'model.0': 'ghost indices', 'model.1': 'ghost direct'}
+        """
+        paths = {m: path for path, m, *_ in self._ghost_units}
+        return {paths[m]: group.how for _, made in self._ghost_groups() for m, group in made.items()}
+
     def clear_ghost(self) -> None:
         """Forget the recorded activations and backprops (after their sums were taken)."""
         self._pending, self._groups, self._versions = {}, None, {}

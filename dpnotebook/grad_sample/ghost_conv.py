@@ -1,4 +1,4 @@
-"""Per-sample weight gradients of a convolution, a few samples at a time, into a reused buffer.
+"""Convolutions in ghost mode: per-sample weight gradients, a few samples at a time, into a reused buffer.
 
 A convolution's weight is small next to its activations, so ghost mode forms
 the per-sample weight gradients (``[B, *weight.shape]``) and takes their norms
@@ -35,6 +35,7 @@ import torch
 from torch import Tensor, nn
 
 from dpnotebook.grad_sample.conv import conv_weight_grad_per_sample, unfold_patches
+from dpnotebook.grad_sample.ghost_layers import GhostCall, GhostGroup, Grads, Scratch
 
 #: Bytes of scratch (im2col patches, vmap inputs) per chunk of samples: small, so that
 #: memory does not grow with K (a chunk holds at least one sample's K rows).
@@ -136,4 +137,36 @@ def conv_per_sample_grads(
     return out
 
 
-__all__ = ["conv_per_sample_grads", "conv_method", "CHUNK_BYTES"]
+class ConvGroup(GhostGroup):
+    """A convolution's per-sample weight gradients, formed chunk by chunk in a reused buffer."""
+
+    how = "materialised (conv)"
+
+    def __init__(self, grads: Grads, scale: float) -> None:
+        self.grads, self.scale = grads, scale
+
+    def sq_norms(self) -> Grads:
+        return {p: torch.linalg.vector_norm(g.flatten(1), dim=1).pow(2) * self.scale**2 for p, g in self.grads.items()}
+
+    def weighted_sums(self, weights: Grads) -> Grads:
+        return {p: torch.tensordot(weights[p].to(g.dtype) * self.scale, g, dims=1) for p, g in self.grads.items() if p in weights}
+
+
+def conv_group(layer: nn.modules.conv._ConvNd, calls: list[GhostCall], K: int, scratch: Scratch | None = None) -> GhostGroup:
+    """``nn.Conv1d/2d/3d``: :func:`conv_per_sample_grads`, summed over calls."""
+    grads: Grads = {}
+    for i, c in enumerate(calls):  # the calls of one forward pass: same rows, same scale
+        x, g = c.activations()[0], c.backprops
+        B = x.shape[0] // K
+        if layer.weight.requires_grad:
+            shape = (B, *layer.weight.shape)
+            buf = scratch(("weight", i), shape, g) if scratch is not None else g.new_empty(shape)
+            w = conv_per_sample_grads(layer, x, g, K, buf)
+            grads[layer.weight] = w if i == 0 else grads[layer.weight].add_(w)
+        if layer.bias is not None and layer.bias.requires_grad:
+            b = g.flatten(2).sum(2).reshape(B, K, -1).sum(1)
+            grads[layer.bias] = b if i == 0 else grads[layer.bias] + b
+    return ConvGroup(grads, calls[0].scale)
+
+
+__all__ = ["conv_per_sample_grads", "conv_method", "conv_group", "ConvGroup", "CHUNK_BYTES"]

@@ -9,17 +9,16 @@ answers two questions:
 * :meth:`GhostGroup.weighted_sums`: ``sum_b w_b * (sample b's gradient)`` per
   parameter, for the clip factors ``w`` (book-keeping: no second backward).
 
-How each layer type is handled:
+How each layer type is handled (:func:`ghost_handler`):
 
 * ``nn.Linear``: Gram or direct norms (:mod:`~dpnotebook.grad_sample.ghost_norms`), one matmul for the sum;
-* ``InProjection``: as Linear, for each block of rows a call used;
-* ``GateProjection``: two Linear pieces (input and hidden side) of an RNN layer;
+* ``InProjection`` (of ``DPMultiheadAttention``): as Linear, for each block of rows a call used;
 * ``nn.Embedding``: norms by matching indices, one ``index_add`` for the sum;
-* anything else: materialised with the layer's registered grad sampler, then norms and ``tensordot``.
-
-Convolutions and norm layers are materialised: their per-sample gradients are
-small next to their activations (a convolution's weight is shared by every
-pixel, a norm layer's affine has one entry per channel).
+* ``GateProjection`` (of ``DPLSTM`` and co.): :mod:`~dpnotebook.grad_sample.ghost_rnn`;
+* convolutions: :mod:`~dpnotebook.grad_sample.ghost_conv`;
+* norm layers and the rest: materialised with the layer's registered grad sampler,
+  then norms and ``tensordot``. Their per-sample gradients are small next to
+  their activations (one entry per channel).
 """
 
 from __future__ import annotations
@@ -32,15 +31,12 @@ from torch import Tensor, nn
 
 from dpnotebook.grad_sample._contract import group_rows
 from dpnotebook.grad_sample.functorch_fallback import LayerCall
-from dpnotebook.grad_sample.ghost_conv import conv_per_sample_grads
 from dpnotebook.grad_sample.ghost_norms import (
     embedding_sq_norms,
     embedding_weighted_sum,
     linear_sq_norms,
     linear_strategy,
     linear_weighted_sum,
-    shared_gram_pays,
-    shared_gram_sq_norms,
 )
 from dpnotebook.grad_sample.hooks import bound_arguments, sampler_grad_samples, to_batch_first
 from dpnotebook.grad_sample.registry import find_grad_sampler
@@ -127,11 +123,11 @@ class LinearPiece:
         return self._bias
 
 
-def _piece(calls: list[tuple[Tensor, Tensor, float]], K: int) -> LinearPiece:
-    """One :class:`LinearPiece` for several calls: their positions are concatenated per sample."""
-    scales = {s for _, _, s in calls}
-    if len(scales) > 1:  # calls with different row counts (and a mean loss) scale differently
-        calls = [(a, g * (s / calls[0][2]), calls[0][2]) for a, g, s in calls]
+def linear_piece(calls: list[tuple[Tensor, Tensor, float]], K: int) -> LinearPiece:
+    """One :class:`LinearPiece` for several calls: their positions are concatenated per sample.
+
+    The calls of one forward pass all hold the same rows (the wrapper checks it), hence the same scale.
+    """
     A = torch.cat([group_rows(a, K) for a, _, _ in calls], 1) if len(calls) > 1 else group_rows(calls[0][0], K)
     G = torch.cat([group_rows(g, K) for _, g, _ in calls], 1) if len(calls) > 1 else group_rows(calls[0][1], K)
     return LinearPiece(A, G, calls[0][2])
@@ -186,7 +182,7 @@ def linear_group(module: nn.Module, calls: list[GhostCall], K: int, scratch: Scr
         blocks.setdefault(rows, []).append((acts[0], c.backprops, c.scale))
     if not _disjoint(list(blocks)):
         return materialise(module, calls, K)  # overlapping windows: their gradients would add up
-    return LinearGroup(module.weight, getattr(module, "bias", None), {r: _piece(v, K) for r, v in blocks.items()})
+    return LinearGroup(module.weight, getattr(module, "bias", None), {r: linear_piece(v, K) for r, v in blocks.items()})
 
 
 class EmbeddingGroup(GhostGroup):
@@ -208,10 +204,9 @@ class EmbeddingGroup(GhostGroup):
 
 
 def embedding_group(module: nn.Embedding, calls: list[GhostCall], K: int, scratch: Scratch | None = None) -> GhostGroup:
+    """``nn.Embedding``: the indices and backprops of all calls, side by side per sample."""
     if not module.weight.requires_grad:
         return MaterialisedGroup({})
-    if len({c.scale for c in calls}) > 1:
-        return materialise(module, calls, K)
     idx, G = [], []
     for c in calls:
         i, g = c.activations()[0], c.backprops
@@ -221,100 +216,6 @@ def embedding_group(module: nn.Embedding, calls: list[GhostCall], K: int, scratc
         idx.append(i.reshape(i.shape[0] // K, -1))
         G.append(g.reshape(i.shape[0] // K, -1, module.embedding_dim))
     return EmbeddingGroup(module.weight, torch.cat(idx, 1), torch.cat(G, 1), calls[0].scale)
-
-
-class ConvGroup(GhostGroup):
-    """A convolution's per-sample weight gradients, formed chunk by chunk in a reused buffer."""
-
-    how = "materialised (conv)"
-
-    def __init__(self, grads: Grads, scale: float) -> None:
-        self.grads, self.scale = grads, scale
-
-    def sq_norms(self) -> Grads:
-        return {p: torch.linalg.vector_norm(g.flatten(1), dim=1).pow(2) * self.scale**2 for p, g in self.grads.items()}
-
-    def weighted_sums(self, weights: Grads) -> Grads:
-        return {p: torch.tensordot(weights[p].to(g.dtype) * self.scale, g, dims=1) for p, g in self.grads.items() if p in weights}
-
-
-def conv_group(layer: nn.modules.conv._ConvNd, calls: list[GhostCall], K: int, scratch: Scratch | None = None) -> GhostGroup:
-    """``nn.Conv1d/2d/3d``: :func:`~dpnotebook.grad_sample.ghost_conv.conv_per_sample_grads`, summed over calls."""
-    grads: Grads = {}
-    scale = calls[0].scale
-    for i, c in enumerate(calls):
-        x, g = c.activations()[0], c.backprops
-        s = c.scale / scale
-        B = x.shape[0] // K
-        if layer.weight.requires_grad:
-            shape = (B, *layer.weight.shape)
-            buf = scratch(("weight", i), shape, g) if scratch is not None else g.new_empty(shape)
-            w = conv_per_sample_grads(layer, x, g, K, buf)
-            grads[layer.weight] = w * s if i == 0 and s != 1 else (w if i == 0 else grads[layer.weight].add_(w, alpha=s))
-        if layer.bias is not None and layer.bias.requires_grad:
-            b = g.flatten(2).sum(2).reshape(B, K, -1).sum(1) * s
-            grads[layer.bias] = b if i == 0 else grads[layer.bias] + b
-    return ConvGroup(grads, scale)
-
-
-class GateGroup(GhostGroup):
-    """One RNN layer and direction: input-side and hidden-side Linear pieces, and both biases."""
-
-    def __init__(self, unit: nn.Module, x_side: LinearPiece, h_side: LinearPiece, shared: bool) -> None:
-        self.unit, self.x_side, self.h_side = unit, x_side, h_side
-        A, H, G = x_side.A, h_side.A, x_side.G
-        self.shared = shared and shared_gram_pays([A.shape[2], H.shape[2]], A.shape[1], G.shape[2])
-        if shared:  # LSTM, RNN: the hidden side gets the very same backprops
-            h_side._bias = x_side.bias_grads()
-        self.how = "ghost shared-gram" if self.shared else f"ghost {x_side.strategy}+{h_side.strategy}"
-        self._weight_sq: dict[nn.Parameter, Tensor] | None = None
-
-    def _weight_sq_norms(self) -> dict[nn.Parameter, Tensor]:
-        if self._weight_sq is None:
-            u, x, h = self.unit, self.x_side, self.h_side
-            if self.shared:
-                nx, nh = shared_gram_sq_norms([x.A, h.A], x.G)
-                self._weight_sq = {u.weight_ih: nx * x.scale**2, u.weight_hh: nh * h.scale**2}
-            else:
-                self._weight_sq = {u.weight_ih: x.weight_sq_norms(), u.weight_hh: h.weight_sq_norms()}
-        return self._weight_sq
-
-    def _parts(self) -> list[tuple[nn.Parameter | None, LinearPiece, bool]]:
-        u = self.unit
-        return [(u.weight_ih, self.x_side, True), (u.weight_hh, self.h_side, True), (u.bias_ih, self.x_side, False), (u.bias_hh, self.h_side, False)]
-
-    def sq_norms(self) -> Grads:
-        return {
-            p: self._weight_sq_norms()[p] if is_weight else piece.bias_grads().pow(2).sum(1)
-            for p, piece, is_weight in self._parts()
-            if p is not None and p.requires_grad
-        }
-
-    def weighted_sums(self, weights: Grads) -> Grads:
-        return {
-            p: piece.weight_sum(weights[p]) if is_weight else weights[p].to(p.dtype) @ piece.bias_grads()
-            for p, piece, is_weight in self._parts()
-            if p is not None and p in weights
-        }
-
-
-def gate_group(unit: nn.Module, calls: list[GhostCall], K: int, scratch: Scratch | None = None) -> GhostGroup:
-    """``dpnotebook.layers.GateProjection``: the hidden states come from the layer's record."""
-    xs, hs, shared = [], [], True
-    for c in calls:
-        acts = c.activations()
-        x, record, g = acts[0], acts[1], c.backprops
-        with torch.no_grad():
-            h_prev = record.hidden_inputs().to(g.dtype)
-            g_hh = unit.hidden_backprops(x, h_prev, g)
-        shared = shared and g_hh is g
-        xs.append((x, g, c.scale))
-        hs.append((h_prev, g_hh, c.scale))
-    x_side = _piece(xs, K)
-    h_side = _piece(hs, K)
-    if shared:
-        h_side.G = x_side.G  # one tensor (the concatenation made two copies)
-    return GateGroup(unit, x_side, h_side, shared)
 
 
 GroupMaker = Callable[[nn.Module, list[GhostCall], int, Scratch], GhostGroup]
@@ -328,6 +229,9 @@ def ghost_handler(module: nn.Module) -> tuple[GroupMaker, tuple[str, ...]] | Non
     """
     from dpnotebook.layers.attention_units import AppendBias, InProjection
     from dpnotebook.layers.gate_projection import GateProjection
+
+    from dpnotebook.grad_sample.ghost_conv import conv_group
+    from dpnotebook.grad_sample.ghost_rnn import gate_group
 
     table: dict[type, tuple[GroupMaker, tuple[str, ...]]] = {
         nn.Linear: (linear_group, ()),
@@ -348,6 +252,6 @@ def ghost_handler(module: nn.Module) -> tuple[GroupMaker, tuple[str, ...]] | Non
 
 
 __all__ = [
-    "GhostCall", "GhostGroup", "MaterialisedGroup", "LinearGroup", "EmbeddingGroup", "ConvGroup", "GateGroup",
-    "ghost_handler", "materialise", "Scratch",
+    "GhostCall", "GhostGroup", "MaterialisedGroup", "LinearPiece", "linear_piece", "LinearGroup", "EmbeddingGroup",
+    "ghost_handler", "materialise", "Scratch", "Grads",
 ]

@@ -1,0 +1,90 @@
+"""Recurrent layers in ghost mode: the ``GateProjection`` of ``DPLSTM``, ``DPGRU`` and ``DPRNN``.
+
+One layer and direction of an RNN has an input-side weight (applied to
+``x_t``) and a hidden-side weight (applied to ``h_{t-1}``); both receive the
+gate backprops ``g_t`` (GRU: the hidden side of its candidate gate receives
+``r_t * g_t``). So each is a Linear piece over the ``K*T`` positions of a
+sample, and for LSTM and RNN the two pieces share ``G``: their Gram norms need
+``G G^T`` once (:func:`~dpnotebook.grad_sample.ghost_norms.shared_gram_sq_norms`).
+The hidden states come from the record the layer filled during its forward.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from dpnotebook.grad_sample.ghost_layers import GhostCall, GhostGroup, Grads, LinearPiece, Scratch, linear_piece
+from dpnotebook.grad_sample.ghost_norms import shared_gram_pays, shared_gram_sq_norms
+
+
+class GateGroup(GhostGroup):
+    """One RNN layer and direction: input-side and hidden-side Linear pieces, and both biases."""
+
+    def __init__(self, unit: nn.Module, x_side: LinearPiece, h_side: LinearPiece, shared: bool) -> None:
+        self.unit, self.x_side, self.h_side = unit, x_side, h_side
+        A, H, G = x_side.A, h_side.A, x_side.G
+        self.shared = shared and shared_gram_pays([A.shape[2], H.shape[2]], A.shape[1], G.shape[2])
+        if shared:  # LSTM, RNN: the hidden side gets the very same backprops
+            h_side._bias = x_side.bias_grads()
+        self.how = "ghost shared-gram" if self.shared else f"ghost {x_side.strategy}+{h_side.strategy}"
+        self._weight_sq: dict[nn.Parameter, Tensor] | None = None
+
+    def _weight_sq_norms(self) -> dict[nn.Parameter, Tensor]:
+        if self._weight_sq is None:
+            u, x, h = self.unit, self.x_side, self.h_side
+            if self.shared:
+                nx, nh = shared_gram_sq_norms([x.A, h.A], x.G)
+                self._weight_sq = {u.weight_ih: nx * x.scale**2, u.weight_hh: nh * h.scale**2}
+            else:
+                self._weight_sq = {u.weight_ih: x.weight_sq_norms(), u.weight_hh: h.weight_sq_norms()}
+        return self._weight_sq
+
+    def _parts(self) -> list[tuple[nn.Parameter | None, LinearPiece, bool]]:
+        u = self.unit
+        return [(u.weight_ih, self.x_side, True), (u.weight_hh, self.h_side, True), (u.bias_ih, self.x_side, False), (u.bias_hh, self.h_side, False)]
+
+    def sq_norms(self) -> Grads:
+        return {
+            p: self._weight_sq_norms()[p] if is_weight else piece.bias_grads().pow(2).sum(1)
+            for p, piece, is_weight in self._parts()
+            if p is not None and p.requires_grad
+        }
+
+    def weighted_sums(self, weights: Grads) -> Grads:
+        return {
+            p: piece.weight_sum(weights[p]) if is_weight else weights[p].to(p.dtype) @ piece.bias_grads()
+            for p, piece, is_weight in self._parts()
+            if p is not None and p in weights
+        }
+
+
+def gate_group(unit: nn.Module, calls: list[GhostCall], K: int, scratch: Scratch | None = None) -> GhostGroup:
+    """``dpnotebook.layers.GateProjection``: the hidden states come from the layer's record.
+
+    >>> import torch
+    >>> import dpnotebook
+    >>> from dpnotebook.layers import DPLSTM
+    >>> lstm = dpnotebook.wrap_model(DPLSTM(3, 4, batch_first=True), "ghost")
+    >>> lstm(torch.randn(2, 5, 3))[0].sum().backward()
+    >>> lstm.per_sample_norms().shape
+    torch.Size([2])
+    """
+    xs, hs, shared = [], [], True
+    for c in calls:
+        acts = c.activations()
+        x, record, g = acts[0], acts[1], c.backprops
+        with torch.no_grad():
+            h_prev = record.hidden_inputs().to(g.dtype)
+            g_hh = unit.hidden_backprops(x, h_prev, g)
+        shared = shared and g_hh is g
+        xs.append((x, g, c.scale))
+        hs.append((h_prev, g_hh, c.scale))
+    x_side = linear_piece(xs, K)
+    h_side = linear_piece(hs, K)
+    if shared:
+        h_side.G = x_side.G  # one tensor (the concatenation made two copies)
+    return GateGroup(unit, x_side, h_side, shared)
+
+
+__all__ = ["GateGroup", "gate_group"]
