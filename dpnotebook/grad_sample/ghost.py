@@ -260,7 +260,8 @@ class GhostGradSampleModule(GradSampleModule):
     def _trainable(self) -> list[nn.Parameter]:
         return [p for p in self._module.parameters() if p.requires_grad]
 
-    def _samples(self) -> int:
+    def num_samples(self) -> int:
+        """The number of samples B in the batches seen since the last :meth:`zero_grad`."""
         ghost = sum(B for B, _ in self._ghost_groups())
         sampled = {getattr(p, "grad_sample", None) is not None and p.grad_sample.shape[0] for p in self._trainable()} - {False}
         if ghost and sampled and sampled != {ghost}:
@@ -269,7 +270,7 @@ class GhostGradSampleModule(GradSampleModule):
 
     def sq_norms(self) -> Grads:
         """Every sample's squared gradient norm for each trainable parameter: ``{p: [B]}``."""
-        B = self._samples()
+        B = self.num_samples()
         out: Grads = {}
         offset = 0
         for Bf, made in self._ghost_groups():
@@ -289,7 +290,7 @@ class GhostGradSampleModule(GradSampleModule):
     def per_sample_norms(self) -> Tensor:
         """Every sample's total gradient norm (all parameters): shape ``[B]``."""
         norms = list(self.sq_norms().values())
-        return torch.stack(norms).sum(0).sqrt() if norms else torch.zeros(self._samples())
+        return torch.stack(norms).sum(0).sqrt() if norms else torch.zeros(self.num_samples())
 
     def weighted_sums(self, weights: Tensor | Grads) -> Grads:
         """``sum_b w_b * (sample b's gradient)`` for each trainable parameter reached by the batch.

@@ -101,7 +101,7 @@ class GhostDPOptimizer(DPOptimizer):
         if len(owners) > 1:
             raise RuntimeError("GhostDPOptimizer's parameters belong to several ghost-mode models; use one optimizer per model.")
         model = owners[0]
-        B = model._samples()
+        B = model.num_samples()
         if B == 0:
             return None
         sq = model.sq_norms()
@@ -130,7 +130,7 @@ class GhostDPOptimizer(DPOptimizer):
         self._release()
 
     def add_noise(self) -> None:
-        """As :meth:`DPOptimizer.add_noise`, in place on the clipped sums (they are this optimizer's own)."""
+        """As :meth:`DPOptimizer.add_noise`, with the noise of :func:`draw_noise` (the clipped sums are added to it in place)."""
         self.virtual_step()
         params = self.params
         summed = self._summed or [torch.zeros_like(p) for p in params]
