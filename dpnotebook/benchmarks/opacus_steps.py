@@ -33,7 +33,7 @@ def opacus_step(model: nn.Module, kind: str, mode: str, x: Tensor, y: Tensor, ba
         ImportError: Opacus is not installed (``pip install opacus==1.6.0``).
     """
     if opacus_available() is None:
-        raise ImportError("--compare-opacus needs Opacus: pip install 'opacus==1.6.0' (torch stays as it is).")
+        raise ImportError("--compare-opacus needs Opacus: pip install -c constraints.txt -e '.[opacus]' (torch stays 2.13.0).")
     from opacus import PrivacyEngine
     from opacus.grad_sample.utils import wrap_model
 
