@@ -253,5 +253,5 @@ def ghost_handler(module: nn.Module) -> tuple[GroupMaker, tuple[str, ...]] | Non
 
 __all__ = [
     "GhostCall", "GhostGroup", "MaterialisedGroup", "LinearPiece", "linear_piece", "LinearGroup", "EmbeddingGroup",
-    "ghost_handler", "materialise", "Scratch", "Grads",
+    "ghost_handler", "materialise",
 ]
