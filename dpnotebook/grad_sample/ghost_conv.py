@@ -37,9 +37,9 @@ from torch import Tensor, nn
 from dpnotebook.grad_sample.conv import conv_weight_grad_per_sample, unfold_patches
 from dpnotebook.grad_sample.ghost_layers import GhostCall, GhostGroup, Grads, Scratch
 
-#: Bytes of scratch (im2col patches, vmap inputs) per chunk of samples: small, so that
-#: memory does not grow with K (a chunk holds at least one sample's K rows).
-CHUNK_BYTES = 2 * 2**20
+#: Bytes of scratch (im2col patches, vmap inputs) per chunk of samples, divided by K so
+#: that memory does not grow with K (a chunk holds at least one sample's K rows).
+CHUNK_BYTES = 8 * 2**20
 
 
 #: Fastest method found for each layer configuration and input shape (see :func:`conv_method`).
@@ -126,7 +126,7 @@ def conv_per_sample_grads(
         per_sample = K * g[0, 0].numel() * layer.weight[0].numel() + weight
     else:
         per_sample = K * (x[0].numel() + g[0].numel()) + weight
-    step = max(1, min(B, CHUNK_BYTES // max(1, per_sample * x.element_size())))
+    step = max(1, min(B, CHUNK_BYTES // K // max(1, per_sample * x.element_size())))
     flat = out.view(B, layer.out_channels, -1)
     for s in range(0, B, step):
         xs, gs = x[s * K : (s + step) * K], g[s * K : (s + step) * K]
