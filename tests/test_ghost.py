@@ -18,6 +18,7 @@ import dpnotebook
 from dpnotebook import GradSampleError
 from dpnotebook.benchmarks.models import SampleConvNet, SmallResNetGN, TextTransformer
 from dpnotebook.grad_sample.ghost import GhostGradSampleModule
+from dpnotebook.grad_sample.ghost_conv import _methods, conv_per_sample_grads
 from dpnotebook.grad_sample.ghost_norms import linear_sq_norms
 from dpnotebook.layers import DPGRU, DPLSTM, DPMultiheadAttention
 from dpnotebook.privacy.clipping import clip_and_sum, clip_factors, layer_thresholds
@@ -120,6 +121,29 @@ def test_embedding_repeated_indices_and_padding(K: int, reduction: str) -> None:
 )
 def test_convolutions(conv: nn.Module, shape: tuple, K: int) -> None:
     check(conv, torch.randn(2 * K, *shape), K=K, reduction="sum" if K == 3 else "mean")
+
+
+@pytest.mark.parametrize("K", [1, 3])
+@pytest.mark.parametrize(
+    "conv,shape",
+    [
+        (nn.Conv1d(2, 3, 3, padding=1, stride=2), (2, 9)),
+        (nn.Conv2d(4, 6, 3, groups=2, padding="same"), (4, 5, 5)),
+        (nn.Conv2d(2, 3, 2, padding=1, padding_mode="circular", dilation=2), (2, 6, 6)),
+        (nn.Conv2d(1, 4, 8, stride=2, padding=3), (1, 12, 12)),
+        (nn.Conv3d(2, 2, 2, stride=(1, 2, 1)), (2, 3, 4, 4)),
+    ],
+)
+def test_every_conv_method_matches_the_oracle(conv: nn.Module, shape: tuple, K: int) -> None:
+    """The timed choice picks one method per shape; each of them must be right on its own."""
+    conv = conv.double()
+    x = torch.randn(2 * K, *shape, dtype=torch.float64)
+    g = random_target(conv, [x])
+    ref = reference_grad_samples(conv, [x], target=g, K=K)["weight"] * K  # summed over a sample's K rows
+    out = torch.empty_like(ref)
+    for method in _methods(conv):
+        got = conv_per_sample_grads(conv, x, g, K, out, method)
+        assert torch.allclose(got, ref, rtol=TOL, atol=TOL), method
 
 
 @pytest.mark.parametrize(

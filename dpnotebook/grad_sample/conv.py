@@ -95,6 +95,37 @@ def conv_weight_grad_per_sample(layer: nn.modules.conv._ConvNd, x: Tensor, g: Te
     return vmap(one_sample)(x.unflatten(0, (B, K)), g.unflatten(0, (B, K))) / K
 
 
+def conv_weight_grad_grouped(layer: nn.modules.conv._ConvNd, x: Tensor, g: Tensor, K: int) -> Tensor:
+    """``[B, *weight.shape]``: each sample's weight gradient *summed* over its K rows, in one grouped call.
+
+    The B samples become B groups of one convolution whose batch is the K
+    copies: a single weight-gradient call of ``groups = B * layer.groups``
+    returns every sample's gradient (the batch's own backward sums over K).
+
+    >>> import torch
+    >>> from torch import nn
+    >>> conv = nn.Conv1d(1, 1, 2, bias=False)
+    >>> conv_weight_grad_grouped(conv, torch.ones(2, 1, 3), torch.ones(2, 1, 2), K=2)
+    tensor([[[[4., 4.]]]])
+    """
+    B, dims = x.shape[0] // K, len(layer.kernel_size)
+    if B == 0:
+        return x.new_zeros((0, *layer.weight.shape))
+    pads = _explicit_padding(layer)
+    mode = "constant" if layer.padding_mode == "zeros" else layer.padding_mode
+    if any(pads):
+        x = F.pad(x, pads, mode=mode)
+    xs = x.unflatten(0, (B, K)).transpose(0, 1).reshape(K, -1, *x.shape[2:])  # [K, B*C_in, ...]
+    gs = g.unflatten(0, (B, K)).transpose(0, 1).reshape(K, -1, *g.shape[2:])  # [K, B*C_out, ...]
+    weight = layer.weight.detach().to(x.dtype)
+    shape_only = weight.expand(B, *weight.shape).reshape(-1, *weight.shape[1:])
+    grads = torch.ops.aten.convolution_backward(
+        gs, xs, shape_only, None, layer.stride, [0] * dims, layer.dilation, False, [0] * dims,
+        B * layer.groups, [False, True, False],
+    )[1]
+    return grads.view(B, *weight.shape)
+
+
 @register_grad_sampler(nn.Conv1d, nn.Conv2d, nn.Conv3d)
 def conv_grad_sampler(
     layer: nn.modules.conv._ConvNd, activations: list[Tensor], backprops: Tensor, K: int

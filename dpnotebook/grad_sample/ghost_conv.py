@@ -2,17 +2,20 @@
 
 A convolution's weight is small next to its activations, so ghost mode forms
 the per-sample weight gradients (``[B, *weight.shape]``) and takes their norms
-and, later, their weighted sum. Two ways to form them, chosen by shape:
+and, later, their weighted sum. Three ways to form them, chosen by timing:
 
 * ``"unfold"``: im2col (strided views, one copy) and one batched matrix product per chunk,
   ``[B, C_out, n] x [B, n, C_in*k*k]`` with ``n = K * positions``; often the
   fastest for small images or few input channels (``Conv2d`` with ``groups=1``);
+* ``"grouped"``: one weight-gradient call of a convolution with ``B`` times the
+  groups (:func:`~dpnotebook.grad_sample.conv.conv_weight_grad_grouped`); often
+  the fastest for many channels on small images;
 * ``"vmap"``: the ordinary weight gradient of each sample's ``K`` rows, batched
   with ``vmap`` (:func:`~dpnotebook.grad_sample.conv.conv_weight_grad_per_sample`);
   often as fast as the batch's own weight gradient for large images.
 
-Which is faster depends on shapes, threads and machine: :func:`conv_method`
-times both (best of three) once per layer shape. Both write chunk by chunk
+Which is fastest depends on shapes, threads and machine: :func:`conv_method`
+times them (best of three) once per layer shape. Both write chunk by chunk
 into a buffer that the caller keeps from one step to the next, so that no
 large tensor is allocated (and page-faulted) per step.
 
@@ -22,8 +25,9 @@ large tensor is allocated (and page-faulted) per step.
 >>> x, g = torch.randn(4, 2, 5, 5), torch.randn(4, 3, 5, 5)
 >>> out = torch.empty(2, 3, 2, 3, 3)
 >>> a = conv_per_sample_grads(conv, x, g, K=2, out=out, method="unfold").clone()
->>> b = conv_per_sample_grads(conv, x, g, K=2, out=out, method="vmap")
->>> torch.allclose(a, b, atol=1e-5)
+>>> b = conv_per_sample_grads(conv, x, g, K=2, out=out, method="vmap").clone()
+>>> c = conv_per_sample_grads(conv, x, g, K=2, out=out, method="grouped")
+>>> torch.allclose(a, b, atol=1e-5) and torch.allclose(a, c, atol=1e-5)
 True
 """
 
@@ -34,7 +38,7 @@ import time
 import torch
 from torch import Tensor, nn
 
-from dpnotebook.grad_sample.conv import conv_weight_grad_per_sample, unfold_patches
+from dpnotebook.grad_sample.conv import conv_weight_grad_grouped, conv_weight_grad_per_sample, unfold_patches
 from dpnotebook.grad_sample.ghost_layers import GhostCall, GhostGroup, Grads, Scratch
 
 #: Bytes of scratch (im2col patches, vmap inputs) per chunk of samples, divided by K so
@@ -47,26 +51,25 @@ _CHOSEN: dict[tuple, str] = {}
 
 
 def _methods(layer: nn.modules.conv._ConvNd) -> list[str]:
-    return ["unfold", "vmap"] if isinstance(layer, nn.Conv2d) and layer.groups == 1 else ["vmap"]
+    both = ["grouped", "vmap"]
+    return ["unfold", *both] if isinstance(layer, nn.Conv2d) and layer.groups == 1 else both
 
 
 def conv_method(layer: nn.modules.conv._ConvNd, x: Tensor, g: Tensor, K: int) -> str:
-    """``"unfold"`` or ``"vmap"``: whichever ran faster on this layer's configuration and input shape.
+    """``"unfold"``, ``"grouped"`` or ``"vmap"``: whichever ran fastest on this layer's configuration and input shape.
 
     Which is faster depends on the shapes, the machine and the thread count in
-    ways no simple rule captures, so both are timed (interleaved, best of three)
+    ways no simple rule captures, so each is timed (interleaved, best of three)
     on a few samples of the first batch, and the choice is kept for later
     batches of that shape.
-    Both give the same gradients (up to rounding).
+    All give the same gradients (up to rounding).
 
     >>> import torch
     >>> from torch import nn
-    >>> conv_method(nn.Conv1d(2, 3, 3), torch.randn(4, 2, 8), torch.randn(4, 3, 6), K=1)
-    'vmap'
+    >>> conv_method(nn.Conv1d(2, 3, 3), torch.randn(4, 2, 8), torch.randn(4, 3, 6), K=1) in ("grouped", "vmap")
+    True
     """
     methods = _methods(layer)
-    if len(methods) == 1:
-        return methods[0]
     key = (layer.in_channels, layer.out_channels, layer.kernel_size, layer.stride, layer.padding, layer.dilation,
            layer.padding_mode, tuple(x.shape[1:]), K, x.dtype, x.device)
     if key not in _CHOSEN:
@@ -115,7 +118,8 @@ def conv_per_sample_grads(
         x: its input ``[B*K, C_in, ...]``; g: the backprops ``[B*K, C_out, ...]``.
         K: rows per sample.
         out: ``[B, *weight.shape]`` buffer; returned filled.
-        method: ``"unfold"`` (``Conv2d`` with ``groups=1`` only) or ``"vmap"``; default :func:`conv_method`.
+        method: ``"unfold"`` (``Conv2d`` with ``groups=1`` only), ``"grouped"`` or ``"vmap"``;
+            default :func:`conv_method`.
     """
     B = x.shape[0] // K
     if B == 0:
@@ -132,6 +136,8 @@ def conv_per_sample_grads(
         xs, gs = x[s * K : (s + step) * K], g[s * K : (s + step) * K]
         if method == "unfold":
             flat[s : s + step] = _unfold_chunk(layer, xs, gs, K)
+        elif method == "grouped":
+            out[s : s + step] = conv_weight_grad_grouped(layer, xs, gs, K)
         else:
             out[s : s + step] = conv_weight_grad_per_sample(layer, xs, gs, K) * K
     return out
