@@ -33,6 +33,7 @@ badges: $(STAMP)
 	$(PY) -m dpnotebook.binder --update README.md tutorials
 
 bench: $(STAMP)
+	$(PY) -m dpnotebook.benchmarks --quick --json bench-results.json
 	$(PY) -m dpnotebook.benchmarks.memory
 
 clean:

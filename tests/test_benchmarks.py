@@ -75,3 +75,12 @@ def test_reports() -> None:
             row("gsm_hooks", 2.0, peak=120), row("nonprivate", 1.0, K=4, peak=110), row("gsm_hooks", 1.1, K=4, peak=135)]
     assert "| M | 2 | DP-SGD step, best mode each | dpsgd_ghost (1.20) | dpsgd_hooks (2.40) | 0.50 |" in opacus_table(rows)
     assert "| M | 2 | 4 | gsm_hooks | 1.10 | 25.0 | 1.25 |" in multiplicity_table(rows)
+
+
+def test_memory_benchmark_measures_every_k_in_its_own_processes() -> None:
+    from dpnotebook.benchmarks.memory import run, summary
+
+    rows = run("ghost", 2, [1, 2])
+    assert [r["K"] for r in rows] == [1, 2]
+    assert all(r["plain_peak_mb"] > 50 and r["private_peak_mb"] > 50 for r in rows)
+    assert summary(rows).startswith("K=2")

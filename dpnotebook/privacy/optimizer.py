@@ -45,7 +45,7 @@ from dpnotebook.privacy.arguments import (
     check_positive_number,
 )
 from dpnotebook.privacy.clipping import CLIPPING_MODES, clip_and_sum
-from dpnotebook.privacy.noise import gaussian_noise
+from dpnotebook.privacy.noise import draw_noise
 
 __all__ = ["DPOptimizer", "StepStats"]
 
@@ -218,47 +218,54 @@ class DPOptimizer(Optimizer):
         rows = present[0].shape[0]
         return [g if g is not None else p.new_zeros((rows, *p.shape)) for p, g in zip(params, found)]
 
+    def _clip_and_sum(self) -> tuple[list[Tensor], Tensor, int] | None:
+        """``(clipped sums in self.params order, per-sample norms, number clipped)``, or ``None`` for no samples."""
+        grads = self._grad_samples()
+        if grads is None:
+            return None
+        result = clip_and_sum(grads, max_grad_norm=self.max_grad_norm, clipping=self.clipping)
+        return result.summed, result.norms, round(result.fraction_clipped * result.batch_size)
+
+    def _release(self) -> None:
+        """Free what the piece just clipped (its per-sample gradients)."""
+        for p in self.params:
+            p.grad_sample = None
+            p.grad = None
+
     def virtual_step(self) -> None:
         """Clip the per-sample gradients present now, add them to the running sum and free them.
 
         Call it after the ``backward()`` of each physical piece of a logical
         batch; :meth:`step` then adds noise once for the whole batch.
         """
-        grads = self._grad_samples()
-        if grads is not None:
-            result = clip_and_sum(grads, max_grad_norm=self.max_grad_norm, clipping=self.clipping)
-            if self._summed is None:
-                self._summed = result.summed
-            else:
-                self._summed = [s + r for s, r in zip(self._summed, result.summed)]
-            self._norms.append(result.norms.detach())
-            self._num_clipped += round(result.fraction_clipped * result.batch_size)
+        result = self._clip_and_sum()
+        if result is not None:
+            summed, norms, clipped = result
+            self._summed = summed if self._summed is None else [s + r for s, r in zip(self._summed, summed)]
+            self._norms.append(norms.detach())
+            self._num_clipped += clipped
         self._virtual_steps += 1
-        for p in self.params:
-            p.grad_sample = None
-            p.grad = None
+        self._release()
 
     def add_noise(self) -> None:
         """Finish the logical batch: clip what is left, add noise, scale, and write ``p.grad``.
 
         :meth:`step` calls it; call it yourself only to inspect the private
-        gradient without updating the model.
+        gradient without updating the model. The noise comes from
+        :func:`~dpnotebook.privacy.noise.draw_noise` (a large model's on several threads).
         """
         self.virtual_step()
         params = self.params
         summed = self._summed or [torch.zeros_like(p) for p in params]
         std = self.noise_multiplier * self.max_grad_norm
         signal_sq, noise_sq = 0.0, 0.0
-        for p, s in zip(params, summed):
-            noise = gaussian_noise(
-                p.shape, std=std, generator=self.generator, secure=self.secure_mode, dtype=p.dtype, device=p.device
-            )
+        for p, s, noise in zip(params, summed, draw_noise(params, std, self.generator, self.secure_mode)):
             signal_sq += float(s.pow(2).sum())
             noise_sq += float(noise.pow(2).sum())
-            grad = s + noise
+            grad = noise.add_(s.detach())
             if self.loss_reduction == "mean":
-                grad = grad / self.expected_batch_size
-            p.grad = grad.detach()
+                grad.div_(self.expected_batch_size)
+            p.grad = grad
         norms = torch.cat(self._norms) if self._norms else torch.empty(0)
         self.last_step_stats = StepStats(
             batch_size=int(norms.numel()),

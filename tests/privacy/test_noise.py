@@ -3,7 +3,9 @@
 import pytest
 import torch
 
-from dpnotebook.privacy.noise import gaussian_noise, secure_normal, secure_uniform
+from torch import nn
+
+from dpnotebook.privacy.noise import draw_noise, gaussian_noise, secure_normal, secure_uniform
 
 
 @pytest.mark.parametrize("secure", [False, True])
@@ -47,3 +49,27 @@ def test_secure_refuses_a_generator_and_negative_std():
         gaussian_noise((2,), std=1.0, generator=torch.Generator(), secure=True)
     with pytest.raises(ValueError, match="std=-1"):
         gaussian_noise((2,), std=-1.0)
+
+
+def test_noise_drawn_on_threads_repeats_with_a_seed_and_has_the_right_std() -> None:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        params = [nn.Parameter(torch.zeros(400, 400)), nn.Parameter(torch.zeros(7))]
+        a = draw_noise(params, 3.0, torch.Generator().manual_seed(1), secure=False)
+        b = draw_noise(params, 3.0, torch.Generator().manual_seed(1), secure=False)
+    finally:
+        torch.set_num_threads(threads)
+    assert [t.shape for t in a] == [p.shape for p in params]
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    flat = torch.cat([t.flatten() for t in a])
+    assert abs(float(flat.std()) - 3.0) < 0.05 and abs(float(flat.mean())) < 0.05
+
+
+def test_draw_noise_small_models_match_gaussian_noise_per_parameter():
+    """Below the threshold each parameter's noise is gaussian_noise's, in order (seeded runs unchanged)."""
+    params = [torch.zeros(3, 4), torch.zeros(5)]
+    got = draw_noise(params, 2.0, torch.Generator().manual_seed(3))
+    g = torch.Generator().manual_seed(3)
+    want = [gaussian_noise(p.shape, std=2.0, generator=g) for p in params]
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
