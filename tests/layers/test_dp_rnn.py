@@ -120,6 +120,27 @@ def test_packed_gradients_match_native() -> None:
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-10, atol=1e-12, msg=n)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("options", OPTIONS[::3] + [OPTIONS[-1]], ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))
+def test_gradients_match_native(kind: str, options: dict) -> None:
+    """Backpropagation through time: input, initial state and parameter gradients equal torch.nn's."""
+    native, dp = pair(kind, **options)
+    D, L = 1 + options["bidirectional"], options["num_layers"]
+    x = torch.randn(3, 6, 3, dtype=torch.float64)
+    h0 = torch.randn(L * D, x.shape[0 if options["batch_first"] else 1], 4, dtype=torch.float64)
+    grads = []
+    for model in (native, dp):
+        xs = x.clone().requires_grad_()
+        hs = [h0.clone().requires_grad_() for _ in range(2 if kind == "lstm" else 1)]
+        out, final = model(xs, tuple(hs) if kind == "lstm" else hs[0])
+        finals = final if kind == "lstm" else (final,)
+        loss = (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)).sum()
+        (loss + sum((f * f).sum() for f in finals)).backward()
+        grads.append([xs.grad, *(h.grad for h in hs), *(p.grad for p in model.parameters())])
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-10, atol=1e-12)
+
+
 def test_dropout_between_layers_only_in_training() -> None:
     native, dp = pair("lstm", num_layers=2, dropout=0.5)
     x = torch.randn(6, 3, 3, dtype=torch.float64)
