@@ -65,6 +65,27 @@ def unfold_patches(x: Tensor, layer: nn.modules.conv._ConvNd) -> Tensor:
     return x
 
 
+def padded_input(layer: nn.modules.conv._ConvNd, x: Tensor) -> tuple[Tensor, list[int]]:
+    """``(input, padding)`` for ``convolution_backward`` to see what the layer saw.
+
+    Symmetric zero padding is left to the kernel (no copy); any other padding
+    (``'same'`` with an even kernel, reflect, circular...) is applied here.
+
+    >>> import torch
+    >>> from torch import nn
+    >>> x = torch.zeros(1, 1, 4)
+    >>> padded_input(nn.Conv1d(1, 1, 3, padding=1), x)[0].shape, padded_input(nn.Conv1d(1, 1, 3, padding=1), x)[1]
+    (torch.Size([1, 1, 4]), [1])
+    >>> padded_input(nn.Conv1d(1, 1, 3, padding=1, padding_mode="circular"), x)[0].shape
+    torch.Size([1, 1, 6])
+    """
+    pads = _explicit_padding(layer)
+    if layer.padding_mode == "zeros" and pads[0::2] == pads[1::2]:
+        return x, pads[0::2][::-1]
+    mode = "constant" if layer.padding_mode == "zeros" else layer.padding_mode
+    return F.pad(x, pads, mode=mode), [0] * len(layer.kernel_size)
+
+
 def conv_weight_grad_per_sample(layer: nn.modules.conv._ConvNd, x: Tensor, g: Tensor, K: int) -> Tensor:
     """``[B, *weight.shape]``: each sample's weight gradient, averaged over its K rows.
 
@@ -78,12 +99,7 @@ def conv_weight_grad_per_sample(layer: nn.modules.conv._ConvNd, x: Tensor, g: Te
     B, dims = x.shape[0] // K, len(layer.kernel_size)
     if B == 0:
         return x.new_zeros((0, *layer.weight.shape))
-    pads = _explicit_padding(layer)
-    if layer.padding_mode == "zeros" and pads[0::2] == pads[1::2]:
-        padding = pads[0::2][::-1]  # symmetric zero padding: let the kernel do it, no copy
-    else:
-        mode = "constant" if layer.padding_mode == "zeros" else layer.padding_mode
-        x, padding = F.pad(x, pads, mode=mode), [0] * dims
+    x, padding = padded_input(layer, x)
     weight = layer.weight.detach().to(x.dtype)
 
     def one_sample(xs: Tensor, gs: Tensor) -> Tensor:  # xs: [K, C, ...], the sample's copies
@@ -111,16 +127,13 @@ def conv_weight_grad_grouped(layer: nn.modules.conv._ConvNd, x: Tensor, g: Tenso
     B, dims = x.shape[0] // K, len(layer.kernel_size)
     if B == 0:
         return x.new_zeros((0, *layer.weight.shape))
-    pads = _explicit_padding(layer)
-    mode = "constant" if layer.padding_mode == "zeros" else layer.padding_mode
-    if any(pads):
-        x = F.pad(x, pads, mode=mode)
+    x, padding = padded_input(layer, x)
     xs = x.unflatten(0, (B, K)).transpose(0, 1).reshape(K, -1, *x.shape[2:])  # [K, B*C_in, ...]
     gs = g.unflatten(0, (B, K)).transpose(0, 1).reshape(K, -1, *g.shape[2:])  # [K, B*C_out, ...]
     weight = layer.weight.detach().to(x.dtype)
     shape_only = weight.expand(B, *weight.shape).reshape(-1, *weight.shape[1:])
     grads = torch.ops.aten.convolution_backward(
-        gs, xs, shape_only, None, layer.stride, [0] * dims, layer.dilation, False, [0] * dims,
+        gs, xs, shape_only, None, layer.stride, padding, layer.dilation, False, [0] * dims,
         B * layer.groups, [False, True, False],
     )[1]
     return grads.view(B, *weight.shape)
