@@ -384,3 +384,25 @@ def test_a_layer_shared_by_all_samples_is_refused_with_both_causes_named() -> No
 
     with pytest.raises(GradSampleError, match=r"(?s)model.positions.*shared by all samples.*arange\(T\).expand"):
         GradSampleModule(Positions())(torch.randint(0, 9, (3, 5)))
+
+
+def test_activations_are_let_go_once_a_layers_per_sample_gradients_are_taken(monkeypatch) -> None:
+    """Autograd frees each saved input as backward goes; hooks mode must not keep them all to the end."""
+    import weakref
+
+    from dpnotebook.grad_sample import hooks
+
+    seen: list[weakref.ref] = []
+    original = hooks.sampler_grad_samples
+
+    def spy(entry, call, backprops, K, scale):
+        seen.append(weakref.ref(call.args[0]))
+        return original(entry, call, backprops, K, scale)
+
+    monkeypatch.setattr(hooks, "sampler_grad_samples", spy)
+    model = GradSampleModule(nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2)))
+    loss = model(torch.randn(5, 3)).sum()
+    loss.backward(retain_graph=True)  # the graph, and the hooks on it, stay alive
+    assert len(seen) == 2 and all(ref() is None for ref in seen)
+    with pytest.raises(GradSampleError, match="retain_graph=True"):
+        loss.backward()

@@ -60,12 +60,16 @@ def affine_grads(
     ref = weight if weight is not None else bias
     if ref is None:
         return {}
-    if channels_dim1:
-        x_hat, backprops = x_hat.movedim(1, -1), backprops.movedim(1, -1)
     keep = ref.dim()
+
+    def reduce(t: Tensor) -> Tensor:
+        if channels_dim1:  # [rows, C, *positions]: positions summed in place, no channels-last copy
+            return sum_rows(t.flatten(2).sum(2) if t.dim() > 2 else t, K, keep)
+        return sum_rows(t, K, keep)
+
     out = {}
     if weight is not None and weight.requires_grad:
-        out[weight] = sum_rows(x_hat.mul_(backprops), K, keep)  # in place: no second activation-sized tensor
+        out[weight] = reduce(x_hat.mul_(backprops))  # in place: no second activation-sized tensor
     if bias is not None and bias.requires_grad:
-        out[bias] = sum_rows(backprops, K, keep)
+        out[bias] = reduce(backprops)
     return out

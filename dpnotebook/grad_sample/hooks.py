@@ -142,6 +142,12 @@ class LayerHooks:
         owner = self.owner
         if not owner.hooks_enabled:
             return
+        if call.extra.get("released"):
+            raise GradSampleError(
+                f"{call.path} ({type(call.module).__name__}): backward ran a second time through the same "
+                "forward pass (retain_graph=True), but hooks mode computes the per-sample gradients of a "
+                "forward pass once and has let go of its activations. Run the forward pass again for each backward."
+            )
         K, scale = owner.K, loss_scale(owner.loss_reduction, call.rows)
         if entry is None:
             found = fallback_grad_samples(call, list(grads), K, scale)
@@ -149,5 +155,8 @@ class LayerHooks:
             return
         else:
             found = sampler_grad_samples(entry, call, grads[0], K, scale)
+        # The hook lives as long as the graph; holding the activations here would keep every
+        # layer's input alive to the end of backward, where autograd frees each as it goes.
+        call.args, call.kwargs, call.extra["released"] = (), {}, True
         for p, g in found.items():
             owner._store.add(p, g.detach(), call.forward_id)
