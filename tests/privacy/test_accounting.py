@@ -110,3 +110,16 @@ def test_registry_and_zero_noise():
         acc.step(noise_multiplier=1.0, sample_rate=0.05, num_steps=50)
         epsilons.append(acc.get_epsilon(1e-5))
     assert epsilons == sorted(epsilons) and epsilons[0] < epsilons[-1]
+
+
+def test_rdp_non_convergence_warnings_are_held_back(caplog):
+    """dp_accounting logs one warning per left-out order at small sigma and large q; they must not reach the user."""
+    import logging
+
+    from dpnotebook.privacy.accounting import compute_epsilon
+
+    level = logging.getLogger("absl").level
+    with caplog.at_level(logging.WARNING):
+        eps = compute_epsilon(noise_multiplier=0.31, sample_rate=0.5, steps=999, delta=1e-5, accountant="rdp")
+    assert eps > 100 and not [r for r in caplog.records if r.name == "absl"]
+    assert logging.getLogger("absl").level == level  # restored
