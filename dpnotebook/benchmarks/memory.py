@@ -1,6 +1,6 @@
 """Peak memory of per-sample gradients with augmentation multiplicity K.
 
-``python -m dpnotebook.benchmarks.memory [--batch 32] [--ks 1 16] [--modes hooks ghost]``
+``python -m dpnotebook.benchmarks.memory [--batch 32] [--ks 1 16] [--modes hooks ghost] [--repeats 3]``
 
 Every configuration runs in its own subprocess, and we read that process's peak
 resident memory over its second and third steps (``VmHWM`` on Linux, which a new program starts afresh; ``ru_maxrss``
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import statistics
 import subprocess
 import sys
 
@@ -68,20 +69,22 @@ def _measure(mode: str, batch: int, K: int, private: bool) -> dict:
     return {"mode": mode, "B": batch, "K": K, "private": private, "rss0_mb": before, "peak_mb": peak_rss_mb()}
 
 
-def run(mode: str, batch: int, ks: list[int]) -> list[dict]:
+def _peak(mode: str, batch: int, K: int, private: bool) -> float:
+    args = [sys.executable, "-m", "dpnotebook.benchmarks.memory", "--child", mode, str(batch), str(K), str(int(private))]
+    out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])["peak_mb"]
+
+
+def run(mode: str, batch: int, ks: list[int], repeats: int = 3) -> list[dict]:
+    """For each K: the median peak of ``repeats`` processes, plain and private (alternately)."""
     rows = []
     for K in ks:
-        result = {}
-        for private in (False, True):
-            args = [sys.executable, "-m", "dpnotebook.benchmarks.memory", "--child", mode, str(batch), str(K), str(int(private))]
-            out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
-            result[private] = json.loads(out.strip().splitlines()[-1])
-        rows.append({
-            "K": K,
-            "plain_peak_mb": result[False]["peak_mb"],
-            "private_peak_mb": result[True]["peak_mb"],
-            "grad_sample_mb": result[True]["peak_mb"] - result[False]["peak_mb"],
-        })
+        peaks: dict[bool, list[float]] = {False: [], True: []}
+        for _ in range(repeats):
+            for private in (False, True):
+                peaks[private].append(_peak(mode, batch, K, private))
+        plain, private = statistics.median(peaks[False]), statistics.median(peaks[True])
+        rows.append({"K": K, "plain_peak_mb": plain, "private_peak_mb": private, "grad_sample_mb": private - plain})
     return rows
 
 
@@ -114,6 +117,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--ks", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--modes", nargs="+", default=["hooks", "functorch", "ew", "ghost"])
+    parser.add_argument("--repeats", type=int, default=3, help="processes per configuration; the median peak counts")
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -121,7 +125,7 @@ def main() -> None:
         print(json.dumps(_measure(mode, int(batch), int(K), bool(int(private)))))
         return
     for mode in args.modes:
-        rows = run(mode, args.batch, args.ks)
+        rows = run(mode, args.batch, args.ks, args.repeats)
         print(f"SampleConvNet, B={args.batch}, mode={mode}: peak RSS per configuration (own process)")
         print(f"{'K':>4} {'plain MB':>10} {'private MB':>11} {'per-sample grads MB':>20}")
         for r in rows:
