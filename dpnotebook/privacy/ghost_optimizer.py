@@ -75,9 +75,7 @@ class GhostDPOptimizer(DPOptimizer):
         """Forget the ghost records of the piece just clipped, and any per-sample gradients."""
         for model in self._owners():
             model.clear_ghost()
-        for p in self.params:
-            p.grad_sample = None
-            p.grad = None
+        super()._release()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear ``p.grad``, ``p.grad_sample`` and the ghost wrapper's records."""
