@@ -63,8 +63,8 @@ def conv_method(layer: nn.modules.conv._ConvNd, x: Tensor, g: Tensor, K: int) ->
 
     Which is faster depends on the shapes, the machine and the thread count in
     ways no simple rule captures, so each is timed (interleaved, best of three)
-    on a few samples of the first batch, and the choice is kept for later
-    batches of that shape.
+    on up to 64 samples of the first batch (on fewer, the ranking can differ from
+    a full batch's), and the choice is kept for later batches of that shape.
     All give the same gradients (up to rounding).
 
     >>> import torch
@@ -76,7 +76,7 @@ def conv_method(layer: nn.modules.conv._ConvNd, x: Tensor, g: Tensor, K: int) ->
     key = (layer.in_channels, layer.out_channels, layer.kernel_size, layer.stride, layer.padding, layer.dilation,
            layer.padding_mode, tuple(x.shape[1:]), K, x.dtype, x.device)
     if key not in _CHOSEN:
-        rows = min(x.shape[0], 16 * K)
+        rows = min(x.shape[0], 64 * K)
         xs, gs = x[:rows], g[:rows]
         out = x.new_empty(rows // K, *layer.weight.shape)
         timed = {m: float("inf") for m in methods}
