@@ -17,31 +17,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
 import subprocess
 import sys
 
-
-def peak_rss_mb() -> float:
-    """This process's peak resident memory in MB."""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def _reset_peak() -> None:
-    """Restart the peak at the current resident memory (Linux; elsewhere the peak keeps counting)."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        pass
+from dpnotebook.benchmarks.rss import peak_mb, reset_peak
 
 
 def _measure(mode: str, batch: int, K: int, private: bool) -> dict:
@@ -58,15 +38,15 @@ def _measure(mode: str, batch: int, K: int, private: bool) -> dict:
     y = torch.randint(0, 10, (batch * K,))
     if private:
         model = dpnotebook.wrap_model(model, mode, K=K)
-    before = peak_rss_mb()
+    before = peak_mb()
     for step in range(3):
         if step == 1:  # the first step's one-off work (lazy imports, choosing conv methods) is not counted
-            _reset_peak()
+            reset_peak()
         model.zero_grad()
         F.cross_entropy(model(x), y).backward()
         if private and mode == "ghost":
             model.per_sample_norms()
-    return {"mode": mode, "B": batch, "K": K, "private": private, "rss0_mb": before, "peak_mb": peak_rss_mb()}
+    return {"mode": mode, "B": batch, "K": K, "private": private, "rss0_mb": before, "peak_mb": peak_mb()}
 
 
 def _peak(mode: str, batch: int, K: int, private: bool) -> float:

@@ -14,7 +14,6 @@ processes slow both alike). See :mod:`dpnotebook.benchmarks.steps` for the names
 from __future__ import annotations
 
 import json
-import resource
 import statistics
 import subprocess
 import sys
@@ -24,6 +23,7 @@ from typing import Callable, Iterable
 
 import torch
 
+from dpnotebook.benchmarks.rss import peak_mb, reset_peak, rss_mb
 from dpnotebook.benchmarks.steps import MODES, OPACUS_MODES, make_step
 
 #: Models whose DP flavour swaps in dpnotebook's DP layers (so a second non-private row is shown).
@@ -82,38 +82,6 @@ def plan(
     return out
 
 
-def _status_mb(field: str) -> float | None:
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return None
-
-
-def _rss_mb() -> float:
-    """Resident memory now (Linux), or the peak so far elsewhere."""
-    now = _status_mb("VmRSS")
-    return now if now is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def _peak_mb() -> float:
-    """Peak resident memory: ``VmHWM`` on Linux (``ru_maxrss`` there carries over the launching process's peak)."""
-    peak = _status_mb("VmHWM")
-    return peak if peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def _reset_peak() -> None:
-    """Restart the peak at the current resident memory (Linux; elsewhere the peak keeps counting)."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        pass
-
-
 def _timer(device: str) -> Callable[[Callable[[], None]], float]:
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
 
@@ -138,12 +106,12 @@ def measure(cfg: Config, *, steps: int = 10, warmup: int = 3, device: str = "cpu
     """
     torch.set_num_threads(threads)
     step = make_step(cfg.model, cfg.what, cfg.batch, cfg.K, device)
-    rss0 = _rss_mb()  # interpreter, libraries, model and data
-    _reset_peak()
+    rss0 = rss_mb()  # interpreter, libraries, model and data
+    reset_peak()
     timed = _timer(device)
     for _ in range(warmup):
         timed(step)
-    peak = _peak_mb()
+    peak = peak_mb()
     result = {**asdict(cfg), "device": device, "threads": threads, "rss0_mb": rss0, "peak_mb": peak}
     if device.startswith("cuda"):
         result["cuda_peak_mb"] = torch.cuda.max_memory_allocated() / 2**20
