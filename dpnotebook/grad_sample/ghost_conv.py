@@ -15,7 +15,7 @@ and, later, their weighted sum. Three ways to form them, chosen by timing:
   often as fast as the batch's own weight gradient for large images.
 
 Which is fastest depends on shapes, threads and machine: :func:`conv_method`
-times them (best of three) once per layer shape. Both write chunk by chunk
+times them (best of three) once per layer shape. All write chunk by chunk
 into a buffer that the caller keeps from one step to the next, so that no
 large tensor is allocated (and page-faulted) per step.
 
@@ -61,7 +61,7 @@ def _methods(layer: nn.modules.conv._ConvNd) -> list[str]:
 def conv_method(layer: nn.modules.conv._ConvNd, x: Tensor, g: Tensor, K: int) -> str:
     """``"unfold"``, ``"grouped"`` or ``"vmap"``: whichever ran fastest on this layer's configuration and input shape.
 
-    Which is faster depends on the shapes, the machine and the thread count in
+    Which is fastest depends on the shapes, the machine and the thread count in
     ways no simple rule captures, so each is timed (interleaved, best of three)
     on up to 64 samples of the first batch (on fewer, the ranking can differ from
     a full batch's), and the choice is kept for later batches of that shape.
