@@ -28,54 +28,16 @@ import pytest
 
 from browserlab import SCREENSHOTS, NotebookDriver, find_widget_output, wait_for
 from conftest import browser_session, notebook7_missing
+from explorer_cells import CELLS, IMPORTS, SLIDER_CELL, explorer_notebook
 
 RUN_TIMEOUT_S = 240
 
-#: (what the cell makes, the cell's source); each cell shows one explorer
-CELLS = [
-    ("ClippingExplorer", "ClippingExplorer(toy=make_toy())"),
-    ("NoiseExplorer", "NoiseExplorer(toy=make_toy())"),
-    ("PrivacyBudgetExplorer", 'PrivacyBudgetExplorer(accountant="rdp")'),
-    ("AugmultExplorer", "AugmultExplorer()"),
-    ("TrainingMonitor",
-     "monitor = TrainingMonitor(total_steps=4, progress=False)\n"
-     "for step in (1, 2):\n"
-     "    monitor.update(step=step, loss=1.0 / step, accuracy=0.3 * step, epsilon=0.1 * step, clip_fraction=0.5)\n"
-     "monitor"),
-    ("GradientExplorer",
-     "torch.manual_seed(0)\n"
-     "GradientExplorer(nn.Linear(3, 2), (torch.randn(4, 3), torch.randint(0, 2, (4,))),\n"
-     "                 nn.functional.cross_entropy)"),
-]
-IMPORTS = (
-    "import torch\n"
-    "from torch import nn\n"
-    "from dpnotebook.widgets import (AugmultExplorer, ClippingExplorer, GradientExplorer, NoiseExplorer,\n"
-    "                                PrivacyBudgetExplorer, TrainingMonitor, make_toy)\n"
-    "from dpnotebook.widgets._figure import ipympl_active\n"
-)
 #: notebook name -> (setup cell, the figure element each explorer shows)
 NOTEBOOKS = {
     "nb7_default_backend.ipynb": (IMPORTS + "assert not ipympl_active(), 'ipympl is active by default'", "img"),
     "nb7_ipympl.ipynb": ("%matplotlib widget\n" + IMPORTS + "assert ipympl_active(), 'ipympl is not active'",
                          "canvas"),
 }
-SLIDER_CELL = "ClippingExplorer("
-
-
-def _notebook(setup: str) -> dict:
-    def code(source: str) -> dict:
-        return {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
-                "source": source}
-
-    return {
-        "cells": [code(setup)] + [code(source) for _, source in CELLS],
-        "metadata": {"kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python",
-                                    "name": "python3"}},
-        "nbformat": 4, "nbformat_minor": 5,
-    }
-
-
 @pytest.fixture(scope="module")
 def notebook7(tmp_path_factory: pytest.TempPathFactory) -> NotebookDriver:
     """A :class:`~browserlab.NotebookDriver` on a Notebook 7 server serving a temp folder that holds
@@ -86,7 +48,7 @@ def notebook7(tmp_path_factory: pytest.TempPathFactory) -> NotebookDriver:
     root = tmp_path_factory.mktemp("notebook7") / "notebooks"
     root.mkdir()
     for name, (setup, _) in NOTEBOOKS.items():
-        (root / name).write_text(json.dumps(_notebook(setup), indent=1))
+        (root / name).write_text(json.dumps(explorer_notebook(setup), indent=1))
     with browser_session(root, tmp_path_factory.mktemp("browser-nb7"), app="notebook") as driver:
         yield driver
 

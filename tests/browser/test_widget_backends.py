@@ -19,49 +19,12 @@ from pathlib import Path
 import pytest
 
 from browserlab import SCREENSHOTS, NotebookDriver, find_widget_output, wait_for
+from explorer_cells import CELLS, IMPORTS, SLIDER_CELL, explorer_notebook
 
 NOTEBOOK = "ipympl_explorers.ipynb"
 RUN_TIMEOUT_S = 240
 
-#: (what the cell makes, the cell's source); each cell shows one explorer
-CELLS = [
-    ("ClippingExplorer", "ClippingExplorer(toy=make_toy())"),
-    ("NoiseExplorer", "NoiseExplorer(toy=make_toy())"),
-    ("PrivacyBudgetExplorer", 'PrivacyBudgetExplorer(accountant="rdp")'),
-    ("AugmultExplorer", "AugmultExplorer()"),
-    ("TrainingMonitor",
-     "monitor = TrainingMonitor(total_steps=4, progress=False)\n"
-     "for step in (1, 2):\n"
-     "    monitor.update(step=step, loss=1.0 / step, accuracy=0.3 * step, epsilon=0.1 * step, clip_fraction=0.5)\n"
-     "monitor"),
-    ("GradientExplorer",
-     "torch.manual_seed(0)\n"
-     "GradientExplorer(nn.Linear(3, 2), (torch.randn(4, 3), torch.randint(0, 2, (4,))),\n"
-     "                 nn.functional.cross_entropy)"),
-]
-SETUP = (
-    "%matplotlib widget\n"
-    "import torch\n"
-    "from torch import nn\n"
-    "from dpnotebook.widgets import (AugmultExplorer, ClippingExplorer, GradientExplorer, NoiseExplorer,\n"
-    "                                PrivacyBudgetExplorer, TrainingMonitor, make_toy)\n"
-    "from dpnotebook.widgets._figure import ipympl_active\n"
-    "assert ipympl_active(), 'the explorers would not use ipympl'"
-)
-SLIDER_CELL = "ClippingExplorer("
-
-
-def _notebook() -> dict:
-    def code(source: str) -> dict:
-        return {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
-                "source": source}
-
-    return {
-        "cells": [code(SETUP)] + [code(source) for _, source in CELLS],
-        "metadata": {"kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python",
-                                    "name": "python3"}},
-        "nbformat": 4, "nbformat_minor": 5,
-    }
+SETUP = "%matplotlib widget\n" + IMPORTS + "assert ipympl_active(), 'the explorers would not use ipympl'"
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +33,7 @@ def tutorial_copy(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[
     temp folder holding only the throwaway notebook."""
     root = tmp_path_factory.mktemp("ipympl") / "notebooks"
     root.mkdir()
-    (root / NOTEBOOK).write_text(json.dumps(_notebook(), indent=1))
+    (root / NOTEBOOK).write_text(json.dumps(explorer_notebook(SETUP), indent=1))
     return root, {}
 
 
