@@ -45,3 +45,12 @@ def explorer_notebook(setup: str) -> dict:
         "nbformat": 4,
         "nbformat_minor": 5,
     }
+
+
+def explorer_cell_indices(nb: dict) -> dict[str, int]:
+    """``{explorer name: index of its cell}`` in ``nb`` (a notebook made by :func:`explorer_notebook`)."""
+    cells = {}
+    for name, source in CELLS:
+        first = source.splitlines()[0]
+        cells[name] = next(i for i, cell in enumerate(nb["cells"]) if "".join(cell["source"]).startswith(first))
+    return cells

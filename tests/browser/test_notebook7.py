@@ -28,7 +28,7 @@ import pytest
 
 from browserlab import SCREENSHOTS, NotebookDriver, find_widget_output, wait_for
 from conftest import browser_session, notebook7_missing
-from explorer_cells import CELLS, IMPORTS, SLIDER_CELL, explorer_notebook
+from explorer_cells import IMPORTS, SLIDER_CELL, explorer_cell_indices, explorer_notebook
 
 RUN_TIMEOUT_S = 240
 
@@ -94,14 +94,6 @@ i => {
 """
 
 
-def _explorer_cells(nb: dict) -> dict[str, int]:
-    cells = {}
-    for name, source in CELLS:
-        first = source.splitlines()[0]
-        cells[name] = next(i for i, cell in enumerate(nb["cells"]) if "".join(cell["source"]).startswith(first))
-    return cells
-
-
 @pytest.mark.parametrize("name", list(NOTEBOOKS))
 def test_explorers_in_notebook7(notebook7: NotebookDriver, name: str) -> None:
     kind = NOTEBOOKS[name][1]
@@ -119,7 +111,7 @@ def test_explorers_in_notebook7(notebook7: NotebookDriver, name: str) -> None:
     prefix = notebook7.kernel_prefix()
     assert prefix == sys.prefix, f"the notebook's kernel runs in {prefix}, not this environment ({sys.prefix})"
 
-    cells = _explorer_cells(report.notebook)
+    cells = explorer_cell_indices(report.notebook)
     problems: list[str] = []
 
     def drawn() -> bool:

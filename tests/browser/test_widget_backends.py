@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from browserlab import SCREENSHOTS, NotebookDriver, find_widget_output, wait_for
-from explorer_cells import CELLS, IMPORTS, SLIDER_CELL, explorer_notebook
+from explorer_cells import IMPORTS, SLIDER_CELL, explorer_cell_indices, explorer_notebook
 
 NOTEBOOK = "ipympl_explorers.ipynb"
 RUN_TIMEOUT_S = 240
@@ -62,15 +62,6 @@ i => {
 """
 
 
-def _explorer_cells(nb: dict) -> dict[str, int]:
-    cells = {}
-    for name, source in CELLS:
-        first = source.splitlines()[0]
-        index = next(i for i, cell in enumerate(nb["cells"]) if "".join(cell["source"]).startswith(first))
-        cells[name] = index
-    return cells
-
-
 def test_explorers_draw_with_ipympl(lab: NotebookDriver) -> None:
     try:
         report = lab.run_all(NOTEBOOK, timeout=RUN_TIMEOUT_S)
@@ -83,7 +74,7 @@ def test_explorers_draw_with_ipympl(lab: NotebookDriver) -> None:
     if report.problems:
         pytest.fail(report.explain(), pytrace=False)
 
-    cells = _explorer_cells(report.notebook)
+    cells = explorer_cell_indices(report.notebook)
     problems = []
 
     def drawn() -> bool:
