@@ -29,6 +29,46 @@ IMPORTS = (
     "                                PrivacyBudgetExplorer, TrainingMonitor, make_toy)\n"
     "from dpnotebook.widgets._figure import ipympl_active\n"
 )
+#: JavaScript ``i => [...]``: the figures (``img`` or ipympl canvas) of cell ``i``'s output, each with its
+#: kind, size on the page, size in pixels, distinct colours (up to 64) and inked (non-white) pixels
+FIGURES_JS = r"""
+i => {
+  const cell = window.__dpnb.panel.content.widgets[i];
+  const root = cell.outputArea.node;
+  const stats = (el, source, w, h) => {
+    const b = el.getBoundingClientRect();
+    let colours = 0, inked = 0;
+    if (w > 0 && h > 0) {
+      let data;
+      if (source.tagName === 'CANVAS') {
+        data = source.getContext('2d').getImageData(0, 0, w, h).data;
+      } else {
+        const c = document.createElement('canvas');
+        c.width = w; c.height = h;
+        const ctx = c.getContext('2d');
+        ctx.drawImage(source, 0, 0);
+        data = ctx.getImageData(0, 0, w, h).data;
+      }
+      const seen = new Set();
+      for (let k = 0; k < data.length; k += 4) {
+        const rgba = (data[k] << 24) | (data[k + 1] << 16) | (data[k + 2] << 8) | data[k + 3];
+        if (seen.size < 64) seen.add(rgba);
+        if (data[k + 3] > 0 && (data[k] < 200 || data[k + 1] < 200 || data[k + 2] < 200)) inked += 1;
+      }
+      colours = seen.size;
+    }
+    return {width: b.width, height: b.height, pixelWidth: w, pixelHeight: h, colours, inked};
+  };
+  const imgs = Array.from(root.querySelectorAll('img')).map(img =>
+    Object.assign({kind: 'img', loaded: img.complete && img.naturalWidth > 0},
+                  stats(img, img, img.complete ? img.naturalWidth : 0, img.complete ? img.naturalHeight : 0)));
+  const canvases = Array.from(root.querySelectorAll('.jupyter-matplotlib-canvas-div')).map(div => {
+    const c = div.querySelector('canvas');
+    return Object.assign({kind: 'canvas'}, stats(div, c, c ? c.width : 0, c ? c.height : 0));
+  });
+  return imgs.concat(canvases);
+}
+"""
 #: the cell whose slider the checks move
 SLIDER_CELL = "ClippingExplorer("
 

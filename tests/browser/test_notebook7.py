@@ -28,7 +28,7 @@ import pytest
 
 from browserlab import SCREENSHOTS, NotebookDriver, find_widget_output, wait_for
 from conftest import browser_session, notebook7_missing
-from explorer_cells import IMPORTS, SLIDER_CELL, explorer_cell_indices, explorer_notebook
+from explorer_cells import FIGURES_JS, IMPORTS, SLIDER_CELL, explorer_cell_indices, explorer_notebook
 
 RUN_TIMEOUT_S = 240
 
@@ -51,47 +51,6 @@ def notebook7(tmp_path_factory: pytest.TempPathFactory) -> NotebookDriver:
         (root / name).write_text(json.dumps(explorer_notebook(setup), indent=1))
     with browser_session(root, tmp_path_factory.mktemp("browser-nb7"), app="notebook") as driver:
         yield driver
-
-
-# the figures (img / ipympl canvas) of one cell's output: size and how many distinct colours they show
-_FIGURES = r"""
-i => {
-  const cell = window.__dpnb.panel.content.widgets[i];
-  const root = cell.outputArea.node;
-  const stats = (el, source, w, h) => {
-    const b = el.getBoundingClientRect();
-    let colours = 0, inked = 0;
-    if (w > 0 && h > 0) {
-      let data;
-      if (source.tagName === 'CANVAS') {
-        data = source.getContext('2d').getImageData(0, 0, w, h).data;
-      } else {
-        const c = document.createElement('canvas');
-        c.width = w; c.height = h;
-        const ctx = c.getContext('2d');
-        ctx.drawImage(source, 0, 0);
-        data = ctx.getImageData(0, 0, w, h).data;
-      }
-      const seen = new Set();
-      for (let k = 0; k < data.length; k += 4) {
-        const rgba = (data[k] << 24) | (data[k + 1] << 16) | (data[k + 2] << 8) | data[k + 3];
-        if (seen.size < 64) seen.add(rgba);
-        if (data[k + 3] > 0 && (data[k] < 200 || data[k + 1] < 200 || data[k + 2] < 200)) inked += 1;
-      }
-      colours = seen.size;
-    }
-    return {width: b.width, height: b.height, pixelWidth: w, pixelHeight: h, colours, inked};
-  };
-  const imgs = Array.from(root.querySelectorAll('img')).map(img =>
-    Object.assign({kind: 'img', loaded: img.complete && img.naturalWidth > 0},
-                  stats(img, img, img.complete ? img.naturalWidth : 0, img.complete ? img.naturalHeight : 0)));
-  const canvases = Array.from(root.querySelectorAll('.jupyter-matplotlib-canvas-div')).map(div => {
-    const c = div.querySelector('canvas');
-    return Object.assign({kind: 'canvas'}, stats(div, c, c ? c.width : 0, c ? c.height : 0));
-  });
-  return imgs.concat(canvases);
-}
-"""
 
 
 @pytest.mark.parametrize("name", list(NOTEBOOKS))
@@ -117,7 +76,7 @@ def test_explorers_in_notebook7(notebook7: NotebookDriver, name: str) -> None:
     def drawn() -> bool:
         problems.clear()
         for explorer, index in cells.items():
-            figures = [f for f in notebook7.js(_FIGURES, index) if f["kind"] == kind]
+            figures = [f for f in notebook7.js(FIGURES_JS, index) if f["kind"] == kind]
             if not figures:
                 problems.append(f"{explorer}: no {kind} in its output")
                 continue
@@ -133,7 +92,7 @@ def test_explorers_in_notebook7(notebook7: NotebookDriver, name: str) -> None:
     except TimeoutError:
         pytest.fail(f"{name} in Notebook 7:\n  " + "\n  ".join(problems), pytrace=False)
     for explorer, index in cells.items():
-        big = max((f for f in notebook7.js(_FIGURES, index) if f["kind"] == kind),
+        big = max((f for f in notebook7.js(FIGURES_JS, index) if f["kind"] == kind),
                   key=lambda f: f["width"] * f["height"])
         print(f"{explorer}: {big}")
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from browserlab import SCREENSHOTS, NotebookDriver, find_widget_output, wait_for
-from explorer_cells import IMPORTS, SLIDER_CELL, explorer_cell_indices, explorer_notebook
+from explorer_cells import FIGURES_JS, IMPORTS, SLIDER_CELL, explorer_cell_indices, explorer_notebook
 
 NOTEBOOK = "ipympl_explorers.ipynb"
 RUN_TIMEOUT_S = 240
@@ -35,31 +35,6 @@ def tutorial_copy(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[
     root.mkdir()
     (root / NOTEBOOK).write_text(json.dumps(explorer_notebook(SETUP), indent=1))
     return root, {}
-
-
-# the ipympl canvases of one cell's output: size and how many distinct colours they show
-_CANVASES = r"""
-i => {
-  const cell = window.__dpnb.panel.content.widgets[i];
-  return Array.from(cell.outputArea.node.querySelectorAll('.jupyter-matplotlib-canvas-div')).map(div => {
-    const c = div.querySelector('canvas');
-    const b = div.getBoundingClientRect();
-    let colours = 0, inked = 0;
-    if (c && c.width > 0 && c.height > 0) {
-      const data = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
-      const seen = new Set();
-      for (let k = 0; k < data.length; k += 4) {
-        const rgba = (data[k] << 24) | (data[k + 1] << 16) | (data[k + 2] << 8) | data[k + 3];
-        if (seen.size < 64) seen.add(rgba);
-        if (data[k + 3] > 0 && (data[k] < 200 || data[k + 1] < 200 || data[k + 2] < 200)) inked += 1;
-      }
-      colours = seen.size;
-    }
-    return {width: b.width, height: b.height, canvasWidth: c ? c.width : 0,
-            canvasHeight: c ? c.height : 0, colours, inked};
-  });
-}
-"""
 
 
 def test_explorers_draw_with_ipympl(lab: NotebookDriver) -> None:
@@ -80,12 +55,12 @@ def test_explorers_draw_with_ipympl(lab: NotebookDriver) -> None:
     def drawn() -> bool:
         problems.clear()
         for name, index in cells.items():
-            canvases = lab.js(_CANVASES, index)
+            canvases = [f for f in lab.js(FIGURES_JS, index) if f["kind"] == "canvas"]
             if len(canvases) != 1:
                 problems.append(f"{name}: {len(canvases)} ipympl canvases (expected 1)")
                 continue
             c = canvases[0]
-            if min(c["width"], c["height"], c["canvasWidth"], c["canvasHeight"]) < 1:
+            if min(c["width"], c["height"], c["pixelWidth"], c["pixelHeight"]) < 1:
                 problems.append(f"{name}: canvas of zero size {c}")
             elif c["colours"] < 3 or c["inked"] < 100:
                 problems.append(f"{name}: canvas blank {c}")
@@ -96,7 +71,8 @@ def test_explorers_draw_with_ipympl(lab: NotebookDriver) -> None:
     except TimeoutError:
         pytest.fail("under %matplotlib widget:\n  " + "\n  ".join(problems), pytrace=False)
     for name, index in cells.items():
-        print(f"{name}: {lab.js(_CANVASES, index)[0]}")
+        canvases = [f for f in lab.js(FIGURES_JS, index) if f["kind"] == "canvas"]
+        print(f"{name}: {canvases[0]}")
 
     cell = find_widget_output(report.notebook, SLIDER_CELL)
     assert cell is not None and cell == cells["ClippingExplorer"]
