@@ -94,3 +94,12 @@ def explorer_cell_indices(nb: dict) -> dict[str, int]:
         first = source.splitlines()[0]
         cells[name] = next(i for i, cell in enumerate(nb["cells"]) if "".join(cell["source"]).startswith(first))
     return cells
+
+
+def figure_problem(label: str, figure: dict) -> str | None:
+    """What is wrong with one probed figure (of :data:`FIGURES_JS`): zero size, or blank; ``None`` if drawn."""
+    if min(figure["width"], figure["height"], figure["pixelWidth"], figure["pixelHeight"]) < 1:
+        return f"{label} of zero size {figure}"
+    if figure["colours"] < 3 or figure["inked"] < 100:
+        return f"{label} blank {figure}"
+    return None

@@ -28,7 +28,7 @@ import pytest
 
 from browserlab import SCREENSHOTS, NotebookDriver, find_widget_output, wait_for
 from conftest import browser_session, notebook7_missing
-from explorer_cells import FIGURES_JS, IMPORTS, SLIDER_CELL, explorer_cell_indices, explorer_notebook
+from explorer_cells import FIGURES_JS, IMPORTS, SLIDER_CELL, explorer_cell_indices, explorer_notebook, figure_problem
 
 RUN_TIMEOUT_S = 240
 
@@ -81,10 +81,9 @@ def test_explorers_in_notebook7(notebook7: NotebookDriver, name: str) -> None:
                 problems.append(f"{explorer}: no {kind} in its output")
                 continue
             big = max(figures, key=lambda f: f["width"] * f["height"])
-            if min(big["width"], big["height"], big["pixelWidth"], big["pixelHeight"]) < 1:
-                problems.append(f"{explorer}: {kind} of zero size {big}")
-            elif big["colours"] < 3 or big["inked"] < 100:
-                problems.append(f"{explorer}: {kind} blank {big}")
+            problem = figure_problem(f"{explorer}: {kind}", big)
+            if problem:
+                problems.append(problem)
         return not problems
 
     try:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from browserlab import SCREENSHOTS, NotebookDriver, find_widget_output, wait_for
-from explorer_cells import FIGURES_JS, IMPORTS, SLIDER_CELL, explorer_cell_indices, explorer_notebook
+from explorer_cells import FIGURES_JS, IMPORTS, SLIDER_CELL, explorer_cell_indices, explorer_notebook, figure_problem
 
 NOTEBOOK = "ipympl_explorers.ipynb"
 RUN_TIMEOUT_S = 240
@@ -59,11 +59,9 @@ def test_explorers_draw_with_ipympl(lab: NotebookDriver) -> None:
             if len(canvases) != 1:
                 problems.append(f"{name}: {len(canvases)} ipympl canvases (expected 1)")
                 continue
-            c = canvases[0]
-            if min(c["width"], c["height"], c["pixelWidth"], c["pixelHeight"]) < 1:
-                problems.append(f"{name}: canvas of zero size {c}")
-            elif c["colours"] < 3 or c["inked"] < 100:
-                problems.append(f"{name}: canvas blank {c}")
+            problem = figure_problem(f"{name}: canvas", canvases[0])
+            if problem:
+                problems.append(problem)
         return not problems
 
     try:
