@@ -45,7 +45,7 @@ from torch import Tensor, nn
 
 from dpnotebook.errors import GradSampleError
 from dpnotebook.grad_sample.functorch_fallback import LayerCall, capture_is_paused, detach_tree, loss_scale
-from dpnotebook.grad_sample.ghost_layers import GhostCall, GhostGroup, ghost_handler
+from dpnotebook.grad_sample.ghost_layers import GhostCall, GhostGroup, MaterialisedGroup, ghost_handler
 from dpnotebook.grad_sample.ghost_tap import GhostStore, Tap, grad_mark
 from dpnotebook.grad_sample.hooks import to_batch_first
 from dpnotebook.grad_sample.module import GradSampleModule, plan_units
@@ -268,6 +268,10 @@ class GhostGradSampleModule(GradSampleModule):
             raise GradSampleError(f"ghost layers saw {ghost} samples but materialised layers {sorted(sampled)}.")
         return ghost or (sampled.pop() if sampled else 0)
 
+    def _sampled(self) -> MaterialisedGroup:
+        """The ``p.grad_sample`` that the hooks engine filled for the layers ghost mode leaves to it."""
+        return MaterialisedGroup({p: p.grad_sample for p in self._trainable() if getattr(p, "grad_sample", None) is not None})
+
     def sq_norms(self) -> Grads:
         """Every sample's squared gradient norm for each trainable parameter: ``{p: [B]}``."""
         B = self.num_samples()
@@ -280,11 +284,8 @@ class GhostGradSampleModule(GradSampleModule):
                         out[p] = sq.new_zeros(B)
                     out[p][offset : offset + Bf] += sq
             offset += Bf
-        for p in self._trainable():
-            gs = getattr(p, "grad_sample", None)
-            if gs is not None:
-                sq = torch.linalg.vector_norm(gs.flatten(1), dim=1).pow(2)
-                out[p] = out[p] + sq if p in out else sq
+        for p, sq in self._sampled().sq_norms().items():
+            out[p] = out[p] + sq if p in out else sq
         return out
 
     def per_sample_norms(self) -> Tensor:
@@ -311,11 +312,10 @@ class GhostGradSampleModule(GradSampleModule):
                 for p, s in group.weighted_sums(w).items():
                     out[p] = out[p] + s if p in out else s
             offset += Bf
-        for p in self._trainable():
-            gs = getattr(p, "grad_sample", None)
-            if gs is not None and (not per_param or p in weights):
-                s = torch.tensordot((weights[p] if per_param else weights).to(gs.dtype), gs, dims=1)
-                out[p] = out[p] + s if p in out else s
+        sampled = self._sampled()
+        w = weights if per_param else {p: weights for p in sampled.grads}
+        for p, s in sampled.weighted_sums(w).items():
+            out[p] = out[p] + s if p in out else s
         return out
 
     def strategies(self) -> dict[str, str]:

@@ -39,7 +39,7 @@ import torch
 from torch import Tensor, nn
 
 from dpnotebook.grad_sample.conv import conv_weight_grad_grouped, conv_weight_grad_per_sample, unfold_patches
-from dpnotebook.grad_sample.ghost_layers import GhostCall, GhostGroup, Grads, Scratch
+from dpnotebook.grad_sample.ghost_layers import GhostCall, GhostGroup, Grads, MaterialisedGroup, Scratch
 
 #: Bytes of scratch (im2col patches, vmap inputs) per chunk of samples, divided by K so
 #: that memory does not grow with K (a chunk holds at least one sample's K rows) ...
@@ -147,19 +147,10 @@ def conv_per_sample_grads(
     return out
 
 
-class ConvGroup(GhostGroup):
+class ConvGroup(MaterialisedGroup):
     """A convolution's per-sample weight gradients, formed chunk by chunk in a reused buffer."""
 
     how = "materialised (conv)"
-
-    def __init__(self, grads: Grads, scale: float) -> None:
-        self.grads, self.scale = grads, scale
-
-    def sq_norms(self) -> Grads:
-        return {p: torch.linalg.vector_norm(g.flatten(1), dim=1).pow(2) * self.scale**2 for p, g in self.grads.items()}
-
-    def weighted_sums(self, weights: Grads) -> Grads:
-        return {p: torch.tensordot(weights[p].to(g.dtype) * self.scale, g, dims=1) for p, g in self.grads.items() if p in weights}
 
 
 def conv_group(layer: nn.modules.conv._ConvNd, calls: list[GhostCall], K: int, scratch: Scratch | None = None) -> GhostGroup:

@@ -77,16 +77,24 @@ class GhostGroup:
 
 
 class MaterialisedGroup(GhostGroup):
-    """Per-sample gradients from the layer's registered grad sampler, summed over calls."""
+    """Per-sample gradients held in full (``{p: [B, *p.shape]}``), each multiplied by ``scale`` when used.
 
-    def __init__(self, grads: Grads) -> None:
-        self.grads = grads
+    The registered sampler's gradients (summed over calls), a convolution's, and
+    the ``p.grad_sample`` of layers left to the hooks engine all take this form.
+    """
+
+    def __init__(self, grads: Grads, scale: float = 1.0) -> None:
+        self.grads, self.scale = grads, scale
 
     def sq_norms(self) -> Grads:
-        return {p: torch.linalg.vector_norm(g.flatten(1), dim=1).pow(2) for p, g in self.grads.items()}
+        return {p: torch.linalg.vector_norm(g.flatten(1), dim=1).pow(2) * self.scale**2 for p, g in self.grads.items()}
 
     def weighted_sums(self, weights: Grads) -> Grads:
-        return {p: torch.tensordot(weights[p].to(g.dtype), g, dims=1) for p, g in self.grads.items() if p in weights}
+        return {
+            p: torch.tensordot(weights[p].to(g.dtype) * self.scale, g, dims=1)
+            for p, g in self.grads.items()
+            if p in weights
+        }
 
 
 def materialise(module: nn.Module, calls: list[GhostCall], K: int, scratch: Scratch | None = None) -> MaterialisedGroup:
