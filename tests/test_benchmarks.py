@@ -84,3 +84,22 @@ def test_memory_benchmark_measures_every_k_in_its_own_processes() -> None:
     assert [r["K"] for r in rows] == [1, 2]
     assert all(r["plain_peak_mb"] > 50 and r["private_peak_mb"] > 50 for r in rows)
     assert summary(rows).startswith("K=2")
+
+
+OPACUS_CONFIGS = sorted({c.what for c in plan(["MLP"], [2], modes=["hooks"], kinds=["gsm", "dpsgd"], ks=[1], k_batch=2,
+                                              opacus=True) if c.what.startswith("opacus_")})
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("what", OPACUS_CONFIGS)
+def test_the_opacus_side_of_the_comparison_runs_on_every_model(name: str, what: str) -> None:
+    from dpnotebook.benchmarks.opacus_steps import opacus_step
+
+    model, x, y = build(name, 3, flavour="opacus")
+    before = [p.detach().clone() for p in model.parameters()]
+    _, kind, mode = what.split("_")
+    opacus_step(model, kind, mode, x, y, batch=3)()
+    if kind == "gsm":  # Opacus' per-sample gradients sit on the parameters
+        assert all(p.grad_sample.shape == (3, *p.shape) for p in model.parameters() if p.requires_grad)
+    else:  # make_private's step moved every parameter
+        assert all(not torch.equal(b, p) for b, p in zip(before, model.parameters()))
