@@ -5,7 +5,9 @@ One concept per module:
 * :mod:`~dpnotebook.privacy.clipping`: per-sample norms and clipping;
 * :mod:`~dpnotebook.privacy.noise`: Gaussian noise, seedable or secure;
 * :mod:`~dpnotebook.privacy.optimizer`: :class:`DPOptimizer` (clip, sum, noise, scale, step);
-* :mod:`~dpnotebook.privacy.data_loader`: Poisson sampling, augmentation multiplicity, physical batches;
+* :mod:`~dpnotebook.privacy.step_stats`: :class:`StepStats`, what the last step did;
+* :mod:`~dpnotebook.privacy.data_loader`: Poisson sampling and physical batches;
+* :mod:`~dpnotebook.privacy.augmult`: augmentation multiplicity in the data loader;
 * :mod:`~dpnotebook.privacy.batch_memory`: Opacus' :class:`BatchMemoryManager`;
 * :mod:`~dpnotebook.privacy.accounting`: epsilon from Google's ``dp_accounting``;
 * :mod:`~dpnotebook.privacy.engine`: :class:`PrivacyEngine` and ``make_private``;
@@ -37,16 +39,12 @@ from dpnotebook.privacy.clipping import (
     per_layer_norms,
     per_sample_norms,
 )
-from dpnotebook.privacy.data_loader import (
-    AugmultCollate,
-    DPDataLoader,
-    PoissonBatchSampler,
-    augmult_data_loader,
-    split_batch,
-)
+from dpnotebook.privacy.augmult import AugmultCollate, augmult_data_loader
+from dpnotebook.privacy.data_loader import DPDataLoader, PoissonBatchSampler, split_batch
 from dpnotebook.privacy.engine import PrivacyEngine, unwrap_model
 from dpnotebook.privacy.noise import gaussian_noise
-from dpnotebook.privacy.optimizer import DPOptimizer, StepStats
+from dpnotebook.privacy.optimizer import DPOptimizer
+from dpnotebook.privacy.step_stats import StepStats
 from dpnotebook.privacy.training import evaluate, fit, train_epoch
 
 __all__ = [

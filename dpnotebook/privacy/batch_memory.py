@@ -33,7 +33,8 @@ from typing import Any, Iterator
 from torch.utils.data import DataLoader
 
 from dpnotebook.privacy.arguments import check_positive_int
-from dpnotebook.privacy.data_loader import loader_k, split_batch
+from dpnotebook.privacy.augmult import loader_k
+from dpnotebook.privacy.data_loader import split_batch
 from dpnotebook.privacy.optimizer import DPOptimizer
 
 __all__ = ["BatchMemoryManager"]

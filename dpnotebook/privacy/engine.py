@@ -39,7 +39,8 @@ from dpnotebook.privacy.arguments import (
     check_noise_multiplier,
 )
 from dpnotebook.privacy.clipping import CLIPPING_MODES
-from dpnotebook.privacy.data_loader import DPDataLoader, loader_k
+from dpnotebook.privacy.augmult import loader_k
+from dpnotebook.privacy.data_loader import DPDataLoader
 from dpnotebook.privacy.optimizer import LOSS_REDUCTIONS, DPOptimizer
 
 __all__ = ["PrivacyEngine", "unwrap_model", "is_wrapped", "sample_rate_of"]
@@ -134,7 +135,7 @@ class PrivacyEngine:
                 ``"ghost"``: only their norms, with a :class:`~dpnotebook.privacy.ghost_optimizer.GhostDPOptimizer`).
             K: augmented rows per sample (augmentation multiplicity); the loader
                 must yield ``B*K`` rows, sample-major, e.g. with
-                :class:`~dpnotebook.privacy.data_loader.AugmultCollate`.
+                :class:`~dpnotebook.privacy.augmult.AugmultCollate`.
                 Accounting counts samples, not rows.
             poisson_sampling: sample batches as the privacy analysis assumes. With
                 ``False`` the loader is kept, and the accountant's figure assumes

@@ -30,7 +30,6 @@ True
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -46,37 +45,9 @@ from dpnotebook.privacy.arguments import (
 )
 from dpnotebook.privacy.clipping import CLIPPING_MODES, clip_and_sum
 from dpnotebook.privacy.noise import draw_noise
+from dpnotebook.privacy.step_stats import StepStats
 
-__all__ = ["DPOptimizer", "StepStats"]
-
-
-@dataclass
-class StepStats:
-    """What the last :meth:`DPOptimizer.step` did, for printing and plotting.
-
-    Attributes:
-        batch_size: the number of samples in the logical batch (0 for an empty one).
-        per_sample_norms: each sample's gradient norm before clipping, shape ``[batch_size]``.
-        fraction_clipped: the fraction of samples whose gradient was scaled down.
-        noise_multiplier: sigma.
-        max_grad_norm: C.
-        noise_std: ``sigma * C``, the std of the noise added to the clipped sum.
-        expected_batch_size: what the noisy sum was divided by (for ``"mean"``).
-        clipped_sum_norm: the norm of the clipped sum (the signal), over all parameters.
-        noise_norm: the norm of the noise that was added to it.
-        virtual_steps: how many physical pieces made up the logical batch.
-    """
-
-    batch_size: int
-    per_sample_norms: Tensor
-    fraction_clipped: float
-    noise_multiplier: float
-    max_grad_norm: float
-    noise_std: float
-    expected_batch_size: float
-    clipped_sum_norm: float
-    noise_norm: float
-    virtual_steps: int
+__all__ = ["DPOptimizer"]
 
 
 class DPOptimizer(Optimizer):
@@ -266,14 +237,11 @@ class DPOptimizer(Optimizer):
             if self.loss_reduction == "mean":
                 grad.div_(self.expected_batch_size)
             p.grad = grad
-        norms = torch.cat(self._norms) if self._norms else torch.empty(0)
-        self.last_step_stats = StepStats(
-            batch_size=int(norms.numel()),
-            per_sample_norms=norms,
-            fraction_clipped=self._num_clipped / norms.numel() if norms.numel() else 0.0,
+        self.last_step_stats = StepStats.of_batch(
+            self._norms,
+            num_clipped=self._num_clipped,
             noise_multiplier=self.noise_multiplier,
             max_grad_norm=self.max_grad_norm,
-            noise_std=std,
             expected_batch_size=self.expected_batch_size,
             clipped_sum_norm=signal_sq**0.5,
             noise_norm=noise_sq**0.5,
