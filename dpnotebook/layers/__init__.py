@@ -6,6 +6,7 @@ the ``torch.nn`` layer, so ``load_state_dict`` works both ways;
 """
 
 from dpnotebook.layers.attention import DPMultiheadAttention
-from dpnotebook.layers.rnn import DPGRU, DPLSTM, DPRNN, DPRNNBase
+from dpnotebook.layers.rnn import DPGRU, DPLSTM, DPRNN
+from dpnotebook.layers.rnn_base import DPRNNBase
 
 __all__ = ["DPRNN", "DPLSTM", "DPGRU", "DPRNNBase", "DPMultiheadAttention"]
