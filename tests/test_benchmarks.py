@@ -90,6 +90,7 @@ OPACUS_CONFIGS = sorted({c.what for c in plan(["MLP"], [2], modes=["hooks"], kin
                                               opacus=True) if c.what.startswith("opacus_")})
 
 
+@pytest.mark.filterwarnings("ignore:Full backward hook is firing")  # Opacus' hooks on an input that needs no grad
 @pytest.mark.parametrize("name", sorted(MODELS))
 @pytest.mark.parametrize("what", OPACUS_CONFIGS)
 def test_the_opacus_side_of_the_comparison_runs_on_every_model(name: str, what: str) -> None:

@@ -11,6 +11,10 @@ saw (activations) and what came back (backprops), and then
 2. once the optimizer knows the clip factors, forms the clipped sum in one
    weighted pass per layer (no second backward pass).
 
+This module does the recording; a
+:class:`~dpnotebook.grad_sample.ghost_ledger.GhostLedger` keeps the records of
+every forward pass until the optimizer step and adds them up.
+
 The layers it handles run their forward with *detached* parameters and a tap on
 the output, so autograd computes only what flows back to the inputs: the
 ordinary weight gradient, which DP-SGD throws away, is never computed. Layers
@@ -45,7 +49,8 @@ from torch import Tensor, nn
 
 from dpnotebook.errors import GradSampleError
 from dpnotebook.grad_sample.functorch_fallback import LayerCall, capture_is_paused, detach_tree, loss_scale
-from dpnotebook.grad_sample.ghost_layers import GhostCall, GhostGroup, MaterialisedGroup, ghost_handler
+from dpnotebook.grad_sample.ghost_layers import GhostCall, MaterialisedGroup, ghost_handler
+from dpnotebook.grad_sample.ghost_ledger import GhostLedger
 from dpnotebook.grad_sample.ghost_tap import GhostStore, Tap, grad_mark
 from dpnotebook.grad_sample.hooks import to_batch_first
 from dpnotebook.grad_sample.module import GradSampleModule, plan_units
@@ -102,12 +107,9 @@ class GhostGradSampleModule(GradSampleModule):
         if not isinstance(self._store, GhostStore):
             self._store = GhostStore(self)
         super().add_hooks()
-        self._pending: dict[int, dict[nn.Module, list[GhostCall]]] = {}
         self._versions: dict[int, int] = {}
-        self._groups: list[tuple[int, dict[nn.Module, GhostGroup]]] | None = None
         self._ghost_units, _ = self._split_plan()
-        self._makers = {m: handler[0] for _, m, _, handler in self._ghost_units}
-        self._buffers_kept: dict[tuple, Tensor] = {}
+        self._ledger = GhostLedger({m: handler[0] for _, m, _, handler in self._ghost_units}, self.K)
         self._swapped: dict[int, list[dict]] = {}
         self._held: list[tuple[nn.Module, str, nn.Parameter]] = []
         self._ghost_handles = []
@@ -182,9 +184,9 @@ class GhostGradSampleModule(GradSampleModule):
         call = LayerCall(m, path, detach_tree(args), detach_tree(kwargs), [0], bd, rows, self._forward_id)
         record = GhostCall(call)
         versions = [a._version for a in call.args if isinstance(a, Tensor)]
-        if not self._pending:  # a new batch: remember the parameters' versions (see _check_not_stale)
+        if not self._ledger.pending:  # a new batch: remember the parameters' versions (see _check_not_stale)
             self._versions = {id(p): p._version for p in self._ghost_params()}
-        self._pending.setdefault(self._forward_id, {}).setdefault(m, []).append(record)
+        self._ledger.record(self._forward_id, m, record)
         for p in saved.values():
             self._store.marks[id(p)] = grad_mark(p)
         accounted = [saved[n] for n in outside if n in saved]
@@ -208,7 +210,7 @@ class GhostGradSampleModule(GradSampleModule):
         g = to_batch_first(grad, call.batch_dim).detach()
         record.backprops = g if record.backprops is None else record.backprops + g
         record.scale = loss_scale(self.loss_reduction, call.rows) / self.K
-        self._groups = None
+        self._ledger.changed()
         for p in accounted:  # used outside the layer by design (an RNN's recurrence): accounted for here
             self._store._sampled.add(id(p))
 
@@ -216,7 +218,7 @@ class GhostGradSampleModule(GradSampleModule):
         return [p for _, m, _, _ in self._ghost_units for p in m.parameters(recurse=False)]
 
     def _check_not_stale(self) -> None:
-        if not self._pending:
+        if not self._ledger.pending:
             return
         if not self._store.allow_accumulation:
             raise GradSampleError(
@@ -233,60 +235,21 @@ class GhostGradSampleModule(GradSampleModule):
                     "PrivacyEngine.make_private(grad_sample_mode='ghost'), or call zero_grad() between steps."
                 )
 
-    # -- after backward: norms and weighted sums -------------------------------------
-    def _ghost_groups(self) -> list[tuple[int, dict[nn.Module, GhostGroup]]]:
-        """``(samples, {layer: group})`` for each forward pass since the last :meth:`zero_grad`."""
-        if self._groups is None:
-            groups = []
-            for fid, layers in self._pending.items():
-                rows = next(c.call.rows for calls in layers.values() for c in calls)
-                made = {}
-                for m, calls in layers.items():
-                    done = [c for c in calls if c.backprops is not None]
-                    if done:
-                        made[m] = self._makers[m](m, done, self.K, partial(self._scratch, m, len(groups)))
-                groups.append((rows // self.K, made))
-            self._groups = groups
-        return self._groups
-
-    def _scratch(self, m: nn.Module, ordinal: int, key: tuple, shape: tuple, like: Tensor) -> Tensor:
-        """A buffer kept from step to step for layer ``m`` (in the ``ordinal``-th forward since zero_grad)."""
-        full = (id(m), ordinal, key)
-        buf = self._buffers_kept.get(full)
-        if buf is None or tuple(buf.shape) != tuple(shape) or buf.dtype != like.dtype or buf.device != like.device:
-            buf = self._buffers_kept[full] = like.new_empty(shape)
-        return buf
-
+    # -- after backward: norms and weighted sums (added up by the ledger) ------------
     def _trainable(self) -> list[nn.Parameter]:
         return [p for p in self._module.parameters() if p.requires_grad]
-
-    def num_samples(self) -> int:
-        """The number of samples B in the batches seen since the last :meth:`zero_grad`."""
-        ghost = sum(B for B, _ in self._ghost_groups())
-        sampled = {getattr(p, "grad_sample", None) is not None and p.grad_sample.shape[0] for p in self._trainable()} - {False}
-        if ghost and sampled and sampled != {ghost}:
-            raise GradSampleError(f"ghost layers saw {ghost} samples but materialised layers {sorted(sampled)}.")
-        return ghost or (sampled.pop() if sampled else 0)
 
     def _sampled(self) -> MaterialisedGroup:
         """The ``p.grad_sample`` that the hooks engine filled for the layers ghost mode leaves to it."""
         return MaterialisedGroup({p: p.grad_sample for p in self._trainable() if getattr(p, "grad_sample", None) is not None})
 
+    def num_samples(self) -> int:
+        """The number of samples B in the batches seen since the last :meth:`zero_grad`."""
+        return self._ledger.num_samples(self._sampled())
+
     def sq_norms(self) -> Grads:
         """Every sample's squared gradient norm for each trainable parameter: ``{p: [B]}``."""
-        B = self.num_samples()
-        out: Grads = {}
-        offset = 0
-        for Bf, made in self._ghost_groups():
-            for group in made.values():
-                for p, sq in group.sq_norms().items():
-                    if p not in out:
-                        out[p] = sq.new_zeros(B)
-                    out[p][offset : offset + Bf] += sq
-            offset += Bf
-        for p, sq in self._sampled().sq_norms().items():
-            out[p] = out[p] + sq if p in out else sq
-        return out
+        return self._ledger.sq_norms(self._sampled())
 
     def per_sample_norms(self) -> Tensor:
         """Every sample's total gradient norm (all parameters): shape ``[B]``."""
@@ -299,24 +262,7 @@ class GhostGradSampleModule(GradSampleModule):
         Args:
             weights: ``[B]`` (one weight per sample, e.g. flat clip factors) or ``{p: [B]}`` (per parameter).
         """
-        per_param = isinstance(weights, dict)
-        out: Grads = {}
-        offset = 0
-        for Bf, made in self._ghost_groups():
-            for m, group in made.items():
-                w = {
-                    p: (weights[p] if per_param else weights)[offset : offset + Bf]
-                    for p in m.parameters(recurse=False)
-                    if p.requires_grad and (not per_param or p in weights)
-                }
-                for p, s in group.weighted_sums(w).items():
-                    out[p] = out[p] + s if p in out else s
-            offset += Bf
-        sampled = self._sampled()
-        w = weights if per_param else {p: weights for p in sampled.grads}
-        for p, s in sampled.weighted_sums(w).items():
-            out[p] = out[p] + s if p in out else s
-        return out
+        return self._ledger.weighted_sums(weights, self._sampled())
 
     def strategies(self) -> dict[str, str]:
         """How each ghosted layer's norms are computed for the batch seen (after backward): ``{path: how}``.
@@ -328,12 +274,12 @@ class GhostGradSampleModule(GradSampleModule):
         >>> model.strategies()
         {'model.0': 'ghost indices', 'model.1': 'ghost direct'}
         """
-        paths = {m: path for path, m, *_ in self._ghost_units}
-        return {paths[m]: group.how for _, made in self._ghost_groups() for m, group in made.items()}
+        return self._ledger.strategies({m: path for path, m, *_ in self._ghost_units})
 
     def clear_ghost(self) -> None:
         """Forget the recorded activations and backprops (after their sums were taken)."""
-        self._pending, self._groups, self._versions = {}, None, {}
+        self._ledger.clear()
+        self._versions = {}
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear ``p.grad``, ``p.grad_sample`` and the recorded activations and backprops."""

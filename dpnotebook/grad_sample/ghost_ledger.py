@@ -1,0 +1,148 @@
+"""The ghost records of a batch, and what they add up to: norms and clipped sums.
+
+Ghost mode's wrapper (:mod:`~dpnotebook.grad_sample.ghost`) records, for every
+call of a ghosted layer, what the layer saw and the gradient of its output
+(:class:`~dpnotebook.grad_sample.ghost_layers.GhostCall`). A :class:`GhostLedger`
+keeps those records, forward pass by forward pass, until the optimizer has
+used them. It then
+
+1. groups each forward pass's calls by layer (one
+   :class:`~dpnotebook.grad_sample.ghost_layers.GhostGroup` per layer, made by
+   the layer's group maker; built once and reused until a new record arrives);
+2. adds up every sample's squared gradient norm per parameter: a sample is in
+   exactly one forward pass, while the per-sample gradients the hooks engine
+   left in ``p.grad_sample`` (``sampled``) cover all samples in order;
+3. adds up the weighted sums ``sum_b w_b g_b`` the same way.
+
+>>> import torch
+>>> from torch import nn
+>>> from dpnotebook.grad_sample.ghost import GhostGradSampleModule
+>>> model = GhostGradSampleModule(nn.Linear(3, 2))
+>>> model.allow_grad_accumulation()
+>>> for rows in (4, 5):                     # two forward passes before one step
+...     model(torch.randn(rows, 3)).sum().backward()
+>>> [B for B, _ in model._ledger.groups()], model._ledger.num_samples(MaterialisedGroup({}))
+([4, 5], 9)
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+from torch import Tensor, nn
+
+from dpnotebook.errors import GradSampleError
+from dpnotebook.grad_sample.ghost_layers import GhostCall, GhostGroup, GroupMaker, MaterialisedGroup
+
+Grads = dict[nn.Parameter, Tensor]
+Groups = list[tuple[int, dict[nn.Module, GhostGroup]]]
+
+__all__ = ["GhostLedger"]
+
+
+class GhostLedger:
+    """Every ghost record since the last :meth:`clear`, forward pass by forward pass.
+
+    Args:
+        makers: each ghosted layer's group maker (from :func:`~dpnotebook.grad_sample.ghost_layers.ghost_handler`).
+        K: rows per sample (augmentation multiplicity).
+    """
+
+    def __init__(self, makers: dict[nn.Module, GroupMaker], K: int) -> None:
+        self.makers, self.K = makers, K
+        self.pending: dict[int, dict[nn.Module, list[GhostCall]]] = {}
+        self._groups: Groups | None = None
+        self._buffers: dict[tuple, Tensor] = {}
+
+    def record(self, forward_id: int, module: nn.Module, call: GhostCall) -> None:
+        """Keep ``call`` of ``module`` in forward pass ``forward_id`` (its backprops come later)."""
+        self.pending.setdefault(forward_id, {}).setdefault(module, []).append(call)
+
+    def changed(self) -> None:
+        """A record received its backprops: the groups must be built again."""
+        self._groups = None
+
+    def clear(self) -> None:
+        """Forget every record (the scratch buffers are kept for the next batch)."""
+        self.pending, self._groups = {}, None
+
+    def groups(self) -> Groups:
+        """``(samples, {layer: group})`` for each forward pass, in the order they ran."""
+        if self._groups is None:
+            groups: Groups = []
+            for layers in self.pending.values():
+                rows = next(c.call.rows for calls in layers.values() for c in calls)
+                made = {}
+                for m, calls in layers.items():
+                    done = [c for c in calls if c.backprops is not None]
+                    if done:
+                        made[m] = self.makers[m](m, done, self.K, partial(self._scratch, m, len(groups)))
+                groups.append((rows // self.K, made))
+            self._groups = groups
+        return self._groups
+
+    def _scratch(self, m: nn.Module, ordinal: int, key: tuple, shape: tuple, like: Tensor) -> Tensor:
+        """A buffer kept from step to step for layer ``m`` (in the ``ordinal``-th forward pass)."""
+        full = (id(m), ordinal, key)
+        buf = self._buffers.get(full)
+        if buf is None or tuple(buf.shape) != tuple(shape) or buf.dtype != like.dtype or buf.device != like.device:
+            buf = self._buffers[full] = like.new_empty(shape)
+        return buf
+
+    def num_samples(self, sampled: MaterialisedGroup) -> int:
+        """The number of samples B that the records (or, without any, ``sampled``) cover.
+
+        Raises:
+            GradSampleError: the ghosted layers and ``sampled`` disagree on B.
+        """
+        ghost = sum(B for B, _ in self.groups())
+        held = {g.shape[0] for g in sampled.grads.values()}
+        if ghost and held and held != {ghost}:
+            raise GradSampleError(f"ghost layers saw {ghost} samples but materialised layers {sorted(held)}.")
+        return ghost or (held.pop() if held else 0)
+
+    def sq_norms(self, sampled: MaterialisedGroup) -> Grads:
+        """Every sample's squared gradient norm for each parameter: ``{p: [B]}``."""
+        B = self.num_samples(sampled)
+        out: Grads = {}
+        offset = 0
+        for Bf, made in self.groups():
+            for group in made.values():
+                for p, sq in group.sq_norms().items():
+                    if p not in out:
+                        out[p] = sq.new_zeros(B)
+                    out[p][offset : offset + Bf] += sq
+            offset += Bf
+        for p, sq in sampled.sq_norms().items():
+            out[p] = out[p] + sq if p in out else sq
+        return out
+
+    def weighted_sums(self, weights: Tensor | Grads, sampled: MaterialisedGroup) -> Grads:
+        """``sum_b w_b * (sample b's gradient)`` for each parameter the records reach.
+
+        Args:
+            weights: ``[B]`` (one weight per sample) or ``{p: [B]}`` (per parameter).
+            sampled: the per-sample gradients held in full, weighted the same way.
+        """
+        per_param = isinstance(weights, dict)
+        out: Grads = {}
+        offset = 0
+        for Bf, made in self.groups():
+            for m, group in made.items():
+                w = {
+                    p: (weights[p] if per_param else weights)[offset : offset + Bf]
+                    for p in m.parameters(recurse=False)
+                    if p.requires_grad and (not per_param or p in weights)
+                }
+                for p, s in group.weighted_sums(w).items():
+                    out[p] = out[p] + s if p in out else s
+            offset += Bf
+        w = weights if per_param else {p: weights for p in sampled.grads}
+        for p, s in sampled.weighted_sums(w).items():
+            out[p] = out[p] + s if p in out else s
+        return out
+
+    def strategies(self, paths: dict[nn.Module, str]) -> dict[str, str]:
+        """``{path: how}``: how each recorded layer's norms are computed."""
+        return {paths[m]: group.how for _, made in self.groups() for m, group in made.items()}
+
