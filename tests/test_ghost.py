@@ -268,6 +268,65 @@ def test_layer_called_twice_joins_its_calls() -> None:
     check(Twice(), torch.randint(0, 5, (4, 3)), K=2)
 
 
+class SharedConvBlock(nn.Module):
+    """One convolution and one GroupNorm, each called twice in a forward pass."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(2, 2, 3, padding=1)
+        self.norm = nn.GroupNorm(1, 2)
+        self.fc = nn.Linear(2 * 4 * 4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm(self.conv(x))
+        return self.fc(self.norm(self.conv(torch.tanh(h))).flatten(1))
+
+
+@pytest.mark.parametrize("K", [1, 2])
+def test_settled_layers_called_twice_add_up(K: int) -> None:
+    wrapped = check(SharedConvBlock(), torch.randn(3 * K, 2, 4, 4), K=K)
+    calls = [c for layers in wrapped._ledger.pending.values() for m, cs in layers.items() for c in cs]
+    assert sorted(c.released for c in calls) == [False] + [True] * 4  # conv and norm twice each; fc kept
+
+
+def test_settled_layers_over_two_forward_passes_equal_each_pass_alone() -> None:
+    torch.manual_seed(0)
+    model = SharedConvBlock().double()
+    xs = [torch.randn(3, 2, 4, 4, dtype=torch.float64), torch.randn(2, 2, 4, 4, dtype=torch.float64)]
+    alone = []
+    for x in xs:
+        one = dpnotebook.wrap_model(copy.deepcopy(model), "ghost")
+        one(x).sum().backward()
+        alone.append(one.per_sample_norms())
+    both = dpnotebook.wrap_model(model, "ghost")
+    both.allow_grad_accumulation()
+    for x in xs:
+        both(x).sum().backward()
+    torch.testing.assert_close(both.per_sample_norms(), torch.cat(alone), rtol=1e-12, atol=1e-12)
+
+
+def test_settled_layers_let_go_of_their_inputs_during_backward() -> None:
+    """A convolution's input and backprops must not be kept until the optimizer step (they grow with B*K)."""
+    import gc
+    import weakref
+
+    model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.Tanh(), nn.Conv2d(2, 2, 3), nn.Flatten(), nn.Linear(8, 2))
+    seen: list[weakref.ref] = []
+    model[2].register_forward_hook(lambda m, args, out: seen.append(weakref.ref(args[0])))
+    wrapped = dpnotebook.wrap_model(model, "ghost")
+    loss = wrapped(torch.randn(4, 1, 6, 6)).sum()
+    loss.backward(retain_graph=True)  # the graph stays alive: only the ledger could still hold the input
+    del loss
+    gc.collect()
+    assert len(seen) == 1 and seen[0]() is None
+    assert wrapped.per_sample_norms().shape == (4,)
+    wrapped.zero_grad()
+    loss = wrapped(torch.randn(4, 1, 6, 6)).sum()
+    loss.backward(retain_graph=True)
+    with pytest.raises(GradSampleError, match=r"model.2 \(Conv2d\).*retain_graph=True.*ghost mode"):
+        loss.backward()
+
+
 def test_inplace_relu_after_a_layer_and_empty_batch() -> None:
     model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(inplace=True), nn.Linear(4, 2))
     check(model, torch.randn(6, 3), K=2)

@@ -52,7 +52,7 @@ from dpnotebook.grad_sample.functorch_fallback import LayerCall, capture_is_paus
 from dpnotebook.grad_sample.ghost_layers import GhostCall, MaterialisedGroup, ghost_handler
 from dpnotebook.grad_sample.ghost_ledger import GhostLedger
 from dpnotebook.grad_sample.ghost_tap import GhostStore, Tap, grad_mark
-from dpnotebook.grad_sample.hooks import to_batch_first
+from dpnotebook.grad_sample.hooks import second_backward_error, to_batch_first
 from dpnotebook.grad_sample.module import GradSampleModule, plan_units
 from dpnotebook.validation import Problem, raise_if_problems, validate
 
@@ -109,15 +109,15 @@ class GhostGradSampleModule(GradSampleModule):
         super().add_hooks()
         self._versions: dict[int, int] = {}
         self._ghost_units, _ = self._split_plan()
-        self._ledger = GhostLedger({m: handler[0] for _, m, _, handler in self._ghost_units}, self.K)
+        self._ledger = GhostLedger({m: handler for _, m, _, handler in self._ghost_units}, self.K)
         self._swapped: dict[int, list[dict]] = {}
         self._held: list[tuple[nn.Module, str, nn.Parameter]] = []
         self._ghost_handles = []
         for p in self._module.parameters():  # lets GhostDPOptimizer find this wrapper from its parameters
             p._dpn_ghost_owner = weakref.ref(self)
-        for path, m, _, (_, outside) in self._ghost_units:
+        for path, m, _, handler in self._ghost_units:
             self._ghost_handles.append(m.register_forward_pre_hook(self._detach_params, with_kwargs=True))
-            hook = partial(self._tap_output, path, outside)
+            hook = partial(self._tap_output, path, handler.outside)
             self._ghost_handles.append(m.register_forward_hook(hook, with_kwargs=True, always_call=True))
 
     def remove_hooks(self) -> None:
@@ -201,6 +201,8 @@ class GhostGradSampleModule(GradSampleModule):
 
     def _on_backprops(self, record: GhostCall, versions: list[int], accounted: list[nn.Parameter], grad: Tensor) -> None:
         call = record.call
+        if record.released:
+            raise second_backward_error(call, "ghost")
         if [a._version for a in call.args if isinstance(a, Tensor)] != versions:
             raise GradSampleError(
                 f"{call.path} ({type(call.module).__name__}): its input was modified in place after the layer "
@@ -210,7 +212,7 @@ class GhostGradSampleModule(GradSampleModule):
         g = to_batch_first(grad, call.batch_dim).detach()
         record.backprops = g if record.backprops is None else record.backprops + g
         record.scale = loss_scale(self.loss_reduction, call.rows) / self.K
-        self._ledger.changed()
+        self._ledger.received(record)
         for p in accounted:  # used outside the layer by design (an RNN's recurrence): accounted for here
             self._store._sampled.add(id(p))
 

@@ -24,11 +24,12 @@ How each layer type is handled (:func:`ghost_handler`):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
+from dpnotebook.errors import GradSampleError
 from dpnotebook.grad_sample._contract import group_rows
 from dpnotebook.grad_sample.functorch_fallback import LayerCall
 from dpnotebook.grad_sample.ghost_norms import (
@@ -54,11 +55,18 @@ class GhostCall:
         call: what the forward pass saw (as the hooks engine records it).
         backprops: gradient of the loss w.r.t. the output, batch-first, ``B*K`` rows.
         scale: undoes the loss reduction and averages over K (``rows/K`` for a mean, ``1/K`` for a sum).
+        released: its per-sample gradients were formed and its inputs and backprops let go.
     """
 
     call: LayerCall
     backprops: Tensor | None = None
     scale: float = 1.0
+    released: bool = False
+
+    def release(self) -> None:
+        """Let go of the inputs and backprops (after the call's per-sample gradients were formed)."""
+        self.call.args, self.call.kwargs, self.backprops, self.released = (), {}, None, True
+        self.call.extra["released"] = True
 
     def activations(self) -> list:
         return [to_batch_first(a, self.call.batch_dim) for a in bound_arguments(self.call.module, self.call.args, self.call.kwargs)]
@@ -95,6 +103,19 @@ class MaterialisedGroup(GhostGroup):
             for p, g in self.grads.items()
             if p in weights
         }
+
+    def absorb(self, other: "MaterialisedGroup") -> None:
+        """Add the per-sample gradients of ``other`` (another call of the layer, same samples) into these.
+
+        >>> w = nn.Parameter(torch.zeros(2))
+        >>> a, b = MaterialisedGroup({w: torch.ones(3, 2)}, 0.5), MaterialisedGroup({w: torch.ones(3, 2)}, 0.5)
+        >>> a.absorb(b); a.grads[w][0].tolist()
+        [2.0, 2.0]
+        """
+        if other.scale != self.scale:
+            raise GradSampleError(f"calls of one forward pass were scaled differently ({self.scale} and {other.scale}).")
+        for p, g in other.grads.items():
+            self.grads[p] = self.grads[p].add_(g) if p in self.grads else g
 
 
 def materialise(module: nn.Module, calls: list[GhostCall], K: int, scratch: Scratch | None = None) -> MaterialisedGroup:
@@ -229,11 +250,33 @@ def embedding_group(module: nn.Embedding, calls: list[GhostCall], K: int, scratc
 GroupMaker = Callable[[nn.Module, list[GhostCall], int, Scratch], GhostGroup]
 
 
-def ghost_handler(module: nn.Module) -> tuple[GroupMaker, tuple[str, ...]] | None:
-    """``(make_group, names of parameters the layer may also use outside its forward)`` or ``None``.
+class GhostHandler(NamedTuple):
+    """How ghost mode treats one kind of layer.
+
+    Attributes:
+        make_group: builds the layer's :class:`GhostGroup` from its calls in one forward pass.
+        outside: names of parameters the layer's owner also uses outside its forward (an RNN's recurrence).
+        materialises: its groups hold per-sample gradients (a :class:`MaterialisedGroup`), which add up
+            over calls; so ghost mode makes one per call as soon as the call's backprops arrive and lets
+            go of the call's inputs and backprops (memory then grows with B, not with the B*K rows).
+    """
+
+    make_group: GroupMaker
+    outside: tuple[str, ...] = ()
+    materialises: bool = False
+
+
+def ghost_handler(module: nn.Module) -> GhostHandler | None:
+    """The :class:`GhostHandler` of ``module``'s type, or ``None``.
 
     ``None``: ghost mode leaves the layer to the hooks engine (its registered
     sampler, or torch.func). A subclass that overrides ``forward`` is not matched.
+
+    >>> from torch import nn
+    >>> ghost_handler(nn.Conv2d(1, 2, 3)).materialises, ghost_handler(nn.Linear(2, 2)).materialises
+    (True, False)
+    >>> ghost_handler(nn.BatchNorm1d(3)) is None
+    True
     """
     from dpnotebook.layers.attention_units import AppendBias, InProjection
     from dpnotebook.layers.gate_projection import GateProjection
@@ -241,16 +284,16 @@ def ghost_handler(module: nn.Module) -> tuple[GroupMaker, tuple[str, ...]] | Non
     from dpnotebook.grad_sample.ghost_conv import conv_group
     from dpnotebook.grad_sample.ghost_rnn import gate_group
 
-    table: dict[type, tuple[GroupMaker, tuple[str, ...]]] = {
-        nn.Linear: (linear_group, ()),
-        InProjection: (linear_group, ()),
-        nn.Embedding: (embedding_group, ()),
-        GateProjection: (gate_group, ("weight_hh", "bias_hh")),  # the recurrence uses them too
+    table: dict[type, GhostHandler] = {
+        nn.Linear: GhostHandler(linear_group),
+        InProjection: GhostHandler(linear_group),
+        nn.Embedding: GhostHandler(embedding_group),
+        GateProjection: GhostHandler(gate_group, outside=("weight_hh", "bias_hh")),  # the recurrence uses them too
     }
     for t in (nn.Conv1d, nn.Conv2d, nn.Conv3d):
-        table[t] = (conv_group, ())
+        table[t] = GhostHandler(conv_group, materialises=True)
     for t in (nn.LayerNorm, nn.GroupNorm, nn.RMSNorm, AppendBias):
-        table[t] = (materialise, ())
+        table[t] = GhostHandler(materialise, materialises=True)
     if isinstance(module, nn.Embedding) and module.max_norm is not None:
         return None  # max_norm renormalises the weight in place during the forward
     for cls in type(module).__mro__:
@@ -261,5 +304,5 @@ def ghost_handler(module: nn.Module) -> tuple[GroupMaker, tuple[str, ...]] | Non
 
 __all__ = [
     "GhostCall", "GhostGroup", "MaterialisedGroup", "LinearPiece", "linear_piece", "LinearGroup", "EmbeddingGroup",
-    "ghost_handler", "materialise",
+    "GhostHandler", "ghost_handler", "materialise",
 ]

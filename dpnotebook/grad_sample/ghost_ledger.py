@@ -8,7 +8,11 @@ used them. It then
 
 1. groups each forward pass's calls by layer (one
    :class:`~dpnotebook.grad_sample.ghost_layers.GhostGroup` per layer, made by
-   the layer's group maker; built once and reused until a new record arrives);
+   the layer's group maker; built once and reused until a new record arrives).
+   A layer whose group holds per-sample gradients (a convolution, a norm layer)
+   is *settled* as each call's backprops arrive: its per-sample gradients are
+   formed then and the call's inputs and backprops are let go, so they are
+   not kept until the optimizer step;
 2. adds up every sample's squared gradient norm per parameter: a sample is in
    exactly one forward pass, while the per-sample gradients the hooks engine
    left in ``p.grad_sample`` (``sampled``) cover all samples in order;
@@ -32,7 +36,7 @@ from functools import partial
 from torch import Tensor, nn
 
 from dpnotebook.errors import GradSampleError
-from dpnotebook.grad_sample.ghost_layers import GhostCall, GhostGroup, GroupMaker, MaterialisedGroup
+from dpnotebook.grad_sample.ghost_layers import GhostCall, GhostGroup, GhostHandler, MaterialisedGroup
 
 Grads = dict[nn.Parameter, Tensor]
 Groups = list[tuple[int, dict[nn.Module, GhostGroup]]]
@@ -44,13 +48,14 @@ class GhostLedger:
     """Every ghost record since the last :meth:`clear`, forward pass by forward pass.
 
     Args:
-        makers: each ghosted layer's group maker (from :func:`~dpnotebook.grad_sample.ghost_layers.ghost_handler`).
+        handlers: each ghosted layer's :class:`~dpnotebook.grad_sample.ghost_layers.GhostHandler`.
         K: rows per sample (augmentation multiplicity).
     """
 
-    def __init__(self, makers: dict[nn.Module, GroupMaker], K: int) -> None:
-        self.makers, self.K = makers, K
+    def __init__(self, handlers: dict[nn.Module, GhostHandler], K: int) -> None:
+        self.handlers, self.K = handlers, K
         self.pending: dict[int, dict[nn.Module, list[GhostCall]]] = {}
+        self.settled: dict[int, dict[nn.Module, MaterialisedGroup]] = {}
         self._groups: Groups | None = None
         self._buffers: dict[tuple, Tensor] = {}
 
@@ -58,31 +63,44 @@ class GhostLedger:
         """Keep ``call`` of ``module`` in forward pass ``forward_id`` (its backprops come later)."""
         self.pending.setdefault(forward_id, {}).setdefault(module, []).append(call)
 
-    def changed(self) -> None:
-        """A record received its backprops: the groups must be built again."""
+    def received(self, call: GhostCall) -> None:
+        """``call`` received (more) backprops: settle it if its layer materialises, and rebuild the groups."""
         self._groups = None
+        m, fid = call.call.module, call.call.forward_id
+        if not self.handlers[m].materialises or fid not in self.pending:  # not settled, or forgotten by clear()
+            return
+        ordinal = list(self.pending).index(fid)
+        settled = self.settled.setdefault(fid, {})
+        n = sum(c.released for c in self.pending[fid][m])  # calls of m settled before this one
+        scratch = partial(self._scratch, m, ("settled", ordinal, n))
+        group = self.handlers[m].make_group(m, [call], self.K, scratch)
+        if m in settled:
+            settled[m].absorb(group)
+        else:
+            settled[m] = group
+        call.release()
 
     def clear(self) -> None:
         """Forget every record (the scratch buffers are kept for the next batch)."""
-        self.pending, self._groups = {}, None
+        self.pending, self.settled, self._groups = {}, {}, None
 
     def groups(self) -> Groups:
         """``(samples, {layer: group})`` for each forward pass, in the order they ran."""
         if self._groups is None:
             groups: Groups = []
-            for layers in self.pending.values():
+            for fid, layers in self.pending.items():
                 rows = next(c.call.rows for calls in layers.values() for c in calls)
-                made = {}
+                made: dict[nn.Module, GhostGroup] = dict(self.settled.get(fid, {}))
                 for m, calls in layers.items():
                     done = [c for c in calls if c.backprops is not None]
-                    if done:
-                        made[m] = self.makers[m](m, done, self.K, partial(self._scratch, m, len(groups)))
+                    if done and not self.handlers[m].materialises:
+                        made[m] = self.handlers[m].make_group(m, done, self.K, partial(self._scratch, m, len(groups)))
                 groups.append((rows // self.K, made))
             self._groups = groups
         return self._groups
 
-    def _scratch(self, m: nn.Module, ordinal: int, key: tuple, shape: tuple, like: Tensor) -> Tensor:
-        """A buffer kept from step to step for layer ``m`` (in the ``ordinal``-th forward pass)."""
+    def _scratch(self, m: nn.Module, ordinal: int | tuple, key: tuple, shape: tuple, like: Tensor) -> Tensor:
+        """A buffer kept from step to step for layer ``m`` (in the ``ordinal``-th forward pass, or settled call)."""
         full = (id(m), ordinal, key)
         buf = self._buffers.get(full)
         if buf is None or tuple(buf.shape) != tuple(shape) or buf.dtype != like.dtype or buf.device != like.device:

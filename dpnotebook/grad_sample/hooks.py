@@ -85,6 +85,15 @@ def sampler_grad_samples(
     return found
 
 
+
+def second_backward_error(call: LayerCall, mode: str) -> GradSampleError:
+    """The error for a backward pass through a forward pass whose per-sample gradients were already formed."""
+    return GradSampleError(
+        f"{call.path} ({type(call.module).__name__}): backward ran a second time through the same "
+        f"forward pass (retain_graph=True), but {mode} mode forms the per-sample gradients of a "
+        "forward pass once and has let go of its activations. Run the forward pass again for each backward."
+    )
+
 class LayerHooks:
     """Forward/backward hooks on the units of one wrapped model.
 
@@ -143,11 +152,7 @@ class LayerHooks:
         if not owner.hooks_enabled:
             return
         if call.extra.get("released"):
-            raise GradSampleError(
-                f"{call.path} ({type(call.module).__name__}): backward ran a second time through the same "
-                "forward pass (retain_graph=True), but hooks mode computes the per-sample gradients of a "
-                "forward pass once and has let go of its activations. Run the forward pass again for each backward."
-            )
+            raise second_backward_error(call, "hooks")
         K, scale = owner.K, loss_scale(owner.loss_reduction, call.rows)
         if entry is None:
             found = fallback_grad_samples(call, list(grads), K, scale)
