@@ -19,6 +19,10 @@ How each layer type is handled (:func:`ghost_handler`):
 * norm layers and the rest: materialised with the layer's registered grad sampler,
   then norms and ``tensordot``. Their per-sample gradients are small next to
   their activations (one entry per channel).
+
+Groups that hold per-sample gradients (convolutions, norm layers) add up over
+calls, so ghost mode makes them call by call, as each call's backprops arrive,
+and lets go of that call's inputs and backprops (:attr:`GhostHandler.materialises`).
 """
 
 from __future__ import annotations
