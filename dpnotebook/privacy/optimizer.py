@@ -45,7 +45,7 @@ from dpnotebook.privacy.arguments import (
 )
 from dpnotebook.privacy.clipping import CLIPPING_MODES, clip_and_sum
 from dpnotebook.privacy.noise import draw_noise
-from dpnotebook.privacy.step_stats import StepStats
+from dpnotebook.privacy.step_stats import StepStats, total_norm
 
 __all__ = ["DPOptimizer"]
 
@@ -229,10 +229,9 @@ class DPOptimizer(Optimizer):
         params = self.params
         summed = self._summed or [torch.zeros_like(p) for p in params]
         std = self.noise_multiplier * self.max_grad_norm
-        signal_sq, noise_sq = 0.0, 0.0
-        for p, s, noise in zip(params, summed, draw_noise(params, std, self.generator, self.secure_mode)):
-            signal_sq += float(s.pow(2).sum())
-            noise_sq += float(noise.pow(2).sum())
+        noises = draw_noise(params, std, self.generator, self.secure_mode)
+        signal_norm, noise_norm = total_norm(summed), total_norm(noises)  # before they are added up
+        for p, s, noise in zip(params, summed, noises):
             grad = noise.add_(s.detach())
             if self.loss_reduction == "mean":
                 grad.div_(self.expected_batch_size)
@@ -243,8 +242,8 @@ class DPOptimizer(Optimizer):
             noise_multiplier=self.noise_multiplier,
             max_grad_norm=self.max_grad_norm,
             expected_batch_size=self.expected_batch_size,
-            clipped_sum_norm=signal_sq**0.5,
-            noise_norm=noise_sq**0.5,
+            clipped_sum_norm=signal_norm,
+            noise_norm=noise_norm,
             virtual_steps=self._virtual_steps,
         )
         self._reset_accumulation()

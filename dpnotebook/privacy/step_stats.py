@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["StepStats"]
+__all__ = ["StepStats", "total_norm"]
 
 
 @dataclass
@@ -87,3 +87,14 @@ class StepStats:
             noise_norm=noise_norm,
             virtual_steps=virtual_steps,
         )
+
+
+def total_norm(tensors: list[Tensor]) -> float:
+    """The L2 norm of all ``tensors`` taken together (no squared copies, one synchronisation).
+
+    >>> total_norm([torch.tensor([3.0]), torch.tensor([[4.0]])]), total_norm([])
+    (5.0, 0.0)
+    """
+    if not tensors:
+        return 0.0
+    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t.detach()) for t in tensors])))
