@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from dpnotebook.grad_sample.ghost_layers import GhostCall, GhostGroup, Grads, LinearPiece, Scratch, linear_piece
+from dpnotebook.grad_sample.ghost_layers import GhostCall, GhostGroup, Grads, Scratch
+from dpnotebook.grad_sample.ghost_linear import LinearPiece, linear_piece
 from dpnotebook.grad_sample.ghost_norms import shared_gram_pays, shared_gram_sq_norms
 
 
