@@ -10,6 +10,7 @@ One concept per module:
 * :mod:`~dpnotebook.privacy.augmult`: augmentation multiplicity in the data loader;
 * :mod:`~dpnotebook.privacy.batch_memory`: Opacus' :class:`BatchMemoryManager`;
 * :mod:`~dpnotebook.privacy.accounting`: epsilon from Google's ``dp_accounting``;
+* :mod:`~dpnotebook.privacy.calibration`: the noise multiplier a privacy budget allows;
 * :mod:`~dpnotebook.privacy.engine`: :class:`PrivacyEngine` and ``make_private``;
 * :mod:`~dpnotebook.privacy.training`: train and evaluate loops;
 * :mod:`~dpnotebook.privacy.arguments`: the checks behind every error message.
@@ -27,9 +28,9 @@ from dpnotebook.privacy.accounting import (
     available_accountants,
     compute_epsilon,
     create_accountant,
-    get_noise_multiplier,
 )
 from dpnotebook.privacy.batch_memory import BatchMemoryManager
+from dpnotebook.privacy.calibration import get_noise_multiplier
 from dpnotebook.privacy.clipping import (
     CLIPPING_MODES,
     ClipResult,

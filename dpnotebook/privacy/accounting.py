@@ -31,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import math
 from typing import Any, ClassVar, Iterator
 
 import dp_accounting
@@ -39,7 +38,6 @@ import dp_accounting
 from dpnotebook.privacy.arguments import (
     check_choice,
     check_delta,
-    check_epsilon,
     check_noise_multiplier,
     check_positive_int,
     check_positive_number,
@@ -54,7 +52,6 @@ __all__ = [
     "available_accountants",
     "create_accountant",
     "compute_epsilon",
-    "get_noise_multiplier",
 ]
 
 History = tuple[tuple[float, float, int], ...]
@@ -229,80 +226,3 @@ def compute_epsilon(
     acc = create_accountant(accountant)
     acc.step(noise_multiplier=noise_multiplier, sample_rate=sample_rate, num_steps=steps)
     return acc.get_epsilon(delta)
-
-
-def get_noise_multiplier(
-    *,
-    target_epsilon: float,
-    target_delta: float,
-    sample_rate: float,
-    steps: int | None = None,
-    epochs: float | None = None,
-    accountant: str = "pld",
-    epsilon_tolerance: float = 0.01,
-) -> float:
-    """The smallest noise multiplier (within tolerance) whose epsilon is at most ``target_epsilon``.
-
-    Brackets sigma by doubling or halving from 1, then bisects; the answer is
-    always a sigma whose epsilon was computed and found ``<= target_epsilon``,
-    and ``>= target_epsilon - epsilon_tolerance`` unless the search interval
-    became tiny. Results are cached, so repeated queries (a slider) are instant.
-
-    Args:
-        target_epsilon: the privacy budget epsilon (> 0).
-        target_delta: the delta in (0, 1).
-        sample_rate: q, the probability that a sample is in a batch.
-        steps: the number of steps; or give ``epochs`` (``steps = int(epochs / q)``).
-        epochs: the number of epochs, instead of ``steps``.
-        accountant: a registry name (``"pld"``, ``"prv"``, ``"rdp"``).
-        epsilon_tolerance: how far below the target epsilon may end (> 0).
-
-    >>> sigma = get_noise_multiplier(target_epsilon=1.0, target_delta=1e-5, sample_rate=0.01, steps=100)
-    >>> round(sigma, 2)
-    0.9
-    >>> compute_epsilon(noise_multiplier=sigma, sample_rate=0.01, steps=100, delta=1e-5) <= 1.0
-    True
-    """
-    target_epsilon = check_epsilon(target_epsilon)
-    target_delta = check_delta(target_delta, name="target_delta")
-    sample_rate = check_sample_rate(sample_rate)
-    tolerance = check_positive_number("epsilon_tolerance", epsilon_tolerance)
-    check_choice("accountant", accountant, ACCOUNTANTS)
-    if (steps is None) == (epochs is None):
-        raise ValueError(f"steps={steps!r}, epochs={epochs!r}: give exactly one of them.")
-    if steps is None:
-        steps = int(check_positive_number("epochs", epochs) / sample_rate)
-    steps = check_positive_int("steps", steps)
-    return _search_noise_multiplier(target_epsilon, target_delta, sample_rate, steps, accountant, tolerance)
-
-
-@functools.lru_cache(maxsize=1024)
-def _search_noise_multiplier(
-    target: float, delta: float, q: float, steps: int, accountant: str, tolerance: float
-) -> float:
-    def epsilon(sigma: float) -> float:
-        return compute_epsilon(noise_multiplier=sigma, sample_rate=q, steps=steps, delta=delta, accountant=accountant)
-
-    low, high = 1.0, 1.0                        # invariant: eps(low) > target >= eps(high)
-    eps_high = epsilon(high)
-    while eps_high > target:
-        low, high = high, 2 * high
-        if high > 1e6:
-            raise ValueError(f"target_epsilon={target!r} cannot be reached with noise_multiplier <= 1e6.")
-        eps_high = epsilon(high)
-    if low == high:
-        low = high / 2
-        while epsilon(low) <= target:
-            high, low = low, low / 2
-            if low < 1e-3:
-                raise ValueError(f"target_epsilon={target!r} is reached without noise; pick a smaller target.")
-        eps_high = epsilon(high)
-    while target - eps_high > tolerance and high - low > 1e-9 * high:
-        mid = (low + high) / 2
-        eps_mid = epsilon(mid)
-        if eps_mid > target:
-            low = mid
-        else:
-            high, eps_high = mid, eps_mid
-    assert eps_high <= target and math.isfinite(high)
-    return high

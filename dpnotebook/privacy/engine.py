@@ -31,7 +31,8 @@ from torch.utils.data import DataLoader
 
 from dpnotebook.grad_sample.module import GradSampleModule, check_k
 from dpnotebook.modes import wrap_model
-from dpnotebook.privacy.accounting import create_accountant, get_noise_multiplier
+from dpnotebook.privacy.accounting import create_accountant
+from dpnotebook.privacy.calibration import get_noise_multiplier
 from dpnotebook.privacy.arguments import (
     check_choice,
     check_delta,

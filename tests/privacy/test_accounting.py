@@ -15,8 +15,8 @@ from dpnotebook.privacy.accounting import (
     available_accountants,
     compute_epsilon,
     create_accountant,
-    get_noise_multiplier,
 )
+from dpnotebook.privacy.calibration import get_noise_multiplier
 
 # The TF-Privacy / Opacus MNIST setting.
 Q, SIGMA, EPOCHS, DELTA = 256 / 60000, 1.1, 60, 1e-5

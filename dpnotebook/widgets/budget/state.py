@@ -1,7 +1,8 @@
 """The privacy-budget explorer's state: sigma, batch and dataset size, epochs, delta, accountant.
 
-Every epsilon comes from :mod:`dpnotebook.privacy.accounting` (``compute_epsilon``
-and ``get_noise_multiplier``); results are cached here and there, so moving
+Every epsilon comes from :mod:`dpnotebook.privacy.accounting` (``compute_epsilon``)
+and :mod:`dpnotebook.privacy.calibration` (``get_noise_multiplier``); results are
+cached here and there, so moving
 back to a setting seen before costs nothing.
 
 >>> s = BudgetState(noise_multiplier=1.0, batch_size=256, dataset_size=60000, epochs=5, accountant="rdp")
@@ -25,7 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 import traitlets
 
-from dpnotebook.privacy.accounting import available_accountants, compute_epsilon, get_noise_multiplier
+from dpnotebook.privacy.accounting import available_accountants, compute_epsilon
+from dpnotebook.privacy.calibration import get_noise_multiplier
 from dpnotebook.privacy.arguments import check_choice, check_delta, check_epsilon, check_noise_multiplier
 from dpnotebook.widgets._validate import int_at_least, library_check, refuse
 
@@ -62,7 +64,7 @@ class BudgetState(traitlets.HasTraits):
         batch_size: expected batch size B; the sample rate is ``B / dataset_size``.
         dataset_size: N (>= B).
         epochs: number of epochs (steps = ``int(epochs / sample_rate)``, as in
-            :func:`~dpnotebook.privacy.accounting.get_noise_multiplier`).
+            :func:`~dpnotebook.privacy.calibration.get_noise_multiplier`).
         delta: delta in (0, 1).
         accountant: ``"rdp"`` or ``"pld"`` (``"prv"`` = ``"pld"``).
         target_epsilon: the budget the required sigma is searched for.
