@@ -305,6 +305,15 @@ def test_settled_layers_over_two_forward_passes_equal_each_pass_alone() -> None:
     torch.testing.assert_close(both.per_sample_norms(), torch.cat(alone), rtol=1e-12, atol=1e-12)
 
 
+def test_settled_groups_of_one_forward_pass_must_share_their_scale() -> None:
+    from dpnotebook.grad_sample.ghost_layers import MaterialisedGroup
+
+    w = nn.Parameter(torch.zeros(2))
+    group = MaterialisedGroup({w: torch.ones(3, 2)}, 0.5)
+    with pytest.raises(GradSampleError, match=r"scaled differently \(0.5 and 1.0\)"):
+        group.absorb(MaterialisedGroup({w: torch.ones(3, 2)}, 1.0))
+
+
 def test_settled_layers_let_go_of_their_inputs_during_backward() -> None:
     """A convolution's input and backprops must not be kept until the optimizer step (they grow with B*K)."""
     import gc
