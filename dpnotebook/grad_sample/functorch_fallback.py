@@ -66,6 +66,16 @@ class LayerCall:
     forward_id: int
     extra: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def released(self) -> bool:
+        """Its per-sample gradients were formed and its inputs let go (see :meth:`release`)."""
+        return bool(self.extra.get("released"))
+
+    def release(self) -> None:
+        """Let go of the inputs: a hook lives as long as the graph, and holding them would keep
+        every layer's input alive to the end of backward, where autograd frees each as it goes."""
+        self.args, self.kwargs, self.extra["released"] = (), {}, True
+
 
 def _split_rows(t: Tensor, dim: int, B: int, K: int) -> Tensor:
     return t.unflatten(dim, (B, K))

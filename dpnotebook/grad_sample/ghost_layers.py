@@ -50,18 +50,21 @@ class GhostCall:
         call: what the forward pass saw (as the hooks engine records it).
         backprops: gradient of the loss w.r.t. the output, batch-first, ``B*K`` rows.
         scale: undoes the loss reduction and averages over K (``rows/K`` for a mean, ``1/K`` for a sum).
-        released: its per-sample gradients were formed and its inputs and backprops let go.
     """
 
     call: LayerCall
     backprops: Tensor | None = None
     scale: float = 1.0
-    released: bool = False
+
+    @property
+    def released(self) -> bool:
+        """Its per-sample gradients were formed and its inputs and backprops let go."""
+        return self.call.released
 
     def release(self) -> None:
         """Let go of the inputs and backprops (after the call's per-sample gradients were formed)."""
-        self.call.args, self.call.kwargs, self.backprops, self.released = (), {}, None, True
-        self.call.extra["released"] = True
+        self.call.release()
+        self.backprops = None
 
     def activations(self) -> list:
         return [to_batch_first(a, self.call.batch_dim) for a in bound_arguments(self.call.module, self.call.args, self.call.kwargs)]

@@ -151,7 +151,7 @@ class LayerHooks:
         owner = self.owner
         if not owner.hooks_enabled:
             return
-        if call.extra.get("released"):
+        if call.released:
             raise second_backward_error(call, "hooks")
         K, scale = owner.K, loss_scale(owner.loss_reduction, call.rows)
         if entry is None:
@@ -160,8 +160,6 @@ class LayerHooks:
             return
         else:
             found = sampler_grad_samples(entry, call, grads[0], K, scale)
-        # The hook lives as long as the graph; holding the activations here would keep every
-        # layer's input alive to the end of backward, where autograd frees each as it goes.
-        call.args, call.kwargs, call.extra["released"] = (), {}, True
+        call.release()
         for p, g in found.items():
             owner._store.add(p, g.detach(), call.forward_id)
