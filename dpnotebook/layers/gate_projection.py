@@ -105,8 +105,14 @@ class GateProjection(SharedParameters):
         return self.bias_ih + self.bias_hh
 
     def forward(self, x: Tensor, record: HiddenRecord) -> Tensor:
-        """``[B, T, I] -> [B, T, G]``, computed time-major (the loop's layout) and returned as a view."""
-        return F.linear(x.transpose(0, 1), self.weight_ih, self.input_bias()).transpose(0, 1)
+        """``[B, T, I] -> [B, T, G]``: one matrix product over all ``B*T`` positions.
+
+        The result is batch-major (the loop reads it time step by time step through
+        a transposed view), so the gradient that comes back is batch-major too and
+        a sample's positions sit side by side: the grad sampler and ghost mode use
+        it as ``[B, K*T, G]`` without copying it.
+        """
+        return F.linear(x, self.weight_ih, self.input_bias())
 
     def hidden_backprops(self, x: Tensor, h_prev: Tensor, g: Tensor) -> Tensor:
         """``dL/d(h_{t-1} W_hh^T + b_hh)`` from ``g = dL/dgates`` (they differ only for GRU)."""

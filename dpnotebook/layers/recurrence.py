@@ -84,11 +84,15 @@ def run_direction(
 
     Returns:
         ``(states, final)``: the hidden state after each step ``[T, B, H]`` in time
-        order, and the state after the last step taken.
+        order (a view of a batch-major ``[B, T, H]`` tensor, the layout of a
+        ``batch_first`` output and of the next layer's input), and the state after
+        the last step taken.
     """
     step = STEPS[mode]
     w_hh_t = w_hh.t()
-    inputs = gx.unbind(0)  # one backward node for all steps (indexing gx[t] would make T)
+    # One backward node for all steps (indexing gx[t] would make T). Unbinding the batch-major
+    # layout makes that node stack the step gradients batch-major: [B, T, G], no copy later.
+    inputs = gx.transpose(0, 1).unbind(1)
     order = range(len(inputs) - 1, -1, -1) if reverse else range(len(inputs))
     hidden: list[Tensor] = [state[0]] * len(inputs)
     for t in order:
@@ -97,7 +101,7 @@ def run_direction(
             new = tuple(torch.where(mask[t], n, s) for n, s in zip(new, state))
         state = new
         hidden[t] = state[0]
-    return torch.stack(hidden), state
+    return torch.stack(hidden, 1).transpose(0, 1), state
 
 
 __all__ = ["run_direction", "STEPS", "lstm_step", "gru_step", "rnn_tanh_step", "rnn_relu_step"]

@@ -193,13 +193,13 @@ class DPRNNBase(nn.Module):
                 k = layer * D + d
                 unit = self.gate_projections[k]
                 record = HiddenRecord(reverse=d == 1)
-                gx = unit(x.transpose(0, 1), record).transpose(0, 1)  # [T, B, G]
+                gx = unit(x.transpose(0, 1).contiguous(), record).transpose(0, 1)  # [T, B, G] view of [B, T, G]
                 start = tuple(s[k] for s in state)
                 b_hh = unit.bias_hh if self.mode == "GRU" else None
                 states, final = run_direction(
                     self.mode, gx, start, unit.weight_hh, b_hh, reverse=d == 1, mask=mask
                 )
-                record.h0, record.states = start[0].detach(), states.detach().transpose(0, 1)
+                record.h0, record.states = start[0].detach(), states.detach().transpose(0, 1)  # [B, T, H]
                 outputs.append(states)
                 for kept, f in zip(finals, final):
                     kept.append(f)
