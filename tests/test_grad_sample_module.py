@@ -406,3 +406,25 @@ def test_activations_are_let_go_once_a_layers_per_sample_gradients_are_taken(mon
     assert len(seen) == 2 and all(ref() is None for ref in seen)
     with pytest.raises(GradSampleError, match="retain_graph=True"):
         loss.backward()
+
+
+def test_cached_forward_signature_matches_inspect_and_follows_instance_overrides() -> None:
+    import inspect
+
+    from dpnotebook.grad_sample.hooks import bound_arguments, forward_signature
+
+    class Scaled(nn.Module):
+        def forward(self, x: torch.Tensor, scale: float = 2.0, *, shift: float = 0.0) -> torch.Tensor:
+            return x * scale + shift
+
+    class Static(nn.Module):
+        @staticmethod
+        def forward(x: torch.Tensor, y: int = 1) -> torch.Tensor:
+            return x
+
+    patched = Scaled()
+    patched.forward = lambda a, b=5: a  # an instance attribute wins over the class's forward
+    for module in (Scaled(), Static(), nn.EmbeddingBag(3, 2), patched):
+        assert forward_signature(module) == inspect.signature(module.forward)
+    assert bound_arguments(Scaled(), ("x",), {"shift": 1.0}) == ["x", 2.0, 1.0]
+    assert bound_arguments(patched, ("x",), {}) == ["x", 5]
