@@ -336,6 +336,80 @@ def test_settled_layers_let_go_of_their_inputs_during_backward() -> None:
         loss.backward()
 
 
+def _released(wrapped: GhostGradSampleModule) -> dict[str, list[bool]]:
+    return {
+        c.call.path: [*[x.released for x in cs]]
+        for layers in wrapped._ledger.pending.values()
+        for cs in layers.values()
+        for c in cs[:1]
+    }
+
+
+@pytest.mark.parametrize("K", [1, 4])
+def test_linear_over_long_sequences_is_settled_during_backward(K: int) -> None:
+    """n = K*T positions against in*out/(in+out) = 4: at K=4 the per-sample gradients are the smaller record."""
+    model = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8))
+    wrapped = check(model, torch.randn(2 * K, 3, 8), K=K)
+    settled = K == 4
+    assert _released(wrapped) == {"model.0": [settled], "model.2": [settled]}
+    assert set(wrapped.strategies().values()) == ({"materialised (direct)"} if settled else {"ghost gram"})
+
+
+class TwoLengths(nn.Module):
+    """One Linear on a short and on a long sequence in one forward: one call ghosted, one settled."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x[:, :2]).sum(1) + torch.tanh(self.proj(x)).sum(1)
+
+
+def test_settled_and_ghosted_calls_of_one_layer_are_joined() -> None:
+    wrapped = check(TwoLengths(), torch.randn(3, 10, 8))
+    assert sorted(_released(wrapped)["model.proj"]) == [False, True]
+    assert wrapped.strategies() == {"model.proj": "materialised (direct)"}
+
+
+def test_settled_linear_lets_go_of_its_input_during_backward() -> None:
+    """The ledger's record of a settled call must not keep the input alive until the optimizer step."""
+    import gc
+    import weakref
+
+    model = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8))
+    wrapped = dpnotebook.wrap_model(model, "ghost", K=4)
+    loss = wrapped(torch.randn(8, 3, 8)).sum()
+    (record,) = [c for layers in wrapped._ledger.pending.values() for m, cs in layers.items() if m is model[2] for c in cs]
+    held = weakref.ref(record.call.args[0])  # the (detached) input the ledger recorded
+    loss.backward(retain_graph=True)  # the graph stays alive: only the ledger could still hold the input
+    del loss
+    gc.collect()
+    assert held() is None and record.backprops is None
+    assert wrapped.per_sample_norms().shape == (2,)
+
+
+@pytest.mark.parametrize("K", [1, 16])
+def test_recurrent_layer_is_settled_when_its_per_sample_gradients_are_smaller(K: int) -> None:
+    class Last(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rnn = DPLSTM(8, 16, batch_first=True)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.rnn(x)[0][:, -1]
+
+    wrapped = check(Last(), torch.randn(2 * K, 2, 8), K=K)  # n = 2K positions; shared Gram pays up to n = 16
+    how = wrapped.strategies()["model.rnn.gate_projections.0"]
+    assert how == ("materialised (direct)" if K == 16 else "ghost shared-gram")
+
+
+@pytest.mark.parametrize("K", [1, 2])
+def test_materialised_layer_with_batch_first_false(K: int) -> None:
+    """The layer's registered sampler gets the backprops in the layer's own layout ([T, B*K, d])."""
+    check(nn.Sequential(nn.Linear(3, 5), nn.LayerNorm(5)), torch.randn(4, 2 * K, 3), K=K, batch_first=False)
+
+
 def test_inplace_relu_after_a_layer_and_empty_batch() -> None:
     model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(inplace=True), nn.Linear(4, 2))
     check(model, torch.randn(6, 3), K=2)

@@ -274,7 +274,7 @@ class GhostGradSampleModule(GradSampleModule):
         >>> model = GhostGradSampleModule(nn.Sequential(nn.Embedding(9, 4), nn.Linear(4, 2)))
         >>> model(torch.randint(0, 9, (3, 5))).sum().backward()
         >>> model.strategies()
-        {'model.0': 'ghost indices', 'model.1': 'ghost direct'}
+        {'model.0': 'ghost indices', 'model.1': 'materialised (direct)'}
         """
         return self._ledger.strategies({m: path for path, m, *_ in self._ghost_units})
 

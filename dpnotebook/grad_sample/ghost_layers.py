@@ -22,6 +22,11 @@ How each layer type is handled (:func:`ghost_handler`):
 Groups that hold per-sample gradients (convolutions, norm layers) add up over
 calls, so ghost mode makes them call by call, as each call's backprops arrive,
 and lets go of that call's inputs and backprops (:attr:`GhostHandler.materialises`).
+A linear or recurrent layer over long sequences (or many copies ``K``) is
+settled the same way when its per-sample gradients are the smaller record
+(:attr:`GhostHandler.settles`): there the direct norm forms them anyway, and
+keeping them makes the clipped sum one small product instead of a second pass
+over the activations and backprops.
 """
 
 from __future__ import annotations
@@ -121,7 +126,9 @@ def materialise(module: nn.Module, calls: list[GhostCall], K: int, scratch: Scra
     entry = find_grad_sampler(module)
     total: Grads = {}
     for c in calls:
-        for p, g in sampler_grad_samples(entry, c.call, c.backprops, K, c.scale * K).items():
+        bd, bp = c.call.batch_dim, c.backprops
+        bp = bp.movedim(0, bd) if bd != 0 and bp.dim() > bd else bp  # back to the layer's layout, as the sampler expects
+        for p, g in sampler_grad_samples(entry, c.call, bp, K, c.scale * K).items():
             total[p] = total[p] + g if p in total else g
     return MaterialisedGroup(total)
 
@@ -138,11 +145,28 @@ class GhostHandler(NamedTuple):
         materialises: its groups hold per-sample gradients (a :class:`MaterialisedGroup`), which add up
             over calls; so ghost mode makes one per call as soon as the call's backprops arrive and lets
             go of the call's inputs and backprops (memory then grows with B, not with the B*K rows).
+        settles: for a layer that does not always materialise, ``settles(module, call, K)`` says whether
+            this call's per-sample gradients are smaller than its inputs and backprops (the cost rule of
+            :func:`~dpnotebook.grad_sample.ghost_norms.linear_strategy`); if so the call is settled
+            as above, with the layer's registered grad sampler.
     """
 
     make_group: GroupMaker
     outside: tuple[str, ...] = ()
     materialises: bool = False
+    settles: Callable[[nn.Module, "GhostCall", int], bool] | None = None
+
+    def settles_call(self, module: nn.Module, call: GhostCall, K: int) -> bool:
+        """Whether ``call`` is settled (made into per-sample gradients) as soon as its backprops arrive."""
+        return self.materialises or (self.settles is not None and self.settles(module, call, K))
+
+    def settled_group(self, module: nn.Module, call: GhostCall, K: int, scratch: Scratch) -> "MaterialisedGroup":
+        """The per-sample gradients of one settled call."""
+        if self.materialises:
+            return self.make_group(module, [call], K, scratch)  # type: ignore[return-value]
+        group = materialise(module, [call], K)
+        group.how = "materialised (direct)"
+        return group
 
 
 def ghost_handler(module: nn.Module) -> GhostHandler | None:
@@ -161,14 +185,15 @@ def ghost_handler(module: nn.Module) -> GhostHandler | None:
     from dpnotebook.layers.gate_projection import GateProjection
 
     from dpnotebook.grad_sample.ghost_conv import conv_group
-    from dpnotebook.grad_sample.ghost_linear import embedding_group, linear_group
-    from dpnotebook.grad_sample.ghost_rnn import gate_group
+    from dpnotebook.grad_sample.ghost_linear import embedding_group, linear_group, linear_settles
+    from dpnotebook.grad_sample.ghost_rnn import gate_group, gate_settles
 
     table: dict[type, GhostHandler] = {
-        nn.Linear: GhostHandler(linear_group),
-        InProjection: GhostHandler(linear_group),
+        nn.Linear: GhostHandler(linear_group, settles=linear_settles),
+        InProjection: GhostHandler(linear_group, settles=linear_settles),
         nn.Embedding: GhostHandler(embedding_group),
-        GateProjection: GhostHandler(gate_group, outside=("weight_hh", "bias_hh")),  # the recurrence uses them too
+        # the recurrence uses weight_hh and bias_hh too
+        GateProjection: GhostHandler(gate_group, outside=("weight_hh", "bias_hh"), settles=gate_settles),
     }
     for t in (nn.Conv1d, nn.Conv2d, nn.Conv3d):
         table[t] = GhostHandler(conv_group, materialises=True)

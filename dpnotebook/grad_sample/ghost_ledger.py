@@ -36,7 +36,7 @@ from functools import partial
 from torch import Tensor, nn
 
 from dpnotebook.errors import GradSampleError
-from dpnotebook.grad_sample.ghost_layers import GhostCall, GhostGroup, GhostHandler, MaterialisedGroup
+from dpnotebook.grad_sample.ghost_layers import GhostCall, GhostGroup, GhostHandler, MaterialisedGroup, materialise
 
 Grads = dict[nn.Parameter, Tensor]
 Groups = list[tuple[int, dict[nn.Module, GhostGroup]]]
@@ -64,16 +64,17 @@ class GhostLedger:
         self.pending.setdefault(forward_id, {}).setdefault(module, []).append(call)
 
     def received(self, call: GhostCall) -> None:
-        """``call`` received (more) backprops: settle it if its layer materialises, and rebuild the groups."""
+        """``call`` received (more) backprops: settle it if its handler says so, and rebuild the groups."""
         self._groups = None
         m, fid = call.call.module, call.call.forward_id
-        if not self.handlers[m].materialises or fid not in self.pending:  # not settled, or forgotten by clear()
+        handler = self.handlers[m]
+        if fid not in self.pending or not handler.settles_call(m, call, self.K):  # kept, or forgotten by clear()
             return
         ordinal = list(self.pending).index(fid)
         settled = self.settled.setdefault(fid, {})
         n = sum(c.released for c in self.pending[fid][m])  # calls of m settled before this one
         scratch = partial(self._scratch, m, ("settled", ordinal, n))
-        group = self.handlers[m].make_group(m, [call], self.K, scratch)
+        group = handler.settled_group(m, call, self.K, scratch)
         if m in settled:
             settled[m].absorb(group)
         else:
@@ -90,10 +91,18 @@ class GhostLedger:
             groups: Groups = []
             for fid, layers in self.pending.items():
                 rows = next(c.call.rows for calls in layers.values() for c in calls)
-                made: dict[nn.Module, GhostGroup] = dict(self.settled.get(fid, {}))
-                for m, calls in layers.items():
-                    done = [c for c in calls if c.backprops is not None]
-                    if done and not self.handlers[m].materialises:
+                settled = self.settled.get(fid, {})
+                made: dict[nn.Module, GhostGroup] = {}
+                for m, calls in layers.items():  # in the order the layers ran
+                    done = [c for c in calls if c.backprops is not None]  # settled calls have let go of theirs
+                    if m in settled and done and not self.handlers[m].materialises:
+                        # other calls of m were settled: norms do not add up, so these join them
+                        joined = made[m] = MaterialisedGroup({p: g.clone() for p, g in settled[m].grads.items()})
+                        joined.absorb(materialise(m, done, self.K))
+                        joined.how = settled[m].how
+                    elif m in settled:
+                        made[m] = settled[m]
+                    elif done:
                         made[m] = self.handlers[m].make_group(m, done, self.K, partial(self._scratch, m, len(groups)))
                 groups.append((rows // self.K, made))
             self._groups = groups

@@ -102,6 +102,26 @@ class LinearGroup(GhostGroup):
         return out
 
 
+def linear_settles(module: nn.Module, call: GhostCall, K: int) -> bool:
+    """Whether a call's per-sample gradients are the cheaper way to its norms (``"direct"``), so it is settled.
+
+    That is when a sample's ``n = K * positions`` rows of inputs and backprops
+    outweigh its ``[out, in]`` gradient: long sequences, or many copies.
+
+    >>> import torch
+    >>> from dpnotebook.grad_sample.functorch_fallback import LayerCall
+    >>> layer = nn.Linear(64, 64)
+    >>> call = GhostCall(LayerCall(layer, "l", (torch.zeros(8, 10, 64),), {}, [0], 0, 8, 0), torch.zeros(8, 10, 64))
+    >>> linear_settles(layer, call, K=1), linear_settles(layer, call, K=4)   # n = 10 or 40 positions
+    (False, True)
+    """
+    x, g = call.activations()[0], call.backprops
+    if x.dim() < 3 or g is None:
+        return False
+    n = K * int(torch.Size(x.shape[1:-1]).numel())
+    return linear_strategy(n, x.shape[-1], g.shape[-1]) == "direct"
+
+
 def _disjoint(windows: list[tuple[int, int]]) -> bool:
     spans = sorted(windows)
     return all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
@@ -154,4 +174,4 @@ def embedding_group(module: nn.Embedding, calls: list[GhostCall], K: int, scratc
     return EmbeddingGroup(module.weight, torch.cat(idx, 1), torch.cat(G, 1), calls[0].scale)
 
 
-__all__ = ["LinearPiece", "linear_piece", "LinearGroup", "linear_group", "EmbeddingGroup", "embedding_group"]
+__all__ = ["LinearPiece", "linear_piece", "LinearGroup", "linear_group", "linear_settles", "EmbeddingGroup", "embedding_group"]

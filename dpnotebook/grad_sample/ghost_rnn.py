@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from dpnotebook.grad_sample.ghost_layers import GhostCall, GhostGroup, Grads, Scratch
 from dpnotebook.grad_sample.ghost_linear import LinearPiece, linear_piece
-from dpnotebook.grad_sample.ghost_norms import shared_gram_pays, shared_gram_sq_norms
+from dpnotebook.grad_sample.ghost_norms import linear_strategy, shared_gram_pays, shared_gram_sq_norms
 
 
 class GateGroup(GhostGroup):
@@ -60,6 +60,28 @@ class GateGroup(GhostGroup):
         }
 
 
+def gate_settles(unit: nn.Module, call: GhostCall, K: int) -> bool:
+    """Whether both sides' per-sample gradients are the cheaper way to the norms, so the call is settled.
+
+    A sample's ``n = K * T`` positions against the input and hidden sizes; a
+    shared Gram matrix, when it pays, keeps the call ghosted.
+
+    >>> from dpnotebook.layers import DPLSTM
+    >>> from dpnotebook.grad_sample.functorch_fallback import LayerCall
+    >>> unit = DPLSTM(64, 128).gate_projections[0]
+    >>> x, g = torch.zeros(16, 16, 64), torch.zeros(16, 16, 512)   # T = 16 steps
+    >>> call = GhostCall(LayerCall(unit, "u", (x, None), {}, [0], 0, 2, 0), g)
+    >>> gate_settles(unit, call, K=1), gate_settles(unit, call, K=16)
+    (False, True)
+    """
+    x, g = call.activations()[0], call.backprops
+    if g is None:
+        return False
+    n, ins = K * x.shape[1], [x.shape[-1], unit.weight_hh.shape[1]]
+    direct = all(linear_strategy(n, d, g.shape[-1]) == "direct" for d in ins)
+    return direct and not shared_gram_pays(ins, n, g.shape[-1])
+
+
 def gate_group(unit: nn.Module, calls: list[GhostCall], K: int, scratch: Scratch | None = None) -> GhostGroup:
     """``dpnotebook.layers.GateProjection``: the hidden states come from the layer's record.
 
@@ -88,4 +110,4 @@ def gate_group(unit: nn.Module, calls: list[GhostCall], K: int, scratch: Scratch
     return GateGroup(unit, x_side, h_side, shared)
 
 
-__all__ = ["GateGroup", "gate_group"]
+__all__ = ["GateGroup", "gate_group", "gate_settles"]
