@@ -70,7 +70,7 @@ def gate_settles(unit: nn.Module, call: GhostCall, K: int) -> bool:
     >>> from dpnotebook.grad_sample.functorch_fallback import LayerCall
     >>> unit = DPLSTM(64, 128).gate_projections[0]
     >>> x, g = torch.zeros(16, 16, 64), torch.zeros(16, 16, 512)   # T = 16 steps
-    >>> call = GhostCall(LayerCall(unit, "u", (x, None), {}, [0], 0, 2, 0), g)
+    >>> call = GhostCall(LayerCall(unit, "u", (x, None), {}, [0], 0, 16, 0), g)
     >>> gate_settles(unit, call, K=1), gate_settles(unit, call, K=16)
     (False, True)
     """
