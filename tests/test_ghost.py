@@ -337,12 +337,8 @@ def test_settled_layers_let_go_of_their_inputs_during_backward() -> None:
 
 
 def _released(wrapped: GhostGradSampleModule) -> dict[str, list[bool]]:
-    return {
-        c.call.path: [*[x.released for x in cs]]
-        for layers in wrapped._ledger.pending.values()
-        for cs in layers.values()
-        for c in cs[:1]
-    }
+    """``{path: [released, ...]}``: which recorded calls of each layer were settled."""
+    return {cs[0].call.path: [c.released for c in cs] for layers in wrapped._ledger.pending.values() for cs in layers.values()}
 
 
 @pytest.mark.parametrize("K", [1, 4])
