@@ -45,7 +45,8 @@ def wrap_model(module: nn.Module, grad_sample_mode: str = "hooks", **kwargs: Any
     Args:
         module: the model.
         grad_sample_mode: a key of the mode registry (:func:`available_modes`).
-        **kwargs: passed to the wrapper (``K``, ``batch_first``, ``loss_reduction``, ``strict``).
+        **kwargs: passed to the wrapper (``K``, ``batch_first``, ``loss_reduction``, ``strict``,
+            ``replay_chunk``).
     """
     if grad_sample_mode not in _MODES:
         raise ValueError(
@@ -59,7 +60,9 @@ class FunctorchGradSampleModule(GradSampleModule):
 
     One hook on the model's output; in the backward pass, ``vmap`` over the
     ``B`` samples of ``grad`` of ``sum_k <model(x[i, k]), backprop[i, k]>``.
-    Memory grows with ``B``, not ``B*K``. Any model that does not mix samples
+    Memory grows with ``B``, not ``B*K``: with ``K > 1`` the samples are
+    replayed in chunks of at most ``B`` rows (``replay_chunk``, see
+    :class:`GradSampleModule`). Any model that does not mix samples
     works, recurrent ones and ``batch_first=False`` included, but the forward
     pass is replayed in the backward pass.
     """

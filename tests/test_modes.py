@@ -60,6 +60,42 @@ def test_functorch_handles_batch_first_false() -> None:
         torch.testing.assert_close(p.grad_sample, ref[n], rtol=1e-10, atol=1e-12)
 
 
+class CountsForwards(nn.Module):
+    """A small model that counts its forward calls: each replay chunk is one more."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2)).double()
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return self.body(x)
+
+
+@pytest.mark.parametrize(
+    ("replay_chunk", "B", "K", "replays"),
+    [("auto", 7, 1, 1), ("auto", 7, 4, 4), ("auto", 3, 16, 3), (None, 7, 4, 1), (3, 7, 4, 3)],
+)
+def test_functorch_replays_in_chunks_that_match_the_oracle(replay_chunk, B: int, K: int, replays: int) -> None:
+    # "auto" keeps each replay to at most B + K - 1 rows: ceil(B/K) samples at a time.
+    model = CountsForwards()
+    x = torch.randn(B * K, 3, dtype=torch.float64)
+    target = torch.randn(B * K, 2, dtype=torch.float64)
+    ref = reference_grad_samples(model.body, [x], target=target, K=K)
+    wrapped = dpnotebook.wrap_model(model, "functorch", K=K, loss_reduction="sum", replay_chunk=replay_chunk)
+    (wrapped(x) * target).sum().backward()
+    assert model.calls == 1 + replays
+    for n, p in model.body.named_parameters():
+        torch.testing.assert_close(p.grad_sample, ref[n], rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("bad", [0, -2, 1.5, True, "all"])
+def test_bad_replay_chunk_is_refused_with_the_choices(bad) -> None:
+    with pytest.raises(ValueError, match=rf"replay_chunk={re.escape(repr(bad))} is invalid; use \"auto\""):
+        dpnotebook.wrap_model(nn.Linear(2, 2), "functorch", K=2, replay_chunk=bad)
+
+
 def test_functorch_refuses_sample_mixing_layers() -> None:
     with pytest.raises(dpnotebook.UnsupportedModuleError, match=r"model.1 \(BatchNorm1d\)"):
         dpnotebook.wrap_model(nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2)), "functorch")

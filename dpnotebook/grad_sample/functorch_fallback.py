@@ -8,6 +8,11 @@ sample at a time inside ``vmap``: for sample ``i`` we take the gradient of
 with respect to the parameters. That is exactly ``sum_k grad loss(row i*K+k)``,
 so dividing by ``K`` gives the augmentation-multiplicity average, and ``vmap``
 over the ``B`` samples never builds ``B*K`` per-row gradients.
+
+The replay keeps its own activations while it runs. With ``K`` rows per sample
+they would be ``K`` times those of a plain batch of ``B``, so by default ``vmap``
+takes the samples in chunks that hold no more rows than ``B`` (see
+:func:`replay_chunk_size`).
 """
 
 from __future__ import annotations
@@ -81,8 +86,47 @@ def _split_rows(t: Tensor, dim: int, B: int, K: int) -> Tensor:
     return t.unflatten(dim, (B, K))
 
 
+def check_replay_chunk(replay_chunk: Any) -> int | str | None:
+    """Validate ``replay_chunk``: how many samples a ``torch.func`` replay takes at once.
+
+    >>> check_replay_chunk(0)
+    Traceback (most recent call last):
+    ...
+    ValueError: replay_chunk=0 is invalid; use "auto" (at most B rows at once), None (all samples at once: fastest, but the replay's memory grows with K) or an int >= 1 (that many samples at once).
+    """
+    if replay_chunk in ("auto", None) or (
+        isinstance(replay_chunk, int) and not isinstance(replay_chunk, bool) and replay_chunk >= 1
+    ):
+        return replay_chunk
+    raise ValueError(
+        f"replay_chunk={replay_chunk!r} is invalid; use \"auto\" (at most B rows at once), None (all "
+        "samples at once: fastest, but the replay's memory grows with K) or an int >= 1 (that many "
+        "samples at once)."
+    )
+
+
+def replay_chunk_size(B: int, K: int, replay_chunk: int | str | None = "auto") -> int | None:
+    """How many samples ``vmap`` replays at once (``None``: all of them, ``vmap``'s default).
+
+    ``"auto"`` takes all samples at ``K=1`` and chunks of ``ceil(B/K)`` samples
+    otherwise: at most ``B + K - 1`` rows, so the replay's activations stay those
+    of a plain batch of ``B`` rather than growing ``K``-fold with the rows. Each
+    chunk replays the forward pass once more, which costs time on models of many
+    small operations (a recurrent loop); ``replay_chunk=None`` trades the memory
+    back for that time.
+
+    >>> replay_chunk_size(32, 1) is None, replay_chunk_size(32, 16), replay_chunk_size(3, 16)
+    (True, 2, 1)
+    >>> replay_chunk_size(32, 16, None) is None, replay_chunk_size(32, 16, 8)
+    (True, 8)
+    """
+    if replay_chunk != "auto":
+        return replay_chunk
+    return None if K == 1 else max(1, -(-B // K))
+
+
 def fallback_grad_samples(
-    call: LayerCall, grads: list[Tensor | None], K: int, scale: float
+    call: LayerCall, grads: list[Tensor | None], K: int, scale: float, replay_chunk: int | str | None = "auto"
 ) -> dict[nn.Parameter, Tensor]:
     """Per-sample gradients of every trainable parameter of ``call.module`` (submodules included).
 
@@ -91,6 +135,7 @@ def fallback_grad_samples(
         grads: gradient of the loss w.r.t. each output tensor in ``call.out_index`` (or None).
         K: augmentation multiplicity.
         scale: factor that undoes the loss reduction (``B*K`` for a mean).
+        replay_chunk: samples replayed at once (see :func:`replay_chunk_size`).
     """
     module, bd, rows = call.module, call.batch_dim, call.rows
     B = rows // K
@@ -131,7 +176,8 @@ def fallback_grad_samples(
             # "performance drop" notice is for PyTorch developers, not for our users.
             warnings.filterwarnings("ignore", message="There is a performance drop")
             per_sample = vmap(
-                grad(sample_loss), in_dims=(None, in_dims, [bd] * len(out_grads)), randomness="error"
+                grad(sample_loss), in_dims=(None, in_dims, [bd] * len(out_grads)), randomness="error",
+                chunk_size=replay_chunk_size(B, K, replay_chunk),
             )(trainable, batched, out_grads)
     except Exception as err:  # re-raised with the layer's name and the way out
         why = (
@@ -165,6 +211,8 @@ __all__ = [
     "capture_paused",
     "capture_is_paused",
     "fallback_grad_samples",
+    "check_replay_chunk",
+    "replay_chunk_size",
     "loss_scale",
     "detach_tree",
 ]

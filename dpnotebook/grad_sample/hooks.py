@@ -177,7 +177,7 @@ class LayerHooks:
             raise second_backward_error(call, "hooks")
         K, scale = owner.K, loss_scale(owner.loss_reduction, call.rows)
         if entry is None:
-            found = fallback_grad_samples(call, list(grads), K, scale)
+            found = fallback_grad_samples(call, list(grads), K, scale, owner.replay_chunk)
         elif grads[0] is None:
             return
         else:

@@ -17,6 +17,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from dpnotebook.errors import GradSampleError
+from dpnotebook.grad_sample.functorch_fallback import check_replay_chunk
 from dpnotebook.grad_sample.hooks import LayerHooks
 from dpnotebook.grad_sample.ownership import check_not_wrapped
 from dpnotebook.grad_sample.registry import SamplerEntry, find_grad_sampler
@@ -113,10 +114,16 @@ class GradSampleModule(nn.Module):
         strict: refuse models with layers that mix samples (see :func:`dpnotebook.validate`).
         force_functorch: use the ``torch.func`` fallback for every layer.
         K: augmentation multiplicity, an int >= 1.
+        replay_chunk: for layers whose per-sample gradients come from replaying
+            them under ``torch.func`` (every layer in ``"functorch"`` mode), how
+            many samples are replayed at once: ``"auto"`` keeps the replay to at
+            most ``B`` rows whatever ``K``; ``None`` replays all samples at once
+            (faster on models of many small operations, but the replay's memory
+            grows with ``K``); an int sets the number of samples.
 
     Raises:
         UnsupportedModuleError: ``strict`` and the model holds layers that mix samples.
-        ValueError: a bad ``K``, ``loss_reduction`` or ``batch_first``.
+        ValueError: a bad ``K``, ``loss_reduction``, ``batch_first`` or ``replay_chunk``.
     """
 
     grad_sample_mode = "hooks"  # which checks of dpnotebook.validate apply
@@ -130,6 +137,7 @@ class GradSampleModule(nn.Module):
         strict: bool = True,
         force_functorch: bool = False,
         K: int = 1,
+        replay_chunk: int | str | None = "auto",
     ) -> None:
         if not isinstance(module, nn.Module):
             raise TypeError(f"module must be an nn.Module, got {type(module).__name__}.")
@@ -137,6 +145,7 @@ class GradSampleModule(nn.Module):
         if not isinstance(batch_first, bool):
             raise ValueError(f"batch_first={batch_first!r} is invalid; use True or False.")
         K = check_k(K)
+        replay_chunk = check_replay_chunk(replay_chunk)
         if strict:
             raise_if_problems(self.validate(module, strict=False))
         super().__init__()
@@ -145,6 +154,7 @@ class GradSampleModule(nn.Module):
         self.loss_reduction = loss_reduction
         self.force_functorch = force_functorch
         self.K = K
+        self.replay_chunk = replay_chunk
         self.hooks_enabled = True
         self._forward_id = 0
         self._rows_seen: tuple[str, int] | None = None
