@@ -400,6 +400,33 @@ def test_recurrent_layer_is_settled_when_its_per_sample_gradients_are_smaller(K:
     assert how == ("materialised (direct)" if K == 16 else "ghost shared-gram")
 
 
+def test_empty_batch_through_settled_layers() -> None:
+    """No samples: settled linear and recurrent calls give no norms and zero clipped sums."""
+
+    class Last(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rnn = DPLSTM(8, 16, batch_first=True)
+            self.fc = nn.Linear(16, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(self.rnn(x)[0][:, -1])
+
+    cases = [
+        (nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8)), 4, (0, 3, 8), "model.2"),
+        (Last(), 16, (0, 2, 8), "model.rnn.gate_projections.0"),
+    ]
+    for model, K, shape, settled in cases:
+        wrapped = dpnotebook.wrap_model(model, "ghost", K=K)
+        wrapped(torch.randn(shape)).sum().backward()
+        assert _released(wrapped)[settled] == [True]
+        assert wrapped.strategies()[settled] == "materialised (direct)"
+        assert wrapped.per_sample_norms().shape == (0,)
+        sums = wrapped.weighted_sums(torch.ones(0))
+        assert {id(p) for p in sums} == {id(p) for p in model.parameters()}
+        assert all(s.shape == p.shape and not s.any() for p, s in sums.items())
+
+
 @pytest.mark.parametrize("K", [1, 2])
 def test_materialised_layer_with_batch_first_false(K: int) -> None:
     """The layer's registered sampler gets the backprops in the layer's own layout ([T, B*K, d])."""
