@@ -28,21 +28,17 @@ tensor(2.)
 
 from __future__ import annotations
 
-import functools
 import math
 import os
-from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
 import torch
 from torch import Tensor
 
-__all__ = ["gaussian_noise", "draw_noise", "secure_uniform", "secure_normal", "PARALLEL_NOISE_MIN"]
+__all__ = ["gaussian_noise", "draw_noise", "secure_uniform", "secure_normal"]
 
 #: Secure noise is the sum of this many normals, divided by sqrt(this) to keep the std.
 SECURE_NOISE_TERMS = 4
-#: A CPU model with at least this many parameters draws its noise on several threads (:func:`draw_noise`).
-PARALLEL_NOISE_MIN = 2**17
 
 
 def secure_uniform(n: int) -> Tensor:
@@ -114,43 +110,21 @@ def gaussian_noise(
     return noise.reshape(shape).to(dtype=dtype, device=device)
 
 
-@functools.lru_cache(maxsize=None)
-def _pool(workers: int) -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dpnotebook-noise")
-
-
 def draw_noise(
     params: Sequence[Tensor], std: float, generator: torch.Generator | None = None, secure: bool = False
 ) -> list[Tensor]:
     """``N(0, std^2)`` noise shaped like each of ``params``: what a DP optimizer adds in one step.
 
-    PyTorch draws normal numbers on one CPU core; for a model of a million
-    parameters that takes milliseconds, a good part of a DP-SGD step. So a
-    large CPU model's noise (at least :data:`PARALLEL_NOISE_MIN` numbers) is
-    drawn in ``torch.get_num_threads()`` pieces at once, each from its own
-    generator seeded from ``generator`` (or the global one): a seeded run still
-    repeats exactly. Secure noise, GPUs and small models draw each parameter's
-    noise with :func:`gaussian_noise`.
+    Each parameter's noise is :func:`gaussian_noise`'s, drawn in order from
+    ``generator``, on the parameter's device and in its dtype: a seeded run
+    repeats exactly, on any number of threads.
 
     >>> import torch
     >>> params = [torch.zeros(2, 3), torch.zeros(4)]
     >>> [tuple(n.shape) for n in draw_noise(params, 1.0, torch.Generator().manual_seed(0))]
     [(2, 3), (4,)]
     """
-    total = sum(p.numel() for p in params)
-    workers = torch.get_num_threads()
-    plain = secure or std == 0 or total < PARALLEL_NOISE_MIN or workers < 2
-    if plain or any(p.device.type != "cpu" or p.dtype != params[0].dtype for p in params):
-        return [
-            gaussian_noise(p.shape, std=std, generator=generator, secure=secure, dtype=p.dtype, device=p.device)
-            for p in params
-        ]
-    flat = torch.empty(total, dtype=params[0].dtype)
-    seeds = torch.randint(0, 2**62, (workers,), generator=generator).tolist()
-    pieces = flat.tensor_split(workers)
-    gens = [torch.Generator().manual_seed(seed) for seed in seeds]
-    jobs = [_pool(workers).submit(t.normal_, 0.0, std, generator=g) for t, g in zip(pieces[1:], gens[1:])]
-    pieces[0].normal_(0.0, std, generator=gens[0])
-    for job in jobs:
-        job.result()
-    return [t.view_as(p) for t, p in zip(flat.split([p.numel() for p in params]), params)]
+    return [
+        gaussian_noise(p.shape, std=std, generator=generator, secure=secure, dtype=p.dtype, device=p.device)
+        for p in params
+    ]

@@ -223,7 +223,7 @@ class DPOptimizer(Optimizer):
 
         :meth:`step` calls it; call it yourself only to inspect the private
         gradient without updating the model. The noise comes from
-        :func:`~dpnotebook.privacy.noise.draw_noise` (a large model's on several threads).
+        :func:`~dpnotebook.privacy.noise.draw_noise`.
         """
         self.virtual_step()
         params = self.params
