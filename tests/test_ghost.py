@@ -146,6 +146,27 @@ def test_every_conv_method_matches_the_oracle(conv: nn.Module, shape: tuple, K: 
         assert torch.allclose(got, ref, rtol=TOL, atol=TOL), method
 
 
+def test_im2col_patches_go_through_a_reused_workspace(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One sample per chunk, both chunks through one buffer that starts full of NaN."""
+    import dpnotebook.grad_sample.ghost_conv as ghost_conv
+
+    monkeypatch.setattr(ghost_conv, "CHUNK_BYTES", 1)
+    monkeypatch.setattr(ghost_conv, "MIN_CHUNK_BYTES", 1)
+    conv, K = nn.Conv2d(2, 3, 3, stride=2, padding=1).double(), 2
+    x = torch.randn(2 * K, 2, 7, 7, dtype=torch.float64)
+    g = random_target(conv, [x])
+    ref = reference_grad_samples(conv, [x], target=g, K=K)["weight"] * K
+    asked: list[tuple] = []
+
+    def workspace(shape: tuple) -> torch.Tensor:
+        asked.append(shape)
+        return torch.full(shape, float("nan"), dtype=torch.float64)
+
+    got = conv_per_sample_grads(conv, x, g, K, torch.empty_like(ref), "unfold", workspace=workspace)
+    assert asked == [(1, 2, 3, 3, K, 4, 4)]
+    assert torch.allclose(got, ref, rtol=TOL, atol=TOL)
+
+
 @pytest.mark.parametrize(
     "layer,shape",
     [

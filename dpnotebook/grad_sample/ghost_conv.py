@@ -34,6 +34,8 @@ True
 from __future__ import annotations
 
 import time
+from functools import partial
+from typing import Callable
 
 import torch
 from torch import Tensor, nn
@@ -96,23 +98,31 @@ def _time(layer: nn.modules.conv._ConvNd, x: Tensor, g: Tensor, K: int, out: Ten
     return time.perf_counter() - start
 
 
-def _unfold_chunk(layer: nn.Conv2d, x: Tensor, g: Tensor, K: int) -> Tensor:
+def _unfold_chunk(layer: nn.Conv2d, x: Tensor, g: Tensor, K: int, work: Tensor | None = None) -> Tensor:
     """``[b, C_out, C_in*kh*kw]``: per-sample gradients of ``b = rows/K`` samples by im2col.
 
     The patches come from strided views (:func:`~dpnotebook.grad_sample.conv.unfold_patches`),
     copied once, a sample's K rows side by side: ``[b, C_in*kh*kw, K*positions]``
-    (faster than ``F.unfold`` on CPU).
+    (faster than ``F.unfold`` on CPU). The copy goes into ``work`` when given
+    (``[>= b, C_in, kh, kw, K, oh, ow]``, a buffer kept from step to step), else into a new tensor.
     """
     patches = unfold_patches(x, layer)  # [r, C, oh, ow, kh, kw]
     rows, C, oh, ow, kh, kw = patches.shape
     b, n = rows // K, K * oh * ow
-    U = patches.reshape(b, K, C, oh, ow, kh, kw).permute(0, 2, 5, 6, 1, 3, 4).reshape(b, C * kh * kw, n)
+    windows = patches.reshape(b, K, C, oh, ow, kh, kw).permute(0, 2, 5, 6, 1, 3, 4)
+    U = windows.reshape(b, C * kh * kw, n) if work is None else work[:b].copy_(windows).view(b, C * kh * kw, n)
     G = g.reshape(b, K, g.shape[1], oh * ow).transpose(1, 2).reshape(b, g.shape[1], n)
     return torch.bmm(G, U.transpose(1, 2))
 
 
 def conv_per_sample_grads(
-    layer: nn.modules.conv._ConvNd, x: Tensor, g: Tensor, K: int, out: Tensor, method: str | None = None
+    layer: nn.modules.conv._ConvNd,
+    x: Tensor,
+    g: Tensor,
+    K: int,
+    out: Tensor,
+    method: str | None = None,
+    workspace: Callable[[tuple], Tensor] | None = None,
 ) -> Tensor:
     """Each sample's weight gradient (sum over its K rows, not yet scaled) written into ``out``.
 
@@ -123,6 +133,8 @@ def conv_per_sample_grads(
         out: ``[B, *weight.shape]`` buffer; returned filled.
         method: ``"unfold"`` (``Conv2d`` with ``groups=1`` only), ``"grouped"`` or ``"vmap"``;
             default :func:`conv_method`.
+        workspace: ``workspace(shape)`` gives a buffer kept from step to step, for the
+            im2col patches of one chunk; without it they go into a new tensor per chunk.
     """
     B = x.shape[0] // K
     if B == 0:
@@ -136,10 +148,13 @@ def conv_per_sample_grads(
     budget = max(CHUNK_BYTES // K, MIN_CHUNK_BYTES)
     step = max(1, min(B, budget // max(1, per_sample * x.element_size())))
     flat = out.view(B, layer.out_channels, -1)
+    work = None
+    if method == "unfold" and workspace is not None:
+        work = workspace((step, layer.in_channels, *layer.kernel_size, K, *g.shape[2:]))
     for s in range(0, B, step):
         xs, gs = x[s * K : (s + step) * K], g[s * K : (s + step) * K]
         if method == "unfold":
-            flat[s : s + step] = _unfold_chunk(layer, xs, gs, K)
+            flat[s : s + step] = _unfold_chunk(layer, xs, gs, K, work)
         elif method == "grouped":
             out[s : s + step] = conv_weight_grad_grouped(layer, xs, gs, K)
         else:
@@ -162,7 +177,8 @@ def conv_group(layer: nn.modules.conv._ConvNd, calls: list[GhostCall], K: int, s
         if layer.weight.requires_grad:
             shape = (B, *layer.weight.shape)
             buf = scratch(("weight", i), shape, g) if scratch is not None else g.new_empty(shape)
-            w = conv_per_sample_grads(layer, x, g, K, buf)
+            workspace = partial(scratch, ("patches", i), like=x) if scratch is not None else None
+            w = conv_per_sample_grads(layer, x, g, K, buf, workspace=workspace)
             grads[layer.weight] = w if i == 0 else grads[layer.weight].add_(w)
         if layer.bias is not None and layer.bias.requires_grad:
             b = g.flatten(2).sum(2).reshape(B, K, -1).sum(1)
