@@ -406,36 +406,29 @@ def test_settled_linear_lets_go_of_its_input_during_backward() -> None:
     assert wrapped.per_sample_norms().shape == (2,)
 
 
+class LastHidden(nn.Module):
+    """A DPLSTM's last hidden state."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rnn = DPLSTM(8, 16, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.rnn(x)[0][:, -1]
+
+
 @pytest.mark.parametrize("K", [1, 16])
 def test_recurrent_layer_is_settled_when_its_per_sample_gradients_are_smaller(K: int) -> None:
-    class Last(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.rnn = DPLSTM(8, 16, batch_first=True)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.rnn(x)[0][:, -1]
-
-    wrapped = check(Last(), torch.randn(2 * K, 2, 8), K=K)  # n = 2K positions; shared Gram pays up to n = 16
+    wrapped = check(LastHidden(), torch.randn(2 * K, 2, 8), K=K)  # n = 2K positions; shared Gram pays up to n = 16
     how = wrapped.strategies()["model.rnn.gate_projections.0"]
     assert how == ("materialised (direct)" if K == 16 else "ghost shared-gram")
 
 
 def test_empty_batch_through_settled_layers() -> None:
     """No samples: settled linear and recurrent calls give no norms and zero clipped sums."""
-
-    class Last(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.rnn = DPLSTM(8, 16, batch_first=True)
-            self.fc = nn.Linear(16, 2)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.fc(self.rnn(x)[0][:, -1])
-
     cases = [
         (nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8)), 4, (0, 3, 8), "model.2"),
-        (Last(), 16, (0, 2, 8), "model.rnn.gate_projections.0"),
+        (nn.Sequential(LastHidden(), nn.Linear(16, 2)), 16, (0, 2, 8), "model.0.rnn.gate_projections.0"),
     ]
     for model, K, shape, settled in cases:
         wrapped = dpnotebook.wrap_model(model, "ghost", K=K)
