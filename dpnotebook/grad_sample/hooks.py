@@ -9,9 +9,8 @@ computed and added to ``p.grad_sample``.
 
 from __future__ import annotations
 
-import functools
 import inspect
-from functools import partial
+from functools import lru_cache, partial
 from typing import Any
 
 import torch
@@ -30,7 +29,7 @@ from dpnotebook.grad_sample.functorch_fallback import (
 from dpnotebook.grad_sample.registry import SamplerEntry
 
 
-@functools.lru_cache(maxsize=512)
+@lru_cache(maxsize=512)
 def _method_signature(function: Any) -> inspect.Signature:
     """The signature of a ``forward`` method without ``self`` (computing one takes ~0.1 ms)."""
     sig = inspect.signature(function)
