@@ -17,7 +17,7 @@ from dpnotebook.benchmarks.suite import Config, measure, plan
 def test_cli_runs_one_tiny_configuration_and_writes_json(tmp_path, capsys) -> None:
     out = tmp_path / "bench.json"
     argv = ["--models", "MLP", "--batch", "4", "--modes", "ghost", "--kinds", "dpsgd", "--ks", "1",
-            "--steps", "1", "--warmup", "0", "--threads", "1", "--device", "cpu", "--json", str(out)]
+            "--steps", "1", "--min-seconds", "0", "--warmup", "0", "--threads", "1", "--device", "cpu", "--json", str(out)]
     assert main(argv) == 0
     data = json.loads(out.read_text())
     rows = {r["what"]: r for r in data["rows"]}
@@ -43,6 +43,9 @@ def test_quick_preset_and_bad_arguments() -> None:
     assert args.batch == [128] and "ghost" in args.modes and args.ks == [1, 16]
     with pytest.raises(SystemExit):
         parse_args(["--steps", "0"])
+    for bad in (["--min-seconds", "-1"], ["--steps", "20", "--max-steps", "10"]):
+        with pytest.raises(SystemExit):
+            parse_args(bad)
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
@@ -60,6 +63,11 @@ def test_steps_run(what: str) -> None:
 def test_measure_in_process_and_errors_become_rows() -> None:
     row = measure(Config("MLP", 2, 1, "gsm_ghost"), steps=2, warmup=1, threads=1)
     assert row["n"] == 2 and row["ratio"] > 0 and row["peak_mb"] >= row["rss0_mb"] > 0
+    # a short step goes on being timed until min_seconds have passed, but no further than max_steps
+    capped = measure(Config("MLP", 2, 1, "gsm_ghost"), steps=2, warmup=0, threads=1, min_seconds=60, max_steps=7)
+    assert capped["n"] == 7
+    timed = measure(Config("MLP", 2, 1, "gsm_ghost"), steps=2, warmup=0, threads=1, min_seconds=0.2, max_steps=10**6)
+    assert timed["n"] > 2 and (timed["median_ms"] + timed["ref_median_ms"]) * timed["n"] >= 0.5 * 200
     with pytest.raises(ValueError, match="configuration 'dpsgd_jax' is unknown"):
         make_step("MLP", "dpsgd_jax", 2)
     bad = {"model": "MLP", "batch": 2, "K": 1, "what": "dpsgd_jax", "error": "ValueError: unknown"}

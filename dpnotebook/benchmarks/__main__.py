@@ -47,7 +47,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--k-batch", type=int, default=32, help="B of the K > 1 configurations (default 32)")
     p.add_argument("--k-models", nargs="+", choices=sorted(MODELS), help="models of the K > 1 configurations (default: --models)")
     p.add_argument("--k-modes", nargs="+", choices=MODES, default=["hooks", "ghost"])
-    p.add_argument("--steps", type=int, default=10, help="timed steps per configuration (default 10)")
+    p.add_argument("--steps", type=int, default=10, help="timed steps per configuration, at least (default 10)")
+    p.add_argument("--min-seconds", type=float, default=2.0,
+                   help="then go on timing until the configuration's rounds took this long (default 2.0)")
+    p.add_argument("--max-steps", type=int, default=200, help="... but time at most this many steps (default 200)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default 2)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -63,6 +66,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             setattr(args, key, value)
     if args.steps < 1 or args.warmup < 0:
         p.error(f"--steps={args.steps} and --warmup={args.warmup}: use --steps >= 1 and --warmup >= 0.")
+    if args.min_seconds < 0 or args.max_steps < args.steps:
+        p.error(f"--min-seconds={args.min_seconds} and --max-steps={args.max_steps}: use --min-seconds >= 0 "
+                f"and --max-steps >= --steps ({args.steps}).")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         p.error(f"--device={args.device} but CUDA is not available here; use --device cpu.")
     return args
@@ -89,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     configs = plan(args.models, args.batch, modes=args.modes, kinds=args.kinds, ks=[], opacus=args.compare_opacus)
     configs += [c for c in plan(args.k_models or args.models, [], modes=args.modes, kinds=args.kinds, ks=args.ks,
                                 k_batch=args.k_batch, k_modes=args.k_modes)]
-    settings = {k: getattr(args, k) for k in ("steps", "warmup", "threads", "device")}
+    settings = {k: getattr(args, k) for k in ("steps", "warmup", "threads", "device", "min_seconds", "max_steps")}
     print(f"{len(configs)} configurations, each in its own process ({settings})", file=sys.stderr)
     rows, start = [], time.time()
     for i, cfg in enumerate(configs, 1):

@@ -95,14 +95,26 @@ def _timer(device: str) -> Callable[[Callable[[], None]], float]:
     return timed
 
 
-def measure(cfg: Config, *, steps: int = 10, warmup: int = 3, device: str = "cpu", threads: int = 2) -> dict:
+def measure(
+    cfg: Config,
+    *,
+    steps: int = 10,
+    warmup: int = 3,
+    device: str = "cpu",
+    threads: int = 2,
+    min_seconds: float = 0.0,
+    max_steps: int = 200,
+) -> dict:
     """Run one configuration in this process: its time, its ratio to the non-private step, its memory.
 
     ``rss0_mb`` is the resident memory once the model and data are built;
     ``peak_mb`` the peak during the warm-up steps (read before the reference
     model is built), so ``peak_mb - rss0_mb`` is what the step itself needs.
-    Then ``steps`` rounds each time one reference step and one step of the
-    configuration.
+    Then rounds, each timing one reference step and one step of the
+    configuration: at least ``steps`` of them, and more until the rounds have
+    taken ``min_seconds`` (at most ``max_steps``). A 10 ms step timed ten times
+    on a shared machine moves its median by a third; a few seconds of rounds
+    steady it.
     """
     torch.set_num_threads(threads)
     step = make_step(cfg.model, cfg.what, cfg.batch, cfg.K, device)
@@ -120,7 +132,8 @@ def measure(cfg: Config, *, steps: int = 10, warmup: int = 3, device: str = "cpu
     if ref is not None:
         for _ in range(max(1, warmup - 1)):
             timed(ref)
-    for _ in range(steps):
+    started = time.perf_counter()
+    while len(times) < steps or (time.perf_counter() - started < min_seconds and len(times) < max_steps):
         if ref is not None:
             refs.append(timed(ref))
         times.append(timed(step))
