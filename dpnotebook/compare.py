@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from dpnotebook.grad_sample._contract import flat_rows
 from dpnotebook.modes import available_modes, wrap_model
 from dpnotebook.testing import clean_copy, reference_grad_samples
 
@@ -74,9 +75,11 @@ def error_against(result: dict[str, Tensor | None] | Tensor, ref: dict[str, Tens
     >>> ref = {"w": torch.tensor([[3.0, 4.0]], dtype=torch.float64)}
     >>> error_against(torch.tensor([5.0]), ref), error_against({"w": None}, ref)
     (0.0, inf)
+    >>> error_against(torch.tensor([5.0]), {"w": ref["w"], "t": torch.zeros(1, dtype=torch.float64)})  # a 0-d parameter
+    0.0
     """
     if isinstance(result, Tensor):  # per-sample norms only
-        norms = torch.cat([r.flatten(1) for r in ref.values()], dim=1).norm(dim=1)
+        norms = torch.cat([flat_rows(r) for r in ref.values()], dim=1).norm(dim=1)
         scale = norms.abs().max().item() if norms.numel() else 1.0
         diff = (result.double() - norms).abs().max().item() if norms.numel() else 0.0
         return diff / (scale or 1.0)

@@ -240,6 +240,26 @@ class Scale(nn.Module):
         return x * self.w
 
 
+class Temperature(nn.Module):
+    """A 0-d parameter (a learned temperature): its per-sample gradients have shape [B]."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.t = nn.Parameter(torch.tensor(1.5))
+        self.fc = nn.Linear(3, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x) / self.t
+
+
+@pytest.mark.parametrize("K", [1, 2])
+def test_zero_dim_parameter(K: int) -> None:
+    """A scalar parameter left to torch.func joins the norms and the clipped sum (also with no samples)."""
+    wrapped = check(Temperature(), torch.randn(3 * K, 3), K=K)
+    assert dict(wrapped.units)["model"] == "torch.func"
+    check(Temperature(), torch.randn(0, 3), K=K)
+
+
 class WithFallbacks(nn.Module):
     """Layers ghost mode leaves to the hooks engine: torch.func ones, an EmbeddingBag (its own sampler)."""
 

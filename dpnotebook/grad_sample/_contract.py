@@ -24,6 +24,19 @@ def group_rows(t: Tensor, K: int) -> Tensor:
     return t.reshape(t.shape[0] // K, middle, t.shape[-1])
 
 
+def flat_rows(g: Tensor) -> Tensor:
+    """``[B, *shape] -> [B, prod(shape)]``: per-sample gradients as rows, for norms and weighted sums.
+
+    Also for a 0-d parameter (``[B] -> [B, 1]``) and for no samples, where ``flatten(1)``
+    and ``reshape(B, -1)`` fail.
+
+    >>> import torch
+    >>> flat_rows(torch.zeros(3)).shape, flat_rows(torch.zeros(0, 2, 2)).shape
+    (torch.Size([3, 1]), torch.Size([0, 4]))
+    """
+    return g.reshape(g.shape[0], math.prod(g.shape[1:]))
+
+
 def sum_rows(t: Tensor, K: int, keep: int) -> Tensor:
     """Sum over the K copies and every dim but the ``keep`` trailing ones, divide by K.
 

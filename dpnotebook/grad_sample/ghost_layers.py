@@ -38,6 +38,7 @@ import torch
 from torch import Tensor, nn
 
 from dpnotebook.errors import GradSampleError
+from dpnotebook.grad_sample._contract import flat_rows
 from dpnotebook.grad_sample.functorch_fallback import LayerCall
 from dpnotebook.grad_sample.hooks import bound_arguments, sampler_grad_samples, to_batch_first
 from dpnotebook.grad_sample.registry import find_grad_sampler
@@ -98,11 +99,11 @@ class MaterialisedGroup(GhostGroup):
         self.grads, self.scale = grads, scale
 
     def sq_norms(self) -> Grads:
-        return {p: torch.linalg.vector_norm(g.flatten(1), dim=1).pow(2) * self.scale**2 for p, g in self.grads.items()}
+        return {p: torch.linalg.vector_norm(flat_rows(g), dim=1).pow(2) * self.scale**2 for p, g in self.grads.items()}
 
     def weighted_sums(self, weights: Grads) -> Grads:
         return {
-            p: torch.tensordot(weights[p].to(g.dtype) * self.scale, g, dims=1)
+            p: (weights[p].to(g.dtype) * self.scale @ flat_rows(g)).view(p.shape)
             for p, g in self.grads.items()
             if p in weights
         }

@@ -35,6 +35,7 @@ from typing import Mapping, Sequence
 import torch
 from torch import Tensor
 
+from dpnotebook.grad_sample._contract import flat_rows
 from dpnotebook.privacy.arguments import check_choice, check_max_grad_norm
 
 __all__ = [
@@ -76,7 +77,7 @@ def per_layer_norms(grad_samples: GradSamples) -> Tensor:
     tensor([[2., 2.],
             [3., 3.]])
     """
-    return torch.stack([g.flatten(start_dim=1).norm(dim=1) for g in _as_list(grad_samples)])
+    return torch.stack([flat_rows(g).norm(dim=1) for g in _as_list(grad_samples)])
 
 
 def per_sample_norms(grad_samples: GradSamples) -> Tensor:

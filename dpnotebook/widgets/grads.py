@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from dpnotebook.compare import mode_result
 from dpnotebook.errors import GradSampleError
+from dpnotebook.grad_sample._contract import flat_rows
 from dpnotebook.grad_sample.module import GradSampleModule, check_k
 from dpnotebook.modes import wrap_model
 
@@ -142,7 +143,7 @@ def as_grad_samples(grad_samples: Mapping[str, Tensor] | list[Tensor]) -> dict[s
 def flatten_grad_samples(grad_samples: Mapping[str, Tensor]) -> Tensor:
     """All parameters of each sample in one row: ``[B, D]``.
 
-    >>> flatten_grad_samples({"a": torch.ones(2, 3), "b": torch.zeros(2, 1, 2)}).shape
-    torch.Size([2, 5])
+    >>> flatten_grad_samples({"a": torch.ones(2, 3), "b": torch.zeros(2, 1, 2), "t": torch.zeros(2)}).shape
+    torch.Size([2, 6])
     """
-    return torch.cat([g.flatten(start_dim=1) for g in grad_samples.values()], dim=1)
+    return torch.cat([flat_rows(g) for g in grad_samples.values()], dim=1)

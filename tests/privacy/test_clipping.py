@@ -15,7 +15,7 @@ from dpnotebook.privacy.clipping import (
     per_sample_norms,
 )
 
-shapes = st.lists(st.lists(st.integers(1, 5), min_size=1, max_size=3), min_size=1, max_size=4)
+shapes = st.lists(st.lists(st.integers(1, 5), min_size=0, max_size=3), min_size=1, max_size=4)  # [] is a 0-d parameter
 
 
 def make_grads(batch: int, param_shapes: list[list[int]], scale: float, seed: int) -> list[torch.Tensor]:
@@ -42,7 +42,7 @@ def test_flat_clipping_bounds_every_sample(batch, param_shapes, scale, max_grad_
     grads = make_grads(batch, param_shapes, scale, seed)
     result = clip_and_sum(grads, max_grad_norm=max_grad_norm, clipping="flat")
     clipped = clipped_per_sample(grads, result.factors)
-    norms = torch.stack([c.flatten(1).pow(2).sum(1) for c in clipped]).sum(0).sqrt()
+    norms = torch.stack([c.reshape(len(c), -1).pow(2).sum(1) for c in clipped]).sum(0).sqrt()
     assert (norms <= max_grad_norm * (1 + 1e-6)).all()
 
 
@@ -58,7 +58,7 @@ def test_per_layer_split_keeps_each_layer_and_the_total_under_c(batch, param_sha
     grads = make_grads(batch, param_shapes, scale, seed)
     result = clip_and_sum(grads, max_grad_norm=max_grad_norm, clipping="per_layer")
     clipped = clipped_per_sample(grads, result.factors)
-    layer = torch.stack([c.flatten(1).norm(dim=1) for c in clipped])           # [L, B]
+    layer = torch.stack([c.reshape(len(c), -1).norm(dim=1) for c in clipped])           # [L, B]
     assert (layer <= max_grad_norm / math.sqrt(len(grads)) * (1 + 1e-6)).all()
     assert (layer.norm(dim=0) <= max_grad_norm * (1 + 1e-6)).all()
     assert result.sensitivity == max_grad_norm
@@ -100,6 +100,14 @@ def test_norm_helpers_agree():
     torch.testing.assert_close(per_layer_norms(grads)[1], grads[1].norm(dim=1))
     assert layer_thresholds(2.0, 4) == 1.0
     assert clip_factors(torch.tensor([1e9]), math.inf).item() == 1.0
+
+
+def test_zero_dim_parameter():
+    """A 0-d parameter's per-sample gradients have shape [B]: one entry each in the norms."""
+    result = clip_and_sum([torch.full((2,), 3.0), torch.full((2, 1, 16), 1.0)], max_grad_norm=10.0)
+    torch.testing.assert_close(result.norms, torch.tensor([5.0, 5.0]))
+    assert result.summed[0].shape == () and result.summed[0].item() == 6.0
+    assert per_layer_norms({"t": torch.zeros(0)}).shape == (1, 0)
 
 
 def test_dict_input_and_empty_batch():

@@ -53,6 +53,37 @@ def test_no_noise_no_clipping_equals_plain_sgd(mode, reduction):
     assert opt.last_step_stats.fraction_clipped == 0.0
 
 
+class Tempered(nn.Module):
+    """A linear layer divided by a learned 0-d temperature."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc, self.t = nn.Linear(4, 3), nn.Parameter(torch.tensor(1.5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x) / self.t
+
+
+@pytest.mark.parametrize("mode", ["hooks", "functorch", "ghost"])
+def test_zero_dim_parameter_equals_plain_sgd(mode):
+    """A scalar parameter (per-sample gradients of shape [B]) is clipped and stepped like any other."""
+    from dpnotebook.privacy.ghost_optimizer import GhostDPOptimizer
+
+    x, y = batch()
+    model = wrap_model(Tempered(), mode)
+    cls = GhostDPOptimizer if mode == "ghost" else DPOptimizer
+    opt = cls(torch.optim.SGD(model.parameters(), lr=0.5), noise_multiplier=0.0, max_grad_norm=1e9, expected_batch_size=len(x))
+    plain = Tempered()
+    plain_opt = torch.optim.SGD(plain.parameters(), lr=0.5)
+    for m, o in ((model, opt), (plain, plain_opt)):
+        F.cross_entropy(m(x), y).backward()
+        o.step()
+    for p, q in zip(model.parameters(), plain.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    assert opt.last_step_stats.per_sample_norms.shape == (len(x),)
+
+
 @pytest.mark.parametrize("forward", [False, True])
 def test_empty_batch_moves_parameters_by_noise_only(forward):
     model, opt = dp_setup(sigma=1.3, C=0.7, ebs=8, lr=0.5)

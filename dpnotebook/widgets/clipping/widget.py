@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from dpnotebook.grad_sample._contract import flat_rows
 from dpnotebook.privacy.clipping import CLIPPING_MODES
 from dpnotebook.widgets._explorer import Explorer
 from dpnotebook.widgets.clipping import plots
@@ -36,7 +37,7 @@ def clipped_vectors(grad_samples: Mapping[str, Tensor], stats: ClippingStats) ->
     parts = []
     for i, g in enumerate(grad_samples.values()):
         f = factors if factors.dim() == 1 else factors[i]
-        parts.append(g.flatten(start_dim=1).double() * f[:, None])
+        parts.append(flat_rows(g).double() * f[:, None])
     return torch.cat(parts, dim=1).numpy()
 
 
