@@ -202,6 +202,18 @@ def loss_scale(loss_reduction: str, rows: int) -> float:
 
 
 def detach_tree(tree: Any) -> Any:
+    """``tree`` with every tensor detached (nested lists, tuples and dicts).
+
+    >>> import torch
+    >>> x = torch.ones(2, requires_grad=True)
+    >>> out = detach_tree((x, {"mask": x}, 3))
+    >>> out[0].requires_grad, out[1]["mask"].requires_grad, out[2]
+    (False, False, 3)
+    """
+    if type(tree) is tuple and all(isinstance(x, Tensor) for x in tree):  # a layer's usual arguments
+        return tuple(x.detach() for x in tree)
+    if type(tree) is dict and not tree:
+        return {}
     leaves, spec = tree_flatten(tree)
     return tree_unflatten([x.detach() if isinstance(x, Tensor) else x for x in leaves], spec)
 

@@ -144,7 +144,7 @@ class GhostGradSampleModule(GradSampleModule):
             self.hooks_enabled
             and torch.is_grad_enabled()
             and not capture_is_paused()
-            and any(p.requires_grad for p in m.parameters(recurse=False))
+            and any(p is not None and p.requires_grad for p in m._parameters.values())
         )
 
     def _forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -217,7 +217,7 @@ class GhostGradSampleModule(GradSampleModule):
             self._store._sampled.add(id(p))
 
     def _ghost_params(self) -> list[nn.Parameter]:
-        return [p for _, m, _, _ in self._ghost_units for p in m.parameters(recurse=False)]
+        return [p for _, m, _, _ in self._ghost_units for p in m._parameters.values() if p is not None]
 
     def _check_not_stale(self) -> None:
         if not self._ledger.pending:
@@ -243,7 +243,11 @@ class GhostGradSampleModule(GradSampleModule):
 
     def _sampled(self) -> MaterialisedGroup:
         """The ``p.grad_sample`` that the hooks engine filled for the layers ghost mode leaves to it."""
-        return MaterialisedGroup({p: p.grad_sample for p in self._trainable() if getattr(p, "grad_sample", None) is not None})
+        if self._hooks is None:
+            params = self._trainable()
+        else:  # only the hooks engine's units can hold grad_sample: no walk over the whole model
+            params = [p for _, m, entry in self._hooks.units for p in m.parameters(recurse=entry is None) if p.requires_grad]
+        return MaterialisedGroup({p: p.grad_sample for p in params if getattr(p, "grad_sample", None) is not None})
 
     def num_samples(self) -> int:
         """The number of samples B in the batches seen since the last :meth:`zero_grad`."""

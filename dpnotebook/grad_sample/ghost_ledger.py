@@ -136,6 +136,9 @@ class GhostLedger:
         for Bf, made in self.groups():
             for group in made.values():
                 for p, sq in group.sq_norms().items():
+                    if Bf == B and p not in out:  # one forward pass holds every sample: nothing to place
+                        out[p] = sq
+                        continue
                     if p not in out:
                         out[p] = sq.new_zeros(B)
                     out[p][offset : offset + Bf] += sq
@@ -158,8 +161,8 @@ class GhostLedger:
             for m, group in made.items():
                 w = {
                     p: (weights[p] if per_param else weights)[offset : offset + Bf]
-                    for p in m.parameters(recurse=False)
-                    if p.requires_grad and (not per_param or p in weights)
+                    for p in m._parameters.values()
+                    if p is not None and p.requires_grad and (not per_param or p in weights)
                 }
                 for p, s in group.weighted_sums(w).items():
                     out[p] = out[p] + s if p in out else s

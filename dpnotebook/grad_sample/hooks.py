@@ -50,6 +50,21 @@ def forward_signature(module: nn.Module) -> inspect.Signature:
     return _method_signature(function)
 
 
+@lru_cache(maxsize=512)
+def _method_arity(function: Any) -> int:
+    params = _method_signature(function).parameters.values()
+    return len(params) if all(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params) else -1
+
+
+def _positional_arity(module: nn.Module) -> int:
+    """How many arguments ``module.forward`` takes, all positional; -1 if it takes others (or is set on the instance)."""
+    forward = module.forward
+    function = getattr(forward, "__func__", None)
+    if function is None or getattr(forward, "__self__", None) is not module:
+        return -1
+    return _method_arity(function)
+
+
 def bound_arguments(module: nn.Module, args: tuple, kwargs: dict) -> list[Any]:
     """The forward's arguments in signature order, defaults filled in (``activations``).
 
@@ -57,6 +72,8 @@ def bound_arguments(module: nn.Module, args: tuple, kwargs: dict) -> list[Any]:
     >>> bound_arguments(nn.EmbeddingBag(3, 2), ("idx",), {"offsets": "off"})
     ['idx', 'off', None]
     """
+    if not kwargs and len(args) == _positional_arity(module):  # nothing to bind or fill in
+        return list(args)
     sig = forward_signature(module)
     if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in sig.parameters.values()):
         return [*args, *kwargs.values()]

@@ -30,6 +30,12 @@ from dpnotebook.privacy.optimizer import DPOptimizer
 __all__ = ["GhostDPOptimizer"]
 
 
+def _owners_of(params: list[nn.Parameter]) -> list[GhostGradSampleModule]:
+    """The ghost wrappers holding ``params``, each once."""
+    owners = {id(o): o for o in (ghost_owner(p) for p in params) if o is not None}
+    return list(owners.values())
+
+
 class GhostDPOptimizer(DPOptimizer):
     """A :class:`DPOptimizer` for models wrapped in ghost mode (same arguments).
 
@@ -38,14 +44,14 @@ class GhostDPOptimizer(DPOptimizer):
     """
 
     def _owners(self) -> list[GhostGradSampleModule]:
-        owners = {id(o): o for o in (ghost_owner(p) for p in self.params) if o is not None}
+        owners = _owners_of(self.params)
         if not owners:
             raise RuntimeError(
                 "GhostDPOptimizer found no ghost-mode model holding its parameters. Fix: wrap the model "
                 "with dpnotebook.wrap_model(model, 'ghost') (or make_private(grad_sample_mode='ghost')) "
                 "and build the optimizer from that model's parameters."
             )
-        return list(owners.values())
+        return owners
 
     def _clip_and_sum(self) -> tuple[list[Tensor], Tensor, int] | None:
         """``(clipped sums in self.params order, per-sample norms, number clipped)``, or ``None`` for no samples."""
@@ -80,7 +86,5 @@ class GhostDPOptimizer(DPOptimizer):
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear ``p.grad``, ``p.grad_sample`` and the ghost wrapper's records."""
         super().zero_grad(set_to_none=set_to_none)
-        for p in self.params:
-            model = ghost_owner(p)
-            if model is not None:
-                model.clear_ghost()
+        for model in _owners_of(self.params):
+            model.clear_ghost()

@@ -231,10 +231,10 @@ class DPOptimizer(Optimizer):
         std = self.noise_multiplier * self.max_grad_norm
         noises = draw_noise(params, std, self.generator, self.secure_mode)
         signal_norm, noise_norm = total_norm(summed), total_norm(noises)  # before they are added up
-        for p, s, noise in zip(params, summed, noises):
-            grad = noise.add_(s.detach())
-            if self.loss_reduction == "mean":
-                grad.div_(self.expected_batch_size)
+        torch._foreach_add_(noises, [s.detach() for s in summed])
+        if self.loss_reduction == "mean":
+            torch._foreach_div_(noises, float(self.expected_batch_size))
+        for p, grad in zip(params, noises):
             p.grad = grad
         self.last_step_stats = StepStats.of_batch(
             self._norms,

@@ -97,4 +97,4 @@ def total_norm(tensors: list[Tensor]) -> float:
     """
     if not tensors:
         return 0.0
-    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t.detach()) for t in tensors])))
+    return float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm([t.detach() for t in tensors]))))
