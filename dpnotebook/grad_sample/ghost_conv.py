@@ -104,8 +104,10 @@ def _time(layer: nn.modules.conv._ConvNd, x: Tensor, g: Tensor, K: int, out: Ten
     return time.perf_counter() - start
 
 
-def _unfold_chunk(layer: nn.Conv2d, x: Tensor, g: Tensor, K: int, work: Tensor | None = None) -> Tensor:
-    """``[b, C_out, C_in*kh*kw]``: per-sample gradients of ``b = rows/K`` samples by im2col.
+def _unfold_chunk(
+    layer: nn.Conv2d, x: Tensor, g: Tensor, K: int, work: Tensor | None = None, out: Tensor | None = None
+) -> Tensor:
+    """``[b, C_out, C_in*kh*kw]``: per-sample gradients of ``b = rows/K`` samples by im2col (into ``out`` if given).
 
     The patches come from strided views (:func:`~dpnotebook.grad_sample.conv.unfold_patches`),
     copied once, a sample's K rows side by side: ``[b, C_in*kh*kw, K*positions]``
@@ -118,7 +120,7 @@ def _unfold_chunk(layer: nn.Conv2d, x: Tensor, g: Tensor, K: int, work: Tensor |
     windows = patches.reshape(b, K, C, oh, ow, kh, kw).permute(0, 2, 5, 6, 1, 3, 4)
     U = windows.reshape(b, C * kh * kw, n) if work is None else work[:b].copy_(windows).view(b, C * kh * kw, n)
     G = g.reshape(b, K, g.shape[1], oh * ow).transpose(1, 2).reshape(b, g.shape[1], n)
-    return torch.bmm(G, U.transpose(1, 2))
+    return torch.bmm(G, U.transpose(1, 2), out=out)
 
 
 def conv_per_sample_grads(
@@ -160,7 +162,7 @@ def conv_per_sample_grads(
     for s in range(0, B, step):
         xs, gs = x[s * K : (s + step) * K], g[s * K : (s + step) * K]
         if method == "unfold":
-            flat[s : s + step] = _unfold_chunk(layer, xs, gs, K, work)
+            _unfold_chunk(layer, xs, gs, K, work, out=flat[s : s + step])
         elif method == "grouped":
             out[s : s + step] = conv_weight_grad_grouped(layer, xs, gs, K)
         else:
