@@ -33,6 +33,7 @@ True
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from functools import partial
@@ -148,11 +149,11 @@ def conv_per_sample_grads(
     if B == 0:
         return out
     method = method or conv_method(layer, x, g, K)
-    weight = layer.weight[0].numel() * layer.out_channels
+    weight = layer.weight.numel()  # shapes only: indexing a tensor would cost an operation each
     if method == "unfold":  # the im2col patches of a sample's K rows
-        per_sample = K * g[0, 0].numel() * layer.weight[0].numel() + weight
+        per_sample = K * math.prod(g.shape[2:]) * (weight // layer.out_channels) + weight
     else:
-        per_sample = K * (x[0].numel() + g[0].numel()) + weight
+        per_sample = K * (math.prod(x.shape[1:]) + math.prod(g.shape[1:])) + weight
     budget = max(CHUNK_BYTES // K, MIN_CHUNK_BYTES)
     step = max(1, min(B, budget // max(1, per_sample * x.element_size())))
     flat = out.view(B, layer.out_channels, -1)
@@ -189,7 +190,8 @@ def conv_group(layer: nn.modules.conv._ConvNd, calls: list[GhostCall], K: int, s
             w = conv_per_sample_grads(layer, x, g, K, buf, workspace=workspace)
             grads[layer.weight] = w if i == 0 else grads[layer.weight].add_(w)
         if layer.bias is not None and layer.bias.requires_grad:
-            b = g.flatten(2).sum(2).reshape(B, K, -1).sum(1)
+            b = g.flatten(2).sum(2)
+            b = b if K == 1 else b.reshape(B, K, -1).sum(1)
             grads[layer.bias] = b if i == 0 else grads[layer.bias] + b
     return ConvGroup(grads, calls[0].scale)
 
