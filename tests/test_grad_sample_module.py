@@ -351,6 +351,21 @@ def test_sampler_with_wrong_shape_is_reported() -> None:
         unregister_grad_sampler(Scale)
 
 
+def test_sampler_returning_a_foreign_parameter_is_reported() -> None:
+    stranger = nn.Parameter(torch.zeros(3))
+
+    @register_grad_sampler(Scale)
+    def foreign(layer: Scale, activations: list, backprops: torch.Tensor, K: int) -> dict:
+        return {stranger: torch.zeros(activations[0].shape[0] // K, 3)}
+
+    try:
+        wrapped = GradSampleModule(Scale(3))
+        with pytest.raises(GradSampleError, match=r"'foreign' .* not one of Scale's own \(\['w'\]\)"):
+            wrapped(torch.randn(4, 3)).sum().backward()
+    finally:
+        unregister_grad_sampler(Scale)
+
+
 def test_register_rejects_non_module_types() -> None:
     with pytest.raises(TypeError, match=r"got 'Linear' \(a str\).*register_grad_sampler\(nn.Linear\)"):
         register_grad_sampler("Linear")

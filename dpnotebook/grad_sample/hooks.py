@@ -98,7 +98,7 @@ def sampler_grad_samples(
     B = call.rows // K
     # Gradients are linear in the backprops, so the loss reduction can be undone on either
     # side: on the backprops or on the B per-sample gradients, whichever is smaller.
-    size = B * sum(p.numel() for p in module.parameters(recurse=False) if p.requires_grad)
+    size = B * sum(p.numel() for p in module._parameters.values() if p is not None and p.requires_grad)
     if scale != 1.0 and bp.numel() < size:
         bp, scale = bp * scale, 1.0
     if entry.takes_k:
@@ -107,17 +107,18 @@ def sampler_grad_samples(
         found = {p: g.reshape(B, K, *g.shape[1:]).mean(1) for p, g in entry.fn(module, acts, bp).items()}
     if scale != 1.0:
         found = {p: g * scale for p, g in found.items()}
-    own = {id(p): n for n, p in module.named_parameters()}
+    direct = {id(p) for p in module._parameters.values() if p is not None}  # the usual case, checked cheaply
     for p, g in found.items():
-        if id(p) not in own:
+        if id(p) not in direct and all(q is not p for q in module.parameters()):
             raise GradSampleError(
                 f"grad sampler {entry.name!r} for {call.path} returned a tensor for a parameter "
-                f"that is not one of {type(module).__name__}'s own ({sorted(own.values())})."
+                f"that is not one of {type(module).__name__}'s own ({sorted(n for n, _ in module.named_parameters())})."
             )
         if tuple(g.shape) != (B, *p.shape):
+            name = next(n for n, q in module.named_parameters() if q is p)
             raise GradSampleError(
                 f"grad sampler {entry.name!r} for {call.path} returned shape {tuple(g.shape)} for "
-                f"{own[id(p)]!r}; expected [B, *param.shape] = {(B, *p.shape)} with B={B} samples "
+                f"{name!r}; expected [B, *param.shape] = {(B, *p.shape)} with B={B} samples "
                 f"of K={K} rows each."
             )
     return found
@@ -181,9 +182,11 @@ class LayerHooks:
         rows = first.shape[bd]
         owner._check_rows(path, module, rows, bd)
         call = LayerCall(module, path, detach_tree(args), detach_tree(kwargs), out_index, bd, rows, owner._forward_id)
-        register_multi_grad_hook(
-            [leaves[i] for i in out_index], partial(self._on_grads, entry, call), mode="all"
-        )
+        on_grads = partial(self._on_grads, entry, call)
+        if len(out_index) == 1:  # what register_multi_grad_hook does for one tensor, without its set-up
+            first.register_hook(lambda grad: on_grads([grad]))
+        else:
+            register_multi_grad_hook([leaves[i] for i in out_index], on_grads, mode="all")
 
     def _on_grads(self, entry: SamplerEntry | None, call: LayerCall, grads: list[Tensor | None]) -> None:
         owner = self.owner
