@@ -36,6 +36,13 @@ def _method_signature(function: Any) -> inspect.Signature:
     return sig.replace(parameters=list(sig.parameters.values())[1:])
 
 
+def _class_forward(module: nn.Module) -> Any:
+    """The function behind ``module.forward``, or ``None`` for a forward set on the instance (nothing to cache by)."""
+    forward = module.forward
+    function = getattr(forward, "__func__", None)
+    return function if getattr(forward, "__self__", None) is module else None
+
+
 def forward_signature(module: nn.Module) -> inspect.Signature:
     """``inspect.signature(module.forward)``, cached per class's ``forward`` (it runs at every layer call).
 
@@ -43,11 +50,8 @@ def forward_signature(module: nn.Module) -> inspect.Signature:
     >>> str(forward_signature(nn.Linear(2, 2)))
     '(input: torch.Tensor) -> torch.Tensor'
     """
-    forward = module.forward
-    function = getattr(forward, "__func__", None)
-    if function is None or getattr(forward, "__self__", None) is not module:  # a forward set on the instance
-        return inspect.signature(forward)
-    return _method_signature(function)
+    function = _class_forward(module)
+    return inspect.signature(module.forward) if function is None else _method_signature(function)
 
 
 @lru_cache(maxsize=512)
@@ -58,11 +62,8 @@ def _method_arity(function: Any) -> int:
 
 def _positional_arity(module: nn.Module) -> int:
     """How many arguments ``module.forward`` takes, all positional; -1 if it takes others (or is set on the instance)."""
-    forward = module.forward
-    function = getattr(forward, "__func__", None)
-    if function is None or getattr(forward, "__self__", None) is not module:
-        return -1
-    return _method_arity(function)
+    function = _class_forward(module)
+    return -1 if function is None else _method_arity(function)
 
 
 def bound_arguments(module: nn.Module, args: tuple, kwargs: dict) -> list[Any]:
