@@ -1,0 +1,186 @@
+"""Small seeded models, one per *layer family*, for the sensitivity auditor.
+
+Each family covers one way a per-sample gradient is formed or one way a model
+is put together that has broken DP libraries before: a registered sampler
+(``mlp``, ``conv``, ``seq_linear``, ``embedding``, ``norms``), the ``torch.func``
+fallback (``fallback``), DP recurrent and attention layers (``lstm``,
+``attention``), tied and shared modules (``tied``, ``shared_parent``), a
+parameter used outside its layer (``outside_use``) and a model that runs
+time-major inside while its input is batch-first (``time_major``).
+
+A sequence family's sample is ``[T, ...]`` and its output ``[T, classes]``; in
+the time-major layout (``batch_first=False``) rows are in dim 1 of both.
+
+>>> sorted(FAMILIES)[:4]
+['attention', 'conv', 'embedding', 'fallback']
+>>> x, t = FAMILIES["embedding"].data(3, 2, torch.Generator().manual_seed(0))
+>>> tuple(x.shape), x.dtype, tuple(t.shape)
+((3, 2, 5), torch.int64, (3, 2, 5, 3))
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from dpnotebook.layers import DPLSTM, DPMultiheadAttention
+
+__all__ = ["Family", "FAMILIES"]
+
+T = 5  # positions of a sequence sample
+
+
+@dataclass(frozen=True)
+class Family:
+    """A model maker and the shapes of one sample.
+
+    Attributes:
+        name: the family's key in :data:`FAMILIES`.
+        make: ``make(batch_first) -> model``.
+        sample: the shape of one row's input (token ids when ``vocab`` is set).
+        out: the shape of one row's output.
+        sequence: rows may be in dim 1 (``batch_first=False``) as well.
+        vocab: ids are drawn from ``range(vocab)`` (``0`` for float inputs).
+        out_batch_first: the output keeps rows in dim 0 in either layout.
+    """
+
+    name: str
+    make: Callable[[bool], nn.Module]
+    sample: tuple[int, ...]
+    out: tuple[int, ...]
+    sequence: bool = False
+    vocab: int = 0
+    out_batch_first: bool = False
+
+    @property
+    def layouts(self) -> tuple[bool, ...]:
+        """The ``batch_first`` values the family is audited in."""
+        return (True, False) if self.sequence else (True,)
+
+    def data(self, n: int, K: int, gen: torch.Generator) -> tuple[Tensor, Tensor]:
+        """Friendly data: ``[n, K, *sample]`` inputs and ``[n, K, *out]`` targets (copies differ slightly)."""
+        if self.vocab:
+            x = torch.randint(1, self.vocab, (n, 1, *self.sample), generator=gen).expand(n, K, *self.sample).clone()
+        else:
+            base = torch.randn(n, 1, *self.sample, generator=gen)
+            x = base + 0.1 * torch.randn(n, K, *self.sample, generator=gen)  # K augmented copies
+        return x, torch.randn(n, K, *self.out, generator=gen)
+
+
+class _LSTMHead(nn.Module):
+    def __init__(self, batch_first: bool) -> None:
+        super().__init__()
+        self.lstm = DPLSTM(6, 5, batch_first=batch_first)
+        self.out = nn.Linear(5, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.out(self.lstm(x)[0])
+
+
+class _SelfAttention(nn.Module):
+    def __init__(self, batch_first: bool) -> None:
+        super().__init__()
+        self.attn = DPMultiheadAttention(8, 2, batch_first=batch_first)
+        self.out = nn.Linear(8, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.out(self.attn(x, x, x, need_weights=False)[0])
+
+
+class _Tied(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(11, 6)
+        self.out = nn.Linear(6, 11)
+        self.out.weight = self.emb.weight  # tied: one Parameter, two layers
+
+    def forward(self, idx: Tensor) -> Tensor:
+        return self.out(torch.tanh(self.emb(idx)))
+
+
+class _SharedParent(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        shared = nn.Linear(6, 6)
+        self.a = nn.Sequential(shared, nn.Tanh())  # one module, two parents
+        self.b = nn.Sequential(shared, nn.Tanh())
+        self.head = nn.Linear(6, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(self.b(self.a(x)))
+
+
+class _OutsideUse(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(6, 6)
+        self.head = nn.Linear(6, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = torch.tanh(self.fc(x))
+        return self.head(F.linear(h, self.fc.weight))  # fc.weight used again, outside fc
+
+
+class _TimeMajorInside(nn.Module):
+    """Takes ``[B, T]`` ids and runs time-major inside (``emb(idx.t())``), a common RNN idiom.
+
+    Every layer sees ``T`` rows in dim 0, so a wrapper that trusts dim 0 clips
+    time steps, not samples.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(11, 6)
+        self.out = nn.Linear(6, 3)
+
+    def forward(self, idx: Tensor) -> Tensor:
+        h = torch.tanh(self.emb(idx.t()))  # [T, B, 6]
+        return self.out(h).transpose(0, 1)  # back to [B, T, 3]
+
+
+class _LastStep(nn.Module):
+    """A sequence in either layout in, one output per sample (``[B, classes]``, batch-first) out."""
+
+    def __init__(self, batch_first: bool) -> None:
+        super().__init__()
+        self.batch_first = batch_first
+        self.proj = nn.Linear(6, 5)
+        self.head = nn.Linear(5, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = torch.tanh(self.proj(x))
+        return self.head(h[:, -1] if self.batch_first else h[-1])
+
+
+def _conv(batch_first: bool) -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(1, 4, 3), nn.GroupNorm(2, 4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 4 * 4, 3)
+    )
+
+
+FAMILIES: dict[str, Family] = {
+    f.name: f
+    for f in [
+        Family("mlp", lambda bf: nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3)), (6,), (3,)),
+        Family("conv", _conv, (1, 6, 6), (3,)),
+        Family("norms", lambda bf: nn.Sequential(nn.LayerNorm(6), nn.Linear(6, 3)), (6,), (3,)),
+        Family("fallback", lambda bf: nn.Sequential(nn.Linear(6, 8), nn.PReLU(8), nn.Linear(8, 3)), (6,), (3,)),
+        Family("seq_linear", lambda bf: nn.Linear(64, 64, bias=False), (T, 64), (T, 64), sequence=True),
+        Family(
+            "embedding",
+            lambda bf: nn.Sequential(nn.Embedding(11, 6, padding_idx=0), nn.Linear(6, 3)),
+            (T,), (T, 3), sequence=True, vocab=11,
+        ),
+        Family("lstm", _LSTMHead, (T, 6), (T, 3), sequence=True),
+        Family("attention", _SelfAttention, (T, 8), (T, 3), sequence=True),
+        Family("tied", lambda bf: _Tied(), (T,), (T, 11), sequence=True, vocab=11),
+        Family("shared_parent", lambda bf: _SharedParent(), (6,), (3,)),
+        Family("outside_use", lambda bf: _OutsideUse(), (6,), (3,)),
+        Family("time_major", lambda bf: _TimeMajorInside(), (T,), (T, 3), vocab=11),
+        Family("last_step", _LastStep, (T, 6), (3,), sequence=True, out_batch_first=True),
+    ]
+}

@@ -1,0 +1,168 @@
+"""The adversarial grid: every mode x layer family x record x K x reduction x layout x clipping.
+
+:func:`grid` lists the points, :func:`run_point` audits one with
+:func:`~dpnotebook.audit.sensitivity.audit_sensitivity`, and :data:`REFUSALS`
+says which points the library refuses by design, with the error it must raise.
+Every other point must keep the bound (``<= C * (1 + 1e-5)``) and match the
+float64 definition. ``python -m dpnotebook.audit`` runs the whole grid and
+prints a summary per mode.
+
+>>> points = list(grid(modes=["hooks"], families=["mlp"], records=["gaussian"]))
+>>> len(points), points[0].name
+(12, 'hooks mlp/gaussian K=1 mean flat batch_first passes=1 float64')
+>>> outcome = run_point(points[0])
+>>> outcome.status, outcome.report.ok()
+('bounded', True)
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Iterable, Iterator
+
+import torch
+
+from dpnotebook.audit.families import FAMILIES
+from dpnotebook.audit.records import RECORDS, audit_case
+from dpnotebook.audit.sensitivity import SensitivityReport, audit_sensitivity
+from dpnotebook.modes import available_modes
+
+__all__ = ["GridPoint", "Outcome", "grid", "run_point", "expected_refusal", "REFUSALS", "SETTINGS"]
+
+#: ``(loss_reduction, clipping)`` pairs audited: both reductions with flat clipping, per-layer with sum.
+SETTINGS = (("mean", "flat"), ("sum", "flat"), ("sum", "per_layer"))
+
+#: ``C`` for the grid: small enough that every record's samples are clipped.
+C = 0.01
+
+
+@dataclass(frozen=True)
+class GridPoint:
+    """One audited configuration."""
+
+    mode: str
+    family: str
+    record: str
+    K: int
+    loss_reduction: str
+    clipping: str
+    batch_first: bool
+    passes: int
+    dtype: torch.dtype = torch.float64
+
+    @property
+    def name(self) -> str:
+        layout = "batch_first" if self.batch_first else "time_major"
+        dtype = str(self.dtype).replace("torch.", "")
+        return (f"{self.mode} {self.family}/{self.record} K={self.K} {self.loss_reduction} {self.clipping} "
+                f"{layout} passes={self.passes} {dtype}")
+
+
+@dataclass
+class Outcome:
+    """What auditing a point gave: a report (``"bounded"`` or ``"violated"``) or an error (``"refused"``)."""
+
+    point: GridPoint
+    report: SensitivityReport | None = None
+    error: BaseException | None = None
+
+    @property
+    def status(self) -> str:
+        if self.error is not None:
+            return "refused"
+        return "bounded" if self.report is not None and self.report.ok() else "violated"
+
+
+#: ``(mode or None for all, families, layout or None for both, passes or None, error types, message pattern, why)``.
+REFUSALS: list[tuple] = [
+    ("ew", None, False, None, (ValueError,), r"cannot handle batch_first=False",
+     "ExpandedWeights needs the rows in dim 0"),
+    ("ew", {"fallback"}, None, None, (Exception,), r"no per-sample rule",
+     "ExpandedWeights has no rule for PReLU"),
+    ("ew", {"lstm", "attention"}, None, None, (Exception,), r"cannot be used with per-sample gradients",
+     "DP layers share parameters between submodules, which ExpandedWeights cannot see"),
+    (None, {"outside_use"}, None, None, (Exception,), r"outside",
+     "a parameter used outside its layer: its samplers would miss that part"),
+    (None, {"time_major"}, None, None, (Exception,), r"rows",
+     "layers see time steps in the batch dim, not samples"),
+]
+
+
+def expected_refusal(point: GridPoint) -> tuple[tuple[type, ...], str, str] | None:
+    """``(error types, message pattern, why)`` if the library refuses ``point`` by design, else ``None``."""
+    for mode, families, layout, passes, types, pattern, why in REFUSALS:
+        if (mode in (None, point.mode) and (families is None or point.family in families)
+                and layout in (None, point.batch_first) and passes in (None, point.passes)):
+            if point.mode == "functorch" and point.family in {"outside_use", "time_major"}:
+                continue  # the whole model is replayed per sample: both are computed exactly
+            return types, pattern, why
+    return None
+
+
+def grid(
+    *,
+    modes: Iterable[str] | None = None,
+    families: Iterable[str] | None = None,
+    records: Iterable[str] | None = None,
+    Ks: Iterable[int] = (1, 3),
+    dtype: torch.dtype = torch.float64,
+) -> Iterator[GridPoint]:
+    """Every point of the grid (a record only where it means something: cancelling copies need ``K > 1``)."""
+    for mode in modes or available_modes():
+        for family in families or FAMILIES:
+            fam = FAMILIES[family]
+            for record in records or RECORDS:
+                if record == "cancelling_positions" and not fam.sequence:
+                    continue
+                for K in Ks:
+                    if record == "cancelling_copies" and K == 1:
+                        continue
+                    for loss_reduction, clipping in SETTINGS:
+                        for batch_first in fam.layouts:
+                            for passes in (1, 2):
+                                yield GridPoint(mode, family, record, K, loss_reduction, clipping, batch_first,
+                                                passes, dtype)
+
+
+def run_point(point: GridPoint, *, reference: bool = True) -> Outcome:
+    """Audit ``point``; an error raised by the library is caught and kept in the outcome."""
+    case = audit_case(point.family, point.record)
+    model = case.model(point.batch_first).to(point.dtype)
+
+    def batch(indices: list[int]) -> tuple:
+        x, t = case.batch(indices, K=point.K, batch_first=point.batch_first)
+        return tuple(a.to(point.dtype) if a.is_floating_point() else a for a in (x, t))
+
+    try:
+        report = audit_sensitivity(
+            model, batch=batch, num_samples=case.num_samples, mode=point.mode, K=point.K,
+            loss=case.loss(loss_reduction=point.loss_reduction, batch_first=point.batch_first, K=point.K,
+                           passes=point.passes),
+            loss_reduction=point.loss_reduction, batch_first=point.batch_first, clipping=point.clipping,
+            max_grad_norm=C, reference=reference,
+        )
+    except Exception as error:  # noqa: BLE001 - a refusal is an outcome to check, not a crash
+        return Outcome(point, error=error)
+    return Outcome(point, report=report)
+
+
+def matches(outcome: Outcome) -> str | None:
+    """``None`` if the outcome is what the library promises for its point, else what went wrong."""
+    refusal = expected_refusal(outcome.point)
+    if outcome.error is not None:
+        if refusal is None:
+            return f"raised {type(outcome.error).__name__}: {outcome.error}"
+        types, pattern, _ = refusal
+        if not isinstance(outcome.error, types) or not re.search(pattern, str(outcome.error)):
+            return f"refused with {type(outcome.error).__name__}: {outcome.error}; expected /{pattern}/"
+        return None
+    if refusal is not None:
+        return f"was not refused (expected /{refusal[1]}/: {refusal[2]})\n{outcome.report}"
+    report = outcome.report
+    if not report.ok():
+        return f"sensitivity over C:\n{report}"
+    tolerance = 1e-6 if outcome.point.dtype == torch.float64 else 1e-2
+    if report.reference_gap is not None and not report.reference_gap <= tolerance:
+        return f"clipped sum differs from the float64 definition by {report.reference_gap:.3g} C:\n{report}"
+    return None

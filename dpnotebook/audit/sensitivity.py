@@ -1,0 +1,247 @@
+"""The sensitivity auditor: how far can one sample move a DP-SGD step?
+
+DP-SGD's guarantee rests on one property of the clipped sum
+``S(D) = sum over samples b in D of clip_C(g_b)``: adding or removing any one
+sample ``s`` changes it by a vector of norm at most ``C`` (``max_grad_norm``).
+The Gaussian noise is calibrated to exactly that bound, so a step where one
+sample moves ``S`` by ``2C`` spends far more privacy than the accountant says.
+
+The auditor measures the property directly, with the library's own step:
+the model is wrapped in the chosen mode, a DP optimizer of that mode is built
+with ``noise_multiplier=0`` and ``expected_batch_size=1`` (so ``p.grad``
+after :meth:`~dpnotebook.privacy.optimizer.DPOptimizer.add_noise` *is*
+``S``), and for every sample ``s`` it computes ``||S(D) - S(D without s)||``
+over all parameters together. Nothing is re-implemented: a bug in a grad
+sampler, in ghost norms, in row bookkeeping or in clipping shows up here.
+
+A bug can also keep the bound and still be wrong: a per-sample gradient that
+misses part of a sample's gradient (a parameter used outside its layer) or
+counts a layer twice is clipped like any other. So the auditor also compares
+``S(D)`` with the *definition*: each sample's gradient taken alone, in float64,
+on the plain model, clipped by :func:`~dpnotebook.privacy.clipping.clip_and_sum`
+(``reference_gap``).
+
+>>> import torch
+>>> from torch import nn
+>>> data = torch.randn(4, 3)
+>>> report = audit_sensitivity(
+...     nn.Linear(3, 2), batch=lambda idx: data[idx],
+...     loss=lambda model, x: model(x).pow(2).sum(), num_samples=4,
+...     mode="hooks", loss_reduction="sum", max_grad_norm=0.1)
+>>> report.ok(), report.reference_gap < 1e-5
+(True, True)
+>>> print(report.table())                                # doctest: +ELLIPSIS
+sensitivity audit: mode=hooks K=1 loss_reduction=sum batch_first=True clipping=flat C=0.1
+sample  ||S(D) - S(D\\{s})|| / C  parameter moved most
+     0 ...
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from dpnotebook.modes import wrap_model
+from dpnotebook.testing import clean_copy
+
+__all__ = ["audit_sensitivity", "SensitivityReport", "clipped_sum", "reference_clipped_sum", "TOLERANCE"]
+
+#: The relative slack allowed above C: float32 rounding of the clipped sums, nothing more.
+TOLERANCE = 1e-5
+
+MakeBatch = Callable[[list[int]], Any]
+LossOf = Callable[[nn.Module, Any], Tensor]
+
+
+@dataclass
+class SensitivityReport:
+    """What :func:`audit_sensitivity` measured.
+
+    Attributes:
+        setting: the mode, ``K``, loss reduction, layout, clipping and ``C`` audited.
+        ratios: for each sample ``s``, ``||S(D) - S(D without s)|| / C`` (``inf`` if non-finite).
+        movers: for each sample, the parameter whose part of the difference was largest.
+        nonfinite: the clipped sum of some subset held a NaN or an inf.
+        reference_gap: ``||S(D) - S_ref(D)|| / C``, where ``S_ref`` clips each
+            sample's gradient computed alone in float64 (``None`` if not asked for).
+    """
+
+    setting: dict[str, Any]
+    ratios: list[float] = field(default_factory=list)
+    movers: list[str] = field(default_factory=list)
+    nonfinite: bool = False
+    reference_gap: float | None = None
+
+    @property
+    def max_ratio(self) -> float:
+        """The largest ratio to ``C`` over all samples (0.0 for an empty batch)."""
+        return max(self.ratios, default=0.0)
+
+    @property
+    def worst_sample(self) -> int | None:
+        """The index of the sample that moved the sum most (``None`` for an empty batch)."""
+        return max(range(len(self.ratios)), key=self.ratios.__getitem__) if self.ratios else None
+
+    def ok(self, tolerance: float = TOLERANCE) -> bool:
+        """Every sample moved the sum by at most ``C * (1 + tolerance)``, and nothing was NaN or inf."""
+        return not self.nonfinite and self.max_ratio <= 1 + tolerance
+
+    def table(self) -> str:
+        """A readable table: one row per sample, the worst marked."""
+        s = self.setting
+        head = " ".join(f"{k}={v}" for k, v in s.items())
+        lines = [f"sensitivity audit: {head}", "sample  ||S(D) - S(D\\{s})|| / C  parameter moved most"]
+        for i, (r, name) in enumerate(zip(self.ratios, self.movers)):
+            mark = "  <- over C" if not r <= 1 + TOLERANCE else ""
+            lines.append(f"{i:>6}  {r:>22.6f}  {name}{mark}")
+        if self.nonfinite:
+            lines.append("a clipped sum held NaN or inf")
+        if self.reference_gap is not None:
+            lines.append(f"||S(D) - S_ref(D)|| / C = {self.reference_gap:.3g} (S_ref: each sample alone, float64)")
+        if not self.ratios:
+            lines.append("(no samples)")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+def _optimizer_for(wrapped: nn.Module, params: Sequence[nn.Parameter], **kwargs: Any) -> Any:
+    """The DP optimizer the privacy engine pairs with this wrapper's mode, around a plain SGD."""
+    from dpnotebook.privacy.optimizer import DPOptimizer
+
+    cls = DPOptimizer
+    if getattr(wrapped, "grad_sample_mode", None) == "ghost":
+        from dpnotebook.privacy.ghost_optimizer import GhostDPOptimizer
+
+        cls = GhostDPOptimizer
+    return cls(torch.optim.SGD(list(params), lr=0.0), **kwargs)
+
+
+def clipped_sum(wrapped: nn.Module, optimizer: Any, loss: LossOf, batch: Any) -> list[Tensor]:
+    """``S(batch)``: one forward/backward with ``loss``, then the optimizer's clip-and-sum (σ must be 0).
+
+    Returns one float64 tensor per parameter of ``optimizer.params``, in order.
+    """
+    optimizer.zero_grad()
+    value = loss(wrapped, batch)
+    if value is not None:
+        value.backward()
+    optimizer.add_noise()
+    sums = [p.grad.detach().to(torch.float64).clone() for p in optimizer.params]
+    optimizer.zero_grad()
+    return sums
+
+
+def _to64(batch: Any) -> Any:
+    if isinstance(batch, Tensor):
+        return batch.to(torch.float64) if batch.is_floating_point() else batch
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(_to64(b) for b in batch)
+    if isinstance(batch, dict):
+        return {k: _to64(v) for k, v in batch.items()}
+    return batch
+
+
+def reference_clipped_sum(
+    model: nn.Module, *, batch: MakeBatch, loss: LossOf, num_samples: int, K: int, loss_reduction: str,
+    clipping: str, max_grad_norm: float,
+) -> list[Tensor]:
+    """``S_ref(D)``: every sample's gradient on its own (its ``K`` rows alone), in float64, clipped and summed.
+
+    A sample's gradient is the mean over its copies of each copy's own loss
+    gradient: the gradient of ``loss`` on the sample's rows, divided by ``K``
+    for ``loss_reduction="sum"``. Returns one tensor per trainable parameter of
+    ``model``, in order.
+    """
+    from dpnotebook.privacy.clipping import clip_and_sum
+
+    plain = clean_copy(model).to(torch.float64)
+    params = [p for p in plain.parameters() if p.requires_grad]
+    per_sample: list[list[Tensor]] = [[] for _ in params]
+    for i in range(num_samples):
+        value = loss(plain, _to64(batch([i])))
+        grads = torch.autograd.grad(value, params, allow_unused=True)
+        for rows, p, g in zip(per_sample, params, grads):
+            g = torch.zeros_like(p) if g is None else g
+            rows.append(g / K if loss_reduction == "sum" else g)
+    if not num_samples:
+        return [torch.zeros_like(p) for p in params]
+    stacked = [torch.stack(rows) for rows in per_sample]
+    return clip_and_sum(stacked, max_grad_norm=max_grad_norm, clipping=clipping).summed
+
+
+def audit_sensitivity(
+    model: nn.Module,
+    *,
+    batch: MakeBatch,
+    loss: LossOf,
+    num_samples: int,
+    mode: str = "hooks",
+    K: int = 1,
+    loss_reduction: str = "mean",
+    batch_first: bool = True,
+    clipping: str = "flat",
+    max_grad_norm: float = 1.0,
+    reference: bool = True,
+) -> SensitivityReport:
+    """Measure ``max_s ||S(D) - S(D without s)|| / C`` with the library's real DP step (σ = 0).
+
+    Args:
+        model: the model; a clean copy is wrapped, so ``model`` itself is not touched.
+        batch: ``batch(indices)`` returns the batch holding those samples (each
+            sample's ``K`` rows, sample-major, in the layout ``batch_first`` says).
+        loss: ``loss(wrapped_model, batch)`` runs the forward pass(es) and returns
+            the loss to call ``backward()`` on (reduced as ``loss_reduction`` says).
+        num_samples: ``B``, the samples in the full batch ``D``.
+        mode: a grad-sample mode (:func:`dpnotebook.available_modes`).
+        K: augmented copies per sample.
+        loss_reduction: ``"mean"`` or ``"sum"``.
+        batch_first: rows in dim 0 (``True``) or dim 1.
+        clipping: ``"flat"`` or ``"per_layer"``.
+        max_grad_norm: ``C``.
+        reference: also compute ``reference_gap`` against :func:`reference_clipped_sum`.
+
+    Returns:
+        A :class:`SensitivityReport`. Errors raised by the library (a refused
+        model or input) propagate: a clear error is an acceptable outcome, a
+        silent wrong sum is not.
+    """
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 0:
+        raise ValueError(f"num_samples={num_samples!r} is invalid: pass the number of samples B (an int >= 0).")
+    setting = dict(mode=mode, K=K, loss_reduction=loss_reduction, batch_first=batch_first,
+                   clipping=clipping, C=max_grad_norm)
+    wrapped = wrap_model(clean_copy(model), mode, K=K, batch_first=batch_first, loss_reduction=loss_reduction)
+    wrapped.allow_grad_accumulation()  # a loss may run several forward passes before its backward
+    names = {id(p): n for n, p in wrapped._module.named_parameters()}
+    params = [p for p in wrapped._module.parameters() if p.requires_grad]
+    optimizer = _optimizer_for(
+        wrapped, params, noise_multiplier=0.0, max_grad_norm=max_grad_norm, expected_batch_size=1.0,
+        loss_reduction=loss_reduction, clipping=clipping, secure_mode=False,
+    )
+    report = SensitivityReport(setting)
+    everyone = list(range(num_samples))
+    full = clipped_sum(wrapped, optimizer, loss, batch(everyone))
+    report.nonfinite = not all(bool(torch.isfinite(s).all()) for s in full)
+    for s in everyone:
+        without = clipped_sum(wrapped, optimizer, loss, batch([i for i in everyone if i != s]))
+        parts = [(a - b).norm() for a, b in zip(full, without)]
+        total = float(torch.stack(parts).norm()) if parts else 0.0
+        finite = math.isfinite(total)
+        report.nonfinite |= not finite
+        report.ratios.append(total / max_grad_norm if finite else math.inf)
+        worst = max(range(len(parts)), key=lambda i: float(parts[i].nan_to_num(math.inf))) if parts else None
+        report.movers.append(names.get(id(optimizer.params[worst]), "?") if worst is not None else "-")
+    wrapped.to_standard_module()
+    if reference:
+        ref = reference_clipped_sum(
+            model, batch=batch, loss=loss, num_samples=num_samples, K=K, loss_reduction=loss_reduction,
+            clipping=clipping, max_grad_norm=max_grad_norm,
+        )
+        gap = torch.stack([(a - b).norm() for a, b in zip(full, ref)]).norm() if ref else torch.tensor(0.0)
+        report.reference_gap = float(gap) / max_grad_norm
+    return report

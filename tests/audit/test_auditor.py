@@ -1,0 +1,109 @@
+"""The auditor itself: it measures the right thing, and it catches a step that breaks the bound."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+import dpnotebook
+from dpnotebook.audit import audit_sensitivity
+from dpnotebook.audit.grid import GridPoint, expected_refusal, grid, matches, run_point
+from dpnotebook.audit.records import RECORDS, audit_case
+from dpnotebook.audit.summary import summarise
+from dpnotebook.grad_sample.registry import unregister_grad_sampler
+
+
+def _mlp_audit(**kwargs):
+    case = audit_case("mlp", "scale_1e4")
+    return audit_sensitivity(
+        case.model(True), batch=lambda idx: case.batch(idx, K=1, batch_first=True),
+        loss=case.loss(loss_reduction="sum", batch_first=True, K=1), num_samples=case.num_samples,
+        loss_reduction="sum", max_grad_norm=0.01, **kwargs,
+    )
+
+
+def test_a_clipped_record_moves_the_sum_by_exactly_c() -> None:
+    report = _mlp_audit()
+    assert report.ok()
+    assert report.max_ratio == pytest.approx(1.0, abs=1e-5)  # every sample is clipped at C = 0.01
+    assert report.reference_gap < 1e-5
+    assert "sensitivity audit: mode=hooks" in report.table()
+
+
+def test_the_auditor_catches_clip_factors_from_half_the_norm(monkeypatch) -> None:
+    import dpnotebook.privacy.clipping as clipping
+
+    real = clipping.clip_factors
+    monkeypatch.setattr(clipping, "clip_factors", lambda norms, C: real(norms / 2, C))
+    report = _mlp_audit()
+    assert not report.ok()
+    assert report.max_ratio == pytest.approx(2.0, rel=1e-3)
+    assert "<- over C" in report.table()
+
+
+class Scaled(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(3, 6))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x @ self.weight.t()
+
+
+def test_the_auditor_catches_a_sampler_that_mixes_rows() -> None:
+    @dpnotebook.register_grad_sampler(Scaled)
+    def mixed(layer: Scaled, activations: list, backprops: Tensor, K: int) -> dict:
+        g = torch.einsum("bo,bi->boi", backprops, activations[0]).reshape(-1, K, 3, 6).mean(1)
+        return {layer.weight: (g + g.roll(1, 0)) / 2}  # sample i gets half of sample i-1's gradient
+
+    try:
+        x = torch.randn(4, 6) * torch.tensor([1.0, 10.0, 100.0, 1000.0])[:, None]
+        t = torch.randn(4, 3)
+        report = audit_sensitivity(
+            Scaled(), batch=lambda idx: (x[idx], t[idx]),
+            loss=lambda m, b: (m(b[0]) * b[1]).sum(), num_samples=4, loss_reduction="sum", max_grad_norm=1.0,
+        )
+        assert report.max_ratio > 1.2  # one sample now moves two clipped rows
+        assert report.reference_gap > 0.1  # and the rows are not the samples' gradients
+    finally:
+        unregister_grad_sampler(Scaled)
+
+
+def test_every_record_builds_in_both_layouts() -> None:
+    for record in RECORDS:
+        case = audit_case("seq_linear", record)
+        x, t = case.batch([0, 1], K=3, batch_first=False)
+        assert x.shape[1] == 6 and t.shape[1] == 6
+
+
+def test_the_empty_batch_is_audited() -> None:
+    case = audit_case("mlp", "gaussian", num_samples=0)
+    for mode in dpnotebook.available_modes():
+        kwargs = dict(batch=lambda idx: case.batch(idx, K=1, batch_first=True), num_samples=0, mode=mode,
+                      loss=case.loss(loss_reduction="mean", batch_first=True, K=1))
+        if mode == "ew":
+            with pytest.raises(Exception, match="empty"):
+                audit_sensitivity(case.model(True), **kwargs)
+            continue
+        report = audit_sensitivity(case.model(True), **kwargs)
+        assert report.ratios == [] and report.ok() and report.reference_gap == 0.0
+
+
+def test_refusals_are_checked_both_ways() -> None:
+    point = GridPoint("ew", "seq_linear", "gaussian", 1, "mean", "flat", False, 1)
+    assert expected_refusal(point) is not None
+    assert matches(run_point(point)) is None  # refused with the documented message
+    allowed = GridPoint("hooks", "mlp", "gaussian", 1, "mean", "flat", True, 1)
+    assert expected_refusal(allowed) is None and matches(run_point(allowed)) is None
+
+
+def test_summary_counts_points() -> None:
+    outcomes = [run_point(p) for p in grid(modes=["functorch"], families=["norms"], records=["duplicated"])]
+    text = summarise(outcomes)
+    assert text.splitlines()[1].split()[:5] == ["functorch", "12", "12", "0", "0"]
+
+
+def test_bad_num_samples_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"num_samples=-1 is invalid"):
+        audit_sensitivity(nn.Linear(2, 2), batch=lambda i: None, loss=lambda m, b: None, num_samples=-1)
