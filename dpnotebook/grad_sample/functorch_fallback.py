@@ -167,7 +167,7 @@ def fallback_grad_samples(
 
     def sample_loss(params: dict, xs: list, gs: list) -> Tensor:
         args, kwargs = tree_unflatten(xs, spec)
-        out, _ = tree_flatten(functional_call(module, {**params, **fixed}, args, kwargs))
+        out, _ = tree_flatten(call_keeping_parameters(module, {**params, **fixed}, args, kwargs))
         return sum((out[i] * g).sum() for i, g in zip(out_pos, gs))
 
     try:
@@ -194,6 +194,36 @@ def fallback_grad_samples(
             "into its own nn.Dropout module."
         ) from err
     return {p: per_sample[n] * (scale / K) for n, p in trainable.items()}
+
+
+def call_keeping_parameters(module: nn.Module, tensors: dict, args: tuple, kwargs: dict) -> Any:
+    """``functional_call(module, tensors, args, kwargs)``, and the module's own parameters and buffers after it.
+
+    PyTorch's ``functional_call`` does not put back the parameters of a
+    submodule reachable by two paths (``self.a = Sequential(shared)``,
+    ``self.b = Sequential(shared)``): they stay replaced by the tensors of the
+    call, so the optimizer would update parameters the model no longer holds.
+    Whatever it left behind is restored here.
+
+    >>> import torch
+    >>> shared = nn.Linear(2, 2)
+    >>> model = nn.Sequential(nn.Sequential(shared), nn.Sequential(shared))
+    >>> tensors = {n: p.detach() for n, p in model.named_parameters()}
+    >>> _ = call_keeping_parameters(model, tensors, (torch.ones(1, 2),), {})
+    >>> shared.weight is model[0][0].weight and isinstance(shared.weight, nn.Parameter)
+    True
+    """
+    held = [(m, m._parameters.copy(), m._buffers.copy()) for m in module.modules()]
+    try:
+        return functional_call(module, tensors, args, kwargs)
+    finally:
+        for m, parameters, buffers in held:
+            for name, p in parameters.items():
+                if m._parameters.get(name) is not p:
+                    m._parameters[name] = p
+            for name, b in buffers.items():
+                if m._buffers.get(name) is not b:
+                    m._buffers[name] = b
 
 
 def loss_scale(loss_reduction: str, rows: int) -> float:
