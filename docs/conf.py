@@ -96,6 +96,7 @@ dpn_api_pages = {
     "docs/api/privacy": ["dpnotebook.privacy"],
     "docs/api/widgets": ["dpnotebook.widgets"],
     "docs/api/testing": ["dpnotebook.testing", "dpnotebook.compare", "dpnotebook.capabilities"],
+    "docs/api/audit": ["dpnotebook.audit"],
     "docs/api/other": ["*"],
 }
 autodoc_member_order = "bysource"
