@@ -122,15 +122,20 @@ def _optimizer_for(wrapped: nn.Module, params: Sequence[nn.Parameter], **kwargs:
     return cls(torch.optim.SGD(list(params), lr=0.0), **kwargs)
 
 
-def clipped_sum(wrapped: nn.Module, optimizer: Any, loss: LossOf, batch: Any) -> list[Tensor]:
-    """``S(batch)``: one forward/backward with ``loss``, then the optimizer's clip-and-sum (σ must be 0).
+def clipped_sum(wrapped: nn.Module, optimizer: Any, loss: LossOf, pieces: list) -> list[Tensor]:
+    """``S``: a forward/backward with ``loss`` on each piece of one logical batch, then the optimizer's clip-and-sum.
 
-    Returns one float64 tensor per parameter of ``optimizer.params``, in order.
+    Every piece but the last is clipped by :meth:`~dpnotebook.privacy.optimizer.DPOptimizer.virtual_step`,
+    as ``BatchMemoryManager`` does; the noise multiplier must be 0. Returns one
+    float64 tensor per parameter of ``optimizer.params``, in order.
     """
     optimizer.zero_grad()
-    value = loss(wrapped, batch)
-    if value is not None:
-        value.backward()
+    for i, batch in enumerate(pieces):
+        value = loss(wrapped, batch)
+        if value is not None:
+            value.backward()
+        if i < len(pieces) - 1:
+            optimizer.virtual_step()
     optimizer.add_noise()
     sums = [p.grad.detach().to(torch.float64).clone() for p in optimizer.params]
     optimizer.zero_grad()
@@ -188,6 +193,7 @@ def audit_sensitivity(
     clipping: str = "flat",
     max_grad_norm: float = 1.0,
     reference: bool = True,
+    physical_batch_size: int | None = None,
 ) -> SensitivityReport:
     """Measure ``max_s ||S(D) - S(D without s)|| / C`` with the library's real DP step (σ = 0).
 
@@ -205,6 +211,8 @@ def audit_sensitivity(
         clipping: ``"flat"`` or ``"per_layer"``.
         max_grad_norm: ``C``.
         reference: also compute ``reference_gap`` against :func:`reference_clipped_sum`.
+        physical_batch_size: feed each logical batch in pieces of at most this many
+            samples, clipping all but the last with ``virtual_step`` (as ``BatchMemoryManager`` does).
 
     Returns:
         A :class:`SensitivityReport`. Errors raised by the library (a refused
@@ -213,6 +221,10 @@ def audit_sensitivity(
     """
     if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 0:
         raise ValueError(f"num_samples={num_samples!r} is invalid: pass the number of samples B (an int >= 0).")
+    if physical_batch_size is not None and (not isinstance(physical_batch_size, int) or physical_batch_size < 1):
+        raise ValueError(
+            f"physical_batch_size={physical_batch_size!r} is invalid: pass an int >= 1, or None for one piece."
+        )
     setting = dict(mode=mode, K=K, loss_reduction=loss_reduction, batch_first=batch_first,
                    clipping=clipping, C=max_grad_norm)
     wrapped = wrap_model(clean_copy(model), mode, K=K, batch_first=batch_first, loss_reduction=loss_reduction)
@@ -225,10 +237,15 @@ def audit_sensitivity(
     )
     report = SensitivityReport(setting)
     everyone = list(range(num_samples))
-    full = clipped_sum(wrapped, optimizer, loss, batch(everyone))
+
+    def pieces(indices: list[int]) -> list:
+        size = physical_batch_size or max(len(indices), 1)
+        return [batch(indices[i : i + size]) for i in range(0, max(len(indices), 1), size)]
+
+    full = clipped_sum(wrapped, optimizer, loss, pieces(everyone))
     report.nonfinite = not all(bool(torch.isfinite(s).all()) for s in full)
     for s in everyone:
-        without = clipped_sum(wrapped, optimizer, loss, batch([i for i in everyone if i != s]))
+        without = clipped_sum(wrapped, optimizer, loss, pieces([i for i in everyone if i != s]))
         parts = [(a - b).norm() for a, b in zip(full, without)]
         total = float(torch.stack(parts).norm()) if parts else 0.0
         finite = math.isfinite(total)

@@ -107,3 +107,19 @@ def test_summary_counts_points() -> None:
 def test_bad_num_samples_is_refused() -> None:
     with pytest.raises(ValueError, match=r"num_samples=-1 is invalid"):
         audit_sensitivity(nn.Linear(2, 2), batch=lambda i: None, loss=lambda m, b: None, num_samples=-1)
+
+
+VIRTUAL = [(m, f) for m in dpnotebook.available_modes() for f in ("mlp", "embedding", "lstm") if (m, f) != ("ew", "lstm")]
+
+
+@pytest.mark.parametrize("mode,family", VIRTUAL)  # ew refuses DP layers by design (see test_grid.py)
+def test_virtual_steps_keep_the_bound(mode: str, family: str) -> None:
+    """A logical batch fed in pieces (virtual steps, as BatchMemoryManager does) is still one bounded sum."""
+    case = audit_case(family, "scale_1e4")
+    model = case.model(True).double()
+    report = audit_sensitivity(
+        model, num_samples=case.num_samples, mode=mode, K=3, loss_reduction="sum", max_grad_norm=0.01,
+        batch=lambda idx: tuple(a.double() if a.is_floating_point() else a for a in case.batch(idx, K=3, batch_first=True)),
+        loss=case.loss(loss_reduction="sum", batch_first=True, K=3), physical_batch_size=3,
+    )
+    assert report.ok() and report.reference_gap < 1e-6, report.table()
