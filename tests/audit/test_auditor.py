@@ -123,3 +123,11 @@ def test_virtual_steps_keep_the_bound(mode: str, family: str) -> None:
         loss=case.loss(loss_reduction="sum", batch_first=True, K=3), physical_batch_size=3,
     )
     assert report.ok() and report.reference_gap < 1e-6, report.table()
+
+
+def test_the_command_line_prints_a_summary(capsys) -> None:
+    from dpnotebook.audit.__main__ import main
+
+    assert main(["--mode", "hooks", "--family", "norms"]) == 0
+    out = capsys.readouterr().out
+    assert "hooks" in out and "0 break the promise" in out
