@@ -31,9 +31,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import math
+import warnings
 from typing import Any, ClassVar, Iterator
 
 import dp_accounting
+from dp_accounting.pld.privacy_loss_mechanism import AdjacencyType, GaussianPrivacyLoss
 
 from dpnotebook.privacy.arguments import (
     check_choice,
@@ -52,6 +55,7 @@ __all__ = [
     "available_accountants",
     "create_accountant",
     "compute_epsilon",
+    "pld_grid_points",
 ]
 
 History = tuple[tuple[float, float, int], ...]
@@ -76,6 +80,10 @@ class Accountant:
     def new_dp_accountant(self) -> dp_accounting.PrivacyAccountant:
         """A fresh, empty ``dp_accounting`` accountant of this kind."""
         raise NotImplementedError
+
+    def dp_accountant_for(self, history: History) -> dp_accounting.PrivacyAccountant:
+        """A fresh ``dp_accounting`` accountant fit to compose ``history`` (by default :meth:`new_dp_accountant`)."""
+        return self.new_dp_accountant()
 
     def options(self) -> tuple[tuple[str, Any], ...]:
         """The constructor options, as a hashable tuple (they are part of the cache key)."""
@@ -144,14 +152,39 @@ class RDPAccountant(Accountant):
 class PLDAccountant(Accountant):
     """Privacy-loss-distribution accounting (``dp_accounting.pld.PLDAccountant``).
 
+    The privacy loss lives on a grid of step ``value_discretization_interval``
+    spanning every loss the mechanism reaches; ``n`` steps are composed by an
+    FFT over a wider grid (:func:`_widening`). A tiny
+    ``sigma`` makes the loss range huge (about ``1 / sigma**2``: 5e5 at
+    ``sigma=1e-3``), and the grid with it (gigabytes, minutes). So before
+    calling ``dp_accounting`` the grid size is estimated (:func:`pld_grid_points`)
+    and, when it passes ``MAX_POINTS`` for one step or ``MAX_COMPOSED_POINTS``
+    composed, the interval is widened to fit, with a ``UserWarning``. The answer
+    stays a valid upper bound on epsilon (``dp_accounting`` rounds pessimistically
+    at any interval), only a looser one; at such a sigma epsilon is in the
+    thousands anyway.
+
     Args:
         value_discretization_interval: the grid step of the privacy loss. The
             result is a pessimistic (upper) bound at any step; a smaller one is
             tighter but slower. The default 1e-3 is within about 0.01 of 1e-4
             for typical DP-SGD settings and 10 times faster.
+
+    >>> import warnings
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     eps = compute_epsilon(noise_multiplier=1e-3, sample_rate=0.5, steps=10, delta=1e-5)
+    >>> print(str(caught[0].message).split(" (still")[0])
+    PLD accounting of noise_multiplier=0.001, sample_rate=0.5 (10 steps) needs 5.1e+08 grid points per step (5.1e+09 composed) at value_discretization_interval=0.001; using 2.55 instead
+    >>> f"{eps:.3g}", f"{compute_epsilon(noise_multiplier=1e-3, sample_rate=0.5, steps=10, delta=1e-5, accountant='rdp'):.3g}"
+    ('5.01e+06', '5.5e+06')
     """
 
     mechanism = "pld"
+    #: the most grid points of one step's privacy loss distribution (about 1 s, 50 MB)
+    MAX_POINTS: ClassVar[int] = 200_000
+    #: the most grid points estimated for the composition of all steps (about 3 s, 1 GB)
+    MAX_COMPOSED_POINTS: ClassVar[int] = 10_000_000
 
     def __init__(self, *, value_discretization_interval: float = 1e-3) -> None:
         super().__init__()
@@ -159,11 +192,67 @@ class PLDAccountant(Accountant):
             "value_discretization_interval", value_discretization_interval
         )
 
-    def new_dp_accountant(self) -> dp_accounting.PrivacyAccountant:
-        return dp_accounting.pld.PLDAccountant(value_discretization_interval=self.value_discretization_interval)
+    def new_dp_accountant(self, interval: float | None = None) -> dp_accounting.PrivacyAccountant:
+        interval = self.value_discretization_interval if interval is None else interval
+        return dp_accounting.pld.PLDAccountant(value_discretization_interval=interval)
+
+    def dp_accountant_for(self, history: History) -> dp_accounting.PrivacyAccountant:
+        interval = self.value_discretization_interval
+        single = max(pld_grid_points(sigma, q, interval) for sigma, q, _ in history)
+        composed = sum(pld_grid_points(sigma, q, interval) * _widening(q, n) for sigma, q, n in history)
+        scale = max(1.0, single / self.MAX_POINTS, composed / self.MAX_COMPOSED_POINTS)
+        if scale > 1.0:
+            wider = interval * scale
+            warnings.warn(
+                f"PLD accounting of {_describe(history)} needs {single:.3g} grid points per step "
+                f"({composed:.3g} composed) at value_discretization_interval={interval}; using {wider:.3g} "
+                "instead (still an upper bound on epsilon, a looser one), to keep within "
+                f"{self.MAX_POINTS:.3g} and {self.MAX_COMPOSED_POINTS:.3g} points. Such a small noise_multiplier "
+                "gives no meaningful privacy; raise it, or use accountant='rdp'.",
+                stacklevel=4,
+            )
+            return self.new_dp_accountant(wider)
+        return self.new_dp_accountant()
 
     def options(self) -> tuple[tuple[str, Any], ...]:
         return (("value_discretization_interval", self.value_discretization_interval),)
+
+
+def _widening(q: float, n: int) -> float:
+    """About how many times wider than one step's grid the composition of ``n`` steps is (measured).
+
+    Each step's loss spreads over its grid (``2 sqrt(n)``); at a small sigma it is two far-apart lumps,
+    sampled or not, so the sum spreads with the binomial count of sampled steps (``16 sqrt(n q (1 - q))``).
+    """
+    return min(n, 1 + 2 * math.sqrt(n) + 16 * math.sqrt(n * q * (1 - q)))
+
+
+def _describe(history: History) -> str:
+    parts = [f"noise_multiplier={s}, sample_rate={q} ({n} steps)" for s, q, n in history]
+    return "; ".join(parts)
+
+
+def pld_grid_points(noise_multiplier: float, sample_rate: float, interval: float) -> float:
+    """How many grid points ``dp_accounting`` uses for one step's privacy loss distribution.
+
+    The widest of the two (remove and add) distributions: the privacy loss range between
+    ``dp_accounting``'s own truncation points, divided by ``interval``. Cheap: no grid is built.
+    No noise or no sampling builds no grid (epsilon is infinite, or zero): 0.
+
+    >>> round(pld_grid_points(1.0, 0.01, 1e-3))
+    5654
+    >>> f"{pld_grid_points(1e-3, 0.5, 1e-3):.2g}"
+    '5.1e+08'
+    """
+    widest = 0.0
+    if noise_multiplier == 0 or sample_rate == 0:
+        return widest
+    for adjacency in (AdjacencyType.REMOVE, AdjacencyType.ADD):
+        loss = GaussianPrivacyLoss(noise_multiplier, sampling_prob=sample_rate, adjacency_type=adjacency)
+        tail = loss.privacy_loss_tail()
+        low, high = loss.privacy_loss(tail.upper_x_truncation), loss.privacy_loss(tail.lower_x_truncation)
+        widest = max(widest, float(high - low))
+    return widest / interval
 
 
 #: The registry: name -> accountant class. ``"prv"`` is an alias of ``"pld"``.
@@ -207,7 +296,7 @@ def _epsilon(kind: type[Accountant], options: tuple, history: History, delta: fl
     """Epsilon of ``history`` at ``delta``: compose every entry in a fresh ``dp_accounting`` accountant."""
     if not history:
         return 0.0
-    accountant = kind(**dict(options)).new_dp_accountant()
+    accountant = kind(**dict(options)).dp_accountant_for(history)
     with _quiet_absl():
         for sigma, q, n in history:
             event = dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma))

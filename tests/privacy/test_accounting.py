@@ -123,3 +123,63 @@ def test_rdp_non_convergence_warnings_are_held_back(caplog):
         eps = compute_epsilon(noise_multiplier=0.31, sample_rate=0.5, steps=999, delta=1e-5, accountant="rdp")
     assert eps > 100 and not [r for r in caplog.records if r.name == "absl"]
     assert logging.getLogger("absl").level == level  # restored
+
+
+# -- a tiny sigma: bounded time and memory, still an upper bound ------------------------------------
+_CAPPED = """
+import resource, sys, warnings
+resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+from dpnotebook.privacy.accounting import compute_epsilon
+{patch}
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    eps = compute_epsilon(noise_multiplier={sigma}, sample_rate={q}, steps={steps}, delta=1e-5, accountant="pld")
+print(eps)
+print(caught[0].message if caught else "")
+"""
+
+
+def _capped_epsilon(sigma: float, q: float, steps: int, patch: str = "") -> tuple[float, str]:
+    """compute_epsilon in a subprocess whose address space is capped at 2 GB."""
+    import subprocess
+    import sys
+
+    code = _CAPPED.format(sigma=sigma, q=q, steps=steps, patch=patch)
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    eps, message = run.stdout.splitlines()[-2:]
+    return float(eps), message
+
+
+def _optimistic_pld_epsilon(sigma: float, q: float, steps: int, interval: float) -> float:
+    """A lower estimate of the true epsilon: dp_accounting's PLD with optimistic rounding."""
+    from dp_accounting.pld import privacy_loss_distribution as pld
+
+    one = pld.from_gaussian_mechanism(
+        sigma, sampling_prob=q, pessimistic_estimate=False, value_discretization_interval=interval
+    )
+    return one.self_compose(steps).get_epsilon_for_delta(1e-5)
+
+
+@pytest.mark.parametrize("sigma,q,steps", [(1e-3, 0.5, 10), (1e-3, 0.5, 1000), (0.1, 0.5, 1000)])
+def test_pld_with_a_tiny_sigma_fits_in_2gb_and_stays_an_upper_bound(sigma, q, steps):
+    eps, message = _capped_epsilon(sigma, q, steps)
+    assert "using" in message and "still an upper bound" in message and f"noise_multiplier={sigma}" in message
+    interval = float(message.split("using ")[1].split(" ")[0])
+    assert eps >= _optimistic_pld_epsilon(sigma, q, steps, interval)
+
+
+def test_pld_in_typical_settings_keeps_its_interval_and_warns_not(recwarn):
+    assert compute_epsilon(noise_multiplier=SIGMA, sample_rate=Q, steps=STEPS, delta=DELTA) == pytest.approx(
+        direct(dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-3), [(SIGMA, Q, STEPS)]).get_epsilon(
+            DELTA
+        )
+    )
+    compute_epsilon(noise_multiplier=0.5, sample_rate=0.01, steps=10_000, delta=DELTA)
+    assert not [w for w in recwarn if "PLD accounting" in str(w.message)]
+
+
+def test_noise_calibration_with_a_large_target_goes_through_small_sigmas():
+    sigma = get_noise_multiplier(target_epsilon=2e4, target_delta=1e-5, sample_rate=0.5, steps=10)
+    assert compute_epsilon(noise_multiplier=sigma, sample_rate=0.5, steps=10, delta=1e-5) <= 2e4
+    assert sigma < 0.1
