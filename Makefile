@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --quiet --constraint constraints.txt
 STAMP := $(VENV)/.installed
 
-.PHONY: install lab test docs bench badges clean
+.PHONY: install lab lint test docs bench badges clean
 
 $(STAMP): pyproject.toml constraints.txt
 # torch goes in first, pinned by constraints.txt, so that no later resolution pulls another (CUDA) build.
@@ -22,7 +22,11 @@ ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab --notebook-dir=tutorials $(ALLOW_ROOT)
 
-test: $(STAMP)
+# pyflakes rules (unused imports, undefined names), configured in pyproject.toml [tool.ruff]
+lint: $(STAMP)
+	$(PY) -m ruff check .
+
+test: lint
 	$(PY) -m pytest
 
 # The same build runs once in `make test` (tests/test_docs.py), into a temporary folder.
