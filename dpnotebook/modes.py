@@ -12,31 +12,14 @@ ValueError: grad_sample_mode='jax' is unknown; choose one of ['ew', 'functorch',
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 from torch import nn
 
 from dpnotebook.grad_sample.module import GradSampleModule, plan_units
+from dpnotebook.mode_registry import available_modes, factory, register_mode
 
 __all__ = ["wrap_model", "register_mode", "available_modes", "FunctorchGradSampleModule"]
-
-ModeFactory = Callable[..., nn.Module]
-_MODES: dict[str, ModeFactory] = {}
-
-
-def register_mode(name: str) -> Callable[[ModeFactory], ModeFactory]:
-    """Register ``factory(module, **kwargs) -> wrapper`` under ``name``."""
-
-    def decorator(factory: ModeFactory) -> ModeFactory:
-        _MODES[name] = factory
-        return factory
-
-    return decorator
-
-
-def available_modes() -> list[str]:
-    """The registered mode names, sorted."""
-    return sorted(_MODES)
 
 
 def wrap_model(module: nn.Module, grad_sample_mode: str = "hooks", **kwargs: Any) -> nn.Module:
@@ -48,11 +31,7 @@ def wrap_model(module: nn.Module, grad_sample_mode: str = "hooks", **kwargs: Any
         **kwargs: passed to the wrapper (``K``, ``batch_first``, ``loss_reduction``, ``strict``,
             ``replay_chunk``).
     """
-    if grad_sample_mode not in _MODES:
-        raise ValueError(
-            f"grad_sample_mode={grad_sample_mode!r} is unknown; choose one of {available_modes()}."
-        )
-    return _MODES[grad_sample_mode](module, **kwargs)
+    return factory(grad_sample_mode)(module, **kwargs)
 
 
 class FunctorchGradSampleModule(GradSampleModule):

@@ -26,10 +26,9 @@ import torch
 from torch import nn
 
 from dpnotebook.errors import UnsupportedModuleError
+from dpnotebook.mode_registry import validates_as
 
-__all__ = ["Problem", "validate", "register_check", "raise_if_problems", "MODES"]
-
-MODES = ("hooks", "functorch", "ew")
+__all__ = ["Problem", "validate", "register_check", "raise_if_problems"]
 
 
 @dataclass(frozen=True)
@@ -198,15 +197,25 @@ def validate(model: nn.Module, *, mode: str = "hooks", root: str = "model") -> l
 
     Args:
         model: the module to inspect; it is not changed.
-        mode: ``"hooks"``, ``"functorch"`` or ``"ew"``; checks tied to other modes are skipped.
+        mode: a registered grad-sample mode (:func:`dpnotebook.available_modes`); checks tied to
+            other modes are skipped. A mode that builds on another runs its checks (``"ghost"``
+            runs those of ``"hooks"``).
         root: the name that paths start with.
+
+    Raises:
+        ValueError: ``mode`` is not a registered mode.
 
     >>> from torch import nn
     >>> validate(nn.MultiheadAttention(4, 2), mode="functorch")
     []
     >>> print(validate(nn.MultiheadAttention(4, 2, dropout=0.1), mode="functorch")[0].path)
     model
+    >>> validate(nn.Linear(2, 2), mode="hook")
+    Traceback (most recent call last):
+    ...
+    ValueError: mode='hook' is unknown; choose one of ['ew', 'functorch', 'ghost', 'hooks'].
     """
+    mode = validates_as(mode)
     problems = []
     for name, sub in model.named_modules():
         for check, modes in _CHECKS:

@@ -178,3 +178,60 @@ def test_refusals_name_path_type_and_fix() -> None:
     assert "net.1 (PReLU)" in message and "No automatic repair" in message and "Fix: use nn.ReLU." in message
     assert "BatchNorm" not in message  # what could be repaired is not listed
     assert isinstance(model[2], nn.BatchNorm1d)  # and nothing was changed
+
+
+# -- validate agrees with wrap_model, mode by mode -----------------------------------------------------
+def _conv_bn() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.ReLU())
+
+
+def _frozen_bn() -> nn.Module:
+    model = _conv_bn()
+    model[1].requires_grad_(False)  # frozen, yet its batch statistics still mix the samples
+    return model
+
+
+MODEL_ZOO = {
+    "batch_norm": _conv_bn,
+    "frozen_batch_norm": _frozen_bn,
+    "batch_norm_without_affine": lambda: nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4, affine=False)),
+    "lstm": lambda: nn.LSTM(3, 4),
+    "lstm_float64": lambda: nn.LSTM(3, 4).double(),
+    "lstm_proj_size": lambda: nn.LSTM(3, 4, proj_size=2),
+    "frozen_lstm": lambda: nn.LSTM(3, 4).requires_grad_(False),
+    "gru": lambda: nn.GRU(3, 4),
+    "rnn": lambda: nn.RNN(3, 4),
+    "attention": lambda: nn.MultiheadAttention(4, 2),
+    "attention_dropout": lambda: nn.MultiheadAttention(4, 2, dropout=0.1),
+    "plain_cnn": lambda: nn.Sequential(
+        nn.Conv2d(1, 4, 3), nn.GroupNorm(2, 4), nn.ReLU(), nn.Flatten(), nn.Linear(64, 2)
+    ),
+    "dplstm": lambda: DPLSTM(3, 4),
+    "dp_attention": lambda: DPMultiheadAttention(4, 2),
+    "instance_norm_running_stats": lambda: nn.InstanceNorm1d(4, track_running_stats=True),
+    "embedding_scale_grad_by_freq": lambda: nn.Embedding(5, 3, scale_grad_by_freq=True),
+    "embedding_bag": lambda: nn.EmbeddingBag(5, 3, mode="mean"),
+}
+
+
+@pytest.mark.parametrize("mode", dpnotebook.available_modes())
+@pytest.mark.parametrize("name", sorted(MODEL_ZOO))
+def test_validate_is_empty_iff_wrap_model_accepts(name: str, mode: str) -> None:
+    problems = validate(MODEL_ZOO[name](), mode=mode)
+    try:
+        dpnotebook.wrap_model(MODEL_ZOO[name](), mode)
+        refused = False
+    except UnsupportedModuleError:
+        refused = True
+    assert (problems == []) == (not refused), (name, mode, problems)
+
+
+def test_validate_in_ghost_mode_flags_what_ghost_mode_refuses() -> None:
+    assert [p.module_type for p in validate(nn.Sequential(nn.LSTM(3, 4)), mode="ghost")] == ["LSTM"]
+
+
+@pytest.mark.parametrize("typo", ["hook", "Hooks", "ghosts", ""])
+def test_validate_refuses_an_unknown_mode_and_lists_the_registered_ones(typo: str) -> None:
+    modes = ", ".join(repr(m) for m in dpnotebook.available_modes())
+    with pytest.raises(ValueError, match=rf"^mode={typo!r} is unknown; choose one of \[{modes}\]\.$"):
+        validate(nn.Linear(2, 2), mode=typo)

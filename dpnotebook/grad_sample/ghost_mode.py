@@ -15,7 +15,7 @@ from torch import nn
 from dpnotebook.modes import register_mode
 
 
-@register_mode("ghost")
+@register_mode("ghost", validates_as="hooks")  # ghost mode builds on hooks mode
 def _ghost(module: nn.Module, **kwargs: Any) -> nn.Module:
     from dpnotebook.grad_sample.ghost import GhostGradSampleModule
 
