@@ -32,6 +32,7 @@ from torch.utils._pytree import tree_flatten
 
 from dpnotebook.errors import GradSampleError
 from dpnotebook.grad_sample.module import check_k, check_loss_reduction
+from dpnotebook.grad_sample.packed import refuse_packed
 from dpnotebook.validation import Problem, raise_if_problems, validate
 
 
@@ -110,6 +111,7 @@ class GradSampleModuleExpandedWeights(nn.Module):
             return self._module(*args, **kwargs)
         from torch.nn.utils._per_sample_grad import call_for_per_sample_grads  # private API, lazily
 
+        refuse_packed(args, kwargs, "ew", self._module)
         rows = self._rows(args)
         self._set_aside_earlier_samples()
         try:

@@ -27,6 +27,7 @@ from torch.func import functional_call, grad, vmap
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from dpnotebook.errors import GradSampleError
+from dpnotebook.grad_sample.packed import refuse_packed
 
 _PAUSED = [0]
 
@@ -43,6 +44,24 @@ def capture_paused() -> Iterator[None]:
 
 def capture_is_paused() -> bool:
     return _PAUSED[0] > 0
+
+
+_REPLAYING: list[LayerCall] = []
+
+
+@contextlib.contextmanager
+def replaying(call: LayerCall) -> Iterator[None]:
+    """Inside this block, :func:`replayed_call` is ``call``: hooks can tell a replay from a forward pass."""
+    _REPLAYING.append(call)
+    try:
+        yield
+    finally:
+        _REPLAYING.pop()
+
+
+def replayed_call() -> LayerCall | None:
+    """The call being replayed by :func:`fallback_grad_samples`, or ``None`` outside a replay."""
+    return _REPLAYING[-1] if _REPLAYING else None
 
 
 @dataclass
@@ -144,6 +163,7 @@ def fallback_grad_samples(
         return {}
     if B == 0:
         return {p: p.new_zeros((0, *p.shape)) for p in trainable.values()}
+    refuse_packed(call.args, call.kwargs, "hooks", module)  # functorch mode refuses it in its forward
     fixed = {n: p.detach() for n, p in module.named_parameters() if not p.requires_grad}
     fixed.update(dict(module.named_buffers()))
 
@@ -171,7 +191,7 @@ def fallback_grad_samples(
         return sum((out[i] * g).sum() for i, g in zip(out_pos, gs))
 
     try:
-        with capture_paused(), warnings.catch_warnings():
+        with capture_paused(), replaying(call), warnings.catch_warnings():
             # vmap runs ops without a batching rule one sample at a time, correctly; its
             # "performance drop" notice is for PyTorch developers, not for our users.
             warnings.filterwarnings("ignore", message="There is a performance drop")
@@ -252,6 +272,8 @@ __all__ = [
     "LayerCall",
     "capture_paused",
     "capture_is_paused",
+    "replaying",
+    "replayed_call",
     "fallback_grad_samples",
     "check_replay_chunk",
     "replay_chunk_size",
