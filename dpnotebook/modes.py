@@ -88,7 +88,7 @@ class FunctorchGradSampleModule(GradSampleModule):
     def _forward(self, *args: Any, **kwargs: Any) -> Any:
         refuse_packed(args, kwargs, "functorch", self._module)
         output = super()._forward(*args, **kwargs)
-        moves = self._moves.get(self._forward_id)
+        moves = self._moves.get(self._forward_id) if self._moves else None
         return _move_batch(output, moves, self._batch_dim, back=True) if moves else output
 
     @property
@@ -105,8 +105,10 @@ class FunctorchGradSampleModule(GradSampleModule):
             moves = self._moves.get(call.forward_id)
         elif self._in_forward and self.hooks_enabled and torch.is_grad_enabled():
             moves = self._find_moves(module, args, kwargs, output)
-            self._moves = {i: m for i, m in self._moves.items() if i > self._forward_id - 64}
-            self._moves[self._forward_id] = moves
+            if moves or self._moves:
+                if len(self._moves) > 64:  # replays come in the backward pass of recent forward passes
+                    self._moves = {i: m for i, m in self._moves.items() if i > self._forward_id - 64}
+                self._moves[self._forward_id] = moves
         else:
             return None
         return _move_batch(output, moves, self._batch_dim) if moves else None
@@ -114,7 +116,7 @@ class FunctorchGradSampleModule(GradSampleModule):
     def _find_moves(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> list[tuple[int, int]]:
         bd = self._batch_dim
         rows = input_rows(args, kwargs, bd)
-        leaves, _ = tree_flatten(output)
+        leaves = [output] if isinstance(output, torch.Tensor) else tree_flatten(output)[0]
         out_index = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor) and x.requires_grad]
         if not rows or not out_index:
             return []

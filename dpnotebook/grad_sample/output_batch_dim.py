@@ -38,6 +38,8 @@ __all__ = ["output_batch_dims", "input_rows"]
 
 def input_rows(args: tuple, kwargs: dict, batch_dim: int) -> int | None:
     """The rows ``B*K`` of the first tensor argument with a ``batch_dim``, or ``None`` when there is none."""
+    if args and isinstance(args[0], Tensor) and args[0].dim() > batch_dim:  # the usual call, checked cheaply
+        return args[0].shape[batch_dim]
     leaves, _ = tree_flatten((args, kwargs))
     return next((x.shape[batch_dim] for x in leaves if isinstance(x, Tensor) and x.dim() > batch_dim), None)
 
@@ -70,7 +72,7 @@ def output_batch_dims(
     Raises:
         GradSampleError: an output has no dim of ``rows`` rows, or several that follow the input's rows.
     """
-    leaves = tree_flatten(output)[0]
+    leaves = [output] if isinstance(output, Tensor) else tree_flatten(output)[0]
     outputs = [leaves[i] for i in out_index]
     candidates = [[d for d, n in enumerate(t.shape) if n == rows] for t in outputs]
     if all(len(c) == 1 for c in candidates):

@@ -8,7 +8,7 @@ and would silently clip per time step. The DP recurrent layers
 (:class:`dpnotebook.DPLSTM` ...) unpack it themselves, in hooks mode.
 
 >>> import torch
->>> from torch import nn
+>>> from torch import Tensor, nn
 >>> from torch.nn.utils.rnn import pack_padded_sequence
 >>> packed = pack_padded_sequence(torch.randn(3, 2, 4), torch.tensor([3, 2]))
 >>> refuse_packed((packed,), {}, "functorch", nn.LSTM(4, 5))
@@ -19,7 +19,7 @@ dpnotebook.errors.GradSampleError: grad_sample_mode='functorch': LSTM received a
 
 from __future__ import annotations
 
-from torch import nn
+from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 from torch.utils._pytree import tree_flatten
 
@@ -30,6 +30,8 @@ __all__ = ["refuse_packed"]
 
 def refuse_packed(args: tuple, kwargs: dict, mode: str, model: nn.Module) -> None:
     """Raise if a ``PackedSequence`` is among ``model``'s arguments: ``mode`` cannot split one per sample."""
+    if not kwargs and all(isinstance(a, Tensor) for a in args):  # the usual call, checked cheaply
+        return
     leaves, _ = tree_flatten((args, kwargs), is_leaf=lambda x: isinstance(x, PackedSequence))
     packed = next((x for x in leaves if isinstance(x, PackedSequence)), None)
     if packed is not None:
