@@ -129,3 +129,51 @@ def test_ew_accumulates_like_hooks_and_unwraps() -> None:
         wrapped(torch.randn(4, 3)).sum().backward()
     assert wrapped.to_standard_module() is model
     assert not hasattr(model.weight, "grad_sample")
+
+
+# -- ew: what ExpandedWeights would mix up is refused, naming the mode to use ------------------------
+def test_ew_refuses_two_forward_passes_in_one_backward() -> None:
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
+    wrapped = dpnotebook.wrap_model(model, "ew", loss_reduction="sum")
+    x = torch.randn(8, 3)
+    loss = wrapped(x[:4]).sum() + wrapped(x[4:]).sum()  # row i of one pass would be added to row i of the other
+    with pytest.raises(GradSampleError, match=(
+        r"^grad_sample_mode='ew': one backward pass went through 2 forward passes \(rows \[4, 4\]\).*"
+        r"Fix: call backward after each forward pass.*'hooks', 'functorch' or 'ghost'"
+    )):
+        loss.backward()
+    assert all(p.grad_sample is None for p in model.parameters())
+    wrapped.zero_grad()
+    wrapped(x[:4]).sum().backward()  # one pass per backward: accepted, samples appended
+    wrapped(x[4:]).sum().backward()
+    ref = reference_grad_samples(model, [x], target=torch.ones(8, 2))
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad_sample.double(), ref[name], rtol=1e-5, atol=1e-6)
+
+
+class TimeMajorInside(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x.transpose(0, 1)).transpose(0, 1)  # the layer sees T rows
+
+
+def test_ew_names_a_layer_that_sees_other_rows_than_the_input() -> None:
+    wrapped = dpnotebook.wrap_model(TimeMajorInside(), "ew")
+    with pytest.raises(GradSampleError, match=(
+        r"^grad_sample_mode='ew': a layer saw 5 rows in dim 0 where the input has 4 \(B\*K\).*"
+        r"Fix: use grad_sample_mode='functorch'"
+    )):
+        wrapped(torch.randn(4, 5, 3))
+
+
+def test_ew_refuses_a_module_reached_by_two_paths() -> None:
+    shared = nn.Linear(3, 3)
+    model = nn.Sequential(nn.Sequential(shared, nn.Tanh()), nn.Sequential(shared, nn.Tanh()), nn.Linear(3, 2))
+    with pytest.raises(ValueError, match=(
+        r"^grad_sample_mode='ew': model.0.0 and model.1.0 are one Linear reached by two paths.*"
+        r"Fix: use grad_sample_mode='functorch'"
+    )):
+        dpnotebook.wrap_model(model, "ew")

@@ -86,6 +86,10 @@ REFUSALS: list[tuple] = [
      "a parameter used outside its layer: its samplers would miss that part"),
     (None, {"time_major"}, None, None, (Exception,), r"rows",
      "layers see time steps in the batch dim, not samples"),
+    ("ew", {"shared_parent"}, None, None, (Exception,), r"reached by two paths",
+     "ExpandedWeights swaps parameters by path: a module reached by two paths has no rule"),
+    ("ew", None, None, 2, (Exception,), r"one backward pass went through 2 forward passes",
+     "ExpandedWeights adds the per-row gradients of two forward passes row by row"),
 ]
 
 

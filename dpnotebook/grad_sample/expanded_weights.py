@@ -15,8 +15,12 @@ What we add on top, so that "ew" means the same as the other modes:
   ``weight.grad`` (ExpandedWeights' own rule gives it non-zero ones);
 - a second batch before ``zero_grad`` appends samples (or raises), instead of
   silently adding two batches' gradients sample by sample;
+- two forward passes reaching one backward pass raise: ExpandedWeights would add
+  their per-row gradients row by row (row ``i`` of one pass to row ``i`` of the other);
 - what ExpandedWeights cannot do (``batch_first=False``, empty batches, a
-  function it has no rule for) raises an error naming the mode to use instead.
+  function it has no rule for, a layer that sees other rows than the input, a
+  module reached by two paths, a ``PackedSequence``) raises an error naming the
+  mode to use instead.
 """
 
 from __future__ import annotations
@@ -48,6 +52,21 @@ def _plain_rnn_kernels(needed: bool) -> Iterator[None]:
         yield
     finally:
         torch._C._set_mkldnn_enabled(before)
+
+
+def _refuse_shared_modules(module: nn.Module) -> None:
+    """Raise if a module holding parameters is reached by two paths (``a = Sequential(lin)``, ``b = Sequential(lin)``)."""
+    seen: dict[int, str] = {}
+    for name, m in module.named_modules(remove_duplicate=False):
+        if next(m.parameters(recurse=False), None) is None:
+            continue
+        if id(m) in seen:
+            raise ValueError(
+                f"grad_sample_mode='ew': model.{seen[id(m)]} and model.{name} are one {type(m).__name__} reached "
+                "by two paths; ExpandedWeights swaps its parameters by path and then has no per-sample rule for "
+                "the second one. Fix: use grad_sample_mode='functorch' (it replays the whole model per sample)."
+            )
+        seen[id(m)] = name
 
 
 class GradSampleModuleExpandedWeights(nn.Module):
@@ -87,6 +106,7 @@ class GradSampleModuleExpandedWeights(nn.Module):
         if force_functorch:
             raise ValueError("force_functorch=True has no meaning in grad_sample_mode='ew'; use 'functorch'.")
         K = check_k(K)
+        _refuse_shared_modules(module)
         if strict:
             raise_if_problems(validate(module, mode="ew"))
         super().__init__()
@@ -97,6 +117,7 @@ class GradSampleModuleExpandedWeights(nn.Module):
         self.hooks_enabled = True
         self.allow_accumulation = True
         self._earlier: dict[int, Tensor] = {}
+        self._passes: list[int] = []  # rows of each forward pass the running backward pass has reached
         self._has_rnn = any(isinstance(m, nn.RNNBase) for m in module.modules())
 
     @classmethod
@@ -113,6 +134,7 @@ class GradSampleModuleExpandedWeights(nn.Module):
 
         refuse_packed(args, kwargs, "ew", self._module)
         rows = self._rows(args)
+        self._passes = []  # left over only by a backward pass that failed
         self._set_aside_earlier_samples()
         try:
             with _plain_rnn_kernels(self._has_rnn):
@@ -120,6 +142,14 @@ class GradSampleModuleExpandedWeights(nn.Module):
                     self._module, batch_size=rows, loss_reduction=self.loss_reduction
                 )(*args, **kwargs)
         except RuntimeError as err:
+            seen = re.search(r"input batch size of (\d+) with ExpandedWeight of batch size (\d+)", str(err))
+            if seen:
+                raise GradSampleError(
+                    f"grad_sample_mode='ew': a layer saw {seen.group(1)} rows in dim 0 where the input has "
+                    f"{seen.group(2)} (B*K): ExpandedWeights needs every layer to see the batch in dim 0 (does the "
+                    "model run time-major inside?). Fix: use grad_sample_mode='functorch', which replays the whole "
+                    "model per sample, or keep the batch in dim 0 of every layer's input."
+                ) from err
             found = re.search(r"cannot handle function (\S+)", str(err))
             if not found:
                 raise
@@ -157,7 +187,23 @@ class GradSampleModuleExpandedWeights(nn.Module):
                 p.grad_sample = None
 
     def _queue_finish(self, rows: int) -> None:
-        torch.autograd.Variable._execution_engine.queue_callback(lambda: self._finish(rows))
+        """Called once per forward pass that the backward pass reaches; the first one queues the finish."""
+        self._passes.append(rows)
+        if len(self._passes) == 1:
+            torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
+
+    def _finish_backward(self) -> None:
+        passes, self._passes = self._passes, []
+        if len(passes) > 1:
+            for p in self._module.parameters():  # the mixed per-row gradients must not be used
+                p.grad_sample = None
+            raise GradSampleError(
+                f"grad_sample_mode='ew': one backward pass went through {len(passes)} forward passes (rows "
+                f"{passes}); ExpandedWeights adds their per-row gradients row by row, mixing the samples of "
+                "different passes. Fix: call backward after each forward pass (DPOptimizer accumulates the "
+                "samples), or use grad_sample_mode='hooks', 'functorch' or 'ghost', which keep the passes apart."
+            )
+        self._finish(passes[0])
 
     def _finish(self, rows: int) -> None:
         """Per-row gradients -> per-sample means; fill ``p.grad``; append to earlier samples."""
