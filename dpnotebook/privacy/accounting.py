@@ -31,12 +31,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import math
 import warnings
 from typing import Any, ClassVar, Iterator
 
 import dp_accounting
-from dp_accounting.pld.privacy_loss_mechanism import AdjacencyType, GaussianPrivacyLoss
 
 from dpnotebook.privacy.arguments import (
     check_choice,
@@ -46,6 +44,7 @@ from dpnotebook.privacy.arguments import (
     check_positive_number,
     check_sample_rate,
 )
+from dpnotebook.privacy.pld_grid import composition_widening, pld_grid_points
 
 __all__ = [
     "Accountant",
@@ -55,7 +54,6 @@ __all__ = [
     "available_accountants",
     "create_accountant",
     "compute_epsilon",
-    "pld_grid_points",
 ]
 
 History = tuple[tuple[float, float, int], ...]
@@ -154,10 +152,10 @@ class PLDAccountant(Accountant):
 
     The privacy loss lives on a grid of step ``value_discretization_interval``
     spanning every loss the mechanism reaches; ``n`` steps are composed by an
-    FFT over a wider grid (:func:`_widening`). A tiny
+    FFT over a wider grid (:func:`~dpnotebook.privacy.pld_grid.composition_widening`). A tiny
     ``sigma`` makes the loss range huge (about ``1 / sigma**2``: 5e5 at
     ``sigma=1e-3``), and the grid with it (gigabytes, minutes). So before
-    calling ``dp_accounting`` the grid size is estimated (:func:`pld_grid_points`)
+    calling ``dp_accounting`` the grid size is estimated (:func:`~dpnotebook.privacy.pld_grid.pld_grid_points`)
     and, when it passes ``MAX_POINTS`` for one step or ``MAX_COMPOSED_POINTS``
     composed, the interval is widened to fit, with a ``UserWarning``. The answer
     stays a valid upper bound on epsilon (``dp_accounting`` rounds pessimistically
@@ -198,8 +196,9 @@ class PLDAccountant(Accountant):
 
     def dp_accountant_for(self, history: History) -> dp_accounting.PrivacyAccountant:
         interval = self.value_discretization_interval
-        single = max(pld_grid_points(sigma, q, interval) for sigma, q, _ in history)
-        composed = sum(pld_grid_points(sigma, q, interval) * _widening(q, n) for sigma, q, n in history)
+        points = [pld_grid_points(sigma, q, interval) for sigma, q, _ in history]  # about 1 ms each
+        single = max(points)
+        composed = sum(p * composition_widening(q, n) for p, (_, q, n) in zip(points, history))
         scale = max(1.0, single / self.MAX_POINTS, composed / self.MAX_COMPOSED_POINTS)
         if scale > 1.0:
             wider = interval * scale
@@ -218,41 +217,9 @@ class PLDAccountant(Accountant):
         return (("value_discretization_interval", self.value_discretization_interval),)
 
 
-def _widening(q: float, n: int) -> float:
-    """About how many times wider than one step's grid the composition of ``n`` steps is (measured).
-
-    Each step's loss spreads over its grid (``2 sqrt(n)``); at a small sigma it is two far-apart lumps,
-    sampled or not, so the sum spreads with the binomial count of sampled steps (``16 sqrt(n q (1 - q))``).
-    """
-    return min(n, 1 + 2 * math.sqrt(n) + 16 * math.sqrt(n * q * (1 - q)))
-
-
 def _describe(history: History) -> str:
     parts = [f"noise_multiplier={s}, sample_rate={q} ({n} steps)" for s, q, n in history]
     return "; ".join(parts)
-
-
-def pld_grid_points(noise_multiplier: float, sample_rate: float, interval: float) -> float:
-    """How many grid points ``dp_accounting`` uses for one step's privacy loss distribution.
-
-    The widest of the two (remove and add) distributions: the privacy loss range between
-    ``dp_accounting``'s own truncation points, divided by ``interval``. Cheap: no grid is built.
-    No noise or no sampling builds no grid (epsilon is infinite, or zero): 0.
-
-    >>> round(pld_grid_points(1.0, 0.01, 1e-3))
-    5654
-    >>> f"{pld_grid_points(1e-3, 0.5, 1e-3):.2g}"
-    '5.1e+08'
-    """
-    widest = 0.0
-    if noise_multiplier == 0 or sample_rate == 0:
-        return widest
-    for adjacency in (AdjacencyType.REMOVE, AdjacencyType.ADD):
-        loss = GaussianPrivacyLoss(noise_multiplier, sampling_prob=sample_rate, adjacency_type=adjacency)
-        tail = loss.privacy_loss_tail()
-        low, high = loss.privacy_loss(tail.upper_x_truncation), loss.privacy_loss(tail.lower_x_truncation)
-        widest = max(widest, float(high - low))
-    return widest / interval
 
 
 #: The registry: name -> accountant class. ``"prv"`` is an alias of ``"pld"``.
