@@ -9,7 +9,7 @@ is about ``1 / sigma**2``, so the grid needs gigabytes:
 and widens the interval to keep within its budget.
 
 >>> f"{pld_grid_points(1e-3, 0.5, 1e-3):.2g}", round(composition_widening(0.5, 1000))
-('5.1e+08', 32)
+('5.1e+08', 317)
 """
 
 from __future__ import annotations
