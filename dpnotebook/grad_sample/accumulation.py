@@ -4,6 +4,9 @@
 Within one forward pass, contributions add up (a layer called twice, tied
 weights). A later forward pass brings new samples: before ``zero_grad`` they
 are appended (concatenated along the sample dim) or refused, as the wrapper says.
+Rows are kept in forward-pass order whatever order backward delivers them in
+(with two forward passes before one backward, it can reach them in a different
+order for each layer): :meth:`GradSampleStore.blocks` lists them.
 
 At the end of every backward pass, each parameter that received a ``.grad``
 must also have received per-sample gradients, or we raise: a silently missing
@@ -30,7 +33,7 @@ class GradSampleStore:
     def __init__(self, owner: Any) -> None:
         self.owner = owner
         self.allow_accumulation = True
-        self._forward_of: dict[int, int] = {}
+        self._blocks: dict[int, list[tuple[int, int]]] = {}
         self._graded: set[int] = set()
         self._sampled: set[int] = set()
         self._handles: dict[int, Any] = {}
@@ -55,23 +58,59 @@ class GradSampleStore:
         self._handles = {}
 
     def add(self, p: nn.Parameter, g: Tensor, forward_id: int) -> None:
-        """Add one unit's per-sample gradients ``g`` (``[B, *p.shape]``) to ``p.grad_sample``."""
+        """Add one unit's per-sample gradients ``g`` (``[B, *p.shape]``) to ``p.grad_sample``.
+
+        Gradients of the same forward pass add up; another forward pass's are
+        inserted as a new block of rows, blocks sorted by ``forward_id``.
+        """
         prev = getattr(p, "grad_sample", None)
-        if prev is None:
+        blocks = self._blocks.get(id(p)) if prev is not None else None
+        if not blocks:
             p.grad_sample = g
-        elif self._forward_of.get(id(p)) == forward_id:
+            self._blocks[id(p)] = [(forward_id, g.shape[0])]
+        elif blocks[-1][0] == forward_id and len(blocks) == 1:  # the usual case: one forward pass
             p.grad_sample = prev + g
-        elif not self.allow_accumulation:
+        else:
+            p.grad_sample = self._merge(p, prev, blocks, g, forward_id)
+        self._sampled.add(id(p))
+        self._queue_check()
+
+    def _merge(self, p: nn.Parameter, prev: Tensor, blocks: list[tuple[int, int]], g: Tensor, forward_id: int) -> Tensor:
+        start = 0
+        for i, (fid, n) in enumerate(blocks):
+            if fid == forward_id:
+                if n != g.shape[0]:
+                    raise GradSampleError(
+                        f"{self._name(p)}: forward pass {forward_id} gave {g.shape[0]} per-sample gradients "
+                        f"to a block of {n}; its layers saw different numbers of samples."
+                    )
+                return torch.cat([prev[:start], prev[start:start + n] + g, prev[start + n:]])
+            if fid > forward_id:
+                break
+            start += n
+        else:
+            i = len(blocks)
+        if not self.allow_accumulation:
             raise GradSampleError(
                 f"{self._name(p)} already holds grad_sample from an earlier batch and gradient "
                 "accumulation is forbidden. Call zero_grad() (on the model or the DP optimizer) "
                 "before the next forward/backward, or call allow_grad_accumulation()."
             )
-        else:
-            p.grad_sample = torch.cat([prev, g])
-        self._forward_of[id(p)] = forward_id
-        self._sampled.add(id(p))
-        self._queue_check()
+        blocks.insert(i, (forward_id, g.shape[0]))
+        return torch.cat([prev[:start], g, prev[start:]])
+
+    def blocks(self, p: nn.Parameter) -> list[tuple[int, int]]:
+        """``(forward_id, number of samples)`` of each block of rows of ``p.grad_sample``, in row order.
+
+        >>> import torch
+        >>> from torch import nn
+        >>> from dpnotebook import GradSampleModule
+        >>> model = GradSampleModule(nn.Linear(3, 1), loss_reduction="sum")
+        >>> (model(torch.randn(2, 3)).sum() + model(torch.randn(5, 3)).sum()).backward()
+        >>> model._store.blocks(model.weight)
+        [(1, 2), (2, 5)]
+        """
+        return list(self._blocks.get(id(p), [])) if getattr(p, "grad_sample", None) is not None else []
 
     def clear(self, *, delete: bool = False) -> None:
         """Forget all per-sample gradients (``delete`` removes the attribute itself)."""
@@ -81,7 +120,7 @@ class GradSampleStore:
                     del p.grad_sample
             else:
                 p.grad_sample = None
-        self._forward_of.clear()
+        self._blocks.clear()
 
     def _name(self, p: nn.Parameter) -> str:
         for name, q in self._module.named_parameters():

@@ -30,7 +30,7 @@ def _tensors_in_order(obj: Any) -> Any:
             yield from _tensors_in_order(item)
 
 
-def count_rows(args: tuple, kwargs: dict, *, batch_first: bool) -> int | None:
+def count_rows(args: tuple, kwargs: dict, *, batch_first: bool, min_dim: int = 1) -> int | None:
     """The number of rows of the forward's input: the size of its batch dim, or ``None``.
 
     The first tensor (positional arguments first, then keyword arguments; nested
@@ -44,6 +44,9 @@ def count_rows(args: tuple, kwargs: dict, *, batch_first: bool) -> int | None:
         args: the forward's positional arguments.
         kwargs: the forward's keyword arguments.
         batch_first: whether the batch dim is dim 0 (``True``) or dim 1.
+        min_dim: tensors with fewer dims are skipped too. ``GradSampleModule``
+            passes 2: a 1-d input may be the flat indices of an ``EmbeddingBag``
+            called with offsets, whose length is not the number of samples.
 
     Returns:
         The number of rows, or ``None`` when no input tensor has the batch dim.
@@ -58,6 +61,8 @@ def count_rows(args: tuple, kwargs: dict, *, batch_first: bool) -> int | None:
     2
     >>> count_rows((torch.zeros(8),), {"flag": 1}, batch_first=False) is None
     True
+    >>> count_rows((torch.zeros(8), torch.zeros(2, 3)), {}, batch_first=True, min_dim=2)
+    2
     """
     bd = 0 if batch_first else 1
     for obj in (args, kwargs):
@@ -66,7 +71,7 @@ def count_rows(args: tuple, kwargs: dict, *, batch_first: bool) -> int | None:
                 if t.sorted_indices is not None:
                     return len(t.sorted_indices)
                 return int(t.batch_sizes[0]) if len(t.batch_sizes) else 0
-            if t.dim() > bd:
+            if t.dim() > bd and t.dim() >= min_dim:
                 return int(t.shape[bd])
     return None
 

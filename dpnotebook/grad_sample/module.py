@@ -17,6 +17,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from dpnotebook.errors import GradSampleError
+from dpnotebook.grad_sample.batch_rows import count_rows
 from dpnotebook.grad_sample.functorch_fallback import check_replay_chunk
 from dpnotebook.grad_sample.hooks import LayerHooks
 from dpnotebook.grad_sample.ownership import check_not_wrapped
@@ -70,6 +71,13 @@ def plan_units(
     with ``_dpn_grad_samples_from_children = True`` (``dpnotebook.layers.DPLSTM``)
     is skipped and its children are visited: they hold the same Parameter objects
     and their samplers compute the per-sample gradients (unless ``force_functorch``).
+    A module reachable by several paths (``self.a = nn.Sequential(shared, ...)``,
+    ``self.b = nn.Sequential(shared, ...)``) is one unit, under its first path: its
+    hook records every call, and the calls' gradients add up.
+
+    Raises:
+        GradSampleError: a module inside a ``torch.func`` unit's subtree is also
+            reachable outside it (its gradients would be counted twice, or lost).
 
     >>> from torch import nn
     >>> [(p, e.name if e else "torch.func") for p, _, e in plan_units(nn.Sequential(nn.Linear(2, 2), nn.PReLU()))]
@@ -78,8 +86,12 @@ def plan_units(
     if whole_model:
         return [(root, module, None)]
     units: list[tuple[str, nn.Module, SamplerEntry | None]] = []
+    seen: dict[int, str] = {}
 
     def visit(path: str, m: nn.Module) -> None:
+        if id(m) in seen:
+            return
+        seen[id(m)] = path
         entry = None if force_functorch else find_grad_sampler(m)
         has_own = any(True for _ in m.parameters(recurse=False))
         if entry is None and not force_functorch and getattr(m, "_dpn_grad_samples_from_children", False):
@@ -88,12 +100,29 @@ def plan_units(
             units.append((path, m, entry))
         elif has_own:
             units.append((path, m, None))
+            for name, sub in m.named_modules(prefix=path):
+                if sub is not m and seen.setdefault(id(sub), name) != name:
+                    _refuse_shared_into_fallback(path, name, seen[id(sub)])
             return
         for name, child in m.named_children():
             visit(f"{path}.{name}", child)
 
     visit(root, module)
+    for path, m, entry in units:
+        if entry is None:
+            for name, sub in m.named_modules(prefix=path):
+                if sub is not m and seen[id(sub)] != name:
+                    _refuse_shared_into_fallback(path, name, seen[id(sub)])
     return units
+
+
+def _refuse_shared_into_fallback(unit: str, inside: str, outside: str) -> None:
+    raise GradSampleError(
+        f"{inside} is also reachable as {outside}, outside {unit}, whose per-sample gradients come from "
+        "the torch.func fallback (it has parameters of its own and no grad sampler): its gradients would be "
+        f"counted twice or lost. Register a grad sampler for {unit} (dpnotebook.register_grad_sampler), "
+        "do not share the module, or use grad_sample_mode='functorch'."
+    )
 
 
 class GradSampleModule(nn.Module):
@@ -158,6 +187,7 @@ class GradSampleModule(nn.Module):
         self.hooks_enabled = True
         self._forward_id = 0
         self._rows_seen: tuple[str, int] | None = None
+        self._rows_input: int | None = None
         self._in_forward = False
         self._store = GradSampleStore(self)
         self._hooks: LayerHooks | None = None
@@ -230,6 +260,11 @@ class GradSampleModule(nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         self._forward_id += 1
         self._rows_seen = None
+        first = args[0] if args else None
+        if isinstance(first, Tensor) and first.dim() > 1:  # the usual call, counted cheaply
+            self._rows_input = first.shape[0 if self.batch_first else 1]
+        else:  # a 1-d input may be an EmbeddingBag's flat indices: not counted
+            self._rows_input = count_rows(args, kwargs, batch_first=self.batch_first, min_dim=2)
         self._in_forward = True
         try:
             return self._forward(*args, **kwargs)
@@ -242,14 +277,43 @@ class GradSampleModule(nn.Module):
         return self._module(*args, **kwargs)
 
     def _check_rows(self, path: str, module: nn.Module, rows: int, bd: int) -> None:
+        """Check the ``rows`` a layer sees in its batch dim ``bd`` during the wrapper's forward.
+
+        They must be a multiple of ``K`` and equal to the rows of the forward's input
+        (:func:`~dpnotebook.grad_sample.batch_rows.count_rows` over the input tensors of
+        2 dims or more); when the input has none with a batch dim (a 1-d input, no tensor
+        at all), every layer must see as many rows as the first one.
+        A layer called outside the wrapper's forward (``wrapped._module(x)``, the original
+        model kept by the user) is refused: its rows would be merged with another pass's.
+        """
+        if not self._in_forward:
+            raise GradSampleError(
+                f"{path} ({type(module).__name__}) ran with gradients enabled outside the "
+                f"{type(self).__name__}'s forward (the wrapped model or one of its layers was called "
+                "directly, e.g. wrapped._module(x) or a reference to the original model): its per-sample "
+                "gradients would be added to another forward pass's rows. Call the wrapper, model(x); "
+                "or run it under torch.no_grad(), or call .to_standard_module() to get the plain model back."
+            )
         if rows % self.K:
             raise ValueError(
                 f"{path} has {rows} rows in dim {bd}, which K={self.K} does not divide. A batch "
                 f"holds B*K rows: K augmented copies of each of B samples, sample-major. Pass "
                 f"B*K rows, or the right K."
             )
-        if not self._in_forward:
-            return
+        expected, ibd = self._rows_input, 0 if self.batch_first else 1
+        if expected is not None and rows != expected:
+            raise GradSampleError(
+                f"{path} ({type(module).__name__}) sees {rows} rows in dim {bd} but the model's input carries "
+                f"{expected} rows in dim {ibd} (batch_first={self.batch_first}, K={self.K}): its per-sample "
+                "gradients would not be per sample (a model that runs time-major inside, e.g. emb(idx.t()), "
+                "gives its layers T rows). Either the batch dimension is not where "
+                f"batch_first={self.batch_first} says (use batch_first={not self.batch_first} with inputs "
+                f"{'[T, B*K, ...]' if self.batch_first else '[B*K, ...]'}, set _dpn_batch_first = True on a "
+                f"layer that takes its input batch-first, or permute inside the model so that every layer "
+                f"sees the batch in dim {ibd}), or this layer runs on something shared by all samples, such as "
+                "a position table looked up with arange(T): look it up per row (arange(T).expand(B, T)) or "
+                "use grad_sample_mode='functorch'."
+            )
         if self._rows_seen is None:
             self._rows_seen = (path, rows)
         elif self._rows_seen[1] != rows:
