@@ -12,7 +12,6 @@ Needs Chromium and ``playwright``; skipped loudly without them (see ``conftest.p
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 

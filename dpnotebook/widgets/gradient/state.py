@@ -20,7 +20,6 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 import numpy as np
-import torch
 import traitlets
 from torch import Tensor, nn
 
