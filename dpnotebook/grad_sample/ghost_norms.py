@@ -28,6 +28,10 @@ from torch import Tensor
 
 #: Largest scratch buffer (bytes) a direct norm computation fills at once; bigger batches go in chunks.
 CHUNK_BYTES = 32 * 2**20
+#: A Gram norm below ``GRAM_TRUST * eps * (in + out)`` times its cancellation-free bound
+#: ``(sum_t ||a_t|| ||g_t||)^2`` is recomputed directly in float64 (:func:`guard_gram`). Above it,
+#: rounding (at most ``eps * (in + out)`` of the bound) moves it by at most ``1 / GRAM_TRUST``.
+GRAM_TRUST = 100.0
 
 __all__ = [
     "linear_strategy",
@@ -38,7 +42,9 @@ __all__ = [
     "embedding_sq_norms",
     "embedding_weighted_sum",
     "repeat_rows",
+    "guard_gram",
     "CHUNK_BYTES",
+    "GRAM_TRUST",
 ]
 
 
@@ -78,7 +84,7 @@ def linear_sq_norms(A: Tensor, G: Tensor, *, strategy: str | None = None) -> Ten
         for s in range(0, B, step):
             a, g = A[s : s + step], G[s : s + step]
             out[s : s + step] = (torch.bmm(a, a.transpose(1, 2)) * torch.bmm(g, g.transpose(1, 2))).sum((1, 2))
-        return out
+        return guard_gram(A, G, out)
     step = _chunk(B, d_in * d_out, A.element_size())
     scratch = A.new_empty(step, d_out, d_in)
     for s in range(0, B, step):
@@ -108,7 +114,37 @@ def shared_gram_sq_norms(As: list[Tensor], G: Tensor) -> list[Tensor]:
         for o, A in zip(out, As):
             a = A[s : s + step]
             o[s : s + step] = (torch.bmm(a, a.transpose(1, 2)) * gg).sum((1, 2))
-    return out
+    return [guard_gram(A, G, o) for A, o in zip(As, out)]
+
+
+def guard_gram(A: Tensor, G: Tensor, sq: Tensor) -> Tensor:
+    """Gram norms ``sq`` made safe from cancellation: suspect samples recomputed directly in float64.
+
+    ``<A A^T, G G^T>`` adds ``n^2`` products of size up to ``||a_t|| ||a_s|| ||g_t|| ||g_s||``;
+    when a sample's positions cancel (nearly equal inputs, opposite backprops) the
+    float32 sum is rounding noise: too small, negative or NaN, and the sample would
+    be clipped too little. A sample whose Gram norm is below ``GRAM_TRUST * eps * (in + out)``
+    times ``(sum_t ||a_t|| ||g_t||)^2`` (or not finite) gets ``||G_b^T A_b||`` in float64, plus
+    ``n * eps * sum_t ||a_t|| ||g_t||``: the rounding the float32 weighted sum may add to it.
+
+    >>> a = torch.full((1, 2, 64), 1000.0); a[0, 1, 0] += 0.01   # two nearly equal positions
+    >>> g = torch.ones(1, 2, 64); g[0, 1] = -1.0                 # opposite backprops
+    >>> bool(guard_gram(a, g, torch.tensor([-256.0])) >= 64 * 0.01**2)   # true norm^2: 64 * 0.01^2
+    True
+    """
+    if sq.numel() == 0:
+        return sq
+    eps = torch.finfo(A.dtype).eps
+    reach = (torch.linalg.vector_norm(A, dim=2) * torch.linalg.vector_norm(G, dim=2)).sum(1)  # >= ||G_b^T A_b||
+    suspect = ~(sq >= reach.pow(2) * (GRAM_TRUST * eps * (A.shape[2] + G.shape[2])))
+    if not bool(suspect.any()):
+        return sq
+    idx = suspect.nonzero().flatten()
+    a, g = A[idx].double(), G[idx].double()
+    exact = torch.bmm(g.transpose(1, 2), a).flatten(1).pow(2).sum(1).sqrt()
+    sq = sq.clone()
+    sq[idx] = (exact + A.shape[1] * eps * reach[idx].double()).pow(2).to(sq.dtype)
+    return sq
 
 
 def shared_gram_pays(ins: list[int], n: int, d_out: int) -> bool:

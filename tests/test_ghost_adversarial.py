@@ -1,0 +1,87 @@
+"""Ghost mode against crafted records: each sample moves the clipped sum by at most C.
+
+Sensitivity is measured on the real optimizer path (``GhostDPOptimizer`` with
+``noise_multiplier=0``): the clipped sum with every sample, minus the clipped
+sum with sample ``s``'s loss multiplied by 0, must have norm ``<= C * (1 + 1e-5)``.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import dpnotebook
+from dpnotebook.grad_sample.ghost_norms import linear_sq_norms, shared_gram_sq_norms
+from dpnotebook.privacy.ghost_optimizer import GhostDPOptimizer
+
+SLACK = 1 + 1e-5
+
+
+def clipped_sum(model: nn.Module, forward, mask: torch.Tensor, *, C: float, K: int = 1) -> list[torch.Tensor]:
+    """The clipped sum of one step (sigma = 0) with sample ``b``'s loss multiplied by ``mask[b]``."""
+    model = copy.deepcopy(model)
+    wrapped = dpnotebook.wrap_model(model, "ghost", K=K, loss_reduction="sum")
+    opt = GhostDPOptimizer(
+        torch.optim.SGD(wrapped.parameters(), lr=0.0), noise_multiplier=0.0, max_grad_norm=C,
+        expected_batch_size=1, loss_reduction="sum",
+    )
+    forward(wrapped, mask).backward()
+    opt.step()
+    return [p.grad.clone() for p in model.parameters() if p.requires_grad]
+
+
+def sensitivity(model: nn.Module, forward, B: int, *, C: float, K: int = 1) -> float:
+    """``max_s ||S(D) - S(D with s's loss * 0)|| / C``."""
+    full = clipped_sum(model, forward, torch.ones(B), C=C, K=K)
+    worst = 0.0
+    for s in range(B):
+        mask = torch.ones(B)
+        mask[s] = 0.0
+        less = clipped_sum(model, forward, mask, C=C, K=K)
+        diff = torch.sqrt(sum((a - b).pow(2).sum() for a, b in zip(full, less)))
+        worst = max(worst, float(diff) / C)
+    return worst
+
+
+def cancelling_batch(B: int, T: int, d: int, K: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs ``[B*K, T, d]`` and output weights: sample 0 has two nearly equal positions x1000 with opposite backprops."""
+    torch.manual_seed(seed)
+    x, v = torch.randn(B * K, T, d), torch.randn(B * K, T, d)
+    base, w = torch.randn(d) * 1000, torch.randn(d)
+    for k in range(K):  # every copy of sample 0
+        x[k, 0], x[k, 1] = base, base + torch.randn(d) * 0.01
+        v[k, 0], v[k, 1] = w, -w
+        x[k, 2:], v[k, 2:] = 0.0, 0.0
+    return x, v
+
+
+@pytest.mark.parametrize("K", [1, 3])
+def test_cancelling_positions_are_clipped_to_C_in_ghost_mode(K: int) -> None:
+    B, T, d = 3, 4, 64
+    torch.manual_seed(0)
+    model = nn.Linear(d, d, bias=False)
+    for seed in (10, 27):  # seeds whose float32 Gram norm of sample 0 came out negative
+        x, v = cancelling_batch(B, T, d, K, seed)
+
+        def forward(m, mask, x=x, v=v):
+            per_row = (m(x) * v).sum((1, 2))
+            return (per_row * mask.repeat_interleave(K)).sum()
+
+        assert sensitivity(model, forward, B, C=1e-3, K=K) <= SLACK
+
+
+def test_gram_norms_never_fall_below_the_true_norm_under_cancellation() -> None:
+    worst = float("inf")
+    for seed in range(60):
+        torch.manual_seed(seed)
+        base, w = torch.randn(64) * 1000, torch.randn(64)
+        A = torch.stack([base, base + torch.randn(64) * 0.05]).unsqueeze(0)
+        G = torch.stack([w, -w]).unsqueeze(0)
+        true = linear_sq_norms(A.double(), G.double(), strategy="direct")
+        ratios = [linear_sq_norms(A, G, strategy="gram") / true, shared_gram_sq_norms([A, A], G)[1] / true]
+        worst = min([worst] + [float(r) for r in ratios])
+    assert worst >= 1.0 - 1e-6
