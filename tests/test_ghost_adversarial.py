@@ -85,3 +85,12 @@ def test_gram_norms_never_fall_below_the_true_norm_under_cancellation() -> None:
         ratios = [linear_sq_norms(A, G, strategy="gram") / true, shared_gram_sq_norms([A, A], G)[1] / true]
         worst = min([worst] + [float(r) for r in ratios])
     assert worst >= 1.0 - 1e-6
+
+
+def test_embedding_frozen_after_the_forward_pass_gives_no_norms() -> None:
+    model = nn.Sequential(nn.Embedding(10, 4), nn.Flatten(), nn.Linear(12, 2))
+    wrapped = dpnotebook.wrap_model(model, "ghost")
+    wrapped(torch.randint(0, 10, (5, 3))).sum().backward()
+    model[0].weight.requires_grad_(False)
+    norms = wrapped.sq_norms()
+    assert model[0].weight not in norms and norms[model[2].weight].shape == (5,)

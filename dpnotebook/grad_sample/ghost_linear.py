@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from dpnotebook.grad_sample._contract import group_rows
-from dpnotebook.grad_sample.ghost_layers import GhostCall, GhostGroup, Grads, Scratch, materialise
+from dpnotebook.grad_sample.ghost_layers import GhostCall, GhostGroup, Grads, MaterialisedGroup, Scratch, materialise
 from dpnotebook.grad_sample.ghost_norms import (
     embedding_sq_norms,
     embedding_weighted_sum,
