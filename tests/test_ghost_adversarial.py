@@ -94,3 +94,27 @@ def test_embedding_frozen_after_the_forward_pass_gives_no_norms() -> None:
     model[0].weight.requires_grad_(False)
     norms = wrapped.sq_norms()
     assert model[0].weight not in norms and norms[model[2].weight].shape == (5,)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+@pytest.mark.parametrize("clipping", ["flat", "per_layer"])
+def test_a_sample_with_a_non_finite_norm_adds_nothing(bad: float, clipping: str) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.PReLU(), nn.Linear(8, 3))  # PReLU: left to the hooks engine
+    x = torch.randn(5, 6, 4)
+    x[0, 2, 1] = bad
+
+    def step(inputs: torch.Tensor) -> list[torch.Tensor]:
+        m = copy.deepcopy(model)
+        wrapped = dpnotebook.wrap_model(m, "ghost", loss_reduction="sum")
+        opt = GhostDPOptimizer(torch.optim.SGD(wrapped.parameters(), lr=0.0), noise_multiplier=0.0, max_grad_norm=1.0,
+                               expected_batch_size=1, loss_reduction="sum", clipping=clipping)
+        wrapped(inputs).sum().backward()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # clip_factors may warn about the non-finite norm
+            opt.step()
+        return [p.grad.clone() for p in m.parameters()]
+
+    for got, want in zip(step(x), step(x[1:])):
+        assert torch.isfinite(got).all()
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)

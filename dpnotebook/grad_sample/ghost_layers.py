@@ -87,6 +87,23 @@ class GhostGroup:
     def weighted_sums(self, weights: Grads) -> Grads:
         raise NotImplementedError
 
+    def drop(self, keep: Tensor) -> None:
+        """Zero every record of the samples where ``keep`` (``[B]`` bools) is False.
+
+        A sample with clip factor 0 (a non-finite norm) must add nothing; but
+        ``0 * nan`` is ``nan``, so its rows are masked, not only its weight.
+        """
+        raise NotImplementedError
+
+
+def keep_rows(x: Tensor, keep: Tensor) -> Tensor:
+    """``x`` (``[B, ...]``) with the rows where ``keep`` is False set to 0 (even NaN or inf ones).
+
+    >>> keep_rows(torch.tensor([[1.0], [float("nan")]]), torch.tensor([True, False])).flatten().tolist()
+    [1.0, 0.0]
+    """
+    return torch.where(keep.view(-1, *[1] * (x.dim() - 1)), x, x.new_zeros(()))
+
 
 class MaterialisedGroup(GhostGroup):
     """Per-sample gradients held in full (``{p: [B, *p.shape]}``), each multiplied by ``scale`` when used.
@@ -107,6 +124,9 @@ class MaterialisedGroup(GhostGroup):
             for p, g in self.grads.items()
             if p in weights
         }
+
+    def drop(self, keep: Tensor) -> None:
+        self.grads = {p: keep_rows(g, keep) for p, g in self.grads.items()}
 
     def absorb(self, other: "MaterialisedGroup") -> None:
         """Add the per-sample gradients of ``other`` (another call of the layer, same samples) into these.
@@ -208,4 +228,4 @@ def ghost_handler(module: nn.Module) -> GhostHandler | None:
     return None
 
 
-__all__ = ["GhostCall", "GhostGroup", "MaterialisedGroup", "GhostHandler", "ghost_handler", "materialise"]
+__all__ = ["GhostCall", "GhostGroup", "keep_rows", "MaterialisedGroup", "GhostHandler", "ghost_handler", "materialise"]

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from functools import partial
 
+import torch
 from torch import Tensor, nn
 
 from dpnotebook.errors import GradSampleError
@@ -42,6 +43,22 @@ Grads = dict[nn.Parameter, Tensor]
 Groups = list[tuple[int, dict[nn.Module, GhostGroup]]]
 
 __all__ = ["GhostLedger"]
+
+
+def _dropped(weights: Tensor | Grads) -> Tensor | None:
+    """``[B]``: samples some weight drops (0: a non-finite norm; or not finite itself), or ``None`` if none.
+
+    Their records are zeroed before the weighted sums: ``0 * nan`` would be ``nan``.
+
+    >>> import torch
+    >>> _dropped(torch.tensor([1.0, 0.5])) is None, _dropped(torch.tensor([0.0, float("nan"), 1.0])).tolist()
+    (True, [True, True, False])
+    """
+    ws = list({id(w): w for w in weights.values()}.values()) if isinstance(weights, dict) else [weights]
+    bad = [~(torch.isfinite(w) & (w != 0)) for w in ws]
+    if not bad or not bool(torch.stack([b.any() for b in bad]).any()):
+        return None
+    return torch.stack(bad).any(0)
 
 
 class GhostLedger:
@@ -155,6 +172,10 @@ class GhostLedger:
             sampled: the per-sample gradients held in full, weighted the same way.
         """
         per_param = isinstance(weights, dict)
+        dropped = _dropped(weights)
+        if dropped is not None:  # a NaN weight times a zeroed row is still NaN
+            clean = {id(w): torch.where(dropped, w.new_zeros(()), w) for w in (weights.values() if per_param else [weights])}
+            weights = {p: clean[id(w)] for p, w in weights.items()} if per_param else clean[id(weights)]
         out: Grads = {}
         offset = 0
         for Bf, made in self.groups():
@@ -164,10 +185,14 @@ class GhostLedger:
                     for p in m._parameters.values()
                     if p is not None and p.requires_grad and (not per_param or p in weights)
                 }
+                if dropped is not None and w:
+                    group.drop(~dropped[offset : offset + Bf])
                 for p, s in group.weighted_sums(w).items():
                     out[p] = out[p] + s if p in out else s
             offset += Bf
         w = weights if per_param else {p: weights for p in sampled.grads}
+        if dropped is not None:
+            sampled.drop(~dropped)
         for p, s in sampled.weighted_sums(w).items():
             out[p] = out[p] + s if p in out else s
         return out

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from dpnotebook.grad_sample._contract import group_rows
-from dpnotebook.grad_sample.ghost_layers import GhostCall, GhostGroup, Grads, MaterialisedGroup, Scratch, materialise
+from dpnotebook.grad_sample.ghost_layers import GhostCall, GhostGroup, Grads, MaterialisedGroup, Scratch, keep_rows, materialise
 from dpnotebook.grad_sample.ghost_norms import (
     embedding_sq_norms,
     embedding_weighted_sum,
@@ -52,6 +52,10 @@ class LinearPiece:
 
     def weight_sum(self, w: Tensor) -> Tensor:
         return linear_weighted_sum(self.A, self.G, w * self.scale)
+
+    def drop(self, keep: Tensor) -> None:
+        """Zero the inputs and backprops of the samples where ``keep`` is False."""
+        self.A, self.G, self._bias = keep_rows(self.A, keep), keep_rows(self.G, keep), None
 
     def bias_grads(self) -> Tensor:
         if self._bias is None:
@@ -100,6 +104,10 @@ class LinearGroup(GhostGroup):
             for (r0, r1), part in parts.items():
                 out[p][r0:r1] += part
         return out
+
+    def drop(self, keep: Tensor) -> None:
+        for piece in self.blocks.values():
+            piece.drop(keep)
 
 
 def linear_settles(module: nn.Module, call: GhostCall, K: int) -> bool:
@@ -157,6 +165,9 @@ class EmbeddingGroup(GhostGroup):
             return {}
         w = weights[self.weight] * self.scale
         return {self.weight: embedding_weighted_sum(self.idx, self.G, w, self.weight.shape[0])}
+
+    def drop(self, keep: Tensor) -> None:
+        self.G = keep_rows(self.G, keep)
 
 
 def embedding_group(module: nn.Embedding, calls: list[GhostCall], K: int, scratch: Scratch | None = None) -> GhostGroup:

@@ -59,6 +59,14 @@ class GateGroup(GhostGroup):
             if p is not None and p in weights
         }
 
+    def drop(self, keep: Tensor) -> None:
+        shared = self.h_side.G is self.x_side.G
+        self.x_side.drop(keep)
+        self.h_side.drop(keep)
+        if shared:
+            self.h_side.G, self.h_side._bias = self.x_side.G, self.x_side.bias_grads()
+        self._weight_sq = None
+
 
 def gate_settles(unit: nn.Module, call: GhostCall, K: int) -> bool:
     """Whether both sides' per-sample gradients are the cheaper way to the norms, so the call is settled.
