@@ -25,6 +25,7 @@ def clipped_sum(model: nn.Module, forward, mask: torch.Tensor, *, C: float, K: i
     """The clipped sum of one step (sigma = 0) with sample ``b``'s loss multiplied by ``mask[b]``."""
     model = copy.deepcopy(model)
     wrapped = dpnotebook.wrap_model(model, "ghost", K=K, loss_reduction="sum")
+    wrapped.allow_grad_accumulation()  # some tests run several forward passes before one backward
     opt = GhostDPOptimizer(
         torch.optim.SGD(wrapped.parameters(), lr=0.0), noise_multiplier=0.0, max_grad_norm=C,
         expected_batch_size=1, loss_reduction="sum",
@@ -118,3 +119,77 @@ def test_a_sample_with_a_non_finite_norm_adds_nothing(bad: float, clipping: str)
     for got, want in zip(step(x), step(x[1:])):
         assert torch.isfinite(got).all()
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def two_pass_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(3, 4), nn.PReLU(), nn.Linear(4, 2))  # PReLU: left to the hooks engine
+
+
+def two_pass_sum(model: nn.Module, xs: list[torch.Tensor], scales: list[float], K: int, C: float) -> list[torch.Tensor]:
+    """The clipped sum (sigma = 0) of one backward over the forward passes of ``xs``, losses times ``scales``."""
+    model = copy.deepcopy(model)
+    wrapped = dpnotebook.wrap_model(model, "ghost", K=K, loss_reduction="sum")
+    wrapped.allow_grad_accumulation()
+    opt = GhostDPOptimizer(torch.optim.SGD(wrapped.parameters(), lr=0.0), noise_multiplier=0.0, max_grad_norm=C,
+                           expected_batch_size=1, loss_reduction="sum")
+    sum(wrapped(x).sum() * s for x, s in zip(xs, scales)).backward()
+    opt.step()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("K", [1, 3])
+@pytest.mark.parametrize("swap", [False, True])
+def test_two_forward_passes_one_backward_with_a_hooks_layer(K: int, swap: bool) -> None:
+    model = two_pass_model()
+    torch.manual_seed(1)
+    zero, real = torch.randn(K, 3) * 5, torch.randn(K, 3) * 5
+    xs, scales = ([real, zero], [1.0, 0.0]) if swap else ([zero, real], [0.0, 1.0])
+    both = two_pass_sum(model, xs, scales, K, C=0.1)
+    alone = two_pass_sum(model, [real], [1.0], K, C=0.1)  # the zero-loss sample must change nothing
+    neither = two_pass_sum(model, xs, [0.0, 0.0], K, C=0.1)
+    for got, want in zip(both, alone):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+    diff = torch.sqrt(sum((a - b).pow(2).sum() for a, b in zip(both, neither)))
+    assert float(diff) <= 0.1 * SLACK
+
+
+def test_a_block_with_another_number_of_samples_is_refused() -> None:
+    wrapped = dpnotebook.wrap_model(two_pass_model(), "ghost", loss_reduction="sum")
+    wrapped.allow_grad_accumulation()
+    wrapped(torch.randn(2, 3)).sum().backward()
+    ledger = wrapped._ledger
+    with pytest.raises(dpnotebook.GradSampleError, match=r"forward pass 1: the ghosted layers saw 2 samples but the hooks engine gave .* 3 per-sample"):
+        ledger.layout({next(iter(wrapped.parameters())): [(1, 3)]}, wrapped._store._name)
+
+
+class Branches(nn.Module):
+    """A ghosted Linear and a PReLU (left to the hooks engine); each forward pass picks which it runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.act = nn.Linear(3, 3), nn.PReLU(3)
+
+    def forward(self, x: torch.Tensor, which: str) -> torch.Tensor:
+        if which == "fc":
+            return self.fc(x)
+        return self.act(x) if which == "act" else self.act(self.fc(x))
+
+
+@pytest.mark.parametrize("K", [1, 3])
+def test_forward_passes_reaching_different_layers_are_aligned_by_forward_id(K: int) -> None:
+    # ghosted layers see passes 1 and 2 (2 + 3 samples), the PReLU passes 2 and 3 (3 + 2): equal totals
+    torch.manual_seed(0)
+    model = Branches()
+    passes = [(torch.randn(2 * K, 3) * 3, "fc"), (torch.randn(3 * K, 3) * 3, "both"), (torch.randn(2 * K, 3) * 3, "act")]
+
+    def forward(m, mask):
+        losses, start = [], 0
+        for x, which in passes:
+            B = x.shape[0] // K
+            per_row = m(x, which).sum(1) * mask[start : start + B].repeat_interleave(K)
+            losses.append(per_row.sum())
+            start += B
+        return sum(losses)
+
+    assert sensitivity(model, forward, 7, C=0.1, K=K) <= SLACK

@@ -241,21 +241,25 @@ class GhostGradSampleModule(GradSampleModule):
     def _trainable(self) -> list[nn.Parameter]:
         return [p for p in self._module.parameters() if p.requires_grad]
 
-    def _sampled(self) -> MaterialisedGroup:
-        """The ``p.grad_sample`` that the hooks engine filled for the layers ghost mode leaves to it."""
+    def _sampled(self) -> tuple[MaterialisedGroup, list[tuple[int, int]]]:
+        """The ``p.grad_sample`` that the hooks engine filled for the layers ghost mode leaves to it,
+        aligned with the ghost records forward pass by forward pass, and the passes' ``(forward_id, samples)``."""
         if self._hooks is None:
             params = self._trainable()
         else:  # only the hooks engine's units can hold grad_sample: no walk over the whole model
             params = [p for _, m, entry in self._hooks.units for p in m.parameters(recurse=entry is None) if p.requires_grad]
-        return MaterialisedGroup({p: p.grad_sample for p in params if getattr(p, "grad_sample", None) is not None})
+        sampled = MaterialisedGroup({p: p.grad_sample for p in params if getattr(p, "grad_sample", None) is not None})
+        blocks = {p: self._store.blocks(p) for p in sampled.grads}
+        layout = self._ledger.layout(blocks, self._store._name)
+        return self._ledger.align(sampled, blocks, layout), layout
 
     def num_samples(self) -> int:
         """The number of samples B in the batches seen since the last :meth:`zero_grad`."""
-        return self._ledger.num_samples(self._sampled())
+        return self._ledger.num_samples(self._sampled()[1])
 
     def sq_norms(self) -> Grads:
         """Every sample's squared gradient norm for each trainable parameter: ``{p: [B]}``."""
-        return self._ledger.sq_norms(self._sampled())
+        return self._ledger.sq_norms(*self._sampled())
 
     def per_sample_norms(self) -> Tensor:
         """Every sample's total gradient norm (all parameters): shape ``[B]``."""
@@ -268,7 +272,7 @@ class GhostGradSampleModule(GradSampleModule):
         Args:
             weights: ``[B]`` (one weight per sample, e.g. flat clip factors) or ``{p: [B]}`` (per parameter).
         """
-        return self._ledger.weighted_sums(weights, self._sampled())
+        return self._ledger.weighted_sums(weights, *self._sampled())
 
     def strategies(self) -> dict[str, str]:
         """How each ghosted layer's norms are computed for the batch seen (after backward): ``{path: how}``.

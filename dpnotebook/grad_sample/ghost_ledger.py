@@ -25,13 +25,14 @@ used them. It then
 >>> model.allow_grad_accumulation()
 >>> for rows in (4, 5):                     # two forward passes before one step
 ...     model(torch.randn(rows, 3)).sum().backward()
->>> [B for B, _ in model._ledger.groups()], model._ledger.num_samples(MaterialisedGroup({}))
-([4, 5], 9)
+>>> [B for B, _ in model._ledger.groups()], model._ledger.layout({})
+([4, 5], [(1, 4), (2, 5)])
 """
 
 from __future__ import annotations
 
 from functools import partial
+from typing import Callable
 
 import torch
 from torch import Tensor, nn
@@ -41,6 +42,8 @@ from dpnotebook.grad_sample.ghost_layers import GhostCall, GhostGroup, GhostHand
 
 Grads = dict[nn.Parameter, Tensor]
 Groups = list[tuple[int, dict[nn.Module, GhostGroup]]]
+#: ``{p: [(forward_id, samples), ...]}``: the blocks of rows of each ``p.grad_sample`` (the hooks engine's store).
+Blocks = dict[nn.Parameter, list[tuple[int, int]]]
 
 __all__ = ["GhostLedger"]
 
@@ -74,6 +77,7 @@ class GhostLedger:
         self.pending: dict[int, dict[nn.Module, list[GhostCall]]] = {}
         self.settled: dict[int, dict[nn.Module, MaterialisedGroup]] = {}
         self._groups: Groups | None = None
+        self._fids: list[int] = []  # forward id of each entry of groups()
         self._buffers: dict[tuple, Tensor] = {}
 
     def record(self, forward_id: int, module: nn.Module, call: GhostCall) -> None:
@@ -122,7 +126,7 @@ class GhostLedger:
                     elif done:
                         made[m] = self.handlers[m].make_group(m, done, self.K, partial(self._scratch, m, len(groups)))
                 groups.append((rows // self.K, made))
-            self._groups = groups
+            self._groups, self._fids = groups, list(self.pending)
         return self._groups
 
     def _scratch(self, m: nn.Module, ordinal: int | tuple, key: tuple, shape: tuple, like: Tensor) -> Tensor:
@@ -133,24 +137,59 @@ class GhostLedger:
             buf = self._buffers[full] = like.new_empty(shape)
         return buf
 
-    def num_samples(self, sampled: MaterialisedGroup) -> int:
-        """The number of samples B that the records (or, without any, ``sampled``) cover.
+    def layout(self, blocks: Blocks, name: Callable[[nn.Parameter], str] = repr) -> list[tuple[int, int]]:
+        """``(forward_id, samples)`` of every forward pass, in forward order: the records' and ``blocks``'.
+
+        A forward pass that reached the ghosted layers but not a parameter left to
+        the hooks engine (or the other way round) still has its place.
 
         Raises:
-            GradSampleError: the ghosted layers and ``sampled`` disagree on B.
+            GradSampleError: a block of ``p.grad_sample`` and the records of its forward pass disagree on B.
         """
-        ghost = sum(B for B, _ in self.groups())
-        held = {g.shape[0] for g in sampled.grads.values()}
-        if ghost and held and held != {ghost}:
-            raise GradSampleError(f"ghost layers saw {ghost} samples but materialised layers {sorted(held)}.")
-        return ghost or (held.pop() if held else 0)
+        groups = self.groups()
+        passes = dict(zip(self._fids, (B for B, _ in groups)))
+        for p, held in blocks.items():
+            for fid, n in held:
+                if passes.setdefault(fid, n) != n:
+                    raise GradSampleError(
+                        f"forward pass {fid}: the ghosted layers saw {passes[fid]} samples but the hooks engine gave "
+                        f"{name(p)} {n} per-sample gradients. Every layer of one forward pass must see the same samples."
+                    )
+        return sorted(passes.items())
 
-    def sq_norms(self, sampled: MaterialisedGroup) -> Grads:
-        """Every sample's squared gradient norm for each parameter: ``{p: [B]}``."""
-        B = self.num_samples(sampled)
+    def align(self, sampled: MaterialisedGroup, blocks: Blocks, layout: list[tuple[int, int]]) -> MaterialisedGroup:
+        """``sampled`` with each parameter's rows in ``layout``'s order, zeros for passes it did not see."""
+        grads: Grads = {}
+        for p, g in sampled.grads.items():
+            held = blocks.get(p, [])
+            if sum(n for _, n in held) != g.shape[0]:
+                raise GradSampleError(f"{g.shape[0]} rows of grad_sample but blocks {held} describe other rows.")
+            if held == layout:
+                grads[p] = g
+                continue
+            starts, start = {}, 0
+            for fid, n in held:
+                starts[fid], start = start, start + n
+            grads[p] = torch.cat([g[starts[f] : starts[f] + n] if f in starts else g.new_zeros((n, *g.shape[1:])) for f, n in layout])
+        return MaterialisedGroup(grads, sampled.scale)
+
+    def _passes(self, layout: list[tuple[int, int]]) -> list[tuple[int, dict[nn.Module, GhostGroup]]]:
+        """``(samples, groups)`` of each forward pass of ``layout`` (no groups: it reached no ghosted layer)."""
+        groups = self.groups()
+        made = dict(zip(self._fids, (m for _, m in groups)))
+        return [(n, made.get(fid, {})) for fid, n in layout]
+
+    @staticmethod
+    def num_samples(layout: list[tuple[int, int]]) -> int:
+        """The number of samples B in all the forward passes of ``layout``."""
+        return sum(n for _, n in layout)
+
+    def sq_norms(self, sampled: MaterialisedGroup, layout: list[tuple[int, int]]) -> Grads:
+        """Every sample's squared gradient norm for each parameter: ``{p: [B]}`` (``sampled`` aligned to ``layout``)."""
+        B = self.num_samples(layout)
         out: Grads = {}
         offset = 0
-        for Bf, made in self.groups():
+        for Bf, made in self._passes(layout):
             for group in made.values():
                 for p, sq in group.sq_norms().items():
                     if Bf == B and p not in out:  # one forward pass holds every sample: nothing to place
@@ -164,12 +203,13 @@ class GhostLedger:
             out[p] = out[p] + sq if p in out else sq
         return out
 
-    def weighted_sums(self, weights: Tensor | Grads, sampled: MaterialisedGroup) -> Grads:
+    def weighted_sums(self, weights: Tensor | Grads, sampled: MaterialisedGroup, layout: list[tuple[int, int]]) -> Grads:
         """``sum_b w_b * (sample b's gradient)`` for each parameter the records reach.
 
         Args:
             weights: ``[B]`` (one weight per sample) or ``{p: [B]}`` (per parameter).
-            sampled: the per-sample gradients held in full, weighted the same way.
+            sampled: the per-sample gradients held in full (aligned to ``layout``), weighted the same way.
+            layout: :meth:`layout`.
         """
         per_param = isinstance(weights, dict)
         dropped = _dropped(weights)
@@ -178,7 +218,7 @@ class GhostLedger:
             weights = {p: clean[id(w)] for p, w in weights.items()} if per_param else clean[id(weights)]
         out: Grads = {}
         offset = 0
-        for Bf, made in self.groups():
+        for Bf, made in self._passes(layout):
             for m, group in made.items():
                 w = {
                     p: (weights[p] if per_param else weights)[offset : offset + Bf]
