@@ -74,7 +74,7 @@ class Outcome:
         return "bounded" if self.report is not None and self.report.ok() else "violated"
 
 
-#: ``(mode or None for all, families, layout or None for both, passes or None, error types, message pattern, why)``.
+#: ``(a mode, a set of modes or None for all, families, layout or None for both, passes or None, error types, message pattern, why)``.
 REFUSALS: list[tuple] = [
     ("ew", None, False, None, (ValueError,), r"cannot handle batch_first=False",
      "ExpandedWeights needs the rows in dim 0"),
@@ -90,16 +90,21 @@ REFUSALS: list[tuple] = [
      "ExpandedWeights swaps parameters by path: a module reached by two paths has no rule"),
     ("ew", None, None, 2, (Exception,), r"one backward pass went through 2 forward passes",
      "ExpandedWeights adds the per-row gradients of two forward passes row by row"),
+    ({"hooks", "ghost"}, {"last_step"}, False, None, (Exception,), r"rows",
+     "a layer after the time-major part sees rows in dim 0 while batch_first=False says dim 1"),
 ]
 
 
 def expected_refusal(point: GridPoint) -> tuple[tuple[type, ...], str, str] | None:
     """``(error types, message pattern, why)`` if the library refuses ``point`` by design, else ``None``."""
     for mode, families, layout, passes, types, pattern, why in REFUSALS:
-        if (mode in (None, point.mode) and (families is None or point.family in families)
+        modes = {mode} if isinstance(mode, str) else mode
+        if ((modes is None or point.mode in modes) and (families is None or point.family in families)
                 and layout in (None, point.batch_first) and passes in (None, point.passes)):
             if point.mode == "functorch" and point.family in {"outside_use", "time_major"}:
                 continue  # the whole model is replayed per sample: both are computed exactly
+            if point.mode == "ew" and point.family == "outside_use":
+                continue  # ExpandedWeights follows the parameter wherever it is used
             return types, pattern, why
     return None
 
