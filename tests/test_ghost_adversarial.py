@@ -17,6 +17,7 @@ from torch import nn
 import dpnotebook
 from dpnotebook.grad_sample.ghost_norms import linear_sq_norms, shared_gram_sq_norms
 from dpnotebook.privacy.ghost_optimizer import GhostDPOptimizer
+from dpnotebook.testing import reference_grad_samples
 
 SLACK = 1 + 1e-5
 
@@ -193,3 +194,82 @@ def test_forward_passes_reaching_different_layers_are_aligned_by_forward_id(K: i
         return sum(losses)
 
     assert sensitivity(model, forward, 7, C=0.1, K=K) <= SLACK
+
+
+class OutsideUse(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x) + nn.functional.linear(x, self.fc.weight)  # the weight again, outside its layer
+
+
+def test_a_ghosted_weight_used_outside_its_layer_is_refused() -> None:
+    wrapped = dpnotebook.wrap_model(OutsideUse(), "ghost")
+    with pytest.raises(dpnotebook.GradSampleError, match="outside its module's forward"):
+        wrapped(torch.randn(4, 3)).sum().backward()
+        wrapped.sq_norms()
+
+
+class Shared(nn.Module):
+    """One Linear reachable from two parents."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        fc = nn.Linear(3, 3)
+        self.a, self.b = nn.Sequential(fc, nn.Tanh()), nn.Sequential(fc)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.a(x))
+
+
+@pytest.mark.parametrize("K", [1, 2])
+def test_a_layer_reachable_from_two_parents_is_counted_once(K: int) -> None:
+    torch.manual_seed(0)
+    model = Shared()
+    x = torch.randn(4 * K, 3) * 3
+
+    def forward(m, mask):
+        return (m(x).sum(1) * mask.repeat_interleave(K)).sum()
+
+    assert sensitivity(model, forward, 4, C=0.1, K=K) <= SLACK
+    wrapped = dpnotebook.wrap_model(copy.deepcopy(model), "ghost", K=K, loss_reduction="sum")
+    forward(wrapped, torch.ones(4)).backward()
+    ref = reference_grad_samples(model, (x,), target=torch.ones(4 * K, 3), loss_fn=lambda o, t: (o * t).sum(), K=K)
+    want = torch.stack([r.flatten(1).pow(2).sum(1) for r in ref.values()]).sum(0).sqrt()
+    torch.testing.assert_close(wrapped.per_sample_norms().double(), want, rtol=1e-4, atol=1e-6)
+
+
+def test_calling_the_inner_module_is_refused() -> None:
+    model = nn.Linear(3, 2)
+    dpnotebook.wrap_model(model, "ghost")
+    with pytest.raises(dpnotebook.GradSampleError, match="outside the GhostGradSampleModule's forward"):
+        model(torch.randn(2, 3))
+
+
+@pytest.mark.parametrize("K", [1, 2])
+def test_large_inputs_zero_losses_and_cancelling_copies(K: int) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
+    x = torch.randn(5 * K, 6, 8) * 1e4
+    x[:K] = x[0]  # sample 0's copies are equal ...
+    sign = torch.ones(5 * K)
+    sign[1 : K] = -1.0  # ... with opposite losses: they cancel (K = 2)
+
+    def forward(m, mask):
+        per_row = m(x).sum((1, 2)) * sign * mask.repeat_interleave(K)
+        per_row = per_row * (torch.arange(5 * K) // K != 4)  # sample 4: zero loss
+        return per_row.sum()
+
+    assert sensitivity(model, forward, 5, C=0.1, K=K) <= SLACK
+
+
+def test_an_empty_batch_adds_nothing() -> None:
+    model = nn.Sequential(nn.Linear(3, 4), nn.PReLU(), nn.Linear(4, 2))
+    wrapped = dpnotebook.wrap_model(model, "ghost", loss_reduction="sum")
+    opt = GhostDPOptimizer(torch.optim.SGD(wrapped.parameters(), lr=0.0), noise_multiplier=0.0, max_grad_norm=1.0,
+                           expected_batch_size=1, loss_reduction="sum")
+    wrapped(torch.randn(0, 3)).sum().backward()
+    opt.step()
+    assert all(p.grad is not None and not p.grad.any() for p in model.parameters())
