@@ -14,7 +14,7 @@ training loop needs no special case.
 >>> len(loader), loader.expected_batch_size
 (10, 10.0)
 >>> [len(y) for x, y in loader]
-[9, 14, 8, 7, 12, 11, 8, 10, 6, 15]
+[6, 10, 5, 7, 14, 7, 10, 9, 8, 12]
 """
 
 from __future__ import annotations
@@ -103,7 +103,9 @@ class PoissonBatchSampler(Sampler[list[int]]):
             if self.secure_mode:
                 uniform = secure_uniform(self.num_samples)
             else:
-                uniform = torch.rand(self.num_samples, generator=self.generator)
+                # float64: float32 uniforms lie on a grid of 2^-24, so `u < q` would include
+                # each sample with q rounded up to that grid, not with probability q
+                uniform = torch.rand(self.num_samples, generator=self.generator, dtype=torch.float64)
             yield torch.nonzero(uniform < self.sample_rate).flatten().tolist()
 
 

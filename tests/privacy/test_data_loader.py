@@ -103,3 +103,13 @@ def test_split_batch_keeps_k_rows_together():
     assert [len(p[0]) for p in pieces] == [6, 6]
     assert pieces[1][1].tolist() == [2, 2, 2, 3, 3, 3]
     assert list(split_batch((torch.zeros(0, 2),), max_physical_batch_size=4)) == []
+
+
+def test_inclusion_is_drawn_in_float64() -> None:
+    """Each sample is in with probability q itself: float32 uniforms (a grid of 2^-24) round q up to that grid."""
+    q = 0.1 + 2**-30  # between two float32 uniforms: a float32 draw would include with another probability
+    sampler = PoissonBatchSampler(1000, sample_rate=q, steps=3, generator=torch.Generator().manual_seed(7))
+    reference = torch.Generator().manual_seed(7)
+    for batch in sampler:
+        expected = torch.nonzero(torch.rand(1000, generator=reference, dtype=torch.float64) < q).flatten().tolist()
+        assert batch == expected
