@@ -26,6 +26,8 @@ from dpnotebook.privacy.arguments import (
     check_positive_number,
     check_sample_rate,
 )
+from dpnotebook.privacy.schedule import steps_for_epochs
+from dpnotebook.privacy.schedule import steps_per_epoch as poisson_steps_per_epoch
 
 __all__ = ["get_noise_multiplier"]
 
@@ -37,6 +39,7 @@ def get_noise_multiplier(
     sample_rate: float,
     steps: int | None = None,
     epochs: float | None = None,
+    steps_per_epoch: int | None = None,
     accountant: str = "pld",
     epsilon_tolerance: float = 0.01,
 ) -> float:
@@ -51,8 +54,11 @@ def get_noise_multiplier(
         target_epsilon: the privacy budget epsilon (> 0).
         target_delta: the delta in (0, 1).
         sample_rate: q, the probability that a sample is in a batch.
-        steps: the number of steps; or give ``epochs`` (``steps = int(epochs / q)``).
-        epochs: the number of epochs, instead of ``steps``.
+        steps: the number of steps; or give ``epochs``.
+        epochs: the number of epochs, instead of ``steps``: ``steps = ceil(epochs * steps_per_epoch)``
+            (:func:`~dpnotebook.privacy.schedule.steps_for_epochs`), the steps the loader will run.
+        steps_per_epoch: batches per epoch (default: a Poisson loader's ``round(1 / q)``); pass
+            ``len(data_loader)`` to calibrate for the loader you train with.
         accountant: a registry name (``"pld"``, ``"prv"``, ``"rdp"``).
         epsilon_tolerance: how far below the target epsilon may end (> 0).
 
@@ -70,7 +76,10 @@ def get_noise_multiplier(
     if (steps is None) == (epochs is None):
         raise ValueError(f"steps={steps!r}, epochs={epochs!r}: give exactly one of them.")
     if steps is None:
-        steps = int(check_positive_number("epochs", epochs) / sample_rate)
+        per_epoch = poisson_steps_per_epoch(sample_rate) if steps_per_epoch is None else steps_per_epoch
+        steps = steps_for_epochs(epochs, per_epoch)
+    elif steps_per_epoch is not None:
+        raise ValueError(f"steps_per_epoch={steps_per_epoch!r} goes with epochs=, not with steps={steps!r}.")
     steps = check_positive_int("steps", steps)
     return _search_noise_multiplier(target_epsilon, target_delta, sample_rate, steps, accountant, tolerance)
 

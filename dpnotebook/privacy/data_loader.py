@@ -28,6 +28,7 @@ from torch.utils.data.dataloader import default_collate
 
 from dpnotebook.privacy.arguments import check_positive_int, check_sample_rate
 from dpnotebook.privacy.noise import secure_uniform
+from dpnotebook.privacy.schedule import steps_per_epoch
 
 __all__ = [
     "PoissonBatchSampler",
@@ -86,7 +87,7 @@ class PoissonBatchSampler(Sampler[list[int]]):
     ) -> None:
         self.num_samples = check_positive_int("num_samples", num_samples)
         self.sample_rate = check_sample_rate(sample_rate)
-        self.steps = check_positive_int("steps", steps if steps is not None else max(1, round(1 / self.sample_rate)))
+        self.steps = check_positive_int("steps", steps if steps is not None else steps_per_epoch(self.sample_rate))
         if secure_mode and generator is not None:
             raise ValueError(
                 f"generator={generator!r} with secure_mode=True: a seeded generator is predictable. "

@@ -223,7 +223,10 @@ class PrivacyEngine:
     ) -> tuple[nn.Module, DPOptimizer, DataLoader]:
         """As :meth:`make_private`, with the smallest sigma that spends at most ``target_epsilon`` in ``epochs``.
 
-        The chosen sigma is ``optimizer.noise_multiplier``. ``**kwargs`` go to :meth:`make_private`.
+        Sigma is calibrated for exactly the steps the returned loader runs in ``epochs``
+        epochs, ``ceil(epochs * len(loader))`` (the Poisson loader keeps ``len(data_loader)``
+        batches per epoch). The chosen sigma is ``optimizer.noise_multiplier``.
+        ``**kwargs`` go to :meth:`make_private`.
         """
         check_delta(target_delta, dataset_size=len(data_loader.dataset), name="target_delta")
         sigma = get_noise_multiplier(
@@ -231,6 +234,7 @@ class PrivacyEngine:
             target_delta=target_delta,
             sample_rate=sample_rate_of(data_loader),
             epochs=epochs,
+            steps_per_epoch=len(data_loader),
             accountant=self.accountant.mechanism,
             epsilon_tolerance=epsilon_tolerance,
         )

@@ -7,7 +7,7 @@ back to a setting seen before costs nothing.
 
 >>> s = BudgetState(noise_multiplier=1.0, batch_size=256, dataset_size=60000, epochs=5, accountant="rdp")
 >>> s.sample_rate, s.steps(5)
-(0.004266666666666667, 1171)
+(0.004266666666666667, 1170)
 >>> s.cached() is None                      # nothing computed yet
 True
 >>> round(s.compute().epsilon, 2)
@@ -28,6 +28,7 @@ import traitlets
 
 from dpnotebook.privacy.accounting import available_accountants, compute_epsilon
 from dpnotebook.privacy.calibration import get_noise_multiplier
+from dpnotebook.privacy.schedule import steps_for_epochs, steps_per_epoch
 from dpnotebook.privacy.arguments import check_choice, check_delta, check_epsilon, check_noise_multiplier
 from dpnotebook.widgets._validate import int_at_least, library_check, refuse
 
@@ -63,8 +64,8 @@ class BudgetState(traitlets.HasTraits):
         noise_multiplier: sigma (> 0).
         batch_size: expected batch size B; the sample rate is ``B / dataset_size``.
         dataset_size: N (>= B).
-        epochs: number of epochs (steps = ``int(epochs / sample_rate)``, as in
-            :func:`~dpnotebook.privacy.calibration.get_noise_multiplier`).
+        epochs: number of epochs (steps = ``ceil(epochs * round(1 / sample_rate))``, as in
+            :func:`~dpnotebook.privacy.schedule.steps_for_epochs` and ``make_private_with_epsilon``).
         delta: delta in (0, 1).
         accountant: ``"rdp"`` or ``"pld"`` (``"prv"`` = ``"pld"``).
         target_epsilon: the budget the required sigma is searched for.
@@ -130,8 +131,8 @@ class BudgetState(traitlets.HasTraits):
         return self.batch_size / self.dataset_size
 
     def steps(self, epochs: float) -> int:
-        """Steps in ``epochs`` epochs: ``int(epochs / q)``."""
-        return max(1, int(epochs / self.sample_rate))
+        """Steps in ``epochs`` epochs of a Poisson loader: ``ceil(epochs * round(1 / q))``, the library's one rule."""
+        return steps_for_epochs(epochs, steps_per_epoch(self.sample_rate))
 
     def delta_note(self) -> str:
         """The library's warning when delta is not well below 1/N, else ``""``."""
