@@ -7,7 +7,7 @@ went wrong while computing), so ``except ValueError`` keeps working.
 
 from __future__ import annotations
 
-__all__ = ["UnsupportedModuleError", "GradSampleError", "GradSamplerMismatch"]
+__all__ = ["UnsupportedModuleError", "GradSampleError", "GradSamplerMismatch", "PrivacyWarning"]
 
 
 class UnsupportedModuleError(ValueError):
@@ -73,3 +73,20 @@ class GradSamplerMismatch(AssertionError):
     def __init__(self, message: str, report: object) -> None:
         super().__init__(message)
         self.report = report
+
+
+class PrivacyWarning(UserWarning):
+    """The run is set up so that the privacy guarantee, or the epsilon reported, may not hold as stated.
+
+    Raised as a warning, not an error, where the choice is the user's (shuffled
+    batches instead of Poisson sampling, noise that is not cryptographically
+    secure); the message says what it costs and how to do otherwise.
+
+    >>> import warnings
+    >>> from dpnotebook.errors import PrivacyWarning
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     warnings.warn("epsilon assumes Poisson sampling", PrivacyWarning)
+    >>> caught[0].category.__name__
+    'PrivacyWarning'
+    """

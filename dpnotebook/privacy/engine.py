@@ -22,6 +22,7 @@ It is Opacus' API: an Opacus script changes only its import.
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any
 
 import torch
@@ -29,6 +30,7 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
+from dpnotebook.errors import PrivacyWarning
 from dpnotebook.grad_sample.module import GradSampleModule, check_k
 from dpnotebook.modes import wrap_model
 from dpnotebook.privacy.accounting import create_accountant
@@ -91,7 +93,10 @@ class PrivacyEngine:
 
     Args:
         accountant: the accountant's name in the registry (``"pld"``, ``"prv"``, ``"rdp"``).
-        secure_mode: draw noise and batches from the OS CSPRNG (see :mod:`dpnotebook.privacy.noise`).
+        secure_mode: ``True`` draws noise and batches from the OS CSPRNG (see
+            :mod:`dpnotebook.privacy.noise`); ``False`` uses PyTorch's generators, as chosen (seeded
+            runs, teaching); ``None`` (the default) uses them too and warns once per process
+            that the noise is not cryptographically secure.
 
     Attributes:
         accountant: the :class:`~dpnotebook.privacy.accounting.Accountant`
@@ -100,9 +105,10 @@ class PrivacyEngine:
         sample_rate: q of the last data loader made private (samples, not rows).
     """
 
-    def __init__(self, *, accountant: str = "pld", secure_mode: bool = False) -> None:
+    def __init__(self, *, accountant: str = "pld", secure_mode: bool | None = None) -> None:
         self.accountant = create_accountant(accountant)
         self.secure_mode = bool(secure_mode)
+        self._secure_choice = secure_mode
         self.dataset_size: int | None = None
         self.sample_rate: float | None = None
 
@@ -139,8 +145,9 @@ class PrivacyEngine:
                 :class:`~dpnotebook.privacy.augmult.AugmultCollate`.
                 Accounting counts samples, not rows.
             poisson_sampling: sample batches as the privacy analysis assumes. With
-                ``False`` the loader is kept, and the accountant's figure assumes
-                Poisson sampling anyway (an approximation).
+                ``False`` the loader is kept and a :class:`~dpnotebook.errors.PrivacyWarning`
+                says that the epsilon reported, computed as if batches were Poisson
+                samples, is then not a bound for the shuffled, fixed-size batches used.
             clipping: ``"flat"`` or ``"per_layer"``.
             batch_first: rows in dim 0 (``True``) or dim 1.
             loss_reduction: ``"mean"`` or ``"sum"``, as your loss reduces the batch.
@@ -183,6 +190,15 @@ class PrivacyEngine:
             )
             expected_batch_size = data_loader.expected_batch_size
         else:
+            warnings.warn(
+                "poisson_sampling=False: the data loader's shuffled, fixed-size batches are kept, but "
+                "the accountant computes epsilon as if every example were in each batch independently "
+                f"with probability q={sample_rate:.4g} (Poisson sampling). That epsilon is not a bound "
+                "for this run. Fix: poisson_sampling=True (the default), which replaces the loader by "
+                "a DPDataLoader.",
+                PrivacyWarning,
+                stacklevel=2,
+            )
             expected_batch_size = data_loader.batch_size or sample_rate * self.dataset_size
         self.sample_rate = sample_rate
 
@@ -199,7 +215,7 @@ class PrivacyEngine:
             loss_reduction=loss_reduction,
             clipping=clipping,
             generator=noise_generator,
-            secure_mode=self.secure_mode,
+            secure_mode=self._secure_choice,
         )
 
         def step_accountant(opt: DPOptimizer) -> None:

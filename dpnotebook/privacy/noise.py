@@ -30,15 +30,40 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from typing import Sequence
 
 import torch
 from torch import Tensor
 
-__all__ = ["gaussian_noise", "draw_noise", "secure_uniform", "secure_normal"]
+__all__ = ["gaussian_noise", "draw_noise", "secure_uniform", "secure_normal", "warn_insecure_noise_once"]
 
 #: Secure noise is the sum of this many normals, divided by sqrt(this) to keep the std.
 SECURE_NOISE_TERMS = 4
+
+_WARNED_INSECURE = [False]
+
+
+def warn_insecure_noise_once() -> bool:
+    """Warn, once per process, that the noise comes from PyTorch's (predictable) generator; ``True`` if it warned.
+
+    DP optimizers call it when they first draw noise and the user chose neither
+    ``secure_mode=True`` nor ``secure_mode=False`` nor a seeded generator.
+    """
+    if _WARNED_INSECURE[0]:
+        return False
+    _WARNED_INSECURE[0] = True
+    from dpnotebook.errors import PrivacyWarning
+
+    warnings.warn(
+        "The DP noise comes from PyTorch's generator, which is not cryptographically secure: whoever "
+        "learns its state can predict and subtract the noise. For a real release use "
+        "secure_mode=True (PrivacyEngine or DPOptimizer); to reproduce a seeded run, say so with "
+        "secure_mode=False or pass a seeded noise generator, and this warning goes away.",
+        PrivacyWarning,
+        stacklevel=3,
+    )
+    return True
 
 
 def secure_uniform(n: int) -> Tensor:

@@ -44,7 +44,7 @@ from dpnotebook.privacy.arguments import (
     check_positive_number,
 )
 from dpnotebook.privacy.clipping import CLIPPING_MODES, clip_and_sum
-from dpnotebook.privacy.noise import draw_noise
+from dpnotebook.privacy.noise import draw_noise, warn_insecure_noise_once
 from dpnotebook.privacy.step_stats import StepStats, total_norm
 
 __all__ = ["DPOptimizer"]
@@ -69,7 +69,10 @@ class DPOptimizer(Optimizer):
         loss_reduction: ``"mean"`` or ``"sum"``, as the model's wrapper was told.
         clipping: ``"flat"`` or ``"per_layer"`` (see :mod:`dpnotebook.privacy.clipping`).
         generator: a ``torch.Generator`` for the noise (seed it to reproduce a run).
-        secure_mode: draw the noise from the OS CSPRNG (no ``generator`` then).
+        secure_mode: ``True`` draws the noise from the OS CSPRNG (no ``generator`` then);
+            ``False`` uses PyTorch's generator, as chosen; ``None`` (the default) uses it too,
+            and warns once per process (:class:`~dpnotebook.errors.PrivacyWarning`) unless a
+            seeded ``generator`` shows the choice was made.
 
     Attributes:
         last_step_stats: the :class:`StepStats` of the last step (``None`` before it).
@@ -87,7 +90,7 @@ class DPOptimizer(Optimizer):
         loss_reduction: str = "mean",
         clipping: str = "flat",
         generator: torch.Generator | None = None,
-        secure_mode: bool = False,
+        secure_mode: bool | None = None,
     ) -> None:
         if not isinstance(optimizer, Optimizer):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}.")
@@ -104,6 +107,7 @@ class DPOptimizer(Optimizer):
         self.clipping = check_choice("clipping", clipping, CLIPPING_MODES)
         self.generator = generator
         self.secure_mode = bool(secure_mode)
+        self._insecure_unchosen = secure_mode is None and generator is None
         self.step_hooks: list[Callable[[DPOptimizer], None]] = []
         self.last_step_stats: StepStats | None = None
         self._skip_next_step = False
@@ -229,6 +233,8 @@ class DPOptimizer(Optimizer):
         params = self.params
         summed = self._summed or [torch.zeros_like(p) for p in params]
         std = self.noise_multiplier * self.max_grad_norm
+        if std > 0 and self._insecure_unchosen:
+            self._insecure_unchosen = not warn_insecure_noise_once()
         noises = draw_noise(params, std, self.generator, self.secure_mode)
         signal_norm, noise_norm = total_norm(summed), total_norm(noises)  # before they are added up
         torch._foreach_add_(noises, [s.detach() for s in summed])
