@@ -29,6 +29,7 @@ tensor([0.9000, 1.2000])
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -93,12 +94,34 @@ def per_sample_norms(grad_samples: GradSamples) -> Tensor:
 def clip_factors(norms: Tensor, max_grad_norm: float) -> Tensor:
     """``min(1, max_grad_norm / (norm + 1e-6))`` for each norm: multiply a gradient by it to clip it.
 
+    A norm that is NaN or infinite gets factor 0 (its sample must add nothing)
+    and a :class:`~dpnotebook.errors.PrivacyWarning` that says how many there were.
+
     >>> import torch
     >>> clip_factors(torch.tensor([0.0, 0.5, 4.0]), 2.0)
     tensor([1.0000, 1.0000, 0.5000])
     """
     max_grad_norm = check_max_grad_norm(max_grad_norm)
-    return (max_grad_norm / (norms + EPS)).clamp(max=1.0)
+    factors = (max_grad_norm / (norms + EPS)).clamp(max=1.0)
+    finite = torch.isfinite(norms)
+    if not bool(finite.all()):
+        from dpnotebook.errors import PrivacyWarning
+
+        bad = ~finite if finite.dim() < 2 else (~finite).any(0)  # per-layer norms are [L, B]
+        warnings.warn(
+            f"{int(bad.sum())} sample(s) of {bad.numel()} have a NaN or infinite gradient norm; they get "
+            "clip factor 0 and add nothing to this step. Check the loss and the inputs "
+            "of those samples (an overflow, a log of 0).",
+            PrivacyWarning,
+            stacklevel=2,
+        )
+        factors = torch.where(finite, factors, torch.zeros_like(factors))
+    return factors
+
+
+def _zero_nonfinite(g: Tensor, keep: Tensor) -> Tensor:
+    """``g`` (``[B, ...]``) with the rows of samples not in ``keep`` (``[B]`` bool) set to 0 (0 * NaN is NaN)."""
+    return torch.where(keep.reshape(-1, *([1] * (g.dim() - 1))), g, torch.zeros((), dtype=g.dtype, device=g.device))
 
 
 def layer_thresholds(max_grad_norm: float, num_layers: int) -> float:
@@ -163,12 +186,15 @@ def clip_and_sum(grad_samples: GradSamples, *, max_grad_norm: float, clipping: s
     grads = _as_list(grad_samples)
     layer_norms = per_layer_norms(grads)
     norms = layer_norms.norm(dim=0)
+    finite = torch.isfinite(norms)
+    if not bool(finite.all()):  # a sample with a non-finite norm adds nothing: zero its rows, not only its factor
+        grads = [_zero_nonfinite(g, finite) for g in grads]
     if clipping == "flat":
         factors = clip_factors(norms, max_grad_norm)
         clipped = factors < 1
         summed = [torch.tensordot(factors.to(g.dtype), g, dims=1) for g in grads]
     else:
-        factors = clip_factors(layer_norms, layer_thresholds(max_grad_norm, len(grads)))
+        factors = clip_factors(torch.where(finite, layer_norms, norms), layer_thresholds(max_grad_norm, len(grads)))
         clipped = (factors < 1).any(dim=0)
         summed = [torch.tensordot(f.to(g.dtype), g, dims=1) for f, g in zip(factors, grads)]
     fraction = clipped.float().mean().item() if clipped.numel() else 0.0

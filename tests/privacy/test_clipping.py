@@ -120,3 +120,18 @@ def test_dict_input_and_empty_batch():
 def test_mismatched_batch_sizes_raise():
     with pytest.raises(ValueError, match="disagree on the number of samples"):
         clip_and_sum([torch.zeros(2, 3), torch.zeros(3, 3)], max_grad_norm=1.0)
+
+
+@pytest.mark.parametrize("clipping", ["flat", "per_layer"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_non_finite_norm_gets_factor_zero_and_adds_nothing(clipping: str, bad: float) -> None:
+    from dpnotebook.errors import PrivacyWarning
+
+    g = [torch.randn(4, 3), torch.randn(4, 2, 2)]
+    g[0][2, 1] = bad
+    with pytest.warns(PrivacyWarning, match=r"1 sample\(s\) of 4 have a NaN or infinite gradient norm"):
+        result = clip_and_sum(g, max_grad_norm=0.5, clipping=clipping)
+    without = clip_and_sum([x[[0, 1, 3]] for x in g], max_grad_norm=0.5, clipping=clipping)
+    for a, b in zip(result.summed, without.summed):
+        torch.testing.assert_close(a, b)
+    assert bool((result.factors[..., 2] == 0).all())  # [B] for flat, [L, B] for per-layer
