@@ -19,6 +19,7 @@ training loop needs no special case.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any, Callable, Iterator, Mapping
 
 import torch
@@ -95,11 +96,14 @@ class PoissonBatchSampler(Sampler[list[int]]):
             )
         self.generator = generator
         self.secure_mode = secure_mode
+        #: sizes of the batches drawn and not yet handed out (the loader may prefetch)
+        self.drawn: deque[int] = deque()
 
     def __len__(self) -> int:
         return self.steps
 
     def __iter__(self) -> Iterator[list[int]]:
+        self.drawn.clear()  # a new pass: counts of a pass that broke off are stale
         for _ in range(self.steps):
             if self.secure_mode:
                 uniform = secure_uniform(self.num_samples)
@@ -107,7 +111,9 @@ class PoissonBatchSampler(Sampler[list[int]]):
                 # float64: float32 uniforms lie on a grid of 2^-24, so `u < q` would include
                 # each sample with q rounded up to that grid, not with probability q
                 uniform = torch.rand(self.num_samples, generator=self.generator, dtype=torch.float64)
-            yield torch.nonzero(uniform < self.sample_rate).flatten().tolist()
+            indices = torch.nonzero(uniform < self.sample_rate).flatten().tolist()
+            self.drawn.append(len(indices))
+            yield indices
 
 
 class EmptyBatchCollate:
@@ -145,6 +151,9 @@ class DPDataLoader(DataLoader):
     Attributes:
         sample_rate: q.
         expected_batch_size: ``q * len(dataset)``, in samples.
+        batch_listeners: functions called with the number of examples of each batch
+            handed out (``make_private`` adds the optimizer's, which checks that each
+            step clips the examples of exactly one batch).
     """
 
     def __init__(
@@ -170,6 +179,20 @@ class DPDataLoader(DataLoader):
         )
         self.sample_rate = sampler.sample_rate
         self.expected_batch_size = self.sample_rate * len(dataset)
+        self.batch_listeners: list[Callable[[int], None]] = []
+
+    def __iter__(self) -> Iterator[Any]:
+        """The batches, in order; each one's number of examples goes to every ``batch_listeners`` function.
+
+        Counted when a batch is handed out, not when its indices are drawn: with
+        ``num_workers > 0`` the loader draws ahead of the training loop.
+        """
+        drawn = self.batch_sampler.drawn
+        for batch in super().__iter__():
+            examples = drawn.popleft()
+            for listener in self.batch_listeners:
+                listener(examples)
+            yield batch
 
     @classmethod
     def from_data_loader(

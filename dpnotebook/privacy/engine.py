@@ -222,6 +222,8 @@ class PrivacyEngine:
             self.accountant.step(noise_multiplier=opt.noise_multiplier, sample_rate=sample_rate)
 
         dp_optimizer.attach_step_hook(step_accountant)
+        if isinstance(data_loader, DPDataLoader):  # each step must clip the examples of exactly one batch
+            data_loader.batch_listeners.append(dp_optimizer.sampled_batches.drawn)
         return module, dp_optimizer, data_loader
 
     def make_private_with_epsilon(

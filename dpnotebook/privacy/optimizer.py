@@ -45,6 +45,7 @@ from dpnotebook.privacy.arguments import (
 )
 from dpnotebook.privacy.clipping import CLIPPING_MODES, clip_and_sum
 from dpnotebook.privacy.noise import draw_noise, warn_insecure_noise_once
+from dpnotebook.privacy.sampled_batches import SampledBatches
 from dpnotebook.privacy.step_stats import StepStats, total_norm
 
 __all__ = ["DPOptimizer"]
@@ -111,6 +112,7 @@ class DPOptimizer(Optimizer):
         self.step_hooks: list[Callable[[DPOptimizer], None]] = []
         self.last_step_stats: StepStats | None = None
         self._skip_next_step = False
+        self.sampled_batches = SampledBatches()
         self._reset_accumulation()
 
     # -- the privacy knobs, validated whenever they are set -------------------
@@ -230,6 +232,7 @@ class DPOptimizer(Optimizer):
         :func:`~dpnotebook.privacy.noise.draw_noise`.
         """
         self.virtual_step()
+        self.sampled_batches.check(sum(int(n.shape[0]) for n in self._norms))
         params = self.params
         summed = self._summed or [torch.zeros_like(p) for p in params]
         std = self.noise_multiplier * self.max_grad_norm

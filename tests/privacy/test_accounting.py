@@ -17,6 +17,7 @@ from dpnotebook.privacy.accounting import (
     create_accountant,
 )
 from dpnotebook.privacy.calibration import get_noise_multiplier
+from dpnotebook.privacy.schedule import steps_for_epochs, steps_per_epoch
 
 # The TF-Privacy / Opacus MNIST setting.
 Q, SIGMA, EPOCHS, DELTA = 256 / 60000, 1.1, 60, 1e-5
@@ -80,7 +81,8 @@ def test_noise_multiplier_for_mnist_and_cache():
     sigma = get_noise_multiplier(target_epsilon=3.0, target_delta=DELTA, sample_rate=Q, epochs=EPOCHS, accountant="rdp")
     first = time.perf_counter() - start
     start = time.perf_counter()
-    again = get_noise_multiplier(target_epsilon=3.0, target_delta=DELTA, sample_rate=Q, steps=STEPS, accountant="rdp")
+    steps = steps_for_epochs(EPOCHS, steps_per_epoch(Q))  # 60 epochs of round(1 / q) = 234 batches: 14040
+    again = get_noise_multiplier(target_epsilon=3.0, target_delta=DELTA, sample_rate=Q, steps=steps, accountant="rdp")
     assert again == sigma and time.perf_counter() - start < first / 10 + 1e-3
     assert 0.95 < sigma < 1.1   # eps(1.1) = 2.6 < 3
 
