@@ -40,8 +40,8 @@ class GradSampleError(RuntimeError):
     >>> try:
     ...     model(torch.randn(5, 3))      # batch-first data, but batch_first=False was said
     ... except GradSampleError as err:
-    ...     print(str(err).split(". ")[0])
-    model.1 (Linear) sees 2 rows in dim 1 but model.0 saw 4
+    ...     print(str(err).split(":")[0])
+    model.0 (Linear) sees 4 rows in dim 1 but the model's input carries 3 rows in dim 1 (batch_first=False, K=1)
     """
 
 

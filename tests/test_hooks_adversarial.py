@@ -195,3 +195,64 @@ def test_the_store_sorts_blocks_by_forward_pass_whatever_order_they_arrive_in() 
     assert b.weight.grad_sample[:, 0, 0].tolist() == [1, 1, 2, 2, 2, 3]
     wrapped.zero_grad()
     assert wrapped._store.blocks(a.weight) == []
+
+
+# -- item 8: a parameter used inside and outside its layer ---------------------------------------------
+class UsedOutside(nn.Module):
+    """``fc`` is called, and its weight is used again by the parent: the second part has no sampler."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.fc(x)) + F.linear(x, self.fc.weight))
+
+
+@pytest.mark.parametrize("wrapper, message", [
+    (GradSampleModule, r"parameter 'fc.weight' is used in the forward pass outside the layer that holds it.*"
+                       r"Call the layer itself \(self.fc\(x\)\)"),
+    (GhostGradSampleModule, r"received .grad but no grad_sample: \['fc.weight'\]"),  # ghost's own check
+])
+def test_a_parameter_used_outside_its_layer_is_refused(wrapper: type, message: str) -> None:
+    torch.manual_seed(0)
+    wrapped = wrapper(UsedOutside(), loss_reduction="sum")
+    x, y = torch.randn(9, 4) * 10, torch.randint(0, 3, (9,))
+    with pytest.raises(GradSampleError, match=message):
+        sensitivity(wrapped, x, y, s=0)
+
+
+def test_a_parameter_used_outside_is_refused_even_when_the_outside_parts_cancel() -> None:
+    class Cancelling(UsedOutside):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:  # the outside part's gradient sums to 0 over the batch
+            sign = torch.tensor([1.0, -1.0]).repeat(x.shape[0] // 2)[:, None]
+            return self.head(self.fc(x)) + sign * F.linear(x, self.fc.weight).sum(1, keepdim=True)
+
+    wrapped = GradSampleModule(Cancelling(), loss_reduction="sum")
+    x = torch.randn(1, 4).repeat(4, 1)
+    with pytest.raises(GradSampleError, match="parameter 'fc.weight' is used in the forward pass outside"):
+        wrapped(x)
+
+
+def test_tied_weights_and_shared_layer_parameters_still_match_the_oracle() -> None:
+    class Tied(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = nn.Embedding(7, 4)
+            self.mid = nn.Linear(4, 4)
+            self.out = nn.Linear(4, 7, bias=False)
+            self.out.weight = self.emb.weight
+
+        def forward(self, idx: torch.Tensor) -> torch.Tensor:
+            return self.out(torch.tanh(self.mid(self.emb(idx)))).mean(1)
+
+    torch.manual_seed(0)
+    model = Tied().double()
+    x, target = torch.randint(0, 7, (5, 3)), torch.randn(5, 7, dtype=torch.float64)
+    expected = reference_grad_samples(model, [x], target=target)
+    wrapped = GradSampleModule(model, loss_reduction="sum")
+    (wrapped(x) * target).sum().backward()
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad_sample, expected[name])
+    assert all(isinstance(p, nn.Parameter) for m in model.modules() for p in m._parameters.values() if p is not None)

@@ -26,6 +26,7 @@ from dpnotebook.grad_sample.functorch_fallback import (
     fallback_grad_samples,
     loss_scale,
 )
+from dpnotebook.grad_sample.outside_use import alias_parameters, restore_parameters
 from dpnotebook.grad_sample.registry import SamplerEntry
 
 
@@ -146,14 +147,43 @@ class LayerHooks:
         self.units = units
         self.owner = owner
         self.handles: list[Any] = []
+        # parameters of sampled layers, swapped for aliases during their forward (see outside_use)
+        self.watched: dict[int, nn.Parameter] = {}
+        self._swapped: dict[int, list[list]] = {}
+        self._unwatched = frozenset(id(p) for _, m, e in units if e is None for p in m.parameters())
         for path, module, entry in units:
             hook = partial(self._record, path, entry)
             self.handles.append(module.register_forward_hook(hook, with_kwargs=True))
+            if entry is not None and module is not owner._module:
+                self._guard(module, [module])
+        # DPLSTM...: its samplers account for every use of its parameters inside it. In ghost mode its
+        # children are ghosted, and ghost mode detaches their parameters itself (an outside use then
+        # reaches p.grad without a ghost record, which GhostStore refuses)
+        if not owner.force_functorch and owner.grad_sample_mode != "ghost":
+            for m in owner._module.modules():
+                if getattr(m, "_dpn_grad_samples_from_children", False) and m is not owner._module:
+                    self._guard(m, list(m.modules()))
+
+    def _guard(self, module: nn.Module, subtree: list[nn.Module]) -> None:
+        """Alias the parameters of ``subtree`` during ``module``'s forward (see :mod:`.outside_use`)."""
+        self.handles.append(module.register_forward_pre_hook(partial(self._alias, subtree)))
+        self.handles.append(module.register_forward_hook(self._restore, prepend=True, always_call=True))
 
     def remove(self) -> None:
         for h in self.handles:
             h.remove()
         self.handles.clear()
+
+    def _alias(self, subtree: list[nn.Module], module: nn.Module, args: tuple) -> None:
+        owner = self.owner
+        active = owner.hooks_enabled and owner._in_forward and torch.is_grad_enabled() and not capture_is_paused()
+        swapped = alias_parameters(subtree, self.watched, self._unwatched) if active else []
+        self._swapped.setdefault(id(module), []).append(swapped)
+
+    def _restore(self, module: nn.Module, args: tuple, output: Any) -> None:
+        stack = self._swapped.get(id(module))
+        if stack:
+            restore_parameters(stack.pop())
 
     def _batch_dim(self, module: nn.Module, entry: SamplerEntry | None) -> int:
         if getattr(module, "_dpn_batch_first", False) or (entry is not None and entry.batch_first_always):

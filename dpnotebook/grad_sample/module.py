@@ -14,12 +14,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import Tensor, nn
+from torch.utils._pytree import tree_flatten
 
 from dpnotebook.errors import GradSampleError
 from dpnotebook.grad_sample.batch_rows import count_rows
 from dpnotebook.grad_sample.functorch_fallback import check_replay_chunk
 from dpnotebook.grad_sample.hooks import LayerHooks
+from dpnotebook.grad_sample.outside_use import outside_use
 from dpnotebook.grad_sample.ownership import check_not_wrapped
 from dpnotebook.grad_sample.registry import SamplerEntry, find_grad_sampler
 from dpnotebook.grad_sample.accumulation import GradSampleStore
@@ -267,9 +270,27 @@ class GradSampleModule(nn.Module):
             self._rows_input = count_rows(args, kwargs, batch_first=self.batch_first, min_dim=2)
         self._in_forward = True
         try:
-            return self._forward(*args, **kwargs)
+            output = self._forward(*args, **kwargs)
         finally:
             self._in_forward = False
+        if self._hooks is not None and self._hooks.watched and self.hooks_enabled and torch.is_grad_enabled():
+            self._refuse_outside_use(output)
+        return output
+
+    def _refuse_outside_use(self, output: Any) -> None:
+        """Raise if a sampled layer's parameter is also used outside that layer (see :mod:`.outside_use`)."""
+        leaves = [output] if isinstance(output, Tensor) else tree_flatten(output)[0]
+        p = outside_use(leaves, self._hooks.watched)
+        if p is not None:
+            name = next((n for n, q in self._module.named_parameters() if q is p), "a parameter")
+            raise GradSampleError(
+                f"parameter {name!r} is used in the forward pass outside the layer that holds it (e.g. "
+                "F.linear(x, self.fc.weight) in a parent, or self.fc.weight * s): the layer's grad sampler "
+                "only sees its own forward, so that part of each sample's gradient would be lost. Call the "
+                "layer itself (self.fc(x)) wherever the parameter is used, give the parent a grad sampler "
+                "(dpnotebook.register_grad_sampler), freeze the parameter (requires_grad=False), or use "
+                "grad_sample_mode='functorch'."
+            )
 
     def _forward(self, *args: Any, **kwargs: Any) -> Any:
         if self._hooks is not None:
