@@ -82,10 +82,10 @@ REFUSALS: list[tuple] = [
      "ExpandedWeights has no rule for PReLU"),
     ("ew", {"lstm", "attention"}, None, None, (Exception,), r"cannot be used with per-sample gradients",
      "DP layers share parameters between submodules, which ExpandedWeights cannot see"),
-    (None, {"outside_use"}, None, None, (Exception,), r"outside",
-     "a parameter used outside its layer: its samplers would miss that part"),
-    (None, {"time_major"}, None, None, (Exception,), r"rows",
-     "layers see time steps in the batch dim, not samples"),
+    ({"hooks", "ghost"}, {"outside_use"}, None, None, (Exception,), r"outside",
+     "a parameter used outside its layer: its samplers would miss that part (functorch and ew follow it)"),
+    ({"hooks", "ghost", "ew"}, {"time_major"}, None, None, (Exception,), r"rows",
+     "layers see time steps in the batch dim, not samples (functorch replays each sample whole)"),
     ("ew", {"shared_parent"}, None, None, (Exception,), r"reached by two paths",
      "ExpandedWeights swaps parameters by path: a module reached by two paths has no rule"),
     ("ew", None, None, 2, (Exception,), r"one backward pass went through 2 forward passes",
@@ -101,10 +101,6 @@ def expected_refusal(point: GridPoint) -> tuple[tuple[type, ...], str, str] | No
         modes = {mode} if isinstance(mode, str) else mode
         if ((modes is None or point.mode in modes) and (families is None or point.family in families)
                 and layout in (None, point.batch_first) and passes in (None, point.passes)):
-            if point.mode == "functorch" and point.family in {"outside_use", "time_major"}:
-                continue  # the whole model is replayed per sample: both are computed exactly
-            if point.mode == "ew" and point.family == "outside_use":
-                continue  # ExpandedWeights follows the parameter wherever it is used
             return types, pattern, why
     return None
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 import numpy as np
+import torch  # noqa: F401  (the doctests use it)
 import traitlets
 from torch import Tensor, nn
 
