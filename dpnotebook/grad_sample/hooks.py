@@ -147,22 +147,19 @@ class LayerHooks:
         self.units = units
         self.owner = owner
         self.handles: list[Any] = []
-        # parameters of sampled layers, swapped for aliases during their forward (see outside_use)
+        # parameters of sampled layers, swapped for aliases during their forward (see outside_use); not those of
+        # torch.func units, nor of DP layers whose children hold the samplers (DPLSTM runs its recurrence on its
+        # children's parameters outside their forward, and their samplers account for it)
         self.watched: dict[int, nn.Parameter] = {}
         self._swapped: dict[int, list[list]] = {}
+        shared = [m for m in owner._module.modules() if getattr(m, "_dpn_grad_samples_from_children", False)]
+        inside_shared = {id(s) for m in shared for s in m.modules()}
         self._unwatched = frozenset(id(p) for _, m, e in units if e is None for p in m.parameters())
         for path, module, entry in units:
             hook = partial(self._record, path, entry)
             self.handles.append(module.register_forward_hook(hook, with_kwargs=True))
-            if entry is not None and module is not owner._module:
+            if entry is not None and module is not owner._module and id(module) not in inside_shared:
                 self._guard(module, [module])
-        # DPLSTM...: its samplers account for every use of its parameters inside it. In ghost mode its
-        # children are ghosted, and ghost mode detaches their parameters itself (an outside use then
-        # reaches p.grad without a ghost record, which GhostStore refuses)
-        if not owner.force_functorch and owner.grad_sample_mode != "ghost":
-            for m in owner._module.modules():
-                if getattr(m, "_dpn_grad_samples_from_children", False) and m is not owner._module:
-                    self._guard(m, list(m.modules()))
 
     def _guard(self, module: nn.Module, subtree: list[nn.Module]) -> None:
         """Alias the parameters of ``subtree`` during ``module``'s forward (see :mod:`.outside_use`)."""

@@ -12,10 +12,10 @@ alias ``p.view_as(p)`` whose autograd node is marked; at the end of the
 wrapper's forward the autograd graph is walked once from the output, and an
 edge into a watched parameter's ``AccumulateGrad`` node from anything but a
 marked alias is refused. Weights tied between two sampled layers go through
-aliases in both, and pass. A DP layer whose children hold the samplers
-(``_dpn_grad_samples_from_children``, e.g. ``DPLSTM``, which runs its recurrence
-on its children's parameters) is aliased as a whole: its samplers account for
-every use inside it.
+aliases in both, and pass. Not watched: the parameters of ``torch.func`` units
+and of DP layers whose children hold the samplers (``_dpn_grad_samples_from_children``,
+e.g. ``DPLSTM``, which runs its recurrence on its children's parameters: their
+samplers account for that use).
 
 >>> import torch
 >>> from torch import nn
