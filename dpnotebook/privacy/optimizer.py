@@ -238,9 +238,7 @@ class DPOptimizer(Optimizer):
         std = self.noise_multiplier * self.max_grad_norm
         if std > 0 and self._insecure_unchosen:
             self._insecure_unchosen = not warn_insecure_noise_once()
-        noises = draw_noise(params, std, self.generator, self.secure_mode)
-        signal_norm, noise_norm = total_norm(summed), total_norm(noises)  # before they are added up
-        torch._foreach_add_(noises, [s.detach() for s in summed])
+        noises, signal_norm, noise_norm = self._noisy_sum(summed, params, std)
         if self.loss_reduction == "mean":
             torch._foreach_div_(noises, float(self.expected_batch_size))
         for p, grad in zip(params, noises):
@@ -256,6 +254,13 @@ class DPOptimizer(Optimizer):
             virtual_steps=self._virtual_steps,
         )
         self._reset_accumulation()
+
+    def _noisy_sum(self, summed: list[Tensor], params: list[nn.Parameter], std: float) -> tuple[list[Tensor], float, float]:
+        """``(clipped sum + noise, ||clipped sum||, ||noise||)``; the distributed optimizer all-reduces here."""
+        noises = draw_noise(params, std, self.generator, self.secure_mode)
+        signal_norm, noise_norm = total_norm(summed), total_norm(noises)  # before they are added up
+        torch._foreach_add_(noises, [s.detach() for s in summed])
+        return noises, signal_norm, noise_norm
 
     def signal_skip_step(self, do_skip: bool = True) -> None:
         """Make the next :meth:`step` a :meth:`virtual_step` (as in Opacus' ``BatchMemoryManager``)."""
