@@ -8,6 +8,7 @@ from dpnotebook.grad_sample import (  # noqa: F401  (importing fills the registr
     instance_norm,
     layer_norm,
     linear,
+    lora,
     rms_norm,
 )
 from dpnotebook.grad_sample.module import GradSampleModule, plan_units

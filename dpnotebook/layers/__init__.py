@@ -6,7 +6,8 @@ the ``torch.nn`` layer, so ``load_state_dict`` works both ways;
 """
 
 from dpnotebook.layers.attention import DPMultiheadAttention
+from dpnotebook.layers.lora import LoRALinear, add_lora
 from dpnotebook.layers.rnn import DPGRU, DPLSTM, DPRNN
 from dpnotebook.layers.rnn_base import DPRNNBase
 
-__all__ = ["DPRNN", "DPLSTM", "DPGRU", "DPRNNBase", "DPMultiheadAttention"]
+__all__ = ["DPRNN", "DPLSTM", "DPGRU", "DPRNNBase", "DPMultiheadAttention", "LoRALinear", "add_lora"]
