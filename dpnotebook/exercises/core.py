@@ -1,0 +1,269 @@
+"""Checking a tutorial exercise: the registry of checkers and the verdict a student sees.
+
+A checker is a function registered under an exercise id such as ``"02.linear_einsum"``
+(the tutorial's two-digit number, a dot, a name). It receives the student's answer and
+any context the notebook passes, compares the answer with the library or an oracle, and
+either returns (solved; optionally with a sentence to print) or raises
+:class:`ExerciseFailed` with a hint that names the common mistake.
+
+:func:`check` turns that into one printed line and a :class:`Verdict`:
+
+- **solved** — the checker returned;
+- **not yet solved** — the answer is still the stub (``None``, ``...``, or a function
+  that raises :class:`NotImplementedError`);
+- **not right yet** — the checker raised :class:`ExerciseFailed`, or the answer raised
+  an error of its own.
+
+In a student's notebook :func:`check` never raises. With the environment variable
+``DPNOTEBOOK_EXERCISES=solutions`` (set by the tests that run the solved notebooks)
+anything but *solved* raises :class:`AssertionError`, so a solution that stops passing
+its check fails the build.
+
+>>> @register_check("99.double", todo="write double(x) returning 2 * x")
+... def _check_double(double):
+...     if double(3) == 3 + 3 + 3:
+...         raise ExerciseFailed("that is 3 * x: multiply by 2, not 3")
+...     require(double(3) == 6, "double(3) should be 6")
+...     return "double(3) == 6"
+>>> def stub(x):
+...     raise NotImplementedError("your code here")
+>>> check("99.double", stub).status
+✗ 99.double: not yet solved — write double(x) returning 2 * x
+<Status.NOT_YET: 'not yet solved'>
+>>> check("99.double", lambda x: 3 * x).hint
+✗ 99.double: not right yet — that is 3 * x: multiply by 2, not 3
+'that is 3 * x: multiply by 2, not 3'
+>>> check("99.double", lambda x: 2 * x).solved
+✓ 99.double: solved — double(3) == 6
+True
+>>> _ = unregister_check("99.double")
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import re
+from dataclasses import dataclass
+from importlib import import_module
+from typing import Any, Callable
+
+ENVIRONMENT_VARIABLE = "DPNOTEBOOK_EXERCISES"
+"""Set to ``"solutions"`` to make every verdict but *solved* raise ``AssertionError``."""
+
+_ID = re.compile(r"^(\d\d)\.[A-Za-z_][A-Za-z0-9_.]*$")
+_DEFAULT_TODO = "replace the stub in the exercise cell with your answer, run that cell, then this one"
+
+
+class Status(enum.Enum):
+    """The three outcomes of a check; the value is the phrase the student reads."""
+
+    SOLVED = "solved"
+    NOT_YET = "not yet solved"
+    WRONG = "not right yet"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What :func:`check` decided about one answer.
+
+    Attributes:
+        exercise_id: The exercise checked, e.g. ``"02.linear_einsum"``.
+        status: :class:`Status` — solved, not yet solved (still the stub), or not right yet.
+        hint: What to do next (not yet / not right), or what the solution achieved (solved).
+    """
+
+    exercise_id: str
+    status: Status
+    hint: str = ""
+
+    @property
+    def solved(self) -> bool:
+        """Whether the answer passed its check."""
+        return self.status is Status.SOLVED
+
+    def line(self) -> str:
+        """The one line :func:`check` prints.
+
+        >>> Verdict("02.x", Status.NOT_YET, "fill in the sampler").line()
+        '✗ 02.x: not yet solved — fill in the sampler'
+        """
+        mark = "✓" if self.solved else "✗"
+        return f"{mark} {self.exercise_id}: {self.status.value}" + (f" — {self.hint}" if self.hint else "")
+
+
+class ExerciseFailed(Exception):
+    """Raised by a checker when the answer is wrong; its message is the hint shown to the student."""
+
+    def __init__(self, hint: str) -> None:
+        super().__init__(hint)
+        self.hint = hint
+
+
+@dataclass(frozen=True)
+class _Check:
+    function: Callable[..., str | None]
+    todo: str
+
+
+_CHECKS: dict[str, _Check] = {}
+
+
+def _validated_id(exercise_id: str) -> str:
+    if not isinstance(exercise_id, str) or not _ID.match(exercise_id):
+        raise ValueError(
+            f"exercise_id={exercise_id!r} is not an exercise id. Fix: use the tutorial's two-digit number, "
+            "a dot and a name, e.g. '02.linear_einsum'."
+        )
+    return exercise_id
+
+
+def register_check(exercise_id: str, todo: str = _DEFAULT_TODO) -> Callable[[Callable], Callable]:
+    """Decorator registering a checker for ``exercise_id``.
+
+    Args:
+        exercise_id: ``"NN.name"``; ``NN`` is the tutorial's number. :func:`check` imports
+            ``dpnotebook.exercises.tutorial_NN`` the first time it meets an id with that
+            prefix, so a new tutorial's checkers need only that module.
+        todo: What the student should do while the answer is still the stub.
+
+    Returns:
+        The decorator; it returns the checker unchanged.
+
+    >>> @register_check("99.demo")
+    ... def _demo(answer):
+    ...     require(answer == 1, "the answer is 1")
+    >>> check("99.demo", 1).solved
+    ✓ 99.demo: solved
+    True
+    >>> _ = unregister_check("99.demo")
+    """
+    _validated_id(exercise_id)
+
+    def decorator(function: Callable) -> Callable:
+        _CHECKS[exercise_id] = _Check(function, todo)
+        return function
+
+    return decorator
+
+
+def unregister_check(exercise_id: str) -> Callable:
+    """Remove a checker (tests and doctests use it); returns the function removed."""
+    return _CHECKS.pop(exercise_id).function
+
+
+def registered_checks() -> list[str]:
+    """The ids registered so far (tutorial modules register theirs when first needed)."""
+    return sorted(_CHECKS)
+
+
+def require(condition: bool, hint: str) -> None:
+    """Raise :class:`ExerciseFailed` with ``hint`` unless ``condition`` holds.
+
+    >>> require(1 + 1 == 2, "arithmetic")
+    >>> require(False, "off by one")
+    Traceback (most recent call last):
+    ...
+    dpnotebook.exercises.core.ExerciseFailed: off by one
+    """
+    if not condition:
+        raise ExerciseFailed(hint)
+
+
+def is_stub(value: Any) -> bool:
+    """Whether ``value`` is a placeholder left for the student: ``None`` or ``...``.
+
+    >>> is_stub(...), is_stub(None), is_stub(0.0)
+    (True, True, False)
+    """
+    return value is None or value is Ellipsis
+
+
+def _lookup(exercise_id: str) -> _Check:
+    _validated_id(exercise_id)
+    if exercise_id not in _CHECKS:
+        module = f"dpnotebook.exercises.tutorial_{exercise_id[:2]}"
+        try:
+            import_module(module)
+        except ModuleNotFoundError as err:
+            if err.name != module:
+                raise
+    if exercise_id not in _CHECKS:
+        raise ValueError(
+            f"exercise_id={exercise_id!r} has no registered checker. Fix: define it with "
+            f"@register_check({exercise_id!r}) in dpnotebook/exercises/tutorial_{exercise_id[:2]}.py."
+        )
+    return _CHECKS[exercise_id]
+
+
+def _not_implemented(err: BaseException) -> bool:
+    """Whether ``err`` is, or was raised while handling, a ``NotImplementedError`` (a stub called)."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, NotImplementedError):
+            return True
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return False
+
+
+def judge(exercise_id: str, answer: Any, **context: Any) -> Verdict:
+    """Run the checker and return its :class:`Verdict` without printing or raising.
+
+    >>> @register_check("99.half", todo="write half(x)")
+    ... def _half(half):
+    ...     require(half(4) == 2, "half(4) should be 2")
+    >>> judge("99.half", ...).status, judge("99.half", lambda x: x // 3).hint
+    (<Status.NOT_YET: 'not yet solved'>, 'half(4) should be 2')
+    >>> judge("99.half", lambda x: x.missing).hint
+    "your answer raised AttributeError: 'int' object has no attribute 'missing'"
+    >>> _ = unregister_check("99.half")
+    """
+    registered = _lookup(exercise_id)
+    if is_stub(answer):
+        return Verdict(exercise_id, Status.NOT_YET, registered.todo)
+    try:
+        message = registered.function(answer, **context)
+    except ExerciseFailed as err:
+        return Verdict(exercise_id, Status.WRONG, err.hint)
+    except Exception as err:  # the student's code raised: show them what, never a traceback
+        if _not_implemented(err):
+            return Verdict(exercise_id, Status.NOT_YET, registered.todo)
+        first_line = (str(err).strip().splitlines() or [""])[0]
+        return Verdict(exercise_id, Status.WRONG, f"your answer raised {type(err).__name__}: {first_line}")
+    return Verdict(exercise_id, Status.SOLVED, message or "")
+
+
+def check(exercise_id: str, answer: Any, **context: Any) -> Verdict:
+    """Check ``answer`` for ``exercise_id``, print one line saying so, and return the :class:`Verdict`.
+
+    Args:
+        exercise_id: The registered id, e.g. ``"02.linear_einsum"``.
+        answer: What the student wrote: usually the function defined in the exercise cell.
+        **context: Anything else the checker needs from the notebook (a model, a budget ...).
+
+    Returns:
+        The verdict. Never raises for a wrong or unfinished answer, unless the environment
+        variable ``DPNOTEBOOK_EXERCISES`` is ``"solutions"``: then anything but *solved*
+        raises ``AssertionError``.
+
+    Raises:
+        ValueError: ``exercise_id`` is malformed or has no checker (the notebook's mistake).
+        AssertionError: in solutions mode, when the answer is not solved.
+
+    >>> import os
+    >>> @register_check("99.one")
+    ... def _one(answer):
+    ...     require(answer == 1, "the answer is 1")
+    >>> os.environ[ENVIRONMENT_VARIABLE] = "solutions"
+    >>> check("99.one", 2)
+    Traceback (most recent call last):
+    ...
+    AssertionError: ✗ 99.one: not right yet — the answer is 1
+    >>> del os.environ[ENVIRONMENT_VARIABLE]; _ = unregister_check("99.one")
+    """
+    verdict = judge(exercise_id, answer, **context)
+    print(verdict.line(), flush=True)
+    if not verdict.solved and os.environ.get(ENVIRONMENT_VARIABLE, "") == "solutions":
+        raise AssertionError(verdict.line())
+    return verdict
