@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader
 
 from dpnotebook.errors import PrivacyWarning
 from dpnotebook.grad_sample.module import GradSampleModule, check_k
-from dpnotebook.modes import wrap_model
+from dpnotebook.modes import wrap_model as wrap_in_mode
 from dpnotebook.privacy.accounting import create_accountant
 from dpnotebook.privacy.calibration import get_noise_multiplier
 from dpnotebook.privacy.arguments import (
@@ -44,6 +44,7 @@ from dpnotebook.privacy.arguments import (
 from dpnotebook.privacy.clipping import CLIPPING_MODES
 from dpnotebook.privacy.augmult import loader_k
 from dpnotebook.privacy.data_loader import DPDataLoader
+from dpnotebook.privacy import engine_compat
 from dpnotebook.privacy.optimizer import LOSS_REDUCTIONS, DPOptimizer
 
 __all__ = ["PrivacyEngine", "unwrap_model", "is_wrapped", "sample_rate_of"]
@@ -106,7 +107,7 @@ class PrivacyEngine:
     """
 
     def __init__(self, *, accountant: str = "pld", secure_mode: bool | None = None) -> None:
-        self.accountant = create_accountant(accountant)
+        self.accountant = create_accountant(engine_compat.check_accountant_name(accountant))
         self.secure_mode = bool(secure_mode)
         self._secure_choice = secure_mode
         self.dataset_size: int | None = None
@@ -128,7 +129,11 @@ class PrivacyEngine:
         loss_reduction: str = "mean",
         noise_generator: torch.Generator | None = None,
         sampling_generator: torch.Generator | None = None,
-    ) -> tuple[nn.Module, DPOptimizer, DataLoader]:
+        criterion: Any = None,
+        wrap_model: bool = True,
+        rand_on_empty: bool = False,
+        **kwargs: Any,
+    ) -> tuple[nn.Module, DPOptimizer, DataLoader] | tuple[nn.Module, DPOptimizer, Any, DataLoader]:
         """Return ``(module, optimizer, data_loader)`` ready for DP-SGD.
 
         Args:
@@ -152,8 +157,19 @@ class PrivacyEngine:
             batch_first: rows in dim 0 (``True``) or dim 1.
             loss_reduction: ``"mean"`` or ``"sum"``, as your loss reduces the batch.
             noise_generator: a seeded ``torch.Generator`` for reproducible noise.
-            sampling_generator: a seeded ``torch.Generator`` for reproducible batches.
+            sampling_generator: a seeded ``torch.Generator`` for reproducible batches
+                (default: the data loader's own ``generator``, as in Opacus).
+            criterion: with ``grad_sample_mode="ghost"``, the loss to wrap (Opacus 1.5+): the
+                call then returns ``(module, optimizer, criterion, data_loader)`` with a
+                :class:`~dpnotebook.privacy.ghost_loss.DPLossFastGradientClipping`. Ignored
+                in the other modes, as in Opacus.
+            wrap_model, rand_on_empty, **kwargs: Opacus' options; ``wrap_model=False``,
+                ``rand_on_empty=True`` and adaptive clipping are refused with the reason
+                (:mod:`~dpnotebook.privacy.engine_compat`).
         """
+        engine_compat.refuse_unsupported(
+            wrap_model=wrap_model, clipping=clipping, rand_on_empty=rand_on_empty, extra=kwargs
+        )
         noise_multiplier = check_noise_multiplier(noise_multiplier)
         max_grad_norm = check_max_grad_norm(max_grad_norm)
         check_choice("clipping", clipping, CLIPPING_MODES)
@@ -178,13 +194,15 @@ class PrivacyEngine:
                     f"loss_reduction={module.loss_reduction!r}; pass the same values to make_private."
                 )
         else:
-            module = wrap_model(
+            module = wrap_in_mode(
                 module, grad_sample_mode, K=K, batch_first=batch_first, loss_reduction=loss_reduction
             )
 
         self.dataset_size = len(data_loader.dataset)
         sample_rate = sample_rate_of(data_loader)
         if poisson_sampling:
+            if sampling_generator is None and not self.secure_mode:
+                sampling_generator = data_loader.generator  # Opacus samples with the loader's own generator
             data_loader = DPDataLoader.from_data_loader(
                 data_loader, generator=sampling_generator, secure_mode=self.secure_mode
             )
@@ -224,6 +242,9 @@ class PrivacyEngine:
         dp_optimizer.attach_step_hook(step_accountant)
         if isinstance(data_loader, DPDataLoader):  # each step must clip the examples of exactly one batch
             data_loader.batch_listeners.append(dp_optimizer.sampled_batches.drawn)
+        if criterion is not None and getattr(module, "grad_sample_mode", None) == "ghost":
+            criterion = engine_compat.ghost_criterion(module, dp_optimizer, criterion, loss_reduction)
+            return module, dp_optimizer, criterion, data_loader
         return module, dp_optimizer, data_loader
 
     def make_private_with_epsilon(
@@ -265,6 +286,19 @@ class PrivacyEngine:
             **kwargs,
         )
 
+    @classmethod
+    def get_compatible_module(cls, module: nn.Module) -> nn.Module:
+        """A copy of ``module`` with what :func:`dpnotebook.validate` flags repaired (:func:`dpnotebook.fix`), checked."""
+        return engine_compat.compatible_module(module)
+
+    def is_compatible(self, *, module: nn.Module, optimizer: Any = None, data_loader: Any = None) -> bool:
+        """Whether :func:`dpnotebook.validate` finds nothing in ``module`` (hooks mode)."""
+        return not engine_compat.problems_of(module)
+
+    def validate(self, *, module: nn.Module, optimizer: Any = None, data_loader: Any = None) -> None:
+        """Raise :class:`~dpnotebook.errors.UnsupportedModuleError` listing every problem in ``module``."""
+        engine_compat.raise_problems(module)
+
     def get_epsilon(self, delta: float) -> float:
         """The epsilon spent so far at ``delta`` (warns if ``delta >= 1 / dataset size``)."""
         return self.accountant.get_epsilon(check_delta(delta, dataset_size=self.dataset_size))
@@ -276,6 +310,10 @@ class PrivacyEngine:
         module: nn.Module,
         optimizer: Optimizer | None = None,
         checkpoint_dict: dict[str, Any] | None = None,
+        noise_scheduler: Any = None,
+        grad_clip_scheduler: Any = None,
+        module_state_dict_kwargs: dict[str, Any] | None = None,
+        torch_save_kwargs: dict[str, Any] | None = None,
     ) -> None:
         """Save the model (unwrapped, loadable into the plain model), the optimizer and the accountant.
 
@@ -284,13 +322,16 @@ class PrivacyEngine:
             module: the (wrapped or plain) model.
             optimizer: the optimizer, if its state should be saved too.
             checkpoint_dict: extra entries to store (epoch, ...), given back by :meth:`load_checkpoint`.
+            noise_scheduler, grad_clip_scheduler: schedulers (:mod:`dpnotebook.schedulers`) to save.
+            module_state_dict_kwargs, torch_save_kwargs: passed to ``state_dict()`` and ``torch.save``.
         """
         state = dict(checkpoint_dict or {})
-        state["module_state_dict"] = unwrap_model(module).state_dict()
+        state["module_state_dict"] = unwrap_model(module).state_dict(**(module_state_dict_kwargs or {}))
+        state.update(engine_compat.scheduler_entries(noise_scheduler, grad_clip_scheduler))
         state["privacy_accountant_state_dict"] = self.accountant.state_dict()
         if optimizer is not None:
             state["optimizer_state_dict"] = optimizer.state_dict()
-        torch.save(state, path)
+        torch.save(state, path, **(torch_save_kwargs or {}))
 
     def load_checkpoint(
         self,
@@ -299,10 +340,19 @@ class PrivacyEngine:
         module: nn.Module,
         optimizer: Optimizer | None = None,
         map_location: Any = None,
+        noise_scheduler: Any = None,
+        grad_clip_scheduler: Any = None,
+        module_load_dict_kwargs: dict[str, Any] | None = None,
+        torch_load_kwargs: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """Restore what :meth:`save_checkpoint` wrote; return the extra entries of ``checkpoint_dict``."""
-        state = torch.load(path, map_location=map_location, weights_only=True)
-        unwrap_model(module).load_state_dict(state.pop("module_state_dict"))
+        """Restore what :meth:`save_checkpoint` (or Opacus') wrote; return the extra entries of ``checkpoint_dict``."""
+        load_kwargs = {"map_location": map_location, "weights_only": True, **(torch_load_kwargs or {})}
+        state = torch.load(path, **load_kwargs)
+        plain = unwrap_model(module)
+        plain.load_state_dict(
+            engine_compat.strip_wrapper_prefix(state.pop("module_state_dict"), plain), **(module_load_dict_kwargs or {})
+        )
+        engine_compat.load_schedulers(state, noise_scheduler, grad_clip_scheduler)
         self.accountant.load_state_dict(state.pop("privacy_accountant_state_dict"))
         optimizer_state = state.pop("optimizer_state_dict", None)
         if optimizer is not None and optimizer_state is not None:

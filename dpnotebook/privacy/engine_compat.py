@@ -1,0 +1,162 @@
+"""The parts of Opacus' ``PrivacyEngine`` surface that :class:`~dpnotebook.privacy.engine.PrivacyEngine` delegates here.
+
+Each function is a thin translation of an Opacus spelling to dpnotebook's own
+machinery, or a refusal by design whose message says why and what to use
+instead (``docs/migration-from-opacus.md`` lists them all):
+
+* ``criterion=`` with ``grad_sample_mode="ghost"``: the criterion is wrapped in a
+  :class:`~dpnotebook.privacy.ghost_loss.DPLossFastGradientClipping`;
+* ``wrap_model=False``, ``clipping="adaptive"``, ``rand_on_empty=True``,
+  ``accountant="gdp"``: refused (:class:`NotImplementedError`, which Opacus
+  raises for what it cannot do either);
+* checkpoints with noise and clipping schedulers, and Opacus' checkpoints (whose
+  module state dict carries the wrapper's ``_module.`` prefix).
+
+>>> refuse_unsupported(wrap_model=False, clipping="flat", rand_on_empty=False, extra={})
+Traceback (most recent call last):
+...
+NotImplementedError: wrap_model=False is not supported: ...
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+__all__ = [
+    "ADAPTIVE_CLIPPING_ARGS",
+    "refuse_unsupported",
+    "check_accountant_name",
+    "ghost_criterion",
+    "compatible_module",
+    "strip_wrapper_prefix",
+    "scheduler_entries",
+    "load_schedulers",
+    "problems_of",
+    "raise_problems",
+]
+
+#: The keyword arguments of Opacus' adaptive clipping (``AdaClipDPOptimizer``).
+ADAPTIVE_CLIPPING_ARGS = (
+    "target_unclipped_quantile",
+    "clipbound_learning_rate",
+    "max_clipbound",
+    "min_clipbound",
+    "unclipped_num_std",
+)
+
+
+def refuse_unsupported(*, wrap_model: bool, clipping: str, rand_on_empty: bool, extra: dict[str, Any]) -> None:
+    """Raise for the Opacus options of ``make_private`` that dpnotebook refuses by design, or does not know."""
+    if not wrap_model:
+        raise NotImplementedError(
+            "wrap_model=False is not supported: dpnotebook's per-sample gradients are checked in the wrapper's "
+            "forward (rows per layer, parameters used outside their layer), which hooks on the bare model "
+            "cannot do. Fix: use the returned module (it forwards attribute access to your model; "
+            "model.to_standard_module() gives the plain model back) and drop wrap_model=False."
+        )
+    if clipping == "adaptive" or any(k in extra for k in ADAPTIVE_CLIPPING_ARGS):
+        raise NotImplementedError(
+            "clipping='adaptive' (Opacus' AdaClipDPOptimizer) is not supported: its noisy count of unclipped "
+            "samples spends privacy that dpnotebook's accountant does not record yet. Fix: use "
+            "clipping='flat' (or 'per_layer') with a fixed max_grad_norm, or a grad-clip scheduler "
+            "(dpnotebook.schedulers) that changes it between epochs."
+        )
+    if rand_on_empty:
+        raise NotImplementedError(
+            "rand_on_empty=True is not supported: an empty Poisson batch comes out as zero-row tensors and "
+            "every grad-sample mode handles it (a noise-only step). Fix: drop rand_on_empty."
+        )
+    if extra:
+        raise TypeError(
+            f"make_private() got unexpected keyword argument(s) {sorted(extra)}. "
+            "See docs/migration-from-opacus.md for the arguments dpnotebook accepts."
+        )
+
+
+def check_accountant_name(accountant: str) -> str:
+    """``accountant`` unchanged, or a refusal for Opacus' ``"gdp"``.
+
+    >>> check_accountant_name("gdp")
+    Traceback (most recent call last):
+    ...
+    NotImplementedError: accountant='gdp' is not supported: ...
+    """
+    if accountant == "gdp":
+        raise NotImplementedError(
+            "accountant='gdp' is not supported: Opacus' Gaussian (GDP) accountant uses a central-limit "
+            "approximation that can report less epsilon than the run spent, and dpnotebook only reports "
+            "bounds. Fix: accountant='prv' or 'pld' (tight), or 'rdp'."
+        )
+    return accountant
+
+
+def ghost_criterion(module: nn.Module, optimizer: Any, criterion: Any, loss_reduction: str) -> Any:
+    """Opacus' ``DPLossFastGradientClipping`` around ``criterion`` for a ghost-mode ``module``."""
+    from dpnotebook.privacy.ghost_loss import DPLossFastGradientClipping
+
+    return DPLossFastGradientClipping(module, optimizer, criterion, loss_reduction)
+
+
+def compatible_module(module: nn.Module) -> nn.Module:
+    """A repaired copy of ``module`` (:func:`dpnotebook.fix`), checked strictly (Opacus' ``get_compatible_module``).
+
+    >>> from torch import nn
+    >>> compatible_module(nn.Sequential(nn.Linear(2, 4), nn.BatchNorm1d(4)))[1]
+    GroupNorm(2, 4, eps=1e-05, affine=True...)
+    """
+    from dpnotebook.fixers import fix
+    from dpnotebook.validation import raise_if_problems, validate
+
+    fixed = fix(module)
+    raise_if_problems(validate(fixed))
+    return fixed
+
+
+def strip_wrapper_prefix(state: dict[str, Any], module: nn.Module) -> dict[str, Any]:
+    """``state`` without the ``_module.`` prefix that an Opacus checkpoint's keys carry, when ``module`` has none.
+
+    >>> from torch import nn
+    >>> sorted(strip_wrapper_prefix({"_module.weight": 1, "_module.bias": 2}, nn.Linear(1, 1)))
+    ['bias', 'weight']
+    """
+    own = module.state_dict().keys()
+    if state and not (state.keys() & own) and all(k.startswith("_module.") for k in state):
+        return {k[len("_module.") :]: v for k, v in state.items()}
+    return state
+
+
+def scheduler_entries(noise_scheduler: Any, grad_clip_scheduler: Any) -> dict[str, Any]:
+    """The checkpoint entries Opacus writes for the schedulers given."""
+    entries = {}
+    if noise_scheduler is not None:
+        entries["noise_scheduler_state_dict"] = noise_scheduler.state_dict()
+    if grad_clip_scheduler is not None:
+        entries["grad_clip_scheduler_state_dict"] = grad_clip_scheduler.state_dict()
+    return entries
+
+
+def load_schedulers(state: dict[str, Any], noise_scheduler: Any, grad_clip_scheduler: Any) -> None:
+    """Restore (and remove from ``state``) the scheduler entries of a checkpoint."""
+    for key, scheduler in (
+        ("noise_scheduler_state_dict", noise_scheduler),
+        ("grad_clip_scheduler_state_dict", grad_clip_scheduler),
+    ):
+        entry = state.pop(key, None)
+        if scheduler is not None and entry:
+            scheduler.load_state_dict(entry)
+
+
+def problems_of(module: nn.Module) -> list:
+    """What :func:`dpnotebook.validate` finds in ``module`` (hooks mode, as Opacus' ``ModuleValidator``)."""
+    from dpnotebook.validation import validate
+
+    return validate(module)
+
+
+def raise_problems(module: nn.Module) -> None:
+    """Raise :class:`~dpnotebook.errors.UnsupportedModuleError` listing every problem of ``module``."""
+    from dpnotebook.validation import raise_if_problems
+
+    raise_if_problems(problems_of(module))
