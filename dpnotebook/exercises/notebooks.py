@@ -186,16 +186,16 @@ def execute(notebook: dict[str, Any], cwd: Path, timeout: int = 600) -> dict[str
     which ``nbclient`` reports as ``CellExecutionError``.
     """
     from nbclient import NotebookClient  # imported here: only the tests and ``solve --execute`` need it
-    from nbformat import from_dict
+    from nbformat import reads
 
     previous = os.environ.get(ENVIRONMENT_VARIABLE)
     os.environ[ENVIRONMENT_VARIABLE] = "solutions"
     try:
-        node = from_dict(copy.deepcopy(notebook))
+        node = reads(json.dumps(notebook), as_version=4)
         NotebookClient(node, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(cwd)}}).execute()
     finally:
         if previous is None:
             del os.environ[ENVIRONMENT_VARIABLE]
         else:
             os.environ[ENVIRONMENT_VARIABLE] = previous
-    return json.loads(json.dumps(node))
+    return json.loads(json.dumps(node))  # nbformat joins each source and text into one string

@@ -1,0 +1,132 @@
+"""Checks of tutorial 02 (write a grad sampler): ``nn.Linear`` as an einsum, then the ``Gate`` layer.
+
+Each check first calls the student's sampler directly on float64 inputs and compares it with
+what the right formula gives, to name the common mistake (a missing ``/K``, a transposed
+result, positions not summed, the chain-rule factor); then it registers the sampler and runs
+:func:`dpnotebook.testing.check_grad_sampler`, which compares with the float64 oracle.
+
+>>> from dpnotebook.exercises import judge
+>>> from dpnotebook.grad_sample.linear import linear_grad_sampler
+>>> judge("02.linear_einsum", linear_grad_sampler).solved
+True
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import Tensor, nn
+
+from dpnotebook.errors import GradSamplerMismatch
+from dpnotebook.exercises.core import ExerciseFailed, register_check, require
+from dpnotebook.grad_sample.registry import find_grad_sampler, register_grad_sampler, unregister_grad_sampler
+from dpnotebook.testing import check_grad_sampler
+
+
+def _same(got: object, want: Tensor) -> bool:
+    return isinstance(got, Tensor) and got.shape == want.shape and torch.allclose(got.double(), want, atol=1e-10)
+
+
+def _call(sampler: Callable, layer: nn.Module, x: Tensor, g: Tensor, K: int) -> dict:
+    result = sampler(layer, [x], g, K)
+    require(isinstance(result, dict), f"the sampler returned a {type(result).__name__}: return a dict "
+            "{parameter: per-sample gradients}, e.g. {layer.weight: ..., layer.bias: ...}")
+    return result
+
+
+class _StudentLinear(nn.Linear):
+    """A Linear of its own type, so the student's sampler is registered without replacing the built-in one."""
+
+
+def _linear_expected(layer: nn.Linear, x: Tensor, g: Tensor, K: int) -> tuple[Tensor, Tensor]:
+    B = x.shape[0] // K
+    a, b = x.reshape(B, -1, x.shape[-1]), g.reshape(B, -1, g.shape[-1])
+    return torch.einsum("bto,bti->boi", b, a) / K, b.sum(1) / K
+
+
+@register_check("02.linear_einsum", todo="write linear_sampler(layer, activations, backprops, K) with one "
+                "torch.einsum for the weight and a sum for the bias; remember the K copies")
+def check_linear_einsum(sampler: Callable) -> str:
+    """The student's ``nn.Linear`` sampler: named mistakes first, then the oracle."""
+    layer = nn.Linear(4, 3).double()
+    for K, shape in [(1, (5, 4)), (1, (5, 6, 4)), (3, (6, 2, 4))]:
+        x = torch.randn(*shape, dtype=torch.float64)
+        g = torch.randn(*shape[:-1], 3, dtype=torch.float64)
+        result = _call(sampler, layer, x, g, K)
+        require(layer.weight in result, "the dict has no entry for layer.weight")
+        require(layer.bias in result, "the dict has no entry for layer.bias: its per-sample gradient is the "
+                "backprops summed over positions (and averaged over the K copies)")
+        weight, bias = _linear_expected(layer, x, g, K)
+        got = result[layer.weight]
+        B = shape[0] // K
+        require(isinstance(got, Tensor), "the weight's entry is not a tensor")
+        if got.shape == weight.transpose(1, 2).shape and got.shape != weight.shape:
+            raise ExerciseFailed(f"the weight gradients have shape {list(got.shape)}, transposed: the weight is "
+                                 "[out, in], so each sample's gradient is g aᵀ, e.g. einsum('bto,bti->boi', g, a)")
+        if K > 1 and got.shape[0] == B * K:
+            raise ExerciseFailed(f"{got.shape[0]} gradients for {B} samples: one per row, not per sample; reshape "
+                                 "the B·K rows to [B, K·T, features] so the copies are summed, then divide by K")
+        require(got.shape == weight.shape, f"the weight gradients have shape {list(got.shape)}, expected "
+                f"{list(weight.shape)} = [B, out_features, in_features]")
+        if K > 1 and _same(got, weight * K):
+            raise ExerciseFailed("the weight gradient is K times too large: a sample's gradient is the *mean* "
+                                 "over its K copies, so divide the sum by K")
+        if len(shape) == 3 and not _same(got, weight):
+            raise ExerciseFailed("right for one position per row, wrong for sequences: sum g_t a_tᵀ over the "
+                                 "positions t too (reshape to [B, K·T, features] and contract over that dim)")
+        require(_same(got, weight), "the weight gradients differ from g aᵀ: for one row, the gradient of "
+                "y = W a is the outer product of the backprops g [out] with the activations a [in]")
+        require(_same(result[layer.bias], bias), "the weight is right, the bias is not: its gradient is the "
+                "backprops summed over positions, divided by K")
+    register_grad_sampler(_StudentLinear)(sampler)
+    try:
+        for K, shape, batch_first in [(1, (4, 4), True), (2, (6, 3, 4), True), (2, (5, 6, 4), False)]:
+            check_grad_sampler(_StudentLinear(4, 3), torch.randn(shape), K=K, batch_first=batch_first)
+    except GradSamplerMismatch as err:
+        raise ExerciseFailed(f"the direct tests pass but the oracle disagrees: {str(err).splitlines()[0]}") from None
+    finally:
+        unregister_grad_sampler(_StudentLinear)
+    return "matches the float64 oracle for K=1 and 2, with and without positions, batch_first=False too"
+
+
+def _gate_terms(layer: nn.Module, x: Tensor, g: Tensor, K: int) -> tuple[Tensor, Tensor]:
+    B = x.shape[0] // K
+    through = (g * x).reshape(B, -1, x.shape[-1]).sum(1) / K        # d loss / d (sigmoid(w)) per sample
+    s = torch.sigmoid(layer.w.detach())
+    return through, s
+
+
+@register_check("02.gate_sampler", todo="derive d loss / d w_j, complete gate_sampler (with K) and run its cell")
+def check_gate_sampler(sampler: Callable, layer_type: type[nn.Module]) -> str:
+    """The student's ``Gate`` sampler (``layer_type`` is the notebook's ``Gate`` class)."""
+    entry = find_grad_sampler(layer_type(3))
+    require(entry is not None and entry.fn is sampler, "gate_sampler is not the sampler registered for Gate: "
+            "decorate it with @register_grad_sampler(Gate) and run its cell again")
+    layer = layer_type(5).double()
+    for K in (1, 3):
+        x = torch.randn(2 * K, 7, 5, dtype=torch.float64)
+        g = torch.randn(2 * K, 7, 5, dtype=torch.float64)
+        result = _call(sampler, layer, x, g, K)
+        require(layer.w in result, "the dict has no entry for layer.w")
+        through, s = _gate_terms(layer, x, g, K)
+        got = result[layer.w]
+        right = through * s * (1 - s)
+        require(isinstance(got, Tensor) and got.shape == right.shape,
+                f"layer.w's per-sample gradients should have shape {list(right.shape)} = [B, features]")
+        if _same(got, through):
+            raise ExerciseFailed("you have d loss / d sigmoid(w); the chain rule multiplies by sigmoid'(w) = "
+                                 "sigmoid(w)(1 - sigmoid(w))")
+        if _same(got, through * s):
+            raise ExerciseFailed("that is the gradient with respect to sigmoid(w) times sigmoid(w); the "
+                                 "derivative is sigmoid(w)(1 - sigmoid(w))")
+        if K > 1 and _same(got, right * K):
+            raise ExerciseFailed("K times too large: average the K copies of each sample (divide by K)")
+        require(_same(got, right), "the gradients differ from sum_t g_t x_t σ(w)(1 - σ(w)) / K: check the sum "
+                "over positions and copies")
+    try:
+        for K in (1, 3):
+            check_grad_sampler(layer_type(5), torch.randn(2 * K, 7, 5), K=K)
+    except GradSamplerMismatch as err:
+        raise ExerciseFailed(f"the direct tests pass but the oracle disagrees: {str(err).splitlines()[0]}") from None
+    return "gate_sampler matches the float64 oracle for K=1 and K=3"
