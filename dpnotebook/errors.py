@@ -10,8 +10,11 @@ from __future__ import annotations
 __all__ = ["UnsupportedModuleError", "GradSampleError", "GradSamplerMismatch", "PrivacyWarning"]
 
 
-class UnsupportedModuleError(ValueError):
+class UnsupportedModuleError(ValueError, NotImplementedError):
     """The model holds layers that per-sample gradients cannot be computed for.
+
+    A ``ValueError``, and a ``NotImplementedError`` too: Opacus' ``GradSampleModule``
+    raises the latter for such models, so an Opacus user's ``except`` keeps working.
 
     >>> from torch import nn
     >>> from dpnotebook import GradSampleModule, UnsupportedModuleError

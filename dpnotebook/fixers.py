@@ -30,7 +30,9 @@ GroupNorm(4, 8, eps=1e-05, affine=True...)
 from __future__ import annotations
 
 import copy
-from typing import Callable
+import inspect
+import logging
+from typing import Any, Callable
 
 from torch import nn
 
@@ -40,7 +42,11 @@ from dpnotebook.validation import Problem, format_problems, validate
 
 __all__ = ["fix", "register_fixer", "group_count", "FixRefused"]
 
-Fixer = Callable[[nn.Module], nn.Module]
+logger = logging.getLogger(__name__)
+
+#: ``fn(layer, **options) -> replacement``; ``options`` are the keyword arguments of :func:`fix`
+#: that ``fn`` names (all of them if it takes ``**kwargs``).
+Fixer = Callable[..., nn.Module]
 _FIXERS: dict[type, Fixer] = {}
 
 
@@ -102,12 +108,34 @@ def _copy_weights(old: nn.Module, new: nn.Module) -> nn.Module:
 
 
 @register_fixer(nn.modules.batchnorm._BatchNorm)
-def _batch_norm_to_group_norm(bn: nn.modules.batchnorm._BatchNorm) -> nn.Module:
+def _batch_norm_to_group_norm(
+    bn: nn.modules.batchnorm._BatchNorm,
+    *,
+    num_groups: int | Callable[[int], int] | None = None,
+    replace_bn_with_in: bool = False,
+) -> nn.Module:
     if isinstance(bn, nn.modules.lazy.LazyModuleMixin) and bn.has_uninitialized_params():
         raise FixRefused("a lazy BatchNorm does not know its channels yet; run one forward pass first.")
     C = bn.num_features
-    gn = nn.GroupNorm(group_count(C), C, eps=bn.eps, affine=bn.affine, **_factory(bn))
-    return _copy_weights(bn, gn) if bn.affine else gn.train(bn.training)
+    if replace_bn_with_in:
+        if num_groups is not None:
+            raise ValueError(
+                f"num_groups={num_groups!r} with replace_bn_with_in=True: they choose different "
+                "replacements. Fix: pass one of them."
+            )
+        dims = {nn.BatchNorm1d: 1, nn.BatchNorm2d: 2, nn.BatchNorm3d: 3}.get(type(bn))
+        if dims is None:
+            raise FixRefused(f"replace_bn_with_in=True has no InstanceNorm for {type(bn).__name__}.")
+        norm: nn.Module = getattr(nn, f"InstanceNorm{dims}d")(C, eps=bn.eps, affine=bn.affine, **_factory(bn))
+    else:
+        G = group_count(C) if num_groups is None else num_groups(C) if callable(num_groups) else num_groups
+        if isinstance(G, bool) or not isinstance(G, int) or G < 1 or C % G:
+            raise ValueError(
+                f"num_groups={G!r} is invalid for {type(bn).__name__}({C}): GroupNorm needs a number of "
+                f"groups that divides the {C} channels. Fix: pass a divisor of {C}, or num_groups=None."
+            )
+        norm = nn.GroupNorm(G, C, eps=bn.eps, affine=bn.affine, **_factory(bn))
+    return _copy_weights(bn, norm) if bn.affine else norm.train(bn.training)
 
 
 @register_fixer(nn.modules.instancenorm._InstanceNorm)
@@ -150,13 +178,30 @@ def _attention_to_dp(mha: nn.MultiheadAttention) -> nn.Module:
     return _copy_weights(mha, new)
 
 
-def fix(model: nn.Module, *, mode: str = "hooks", root: str = "model") -> nn.Module:
+def _call_fixer(fixer: Fixer, module: nn.Module, options: dict[str, Any]) -> nn.Module:
+    params = inspect.signature(fixer).parameters
+    if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        options = {k: v for k, v in options.items() if k in params}
+    return fixer(module, **options)
+
+
+def fix(model: nn.Module, *, mode: str = "hooks", root: str = "model", **options: Any) -> nn.Module:
     """A deep copy of ``model`` with every problem :func:`~dpnotebook.validate` finds repaired.
+
+    Each replacement is logged (``logging.INFO``, logger ``dpnotebook.fixers``).
 
     Args:
         model: the model; it is not changed.
         mode: the grad-sample mode the copy is for (what counts as a problem depends on it).
         root: the name that paths in messages start with.
+        **options: passed to the fixers that take them: ``num_groups`` (an int, or a function
+            of the channel count) or ``replace_bn_with_in=True`` for BatchNorm.
+
+    >>> from torch import nn
+    >>> fix(nn.Sequential(nn.BatchNorm1d(8)), num_groups=8)[0]
+    GroupNorm(8, 8, eps=1e-05, affine=True...)
+    >>> fix(nn.Sequential(nn.BatchNorm2d(8)), replace_bn_with_in=True)[0]
+    InstanceNorm2d(8, eps=1e-05, momentum=0.1, affine=True...)
 
     Returns:
         The repaired copy (``model`` itself may be replaced: ``fix(nn.LSTM(2, 3))`` is a ``DPLSTM``).
@@ -174,10 +219,11 @@ def fix(model: nn.Module, *, mode: str = "hooks", root: str = "model") -> nn.Mod
         if fixer is None:
             continue
         try:
-            new = fixer(fixed.get_submodule(name))
+            new = _call_fixer(fixer, fixed.get_submodule(name), options)
         except FixRefused as why:
             reasons[path] = str(why)
             continue
+        logger.info("dpnotebook.fix: %s (%s) replaced by %r", path, type(fixed.get_submodule(name)).__name__, new)
         if not name:
             fixed = new
         else:

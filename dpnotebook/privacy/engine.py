@@ -186,6 +186,10 @@ class PrivacyEngine:
                     f"{name}={generator!r} with secure_mode=True: a seeded generator is predictable. "
                     f"Fix: drop {name}, or use PrivacyEngine(secure_mode=False) to reproduce a run."
                 )
+        from dpnotebook.privacy.distributed import check_distributed_setup, distributed_optimizer_class, unwrap_distributed
+
+        module, distributed = unwrap_distributed(module)  # DPDDP / DDP: the model inside, all-reduced by the optimizer
+        check_distributed_setup(distributed, data_loader, poisson_sampling)
         _check_optimizer_params(unwrap_model(module), optimizer)
         if is_wrapped(module):
             if (module.K, module.batch_first, module.loss_reduction) != (K, batch_first, loss_reduction):
@@ -204,7 +208,7 @@ class PrivacyEngine:
             if sampling_generator is None and not self.secure_mode:
                 sampling_generator = data_loader.generator  # Opacus samples with the loader's own generator
             data_loader = DPDataLoader.from_data_loader(
-                data_loader, generator=sampling_generator, secure_mode=self.secure_mode
+                data_loader, generator=sampling_generator, secure_mode=self.secure_mode, distributed=distributed
             )
             expected_batch_size = data_loader.expected_batch_size
         else:
@@ -225,6 +229,8 @@ class PrivacyEngine:
             from dpnotebook.privacy.ghost_optimizer import GhostDPOptimizer
 
             optimizer_class = GhostDPOptimizer
+        if distributed:
+            optimizer_class = distributed_optimizer_class(optimizer_class)
         dp_optimizer = optimizer_class(
             optimizer,
             noise_multiplier=noise_multiplier,
@@ -288,7 +294,7 @@ class PrivacyEngine:
 
     @classmethod
     def get_compatible_module(cls, module: nn.Module) -> nn.Module:
-        """A copy of ``module`` with what :func:`dpnotebook.validate` flags repaired (:func:`dpnotebook.fix`), checked."""
+        """A repaired, checked copy of ``module``, as Opacus makes it (``ModuleValidator.fix_and_validate``)."""
         return engine_compat.compatible_module(module)
 
     def is_compatible(self, *, module: nn.Module, optimizer: Any = None, data_loader: Any = None) -> bool:

@@ -100,18 +100,18 @@ def ghost_criterion(module: nn.Module, optimizer: Any, criterion: Any, loss_redu
 
 
 def compatible_module(module: nn.Module) -> nn.Module:
-    """A repaired copy of ``module`` (:func:`dpnotebook.fix`), checked strictly (Opacus' ``get_compatible_module``).
+    """Opacus' ``get_compatible_module``: ``ModuleValidator.fix_and_validate`` (a repaired copy, checked strictly).
+
+    BatchNorm becomes ``GroupNorm(gcd(32, C), C)`` as in Opacus, so the model is the one
+    an Opacus user gets (see :mod:`dpnotebook.validators.module_validator`).
 
     >>> from torch import nn
     >>> compatible_module(nn.Sequential(nn.Linear(2, 4), nn.BatchNorm1d(4)))[1]
-    GroupNorm(2, 4, eps=1e-05, affine=True...)
+    GroupNorm(4, 4, eps=1e-05, affine=True...)
     """
-    from dpnotebook.fixers import fix
-    from dpnotebook.validation import raise_if_problems, validate
+    from dpnotebook.validators.module_validator import ModuleValidator
 
-    fixed = fix(module)
-    raise_if_problems(validate(fixed))
-    return fixed
+    return ModuleValidator.fix_and_validate(module)
 
 
 def strip_wrapper_prefix(state: dict[str, Any], module: nn.Module) -> dict[str, Any]:
