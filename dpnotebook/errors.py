@@ -7,7 +7,7 @@ went wrong while computing), so ``except ValueError`` keeps working.
 
 from __future__ import annotations
 
-__all__ = ["UnsupportedModuleError", "GradSampleError", "GradSamplerMismatch", "PrivacyWarning"]
+__all__ = ["UnsupportedModuleError", "UnsupportedOptionError", "GradSampleError", "GradSamplerMismatch", "PrivacyWarning"]
 
 
 class UnsupportedModuleError(ValueError, NotImplementedError):
@@ -31,6 +31,21 @@ class UnsupportedModuleError(ValueError, NotImplementedError):
     def __init__(self, message: str, problems: list | None = None) -> None:
         super().__init__(message)
         self.problems = list(problems or [])
+
+
+class UnsupportedOptionError(ValueError, NotImplementedError):
+    """An option that Opacus has and dpnotebook refuses by design; the message says why and what to use.
+
+    A ``ValueError`` (a bad argument, as every dpnotebook argument check) and a
+    ``NotImplementedError`` (what Opacus raises for what it does not do).
+
+    >>> from dpnotebook import PrivacyEngine
+    >>> try:
+    ...     PrivacyEngine(accountant="gdp")
+    ... except NotImplementedError as err:
+    ...     print(str(err).split(":")[0])
+    accountant='gdp' is not supported
+    """
 
 
 class GradSampleError(RuntimeError):

@@ -7,15 +7,15 @@ instead (``docs/migration-from-opacus.md`` lists them all):
 * ``criterion=`` with ``grad_sample_mode="ghost"``: the criterion is wrapped in a
   :class:`~dpnotebook.privacy.ghost_loss.DPLossFastGradientClipping`;
 * ``wrap_model=False``, ``clipping="adaptive"``, ``rand_on_empty=True``,
-  ``accountant="gdp"``: refused (:class:`NotImplementedError`, which Opacus
-  raises for what it cannot do either);
+  ``accountant="gdp"``: refused with :class:`~dpnotebook.errors.UnsupportedOptionError`
+  (a ``ValueError`` and a ``NotImplementedError``);
 * checkpoints with noise and clipping schedulers, and Opacus' checkpoints (whose
   module state dict carries the wrapper's ``_module.`` prefix).
 
 >>> refuse_unsupported(wrap_model=False, clipping="flat", rand_on_empty=False, extra={})
 Traceback (most recent call last):
 ...
-NotImplementedError: wrap_model=False is not supported: ...
+dpnotebook.errors.UnsupportedOptionError: wrap_model=False is not supported: ...
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from __future__ import annotations
 from typing import Any
 
 from torch import nn
+
+from dpnotebook.errors import UnsupportedOptionError
 
 __all__ = [
     "ADAPTIVE_CLIPPING_ARGS",
@@ -50,21 +52,21 @@ ADAPTIVE_CLIPPING_ARGS = (
 def refuse_unsupported(*, wrap_model: bool, clipping: str, rand_on_empty: bool, extra: dict[str, Any]) -> None:
     """Raise for the Opacus options of ``make_private`` that dpnotebook refuses by design, or does not know."""
     if not wrap_model:
-        raise NotImplementedError(
+        raise UnsupportedOptionError(
             "wrap_model=False is not supported: dpnotebook's per-sample gradients are checked in the wrapper's "
             "forward (rows per layer, parameters used outside their layer), which hooks on the bare model "
             "cannot do. Fix: use the returned module (it forwards attribute access to your model; "
             "model.to_standard_module() gives the plain model back) and drop wrap_model=False."
         )
     if clipping == "adaptive" or any(k in extra for k in ADAPTIVE_CLIPPING_ARGS):
-        raise NotImplementedError(
+        raise UnsupportedOptionError(
             "clipping='adaptive' (Opacus' AdaClipDPOptimizer) is not supported: its noisy count of unclipped "
             "samples spends privacy that dpnotebook's accountant does not record yet. Fix: use "
             "clipping='flat' (or 'per_layer') with a fixed max_grad_norm, or a grad-clip scheduler "
             "(dpnotebook.schedulers) that changes it between epochs."
         )
     if rand_on_empty:
-        raise NotImplementedError(
+        raise UnsupportedOptionError(
             "rand_on_empty=True is not supported: an empty Poisson batch comes out as zero-row tensors and "
             "every grad-sample mode handles it (a noise-only step). Fix: drop rand_on_empty."
         )
@@ -81,13 +83,13 @@ def check_accountant_name(accountant: str) -> str:
     >>> check_accountant_name("gdp")
     Traceback (most recent call last):
     ...
-    NotImplementedError: accountant='gdp' is not supported: ...
+    dpnotebook.errors.UnsupportedOptionError: accountant='gdp' is not supported: ...
     """
     if accountant == "gdp":
-        raise NotImplementedError(
+        raise UnsupportedOptionError(
             "accountant='gdp' is not supported: Opacus' Gaussian (GDP) accountant uses a central-limit "
             "approximation that can report less epsilon than the run spent, and dpnotebook only reports "
-            "bounds. Fix: accountant='prv' or 'pld' (tight), or 'rdp'."
+            "bounds. Fix: choose one of ['pld', 'prv', 'rdp'] ('prv' and 'pld' are tight)."
         )
     return accountant
 
