@@ -156,6 +156,9 @@ class DPDataLoader(DataLoader):
             step clips the examples of exactly one batch).
     """
 
+    #: draws the batches (the distributed loader draws each rank's share of them)
+    batch_sampler_class: type[PoissonBatchSampler] = PoissonBatchSampler
+
     def __init__(
         self,
         dataset: Dataset,
@@ -171,7 +174,7 @@ class DPDataLoader(DataLoader):
             raise TypeError("Poisson sampling needs a map-style dataset (len and dataset[i]), not an IterableDataset.")
         if isinstance(collate_fn, EmptyBatchCollate):
             collate_fn = collate_fn.collate_fn
-        sampler = PoissonBatchSampler(
+        sampler = self.batch_sampler_class(
             len(dataset), sample_rate=sample_rate, steps=steps, generator=generator, secure_mode=secure_mode
         )
         super().__init__(
@@ -196,11 +199,19 @@ class DPDataLoader(DataLoader):
 
     @classmethod
     def from_data_loader(
-        cls, loader: DataLoader, *, generator: torch.Generator | None = None, secure_mode: bool = False
+        cls,
+        loader: DataLoader,
+        *,
+        generator: torch.Generator | None = None,
+        secure_mode: bool = False,
+        distributed: bool = False,
     ) -> DPDataLoader:
         """The Poisson version of ``loader``: same dataset, collate and workers, ``q = 1 / len(loader)``.
 
-        A :class:`DPDataLoader` keeps its own sample rate and number of steps.
+        A :class:`DPDataLoader` keeps its own sample rate and number of steps. With
+        ``distributed=True`` (``torch.distributed`` initialised) it is a
+        :class:`~dpnotebook.privacy.distributed_sampler.DistributedDPDataLoader`: this rank's
+        share of each global Poisson batch, at the same ``q``.
 
         >>> import torch
         >>> from torch.utils.data import TensorDataset
@@ -223,6 +234,10 @@ class DPDataLoader(DataLoader):
                 prefetch_factor=loader.prefetch_factor,
                 persistent_workers=loader.persistent_workers,
             )
+        if distributed:
+            from dpnotebook.privacy.distributed_sampler import DistributedDPDataLoader
+
+            cls = DistributedDPDataLoader
         return cls(
             loader.dataset,
             sample_rate=loader.sample_rate if isinstance(loader, DPDataLoader) else 1 / len(loader),

@@ -1,0 +1,214 @@
+"""What each rank runs in the distributed tests (module level, so that spawned processes can import it).
+
+Every function takes ``(rank, world_size, ...)`` and runs inside a process group
+set up by :func:`dpnotebook.privacy.distributed_launch.run_on_ranks`; with
+``world_size=None`` the training runs in this process alone (the reference).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, TensorDataset
+
+from dpnotebook.privacy import BatchMemoryManager, PrivacyEngine
+from dpnotebook.privacy.augmult import AugmultCollate
+from dpnotebook.privacy.distributed import DPDDP, RanksFailedError
+
+N, FEATURES, CLASSES = 24, 6, 3
+
+
+class CopyScale:
+    """A deterministic augmentation: copy ``k`` of a sample is scaled by ``1 + 0.1 k``."""
+
+    def __init__(self, K: int) -> None:
+        self.K, self.calls = K, 0
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        k, self.calls = self.calls % self.K, self.calls + 1
+        return x * (1 + 0.1 * k)
+
+
+def dataset(seed: int = 0) -> TensorDataset:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(N, FEATURES, generator=gen, dtype=torch.float64)
+    return TensorDataset(x, torch.randint(0, CLASSES, (N,), generator=gen))
+
+
+def mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(FEATURES, 8), nn.Tanh(), nn.Linear(8, CLASSES)).double()
+
+
+def train(
+    world_size: int | None, *, mode: str, K: int, wrapper: str = "dpddp", batch_size: int = 6, steps: int = 4,
+    physical: int | None = None, sigma: float = 0.0, seed: int = 0,
+) -> dict[str, Any]:
+    """A few DP-SGD steps; the final parameters and each step's local batch sizes."""
+    model = mlp()
+    if world_size is not None:
+        model = DPDDP(model) if wrapper == "dpddp" else DistributedDataParallel(model)
+    collate = AugmultCollate(CopyScale(K), K=K) if K > 1 else None
+    loader = DataLoader(dataset(), batch_size=batch_size, collate_fn=collate)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    engine = PrivacyEngine(accountant="rdp", secure_mode=False)
+    model, optimizer, loader = engine.make_private(
+        module=model, optimizer=optimizer, data_loader=loader, noise_multiplier=sigma, max_grad_norm=0.3,
+        grad_sample_mode=mode, K=K, sampling_generator=torch.Generator().manual_seed(seed),
+        noise_generator=torch.Generator().manual_seed(seed + 1),
+    )
+    sizes: list[int] = []
+    loader.batch_listeners.append(sizes.append)  # each logical batch's examples, on this rank
+    batches = BatchMemoryManager(data_loader=loader, max_physical_batch_size=physical, optimizer=optimizer) if physical else None
+    for x, y in batches.__enter__() if batches else loader:
+        optimizer.zero_grad()
+        if len(y) or mode != "ew":  # ExpandedWeights cannot run an empty batch: a noise-only step without it
+            F.cross_entropy(model(x), y).backward()
+        optimizer.step()
+        if len(engine.accountant) == steps:
+            break
+    return {
+        "params": [p.detach().clone() for p in model.parameters()],
+        "sizes": sizes,
+        "steps": len(engine.accountant),
+        "global": getattr(optimizer, "global_batch_size", None),
+    }
+
+
+def train_cases(rank: int, world_size: int, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [train(world_size, **case) for case in cases]
+
+
+def ddp_leaves_gradients_alone(rank: int, world_size: int) -> list[float]:
+    """The gap between p.grad after backward through the *original* DDP object and this rank's own gradient."""
+    ddp = DistributedDataParallel(mlp())
+    engine = PrivacyEngine(accountant="rdp", secure_mode=False)
+    engine.make_private(
+        module=ddp, optimizer=torch.optim.SGD(ddp.parameters(), lr=0.1),
+        data_loader=DataLoader(dataset(), batch_size=6), noise_multiplier=0.0, max_grad_norm=1.0,
+    )
+    x, y = dataset()[rank * 5 : rank * 5 + 5]
+    plain = mlp()
+    F.cross_entropy(plain(x), y).backward()
+    gaps = []
+    for _ in range(2):  # DDP prepares its reducer in forward: twice, to see the hook stays
+        ddp.zero_grad()
+        F.cross_entropy(ddp(x), y).backward()
+        gaps.append(max(float((p.grad - q.grad).abs().max()) for p, q in zip(ddp.module.parameters(), plain.parameters())))
+    return gaps
+
+
+def zero_gradient_noise(rank: int, world_size: int, steps: int, sigma: float, C: float) -> dict[str, Any]:
+    """``steps`` steps of a model whose every per-sample gradient is 0: each step's p.grad is the noise alone."""
+    torch.manual_seed(0)
+    model = DPDDP(nn.Linear(50, 20, bias=False))
+    data = TensorDataset(torch.zeros(64, 50), torch.zeros(64, 20))
+    engine = PrivacyEngine(accountant="rdp", secure_mode=False)
+    model, optimizer, loader = engine.make_private(
+        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.0), data_loader=DataLoader(data, batch_size=16),
+        noise_multiplier=sigma, max_grad_norm=C, noise_generator=torch.Generator().manual_seed(rank + 10),
+    )
+    grads = []
+    while len(grads) < steps:
+        for x, y in loader:
+            optimizer.zero_grad()
+            F.mse_loss(model(x), y).backward()
+            optimizer.step()
+            grads.append(model.weight.grad.detach().clone().flatten())
+    return {
+        "grads": torch.stack(grads[:steps]),
+        "expected_batch_size": optimizer.expected_batch_size,
+        "sample_rate": engine.sample_rate,
+        "steps": len(engine.accountant),
+        "epsilon": engine.get_epsilon(1e-5),
+    }
+
+
+def secure_steps(rank: int, world_size: int) -> list[torch.Tensor]:
+    """Three steps in secure mode (OS CSPRNG for the sampling on every rank and the noise on rank 0)."""
+    model = DPDDP(mlp())
+    engine = PrivacyEngine(accountant="rdp", secure_mode=True)
+    model, optimizer, loader = engine.make_private(
+        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
+        data_loader=DataLoader(dataset(), batch_size=6), noise_multiplier=1.0, max_grad_norm=1.0,
+    )
+    for _, (x, y) in zip(range(3), loader):
+        optimizer.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        optimizer.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def audit_cases(rank: int, world_size: int, cases: list[tuple[str, str, str, int]]) -> list[dict[str, Any]]:
+    """The cross-rank sensitivity audit of adversarial records: ``(family, record, mode, K)`` each."""
+    from dpnotebook.audit.distributed import audit_sensitivity_across_ranks
+    from dpnotebook.audit.records import audit_case
+
+    reports = []
+    for family, record, mode, K in cases:
+        case = audit_case(family, record, num_samples=5)
+        report = audit_sensitivity_across_ranks(
+            case.model(True), batch=lambda idx, case=case, K=K: case.batch(idx, K=K, batch_first=True),
+            loss=case.loss(loss_reduction="mean", batch_first=True, K=K), num_samples=case.num_samples,
+            mode=mode, K=K, max_grad_norm=0.5,
+        )
+        reports.append({"case": (family, record, mode, K), "ok": report.ok(), "max_ratio": report.max_ratio,
+                        "reference_gap": report.reference_gap, "table": report.table()})
+    return reports
+
+
+def _engine_and_loop(mode: str = "hooks") -> tuple[nn.Module, Any, Any]:
+    model = DPDDP(mlp())
+    engine = PrivacyEngine(accountant="rdp", secure_mode=False)
+    return engine.make_private(
+        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        data_loader=DataLoader(dataset(), batch_size=6), noise_multiplier=1.0, max_grad_norm=1.0,
+        sampling_generator=torch.Generator().manual_seed(0), grad_sample_mode=mode,
+    )
+
+
+def failures(rank: int, world_size: int) -> dict[str, str]:
+    """Three ways for rank 1 to fail; what each rank saw. The last one ends rank 1's process."""
+    seen: dict[str, str] = {}
+    # 1. bad input in rank 1's forward pass, inside fail_together: rank 0 is waiting in the step's all-reduce
+    model, optimizer, loader = _engine_and_loop()
+    try:
+        with optimizer.fail_together():
+            for step, (x, y) in enumerate(loader):
+                if rank == 1 and step == 1:
+                    x = x[:, :4]  # 4 features for a layer of 6: the forward raises
+                optimizer.zero_grad()
+                F.cross_entropy(model(x), y).backward()
+                optimizer.step()
+    except Exception as error:  # noqa: BLE001 - recorded for the test
+        seen["forward"] = f"{type(error).__name__}: {error}"
+    # 2. rank 1 raises inside the step: it trains on two Poisson batches before one step (epsilon under-counted)
+    model, optimizer, loader = _engine_and_loop()
+    try:
+        batches = iter(loader)
+        for step, (x, y) in enumerate(batches):
+            optimizer.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            if rank == 1 and step == 1:
+                optimizer.virtual_step()
+                x, y = next(batches)
+                F.cross_entropy(model(x), y).backward()
+            optimizer.step()
+    except RuntimeError as error:
+        seen["step"] = f"{type(error).__name__}: {error}"
+    # 3. rank 1 raises and its process ends, no fail_together: rank 0's all-reduce sees the closed connection
+    model, optimizer, loader = _engine_and_loop()
+    if rank == 1:
+        raise ValueError("rank 1 stops on bad input")
+    try:
+        for x, y in loader:
+            optimizer.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            optimizer.step()
+    except RanksFailedError as error:
+        seen["death"] = f"{type(error).__name__}: {error}"
+    return seen
