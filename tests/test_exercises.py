@@ -114,3 +114,20 @@ def test_commands(tmp_path: Path, capsys) -> None:
     with pytest.raises(SystemExit):
         main(["student", str(tmp_path)])
     assert "has no block" in capsys.readouterr().err
+
+
+def test_partly_done_answer_is_not_yet(monkeypatch) -> None:
+    from dpnotebook.exercises import NotYetSolved
+
+    @register_check("99.two_parts")
+    def _check(first, second):
+        require(first == 1, "first is 1")
+        if second is ...:
+            raise NotYetSolved("first part right; now the second")
+
+    try:
+        verdict = judge("99.two_parts", 1, second=...)
+        assert (verdict.status, verdict.hint) == (Status.NOT_YET, "first part right; now the second")
+        assert judge("99.two_parts", 2, second=...).status is Status.WRONG
+    finally:
+        unregister_check("99.two_parts")

@@ -13,6 +13,7 @@ student set).
 
 from dpnotebook.exercises.core import (
     ExerciseFailed,
+    NotYetSolved,
     Status,
     Verdict,
     check,
@@ -22,4 +23,4 @@ from dpnotebook.exercises.core import (
     require,
 )
 
-__all__ = ["check", "judge", "register_check", "require", "is_stub", "ExerciseFailed", "Status", "Verdict"]
+__all__ = ["check", "judge", "register_check", "require", "is_stub", "ExerciseFailed", "NotYetSolved", "Status", "Verdict"]

@@ -100,6 +100,14 @@ class ExerciseFailed(Exception):
         self.hint = hint
 
 
+class NotYetSolved(Exception):
+    """Raised by a checker when part of the answer is still a stub; its message says what is left to do."""
+
+    def __init__(self, hint: str) -> None:
+        super().__init__(hint)
+        self.hint = hint
+
+
 @dataclass(frozen=True)
 class _Check:
     function: Callable[..., str | None]
@@ -226,6 +234,8 @@ def judge(exercise_id: str, answer: Any, **context: Any) -> Verdict:
         message = registered.function(answer, **context)
     except ExerciseFailed as err:
         return Verdict(exercise_id, Status.WRONG, err.hint)
+    except NotYetSolved as err:
+        return Verdict(exercise_id, Status.NOT_YET, err.hint)
     except Exception as err:  # the student's code raised: show them what, never a traceback
         if _not_implemented(err):
             return Verdict(exercise_id, Status.NOT_YET, registered.todo)
