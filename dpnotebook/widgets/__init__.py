@@ -6,7 +6,8 @@ driven by the same library code that trains models. Display one in a notebook
 by leaving it last in a cell; a page rendered without a kernel shows its PNG.
 
 * :class:`GradientExplorer`: per-sample gradients layer by layer; the grad-sample modes agree.
-* :class:`ClippingExplorer`: the bound C, norms, fraction clipped, clipping bias.
+* :class:`ClippingExplorer`: the bound C, norms, fraction clipped, clipping bias;
+  :func:`clipping_stats` gives the same figures without a widget.
 * :class:`NoiseExplorer`: sigma, B, C and the noise on the averaged gradient.
 * :class:`PrivacyBudgetExplorer`: epsilon against epochs; the sigma a target needs.
 * :class:`AugmultExplorer`: averaging over K augmented copies.
@@ -23,7 +24,7 @@ from dpnotebook.widgets._validate import WidgetValueError
 from dpnotebook.widgets.augment import augment_copies
 from dpnotebook.widgets.augmult import AugmultExplorer
 from dpnotebook.widgets.budget import PrivacyBudgetExplorer
-from dpnotebook.widgets.clipping import ClippingExplorer
+from dpnotebook.widgets.clipping import ClippingExplorer, ClippingStats, clipping_stats
 from dpnotebook.widgets.gradient import GradientExplorer
 from dpnotebook.widgets.grads import compute_grad_samples
 from dpnotebook.widgets.monitor import TrainingMonitor
@@ -39,6 +40,8 @@ __all__ = [
     "TrainingMonitor",
     "WidgetValueError",
     "compute_grad_samples",
+    "clipping_stats",
+    "ClippingStats",
     "augment_copies",
     "make_toy",
     "make_blobs",
