@@ -20,9 +20,8 @@ only the noisy sum. Ranks trust each other (they hold each other's data anyway).
 
 The model is given as :class:`DPDDP` (ours; it only broadcasts rank 0's weights)
 or as PyTorch's ``DistributedDataParallel``; ``make_private`` takes the model
-inside either, so DDP's gradient hooks never run (on a ``DistributedDataParallel``
-a no-op communication hook is also registered, in case it is called anyway):
-the gradients are all-reduced once, by the optimizer, after clipping.
+inside either and returns it wrapped, so DDP's forward and its gradient all-reduce
+never run: the gradients are all-reduced once, by the optimizer, after clipping.
 
 A rank that raises inside a step still joins the step's ``all_reduce``, with a
 flag, so every rank raises :class:`RanksFailedError`; :meth:`DistributedDPOptimizer.fail_together`
@@ -100,24 +99,13 @@ class DifferentiallyPrivateDistributedDataParallel(nn.Module):
 DPDDP = DifferentiallyPrivateDistributedDataParallel
 
 
-def _no_allreduce(state, bucket):  # noqa: ANN001, ANN202 - DDP checks the annotations set below
-    """A DDP communication hook that leaves the gradients as they are (the DP optimizer reduces them)."""
-    future = torch.futures.Future()
-    future.set_result(bucket.buffer())
-    return future
-
-
-_no_allreduce.__annotations__ = {
-    "state": object, "bucket": dist.GradBucket, "return": torch.futures.Future[torch.Tensor]
-}
-
-
 def unwrap_distributed(module: nn.Module) -> tuple[nn.Module, bool]:
     """``(the model inside DPDDP or DistributedDataParallel, True)``, or ``(module, False)``.
 
-    The model inside is what ``make_private`` wraps for per-sample gradients; a
-    ``DistributedDataParallel`` gets a no-op communication hook so that its own
-    gradient all-reduce does nothing should it be called.
+    The model inside is what ``make_private`` wraps for per-sample gradients and
+    returns: DDP's forward, hence its gradient all-reduce, never runs (calling the
+    original DDP object afterwards is refused by the wrapper: its layers would run
+    outside the wrapper's forward).
     """
     inner = getattr(module, "_module", None)
     if isinstance(inner, (DPDDP, DistributedDataParallel)):
@@ -131,9 +119,6 @@ def unwrap_distributed(module: nn.Module) -> tuple[nn.Module, bool]:
         return module.module, True
     if isinstance(module, DistributedDataParallel):
         _require_process_group("make_private with a DistributedDataParallel model")
-        if not getattr(module, "_dpnotebook_no_allreduce", False):
-            module.register_comm_hook(None, _no_allreduce)
-            module._dpnotebook_no_allreduce = True
         return module.module, True
     return module, False
 
