@@ -24,27 +24,35 @@ __all__ = ["register_mode", "available_modes", "factory", "validates_as"]
 ModeFactory = Callable[..., nn.Module]
 _MODES: dict[str, ModeFactory] = {}
 _VALIDATES_AS: dict[str, str] = {}
+_UNLISTED: set[str] = set()
 
 
-def register_mode(name: str, *, validates_as: str | None = None) -> Callable[[ModeFactory], ModeFactory]:
+def register_mode(
+    name: str, *, validates_as: str | None = None, listed: bool = True
+) -> Callable[[ModeFactory], ModeFactory]:
     """Register ``factory(module, **kwargs) -> wrapper`` under ``name``.
 
     Args:
         name: the mode's name, as passed to ``wrap_model`` and ``validate``.
         validates_as: the mode whose checks apply to it (default: ``name`` itself).
+        listed: whether :func:`available_modes` lists it (the audit grid, the capability
+            table and the comparisons run every listed mode). Opacus' ``"no_op"``, which
+            computes nothing, is not listed.
     """
 
     def decorator(fn: ModeFactory) -> ModeFactory:
         _MODES[name] = fn
         _VALIDATES_AS[name] = validates_as or name
+        if not listed:
+            _UNLISTED.add(name)
         return fn
 
     return decorator
 
 
 def available_modes() -> list[str]:
-    """The registered mode names, sorted."""
-    return sorted(_MODES)
+    """The registered mode names that compute per-sample gradients, sorted."""
+    return sorted(set(_MODES) - _UNLISTED)
 
 
 def _known(name: str, argument: str) -> str:

@@ -157,3 +157,4 @@ def _ew(module: nn.Module, **kwargs: Any) -> nn.Module:
 
 
 from dpnotebook.grad_sample import ghost_mode  # noqa: E402,F401  (registers "ghost"; its wrapper is imported on first use)
+from dpnotebook.grad_sample import gsm_no_op  # noqa: E402,F401  (registers Opacus' "no_op", unlisted)

@@ -11,6 +11,7 @@ from dpnotebook.grad_sample import (  # noqa: F401  (importing fills the registr
     lora,
     rms_norm,
 )
+from dpnotebook.grad_sample.gsm_no_op import GradSampleModuleNoOp
 from dpnotebook.grad_sample.module import GradSampleModule, plan_units
 from dpnotebook.grad_sample.registry import (
     find_grad_sampler,
@@ -21,6 +22,7 @@ from dpnotebook.grad_sample.registry import (
 
 __all__ = [
     "GradSampleModule",
+    "GradSampleModuleNoOp",
     "plan_units",
     "register_grad_sampler",
     "unregister_grad_sampler",

@@ -24,7 +24,7 @@ from dpnotebook.grad_sample.functorch_fallback import check_replay_chunk
 from dpnotebook.grad_sample.hooks import LayerHooks
 from dpnotebook.grad_sample.outside_use import outside_use
 from dpnotebook.grad_sample.ownership import check_not_wrapped
-from dpnotebook.grad_sample.registry import SamplerEntry, find_grad_sampler
+from dpnotebook.grad_sample.registry import GradSamplerView, SamplerEntry, find_grad_sampler
 from dpnotebook.grad_sample.accumulation import GradSampleStore
 from dpnotebook.validation import Problem, raise_if_problems, validate
 
@@ -159,6 +159,8 @@ class GradSampleModule(nn.Module):
     """
 
     grad_sample_mode = "hooks"  # which checks of dpnotebook.validate apply
+    #: Opacus' name for the sampler registry, as a dict view (:class:`~dpnotebook.grad_sample.registry.GradSamplerView`)
+    GRAD_SAMPLERS = GradSamplerView()
 
     def __init__(
         self,

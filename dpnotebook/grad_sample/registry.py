@@ -31,8 +31,9 @@ dpnotebook then averages each group of ``K`` per-row gradients itself.
 from __future__ import annotations
 
 import inspect
+from collections.abc import MutableMapping
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 from torch import Tensor, nn
 
@@ -43,6 +44,7 @@ __all__ = [
     "find_grad_sampler",
     "registered_layer_types",
     "unregister_grad_sampler",
+    "GradSamplerView",
 ]
 
 GradSampler = Callable[..., dict[nn.Parameter, Tensor]]
@@ -150,6 +152,34 @@ def find_grad_sampler(module: nn.Module) -> SamplerEntry | None:
         if base in _SAMPLERS and cls.forward is base.forward:
             return _SAMPLERS[base]
     return None
+
+
+class GradSamplerView(MutableMapping):
+    """The registry as Opacus' ``GradSampleModule.GRAD_SAMPLERS`` dict: ``{layer type: sampler function}``.
+
+    Setting an item registers the function (with or without ``K``, as
+    :func:`register_grad_sampler`); deleting one unregisters it.
+
+    >>> from torch import nn
+    >>> from dpnotebook import GradSampleModule
+    >>> nn.Linear in GradSampleModule.GRAD_SAMPLERS
+    True
+    """
+
+    def __getitem__(self, layer_type: type[nn.Module]) -> GradSampler:
+        return _SAMPLERS[layer_type].fn
+
+    def __setitem__(self, layer_type: type[nn.Module], fn: GradSampler) -> None:
+        register_grad_sampler(layer_type)(fn)
+
+    def __delitem__(self, layer_type: type[nn.Module]) -> None:
+        del _SAMPLERS[layer_type]
+
+    def __iter__(self) -> Iterator[type[nn.Module]]:
+        return iter(list(_SAMPLERS))
+
+    def __len__(self) -> int:
+        return len(_SAMPLERS)
 
 
 def registered_layer_types() -> list[str]:
