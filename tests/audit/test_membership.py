@@ -1,0 +1,94 @@
+"""ROC, advantage and the membership attacks, against hand counts and the DP bound."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import norm
+from torch import nn
+
+from dpnotebook.audit.membership import calibrated_attack, example_losses, loss_threshold_attack
+from dpnotebook.audit.roc import advantage_bound, attack_roc
+from dpnotebook.audit.tradeoff import dp_tpr_bound, gaussian_epsilon, gaussian_tpr
+
+
+def test_roc_by_hand():
+    roc = attack_roc([0.9, 0.8, 0.1], [0.7, 0.2, 0.05, 0.0])
+    # thresholds inf, .9, .8, .7, .2, .1, .05, 0
+    assert roc.tpr.tolist() == pytest.approx([0, 1 / 3, 2 / 3, 2 / 3, 2 / 3, 1, 1, 1])
+    assert roc.fpr.tolist() == pytest.approx([0, 0, 0, 1 / 4, 2 / 4, 2 / 4, 3 / 4, 1])
+    assert roc.advantage == pytest.approx(2 / 3)
+    assert roc.best_threshold == 0.8
+    # AUC = P(member score > non-member score): 10 of 12 pairs
+    assert roc.auc == pytest.approx(10 / 12)
+    assert roc.tpr_at(0.25) == pytest.approx(2 / 3)
+
+
+def test_gaussian_scores_roc_follows_the_tradeoff_curve():
+    rng = np.random.default_rng(0)
+    mu = 1.0
+    roc = attack_roc(rng.standard_normal(20000) + mu, rng.standard_normal(20000))
+    assert roc.auc == pytest.approx(norm.cdf(mu / np.sqrt(2)), abs=0.01)
+    np.testing.assert_allclose(roc.tpr, gaussian_tpr(roc.fpr, mu), atol=0.02)
+    assert roc.advantage == pytest.approx(2 * norm.cdf(mu / 2) - 1, abs=0.02)
+
+
+@pytest.mark.parametrize("mu", [0.5, 1.0, 2.0])
+def test_advantage_of_the_gaussian_mechanism_within_its_bound(mu):
+    eps = gaussian_epsilon(mu, 1e-5)
+    best = 2 * norm.cdf(mu / 2) - 1                        # the Gaussian's exact best advantage
+    assert best <= advantage_bound(eps, 1e-5)
+    grid = np.linspace(0, 1, 10001)
+    assert (dp_tpr_bound(grid, eps, 1e-5) - grid).max() == pytest.approx(advantage_bound(eps, 1e-5), abs=1e-3)
+
+
+def test_roc_bad_input():
+    with pytest.raises(ValueError, match="member_scores has 0 scores"):
+        attack_roc([], [1.0])
+    with pytest.raises(ValueError, match="nonmember_scores has 1 scores with NaN"):
+        attack_roc([1.0], [float("nan")])
+    with pytest.raises(ValueError, match="fpr=2 is invalid"):
+        attack_roc([1.0], [0.0]).tpr_at(2)
+
+
+def _overfit(x, y, steps=300):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(x.shape[1], 64), nn.Tanh(), nn.Linear(64, 2))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(steps):
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    return model
+
+
+def test_loss_attack_finds_members_of_a_memorising_model():
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(80, 10, generator=g), torch.randint(0, 2, (80,), generator=g)   # random labels
+    model = _overfit(x[:40], y[:40])
+    roc = loss_threshold_attack(model, (x[:40], y[:40]), (x[40:], y[40:]))
+    assert roc.auc > 0.9 and roc.advantage > 0.6
+    assert roc.member_scores.tolist() == pytest.approx((-example_losses(model, x[:40], y[:40])).tolist())
+    assert model.training                                   # example_losses restored train mode
+
+
+def test_calibrated_attack_subtracts_the_reference_loss():
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(60, 10, generator=g), torch.randint(0, 2, (60,), generator=g)
+    target, reference = _overfit(x[:20], y[:20]), _overfit(x[40:], y[40:])
+    roc = calibrated_attack(target, [reference], (x[:20], y[:20]), (x[20:40], y[20:40]))
+    want = example_losses(reference, x[:20], y[:20]) - example_losses(target, x[:20], y[:20])
+    np.testing.assert_allclose(roc.member_scores, want.numpy())
+    assert roc.auc > 0.6                                    # members still found
+    with pytest.raises(ValueError, match="reference_models is empty"):
+        calibrated_attack(target, [], (x, y), (x, y))
+
+
+def test_example_losses_needs_one_loss_per_record():
+    model = nn.Linear(3, 2)
+    with pytest.raises(ValueError, match="one loss per record"):
+        example_losses(model, torch.randn(4, 3), torch.zeros(4, dtype=torch.long),
+                       loss_fn=nn.functional.cross_entropy)
+    with pytest.raises(ValueError, match="inputs has 4 records but targets has 3"):
+        example_losses(model, torch.randn(4, 3), torch.zeros(3, dtype=torch.long))
