@@ -15,11 +15,13 @@ AUDITS = [
     ("mlp", "gaussian", "hooks", 1), ("mlp", "scale_1e4", "ghost", 3), ("conv", "duplicated", "hooks", 3),
     ("conv", "scale_1e4", "ghost", 1), ("norms", "cancelling_copies", "functorch", 3),
 ]
+EXAMPLE_ARGS = ["--epochs", "1", "--no-progress", "--accountant", "rdp"]
 CALLS = [
     ("zero_gradient_noise", (STEPS, SIGMA, C)),
     ("audit_cases", (AUDITS,)),
     ("secure_steps", ()),
     ("ddp_leaves_gradients_alone", ()),
+    ("run_example", (EXAMPLE_ARGS,)),
 ]
 
 
@@ -74,3 +76,14 @@ def test_ddp_does_not_all_reduce_the_gradients_again(results) -> None:
     for r in results:  # after backward, p.grad is each rank's own gradient: DDP's hooks did not average it
         assert r["ddp_leaves_gradients_alone"]["gap"] < 1e-12
         assert "GradSampleError" in r["ddp_leaves_gradients_alone"]["refused"]  # the DDP object itself is refused
+
+
+def test_the_example_on_two_ranks_trains_as_one_process(results) -> None:
+    alone = workers.run_example(0, None, EXAMPLE_ARGS)
+    ranks = [r["run_example"] for r in results]
+    assert ranks[0]["world_size"] == 2 and alone["world_size"] == 1
+    for rank in ranks:
+        assert rank["steps"] == alone["steps"] == 12 and rank["epsilon"] == alone["epsilon"]
+        assert rank["noise_multiplier"] == alone["noise_multiplier"]
+        assert abs(rank["accuracy"] - alone["accuracy"]) <= 2 / 359   # float32 sums in another order: a test image or two
+    assert ranks[0]["accuracy"] == ranks[1]["accuracy"] > 0.3         # one epoch moved it above chance (10%)

@@ -219,3 +219,20 @@ def failures(rank: int, world_size: int) -> dict[str, str]:
 def several(rank: int, world_size: int, calls: list[tuple[str, tuple]]) -> dict[str, Any]:
     """Run several of this module's rank functions in one launch: ``{name: result}``."""
     return {name: globals()[name](rank, world_size, *args) for name, args in calls}
+
+
+def run_example(rank: int, world_size: int, argv: list[str]) -> dict[str, Any]:
+    """``examples/train_digits_distributed.py``'s ``main(argv)`` on this rank (``world_size=None``: alone)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "train_digits_distributed.py"
+    spec = importlib.util.spec_from_file_location("train_digits_distributed", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    threads = torch.get_num_threads()
+    try:
+        result = module.main(argv)
+    finally:
+        torch.set_num_threads(threads)  # main sets it for its process; the test process keeps its own
+    return {k: v for k, v in result.items() if k != "seconds"}
