@@ -18,7 +18,7 @@ import dpnotebook
 from dpnotebook import GradSampleError
 from dpnotebook.benchmarks.models import SampleConvNet, SmallResNetGN, TextTransformer
 from dpnotebook.grad_sample.ghost import GhostGradSampleModule
-from dpnotebook.grad_sample.ghost_conv import _methods, conv_per_sample_grads
+from dpnotebook.grad_sample.conv_fast import _methods, conv_per_sample_grads
 from dpnotebook.grad_sample.ghost_norms import linear_sq_norms
 from dpnotebook.layers import DPGRU, DPLSTM, DPMultiheadAttention
 from dpnotebook.privacy.clipping import clip_and_sum, clip_factors, layer_thresholds
@@ -148,10 +148,10 @@ def test_every_conv_method_matches_the_oracle(conv: nn.Module, shape: tuple, K: 
 
 def test_im2col_patches_go_through_a_reused_workspace(monkeypatch: pytest.MonkeyPatch) -> None:
     """One sample per chunk, both chunks through one buffer that starts full of NaN."""
-    import dpnotebook.grad_sample.ghost_conv as ghost_conv
+    import dpnotebook.grad_sample.conv_fast as conv_fast
 
-    monkeypatch.setattr(ghost_conv, "CHUNK_BYTES", 1)
-    monkeypatch.setattr(ghost_conv, "MIN_CHUNK_BYTES", 1)
+    monkeypatch.setattr(conv_fast, "CHUNK_BYTES", 1)
+    monkeypatch.setattr(conv_fast, "MIN_CHUNK_BYTES", 1)
     conv, K = nn.Conv2d(2, 3, 3, stride=2, padding=1).double(), 2
     x = torch.randn(2 * K, 2, 7, 7, dtype=torch.float64)
     g = random_target(conv, [x])

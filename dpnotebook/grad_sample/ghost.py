@@ -49,8 +49,10 @@ from torch import Tensor, nn
 
 from dpnotebook.errors import GradSampleError
 from dpnotebook.grad_sample.functorch_fallback import LayerCall, capture_is_paused, detach_tree, loss_scale
-from dpnotebook.grad_sample.ghost_layers import GhostCall, MaterialisedGroup, ghost_handler
+from dpnotebook.grad_sample import ghost_conv, ghost_linear, ghost_materialised, ghost_rnn  # noqa: F401  (register the norm samplers)
+from dpnotebook.grad_sample.ghost_layers import GhostCall, MaterialisedGroup
 from dpnotebook.grad_sample.ghost_ledger import GhostLedger
+from dpnotebook.grad_sample.ghost_registry import ghost_handler
 from dpnotebook.grad_sample.ghost_tap import GhostStore, Tap, grad_mark
 from dpnotebook.grad_sample.hooks import second_backward_error, to_batch_first
 from dpnotebook.grad_sample.module import GradSampleModule, plan_units

@@ -9,14 +9,15 @@ answers two questions:
 * :meth:`GhostGroup.weighted_sums`: ``sum_b w_b * (sample b's gradient)`` per
   parameter, for the clip factors ``w`` (book-keeping: no second backward).
 
-How each layer type is handled (:func:`ghost_handler`):
+How each layer type is handled (the norm samplers registered in
+:mod:`~dpnotebook.grad_sample.ghost_registry`, looked up by its :func:`~dpnotebook.grad_sample.ghost_registry.ghost_handler`):
 
 * ``nn.Linear``, ``InProjection`` (of ``DPMultiheadAttention``) and ``nn.Embedding``:
   :mod:`~dpnotebook.grad_sample.ghost_linear`;
 * ``GateProjection`` (of ``DPLSTM`` and co.): :mod:`~dpnotebook.grad_sample.ghost_rnn`;
 * convolutions: :mod:`~dpnotebook.grad_sample.ghost_conv`;
-* norm layers and the rest: materialised with the layer's registered grad sampler,
-  then norms and ``tensordot``. Their per-sample gradients are small next to
+* norm layers: :mod:`~dpnotebook.grad_sample.ghost_materialised`, materialised with the
+  layer's registered grad sampler, then norms and ``tensordot``. Their per-sample gradients are small next to
   their activations (one entry per channel).
 
 Groups that hold per-sample gradients (convolutions, norm layers) add up over
@@ -190,42 +191,4 @@ class GhostHandler(NamedTuple):
         return group
 
 
-def ghost_handler(module: nn.Module) -> GhostHandler | None:
-    """The :class:`GhostHandler` of ``module``'s type, or ``None``.
-
-    ``None``: ghost mode leaves the layer to the hooks engine (its registered
-    sampler, or torch.func). A subclass that overrides ``forward`` is not matched.
-
-    >>> from torch import nn
-    >>> ghost_handler(nn.Conv2d(1, 2, 3)).materialises, ghost_handler(nn.Linear(2, 2)).materialises
-    (True, False)
-    >>> ghost_handler(nn.BatchNorm1d(3)) is None
-    True
-    """
-    from dpnotebook.layers.attention_units import AppendBias, InProjection
-    from dpnotebook.layers.gate_projection import GateProjection
-
-    from dpnotebook.grad_sample.ghost_conv import conv_group
-    from dpnotebook.grad_sample.ghost_linear import embedding_group, linear_group, linear_settles
-    from dpnotebook.grad_sample.ghost_rnn import gate_group, gate_settles
-
-    table: dict[type, GhostHandler] = {
-        nn.Linear: GhostHandler(linear_group, settles=linear_settles),
-        InProjection: GhostHandler(linear_group, settles=linear_settles),
-        nn.Embedding: GhostHandler(embedding_group),
-        # the recurrence uses weight_hh and bias_hh too
-        GateProjection: GhostHandler(gate_group, outside=("weight_hh", "bias_hh"), settles=gate_settles),
-    }
-    for t in (nn.Conv1d, nn.Conv2d, nn.Conv3d):
-        table[t] = GhostHandler(conv_group, materialises=True)
-    for t in (nn.LayerNorm, nn.GroupNorm, nn.RMSNorm, AppendBias):
-        table[t] = GhostHandler(materialise, materialises=True)
-    if isinstance(module, nn.Embedding) and module.max_norm is not None:
-        return None  # max_norm renormalises the weight in place during the forward
-    for cls in type(module).__mro__:
-        if cls in table and (cls is type(module) or type(module).forward is cls.forward):
-            return table[cls]
-    return None
-
-
-__all__ = ["GhostCall", "GhostGroup", "keep_rows", "MaterialisedGroup", "GhostHandler", "ghost_handler", "materialise"]
+__all__ = ["GhostCall", "GhostGroup", "keep_rows", "MaterialisedGroup", "GhostHandler", "materialise"]

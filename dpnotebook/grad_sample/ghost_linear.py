@@ -33,6 +33,8 @@ from dpnotebook.grad_sample.ghost_norms import (
     linear_strategy,
     linear_weighted_sum,
 )
+from dpnotebook.grad_sample.ghost_registry import register_norm_sampler
+from dpnotebook.layers.attention_units import InProjection
 
 
 class LinearPiece:
@@ -135,6 +137,7 @@ def _disjoint(windows: list[tuple[int, int]]) -> bool:
     return all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
 
 
+@register_norm_sampler(nn.Linear, InProjection, settles=linear_settles)
 def linear_group(module: nn.Module, calls: list[GhostCall], K: int, scratch: Scratch | None = None) -> GhostGroup:
     """``nn.Linear`` (window = all rows) and ``InProjection`` (the rows each call used)."""
     blocks: dict[tuple[int, int], list] = {}
@@ -170,6 +173,7 @@ class EmbeddingGroup(GhostGroup):
         self.G = keep_rows(self.G, keep)
 
 
+@register_norm_sampler(nn.Embedding)
 def embedding_group(module: nn.Embedding, calls: list[GhostCall], K: int, scratch: Scratch | None = None) -> GhostGroup:
     """``nn.Embedding``: the indices and backprops of all calls, side by side per sample."""
     if not module.weight.requires_grad:

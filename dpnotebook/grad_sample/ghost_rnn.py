@@ -17,6 +17,8 @@ from torch import Tensor, nn
 from dpnotebook.grad_sample.ghost_layers import GhostCall, GhostGroup, Grads, Scratch
 from dpnotebook.grad_sample.ghost_linear import LinearPiece, linear_piece
 from dpnotebook.grad_sample.ghost_norms import linear_strategy, shared_gram_pays, shared_gram_sq_norms
+from dpnotebook.grad_sample.ghost_registry import register_norm_sampler
+from dpnotebook.layers.gate_projection import GateProjection
 
 
 class GateGroup(GhostGroup):
@@ -90,6 +92,8 @@ def gate_settles(unit: nn.Module, call: GhostCall, K: int) -> bool:
     return direct and not shared_gram_pays(ins, n, g.shape[-1])
 
 
+# the recurrence uses weight_hh and bias_hh too
+@register_norm_sampler(GateProjection, outside=("weight_hh", "bias_hh"), settles=gate_settles)
 def gate_group(unit: nn.Module, calls: list[GhostCall], K: int, scratch: Scratch | None = None) -> GhostGroup:
     """``dpnotebook.layers.GateProjection``: the hidden states come from the layer's record.
 
