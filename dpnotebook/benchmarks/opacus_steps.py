@@ -37,7 +37,7 @@ def opacus_step(model: nn.Module, kind: str, mode: str, x: Tensor, y: Tensor, ba
     from opacus import PrivacyEngine
     from opacus.grad_sample.utils import wrap_model
 
-    from dpnotebook.benchmarks.steps import CLIP, LR, SIGMA
+    from dpnotebook.benchmarks.settings import CLIP, LR, SIGMA
 
     warnings.filterwarnings("ignore", module="opacus")
     if kind == "gsm":

@@ -25,10 +25,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dpnotebook.benchmarks.models import build
+from dpnotebook.benchmarks.settings import CLIP, LR, SIGMA
 
 MODES = ("hooks", "functorch", "ew", "ghost")
 OPACUS_MODES = ("hooks", "functorch", "ew", "ghost")
-SIGMA, CLIP, LR = 1.0, 1.0, 0.05
 
 Step = Callable[[], None]
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from torch import nn
 
-from dpnotebook.modes import register_mode
+from dpnotebook.mode_registry import register_mode
 
 
 @register_mode("ghost", validates_as="hooks")  # ghost mode builds on hooks mode
