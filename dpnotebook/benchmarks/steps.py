@@ -78,7 +78,10 @@ def _dpsgd(model: nn.Module, mode: str, x: Tensor, y: Tensor, batch: int, K: int
 
     wrapped = dpnotebook.wrap_model(model, mode, K=K)
     cls = GhostDPOptimizer if mode == "ghost" else DPOptimizer
-    opt = cls(torch.optim.SGD(wrapped.parameters(), lr=LR), noise_multiplier=SIGMA, max_grad_norm=CLIP, expected_batch_size=batch)
+    opt = cls(
+        torch.optim.SGD(wrapped.parameters(), lr=LR), noise_multiplier=SIGMA, max_grad_norm=CLIP,
+        expected_batch_size=batch, secure_mode=False,  # a benchmark: PyTorch's generator, said so (no warning)
+    )
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)
@@ -86,6 +89,17 @@ def _dpsgd(model: nn.Module, mode: str, x: Tensor, y: Tensor, batch: int, K: int
         opt.step()
 
     return step
+
+
+def dpsgd_step(model: nn.Module, mode: str, x: Tensor, y: Tensor, K: int = 1) -> Step:
+    """A full DP-SGD step (per-sample gradients or norms, clipping, noise, SGD update) of ``model`` on
+    ``x, y`` (``B*K`` rows, cross-entropy) in grad-sample ``mode``, as a closure; tutorial 06 times it.
+
+    >>> from torch import nn
+    >>> step = dpsgd_step(nn.Linear(3, 2), "ghost", torch.randn(8, 3), torch.randint(0, 2, (8,)), K=2)
+    >>> step()
+    """
+    return _dpsgd(model, mode, x, y, x.shape[0] // K, K)
 
 
 def _naive(model: nn.Module, x: Tensor, y: Tensor, batch: int, K: int) -> Step:
