@@ -12,6 +12,7 @@ from dpnotebook.grad_sample import (  # noqa: F401  (importing fills the registr
     rms_norm,
 )
 from dpnotebook.grad_sample.gsm_no_op import GradSampleModuleNoOp
+from dpnotebook.grad_sample.ghost_registry import register_norm_sampler, unregister_norm_sampler
 from dpnotebook.grad_sample.module import GradSampleModule, plan_units
 from dpnotebook.grad_sample.registry import (
     find_grad_sampler,
@@ -28,4 +29,6 @@ __all__ = [
     "unregister_grad_sampler",
     "find_grad_sampler",
     "registered_layer_types",
+    "register_norm_sampler",
+    "unregister_norm_sampler",
 ]
