@@ -61,6 +61,8 @@ class AuditedRun:
         one_run: the canary audit's lower bound on epsilon.
         included: the canaries' coins.
         canary_scores: ``-loss`` of each canary.
+        sample_rate, steps: the DP-SGD run's q and number of steps (``nan`` and 0 without privacy), e.g. for
+            :func:`~dpnotebook.audit.tradeoff.pld_tpr`.
     """
 
     model: nn.Module
@@ -73,6 +75,8 @@ class AuditedRun:
     one_run: OneRunAudit
     included: np.ndarray
     canary_scores: np.ndarray
+    sample_rate: float = math.nan
+    steps: int = 0
 
 
 def _accuracy(model: nn.Module, x: Tensor, y: Tensor) -> float:
@@ -129,7 +133,7 @@ def audited_digits_run(*, target_epsilon: float | None = None, noise_multiplier:
     else:
         optimizer = torch.optim.Adam(model.parameters(), lr=3e-3 if lr is None else lr)
     loader = DataLoader(data, batch_size=batch_size, shuffle=True, generator=torch.Generator().manual_seed(seed + 3))
-    epsilon, sigma = math.inf, math.nan
+    epsilon, sigma, sample_rate, steps = math.inf, math.nan, math.nan, 0
     if private:
         engine = PrivacyEngine(accountant="pld", secure_mode=False)
         common = dict(module=model, optimizer=optimizer, data_loader=loader, max_grad_norm=max_grad_norm,
@@ -146,6 +150,8 @@ def audited_digits_run(*, target_epsilon: float | None = None, noise_multiplier:
             if len(yb):
                 nn.functional.cross_entropy(model(xb), yb).backward()
             optimizer.step()
+    if private:
+        sample_rate, steps = float(engine.sample_rate), sum(n for _, _, n in engine.accountant.history)
     if private and sigma > 0:
         epsilon = engine.get_epsilon(delta)
     plain = unwrap_model(model) if private else model
@@ -156,5 +162,5 @@ def audited_digits_run(*, target_epsilon: float | None = None, noise_multiplier:
         train_accuracy=_accuracy(plain, x_in, y_in), test_accuracy=_accuracy(plain, x_out, y_out),
         attack=loss_threshold_attack(plain, (x_in, y_in), (x_out, y_out)),
         one_run=audit_one_run(scores, included, delta=delta, significance=significance),
-        included=included, canary_scores=scores,
+        included=included, canary_scores=scores, sample_rate=sample_rate, steps=steps,
     )

@@ -106,6 +106,10 @@ def _cases() -> list[tuple[str, str, Callable[[str], Any], list[Any], Callable[[
          lambda b: w.AugmultExplorer(_cnn(), x[:32], y[:32], ce, augment=shift, k_max=8, backend=b),
          list(range(1, 9)), slider("K")),
         ("TrainingMonitor (200 steps so far)", "update()", monitor, list(range(1000)), monitor_move),
+        ("PrivacyAttackExplorer (3 simulated attacks)", "threshold",
+         lambda b: w.PrivacyAttackExplorer(backend=b), [0.2, 0.5, 0.8, 1.1], slider("threshold")),
+        ("PrivacyAttackExplorer (3 simulated attacks)", "sigma",
+         lambda b: w.PrivacyAttackExplorer(backend=b), [0.5, 0.8, 1.3, 2.0], slider("noise_multiplier")),
     ]
 
 

@@ -12,6 +12,8 @@ by leaving it last in a cell; a page rendered without a kernel shows its PNG.
 * :class:`PrivacyBudgetExplorer`: epsilon against epochs; the sigma a target needs.
 * :class:`AugmultExplorer`: averaging over K augmented copies.
 * :class:`TrainingMonitor`: live curves of a training run, as a callback.
+* :class:`PrivacyAttackExplorer`: epsilon as an attacker's limit: the Gaussian mechanism's trade-off curve,
+  a threshold attack on it, and real attacks' ROC curves under their bounds.
 
 >>> from dpnotebook.widgets import ClippingExplorer
 >>> ex = ClippingExplorer(backend="static")
@@ -21,6 +23,7 @@ by leaving it last in a cell; a page rendered without a kernel shows its PNG.
 """
 
 from dpnotebook.widgets._validate import WidgetValueError
+from dpnotebook.widgets.attack import PrivacyAttackExplorer
 from dpnotebook.widgets.augment import augment_copies
 from dpnotebook.widgets.augmult import AugmultExplorer
 from dpnotebook.widgets.budget import PrivacyBudgetExplorer
@@ -38,6 +41,7 @@ __all__ = [
     "PrivacyBudgetExplorer",
     "AugmultExplorer",
     "TrainingMonitor",
+    "PrivacyAttackExplorer",
     "WidgetValueError",
     "compute_grad_samples",
     "clipping_stats",

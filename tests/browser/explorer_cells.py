@@ -12,6 +12,7 @@ CELLS = [
     ("NoiseExplorer", "NoiseExplorer(toy=make_toy())"),
     ("PrivacyBudgetExplorer", 'PrivacyBudgetExplorer(accountant="rdp")'),
     ("AugmultExplorer", "AugmultExplorer()"),
+    ("PrivacyAttackExplorer", "PrivacyAttackExplorer()"),
     ("TrainingMonitor",
      "monitor = TrainingMonitor(total_steps=4, progress=False)\n"
      "for step in (1, 2):\n"
@@ -26,7 +27,7 @@ IMPORTS = (
     "import torch\n"
     "from torch import nn\n"
     "from dpnotebook.widgets import (AugmultExplorer, ClippingExplorer, GradientExplorer, NoiseExplorer,\n"
-    "                                PrivacyBudgetExplorer, TrainingMonitor, make_toy)\n"
+    "                                PrivacyAttackExplorer, PrivacyBudgetExplorer, TrainingMonitor, make_toy)\n"
     "from dpnotebook.widgets._figure import ipympl_active\n"
 )
 #: JavaScript ``i => [...]``: the figures (``img`` or ipympl canvas) of cell ``i``'s output, each with its

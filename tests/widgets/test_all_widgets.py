@@ -20,6 +20,7 @@ def _builders():
                                                         dataset_size=10_000, backend=b),
         "augmult": lambda b, mb: w.AugmultExplorer(k_max=3, backend=b),
         "monitor": lambda b, mb: w.TrainingMonitor(redraw_every=0, progress=False, backend=b),
+        "attack": lambda b, mb: w.PrivacyAttackExplorer(backend=b),
     }
 
 
@@ -30,6 +31,7 @@ MOVES = {
     "budget": [("epochs", 1), ("epochs", 2), ("epochs", 1)],
     "augmult": [("K", 2), ("K", 3), ("max_grad_norm", 0.5)],
     "monitor": [],
+    "attack": [("threshold", 0.8), ("noise_multiplier", 2.0), ("selected", "sigma = 2")],
 }
 
 
