@@ -78,6 +78,13 @@ class AuditedRun:
     sample_rate: float = math.nan
     steps: int = 0
 
+    @property
+    def canary_attack(self) -> AttackROC:
+        """The same loss attack on the canaries: those trained on against those left out."""
+        from dpnotebook.audit.roc import attack_roc
+
+        return attack_roc(self.canary_scores[self.included], self.canary_scores[~self.included])
+
 
 def _accuracy(model: nn.Module, x: Tensor, y: Tensor) -> float:
     with torch.no_grad():

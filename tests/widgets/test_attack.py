@@ -75,10 +75,14 @@ def test_simulated_attacks_follow_the_gaussian_curve():
 def test_runs_become_attacks_with_their_pld_curve():
     roc = attack_roc([1.0, 2.0], [0.0, 0.5])
     common = dict(model=None, delta=1e-5, train_accuracy=1.0, test_accuracy=1.0, attack=roc, one_run=None,
-                  included=np.array([True]), canary_scores=np.array([0.0]))
+                  included=np.array([True, False, True]), canary_scores=np.array([0.0, -1.0, -0.5]))
     runs = {"eps 8": AuditedRun(epsilon=8.0, noise_multiplier=1.0, sample_rate=0.1, steps=50, **common),
             "no DP": AuditedRun(epsilon=math.inf, noise_multiplier=math.nan, **common)}
     attacks = attacks_from_runs(runs)
+    assert attacks["no DP"].roc.member_scores.tolist() == [0.0, -0.5]          # the canaries trained on
+    assert attacks_from_runs(runs, records="digits")["no DP"].roc is roc
+    with pytest.raises(WidgetValueError, match="records='all' is invalid"):
+        attacks_from_runs(runs, records="all")
     assert attacks["no DP"].curve is None and attacks["eps 8"].curve.shape == FPR_GRID.shape
     ex = PrivacyAttackExplorer(attacks=attacks, backend="static")
     assert ex.state.selected == "eps 8"

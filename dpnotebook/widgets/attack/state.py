@@ -107,22 +107,25 @@ def simulated_attacks(noise_multipliers: tuple[float, ...] = (0.5, 1.0, 2.0), *,
     return attacks
 
 
-def attacks_from_runs(runs: Mapping[str, object]) -> dict[str, Attack]:
+def attacks_from_runs(runs: Mapping[str, object], *, records: str = "canaries") -> dict[str, Attack]:
     """``{label: Attack}`` from ``{label: AuditedRun}`` (:func:`~dpnotebook.audit.experiment.audited_digits_run`).
 
-    The ROC is the membership attack on the run's digits; the epsilon is the accountant's; the curve
+    The ROC is the run's loss attack on its canaries (``records="canaries"``: the records a model
+    can only fit by memorising them) or on its digits (``"digits"``); the epsilon is the accountant's; the curve
     of a private run is its trade-off curve from the privacy loss distribution
     (:func:`~dpnotebook.audit.tradeoff.pld_tpr`, about 0.2 s a run).
     """
     from dpnotebook.audit.tradeoff import pld_tpr
 
+    one_of("records", records, ["canaries", "digits"])
     attacks = {}
     for label, run in runs.items():
         curve = None
         if math.isfinite(run.epsilon) and run.steps > 0:  # type: ignore[attr-defined]
             curve = pld_tpr(FPR_GRID, noise_multiplier=run.noise_multiplier, sample_rate=run.sample_rate,  # type: ignore[attr-defined]
                             steps=run.steps)  # type: ignore[attr-defined]
-        attacks[label] = Attack(run.attack, run.epsilon, run.delta, curve)  # type: ignore[attr-defined]
+        roc = run.canary_attack if records == "canaries" else run.attack  # type: ignore[attr-defined]
+        attacks[label] = Attack(roc, run.epsilon, run.delta, curve)  # type: ignore[attr-defined]
     return attacks
 
 
