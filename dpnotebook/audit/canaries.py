@@ -9,6 +9,10 @@
   ``sensitivity`` to its own coordinate of a vector that gets Gaussian noise; the output
   coordinates are the scores. Its true epsilon is known exactly
   (:func:`~dpnotebook.audit.tradeoff.gaussian_epsilon`), and thousands of runs take a second.
+* :func:`dp_sgd_canary_scores`: the same for a whole DP-SGD run with *gradient* canaries (Steinke et al.'s
+  white-box setting): each canary's gradient is a unit vector of its own, present in a step when the
+  canary is in the data and Poisson-sampled; the score is its coordinate after ``steps`` noisy steps.
+  The accountant's epsilon for ``(noise_multiplier, sample_rate, steps)`` bounds it.
 
 >>> included = draw_inclusion(8, seed=0)
 >>> included.dtype, included.shape
@@ -26,7 +30,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["draw_inclusion", "mislabeled_canaries", "gaussian_mechanism_scores"]
+__all__ = ["draw_inclusion", "mislabeled_canaries", "gaussian_mechanism_scores", "dp_sgd_canary_scores"]
 
 
 def draw_inclusion(canaries: int, *, seed: int) -> np.ndarray:
@@ -74,3 +78,30 @@ def gaussian_mechanism_scores(included: np.ndarray, *, noise_multiplier: float, 
         raise ValueError(f"noise_multiplier={noise_multiplier!r} is invalid: it must be a finite number >= 0.")
     noise = np.random.default_rng(seed).standard_normal(inc.shape) * noise_multiplier * sensitivity
     return sensitivity * inc.astype(float) + noise
+
+
+def dp_sgd_canary_scores(included: np.ndarray, *, noise_multiplier: float, sample_rate: float, steps: int,
+                         seed: int = 0) -> np.ndarray:
+    """The canaries' coordinates after ``steps`` DP-SGD steps with C = 1 and gradient canaries.
+
+    Canary ``i`` owns coordinate ``i``; its clipped gradient is the unit vector there. In each step it
+    is in the batch with probability ``sample_rate`` if it is in the data, and every coordinate gets
+    noise of std ``noise_multiplier``. The sum over the steps, drawn exactly: a binomial count of the
+    steps that sampled the canary plus ``N(0, steps * sigma^2)``.
+
+    >>> included = draw_inclusion(4, seed=0)
+    >>> bool((dp_sgd_canary_scores(included, noise_multiplier=0.0, sample_rate=1.0, steps=3) == 3 * included).all())
+    True
+    """
+    inc = np.asarray(included)
+    if inc.dtype != bool:
+        raise ValueError(f"included has dtype {inc.dtype}: pass booleans from draw_inclusion.")
+    if not (noise_multiplier >= 0 and math.isfinite(noise_multiplier)):
+        raise ValueError(f"noise_multiplier={noise_multiplier!r} is invalid: it must be a finite number >= 0.")
+    if not 0 < sample_rate <= 1:
+        raise ValueError(f"sample_rate={sample_rate!r} is invalid: it must be in (0, 1].")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps={steps!r} is invalid: it must be an int >= 1.")
+    rng = np.random.default_rng(seed)
+    sampled = rng.binomial(steps, sample_rate, inc.shape) * inc
+    return sampled + rng.standard_normal(inc.shape) * noise_multiplier * math.sqrt(steps)

@@ -14,9 +14,15 @@ import pytest
 import torch
 from scipy.stats import binom
 
-from dpnotebook.audit.canaries import draw_inclusion, gaussian_mechanism_scores, mislabeled_canaries
+from dpnotebook.audit.canaries import (
+    dp_sgd_canary_scores,
+    draw_inclusion,
+    gaussian_mechanism_scores,
+    mislabeled_canaries,
+)
 from dpnotebook.audit.one_run import audit_one_run, default_guesses, one_run_epsilon, one_run_p_value
 from dpnotebook.audit.tradeoff import gaussian_epsilon
+from dpnotebook.privacy.accounting import compute_epsilon
 
 DELTA = 1e-5
 
@@ -58,7 +64,26 @@ def test_gaussian_mechanism_bound_never_exceeds_the_true_epsilon(sigma):
         bounds.append(audit_one_run(scores, included, delta=DELTA).epsilon)
     bounds = np.array(bounds)
     assert bounds.max() <= true_eps
+    assert bounds.max() <= compute_epsilon(noise_multiplier=sigma, sample_rate=1.0, steps=1, delta=DELTA)
     assert np.median(bounds) > 0.1 * true_eps       # the audit sees the mechanism at all
+
+
+@pytest.mark.parametrize("sigma, q, steps", [(0.6, 0.5, 4), (1.0, 0.1, 100), (2.0, 0.5, 20)])
+def test_dp_sgd_gradient_canaries_bound_never_exceeds_the_accountant(sigma, q, steps):
+    accountant_eps = compute_epsilon(noise_multiplier=sigma, sample_rate=q, steps=steps, delta=DELTA)
+    bounds = []
+    for seed in range(100):
+        included = draw_inclusion(1000, seed=seed)
+        scores = dp_sgd_canary_scores(included, noise_multiplier=sigma, sample_rate=q, steps=steps, seed=seed + 7)
+        bounds.append(audit_one_run(scores, included, delta=DELTA).epsilon)
+    assert max(bounds) <= accountant_eps
+    assert np.median(bounds) > 0.05 * accountant_eps
+
+
+def test_dp_sgd_gradient_canaries_without_noise():
+    included = draw_inclusion(1000, seed=1)
+    scores = dp_sgd_canary_scores(included, noise_multiplier=0.0, sample_rate=0.5, steps=20, seed=2)
+    assert audit_one_run(scores, included, delta=DELTA).epsilon > 4
 
 
 def test_the_test_can_fail_an_accountant_that_undercounts():
