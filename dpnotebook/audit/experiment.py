@@ -63,6 +63,7 @@ class AuditedRun:
         canary_scores: ``-loss`` of each canary.
         sample_rate, steps: the DP-SGD run's q and number of steps (``nan`` and 0 without privacy), e.g. for
             :func:`~dpnotebook.audit.tradeoff.pld_tpr`.
+        canaries: ``(inputs, labels)`` of all the canaries, in the order of ``included``.
     """
 
     model: nn.Module
@@ -77,6 +78,7 @@ class AuditedRun:
     canary_scores: np.ndarray
     sample_rate: float = math.nan
     steps: int = 0
+    canaries: tuple[Tensor, Tensor] | None = None
 
     @property
     def canary_attack(self) -> AttackROC:
@@ -84,6 +86,20 @@ class AuditedRun:
         from dpnotebook.audit.roc import attack_roc
 
         return attack_roc(self.canary_scores[self.included], self.canary_scores[~self.included])
+
+    def calibrated_canary_attack(self, reference_models: list[nn.Module]) -> AttackROC:
+        """The calibrated attack (:func:`~dpnotebook.audit.membership.calibrated_attack`) on the canaries.
+
+        ``reference_models`` must not have trained on these canaries: e.g. the models of runs with
+        other seeds, which drew other canaries.
+        """
+        if self.canaries is None:
+            raise ValueError("this run kept no canaries: make it with audited_digits_run.")
+        from dpnotebook.audit.membership import calibrated_attack
+
+        x, y = self.canaries
+        keep = torch.from_numpy(self.included)
+        return calibrated_attack(self.model, reference_models, (x[keep], y[keep]), (x[~keep], y[~keep]))
 
 
 def _accuracy(model: nn.Module, x: Tensor, y: Tensor) -> float:
@@ -169,5 +185,5 @@ def audited_digits_run(*, target_epsilon: float | None = None, noise_multiplier:
         train_accuracy=_accuracy(plain, x_in, y_in), test_accuracy=_accuracy(plain, x_out, y_out),
         attack=loss_threshold_attack(plain, (x_in, y_in), (x_out, y_out)),
         one_run=audit_one_run(scores, included, delta=delta, significance=significance),
-        included=included, canary_scores=scores, sample_rate=sample_rate, steps=steps,
+        included=included, canary_scores=scores, sample_rate=sample_rate, steps=steps, canaries=(x_can, y_can),
     )

@@ -92,3 +92,25 @@ def test_example_losses_needs_one_loss_per_record():
                        loss_fn=nn.functional.cross_entropy)
     with pytest.raises(ValueError, match="inputs has 4 records but targets has 3"):
         example_losses(model, torch.randn(4, 3), torch.zeros(3, dtype=torch.long))
+
+
+def test_audited_run_calibrated_canary_attack_is_calibrated_attack_on_its_canaries():
+    import warnings
+
+    from dpnotebook.audit.experiment import audited_digits_run
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            run = audited_digits_run(members=64, canaries=40, epochs=2, seed=0)
+            reference = audited_digits_run(members=64, canaries=40, epochs=2, seed=1).model
+    finally:
+        torch.set_num_threads(threads)
+    x, y = run.canaries
+    keep = torch.from_numpy(run.included)
+    want = calibrated_attack(run.model, [reference], (x[keep], y[keep]), (x[~keep], y[~keep]))
+    got = run.calibrated_canary_attack([reference])
+    np.testing.assert_allclose(got.member_scores, want.member_scores)
+    np.testing.assert_allclose(run.canary_attack.member_scores, -example_losses(run.model, x[keep], y[keep]).numpy())
