@@ -25,6 +25,14 @@ def test_student_notebook_matches_its_solutions(notebook: Path) -> None:
     assert problems(notebook) == []
 
 
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_every_tutorial_has_an_exercise(notebook: Path) -> None:
+    assert exercise_cells(read_notebook(notebook)), (
+        f"{notebook.name} has no code cell tagged 'exercise' (with metadata exercise_id): every tutorial ends with "
+        "an exercise the student solves; see docs/course-guide.md"
+    )
+
+
 def test_every_solutions_file_has_its_notebook() -> None:
     stems = {nb.stem for nb in NOTEBOOKS}
     orphans = [p.name for p in sorted((TUTORIALS / "solutions").glob("*.py")) if p.stem not in stems]
