@@ -149,3 +149,34 @@ def test_fix_gru_and_smaller_budget_hints() -> None:
     assert "no step" in judge("00.smaller_budget", engine).hint
     engine.accountant.step(noise_multiplier=1.0, sample_rate=1 / 12, num_steps=360)
     assert "> 2" in judge("00.smaller_budget", engine).hint
+
+
+class LoRALinear(nn.Module):
+    def __init__(self, in_features: int, out_features: int, rank: int) -> None:
+        super().__init__()
+        self.register_buffer("weight", torch.randn(out_features, in_features))
+        self.A = nn.Parameter(torch.randn(rank, in_features))
+        self.B = nn.Parameter(torch.randn(out_features, rank))
+
+    def forward(self, x):
+        return x @ self.weight.T + (x @ self.A.T) @ self.B.T
+
+
+def test_lora_sampler_hints() -> None:
+    from dpnotebook.grad_sample.registry import register_grad_sampler, unregister_grad_sampler
+
+    def lora(through_b=True):
+        def sampler(layer, activations, backprops, K):
+            a, g = _grouped(activations, backprops, K)
+            back = g @ layer.B if through_b else g[..., : layer.A.shape[0]]
+            return {layer.B: torch.einsum("bno,bnr->bor", g, a @ layer.A.T) / K,
+                    layer.A: torch.einsum("bnr,bni->bri", back, a) / K}
+        return sampler
+
+    try:
+        for answer, hint in ((lora(), None), (lora(through_b=False), "through B")):
+            register_grad_sampler(LoRALinear)(answer)
+            verdict = judge("02.lora_sampler", answer, layer_type=LoRALinear)
+            assert verdict.solved if hint is None else hint in verdict.hint, verdict
+    finally:
+        unregister_grad_sampler(LoRALinear)

@@ -130,3 +130,45 @@ def check_gate_sampler(sampler: Callable, layer_type: type[nn.Module]) -> str:
     except GradSamplerMismatch as err:
         raise ExerciseFailed(f"the direct tests pass but the oracle disagrees: {str(err).splitlines()[0]}") from None
     return "gate_sampler matches the float64 oracle for K=1 and K=3"
+
+
+@register_check("02.lora_sampler", todo="derive the per-sample gradients of A and B (h = A a is what B sees; "
+                "Bᵀ g is what reaches A), then complete lora_sampler")
+def check_lora_sampler(sampler: Callable, layer_type: type[nn.Module]) -> str:
+    """The student's sampler for a low-rank adapter ``y = W a + B (A a)`` (``layer_type(in, out, rank)``)."""
+    entry = find_grad_sampler(layer_type(4, 3, 2))
+    require(entry is not None and entry.fn is sampler, "lora_sampler is not the sampler registered for LoRALinear: "
+            "decorate it with @register_grad_sampler(LoRALinear) and run its cell again")
+    layer = layer_type(5, 4, 2).double()
+    with torch.no_grad():
+        layer.B.normal_()                      # B = 0 at initialisation would hide a wrong gradient for A
+    for K in (1, 3):
+        x = torch.randn(2 * K, 6, 5, dtype=torch.float64)
+        g = torch.randn(2 * K, 6, 4, dtype=torch.float64)
+        result = _call(sampler, layer, x, g, K)
+        require(layer.A in result and layer.B in result, "return a dict with an entry for layer.A and for layer.B "
+                "(the frozen weight is a buffer: no gradient)")
+        B = x.shape[0] // K
+        a, gg = x.reshape(B, -1, 5), g.reshape(B, -1, 4)
+        h = a @ layer.A.detach().T                                   # [B, K*T, rank]
+        want_b = torch.einsum("bno,bnr->bor", gg, h) / K
+        want_a = torch.einsum("bnr,bni->bri", gg @ layer.B.detach(), a) / K
+        got_a, got_b = result[layer.A], result[layer.B]
+        require(isinstance(got_b, Tensor) and got_b.shape == want_b.shape,
+                f"layer.B's per-sample gradients should have shape {list(want_b.shape)} = [B, out, rank]")
+        require(isinstance(got_a, Tensor) and got_a.shape == want_a.shape,
+                f"layer.A's per-sample gradients should have shape {list(want_a.shape)} = [B, rank, in]")
+        if K > 1 and (_same(got_a, want_a * K) or _same(got_b, want_b * K)):
+            raise ExerciseFailed("K times too large: average the K copies of each sample (divide by K)")
+        if not _same(got_b, want_b):
+            raise ExerciseFailed("layer.B's gradients are wrong: B is a linear layer whose input is the adapter's "
+                                 "hidden h_t = A a_t, so its gradient is Σ_t g_t h_tᵀ (not g_t a_tᵀ)")
+        if not _same(got_a, want_a):
+            raise ExerciseFailed("layer.A's gradients are wrong: the backprops reach A through B, as Bᵀ g_t, so "
+                                 "its gradient is Σ_t (Bᵀ g_t) a_tᵀ")
+    try:
+        for K in (1, 3):
+            check_grad_sampler(layer_type(5, 4, 2), torch.randn(2 * K, 6, 5), K=K)
+    except GradSamplerMismatch as err:
+        raise ExerciseFailed(f"the direct tests pass but the oracle disagrees: {str(err).splitlines()[0]}") from None
+    return "lora_sampler matches the float64 oracle for K=1 and K=3"
