@@ -18,7 +18,7 @@ import dpnotebook
 from dpnotebook import GradSampleError
 from dpnotebook.benchmarks.models import SampleConvNet, SmallResNetGN, TextTransformer
 from dpnotebook.grad_sample.ghost import GhostGradSampleModule
-from dpnotebook.grad_sample.conv_fast import _methods, conv_per_sample_grads
+from dpnotebook.grad_sample.fast.conv import _methods, conv_per_sample_grads
 from dpnotebook.grad_sample.ghost_norms import linear_sq_norms
 from dpnotebook.layers import DPGRU, DPLSTM, DPMultiheadAttention
 from dpnotebook.privacy.clipping import clip_and_sum, clip_factors, layer_thresholds
@@ -148,7 +148,7 @@ def test_every_conv_method_matches_the_oracle(conv: nn.Module, shape: tuple, K: 
 
 def test_im2col_patches_go_through_a_reused_workspace(monkeypatch: pytest.MonkeyPatch) -> None:
     """One sample per chunk, both chunks through one buffer that starts full of NaN."""
-    import dpnotebook.grad_sample.conv_fast as conv_fast
+    import dpnotebook.grad_sample.fast.conv as conv_fast
 
     monkeypatch.setattr(conv_fast, "CHUNK_BYTES", 1)
     monkeypatch.setattr(conv_fast, "MIN_CHUNK_BYTES", 1)

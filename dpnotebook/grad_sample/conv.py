@@ -6,7 +6,7 @@ by ``K``: :mod:`~dpnotebook.grad_sample.conv_ops` has the formulas
 (:func:`~dpnotebook.grad_sample.conv_ops.conv_weight_grad_per_sample` is the
 reference form, batched with ``vmap``). No ``B*K`` per-row gradients are formed,
 so memory grows with ``B``, not ``B*K``. For speed the sampler goes through one
-seam, :func:`~dpnotebook.grad_sample.conv_fast.conv_per_sample_grads`: the same
+seam, :func:`~dpnotebook.grad_sample.fast.conv.conv_per_sample_grads`: the same
 gradients by im2col, a grouped call or ``vmap``, in chunks of samples, into a
 buffer reused from step to step; the tests check it against the reference form
 and the float64 oracle.
@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from dpnotebook.grad_sample._contract import sum_rows
-from dpnotebook.grad_sample._reuse import result_buffer
-from dpnotebook.grad_sample.conv_fast import conv_per_sample_grads
+from dpnotebook.grad_sample.sample_rows import sum_rows
+from dpnotebook.grad_sample.fast.buffers import result_buffer
+from dpnotebook.grad_sample.fast.conv import conv_per_sample_grads
 from dpnotebook.grad_sample.conv_ops import (  # noqa: F401  (their old import path)
     conv_weight_grad_grouped,
     conv_weight_grad_per_sample,

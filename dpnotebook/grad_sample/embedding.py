@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from dpnotebook.grad_sample._reuse import result_buffer
+from dpnotebook.grad_sample.fast.buffers import result_buffer
 from dpnotebook.grad_sample.registry import register_grad_sampler
 
 
@@ -29,7 +29,7 @@ def scatter_rows(
     D = values.shape[-1]
     if out is None:
         flat = torch.zeros(B * V, D, dtype=values.dtype, device=values.device)
-    else:  # a [B, V, D] buffer to fill (see dpnotebook.grad_sample._reuse)
+    else:  # a [B, V, D] buffer to fill (see dpnotebook.grad_sample.fast.buffers)
         flat = out.view(B * V, D).zero_()
     flat.index_add_(0, sample_of * V + indices, values)
     return flat.view(B, V, D).div_(K) if K > 1 else flat.view(B, V, D)

@@ -2,7 +2,7 @@
 
 A convolution's weight is small next to its activations, so ghost mode forms
 the per-sample weight gradients (``[B, *weight.shape]``) through the fast seam
-:func:`~dpnotebook.grad_sample.conv_fast.conv_per_sample_grads`, call by call as
+:func:`~dpnotebook.grad_sample.fast.conv.conv_per_sample_grads`, call by call as
 the backprops arrive, and takes their norms and, later, their weighted sum.
 
 >>> import torch
@@ -18,7 +18,7 @@ from functools import partial
 
 from torch import nn
 
-from dpnotebook.grad_sample.conv_fast import CHUNK_BYTES, MIN_CHUNK_BYTES, conv_method, conv_per_sample_grads
+from dpnotebook.grad_sample.fast.conv import CHUNK_BYTES, MIN_CHUNK_BYTES, conv_method, conv_per_sample_grads
 from dpnotebook.grad_sample.ghost_layers import GhostCall, GhostGroup, Grads, MaterialisedGroup, Scratch
 from dpnotebook.grad_sample.ghost_registry import register_norm_sampler
 

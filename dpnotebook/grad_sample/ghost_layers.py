@@ -39,7 +39,7 @@ import torch
 from torch import Tensor, nn
 
 from dpnotebook.errors import GradSampleError
-from dpnotebook.grad_sample._contract import flat_rows
+from dpnotebook.grad_sample.sample_rows import flat_rows
 from dpnotebook.grad_sample.functorch_fallback import LayerCall
 from dpnotebook.grad_sample.hooks import bound_arguments, sampler_grad_samples, to_batch_first
 from dpnotebook.grad_sample.registry import find_grad_sampler

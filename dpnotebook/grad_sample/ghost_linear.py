@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from dpnotebook.grad_sample._contract import group_rows
+from dpnotebook.grad_sample.sample_rows import group_rows
 from dpnotebook.grad_sample.ghost_layers import GhostCall, GhostGroup, Grads, MaterialisedGroup, Scratch, keep_rows, materialise
 from dpnotebook.grad_sample.ghost_norms import (
     embedding_sq_norms,

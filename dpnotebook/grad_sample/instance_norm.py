@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dpnotebook.grad_sample._contract import affine_grads
+from dpnotebook.grad_sample.sample_rows import affine_grads
 from dpnotebook.grad_sample.registry import register_grad_sampler
 
 
@@ -30,4 +30,4 @@ def instance_norm_grad_sampler(
         use_input_stats=own_stats,
         eps=layer.eps,
     )
-    return affine_grads(layer, x_hat, backprops, K, channels_dim1=True)
+    return affine_grads(layer, x_hat, backprops, K, channels_dim1=True, overwrite_x_hat=True)  # x_hat is ours

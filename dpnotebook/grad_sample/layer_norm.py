@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dpnotebook.grad_sample._contract import affine_grads
+from dpnotebook.grad_sample.sample_rows import affine_grads
 from dpnotebook.grad_sample.registry import register_grad_sampler
 
 
@@ -20,4 +20,4 @@ def layer_norm_grad_sampler(
 ) -> dict[nn.Parameter, Tensor]:
     """Per-sample gradients of ``layer.weight`` and ``layer.bias``."""
     x_hat = F.layer_norm(activations[0], layer.normalized_shape, eps=layer.eps)
-    return affine_grads(layer, x_hat, backprops, K, channels_dim1=False)
+    return affine_grads(layer, x_hat, backprops, K, channels_dim1=False, overwrite_x_hat=True)  # x_hat is ours

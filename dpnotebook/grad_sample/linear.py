@@ -2,20 +2,33 @@
 
 For one row with activations ``a_t`` and backprops ``g_t`` at positions ``t``,
 the weight gradient is ``sum_t g_t a_t^T``. Averaging over the ``K`` copies of
-a sample folds the copies into the same sum, so a single batched contraction
-``[B, n, out] x [B, n, in] -> [B, out, in]`` with ``n = K*T`` gives the result,
-written into a buffer reused from step to step (:mod:`~dpnotebook.grad_sample._reuse`).
+a sample folds the copies into the same sum, so one contraction over
+``n = K*T`` positions, ``[B, n, out] x [B, n, in] -> [B, out, in]``, gives every
+sample's gradient at once (:func:`linear_weight_grads`). The sampler runs the same
+product through the fast seam (:mod:`~dpnotebook.grad_sample.fast.linear`), which
+writes into a buffer reused from step to step; the tests check both forms against
+the float64 oracle.
+
+>>> import torch
+>>> a, g = torch.ones(2, 3), torch.ones(2, 1)     # one sample, K=2 copies
+>>> linear_weight_grads(a, g, K=2)
+tensor([[[1., 1., 1.]]])
 """
 
 from __future__ import annotations
 
 import torch
-from opt_einsum import contract
 from torch import Tensor, nn
 
-from dpnotebook.grad_sample._contract import group_rows, sum_rows
-from dpnotebook.grad_sample._reuse import result_buffer
+from dpnotebook.grad_sample.fast.linear import linear_weight_grads_into_buffer
 from dpnotebook.grad_sample.registry import register_grad_sampler
+from dpnotebook.grad_sample.sample_rows import group_rows, sum_rows
+
+
+def linear_weight_grads(activations: Tensor, backprops: Tensor, K: int) -> Tensor:
+    """The reference form: ``[B, out, in]``, sample ``b``'s ``(1/K) sum_{copies, t} g_t a_t^T``."""
+    a, g = group_rows(activations, K), group_rows(backprops, K)
+    return torch.einsum("bno,bni->boi", g, a) / K
 
 
 @register_grad_sampler(nn.Linear)
@@ -24,15 +37,15 @@ def linear_grad_sampler(
 ) -> dict[nn.Parameter, Tensor]:
     """Per-sample gradients of ``layer.weight`` and ``layer.bias``."""
     out: dict[nn.Parameter, Tensor] = {}
+    a = activations[0]
     if layer.weight.requires_grad:
-        a = group_rows(activations[0], K)
-        g = group_rows(backprops, K)
-        if g.requires_grad or a.requires_grad:  # double backward: keep the graph
-            out[layer.weight] = contract("bno,bni->boi", g, a) / K
+        if a.requires_grad or backprops.requires_grad:  # double backward: keep the graph, no buffer
+            out[layer.weight] = linear_weight_grads(a, backprops, K)
         else:
-            buf = result_buffer(layer, "weight", (a.shape[0], g.shape[2], a.shape[2]), g)
-            grads = torch.bmm(g.transpose(1, 2), a, out=buf)
-            out[layer.weight] = grads.div_(K) if K > 1 else grads
+            out[layer.weight] = linear_weight_grads_into_buffer(layer, a, backprops, K)
     if layer.bias is not None and layer.bias.requires_grad:
         out[layer.bias] = sum_rows(backprops, K, keep=1)
     return out
+
+
+__all__ = ["linear_grad_sampler", "linear_weight_grads"]

@@ -38,11 +38,22 @@ MIN_BYTES = 2**20
 _KEPT: "weakref.WeakKeyDictionary[nn.Module, dict[str, Tensor]]" = weakref.WeakKeyDictionary()
 
 
+#: Whether this PyTorch tells how many tensors share a storage (a private function; without
+#: it, no buffer is ever reused and every result is simply allocated).
+CAN_COUNT_STORAGE_USERS = callable(getattr(torch._C, "_storage_Use_Count", None)) and hasattr(sys, "getrefcount")
+
+
 def _only_cached(t: Tensor) -> bool:
+    """Whether nothing but the cache refers to ``t`` or shares its memory."""
+    if not CAN_COUNT_STORAGE_USERS:
+        return False
     # References: the cache, the caller's variable, this function's argument, getrefcount's own.
     if sys.getrefcount(t) > 4:
         return False
-    return torch._C._storage_Use_Count(t.untyped_storage()._cdata) <= 2  # t itself + the temporary
+    try:
+        return torch._C._storage_Use_Count(t.untyped_storage()._cdata) <= 2  # t itself + the temporary
+    except (RuntimeError, TypeError, AttributeError):  # a build whose private function changed: never reuse
+        return False
 
 
 def result_buffer(layer: nn.Module, role: str, shape: Sequence[int], like: Tensor) -> Tensor:
@@ -65,4 +76,4 @@ def result_buffer(layer: nn.Module, role: str, shape: Sequence[int], like: Tenso
     t = kept[role] = like.new_empty(shape)
     return t
 
-__all__ = ["result_buffer", "MIN_BYTES"]
+__all__ = ["result_buffer", "MIN_BYTES", "CAN_COUNT_STORAGE_USERS"]
