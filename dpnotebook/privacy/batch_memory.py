@@ -21,12 +21,13 @@ on the last piece adds the noise once and updates the model.
 ...         opt.zero_grad()
 ...         model(x).sum().backward()
 ...         opt.step()
->>> opt.last_step_stats.virtual_steps > 1
-True
+>>> opt.last_step_stats.virtual_steps > 1, len(batches)   # ceil(2 batches * 20 expected / 8)
+(True, 5)
 """
 
 from __future__ import annotations
 
+import math
 from types import TracebackType
 from typing import Any, Iterator
 
@@ -68,10 +69,29 @@ class BatchMemoryManager:
                 self.optimizer.signal_skip_step(i < len(pieces) - 1)
                 yield piece
 
-    def __enter__(self) -> Iterator[Any]:
-        return self._batches()
+    def __enter__(self) -> PhysicalBatches:
+        return PhysicalBatches(self)
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.optimizer.signal_skip_step(False)
+
+
+class PhysicalBatches:
+    """What ``with BatchMemoryManager(...) as batches`` gives: the physical batches, and their expected number.
+
+    ``len()`` is Opacus': ``ceil(logical batches * expected batch size / max_physical_batch_size)``
+    (the Poisson batch sizes vary, so a pass may yield a few more or fewer).
+    """
+
+    def __init__(self, manager: BatchMemoryManager) -> None:
+        self.manager = manager
+
+    def __iter__(self) -> Iterator[Any]:
+        return self.manager._batches()
+
+    def __len__(self) -> int:
+        loader = self.manager.data_loader
+        expected = getattr(loader, "expected_batch_size", None) or loader.batch_size or 1
+        return math.ceil(len(loader) * expected / self.manager.max_physical_batch_size)

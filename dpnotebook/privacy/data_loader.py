@@ -19,6 +19,7 @@ training loop needs no special case.
 
 from __future__ import annotations
 
+import warnings
 from collections import deque
 from typing import Any, Callable, Iterator, Mapping
 
@@ -193,6 +194,15 @@ class DPDataLoader(DataLoader):
         drawn = self.batch_sampler.drawn
         for batch in super().__iter__():
             examples = drawn.popleft()
+            if not examples and not getattr(self, "_warned_empty", False):
+                self._warned_empty = True
+                warnings.warn(
+                    "Poisson sampling drew an empty batch (zero-row tensors): its step adds noise only and "
+                    "still counts for privacy. Expected now and then with a small expected batch size "
+                    f"({self.expected_batch_size:.3g}); said once per loader.",
+                    UserWarning,
+                    stacklevel=2,
+                )
             for listener in self.batch_listeners:
                 listener(examples)
             yield batch
@@ -208,7 +218,9 @@ class DPDataLoader(DataLoader):
     ) -> DPDataLoader:
         """The Poisson version of ``loader``: same dataset, collate and workers, ``q = 1 / len(loader)``.
 
-        A :class:`DPDataLoader` keeps its own sample rate and number of steps. With
+        A :class:`DPDataLoader` keeps its own sample rate and number of steps. Without
+        ``generator`` (and ``secure_mode``), the batches are drawn with ``loader.generator``,
+        as in Opacus, so a seeded loader gives seeded batches. With
         ``distributed=True`` (``torch.distributed`` initialised) it is a
         :class:`~dpnotebook.privacy.distributed_sampler.DistributedDPDataLoader`: this rank's
         share of each global Poisson batch, at the same ``q``.
@@ -234,6 +246,8 @@ class DPDataLoader(DataLoader):
                 prefetch_factor=loader.prefetch_factor,
                 persistent_workers=loader.persistent_workers,
             )
+        if generator is None and not secure_mode:
+            generator = loader.generator
         if distributed:
             from dpnotebook.privacy.distributed_sampler import DistributedDPDataLoader
 

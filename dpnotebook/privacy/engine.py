@@ -158,7 +158,8 @@ class PrivacyEngine:
             loss_reduction: ``"mean"`` or ``"sum"``, as your loss reduces the batch.
             noise_generator: a seeded ``torch.Generator`` for reproducible noise.
             sampling_generator: a seeded ``torch.Generator`` for reproducible batches
-                (default: the data loader's own ``generator``, as in Opacus).
+                (default: the data loader's own ``generator``, as in Opacus: see
+                :meth:`DPDataLoader.from_data_loader`).
             criterion: with ``grad_sample_mode="ghost"``, the loss to wrap (Opacus 1.5+): the
                 call then returns ``(module, optimizer, criterion, data_loader)`` with a
                 :class:`~dpnotebook.privacy.ghost_loss.DPLossFastGradientClipping`. Ignored
@@ -205,8 +206,6 @@ class PrivacyEngine:
         self.dataset_size = len(data_loader.dataset)
         sample_rate = sample_rate_of(data_loader)
         if poisson_sampling:
-            if sampling_generator is None and not self.secure_mode:
-                sampling_generator = data_loader.generator  # Opacus samples with the loader's own generator
             data_loader = DPDataLoader.from_data_loader(
                 data_loader, generator=sampling_generator, secure_mode=self.secure_mode, distributed=distributed
             )
