@@ -45,7 +45,8 @@ def criterion_loss(loss_reduction: str):
 
 @pytest.mark.parametrize("family", ["mlp", "conv", "embedding"])
 @pytest.mark.parametrize("K, loss_reduction", [(1, "mean"), (3, "sum")])
-def test_ghost_criterion_path_keeps_the_bound(family: str, K: int, loss_reduction: str) -> None:
+@pytest.mark.parametrize("C", [0.05, 50.0])
+def test_ghost_criterion_path_keeps_the_bound(family: str, K: int, loss_reduction: str, C: float) -> None:
     for record in RECORDS:
         if record == "cancelling_positions" and not FAMILIES[family].sequence:
             continue
@@ -53,7 +54,7 @@ def test_ghost_criterion_path_keeps_the_bound(family: str, K: int, loss_reductio
         report = audit_sensitivity(
             case.model(True), batch=lambda idx: case.batch(idx, K=K, batch_first=True),
             loss=criterion_loss(loss_reduction), num_samples=case.num_samples, mode="ghost", K=K,
-            loss_reduction=loss_reduction, max_grad_norm=0.05,
+            loss_reduction=loss_reduction, max_grad_norm=C,
         )
         assert report.ok(), (record, report.table())
         assert report.reference_gap < 1e-4, (record, report.reference_gap)
