@@ -84,3 +84,22 @@ def test_affine_grads_leaves_its_input_alone_unless_told() -> None:
     assert torch.equal(x_hat, before)
     scratch = affine_grads(ln, x_hat.clone(), g, K=2, channels_dim1=False, overwrite_x_hat=True)
     assert all(torch.equal(kept[p], scratch[p]) for p in kept)
+
+
+@pytest.mark.parametrize("policy", ["timed", "unfold", "grouped", "vmap"])
+def test_every_conv_policy_gives_the_oracle_and_shapes_is_the_default(policy: str) -> None:
+    from dpnotebook.grad_sample.fast import conv as fast_conv
+
+    conv = nn.Conv2d(2, 3, 3, padding=1).double()
+    x = torch.randn(4, 2, 6, 6, dtype=torch.float64)
+    g = random_target(conv, [x])
+    oracle = reference_grad_samples(conv, [x], target=g, K=2)["weight"]
+    assert fast_conv._policy == "shapes"
+    try:
+        fast_conv.set_conv_method(policy)
+        chosen = fast_conv.conv_method(conv, x, g, 2)
+        assert chosen == policy if policy != "timed" else chosen in _methods(conv)
+        out = torch.empty(2, *conv.weight.shape, dtype=torch.float64)
+        assert torch.allclose(conv_per_sample_grads(conv, x, g, 2, out) / 2, oracle, atol=TOL)
+    finally:
+        fast_conv.set_conv_method("shapes")

@@ -14,8 +14,9 @@ over its K rows), all checked against each other and against the reference form
   with ``vmap`` (:func:`~dpnotebook.grad_sample.conv_ops.conv_weight_grad_per_sample`);
   often as fast as the batch's own weight gradient for large images.
 
-Which is fastest depends on shapes, threads and machine: :func:`conv_method`
-times them (the median of five rounds) once per layer shape. All write chunk by chunk
+:func:`conv_method` picks one from the shapes alone, so the same code runs on every
+machine and in every run (timing each once per layer shape is an opt-in,
+:func:`set_conv_method`). All write chunk by chunk
 into a buffer that the caller keeps from one step to the next, so that no
 large tensor is allocated (and page-faulted) per step. Both the hooks-mode
 sampler (:mod:`~dpnotebook.grad_sample.conv`) and ghost mode
@@ -53,12 +54,12 @@ CHUNK_BYTES = 8 * 2**20
 MIN_CHUNK_BYTES = 2 * 2**20
 
 
-#: Timing rounds per method in :func:`conv_method`. The median, not the best: one lucky round
-#: must not decide (SampleConvNet's second layer at B=128 timed 2.0 ms at best and 6.3 ms
+#: Timing rounds per method under the ``"timed"`` policy. The median, not the best: one lucky
+#: round must not decide (SampleConvNet's second layer at B=128 timed 2.0 ms at best and 6.3 ms
 #: typically with ``vmap``, 2.0 and 3.8 ms with ``unfold``).
 ROUNDS = 5
 
-#: Fastest method found for each layer configuration and input shape (see :func:`conv_method`).
+#: Fastest method found for each layer configuration and input shape (the ``"timed"`` policy).
 _CHOSEN: dict[tuple, str] = {}
 
 
@@ -67,21 +68,66 @@ def _methods(layer: nn.modules.conv._ConvNd) -> list[str]:
     return ["unfold", *both] if isinstance(layer, nn.Conv2d) and layer.groups == 1 else both
 
 
-def conv_method(layer: nn.modules.conv._ConvNd, x: Tensor, g: Tensor, K: int) -> str:
-    """``"unfold"``, ``"grouped"`` or ``"vmap"``: whichever ran fastest on this layer's configuration and input shape.
+#: How :func:`conv_method` chooses: ``"shapes"`` (the default), ``"timed"``, or one method for every layer.
+POLICIES = ("shapes", "timed", "unfold", "grouped", "vmap")
+_policy = "shapes"
 
-    Which is fastest depends on the shapes, the machine and the thread count in
-    ways no simple rule captures, so each is timed (interleaved, median of five rounds)
-    on up to 64 samples of the first batch (on fewer, the ranking can differ from
-    a full batch's), and the choice is kept for later batches of that shape.
-    All give the same gradients (up to rounding).
+#: A ``Conv2d`` whose output has at most this many positions per channel goes by im2col.
+UNFOLD_MAX_POSITIONS = 196
+#: ... and so does one with at most this many input channels, whatever its output.
+UNFOLD_MAX_IN_CHANNELS = 4
+
+
+def set_conv_method(policy: str) -> None:
+    """How the per-sample convolution gradients are formed from now on (all give the same numbers).
+
+    Args:
+        policy: ``"shapes"`` (the default: a fixed rule, :func:`conv_method`), ``"timed"``
+            (time each method once per layer shape and keep the fastest: faster on some machines,
+            but which code runs then depends on timing noise), or ``"unfold"``, ``"grouped"``,
+            ``"vmap"`` for every layer (``"unfold"`` only where it applies).
+
+    >>> set_conv_method("timed"); set_conv_method("shapes")
+    >>> set_conv_method("fastest")
+    Traceback (most recent call last):
+    ...
+    ValueError: set_conv_method(policy='fastest'): use one of ('shapes', 'timed', 'unfold', 'grouped', 'vmap').
+    """
+    global _policy
+    if policy not in POLICIES:
+        raise ValueError(f"set_conv_method(policy={policy!r}): use one of {POLICIES}.")
+    _policy = policy
+    _CHOSEN.clear()
+
+
+def conv_method(layer: nn.modules.conv._ConvNd, x: Tensor, g: Tensor, K: int) -> str:
+    """``"unfold"``, ``"grouped"`` or ``"vmap"``: how this layer's per-sample gradients are formed.
+
+    By default a rule on shapes, measured on a 2-core CPU over the benchmark models' layers:
+    im2col (``"unfold"``) for a ``Conv2d`` without groups whose output has at most
+    :data:`UNFOLD_MAX_POSITIONS` positions per channel or whose input has at most
+    :data:`UNFOLD_MAX_IN_CHANNELS` channels (deep layers of small images, stems), the
+    grouped weight-gradient call otherwise (many channels over large images, ``Conv1d``,
+    ``Conv3d``, grouped convolutions). With :func:`set_conv_method` ``("timed")`` each method
+    is timed instead (interleaved, median of five rounds, on up to 64 samples of the first
+    batch) and the fastest kept for later batches of that shape.
 
     >>> import torch
     >>> from torch import nn
-    >>> conv_method(nn.Conv1d(2, 3, 3), torch.randn(4, 2, 8), torch.randn(4, 3, 6), K=1) in ("grouped", "vmap")
-    True
+    >>> conv_method(nn.Conv1d(2, 3, 3), torch.randn(4, 2, 8), torch.randn(4, 3, 6), K=1)
+    'grouped'
+    >>> conv_method(nn.Conv2d(16, 32, 4, 2), torch.randn(4, 16, 13, 13), torch.randn(4, 32, 5, 5), K=1)
+    'unfold'
+    >>> conv_method(nn.Conv2d(16, 16, 3, padding=1), torch.randn(4, 16, 32, 32), torch.randn(4, 16, 32, 32), K=1)
+    'grouped'
     """
     methods = _methods(layer)
+    if _policy in methods:
+        return _policy
+    if _policy != "timed":
+        positions = math.prod(g.shape[2:])
+        few = positions <= UNFOLD_MAX_POSITIONS or layer.in_channels <= UNFOLD_MAX_IN_CHANNELS
+        return "unfold" if "unfold" in methods and few else "grouped"
     key = (layer.in_channels, layer.out_channels, layer.kernel_size, layer.stride, layer.padding, layer.dilation,
            layer.padding_mode, tuple(x.shape[1:]), K, x.dtype, x.device)
     if key not in _CHOSEN:
@@ -171,4 +217,4 @@ def conv_per_sample_grads(
     return out
 
 
-__all__ = ["conv_per_sample_grads", "conv_method", "CHUNK_BYTES", "MIN_CHUNK_BYTES"]
+__all__ = ["conv_per_sample_grads", "conv_method", "set_conv_method", "POLICIES", "CHUNK_BYTES", "MIN_CHUNK_BYTES"]
