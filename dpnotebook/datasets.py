@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 from torch.utils.data import TensorDataset
 
-__all__ = ["load_digits_tensors", "split_tensors", "make_order_task", "random_shift"]
+__all__ = ["load_digits_tensors", "split_tensors", "split_by_classes", "make_order_task", "random_shift"]
 
 
 def split_tensors(
@@ -60,6 +60,30 @@ def load_digits_tensors(*, test_fraction: float = 0.2, seed: int = 0) -> tuple[T
     images = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
     labels = torch.tensor(digits.target, dtype=torch.int64)
     return split_tensors(images, labels, test_fraction=test_fraction, seed=seed)
+
+
+def split_by_classes(dataset: TensorDataset, classes: tuple[int, ...] | list[int]) -> tuple[TensorDataset, TensorDataset]:
+    """Split ``(inputs, labels)`` into the samples of ``classes`` and the rest, each relabelled ``0, 1, ...``.
+
+    For a "public" part to pretrain on and a "private" part to train on privately:
+    the two share no sample and no class. Labels keep their order within each part.
+
+    >>> import torch
+    >>> data = TensorDataset(torch.arange(6.0), torch.tensor([0, 1, 2, 3, 4, 1]))
+    >>> inside, rest = split_by_classes(data, [0, 1])
+    >>> inside.tensors[1].tolist(), rest.tensors[1].tolist()
+    ([0, 1, 1], [0, 1, 2])
+    """
+    inputs, labels = dataset.tensors
+    chosen = torch.tensor(sorted(set(int(c) for c in classes)), dtype=labels.dtype)
+    if not len(chosen) or not bool(torch.isin(chosen, labels).all()):
+        raise ValueError(f"classes={list(classes)!r} is invalid: pass labels that occur in the dataset, e.g. [0, 1, 2, 3, 4].")
+    mask = torch.isin(labels, chosen)
+    parts = []
+    for keep in (mask, ~mask):
+        kept = labels[keep]
+        parts.append(TensorDataset(inputs[keep], torch.searchsorted(torch.unique(kept), kept)))
+    return parts[0], parts[1]
 
 
 def make_order_task(

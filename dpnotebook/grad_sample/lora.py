@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from dpnotebook.grad_sample._contract import group_rows, sum_rows
+from dpnotebook.grad_sample.sample_rows import group_rows, sum_rows
 from dpnotebook.grad_sample.registry import register_grad_sampler
 from dpnotebook.layers.lora import LoRALinear
 
