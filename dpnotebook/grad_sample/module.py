@@ -24,109 +24,11 @@ from dpnotebook.grad_sample.functorch_fallback import check_replay_chunk
 from dpnotebook.grad_sample.hooks import LayerHooks
 from dpnotebook.grad_sample.outside_use import outside_use
 from dpnotebook.grad_sample.ownership import check_not_wrapped
-from dpnotebook.grad_sample.registry import GradSamplerView, SamplerEntry, find_grad_sampler
+from dpnotebook.grad_sample.registry import GradSamplerView, SamplerEntry
+from dpnotebook.grad_sample.units import plan_units
+from dpnotebook.grad_sample.wrap_arguments import LOSS_REDUCTIONS, check_k, check_loss_reduction  # noqa: F401  (also imported from here)
 from dpnotebook.grad_sample.accumulation import GradSampleStore
 from dpnotebook.validation import Problem, raise_if_problems, validate
-
-LOSS_REDUCTIONS = ("mean", "sum")
-
-
-def check_k(K: Any) -> int:
-    """Validate the augmentation multiplicity ``K``.
-
-    >>> check_k(0)
-    Traceback (most recent call last):
-    ...
-    ValueError: K=0 is invalid: K is the number of augmented copies of each sample and must be an int >= 1 (K=1 means no augmentation multiplicity).
-    """
-    if isinstance(K, bool) or not isinstance(K, int) or K < 1:
-        raise ValueError(
-            f"K={K!r} is invalid: K is the number of augmented copies of each sample and must be "
-            "an int >= 1 (K=1 means no augmentation multiplicity)."
-        )
-    return K
-
-
-def check_loss_reduction(loss_reduction: Any) -> str:
-    """Validate ``loss_reduction``: how the user's loss combines the batch's rows.
-
-    >>> check_loss_reduction("avg")
-    Traceback (most recent call last):
-    ...
-    ValueError: loss_reduction='avg' is invalid; use one of ('mean', 'sum'): 'mean' if your loss averages over the batch's rows, 'sum' if it adds them up.
-    """
-    if loss_reduction not in LOSS_REDUCTIONS:
-        raise ValueError(
-            f"loss_reduction={loss_reduction!r} is invalid; use one of {LOSS_REDUCTIONS}: "
-            "'mean' if your loss averages over the batch's rows, 'sum' if it adds them up."
-        )
-    return loss_reduction
-
-
-def plan_units(
-    module: nn.Module, *, force_functorch: bool = False, whole_model: bool = False, root: str = "model"
-) -> list[tuple[str, nn.Module, SamplerEntry | None]]:
-    """Split ``module`` into units, each computed by one sampler or by the torch.func fallback.
-
-    Walking from the root: a module with a registered sampler is a unit for its
-    own parameters (its children are visited too); a module with parameters of
-    its own but no sampler is a fallback unit for its whole subtree. A module
-    with ``_dpn_grad_samples_from_children = True`` (``dpnotebook.layers.DPLSTM``)
-    is skipped and its children are visited: they hold the same Parameter objects
-    and their samplers compute the per-sample gradients (unless ``force_functorch``).
-    A module reachable by several paths (``self.a = nn.Sequential(shared, ...)``,
-    ``self.b = nn.Sequential(shared, ...)``) is one unit, under its first path: its
-    hook records every call, and the calls' gradients add up.
-
-    Raises:
-        GradSampleError: a module inside a ``torch.func`` unit's subtree is also
-            reachable outside it (its gradients would be counted twice, or lost).
-
-    >>> from torch import nn
-    >>> [(p, e.name if e else "torch.func") for p, _, e in plan_units(nn.Sequential(nn.Linear(2, 2), nn.PReLU()))]
-    [('model.0', 'linear_grad_sampler'), ('model.1', 'torch.func')]
-    """
-    if whole_model:
-        return [(root, module, None)]
-    units: list[tuple[str, nn.Module, SamplerEntry | None]] = []
-    seen: dict[int, str] = {}
-
-    def visit(path: str, m: nn.Module) -> None:
-        if id(m) in seen:
-            return
-        seen[id(m)] = path
-        entry = None if force_functorch else find_grad_sampler(m)
-        has_own = any(True for _ in m.parameters(recurse=False))
-        if entry is None and not force_functorch and getattr(m, "_dpn_grad_samples_from_children", False):
-            has_own = False  # e.g. DPLSTM: submodules that share its parameters compute their grad_sample
-        if entry is not None and has_own:
-            units.append((path, m, entry))
-        elif has_own:
-            units.append((path, m, None))
-            for name, sub in m.named_modules(prefix=path):
-                if sub is not m and seen.setdefault(id(sub), name) != name:
-                    _refuse_shared_into_fallback(path, name, seen[id(sub)])
-            return
-        for name, child in m.named_children():
-            visit(f"{path}.{name}", child)
-
-    visit(root, module)
-    for path, m, entry in units:
-        if entry is None:
-            for name, sub in m.named_modules(prefix=path):
-                if sub is not m and seen[id(sub)] != name:
-                    _refuse_shared_into_fallback(path, name, seen[id(sub)])
-    return units
-
-
-def _refuse_shared_into_fallback(unit: str, inside: str, outside: str) -> None:
-    raise GradSampleError(
-        f"{inside} is also reachable as {outside}, outside {unit}, whose per-sample gradients come from "
-        "the torch.func fallback (it has parameters of its own and no grad sampler): its gradients would be "
-        f"counted twice or lost. Register a grad sampler for {unit} (dpnotebook.register_grad_sampler), "
-        "do not share the module, or use grad_sample_mode='functorch'."
-    )
-
 
 class GradSampleModule(nn.Module):
     """Wraps ``module``; after ``loss.backward()`` every trainable ``p`` has ``p.grad_sample``.
