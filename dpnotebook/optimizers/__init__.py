@@ -1,8 +1,9 @@
 """``opacus.optimizers`` under dpnotebook: the DP optimizers by their Opacus names.
 
-Each name is dpnotebook's own class: ``DPOptimizer`` clips (flat, or per layer with
-``clipping="per_layer"``), ``DPOptimizerFastGradientClipping`` is the ghost-mode
-optimizer. :func:`get_optimizer_class` picks one as Opacus' does.
+Each name is dpnotebook's own class: ``DPOptimizer`` (dpnotebook's, with Opacus'
+overridable ``add_noise``, see :mod:`dpnotebook.optimizers.optimizer`) clips flat, or
+per layer with ``clipping="per_layer"``; ``DPOptimizerFastGradientClipping`` is the
+ghost-mode optimizer. :func:`get_optimizer_class` picks one as Opacus' does.
 
 >>> get_optimizer_class(clipping="flat", distributed=False, grad_sample_mode="ghost").__name__
 'GhostDPOptimizer'
@@ -15,7 +16,7 @@ from __future__ import annotations
 from dpnotebook.errors import UnsupportedOptionError
 from dpnotebook.privacy.distributed import DistributedDPOptimizer
 from dpnotebook.privacy.ghost_optimizer import GhostDPOptimizer
-from dpnotebook.privacy.optimizer import DPOptimizer
+from dpnotebook.optimizers.optimizer import DPOptimizer
 
 __all__ = [
     "DPOptimizer",

@@ -1,9 +1,97 @@
-"""``opacus.optimizers.optimizer`` under dpnotebook.
+"""``opacus.optimizers.optimizer`` under dpnotebook: ``DPOptimizer`` with Opacus' subclassing contract.
 
->>> DPOptimizer.__module__
-'dpnotebook.privacy.optimizer'
+dpnotebook's :class:`~dpnotebook.privacy.optimizer.DPOptimizer` finishes a logical
+batch in one method. Opacus code subclasses its optimizer and overrides pieces:
+``add_noise`` reads each ``p.summed_grad`` (the clipped sum) and writes ``p.grad``
+(e.g. Laplace noise instead of Gaussian). This subclass gives that contract over
+the same clipping, checks, scaling and statistics:
+
+* ``p.summed_grad``: the clipped sum of the logical batch, set before :meth:`add_noise`;
+* :meth:`add_noise`: ``p.grad = p.summed_grad + N(0, (sigma C)^2)``, overridable;
+* :meth:`pre_step`, :attr:`grad_samples`, :attr:`accumulated_iterations`, ``signal_skip_step``.
+
+The accountant still assumes Gaussian noise of ``noise_multiplier * max_grad_norm``:
+a subclass that adds other noise must do its own accounting, as in Opacus.
+
+>>> import torch
+>>> from torch import nn
+>>> from dpnotebook import wrap_model
+>>> class NoNoise(DPOptimizer):
+...     def add_noise(self):
+...         for p in self.params:
+...             p.grad = p.summed_grad.clone()
+>>> model = wrap_model(nn.Linear(2, 1), "hooks", loss_reduction="sum")
+>>> opt = NoNoise(torch.optim.SGD(model.parameters(), lr=0.1), noise_multiplier=1.0,
+...               max_grad_norm=1e6, expected_batch_size=4, loss_reduction="sum", secure_mode=False)
+>>> x = torch.randn(4, 2)
+>>> model(x).sum().backward()
+>>> opt.step()
+>>> torch.allclose(model.weight.grad, x.sum(0, keepdim=True))
+True
 """
 
-from dpnotebook.privacy.optimizer import DPOptimizer
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch import Tensor, nn
+
+from dpnotebook.privacy.noise import draw_noise
+from dpnotebook.privacy.optimizer import DPOptimizer as _CoreDPOptimizer
+from dpnotebook.privacy.step_stats import total_norm
 
 __all__ = ["DPOptimizer"]
+
+
+class DPOptimizer(_CoreDPOptimizer):
+    """dpnotebook's DP optimizer with Opacus' overridable ``add_noise`` (same constructor)."""
+
+    @property
+    def grad_samples(self) -> list[Tensor]:
+        """The ``grad_sample`` of each parameter that has one."""
+        return [p.grad_sample for p in self.params if getattr(p, "grad_sample", None) is not None]
+
+    @property
+    def accumulated_iterations(self) -> int:
+        """1: dpnotebook refuses two Poisson batches before one step (the accountant counts one per step)."""
+        return 1
+
+    def pre_step(self, closure: Callable[[], Any] | None = None) -> bool:
+        """Clip and accumulate what is present; ``False`` if the step is to be skipped (a virtual step)."""
+        self.virtual_step()
+        if self._skip_next_step:
+            self._skip_next_step = False
+            return False
+        return True
+
+    def add_noise(self) -> None:
+        """``p.grad = p.summed_grad + N(0, (noise_multiplier * max_grad_norm)^2)``; override for other noise."""
+        std = self.noise_multiplier * self.max_grad_norm
+        params = self.params
+        for p, noise in zip(params, draw_noise(params, std, self.generator, self.secure_mode)):
+            p.grad = p.summed_grad + noise
+
+    def _noisy_sum(self, summed: list[Tensor], params: list[nn.Parameter], std: float) -> tuple[list[Tensor], float, float]:
+        for p, s in zip(params, summed):
+            p.summed_grad = s.detach()
+        self.add_noise()
+        grads = [p.grad for p in params]
+        noise_norm = total_norm([g - s for g, s in zip(grads, summed)])
+        for p in params:
+            p.summed_grad = None
+        return grads, total_norm(summed), noise_norm
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """As dpnotebook's step: clip, then (unless skipped) the clipped sum, :meth:`add_noise`, scale, step."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if not self.pre_step():
+            return loss
+        _CoreDPOptimizer.add_noise(self)  # the logical batch's finish; calls _noisy_sum, hence add_noise
+        self.original_optimizer.step()
+        for hook in self.step_hooks:
+            hook(self)
+        return loss

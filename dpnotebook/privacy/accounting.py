@@ -32,7 +32,7 @@ import contextlib
 import functools
 import logging
 import warnings
-from typing import Any, ClassVar, Iterator
+from typing import Any, Callable, ClassVar, Iterator
 
 import dp_accounting
 
@@ -105,6 +105,18 @@ class Accountant:
         """The epsilon spent so far at this ``delta`` (0.0 before the first step)."""
         delta = check_delta(delta)
         return _epsilon(type(self), self.options(), tuple(self.history), delta)
+
+    def get_optimizer_hook_fn(self, sample_rate: float) -> Callable[[Any], None]:
+        """Opacus' step hook: ``optimizer.attach_step_hook(acc.get_optimizer_hook_fn(sample_rate=q))``.
+
+        Each optimizer step then records one step at the optimizer's current noise multiplier.
+        """
+        sample_rate = check_sample_rate(sample_rate)
+
+        def hook(optimizer: Any) -> None:
+            self.step(noise_multiplier=optimizer.noise_multiplier, sample_rate=sample_rate)
+
+        return hook
 
     def state_dict(self) -> dict[str, Any]:
         """Plain Python data for ``torch.save`` (safe with ``weights_only=True``)."""

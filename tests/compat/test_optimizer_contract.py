@@ -1,0 +1,61 @@
+"""Item 5: the ``DPOptimizer`` contract Opacus code relies on: a subclass overriding ``add_noise`` (reading
+``p.summed_grad``, writing ``p.grad``), ``grad_samples``, ``pre_step``, ``signal_skip_step`` and the accountant's
+``get_optimizer_hook_fn``, run with both libraries on the same data."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from tests.compat.conftest import LIBRARIES
+from tests.compat.scripts import dataset, flat_params, lib, loader, mlp
+
+
+def custom_noise_script(name: str) -> tuple[nn.Module, list, float]:
+    """A user's optimizer with its own (here deterministic) noise, built by hand as Opacus' examples do."""
+    base = lib(name, "optimizers").DPOptimizer
+
+    class ShiftedNoise(base):
+        def add_noise(self):
+            for p in self.params:
+                p.grad = (p.summed_grad + 0.01).view_as(p)
+
+    model = lib(name, "grad_sample").GradSampleModule(mlp())
+    optimizer = ShiftedNoise(torch.optim.SGD(model.parameters(), lr=0.5), noise_multiplier=1.0,
+                             max_grad_norm=0.3, expected_batch_size=16)
+    accountant = lib(name, "accountants").RDPAccountant()
+    optimizer.attach_step_hook(accountant.get_optimizer_hook_fn(sample_rate=0.25))
+    shapes = []
+    for x, y in loader(dataset()):
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        shapes.append([tuple(g.shape) for g in optimizer.grad_samples])
+        optimizer.step()
+    return model._module, shapes, accountant.get_epsilon(1e-5)
+
+
+def test_custom_add_noise_matches_opacus() -> None:
+    runs = {name: custom_noise_script(name) for name in LIBRARIES}
+    (m_o, s_o, e_o), (m_d, s_d, e_d) = runs["opacus"], runs["dpnotebook"]
+    assert s_d == s_o == [[(16, 8, 5), (16, 8), (16, 3, 8), (16, 3)]] * 4
+    torch.testing.assert_close(flat_params(m_d), flat_params(m_o), rtol=1e-4, atol=1e-5)
+    assert e_d == pytest.approx(e_o, rel=0.01)
+
+
+def test_pre_step_and_signal_skip_step() -> None:
+    for name in LIBRARIES:
+        model = lib(name, "grad_sample").GradSampleModule(mlp())
+        optimizer = lib(name, "optimizers").DPOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.5), noise_multiplier=0.0, max_grad_norm=1.0,
+            expected_batch_size=8,
+        )
+        x, y = dataset()[:8]
+        before = flat_params(model)
+        optimizer.signal_skip_step(True)
+        nn.functional.cross_entropy(model(x[:4]), y[:4]).backward()
+        optimizer.step()  # skipped: clipped and kept for the logical batch
+        optimizer.zero_grad()
+        assert torch.equal(flat_params(model), before), name
+        nn.functional.cross_entropy(model(x[4:]), y[4:]).backward()
+        assert optimizer.pre_step() is True, name
