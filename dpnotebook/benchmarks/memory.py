@@ -93,10 +93,12 @@ def summary(rows: list[dict]) -> str:
 
 
 def main() -> None:
+    from dpnotebook.modes import available_modes
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--ks", type=int, nargs="+", default=[1, 16])
-    parser.add_argument("--modes", nargs="+", default=["hooks", "functorch", "ew", "ghost"])
+    parser.add_argument("--modes", nargs="+", default=list(available_modes()), choices=available_modes())
     parser.add_argument("--repeats", type=int, default=3, help="processes per configuration; the median peak counts")
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -26,8 +26,11 @@ from torch import Tensor, nn
 
 from dpnotebook.benchmarks.models import build
 from dpnotebook.benchmarks.settings import CLIP, LR, SIGMA
+from dpnotebook.modes import available_modes
 
-MODES = ("hooks", "functorch", "ew", "ghost")
+#: dpnotebook's modes, read from the mode registry.
+MODES = tuple(available_modes())
+#: Opacus 1.6's modes (its own names).
 OPACUS_MODES = ("hooks", "functorch", "ew", "ghost")
 
 Step = Callable[[], None]
