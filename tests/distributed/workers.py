@@ -46,7 +46,7 @@ def mlp() -> nn.Module:
 
 def train(
     world_size: int | None, *, mode: str, K: int, wrapper: str = "dpddp", batch_size: int = 6, steps: int = 4,
-    physical: int | None = None, sigma: float = 0.0, seed: int = 0,
+    physical: int | None = None, sigma: float = 0.0, seed: int = 0, clipping: str = "flat",
 ) -> dict[str, Any]:
     """A few DP-SGD steps; the final parameters and each step's local batch sizes."""
     model = mlp()
@@ -58,7 +58,7 @@ def train(
     engine = PrivacyEngine(accountant="rdp", secure_mode=False)
     model, optimizer, loader = engine.make_private(
         module=model, optimizer=optimizer, data_loader=loader, noise_multiplier=sigma, max_grad_norm=0.3,
-        grad_sample_mode=mode, K=K, sampling_generator=torch.Generator().manual_seed(seed),
+        grad_sample_mode=mode, K=K, clipping=clipping, sampling_generator=torch.Generator().manual_seed(seed),
         noise_generator=torch.Generator().manual_seed(seed + 1),
     )
     sizes: list[int] = []
