@@ -46,6 +46,7 @@ import torch
 from torch import Tensor, nn
 
 from dpnotebook.modes import wrap_model
+from dpnotebook.privacy.layer_bounds import check_layer_bounds, total_bound
 from dpnotebook.testing import clean_copy
 
 __all__ = ["audit_sensitivity", "SensitivityReport", "clipped_sum", "reference_clipped_sum", "TOLERANCE"]
@@ -191,7 +192,7 @@ def audit_sensitivity(
     loss_reduction: str = "mean",
     batch_first: bool = True,
     clipping: str = "flat",
-    max_grad_norm: float = 1.0,
+    max_grad_norm: float | list[float] = 1.0,
     reference: bool = True,
     physical_batch_size: int | None = None,
 ) -> SensitivityReport:
@@ -209,7 +210,7 @@ def audit_sensitivity(
         loss_reduction: ``"mean"`` or ``"sum"``.
         batch_first: rows in dim 0 (``True``) or dim 1.
         clipping: ``"flat"`` or ``"per_layer"``.
-        max_grad_norm: ``C``.
+        max_grad_norm: ``C`` (or, with ``clipping="per_layer"``, one bound per parameter; ``C`` is their total).
         reference: also compute ``reference_gap`` against :func:`reference_clipped_sum`.
         physical_batch_size: feed each logical batch in pieces of at most this many
             samples, clipping all but the last with ``virtual_step`` (as ``BatchMemoryManager`` does).
@@ -227,6 +228,7 @@ def audit_sensitivity(
         )
     setting = dict(mode=mode, K=K, loss_reduction=loss_reduction, batch_first=batch_first,
                    clipping=clipping, C=max_grad_norm)
+    C = total_bound(check_layer_bounds(max_grad_norm, clipping))  # a list of per-layer bounds: their total
     wrapped = wrap_model(clean_copy(model), mode, K=K, batch_first=batch_first, loss_reduction=loss_reduction)
     wrapped.allow_grad_accumulation()  # a loss may run several forward passes before its backward
     names = {id(p): n for n, p in wrapped._module.named_parameters()}
@@ -250,7 +252,7 @@ def audit_sensitivity(
         total = float(torch.stack(parts).norm()) if parts else 0.0
         finite = math.isfinite(total)
         report.nonfinite |= not finite
-        report.ratios.append(total / max_grad_norm if finite else math.inf)
+        report.ratios.append(total / C if finite else math.inf)
         worst = max(range(len(parts)), key=lambda i: float(parts[i].nan_to_num(math.inf))) if parts else None
         report.movers.append(names.get(id(optimizer.params[worst]), "?") if worst is not None else "-")
     wrapped.to_standard_module()
@@ -260,5 +262,5 @@ def audit_sensitivity(
             clipping=clipping, max_grad_norm=max_grad_norm,
         )
         gap = torch.stack([(a - b).norm() for a, b in zip(full, ref)]).norm() if ref else torch.tensor(0.0)
-        report.reference_gap = float(gap) / max_grad_norm
+        report.reference_gap = float(gap) / C
     return report

@@ -38,6 +38,7 @@ from torch import Tensor
 
 from dpnotebook.grad_sample._contract import flat_rows
 from dpnotebook.privacy.arguments import check_choice, check_max_grad_norm
+from dpnotebook.privacy.layer_bounds import check_layer_bounds, layer_bound_list, total_bound
 
 __all__ = [
     "CLIPPING_MODES",
@@ -163,15 +164,17 @@ class ClipResult:
         return int(self.norms.shape[0])
 
 
-def clip_and_sum(grad_samples: GradSamples, *, max_grad_norm: float, clipping: str = "flat") -> ClipResult:
+def clip_and_sum(grad_samples: GradSamples, *, max_grad_norm: float | Sequence[float], clipping: str = "flat") -> ClipResult:
     """Clip every sample's gradient to norm ``max_grad_norm`` and sum over the batch.
 
     Args:
         grad_samples: one tensor ``[B, *p.shape]`` per parameter (a list, or a
             dict whose values are used in order), e.g. ``[p.grad_sample for p in model.parameters()]``.
-        max_grad_norm: the clipping bound C (> 0; ``math.inf`` disables clipping).
+        max_grad_norm: the clipping bound C (> 0; ``math.inf`` disables clipping); with
+            ``"per_layer"`` also a list of one bound per parameter tensor (Opacus), whose
+            total ``sqrt(sum c_l^2)`` is the sensitivity (:mod:`~dpnotebook.privacy.layer_bounds`).
         clipping: ``"flat"`` (one norm over all parameters) or ``"per_layer"``
-            (each parameter tensor clipped to ``C / sqrt(L)``).
+            (each parameter tensor clipped to ``C / sqrt(L)``, or to its own bound).
 
     Returns:
         A :class:`ClipResult`; its ``summed`` has one tensor per parameter.
@@ -181,8 +184,9 @@ def clip_and_sum(grad_samples: GradSamples, *, max_grad_norm: float, clipping: s
     >>> clip_and_sum(g, max_grad_norm=1.0, clipping="per_layer").summed   # each to 1/sqrt(2)
     [tensor([0.7071, 0.0000]), tensor([0.0000, 0.7071])]
     """
-    max_grad_norm = check_max_grad_norm(max_grad_norm)
     check_choice("clipping", clipping, CLIPPING_MODES)
+    bounds = check_layer_bounds(max_grad_norm, clipping)
+    max_grad_norm = total_bound(bounds)
     grads = _as_list(grad_samples)
     layer_norms = per_layer_norms(grads)
     norms = layer_norms.norm(dim=0)
@@ -194,7 +198,8 @@ def clip_and_sum(grad_samples: GradSamples, *, max_grad_norm: float, clipping: s
         clipped = factors < 1
         summed = [torch.tensordot(factors.to(g.dtype), g, dims=1) for g in grads]
     else:
-        factors = clip_factors(torch.where(finite, layer_norms, norms), layer_thresholds(max_grad_norm, len(grads)))
+        safe = torch.where(finite, layer_norms, norms)
+        factors = torch.stack([clip_factors(n, c) for n, c in zip(safe, layer_bound_list(bounds, len(grads)))])
         clipped = (factors < 1).any(dim=0)
         summed = [torch.tensordot(f.to(g.dtype), g, dims=1) for f, g in zip(factors, grads)]
     fraction = clipped.float().mean().item() if clipped.numel() else 0.0

@@ -38,12 +38,12 @@ from dpnotebook.privacy.calibration import get_noise_multiplier
 from dpnotebook.privacy.arguments import (
     check_choice,
     check_delta,
-    check_max_grad_norm,
     check_noise_multiplier,
 )
 from dpnotebook.privacy.clipping import CLIPPING_MODES
 from dpnotebook.privacy.augmult import loader_k
 from dpnotebook.privacy.data_loader import DPDataLoader
+from dpnotebook.privacy.layer_bounds import check_layer_bounds
 from dpnotebook.privacy import engine_compat
 from dpnotebook.privacy.optimizer import LOSS_REDUCTIONS, DPOptimizer
 
@@ -172,8 +172,8 @@ class PrivacyEngine:
             wrap_model=wrap_model, clipping=clipping, rand_on_empty=rand_on_empty, extra=kwargs
         )
         noise_multiplier = check_noise_multiplier(noise_multiplier)
-        max_grad_norm = check_max_grad_norm(max_grad_norm)
         check_choice("clipping", clipping, CLIPPING_MODES)
+        max_grad_norm = check_layer_bounds(max_grad_norm, clipping)  # a list: Opacus' per-layer bounds
         check_choice("loss_reduction", loss_reduction, LOSS_REDUCTIONS)
         K = check_k(K)
         if loader_k(data_loader) not in (None, K):

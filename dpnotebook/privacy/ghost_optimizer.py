@@ -24,7 +24,8 @@ import torch
 from torch import Tensor, nn
 
 from dpnotebook.grad_sample.ghost import GhostGradSampleModule, ghost_owner
-from dpnotebook.privacy.clipping import clip_factors, layer_thresholds
+from dpnotebook.privacy.clipping import clip_factors
+from dpnotebook.privacy.layer_bounds import layer_bound_list
 from dpnotebook.privacy.optimizer import DPOptimizer
 
 __all__ = ["GhostDPOptimizer"]
@@ -71,7 +72,8 @@ class GhostDPOptimizer(DPOptimizer):
             weights: dict[nn.Parameter, Tensor] = {p: factors for p in params}
             clipped = int((factors < 1).sum())
         else:
-            factors = clip_factors(layer_sq.sqrt(), layer_thresholds(self.max_grad_norm, len(params)))
+            bounds = layer_bound_list(self.max_grad_norms or self.max_grad_norm, len(params))
+            factors = torch.stack([clip_factors(n, c) for n, c in zip(layer_sq.sqrt(), bounds)])
             weights = dict(zip(params, factors))
             clipped = int((factors < 1).any(0).sum())
         sums = model.weighted_sums(weights)

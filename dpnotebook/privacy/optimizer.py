@@ -44,6 +44,7 @@ from dpnotebook.privacy.arguments import (
     check_positive_number,
 )
 from dpnotebook.privacy.clipping import CLIPPING_MODES, clip_and_sum
+from dpnotebook.privacy.layer_bounds import check_layer_bounds, total_bound
 from dpnotebook.privacy.noise import draw_noise, warn_insecure_noise_once
 from dpnotebook.privacy.sampled_batches import SampledBatches
 from dpnotebook.privacy.step_stats import StepStats, total_norm
@@ -102,7 +103,7 @@ class DPOptimizer(Optimizer):
             )
         self.original_optimizer = optimizer
         self.noise_multiplier = noise_multiplier
-        self.max_grad_norm = max_grad_norm
+        self.max_grad_norm = check_layer_bounds(max_grad_norm, clipping)
         self.expected_batch_size = check_positive_number("expected_batch_size", expected_batch_size)
         self.loss_reduction = check_choice("loss_reduction", loss_reduction, LOSS_REDUCTIONS)
         self.clipping = check_choice("clipping", clipping, CLIPPING_MODES)
@@ -129,8 +130,14 @@ class DPOptimizer(Optimizer):
         return self._max_grad_norm
 
     @max_grad_norm.setter
-    def max_grad_norm(self, value: float) -> None:
-        self._max_grad_norm = check_max_grad_norm(value)
+    def max_grad_norm(self, value: float | list[float]) -> None:
+        """A number C, or (per-layer clipping) Opacus' list of bounds: then ``max_grad_norm`` is their total."""
+        if isinstance(value, (list, tuple)):
+            self.max_grad_norms: list[float] | None = [check_max_grad_norm(c) for c in value]
+            self._max_grad_norm = total_bound(self.max_grad_norms)
+        else:
+            self.max_grad_norms = None
+            self._max_grad_norm = check_max_grad_norm(value)
 
     # -- what is the wrapped optimizer's --------------------------------------
     @property
@@ -200,7 +207,7 @@ class DPOptimizer(Optimizer):
         grads = self._grad_samples()
         if grads is None:
             return None
-        result = clip_and_sum(grads, max_grad_norm=self.max_grad_norm, clipping=self.clipping)
+        result = clip_and_sum(grads, max_grad_norm=self.max_grad_norms or self.max_grad_norm, clipping=self.clipping)
         return result.summed, result.norms, round(result.fraction_clipped * result.batch_size)
 
     def _release(self) -> None:
