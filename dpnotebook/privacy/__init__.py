@@ -12,6 +12,8 @@ One concept per module:
 * :mod:`~dpnotebook.privacy.accounting`: epsilon from Google's ``dp_accounting``;
 * :mod:`~dpnotebook.privacy.calibration`: the noise multiplier a privacy budget allows;
 * :mod:`~dpnotebook.privacy.engine`: :class:`PrivacyEngine` and ``make_private``;
+* :mod:`~dpnotebook.privacy.distributed`, :mod:`~dpnotebook.privacy.distributed_sampler`,
+  :mod:`~dpnotebook.privacy.distributed_launch`: DP-SGD on several processes (``DPDDP``);
 * :mod:`~dpnotebook.privacy.training`: train and evaluate loops;
 * :mod:`~dpnotebook.privacy.arguments`: the checks behind every error message.
 
