@@ -68,5 +68,8 @@ class SampledBatches:
             f"this step clipped {clipped} per-sample gradients, but the Poisson loader sampled {counts[-1]} "
             "examples for it: the rows that were clipped are not the examples. Likely causes: a collate "
             "that emits K rows per example while K was not passed (make_private(K=...)), batch_first that "
-            "does not say where the batch dimension is, or a model that adds or drops rows."
+            "does not say where the batch dimension is, a model that adds or drops rows, or two forward "
+            "passes of the batch before one backward (Opacus sums them into one row per example; dpnotebook "
+            "keeps each pass's rows and refuses, since two rows of one example would each be clipped to C: "
+            "concatenate the inputs in one forward pass, or step after each pass)."
         )
