@@ -44,6 +44,7 @@ from dpnotebook.privacy.clipping import (
 )
 from dpnotebook.privacy.augmult import AugmultCollate, augmult_data_loader
 from dpnotebook.privacy.data_loader import DPDataLoader, PoissonBatchSampler, split_batch
+from dpnotebook.privacy.distributed_sampler import DistributedDPDataLoader  # from_data_loader(distributed=True)
 from dpnotebook.privacy.engine import PrivacyEngine, unwrap_model
 from dpnotebook.privacy.noise import gaussian_noise
 from dpnotebook.privacy.optimizer import DPOptimizer
@@ -68,6 +69,7 @@ __all__ = [
     "AugmultCollate",
     "BatchMemoryManager",
     "DPDataLoader",
+    "DistributedDPDataLoader",
     "PoissonBatchSampler",
     "augmult_data_loader",
     "split_batch",

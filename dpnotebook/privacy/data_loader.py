@@ -159,6 +159,9 @@ class DPDataLoader(DataLoader):
 
     #: draws the batches (the distributed loader draws each rank's share of them)
     batch_sampler_class: type[PoissonBatchSampler] = PoissonBatchSampler
+    #: the loader ``from_data_loader(distributed=True)`` builds; set by
+    #: :mod:`~dpnotebook.privacy.distributed_sampler`, which the package imports
+    distributed_class: type[DPDataLoader]
 
     def __init__(
         self,
@@ -249,9 +252,7 @@ class DPDataLoader(DataLoader):
         if generator is None and not secure_mode:
             generator = loader.generator
         if distributed:
-            from dpnotebook.privacy.distributed_sampler import DistributedDPDataLoader
-
-            cls = DistributedDPDataLoader
+            cls = DPDataLoader.distributed_class
         return cls(
             loader.dataset,
             sample_rate=loader.sample_rate if isinstance(loader, DPDataLoader) else 1 / len(loader),

@@ -133,3 +133,6 @@ class DistributedDPDataLoader(DPDataLoader):
         super().__init__(*args, **kwargs)
         self.rank, self.world_size = self.batch_sampler.rank, self.batch_sampler.world_size
         self.local_expected_batch_size = self.sample_rate * len(self.batch_sampler.shard)
+
+
+DPDataLoader.distributed_class = DistributedDPDataLoader  # what DPDataLoader.from_data_loader(distributed=True) builds

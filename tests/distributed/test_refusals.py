@@ -70,3 +70,11 @@ def test_a_group_of_one_is_one_process(group_of_one) -> None:
             opt.step()
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), plain.parameters()))
     assert loader.expected_batch_size == loader.local_expected_batch_size == 6.0
+
+
+def test_from_data_loader_distributed_is_the_distributed_loader(group_of_one) -> None:
+    from dpnotebook.privacy import DPDataLoader
+
+    loader = DPDataLoader.from_data_loader(DataLoader(workers.dataset(), batch_size=6), distributed=True)
+    assert type(loader) is DistributedDPDataLoader
+    assert (loader.sample_rate, loader.expected_batch_size, len(loader), loader.world_size) == (0.25, 6.0, 4, 1)
