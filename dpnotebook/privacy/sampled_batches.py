@@ -71,5 +71,6 @@ class SampledBatches:
             "does not say where the batch dimension is, a model that adds or drops rows, or two forward "
             "passes of the batch before one backward (Opacus sums them into one row per example; dpnotebook "
             "keeps each pass's rows and refuses, since two rows of one example would each be clipped to C: "
-            "concatenate the inputs in one forward pass, or step after each pass)."
+            "make one forward pass give one row per example (a module that takes both inputs), or step "
+            "after each pass)."
         )
