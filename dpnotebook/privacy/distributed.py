@@ -208,7 +208,7 @@ class _AllReduceMixin:
             pass
 
     def add_noise(self) -> None:
-        """As :meth:`DPOptimizer.add_noise`, with the all-reduce; a rank that raises here still joins it."""
+        """As :meth:`~dpnotebook.privacy.optimizer.DPOptimizer.add_noise`, with the all-reduce; a rank that raises here still joins it."""
         try:
             super().add_noise()  # type: ignore[misc]
         except RanksFailedError:
@@ -233,9 +233,9 @@ class _AllReduceMixin:
 
 
 class DistributedDPOptimizer(_AllReduceMixin, DPOptimizer):
-    """A :class:`DPOptimizer` whose clipped sums are all-reduced over the ranks, with noise added once (rank 0).
+    """A :class:`~dpnotebook.privacy.optimizer.DPOptimizer` whose clipped sums are all-reduced over the ranks, with noise added once (rank 0).
 
-    Same arguments as :class:`DPOptimizer`; ``expected_batch_size`` is the global
+    Same arguments as :class:`~dpnotebook.privacy.optimizer.DPOptimizer`; ``expected_batch_size`` is the global
     one, ``q * N``. ``last_step_stats`` describes this rank's samples (its local
     clipped sum, and the noise only on rank 0); ``global_batch_size`` counts all ranks'.
     """

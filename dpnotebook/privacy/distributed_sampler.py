@@ -115,9 +115,9 @@ class DistributedPoissonBatchSampler(PoissonBatchSampler):
 
 
 class DistributedDPDataLoader(DPDataLoader):
-    """A :class:`DPDataLoader` that yields this rank's share of each global Poisson batch.
+    """A :class:`~dpnotebook.privacy.data_loader.DPDataLoader` that yields this rank's share of each global Poisson batch.
 
-    Same arguments as :class:`DPDataLoader` (``dataset`` is the whole dataset, on
+    Same arguments as :class:`~dpnotebook.privacy.data_loader.DPDataLoader` (``dataset`` is the whole dataset, on
     every rank). ``sample_rate`` and ``expected_batch_size`` (``q * N``) are the
     global ones, which the accountant and the optimizer need; ``len`` is the number
     of global steps per epoch, the same on every rank.
