@@ -3,6 +3,9 @@
 Each has the same constructor, parameter names, ``state_dict`` and outputs as
 the ``torch.nn`` layer, so ``load_state_dict`` works both ways;
 ``dpnotebook.fix(model)`` swaps them in for you.
+
+:class:`~dpnotebook.layers.lora.LoRALinear` (and :func:`~dpnotebook.layers.lora.add_lora`) is the
+exception: a frozen linear layer with a trainable low-rank adapter, for private fine-tuning.
 """
 
 from dpnotebook.layers.attention import DPMultiheadAttention
