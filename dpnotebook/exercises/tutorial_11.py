@@ -72,7 +72,7 @@ def check_lora_sampler(my_lora_sampler: Callable) -> str:
             if K > 1 and abs(ratio * K - 1) < 1e-3:
                 raise ExerciseFailed(f"{where} is divided by K twice")
             raise ExerciseFailed(
-                f"{where} differs from the oracle (largest error {float((mine - ref).abs().max()):.3g}); "
+                f"{where} differs from the oracle (largest error {float((mine.detach() - ref).abs().max()):.3g}); "
                 "dL/dB = s * sum_t g_t (A x_t)^T and dL/dA = s * sum_t (B^T g_t) x_t^T, summed over a sample's "
                 "rows and positions, divided by K"
             )
