@@ -4,7 +4,7 @@ One concept per module:
 
 * :mod:`~dpnotebook.privacy.clipping`: per-sample norms and clipping;
 * :mod:`~dpnotebook.privacy.noise`: Gaussian noise, seedable or secure;
-* :mod:`~dpnotebook.privacy.optimizer`: :class:`DPOptimizer` (clip, sum, noise, scale, step);
+* :mod:`~dpnotebook.privacy.optimizer`: :class:`~dpnotebook.privacy.optimizer.DPOptimizer` (clip, sum, noise, scale, step);
 * :mod:`~dpnotebook.privacy.step_stats`: :class:`StepStats`, what the last step did;
 * :mod:`~dpnotebook.privacy.data_loader`: Poisson sampling and physical batches;
 * :mod:`~dpnotebook.privacy.augmult`: augmentation multiplicity in the data loader;

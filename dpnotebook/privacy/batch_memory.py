@@ -47,7 +47,7 @@ class BatchMemoryManager:
     Args:
         data_loader: yields logical batches (e.g. a :class:`DPDataLoader`).
         max_physical_batch_size: the most samples per physical batch.
-        optimizer: the :class:`DPOptimizer` to tell which steps are virtual.
+        optimizer: the :class:`~dpnotebook.privacy.optimizer.DPOptimizer` to tell which steps are virtual.
         K: rows per sample (default: the data loader's augmentation multiplicity).
     """
 

@@ -138,7 +138,7 @@ class PrivacyEngine:
 
         Args:
             module: the model; it is wrapped by :func:`dpnotebook.wrap_model`.
-            optimizer: an optimizer over ``module``'s parameters; it is wrapped in a :class:`DPOptimizer`.
+            optimizer: an optimizer over ``module``'s parameters; it is wrapped in a :class:`~dpnotebook.privacy.optimizer.DPOptimizer`.
             data_loader: its dataset and ``len`` give ``q = 1 / len(data_loader)``; with
                 ``poisson_sampling`` it is replaced by a :class:`DPDataLoader`.
             noise_multiplier: sigma (>= 0).
@@ -164,9 +164,10 @@ class PrivacyEngine:
                 call then returns ``(module, optimizer, criterion, data_loader)`` with a
                 :class:`~dpnotebook.privacy.ghost_loss.DPLossFastGradientClipping`. Ignored
                 in the other modes, as in Opacus.
-            wrap_model, rand_on_empty, **kwargs: Opacus' options; ``wrap_model=False``,
-                ``rand_on_empty=True`` and adaptive clipping are refused with the reason
-                (:mod:`~dpnotebook.privacy.engine_compat`).
+            wrap_model: Opacus' option; ``False`` is refused with the reason
+                (:mod:`~dpnotebook.privacy.engine_compat`), as are ``rand_on_empty=True`` and
+                adaptive clipping (``clipping="adaptive"`` and its keyword arguments).
+            rand_on_empty: Opacus' option; only ``False``.
         """
         engine_compat.refuse_unsupported(
             wrap_model=wrap_model, clipping=clipping, rand_on_empty=rand_on_empty, extra=kwargs

@@ -38,7 +38,7 @@ def _owners_of(params: list[nn.Parameter]) -> list[GhostGradSampleModule]:
 
 
 class GhostDPOptimizer(DPOptimizer):
-    """A :class:`DPOptimizer` for models wrapped in ghost mode (same arguments).
+    """A :class:`~dpnotebook.privacy.optimizer.DPOptimizer` for models wrapped in ghost mode (same arguments).
 
     The wrapper is found from the optimizer's parameters, so the model must be
     wrapped (``wrap_model(model, "ghost")``) before the first :meth:`step`.
