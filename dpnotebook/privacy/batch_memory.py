@@ -36,6 +36,7 @@ from torch.utils.data import DataLoader
 from dpnotebook.privacy.arguments import check_positive_int
 from dpnotebook.privacy.augmult import loader_k
 from dpnotebook.privacy.data_loader import split_batch
+import dpnotebook.privacy.optimizer
 from dpnotebook.privacy.optimizer import DPOptimizer
 
 __all__ = ["BatchMemoryManager"]
@@ -52,7 +53,8 @@ class BatchMemoryManager:
     """
 
     def __init__(
-        self, *, data_loader: DataLoader, max_physical_batch_size: int, optimizer: DPOptimizer, K: int | None = None
+        self, *, data_loader: DataLoader, max_physical_batch_size: int, optimizer: dpnotebook.privacy.optimizer.DPOptimizer,
+        K: int | None = None
     ) -> None:
         if not isinstance(optimizer, DPOptimizer):
             raise TypeError(f"optimizer must be a DPOptimizer, got {type(optimizer).__name__}.")
