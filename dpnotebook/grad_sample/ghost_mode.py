@@ -15,7 +15,8 @@ from torch import nn
 from dpnotebook.mode_registry import register_mode
 
 
-@register_mode("ghost", validates_as="hooks")  # ghost mode builds on hooks mode
+# ghost mode builds on hooks mode; no p.grad_sample: norms and sums come from the wrapper
+@register_mode("ghost", validates_as="hooks", optimizer="dpnotebook.privacy.ghost_optimizer:GhostDPOptimizer")
 def _ghost(module: nn.Module, **kwargs: Any) -> nn.Module:
     from dpnotebook.grad_sample.ghost import GhostGradSampleModule
 

@@ -32,6 +32,7 @@ from torch.utils.data import DataLoader
 
 from dpnotebook.errors import PrivacyWarning
 from dpnotebook.grad_sample.module import GradSampleModule, check_k
+from dpnotebook.mode_registry import optimizer_class as mode_optimizer
 from dpnotebook.modes import wrap_model as wrap_in_mode
 from dpnotebook.privacy.accounting import create_accountant
 from dpnotebook.privacy.calibration import get_noise_multiplier
@@ -224,11 +225,8 @@ class PrivacyEngine:
             expected_batch_size = data_loader.batch_size or sample_rate * self.dataset_size
         self.sample_rate = sample_rate
 
-        optimizer_class = DPOptimizer
-        if getattr(module, "grad_sample_mode", None) == "ghost":  # no p.grad_sample: norms and sums come from the wrapper
-            from dpnotebook.privacy.ghost_optimizer import GhostDPOptimizer
-
-            optimizer_class = GhostDPOptimizer
+        mode = getattr(module, "grad_sample_mode", None)
+        optimizer_class = DPOptimizer if mode is None else mode_optimizer(mode)  # the mode registry says which
         if distributed:
             optimizer_class = distributed_optimizer_class(optimizer_class)
         dp_optimizer = optimizer_class(
@@ -248,7 +246,7 @@ class PrivacyEngine:
         dp_optimizer.attach_step_hook(step_accountant)
         if isinstance(data_loader, DPDataLoader):  # each step must clip the examples of exactly one batch
             data_loader.batch_listeners.append(dp_optimizer.sampled_batches.drawn)
-        if criterion is not None and getattr(module, "grad_sample_mode", None) == "ghost":
+        if criterion is not None and getattr(optimizer_class, "fast_gradient_clipping", False):
             criterion = engine_compat.ghost_criterion(module, dp_optimizer, criterion, loss_reduction)
             return module, dp_optimizer, criterion, data_loader
         return module, dp_optimizer, data_loader

@@ -44,6 +44,9 @@ class GhostDPOptimizer(DPOptimizer):
     wrapped (``wrap_model(model, "ghost")``) before the first :meth:`step`.
     """
 
+    #: Its model computes norms, not ``p.grad_sample``: Opacus' ``criterion=`` wrapping applies.
+    fast_gradient_clipping = True
+
     def _owners(self) -> list[GhostGradSampleModule]:
         owners = _owners_of(self.params)
         if not owners:
