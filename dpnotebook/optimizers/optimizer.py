@@ -8,7 +8,8 @@ the same clipping, checks, scaling and statistics:
 
 * ``p.summed_grad``: the clipped sum of the logical batch, set before :meth:`add_noise`;
 * :meth:`add_noise`: ``p.grad = p.summed_grad + N(0, (sigma C)^2)``, overridable;
-* :meth:`pre_step`, :attr:`grad_samples`, :attr:`accumulated_iterations`, ``signal_skip_step``.
+* :meth:`pre_step`, :attr:`grad_samples`, :attr:`accumulated_iterations`, ``signal_skip_step``
+  (these four are on every dpnotebook DP optimizer, :mod:`~dpnotebook.privacy.opacus_contract`).
 
 The accountant still assumes Gaussian noise of ``noise_multiplier * max_grad_norm``:
 a subclass that adds other noise must do its own accounting, as in Opacus.
@@ -46,24 +47,6 @@ __all__ = ["DPOptimizer"]
 
 class DPOptimizer(_CoreDPOptimizer):
     """dpnotebook's DP optimizer with Opacus' overridable ``add_noise`` (same constructor)."""
-
-    @property
-    def grad_samples(self) -> list[Tensor]:
-        """The ``grad_sample`` of each parameter that has one."""
-        return [p.grad_sample for p in self.params if getattr(p, "grad_sample", None) is not None]
-
-    @property
-    def accumulated_iterations(self) -> int:
-        """1: dpnotebook refuses two Poisson batches before one step (the accountant counts one per step)."""
-        return 1
-
-    def pre_step(self, closure: Callable[[], Any] | None = None) -> bool:
-        """Clip and accumulate what is present; ``False`` if the step is to be skipped (a virtual step)."""
-        self.virtual_step()
-        if self._skip_next_step:
-            self._skip_next_step = False
-            return False
-        return True
 
     def add_noise(self) -> None:
         """``p.grad = p.summed_grad + N(0, (noise_multiplier * max_grad_norm)^2)``; override for other noise."""

@@ -44,6 +44,7 @@ from dpnotebook.privacy.arguments import (
     check_positive_number,
 )
 from dpnotebook.privacy.clipping import CLIPPING_MODES, clip_and_sum
+from dpnotebook.privacy.opacus_contract import OpacusOptimizerContract
 from dpnotebook.privacy.layer_bounds import check_layer_bounds, total_bound
 from dpnotebook.privacy.noise import draw_noise, warn_insecure_noise_once
 from dpnotebook.privacy.sampled_batches import SampledBatches
@@ -52,7 +53,7 @@ from dpnotebook.privacy.step_stats import StepStats, total_norm
 __all__ = ["DPOptimizer"]
 
 
-class DPOptimizer(Optimizer):
+class DPOptimizer(OpacusOptimizerContract, Optimizer):
     """Wraps ``optimizer``: each :meth:`step` clips, sums, adds noise, scales, then steps.
 
     It reads ``p.grad_sample`` (filled by a model from :func:`dpnotebook.wrap_model`)

@@ -59,3 +59,26 @@ def test_pre_step_and_signal_skip_step() -> None:
         assert torch.equal(flat_params(model), before), name
         nn.functional.cross_entropy(model(x[4:]), y[4:]).backward()
         assert optimizer.pre_step() is True, name
+
+
+def engine_optimizer_script(name: str, mode: str) -> tuple[list, int, bool]:
+    """Opacus code that reads the optimizer make_private returns: grad_samples, accumulated_iterations, pre_step."""
+    model = mlp()
+    engine = lib(name, "privacy_engine").PrivacyEngine()
+    model, optimizer, data_loader = engine.make_private(
+        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), data_loader=loader(dataset()),
+        noise_multiplier=1.0, max_grad_norm=1.0, grad_sample_mode=mode, poisson_sampling=False,
+    )
+    x, y = next(iter(data_loader))
+    nn.functional.cross_entropy(model(x), y).backward()
+    shapes = [tuple(g.shape) for g in optimizer.grad_samples]
+    iterations = optimizer.accumulated_iterations
+    optimizer.signal_skip_step(True)
+    return shapes, iterations, optimizer.pre_step()
+
+
+@pytest.mark.parametrize("mode", ["hooks", "functorch"])
+def test_the_optimizer_make_private_returns_has_the_contract(mode: str) -> None:
+    runs = {name: engine_optimizer_script(name, mode) for name in LIBRARIES}
+    assert runs["dpnotebook"][0] == runs["opacus"][0] and runs["dpnotebook"][0]  # same grad_sample shapes
+    assert runs["dpnotebook"][1:] == runs["opacus"][1:] == (1, False)  # one batch, and a step skipped as asked
