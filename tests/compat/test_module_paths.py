@@ -38,6 +38,11 @@ IMPORTS = [
     ("grad_sample", "GradSampleModule"),
     ("grad_sample", "GradSampleModuleNoOp"),
     ("grad_sample", "register_grad_sampler"),
+    ("grad_sample.utils", "wrap_model"),
+    ("grad_sample.utils", "get_gsm_class"),
+    ("grad_sample.utils", "register_grad_sampler"),
+    ("accountants.analysis.rdp", "compute_rdp"),
+    ("accountants.analysis.rdp", "get_privacy_spent"),
     ("grad_sample.functorch", "make_functional"),
     ("grad_sample.functorch", "prepare_layer"),
     ("grad_sample.functorch", "ft_compute_per_sample_gradient"),
@@ -123,3 +128,31 @@ def test_no_op_mode_matches_opacus() -> None:
     (m_o, s_o), (m_d, s_d) = no_op_script("opacus"), no_op_script("dpnotebook")
     assert s_d == s_o == [torch.Size([16, 8, 5])] * 4
     torch.testing.assert_close(flat_params(m_d), flat_params(m_o))
+
+
+ORDERS = [1.5, 2.0, 3.0, 4.0, 8.0, 16.0, 32.0, 64.0]
+
+
+@pytest.mark.parametrize("q,sigma,steps", [(0.01, 1.1, 1000), (256 / 60000, 1.1, 14062), (1.0, 2.0, 10)])
+def test_rdp_analysis_gives_opacus_epsilon(q: float, sigma: float, steps: int) -> None:
+    spent = {}
+    for name in LIBRARIES:
+        rdp_module = lib(name, "accountants.analysis.rdp")
+        rdp = rdp_module.compute_rdp(q=q, noise_multiplier=sigma, steps=steps, orders=ORDERS)
+        spent[name] = rdp_module.get_privacy_spent(orders=ORDERS, rdp=rdp, delta=1e-5)
+    assert spent["dpnotebook"][0] == pytest.approx(float(spent["opacus"][0]), rel=1e-6)
+    assert spent["dpnotebook"][1] == float(spent["opacus"][1])
+
+
+@pytest.mark.parametrize("mode", ["hooks", "functorch", "ew", "ghost"])
+def test_wrap_model_by_opacus_name_gives_the_same_grad_sample_shapes(mode: str) -> None:
+    shapes = {}
+    for name in LIBRARIES:
+        utils = lib(name, "grad_sample.utils")
+        model = utils.wrap_model(mlp(), grad_sample_mode=mode, batch_first=True, loss_reduction="sum")
+        assert isinstance(model, utils.get_gsm_class(mode))
+        x, y = next(iter(loader(dataset())))
+        nn.functional.cross_entropy(model(x), y, reduction="sum").backward()
+        shapes[name] = [tuple(p.grad_sample.shape) for p in model.parameters() if getattr(p, "grad_sample", None) is not None]
+    if mode != "ghost":  # ghost mode forms norms, not p.grad_sample, in both libraries
+        assert shapes["dpnotebook"] == shapes["opacus"] and shapes["dpnotebook"]
