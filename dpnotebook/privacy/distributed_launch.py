@@ -59,6 +59,8 @@ def _rank_main(
     torch.set_num_threads(1)
     outcome = RankOutcome(rank)
     try:
+        if backend == "nccl":  # one GPU per rank, chosen before the group starts
+            torch.cuda.set_device(rank)
         dist.init_process_group(
             backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
             timeout=datetime.timedelta(seconds=timeout_s),

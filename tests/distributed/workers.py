@@ -236,3 +236,23 @@ def run_example(rank: int, world_size: int, argv: list[str]) -> dict[str, Any]:
     finally:
         torch.set_num_threads(threads)  # main sets it for its process; the test process keeps its own
     return {k: v for k, v in result.items() if k != "seconds"}
+
+
+def cuda_zero_gradient_noise(rank: int, world_size: int, steps: int, sigma: float, C: float) -> dict[str, Any]:
+    """:func:`zero_gradient_noise` with the model on this rank's GPU (NCCL): the noise is still added once."""
+    device = torch.device("cuda", rank)
+    model = DPDDP(nn.Linear(50, 20, bias=False).to(device))
+    data = TensorDataset(torch.zeros(64, 50), torch.zeros(64, 20))
+    engine = PrivacyEngine(accountant="rdp", secure_mode=False)
+    model, optimizer, loader = engine.make_private(
+        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.0), data_loader=DataLoader(data, batch_size=16),
+        noise_multiplier=sigma, max_grad_norm=C, noise_generator=torch.Generator(device=device).manual_seed(rank + 10),
+    )
+    grads = []
+    while len(grads) < steps:
+        for x, y in loader:
+            optimizer.zero_grad()
+            F.mse_loss(model(x.to(device)), y.to(device)).backward()
+            optimizer.step()
+            grads.append(model.weight.grad.detach().flatten().cpu())
+    return {"grads": torch.stack(grads[:steps]), "expected_batch_size": optimizer.expected_batch_size}
