@@ -16,13 +16,20 @@ ratios stay below 1.
 
 from __future__ import annotations
 
-import math
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from dpnotebook.audit.sensitivity import LossOf, MakeBatch, SensitivityReport, clipped_sum, reference_clipped_sum
+from dpnotebook.audit.sensitivity import (
+    LossOf,
+    MakeBatch,
+    SensitivityReport,
+    clipped_sum,
+    leave_one_out,
+    optimizer_class_for,
+    reference_gap,
+)
 from dpnotebook.modes import wrap_model
 from dpnotebook.testing import clean_copy
 
@@ -50,8 +57,6 @@ def audit_sensitivity_across_ranks(
     get an empty list: a rank with no sample of the subset).
     """
     from dpnotebook.privacy.distributed import distributed_optimizer_class
-    from dpnotebook.privacy.ghost_optimizer import GhostDPOptimizer
-    from dpnotebook.privacy.optimizer import DPOptimizer
 
     if not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError("audit_sensitivity_across_ranks needs torch.distributed initialised in every rank.")
@@ -62,34 +67,22 @@ def audit_sensitivity_across_ranks(
     wrapped.allow_grad_accumulation()
     names = {id(p): n for n, p in wrapped._module.named_parameters()}
     params = [p for p in wrapped._module.parameters() if p.requires_grad]
-    base = GhostDPOptimizer if getattr(wrapped, "grad_sample_mode", None) == "ghost" else DPOptimizer
-    optimizer = distributed_optimizer_class(base)(
+    optimizer = distributed_optimizer_class(optimizer_class_for(wrapped))(
         torch.optim.SGD(params, lr=0.0), noise_multiplier=0.0, max_grad_norm=max_grad_norm,
         expected_batch_size=1.0, loss_reduction=loss_reduction, clipping=clipping, secure_mode=False,
     )
     report = SensitivityReport(setting)
-    everyone = list(range(num_samples))
 
     def local(indices: list[int]) -> list:
         return [batch([i for i in indices if i % world == rank])]
 
-    full = clipped_sum(wrapped, optimizer, loss, local(everyone))
-    report.nonfinite = not all(bool(torch.isfinite(s).all()) for s in full)
-    for s in everyone:
-        without = clipped_sum(wrapped, optimizer, loss, local([i for i in everyone if i != s]))
-        parts = [(a - b).norm() for a, b in zip(full, without)]
-        total = float(torch.stack(parts).norm()) if parts else 0.0
-        finite = math.isfinite(total)
-        report.nonfinite |= not finite
-        report.ratios.append(total / max_grad_norm if finite else math.inf)
-        worst = max(range(len(parts)), key=lambda i: float(parts[i].nan_to_num(math.inf))) if parts else None
-        report.movers.append(names.get(id(optimizer.params[worst]), "?") if worst is not None else "-")
+    full = leave_one_out(report, lambda indices: clipped_sum(wrapped, optimizer, loss, local(indices)),
+                         num_samples=num_samples, C=max_grad_norm,
+                         movers=[names.get(id(p), "?") for p in optimizer.params])
     wrapped.to_standard_module()
     if reference:
-        ref = reference_clipped_sum(
-            model, batch=batch, loss=loss, num_samples=num_samples, K=K, loss_reduction=loss_reduction,
-            clipping=clipping, max_grad_norm=max_grad_norm,
+        report.reference_gap = reference_gap(
+            full, model, batch=batch, loss=loss, num_samples=num_samples, K=K, loss_reduction=loss_reduction,
+            clipping=clipping, max_grad_norm=max_grad_norm, C=max_grad_norm,
         )
-        gap = torch.stack([(a - b).norm() for a, b in zip(full, ref)]).norm() if ref else torch.tensor(0.0)
-        report.reference_gap = float(gap) / max_grad_norm
     return report

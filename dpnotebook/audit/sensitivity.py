@@ -45,6 +45,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import Tensor, nn
 
+from dpnotebook.mode_registry import optimizer_class
 from dpnotebook.modes import wrap_model
 from dpnotebook.privacy.layer_bounds import check_layer_bounds, total_bound
 from dpnotebook.testing import clean_copy
@@ -111,16 +112,14 @@ class SensitivityReport:
         return self.table()
 
 
+def optimizer_class_for(wrapped: nn.Module) -> type:
+    """The DP optimizer class the mode registry pairs with this wrapper's mode."""
+    return optimizer_class(getattr(wrapped, "grad_sample_mode", "hooks"))
+
+
 def _optimizer_for(wrapped: nn.Module, params: Sequence[nn.Parameter], **kwargs: Any) -> Any:
-    """The DP optimizer the privacy engine pairs with this wrapper's mode, around a plain SGD."""
-    from dpnotebook.privacy.optimizer import DPOptimizer
-
-    cls = DPOptimizer
-    if getattr(wrapped, "grad_sample_mode", None) == "ghost":
-        from dpnotebook.privacy.ghost_optimizer import GhostDPOptimizer
-
-        cls = GhostDPOptimizer
-    return cls(torch.optim.SGD(list(params), lr=0.0), **kwargs)
+    """That optimizer, around a plain SGD."""
+    return optimizer_class_for(wrapped)(torch.optim.SGD(list(params), lr=0.0), **kwargs)
 
 
 def clipped_sum(wrapped: nn.Module, optimizer: Any, loss: LossOf, pieces: list) -> list[Tensor]:
@@ -181,6 +180,41 @@ def reference_clipped_sum(
     return clip_and_sum(stacked, max_grad_norm=max_grad_norm, clipping=clipping).summed
 
 
+def leave_one_out(
+    report: SensitivityReport, sum_of: Callable[[list[int]], list[Tensor]], *, num_samples: int, C: float,
+    movers: list[str],
+) -> list[Tensor]:
+    """Record ``||S(D) - S(D without s)|| / C`` for every sample ``s`` in ``report``; return ``S(D)``.
+
+    Args:
+        report: gets ``ratios``, ``movers`` (the parameter each sample moved most) and ``nonfinite``.
+        sum_of: ``sum_of(indices)`` is ``S`` of those samples, one tensor per parameter.
+        num_samples: ``B``.
+        C: the bound the ratios are taken to.
+        movers: the name of each parameter, in ``sum_of``'s order.
+    """
+    everyone = list(range(num_samples))
+    full = sum_of(everyone)
+    report.nonfinite = not all(bool(torch.isfinite(s).all()) for s in full)
+    for s in everyone:
+        without = sum_of([i for i in everyone if i != s])
+        parts = [(a - b).norm() for a, b in zip(full, without)]
+        total = float(torch.stack(parts).norm()) if parts else 0.0
+        finite = math.isfinite(total)
+        report.nonfinite |= not finite
+        report.ratios.append(total / C if finite else math.inf)
+        worst = max(range(len(parts)), key=lambda i: float(parts[i].nan_to_num(math.inf))) if parts else None
+        report.movers.append(movers[worst] if worst is not None else "-")
+    return full
+
+
+def reference_gap(full: list[Tensor], model: nn.Module, *, C: float, **reference: Any) -> float:
+    """``||S(D) - reference_clipped_sum(model, **reference)|| / C``: how far the step is from the definition."""
+    ref = reference_clipped_sum(model, **reference)
+    gap = torch.stack([(a - b).norm() for a, b in zip(full, ref)]).norm() if ref else torch.tensor(0.0)
+    return float(gap) / C
+
+
 def audit_sensitivity(
     model: nn.Module,
     *,
@@ -238,29 +272,17 @@ def audit_sensitivity(
         loss_reduction=loss_reduction, clipping=clipping, secure_mode=False,
     )
     report = SensitivityReport(setting)
-    everyone = list(range(num_samples))
 
     def pieces(indices: list[int]) -> list:
         size = physical_batch_size or max(len(indices), 1)
         return [batch(indices[i : i + size]) for i in range(0, max(len(indices), 1), size)]
 
-    full = clipped_sum(wrapped, optimizer, loss, pieces(everyone))
-    report.nonfinite = not all(bool(torch.isfinite(s).all()) for s in full)
-    for s in everyone:
-        without = clipped_sum(wrapped, optimizer, loss, pieces([i for i in everyone if i != s]))
-        parts = [(a - b).norm() for a, b in zip(full, without)]
-        total = float(torch.stack(parts).norm()) if parts else 0.0
-        finite = math.isfinite(total)
-        report.nonfinite |= not finite
-        report.ratios.append(total / C if finite else math.inf)
-        worst = max(range(len(parts)), key=lambda i: float(parts[i].nan_to_num(math.inf))) if parts else None
-        report.movers.append(names.get(id(optimizer.params[worst]), "?") if worst is not None else "-")
+    full = leave_one_out(report, lambda indices: clipped_sum(wrapped, optimizer, loss, pieces(indices)),
+                         num_samples=num_samples, C=C, movers=[names.get(id(p), "?") for p in optimizer.params])
     wrapped.to_standard_module()
     if reference:
-        ref = reference_clipped_sum(
-            model, batch=batch, loss=loss, num_samples=num_samples, K=K, loss_reduction=loss_reduction,
-            clipping=clipping, max_grad_norm=max_grad_norm,
+        report.reference_gap = reference_gap(
+            full, model, batch=batch, loss=loss, num_samples=num_samples, K=K, loss_reduction=loss_reduction,
+            clipping=clipping, max_grad_norm=max_grad_norm, C=C,
         )
-        gap = torch.stack([(a - b).norm() for a, b in zip(full, ref)]).norm() if ref else torch.tensor(0.0)
-        report.reference_gap = float(gap) / C
     return report
