@@ -31,7 +31,7 @@ from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
 from dpnotebook.errors import PrivacyWarning
-from dpnotebook.grad_sample.module import GradSampleModule, check_k
+from dpnotebook.grad_sample.module import check_k
 from dpnotebook.mode_registry import optimizer_class as mode_optimizer
 from dpnotebook.modes import wrap_model as wrap_in_mode
 from dpnotebook.privacy.accounting import create_accountant
@@ -45,49 +45,11 @@ from dpnotebook.privacy.clipping import CLIPPING_MODES
 from dpnotebook.privacy.augmult import loader_k
 from dpnotebook.privacy.data_loader import DPDataLoader
 from dpnotebook.privacy.layer_bounds import check_layer_bounds
-from dpnotebook.privacy import engine_compat
+from dpnotebook.privacy import checkpoints, engine_compat
+from dpnotebook.privacy.engine_inputs import check_optimizer_params, is_wrapped, sample_rate_of, unwrap_model
 from dpnotebook.privacy.optimizer import LOSS_REDUCTIONS, DPOptimizer
 
 __all__ = ["PrivacyEngine", "unwrap_model", "is_wrapped", "sample_rate_of"]
-
-
-def is_wrapped(module: nn.Module) -> bool:
-    """Whether ``module`` is a grad-sample wrapper (from :func:`dpnotebook.wrap_model`, any mode)."""
-    return isinstance(module, GradSampleModule) or callable(getattr(type(module), "to_standard_module", None))
-
-
-def unwrap_model(module: nn.Module) -> nn.Module:
-    """The original model inside a grad-sample wrapper (or ``module`` itself).
-
-    >>> from torch import nn
-    >>> from dpnotebook import wrap_model
-    >>> layer = nn.Linear(2, 2)
-    >>> unwrap_model(wrap_model(layer, "hooks")) is layer, unwrap_model(layer) is layer
-    (True, True)
-    """
-    return module._module if is_wrapped(module) else module
-
-
-def sample_rate_of(data_loader: DataLoader) -> float:
-    """q of a data loader: its own for a :class:`DPDataLoader`, else ``1 / len(data_loader)`` (in samples)."""
-    return data_loader.sample_rate if isinstance(data_loader, DPDataLoader) else 1 / len(data_loader)
-
-
-def _check_optimizer_params(module: nn.Module, optimizer: Optimizer) -> None:
-    """Raise if the optimizer updates a parameter that is not ``module``'s."""
-    own = {id(p) for p in module.parameters()}
-    strangers = [
-        f"param_groups[{g}]['params'][{i}] (shape {tuple(p.shape)})"
-        for g, group in enumerate(optimizer.param_groups)
-        for i, p in enumerate(group["params"])
-        if id(p) not in own
-    ]
-    if strangers:
-        raise ValueError(
-            f"optimizer holds {len(strangers)} parameter(s) that are not the model's: {', '.join(strangers)}. "
-            "They would be updated without clipping or noise. Fix: build the optimizer from "
-            "module.parameters() of the very model passed as module=."
-        )
 
 
 class PrivacyEngine:
@@ -193,7 +155,7 @@ class PrivacyEngine:
 
         module, distributed = unwrap_distributed(module)  # DPDDP / DDP: the model inside, all-reduced by the optimizer
         check_distributed_setup(distributed, data_loader, poisson_sampling)
-        _check_optimizer_params(unwrap_model(module), optimizer)
+        check_optimizer_params(unwrap_model(module), optimizer)
         if is_wrapped(module):
             if (module.K, module.batch_first, module.loss_reduction) != (K, batch_first, loss_reduction):
                 raise ValueError(
@@ -329,13 +291,11 @@ class PrivacyEngine:
             noise_scheduler, grad_clip_scheduler: schedulers (:mod:`dpnotebook.schedulers`) to save.
             module_state_dict_kwargs, torch_save_kwargs: passed to ``state_dict()`` and ``torch.save``.
         """
-        state = dict(checkpoint_dict or {})
-        state["module_state_dict"] = unwrap_model(module).state_dict(**(module_state_dict_kwargs or {}))
-        state.update(engine_compat.scheduler_entries(noise_scheduler, grad_clip_scheduler))
-        state["privacy_accountant_state_dict"] = self.accountant.state_dict()
-        if optimizer is not None:
-            state["optimizer_state_dict"] = optimizer.state_dict()
-        torch.save(state, path, **(torch_save_kwargs or {}))
+        checkpoints.save_checkpoint(
+            path, unwrap_model(module), self.accountant, optimizer=optimizer, checkpoint_dict=checkpoint_dict,
+            noise_scheduler=noise_scheduler, grad_clip_scheduler=grad_clip_scheduler,
+            module_state_dict_kwargs=module_state_dict_kwargs, torch_save_kwargs=torch_save_kwargs,
+        )
 
     def load_checkpoint(
         self,
@@ -350,18 +310,11 @@ class PrivacyEngine:
         torch_load_kwargs: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Restore what :meth:`save_checkpoint` (or Opacus') wrote; return the extra entries of ``checkpoint_dict``."""
-        load_kwargs = {"map_location": map_location, "weights_only": True, **(torch_load_kwargs or {})}
-        state = torch.load(path, **load_kwargs)
-        plain = unwrap_model(module)
-        plain.load_state_dict(
-            engine_compat.strip_wrapper_prefix(state.pop("module_state_dict"), plain), **(module_load_dict_kwargs or {})
+        return checkpoints.load_checkpoint(
+            path, unwrap_model(module), self.accountant, optimizer=optimizer, map_location=map_location,
+            noise_scheduler=noise_scheduler, grad_clip_scheduler=grad_clip_scheduler,
+            module_load_dict_kwargs=module_load_dict_kwargs, torch_load_kwargs=torch_load_kwargs,
         )
-        engine_compat.load_schedulers(state, noise_scheduler, grad_clip_scheduler)
-        self.accountant.load_state_dict(state.pop("privacy_accountant_state_dict"))
-        optimizer_state = state.pop("optimizer_state_dict", None)
-        if optimizer is not None and optimizer_state is not None:
-            optimizer.load_state_dict(optimizer_state)
-        return state
 
     def __repr__(self) -> str:
         return f"PrivacyEngine(accountant={self.accountant.mechanism!r}, steps={len(self.accountant)}, secure_mode={self.secure_mode})"

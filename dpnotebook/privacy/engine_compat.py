@@ -9,8 +9,7 @@ instead (``docs/migration-from-opacus.md`` lists them all):
 * ``wrap_model=False``, ``clipping="adaptive"``, ``rand_on_empty=True``,
   ``accountant="gdp"``: refused with :class:`~dpnotebook.errors.UnsupportedOptionError`
   (a ``ValueError`` and a ``NotImplementedError``);
-* checkpoints with noise and clipping schedulers, and Opacus' checkpoints (whose
-  module state dict carries the wrapper's ``_module.`` prefix).
+* checkpoints: :mod:`~dpnotebook.privacy.checkpoints`.
 
 >>> refuse_unsupported(wrap_model=False, clipping="flat", rand_on_empty=False, extra={})
 Traceback (most recent call last):
@@ -32,9 +31,6 @@ __all__ = [
     "check_accountant_name",
     "ghost_criterion",
     "compatible_module",
-    "strip_wrapper_prefix",
-    "scheduler_entries",
-    "load_schedulers",
     "problems_of",
     "raise_problems",
 ]
@@ -114,40 +110,6 @@ def compatible_module(module: nn.Module) -> nn.Module:
     from dpnotebook.validators.module_validator import ModuleValidator
 
     return ModuleValidator.fix_and_validate(module)
-
-
-def strip_wrapper_prefix(state: dict[str, Any], module: nn.Module) -> dict[str, Any]:
-    """``state`` without the ``_module.`` prefix that an Opacus checkpoint's keys carry, when ``module`` has none.
-
-    >>> from torch import nn
-    >>> sorted(strip_wrapper_prefix({"_module.weight": 1, "_module.bias": 2}, nn.Linear(1, 1)))
-    ['bias', 'weight']
-    """
-    own = module.state_dict().keys()
-    if state and not (state.keys() & own) and all(k.startswith("_module.") for k in state):
-        return {k[len("_module.") :]: v for k, v in state.items()}
-    return state
-
-
-def scheduler_entries(noise_scheduler: Any, grad_clip_scheduler: Any) -> dict[str, Any]:
-    """The checkpoint entries Opacus writes for the schedulers given."""
-    entries = {}
-    if noise_scheduler is not None:
-        entries["noise_scheduler_state_dict"] = noise_scheduler.state_dict()
-    if grad_clip_scheduler is not None:
-        entries["grad_clip_scheduler_state_dict"] = grad_clip_scheduler.state_dict()
-    return entries
-
-
-def load_schedulers(state: dict[str, Any], noise_scheduler: Any, grad_clip_scheduler: Any) -> None:
-    """Restore (and remove from ``state``) the scheduler entries of a checkpoint."""
-    for key, scheduler in (
-        ("noise_scheduler_state_dict", noise_scheduler),
-        ("grad_clip_scheduler_state_dict", grad_clip_scheduler),
-    ):
-        entry = state.pop(key, None)
-        if scheduler is not None and entry:
-            scheduler.load_state_dict(entry)
 
 
 def problems_of(module: nn.Module) -> list:

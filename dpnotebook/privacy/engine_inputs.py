@@ -1,0 +1,51 @@
+"""What :class:`~dpnotebook.privacy.engine.PrivacyEngine` reads off its inputs: the wrapped model, q, the optimizer's parameters."""
+
+from __future__ import annotations
+
+from torch import nn
+from torch.optim import Optimizer
+from torch.utils.data import DataLoader
+
+from dpnotebook.grad_sample.module import GradSampleModule
+from dpnotebook.privacy.data_loader import DPDataLoader
+
+__all__ = ["is_wrapped", "unwrap_model", "sample_rate_of", "check_optimizer_params"]
+
+
+def is_wrapped(module: nn.Module) -> bool:
+    """Whether ``module`` is a grad-sample wrapper (from :func:`dpnotebook.wrap_model`, any mode)."""
+    return isinstance(module, GradSampleModule) or callable(getattr(type(module), "to_standard_module", None))
+
+
+def unwrap_model(module: nn.Module) -> nn.Module:
+    """The original model inside a grad-sample wrapper (or ``module`` itself).
+
+    >>> from torch import nn
+    >>> from dpnotebook import wrap_model
+    >>> layer = nn.Linear(2, 2)
+    >>> unwrap_model(wrap_model(layer, "hooks")) is layer, unwrap_model(layer) is layer
+    (True, True)
+    """
+    return module._module if is_wrapped(module) else module
+
+
+def sample_rate_of(data_loader: DataLoader) -> float:
+    """q of a data loader: its own for a :class:`DPDataLoader`, else ``1 / len(data_loader)`` (in samples)."""
+    return data_loader.sample_rate if isinstance(data_loader, DPDataLoader) else 1 / len(data_loader)
+
+
+def check_optimizer_params(module: nn.Module, optimizer: Optimizer) -> None:
+    """Raise if the optimizer updates a parameter that is not ``module``'s."""
+    own = {id(p) for p in module.parameters()}
+    strangers = [
+        f"param_groups[{g}]['params'][{i}] (shape {tuple(p.shape)})"
+        for g, group in enumerate(optimizer.param_groups)
+        for i, p in enumerate(group["params"])
+        if id(p) not in own
+    ]
+    if strangers:
+        raise ValueError(
+            f"optimizer holds {len(strangers)} parameter(s) that are not the model's: {', '.join(strangers)}. "
+            "They would be updated without clipping or noise. Fix: build the optimizer from "
+            "module.parameters() of the very model passed as module=."
+        )
