@@ -1,4 +1,4 @@
-"""Dependencies run one way: no import cycle among dpnotebook's modules.
+"""Dependencies run one way (no import cycle among dpnotebook's modules), and no module grows far past ~300 lines.
 
 Every ``import`` statement counts, including those inside functions (a lazy
 import that closes a cycle still ties the two modules together). A package's
@@ -88,3 +88,12 @@ def test_no_import_cycle_in_the_package() -> None:
     graph = {name: imported(name, path, known) for name, path in known.items()}
     assert len(graph) > 100 and graph["dpnotebook.grad_sample.ghost"]  # the walk saw the package
     assert cycles(graph) == [], "import cycles (each line: modules that import each other, directly or not)"
+
+
+#: "Modules under ~300 lines": a module may run a little over while it is being split, never far.
+MAX_LINES = 330
+
+
+def test_no_module_is_far_over_300_lines() -> None:
+    long = {name: n for name, path in modules().items() if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines (split them by concept): {long}"
