@@ -37,7 +37,7 @@ def conv_grad_sampler(
     x = activations[0]
     if layer.weight.requires_grad and (x.requires_grad or backprops.requires_grad):  # double backward
         out[layer.weight] = conv_weight_grad_per_sample(layer, x, backprops, K)
-    elif layer.weight.requires_grad:  # the faster of im2col and vmap, into a buffer reused across steps
+    elif layer.weight.requires_grad:  # the fast seam: the method conv_method picks, into a reused buffer
         buf = result_buffer(layer, "weight", (x.shape[0] // K, *layer.weight.shape), backprops)
         grads = conv_per_sample_grads(layer, x, backprops, K, buf)
         out[layer.weight] = grads.div_(K) if K > 1 else grads
