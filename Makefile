@@ -22,9 +22,10 @@ ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab --notebook-dir=tutorials $(ALLOW_ROOT)
 
-# pyflakes rules (unused imports, undefined names), configured in pyproject.toml [tool.ruff]
+# pyflakes rules (unused imports, undefined names) and the formatter, configured in pyproject.toml [tool.ruff]
 lint: $(STAMP)
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 
 test: lint
 	$(PY) -m pytest

@@ -56,7 +56,7 @@ templates_path = ["_templates"]
 html_static_path = ["_static"]
 
 # -- notebooks (myst-nb) ------------------------------------------------------------
-nb_execution_mode = "off"          # render the outputs stored in the notebooks; never run them
+nb_execution_mode = "off"  # render the outputs stored in the notebooks; never run them
 nb_merge_streams = True
 myst_enable_extensions = ["dollarmath", "amsmath", "colon_fence", "substitution"]
 myst_heading_anchors = 3
@@ -103,11 +103,11 @@ autodoc_member_order = "bysource"
 autodoc_typehints = "description"
 autodoc_typehints_description_target = "documented"
 autodoc_preserve_defaults = True
-autodoc_inherit_docstrings = False   # document what dpnotebook wrote, not torch's docstrings
+autodoc_inherit_docstrings = False  # document what dpnotebook wrote, not torch's docstrings
 add_module_names = False
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
-napoleon_use_ivar = True            # "Attributes:" as fields: no duplicate object entries
+napoleon_use_ivar = True  # "Attributes:" as fields: no duplicate object entries
 napoleon_use_rtype = False
 python_display_short_literal_types = True
 
@@ -120,7 +120,7 @@ html_theme = "furo"
 html_title = f"dpnotebook {release}"
 html_css_files = ["dpnotebook.css"]
 html_show_sourcelink = False
-smartquotes = False                 # code-like text in docstrings and error messages stays as typed
+smartquotes = False  # code-like text in docstrings and error messages stays as typed
 html_theme_options = {
     "source_repository": "https://github.com/dpnotebook/dpnotebook/",
     "source_branch": "main",

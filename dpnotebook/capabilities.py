@@ -88,14 +88,22 @@ def _features() -> dict[str, Callable[[], tuple[nn.Module, tuple, dict]]]:
         "recurrent (DPLSTM)": lambda: (_LastStep(DPLSTM(3, 4, batch_first=True)), (randn(4, 5, 3),), {}),
         "padding='same'": lambda: (nn.Conv2d(2, 3, 3, padding="same"), (randn(4, 2, 5, 5),), {}),
         "empty batch": lambda: (_mlp(), (randn(0, 3),), {}),
-        "K > 1": lambda: (nn.Sequential(nn.Conv1d(2, 3, 2), nn.Flatten(), nn.Linear(9, 2)), (randn(6, 2, 4),), {"K": 3}),
+        "K > 1": lambda: (
+            nn.Sequential(nn.Conv1d(2, 3, 2), nn.Flatten(), nn.Linear(9, 2)),
+            (randn(6, 2, 4),),
+            {"K": 3},
+        ),
         "custom grad sampler": lambda: (nn.Sequential(nn.Linear(3, 3), _Scale(3)), (randn(4, 3),), {"K": 2}),
         "native nn.LSTM": lambda: (_LastStep(nn.LSTM(3, 4, batch_first=True)), (randn(4, 5, 3),), {}),
         "native nn.MultiheadAttention": lambda: (
-            _SelfAttention(nn.MultiheadAttention(4, 2, batch_first=True)), (randn(4, 3, 4),), {}
+            _SelfAttention(nn.MultiheadAttention(4, 2, batch_first=True)),
+            (randn(4, 3, 4),),
+            {},
         ),
         "DPMultiheadAttention": lambda: (
-            _SelfAttention(DPMultiheadAttention(4, 2, batch_first=True)), (randn(4, 3, 4),), {}
+            _SelfAttention(DPMultiheadAttention(4, 2, batch_first=True)),
+            (randn(4, 3, 4),),
+            {},
         ),
     }
 
@@ -160,9 +168,7 @@ def capability_table(*, modes: list[str] | None = None, features: list[str] | No
     if unknown:
         raise ValueError(f"unknown feature(s) {unknown}; choose from {FEATURES}.")
     modes = modes or available_modes()
-    return [
-        CapabilityRow(f, {m: _run(m, builders[f]) for m in modes}) for f in (features or FEATURES)
-    ]
+    return [CapabilityRow(f, {m: _run(m, builders[f]) for m in modes}) for f in (features or FEATURES)]
 
 
 def capability_markdown(rows: list[CapabilityRow] | None = None) -> str:

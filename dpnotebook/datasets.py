@@ -62,7 +62,9 @@ def load_digits_tensors(*, test_fraction: float = 0.2, seed: int = 0) -> tuple[T
     return split_tensors(images, labels, test_fraction=test_fraction, seed=seed)
 
 
-def split_by_classes(dataset: TensorDataset, classes: tuple[int, ...] | list[int]) -> tuple[TensorDataset, TensorDataset]:
+def split_by_classes(
+    dataset: TensorDataset, classes: tuple[int, ...] | list[int]
+) -> tuple[TensorDataset, TensorDataset]:
     """Split ``(inputs, labels)`` into the samples of ``classes`` and the rest, each relabelled ``0, 1, ...``.
 
     For a "public" part to pretrain on and a "private" part to train on privately:
@@ -77,7 +79,9 @@ def split_by_classes(dataset: TensorDataset, classes: tuple[int, ...] | list[int
     inputs, labels = dataset.tensors
     chosen = torch.tensor(sorted(set(int(c) for c in classes)), dtype=labels.dtype)
     if not len(chosen) or not bool(torch.isin(chosen, labels).all()):
-        raise ValueError(f"classes={list(classes)!r} is invalid: pass labels that occur in the dataset, e.g. [0, 1, 2, 3, 4].")
+        raise ValueError(
+            f"classes={list(classes)!r} is invalid: pass labels that occur in the dataset, e.g. [0, 1, 2, 3, 4]."
+        )
     mask = torch.isin(labels, chosen)
     parts = []
     for keep in (mask, ~mask):

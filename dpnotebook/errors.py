@@ -7,7 +7,13 @@ went wrong while computing), so ``except ValueError`` keeps working.
 
 from __future__ import annotations
 
-__all__ = ["UnsupportedModuleError", "UnsupportedOptionError", "GradSampleError", "GradSamplerMismatch", "PrivacyWarning"]
+__all__ = [
+    "UnsupportedModuleError",
+    "UnsupportedOptionError",
+    "GradSampleError",
+    "GradSamplerMismatch",
+    "PrivacyWarning",
+]
 
 
 class UnsupportedModuleError(ValueError, NotImplementedError):

@@ -143,8 +143,14 @@ def _instance_norm_without_running_stats(norm: nn.modules.instancenorm._Instance
     cls = type(norm)
     if isinstance(norm, nn.modules.lazy.LazyModuleMixin):
         raise FixRefused("construct it as nn.InstanceNorm*d(..., track_running_stats=False).")
-    new = cls(norm.num_features, eps=norm.eps, momentum=norm.momentum, affine=norm.affine,
-              track_running_stats=False, **_factory(norm))
+    new = cls(
+        norm.num_features,
+        eps=norm.eps,
+        momentum=norm.momentum,
+        affine=norm.affine,
+        track_running_stats=False,
+        **_factory(norm),
+    )
     return _copy_weights(norm, new)
 
 
@@ -159,8 +165,14 @@ def _embedding_without_freq_scaling(emb: nn.Module) -> nn.Module:
 def _rnn_to_dp(rnn: nn.RNNBase) -> nn.Module:
     if rnn.proj_size:
         raise FixRefused(f"dpnotebook.fix has no replacement for an LSTM with proj_size={rnn.proj_size}.")
-    args = dict(num_layers=rnn.num_layers, bias=rnn.bias, batch_first=rnn.batch_first,
-                dropout=rnn.dropout, bidirectional=rnn.bidirectional, **_factory(rnn))
+    args = dict(
+        num_layers=rnn.num_layers,
+        bias=rnn.bias,
+        batch_first=rnn.batch_first,
+        dropout=rnn.dropout,
+        bidirectional=rnn.bidirectional,
+        **_factory(rnn),
+    )
     if isinstance(rnn, nn.RNN):
         new: nn.Module = DPRNN(rnn.input_size, rnn.hidden_size, nonlinearity=rnn.nonlinearity, **args)
     else:
@@ -171,9 +183,16 @@ def _rnn_to_dp(rnn: nn.RNNBase) -> nn.Module:
 @register_fixer(nn.MultiheadAttention)
 def _attention_to_dp(mha: nn.MultiheadAttention) -> nn.Module:
     new = DPMultiheadAttention(
-        mha.embed_dim, mha.num_heads, dropout=mha.dropout, bias=mha.in_proj_bias is not None,
-        add_bias_kv=mha.bias_k is not None, add_zero_attn=mha.add_zero_attn, kdim=mha.kdim,
-        vdim=mha.vdim, batch_first=mha.batch_first, **_factory(mha),
+        mha.embed_dim,
+        mha.num_heads,
+        dropout=mha.dropout,
+        bias=mha.in_proj_bias is not None,
+        add_bias_kv=mha.bias_k is not None,
+        add_zero_attn=mha.add_zero_attn,
+        kdim=mha.kdim,
+        vdim=mha.vdim,
+        batch_first=mha.batch_first,
+        **_factory(mha),
     )
     return _copy_weights(mha, new)
 
@@ -232,7 +251,12 @@ def fix(model: nn.Module, *, mode: str = "hooks", root: str = "model", **options
     left = validate(fixed, mode=mode, root=root)
     if left:
         refused = [
-            Problem(p.path, p.module_type, f"{p.why} {reasons.get(p.path, 'No automatic repair is registered for it.')}", p.fix)
+            Problem(
+                p.path,
+                p.module_type,
+                f"{p.why} {reasons.get(p.path, 'No automatic repair is registered for it.')}",
+                p.fix,
+            )
             for p in left
         ]
         raise UnsupportedModuleError(

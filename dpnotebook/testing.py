@@ -176,9 +176,7 @@ class GradSamplerReport:
     __repr__ = __str__
 
 
-def _compare(
-    strategy: str, got: dict[str, Tensor], ref: dict[str, Tensor], tol: float, atol: float
-) -> list[ReportRow]:
+def _compare(strategy: str, got: dict[str, Tensor], ref: dict[str, Tensor], tol: float, atol: float) -> list[ReportRow]:
     # One scale for the whole module (its largest oracle entry), so that a parameter whose
     # true gradient is exactly zero is judged against the module's gradients, not against 0.
     scale = max((r.abs().max().item() for r in ref.values() if r.numel()), default=0.0)
@@ -264,7 +262,9 @@ def check_grad_sampler(
         copy_ = clean_copy(module).to(dtype)
 
         def factory(m: nn.Module, force: bool = force) -> nn.Module:
-            return GradSampleModule(m, K=K, batch_first=batch_first, loss_reduction=loss_reduction, force_functorch=force)
+            return GradSampleModule(
+                m, K=K, batch_first=batch_first, loss_reduction=loss_reduction, force_functorch=force
+            )
 
         wrapped = factory(copy_)
         how = sorted({h for _, h in wrapped.units})

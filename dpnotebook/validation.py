@@ -114,8 +114,7 @@ def _dp_name(module: nn.Module) -> str:
 def _rnn_fix(module: nn.RNNBase) -> str:
     if getattr(module, "proj_size", 0):
         return (
-            "DPLSTM has no proj_size: use grad_sample_mode='ew', or an LSTM without proj_size "
-            "followed by an nn.Linear."
+            "DPLSTM has no proj_size: use grad_sample_mode='ew', or an LSTM without proj_size followed by an nn.Linear."
         )
     return (
         f"replace it with dpnotebook.layers.{_dp_name(module)} (same arguments, parameter names and "

@@ -35,7 +35,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--grad-sample-mode", default="hooks", help="hooks or functorch")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--threads", type=int, default=1,
+        "--threads",
+        type=int,
+        default=1,
         help="torch threads; 1 is fastest for this tiny model, above all on a busy machine",
     )
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
@@ -82,11 +84,15 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     epsilon = engine.get_epsilon(args.delta)
     seconds = time.perf_counter() - start
 
-    print(f"digits: {len(train)} training and {len(test)} test images, {args.epochs} epochs, "
-          f"expected batch size {args.batch_size}")
+    print(
+        f"digits: {len(train)} training and {len(test)} test images, {args.epochs} epochs, "
+        f"expected batch size {args.batch_size}"
+    )
     print(f"  non-private     test accuracy {baseline_accuracy:.1%}")
-    print(f"  DP-SGD          test accuracy {accuracy:.1%}   epsilon = {epsilon:.2f} at delta = {args.delta:g} "
-          f"({args.accountant}), sigma = {sigma:.3f}, C = {args.max_grad_norm:g}, {len(engine.accountant)} steps")
+    print(
+        f"  DP-SGD          test accuracy {accuracy:.1%}   epsilon = {epsilon:.2f} at delta = {args.delta:g} "
+        f"({args.accountant}), sigma = {sigma:.3f}, C = {args.max_grad_norm:g}, {len(engine.accountant)} steps"
+    )
     print(f"  total time {seconds:.1f} s")
     return {
         "accuracy": accuracy,

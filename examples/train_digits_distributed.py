@@ -70,8 +70,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         torch.cuda.set_device(device)
     if started_here:
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                                timeout=datetime.timedelta(seconds=args.timeout))
+        dist.init_process_group(
+            "nccl" if device.type == "cuda" else "gloo", timeout=datetime.timedelta(seconds=args.timeout)
+        )
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
 
     train, test = load_digits_tensors(seed=args.seed)
@@ -80,10 +81,14 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     if distributed:
         model = DPDDP(model)  # rank 0's weights on every rank; the optimizer all-reduces the clipped sums
     engine = PrivacyEngine(accountant=args.accountant, secure_mode=args.secure)
-    generators = {} if args.secure else {
-        "noise_generator": torch.Generator(device).manual_seed(args.seed),       # used by rank 0 only
-        "sampling_generator": torch.Generator().manual_seed(args.seed + 1),    # the same on every rank
-    }
+    generators = (
+        {}
+        if args.secure
+        else {
+            "noise_generator": torch.Generator(device).manual_seed(args.seed),  # used by rank 0 only
+            "sampling_generator": torch.Generator().manual_seed(args.seed + 1),  # the same on every rank
+        }
+    )
     model, optimizer, train_loader = engine.make_private_with_epsilon(
         module=model,
         optimizer=torch.optim.Adam(model.parameters(), lr=args.lr),
@@ -97,21 +102,37 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     )
     sigma = optimizer.noise_multiplier
     with optimizer.fail_together() if distributed else nullcontext():  # an error on one rank stops all
-        fit(model, optimizer, train_loader, epochs=args.epochs, progress=not args.no_progress and rank == 0,
-            description=f"DP-SGD rank {rank}/{world} sigma={sigma:.2f}")
+        fit(
+            model,
+            optimizer,
+            train_loader,
+            epochs=args.epochs,
+            progress=not args.no_progress and rank == 0,
+            description=f"DP-SGD rank {rank}/{world} sigma={sigma:.2f}",
+        )
     accuracy = evaluate(model, DataLoader(test, batch_size=512))
     epsilon = engine.get_epsilon(args.delta)
     seconds = time.perf_counter() - start
     if rank == 0:
-        print(f"digits: {len(train)} training and {len(test)} test images, {args.epochs} epochs, "
-              f"expected batch size {args.batch_size} over {world} process(es)")
-        print(f"  DP-SGD test accuracy {accuracy:.1%}   epsilon = {epsilon:.2f} at delta = {args.delta:g} "
-              f"({args.accountant}), sigma = {sigma:.3f}, C = {args.max_grad_norm:g}, {len(engine.accountant)} steps")
+        print(
+            f"digits: {len(train)} training and {len(test)} test images, {args.epochs} epochs, "
+            f"expected batch size {args.batch_size} over {world} process(es)"
+        )
+        print(
+            f"  DP-SGD test accuracy {accuracy:.1%}   epsilon = {epsilon:.2f} at delta = {args.delta:g} "
+            f"({args.accountant}), sigma = {sigma:.3f}, C = {args.max_grad_norm:g}, {len(engine.accountant)} steps"
+        )
         print(f"  total time {seconds:.1f} s")
     if started_here:
         dist.destroy_process_group()
-    return {"accuracy": accuracy, "epsilon": epsilon, "noise_multiplier": sigma,
-            "steps": len(engine.accountant), "seconds": seconds, "world_size": world}
+    return {
+        "accuracy": accuracy,
+        "epsilon": epsilon,
+        "noise_multiplier": sigma,
+        "steps": len(engine.accountant),
+        "seconds": seconds,
+        "world_size": world,
+    }
 
 
 if __name__ == "__main__":

@@ -16,8 +16,30 @@ from dpnotebook.benchmarks.suite import Config, measure, plan
 
 def test_cli_runs_one_tiny_configuration_and_writes_json(tmp_path, capsys) -> None:
     out = tmp_path / "bench.json"
-    argv = ["--models", "MLP", "--batch", "4", "--modes", "ghost", "--kinds", "dpsgd", "--ks", "1",
-            "--steps", "1", "--min-seconds", "0", "--warmup", "0", "--threads", "1", "--device", "cpu", "--json", str(out)]
+    argv = [
+        "--models",
+        "MLP",
+        "--batch",
+        "4",
+        "--modes",
+        "ghost",
+        "--kinds",
+        "dpsgd",
+        "--ks",
+        "1",
+        "--steps",
+        "1",
+        "--min-seconds",
+        "0",
+        "--warmup",
+        "0",
+        "--threads",
+        "1",
+        "--device",
+        "cpu",
+        "--json",
+        str(out),
+    ]
     assert main(argv) == 0
     data = json.loads(out.read_text())
     rows = {r["what"]: r for r in data["rows"]}
@@ -31,7 +53,9 @@ def test_cli_runs_one_tiny_configuration_and_writes_json(tmp_path, capsys) -> No
 
 
 def test_plan_covers_modes_kinds_multiplicity_and_opacus() -> None:
-    configs = plan(["LSTMClassifier"], [8], modes=["hooks"], kinds=["gsm", "dpsgd", "naive"], ks=[1, 4], k_batch=2, opacus=True)
+    configs = plan(
+        ["LSTMClassifier"], [8], modes=["hooks"], kinds=["gsm", "dpsgd", "naive"], ks=[1, 4], k_batch=2, opacus=True
+    )
     whats = [(c.batch, c.K, c.what) for c in configs]
     assert (8, 1, "nonprivate_dplayers") in whats and (8, 1, "naive_microbatch") in whats
     assert (8, 1, "opacus_dpsgd_ghost") in whats and (8, 1, "opacus_gsm_ghost") not in whats
@@ -76,12 +100,31 @@ def test_measure_in_process_and_errors_become_rows() -> None:
 
 def test_reports() -> None:
     def row(what: str, ratio: float, K: int = 1, peak: float = 100.0) -> dict:
-        return {"model": "M", "batch": 2, "K": K, "what": what, "median_ms": ratio, "min_ms": ratio,
-                "ratio": ratio, "peak_mb": peak, "rss0_mb": 50.0, "n": 10}
+        return {
+            "model": "M",
+            "batch": 2,
+            "K": K,
+            "what": what,
+            "median_ms": ratio,
+            "min_ms": ratio,
+            "ratio": ratio,
+            "peak_mb": peak,
+            "rss0_mb": 50.0,
+            "n": 10,
+        }
 
-    rows = [row("nonprivate", 1.0), row("dpsgd_ghost", 1.2), row("opacus_dpsgd_hooks", 2.4), row("opacus_dpsgd_ghost", 3.0),
-            row("gsm_hooks", 2.0, peak=120), row("nonprivate", 1.0, K=4, peak=110), row("gsm_hooks", 1.1, K=4, peak=135)]
-    assert "| M | 2 | DP-SGD step, best mode each | dpsgd_ghost (1.20) | dpsgd_hooks (2.40) | 0.50 |" in opacus_table(rows)
+    rows = [
+        row("nonprivate", 1.0),
+        row("dpsgd_ghost", 1.2),
+        row("opacus_dpsgd_hooks", 2.4),
+        row("opacus_dpsgd_ghost", 3.0),
+        row("gsm_hooks", 2.0, peak=120),
+        row("nonprivate", 1.0, K=4, peak=110),
+        row("gsm_hooks", 1.1, K=4, peak=135),
+    ]
+    assert "| M | 2 | DP-SGD step, best mode each | dpsgd_ghost (1.20) | dpsgd_hooks (2.40) | 0.50 |" in opacus_table(
+        rows
+    )
     assert "| M | 2 | 4 | gsm_hooks | 1.10 | 25.0 | 1.25 |" in multiplicity_table(rows)
 
 
@@ -94,8 +137,13 @@ def test_memory_benchmark_measures_every_k_in_its_own_processes() -> None:
     assert summary(rows).startswith("K=2")
 
 
-OPACUS_CONFIGS = sorted({c.what for c in plan(["MLP"], [2], modes=["hooks"], kinds=["gsm", "dpsgd"], ks=[1], k_batch=2,
-                                              opacus=True) if c.what.startswith("opacus_")})
+OPACUS_CONFIGS = sorted(
+    {
+        c.what
+        for c in plan(["MLP"], [2], modes=["hooks"], kinds=["gsm", "dpsgd"], ks=[1], k_batch=2, opacus=True)
+        if c.what.startswith("opacus_")
+    }
+)
 
 
 @pytest.mark.filterwarnings("ignore:Full backward hook is firing")  # Opacus' hooks on an input that needs no grad

@@ -42,7 +42,7 @@ def test_the_site_has_its_sections(html: Path) -> None:
     index = page(html, "docs/index.html")
     for target in ("getting-started.html", "concepts/index.html", "tutorials.html", "api/index.html"):
         assert f'href="{target}"' in index, target
-    assert 'url=docs/index.html' in page(html, "index.html")      # the top-level redirect
+    assert "url=docs/index.html" in page(html, "index.html")  # the top-level redirect
 
 
 @pytest.mark.parametrize("notebook", TUTORIALS, ids=lambda p: p.name)
@@ -52,8 +52,10 @@ def test_every_tutorial_is_rendered_with_its_outputs(html: Path, notebook: Path)
     nb = json.loads(notebook.read_text(encoding="utf-8"))
     printed = [
         "".join(o["text"]).strip()
-        for cell in nb["cells"] if cell["cell_type"] == "code"
-        for o in cell.get("outputs", []) if o.get("output_type") == "stream" and "".join(o["text"]).strip()
+        for cell in nb["cells"]
+        if cell["cell_type"] == "code"
+        for o in cell.get("outputs", [])
+        if o.get("output_type") == "stream" and "".join(o["text"]).strip()
     ]
     if printed:  # a stored output appears on the page, so outputs are rendered, not executed
         first_line = printed[0].splitlines()[0].strip()
@@ -83,7 +85,7 @@ def test_capability_table_is_generated_from_the_code(html: Path) -> None:
     from dpnotebook.modes import available_modes
 
     text = page(html, "docs/concepts/modes.html")
-    header = re.search(r"<thead>(.*?)</thead>", text[text.index("What each mode can do"):], re.S).group(1)
+    header = re.search(r"<thead>(.*?)</thead>", text[text.index("What each mode can do") :], re.S).group(1)
     for mode in available_modes():
         assert f">{mode}<" in header
     for feature in FEATURES:

@@ -24,16 +24,20 @@ def _linear(scale_k=True, pattern="bto,bti->boi"):
         a, g = _grouped(activations, backprops, K)
         weight = torch.einsum(pattern, g, a)
         return {layer.weight: weight / K if scale_k else weight, layer.bias: g.sum(1) / K}
+
     return sampler
 
 
-@pytest.mark.parametrize("answer, hint", [
-    (_linear(), None),
-    (_linear(scale_k=False), "K times too large"),
-    (_linear(pattern="bto,bti->bio"), "transposed"),
-    (lambda layer, activations, backprops, K: {layer.weight: None}, "no entry for layer.bias"),
-    (lambda layer, activations, backprops, K: [], "return a dict"),
-])
+@pytest.mark.parametrize(
+    "answer, hint",
+    [
+        (_linear(), None),
+        (_linear(scale_k=False), "K times too large"),
+        (_linear(pattern="bto,bti->bio"), "transposed"),
+        (lambda layer, activations, backprops, K: {layer.weight: None}, "no entry for layer.bias"),
+        (lambda layer, activations, backprops, K: [], "return a dict"),
+    ],
+)
 def test_linear_einsum(answer, hint) -> None:
     verdict = judge("02.linear_einsum", answer)
     assert verdict.solved if hint is None else (verdict.status is Status.WRONG and hint in verdict.hint), verdict
@@ -169,8 +173,11 @@ def test_lora_sampler_hints() -> None:
         def sampler(layer, activations, backprops, K):
             a, g = _grouped(activations, backprops, K)
             back = g @ layer.B if through_b else g[..., : layer.A.shape[0]]
-            return {layer.B: torch.einsum("bno,bnr->bor", g, a @ layer.A.T) / K,
-                    layer.A: torch.einsum("bnr,bni->bri", back, a) / K}
+            return {
+                layer.B: torch.einsum("bno,bnr->bor", g, a @ layer.A.T) / K,
+                layer.A: torch.einsum("bnr,bni->bri", back, a) / K,
+            }
+
         return sampler
 
     try:

@@ -18,8 +18,15 @@ def stub(*args, **kwargs):  # type: ignore[no-untyped-def]
 
 
 # -- 09.per_layer_privatize ------------------------------------------------------------
-def privatize(*, bound=lambda C, L: C / math.sqrt(L), divisor=lambda e, B: e, std=lambda s, C: s * C,
-              noise_after=False, flat=False, order="library"):
+def privatize(
+    *,
+    bound=lambda C, L: C / math.sqrt(L),
+    divisor=lambda e, B: e,
+    std=lambda s, C: s * C,
+    noise_after=False,
+    flat=False,
+    order="library",
+):
     def fn(grads, *, C, sigma, expected_batch_size, generator):
         L, B = len(grads), grads[0].shape[0]
         if flat:
@@ -28,23 +35,28 @@ def privatize(*, bound=lambda C, L: C / math.sqrt(L), divisor=lambda e, B: e, st
             summed = clip_and_sum(grads, max_grad_norm=bound(C, L) * math.sqrt(L), clipping="per_layer").summed
         noises = [torch.normal(0.0, std(sigma, C), s.shape, generator=generator, dtype=s.dtype) for s in summed]
         if order == "reversed":
-            noises = [torch.normal(0.0, std(sigma, C), s.shape, generator=generator, dtype=s.dtype)
-                      for s in reversed(summed)][::-1]
+            noises = [
+                torch.normal(0.0, std(sigma, C), s.shape, generator=generator, dtype=s.dtype) for s in reversed(summed)
+            ][::-1]
         d = divisor(expected_batch_size, B)
         return [s / d + z if noise_after else (s + z) / d for s, z in zip(summed, noises)]
+
     return fn
 
 
-@pytest.mark.parametrize("answer, hint", [
-    (privatize(bound=lambda C, L: C), "not to C / sqrt(L)"),
-    (privatize(flat=True), "flat clipping"),
-    (privatize(divisor=lambda e, B: B), "divide by expected_batch_size"),
-    (privatize(bound=lambda C, L: 1e9), "nothing was clipped"),
-    (privatize(divisor=lambda e, B: 1.0), "forgot to divide"),
-    (privatize(std=lambda s, C: s), "std is sigma; it must be sigma * C"),
-    (privatize(noise_after=True), "added after dividing"),
-    (privatize(std=lambda s, C: 0.0), "there is no noise"),
-])
+@pytest.mark.parametrize(
+    "answer, hint",
+    [
+        (privatize(bound=lambda C, L: C), "not to C / sqrt(L)"),
+        (privatize(flat=True), "flat clipping"),
+        (privatize(divisor=lambda e, B: B), "divide by expected_batch_size"),
+        (privatize(bound=lambda C, L: 1e9), "nothing was clipped"),
+        (privatize(divisor=lambda e, B: 1.0), "forgot to divide"),
+        (privatize(std=lambda s, C: s), "std is sigma; it must be sigma * C"),
+        (privatize(noise_after=True), "added after dividing"),
+        (privatize(std=lambda s, C: 0.0), "there is no noise"),
+    ],
+)
 def test_09_mistakes(answer, hint) -> None:  # type: ignore[no-untyped-def]
     verdict = judge("09.per_layer_privatize", answer)
     assert verdict.status is Status.WRONG and hint in verdict.hint, verdict.hint
@@ -60,19 +72,24 @@ def test_09_right() -> None:
 # -- 10.noise_on_average --------------------------------------------------------------
 def on_average(transform=lambda sigma, C, B, N: sigma * C / B, epochs_used=None):
     def fn(batch_size, *, epsilon, epochs, C, N, delta):
-        sigma = get_noise_multiplier(target_epsilon=epsilon, target_delta=delta, sample_rate=batch_size / N,
-                                     epochs=epochs_used or epochs)
+        sigma = get_noise_multiplier(
+            target_epsilon=epsilon, target_delta=delta, sample_rate=batch_size / N, epochs=epochs_used or epochs
+        )
         return transform(sigma, C, batch_size, N)
+
     return fn
 
 
-@pytest.mark.parametrize("answer, hint", [
-    (on_average(lambda s, C, B, N: s * C), "divide by the batch size"),
-    (on_average(lambda s, C, B, N: s / B), "sigma * C / B"),
-    (on_average(lambda s, C, B, N: s * C / N), "you divided by N"),
-    (on_average(epochs_used=1), "calibrated for one epoch"),
-    (on_average(lambda s, C, B, N: 3 * s * C / B), "expected sigma*C/B"),
-])
+@pytest.mark.parametrize(
+    "answer, hint",
+    [
+        (on_average(lambda s, C, B, N: s * C), "divide by the batch size"),
+        (on_average(lambda s, C, B, N: s / B), "sigma * C / B"),
+        (on_average(lambda s, C, B, N: s * C / N), "you divided by N"),
+        (on_average(epochs_used=1), "calibrated for one epoch"),
+        (on_average(lambda s, C, B, N: 3 * s * C / B), "expected sigma*C/B"),
+    ],
+)
 def test_10_mistakes(answer, hint) -> None:  # type: ignore[no-untyped-def]
     verdict = judge("10.noise_on_average", answer)
     assert verdict.status is Status.WRONG and hint in verdict.hint, verdict.hint
@@ -88,6 +105,7 @@ def test_10_right() -> None:
 def scaled(factor):  # type: ignore[no-untyped-def]
     def fn(layer, activations, backprops, K):
         return {p: g * factor(layer, K) for p, g in lora_grad_sampler(layer, activations, backprops, K).items()}
+
     return fn
 
 
@@ -112,16 +130,19 @@ def last_position_only(layer, activations, backprops, K):  # type: ignore[no-unt
     return lora_grad_sampler(layer, [activations[0][:, -1]], backprops[:, -1], K)
 
 
-@pytest.mark.parametrize("answer, hint", [
-    (scaled(lambda layer, K: 1 / layer.scale), "off by the factor alpha / r"),
-    (scaled(lambda layer, K: layer.scale), "factor alpha / r = 2.5 twice"),
-    (scaled(lambda layer, K: K), "K = 3 times too large"),
-    (scaled(lambda layer, K: 1 / K), "divided by K twice"),
-    (with_frozen, "are frozen"),
-    (transposed, "shape"),
-    (only_a, "no entry for layer.lora_B"),
-    (last_position_only, "with a position dim) differs from the oracle"),
-])
+@pytest.mark.parametrize(
+    "answer, hint",
+    [
+        (scaled(lambda layer, K: 1 / layer.scale), "off by the factor alpha / r"),
+        (scaled(lambda layer, K: layer.scale), "factor alpha / r = 2.5 twice"),
+        (scaled(lambda layer, K: K), "K = 3 times too large"),
+        (scaled(lambda layer, K: 1 / K), "divided by K twice"),
+        (with_frozen, "are frozen"),
+        (transposed, "shape"),
+        (only_a, "no entry for layer.lora_B"),
+        (last_position_only, "with a position dim) differs from the oracle"),
+    ],
+)
 def test_11_mistakes(answer, hint) -> None:  # type: ignore[no-untyped-def]
     verdict = judge("11.lora_sampler", answer)
     assert verdict.status is Status.WRONG and hint in verdict.hint, verdict.hint

@@ -44,8 +44,8 @@ def test_solved_notebook_passes_its_checks(notebook: Path, tmp_path: Path) -> No
     from dpnotebook.exercises.notebooks import execute, write_notebook
 
     result = solved(notebook)
-    write_notebook(result, tmp_path / notebook.name)   # what `python -m dpnotebook.exercises solve` writes
-    executed = execute(result, cwd=TUTORIALS)         # raises CellExecutionError when a check fails
+    write_notebook(result, tmp_path / notebook.name)  # what `python -m dpnotebook.exercises solve` writes
+    executed = execute(result, cwd=TUTORIALS)  # raises CellExecutionError when a check fails
     outputs = "".join(
         "".join(o.get("text", "")) for c in executed["cells"] if c["cell_type"] == "code" for o in c["outputs"]
     )

@@ -79,10 +79,20 @@ def test_parse_solutions_stops_at_other_cells_and_refuses_duplicates() -> None:
 def _notebook(folder: Path, stored_output: str, solution: str | None) -> Path:
     cells = [
         {"cell_type": "markdown", "metadata": {}, "source": "Write square."},
-        {"cell_type": "code", "metadata": {"tags": ["exercise"], "exercise_id": "99.square"}, "execution_count": 1,
-         "outputs": [], "source": "def square(x):\n    raise NotImplementedError('your code here')\n"},
-        {"cell_type": "code", "metadata": {}, "execution_count": 2, "source": 'verdict = check("99.square", square)',
-         "outputs": [{"output_type": "stream", "name": "stdout", "text": stored_output}]},
+        {
+            "cell_type": "code",
+            "metadata": {"tags": ["exercise"], "exercise_id": "99.square"},
+            "execution_count": 1,
+            "outputs": [],
+            "source": "def square(x):\n    raise NotImplementedError('your code here')\n",
+        },
+        {
+            "cell_type": "code",
+            "metadata": {},
+            "execution_count": 2,
+            "source": 'verdict = check("99.square", square)',
+            "outputs": [{"output_type": "stream", "name": "stdout", "text": stored_output}],
+        },
     ]
     path = folder / "99_demo.ipynb"
     path.write_text(json.dumps({"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))

@@ -33,7 +33,11 @@ def test_each_way(pretrained: nn.Module) -> None:
     assert all(p.requires_grad for p in pretrained.parameters())
     assert trainable(models["last"]) == ["net.3.weight", "net.3.bias"]
     assert trainable(models["lora"]) == ["net.1.lora_A", "net.1.lora_B", "net.3.weight", "net.3.bias"]
-    assert trainable(models["all"]) == trainable(models["scratch"]) == [n for n, _ in pretrained.named_parameters()][:2] + ["net.3.weight", "net.3.bias"]
+    assert (
+        trainable(models["all"])
+        == trainable(models["scratch"])
+        == [n for n, _ in pretrained.named_parameters()][:2] + ["net.3.weight", "net.3.bias"]
+    )
     assert isinstance(models["lora"].net[1], LoRALinear)
     assert torch.equal(models["all"].net[1].weight, pretrained.net[1].weight)
     assert not torch.equal(models["scratch"].net[1].weight, pretrained.net[1].weight)

@@ -93,11 +93,19 @@ def test_batch_first_false_with_a_batch_first_output_matches_the_oracle(K: int, 
     B = 4
     # nn.LSTM: functorch batches only its float32 CPU kernel, checked against the float64 oracle
     x = torch.randn(7, B * K, 5)
-    _check_against_oracle(LastHidden(), x, torch.randn(B * K, 3), K=K, loss_reduction=loss_reduction,
-                          out_batch_dim=0, rtol=1e-5)
+    _check_against_oracle(
+        LastHidden(), x, torch.randn(B * K, 3), K=K, loss_reduction=loss_reduction, out_batch_dim=0, rtol=1e-5
+    )
     x = torch.randn(7, B * K, 5, dtype=torch.float64)
-    _check_against_oracle(MeanOverTime().double(), x, torch.randn(B * K, 3, dtype=torch.float64), K=K,
-                          loss_reduction=loss_reduction, out_batch_dim=0, rtol=1e-10)
+    _check_against_oracle(
+        MeanOverTime().double(),
+        x,
+        torch.randn(B * K, 3, dtype=torch.float64),
+        K=K,
+        loss_reduction=loss_reduction,
+        out_batch_dim=0,
+        rtol=1e-10,
+    )
 
 
 @pytest.mark.parametrize("K", [1, 2])
@@ -106,12 +114,20 @@ def test_an_output_with_two_dims_of_the_batch_size_is_told_apart_by_one_more_row
     rows = 2 * K
     # [B*K, classes] with classes == B*K: only the probe can tell dim 0 from dim 1
     x = torch.randn(5, rows, 5, dtype=torch.float64)
-    _check_against_oracle(MeanOverTime(classes=rows).double(), x, torch.randn(rows, rows, dtype=torch.float64),
-                          K=K, loss_reduction="mean", out_batch_dim=0, rtol=1e-10)
+    _check_against_oracle(
+        MeanOverTime(classes=rows).double(),
+        x,
+        torch.randn(rows, rows, dtype=torch.float64),
+        K=K,
+        loss_reduction="mean",
+        out_batch_dim=0,
+        rtol=1e-10,
+    )
     # [T, B*K, classes] with T == B*K: the batch stays in dim 1
     x = torch.randn(rows, rows, 5)
-    _check_against_oracle(EveryStep(), x, torch.randn(rows, rows, 3), K=K, loss_reduction="sum",
-                          out_batch_dim=1, rtol=1e-5)
+    _check_against_oracle(
+        EveryStep(), x, torch.randn(rows, rows, 3), K=K, loss_reduction="sum", out_batch_dim=1, rtol=1e-5
+    )
 
 
 class Pooled(nn.Module):
@@ -157,15 +173,21 @@ def _packed() -> torch.nn.utils.rnn.PackedSequence:
 
 
 @pytest.mark.parametrize("mode", ["functorch", "ew"])
-@pytest.mark.parametrize("make", [lambda: PackedLSTM(nn.LSTM(5, 6)), lambda: PackedLSTM(dpnotebook.DPLSTM(5, 6)),
-                                  PackedLinear], ids=["lstm", "dplstm", "linear"])
+@pytest.mark.parametrize(
+    "make",
+    [lambda: PackedLSTM(nn.LSTM(5, 6)), lambda: PackedLSTM(dpnotebook.DPLSTM(5, 6)), PackedLinear],
+    ids=["lstm", "dplstm", "linear"],
+)
 def test_a_packed_sequence_is_refused_and_the_fix_named(mode: str, make) -> None:
     model = make()
     wrapped = dpnotebook.wrap_model(model, mode, strict=False)
-    with pytest.raises(GradSampleError, match=(
-        rf"grad_sample_mode='{mode}': {type(model).__name__} received a PackedSequence \(batch_sizes=\[2, 2, 1\]\)"
-        r".*rows are time steps, not samples.*Fix: use grad_sample_mode='hooks' with dpnotebook.DPLSTM"
-    )):
+    with pytest.raises(
+        GradSampleError,
+        match=(
+            rf"grad_sample_mode='{mode}': {type(model).__name__} received a PackedSequence \(batch_sizes=\[2, 2, 1\]\)"
+            r".*rows are time steps, not samples.*Fix: use grad_sample_mode='hooks' with dpnotebook.DPLSTM"
+        ),
+    ):
         wrapped(_packed())
 
 
@@ -191,5 +213,12 @@ class OneScorePerSample(nn.Module):
 def test_a_one_dim_output_per_sample_matches_the_oracle(K: int) -> None:
     torch.manual_seed(2)
     x = torch.randn(4, 2 * K, 5, dtype=torch.float64)
-    _check_against_oracle(OneScorePerSample().double(), x, torch.randn(2 * K, dtype=torch.float64), K=K,
-                          loss_reduction="mean", out_batch_dim=0, rtol=1e-10)
+    _check_against_oracle(
+        OneScorePerSample().double(),
+        x,
+        torch.randn(2 * K, dtype=torch.float64),
+        K=K,
+        loss_reduction="mean",
+        out_batch_dim=0,
+        rtol=1e-10,
+    )

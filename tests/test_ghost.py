@@ -199,7 +199,9 @@ def test_dp_attention_self_and_cross(K: int) -> None:
     assert dict(wrapped.units)["model.att.q_in_proj"] == "in_projection_grad_sampler"
 
 
-@pytest.mark.parametrize("rnn", [DPLSTM(3, 4, num_layers=2, bidirectional=True, batch_first=True), DPGRU(3, 4, batch_first=True)])
+@pytest.mark.parametrize(
+    "rnn", [DPLSTM(3, 4, num_layers=2, bidirectional=True, batch_first=True), DPGRU(3, 4, batch_first=True)]
+)
 @pytest.mark.parametrize("K", [1, 3])
 def test_dp_recurrent_layers(rnn: nn.Module, K: int) -> None:
     class Last(nn.Module):
@@ -291,7 +293,10 @@ def test_composite_models(make, data, K: int) -> None:
         assert dict(wrapped.units)["model.embed"] != "ghost"  # shared with model.out: materialised
     if make is WithFallbacks:
         assert dict(wrapped.units) == {
-            "model.bag": "embedding_bag_grad_sampler", "model.fc": "ghost", "model.act": "torch.func", "model.scale": "torch.func",
+            "model.bag": "embedding_bag_grad_sampler",
+            "model.fc": "ghost",
+            "model.act": "torch.func",
+            "model.scale": "torch.func",
         }
 
 
@@ -379,7 +384,11 @@ def test_settled_layers_let_go_of_their_inputs_during_backward() -> None:
 
 def _released(wrapped: GhostGradSampleModule) -> dict[str, list[bool]]:
     """``{path: [released, ...]}``: which recorded calls of each layer were settled."""
-    return {cs[0].call.path: [c.released for c in cs] for layers in wrapped._ledger.pending.values() for cs in layers.values()}
+    return {
+        cs[0].call.path: [c.released for c in cs]
+        for layers in wrapped._ledger.pending.values()
+        for cs in layers.values()
+    }
 
 
 @pytest.mark.parametrize("K", [1, 4])
@@ -417,7 +426,9 @@ def test_settled_linear_lets_go_of_its_input_during_backward() -> None:
     model = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8))
     wrapped = dpnotebook.wrap_model(model, "ghost", K=4)
     loss = wrapped(torch.randn(8, 3, 8)).sum()
-    (record,) = [c for layers in wrapped._ledger.pending.values() for m, cs in layers.items() if m is model[2] for c in cs]
+    (record,) = [
+        c for layers in wrapped._ledger.pending.values() for m, cs in layers.items() if m is model[2] for c in cs
+    ]
     held = weakref.ref(record.call.args[0])  # the (detached) input the ledger recorded
     loss.backward(retain_graph=True)  # the graph stays alive: only the ledger could still hold the input
     del loss
@@ -546,8 +557,14 @@ def test_ghost_optimizer_matches_oracle_with_virtual_steps(clipping: str) -> Non
         expected = summed if expected is None else [a + b for a, b in zip(expected, summed)]
     ghost = copy.deepcopy(model)
     wrapped = dpnotebook.wrap_model(ghost, "ghost", loss_reduction="sum")
-    opt = GhostDPOptimizer(torch.optim.SGD(wrapped.parameters(), lr=1.0), noise_multiplier=0.0, max_grad_norm=C,
-                           expected_batch_size=5, loss_reduction="sum", clipping=clipping)
+    opt = GhostDPOptimizer(
+        torch.optim.SGD(wrapped.parameters(), lr=1.0),
+        noise_multiplier=0.0,
+        max_grad_norm=C,
+        expected_batch_size=5,
+        loss_reduction="sum",
+        clipping=clipping,
+    )
     before = [p.detach().clone() for p in ghost.parameters()]
     for x, t in zip(batches, targets):
         dot_loss(wrapped(x), t).backward()
@@ -566,8 +583,12 @@ def test_make_private_ghost_trains() -> None:
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
     engine = PrivacyEngine(accountant="rdp")
     model, opt, loader = engine.make_private(
-        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), data_loader=DataLoader(data, batch_size=8),
-        noise_multiplier=1.0, max_grad_norm=1.0, grad_sample_mode="ghost",
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        data_loader=DataLoader(data, batch_size=8),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+        grad_sample_mode="ghost",
     )
     assert isinstance(opt, GhostDPOptimizer)
     for x, y in loader:

@@ -28,8 +28,11 @@ def clipped_sum(model: nn.Module, forward, mask: torch.Tensor, *, C: float, K: i
     wrapped = dpnotebook.wrap_model(model, "ghost", K=K, loss_reduction="sum")
     wrapped.allow_grad_accumulation()  # some tests run several forward passes before one backward
     opt = GhostDPOptimizer(
-        torch.optim.SGD(wrapped.parameters(), lr=0.0), noise_multiplier=0.0, max_grad_norm=C,
-        expected_batch_size=1, loss_reduction="sum",
+        torch.optim.SGD(wrapped.parameters(), lr=0.0),
+        noise_multiplier=0.0,
+        max_grad_norm=C,
+        expected_batch_size=1,
+        loss_reduction="sum",
     )
     forward(wrapped, mask).backward()
     opt.step()
@@ -109,8 +112,14 @@ def test_a_sample_with_a_non_finite_norm_adds_nothing(bad: float, clipping: str)
     def step(inputs: torch.Tensor) -> list[torch.Tensor]:
         m = copy.deepcopy(model)
         wrapped = dpnotebook.wrap_model(m, "ghost", loss_reduction="sum")
-        opt = GhostDPOptimizer(torch.optim.SGD(wrapped.parameters(), lr=0.0), noise_multiplier=0.0, max_grad_norm=1.0,
-                               expected_batch_size=1, loss_reduction="sum", clipping=clipping)
+        opt = GhostDPOptimizer(
+            torch.optim.SGD(wrapped.parameters(), lr=0.0),
+            noise_multiplier=0.0,
+            max_grad_norm=1.0,
+            expected_batch_size=1,
+            loss_reduction="sum",
+            clipping=clipping,
+        )
         wrapped(inputs).sum().backward()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # clip_factors may warn about the non-finite norm
@@ -132,8 +141,13 @@ def two_pass_sum(model: nn.Module, xs: list[torch.Tensor], scales: list[float], 
     model = copy.deepcopy(model)
     wrapped = dpnotebook.wrap_model(model, "ghost", K=K, loss_reduction="sum")
     wrapped.allow_grad_accumulation()
-    opt = GhostDPOptimizer(torch.optim.SGD(wrapped.parameters(), lr=0.0), noise_multiplier=0.0, max_grad_norm=C,
-                           expected_batch_size=1, loss_reduction="sum")
+    opt = GhostDPOptimizer(
+        torch.optim.SGD(wrapped.parameters(), lr=0.0),
+        noise_multiplier=0.0,
+        max_grad_norm=C,
+        expected_batch_size=1,
+        loss_reduction="sum",
+    )
     sum(wrapped(x).sum() * s for x, s in zip(xs, scales)).backward()
     opt.step()
     return [p.grad.clone() for p in model.parameters()]
@@ -160,7 +174,10 @@ def test_a_block_with_another_number_of_samples_is_refused() -> None:
     wrapped.allow_grad_accumulation()
     wrapped(torch.randn(2, 3)).sum().backward()
     ledger = wrapped._ledger
-    with pytest.raises(dpnotebook.GradSampleError, match=r"forward pass 1: the ghosted layers saw 2 samples but the hooks engine gave .* 3 per-sample"):
+    with pytest.raises(
+        dpnotebook.GradSampleError,
+        match=r"forward pass 1: the ghosted layers saw 2 samples but the hooks engine gave .* 3 per-sample",
+    ):
         ledger.layout({next(iter(wrapped.parameters())): [(1, 3)]}, wrapped._store._name)
 
 
@@ -182,7 +199,11 @@ def test_forward_passes_reaching_different_layers_are_aligned_by_forward_id(K: i
     # ghosted layers see passes 1 and 2 (2 + 3 samples), the PReLU passes 2 and 3 (3 + 2): equal totals
     torch.manual_seed(0)
     model = Branches()
-    passes = [(torch.randn(2 * K, 3) * 3, "fc"), (torch.randn(3 * K, 3) * 3, "both"), (torch.randn(2 * K, 3) * 3, "act")]
+    passes = [
+        (torch.randn(2 * K, 3) * 3, "fc"),
+        (torch.randn(3 * K, 3) * 3, "both"),
+        (torch.randn(2 * K, 3) * 3, "act"),
+    ]
 
     def forward(m, mask):
         losses, start = [], 0
@@ -255,7 +276,7 @@ def test_large_inputs_zero_losses_and_cancelling_copies(K: int) -> None:
     x = torch.randn(5 * K, 6, 8) * 1e4
     x[:K] = x[0]  # sample 0's copies are equal ...
     sign = torch.ones(5 * K)
-    sign[1 : K] = -1.0  # ... with opposite losses: they cancel (K = 2)
+    sign[1:K] = -1.0  # ... with opposite losses: they cancel (K = 2)
 
     def forward(m, mask):
         per_row = m(x).sum((1, 2)) * sign * mask.repeat_interleave(K)
@@ -268,8 +289,13 @@ def test_large_inputs_zero_losses_and_cancelling_copies(K: int) -> None:
 def test_an_empty_batch_adds_nothing() -> None:
     model = nn.Sequential(nn.Linear(3, 4), nn.PReLU(), nn.Linear(4, 2))
     wrapped = dpnotebook.wrap_model(model, "ghost", loss_reduction="sum")
-    opt = GhostDPOptimizer(torch.optim.SGD(wrapped.parameters(), lr=0.0), noise_multiplier=0.0, max_grad_norm=1.0,
-                           expected_batch_size=1, loss_reduction="sum")
+    opt = GhostDPOptimizer(
+        torch.optim.SGD(wrapped.parameters(), lr=0.0),
+        noise_multiplier=0.0,
+        max_grad_norm=1.0,
+        expected_batch_size=1,
+        loss_reduction="sum",
+    )
     wrapped(torch.randn(0, 3)).sum().backward()
     opt.step()
     assert all(p.grad is not None and not p.grad.any() for p in model.parameters())

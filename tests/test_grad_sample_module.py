@@ -217,9 +217,7 @@ def test_remove_and_add_hooks() -> None:
 
 
 def test_strict_wrap_lists_every_sample_mixing_layer_and_leaves_model_unchanged() -> None:
-    model = nn.Sequential(
-        nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.Sequential(nn.Conv2d(4, 4, 3), nn.BatchNorm2d(4))
-    )
+    model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.Sequential(nn.Conv2d(4, 4, 3), nn.BatchNorm2d(4)))
     with pytest.raises(UnsupportedModuleError) as info:
         GradSampleModule(model)
     msg = str(info.value)
@@ -304,7 +302,9 @@ def test_dropout_inside_a_fallback_unit_is_refused_clearly() -> None:
             return F.dropout(x * self.w, 0.5, self.training)
 
     wrapped = GradSampleModule(WithDropout())
-    with pytest.raises(GradSampleError, match=r"(?s)model \(WithDropout\) has no registered grad sampler.*random numbers.*nn.Dropout"):
+    with pytest.raises(
+        GradSampleError, match=r"(?s)model \(WithDropout\) has no registered grad sampler.*random numbers.*nn.Dropout"
+    ):
         wrapped(torch.randn(4, 3)).sum().backward()
 
 

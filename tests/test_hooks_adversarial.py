@@ -26,8 +26,9 @@ C = 0.1
 def clipped_sum(wrapped: nn.Module, x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
     """What one DP-SGD step adds before noise (sigma = 0): the clipped per-sample gradients, summed."""
     params = [p for p in wrapped.parameters() if p.requires_grad]
-    opt = DPOptimizer(torch.optim.SGD(params, lr=0), noise_multiplier=0, max_grad_norm=C,
-                      expected_batch_size=1, loss_reduction="sum")
+    opt = DPOptimizer(
+        torch.optim.SGD(params, lr=0), noise_multiplier=0, max_grad_norm=C, expected_batch_size=1, loss_reduction="sum"
+    )
     opt.zero_grad()
     F.cross_entropy(wrapped(x), y, reduction="sum").backward()
     opt.add_noise()
@@ -47,7 +48,9 @@ def sensitivity(wrapped: nn.Module, x: torch.Tensor, y: torch.Tensor, s: int, ba
 # -- count_rows ----------------------------------------------------------------------------------
 def test_count_rows_skips_flags_and_ints_and_reads_dicts_and_packed_sequences() -> None:
     ids = torch.zeros(6, 9, dtype=torch.long)
-    assert count_rows((torch.tensor(1.0), 3, "s"), {"batch": {"input_ids": ids, "mask": ids[:2]}}, batch_first=True) == 6
+    assert (
+        count_rows((torch.tensor(1.0), 3, "s"), {"batch": {"input_ids": ids, "mask": ids[:2]}}, batch_first=True) == 6
+    )
     assert count_rows((), {"input_ids": ids}, batch_first=False) == 9
     assert count_rows((torch.zeros(4),), {}, batch_first=False) is None
     assert count_rows((None, 2), {}, batch_first=True) is None
@@ -73,8 +76,11 @@ def test_layers_that_see_time_steps_instead_of_samples_are_refused(wrapper: type
     torch.manual_seed(0)
     wrapped = wrapper(TimeMajorInside(), loss_reduction="sum")
     x, y = torch.randint(0, 10, (13, 7)), torch.randint(0, 3, (13,))
-    with pytest.raises(GradSampleError, match=r"model.emb \(Embedding\) sees 7 rows in dim 0 but the model's input "
-                       r"carries 13 rows in dim 0 \(batch_first=True, K=1\).*use batch_first=False"):
+    with pytest.raises(
+        GradSampleError,
+        match=r"model.emb \(Embedding\) sees 7 rows in dim 0 but the model's input "
+        r"carries 13 rows in dim 0 \(batch_first=True, K=1\).*use batch_first=False",
+    ):
         sensitivity(wrapped, x, y, s=0)
 
 
@@ -147,8 +153,11 @@ def test_calling_the_inner_model_is_refused_and_the_wrapper_still_works() -> Non
     model = nn.Sequential(nn.Linear(3, 2))
     wrapped = GradSampleModule(model, loss_reduction="sum")
     for call in (wrapped._module, model):
-        with pytest.raises(GradSampleError, match=r"model.0 \(Linear\) ran with gradients enabled outside the "
-                           r"GradSampleModule's forward.*Call the wrapper, model\(x\)"):
+        with pytest.raises(
+            GradSampleError,
+            match=r"model.0 \(Linear\) ran with gradients enabled outside the "
+            r"GradSampleModule's forward.*Call the wrapper, model\(x\)",
+        ):
             call(torch.randn(4, 3))
     with torch.no_grad():
         model(torch.randn(4, 3))
@@ -210,11 +219,17 @@ class UsedOutside(nn.Module):
         return self.head(torch.tanh(self.fc(x)) + F.linear(x, self.fc.weight))
 
 
-@pytest.mark.parametrize("wrapper, message", [
-    (GradSampleModule, r"parameter 'fc.weight' is used in the forward pass outside the layer that holds it.*"
-                       r"Call the layer itself \(self.fc\(x\)\)"),
-    (GhostGradSampleModule, r"received .grad but no grad_sample: \['fc.weight'\]"),  # ghost's own check
-])
+@pytest.mark.parametrize(
+    "wrapper, message",
+    [
+        (
+            GradSampleModule,
+            r"parameter 'fc.weight' is used in the forward pass outside the layer that holds it.*"
+            r"Call the layer itself \(self.fc\(x\)\)",
+        ),
+        (GhostGradSampleModule, r"received .grad but no grad_sample: \['fc.weight'\]"),  # ghost's own check
+    ],
+)
 def test_a_parameter_used_outside_its_layer_is_refused(wrapper: type, message: str) -> None:
     torch.manual_seed(0)
     wrapped = wrapper(UsedOutside(), loss_reduction="sum")

@@ -34,16 +34,24 @@ def marked_mode():
 
 def test_make_private_builds_the_optimizer_the_mode_registered(marked_mode: None) -> None:
     model = nn.Linear(3, 2)
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 3), torch.randn(8, 2)), batch_size=4)
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(torch.randn(8, 3), torch.randn(8, 2)), batch_size=4
+    )
     _, optimizer, _ = PrivacyEngine(secure_mode=False).make_private(
-        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), data_loader=loader,
-        noise_multiplier=1.0, max_grad_norm=1.0, grad_sample_mode="marked",
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        data_loader=loader,
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+        grad_sample_mode="marked",
     )
     assert type(optimizer) is MarkedOptimizer
 
 
-@pytest.mark.parametrize("mode,expected", [("hooks", "DPOptimizer"), ("functorch", "DPOptimizer"),
-                                           ("ew", "DPOptimizer"), ("ghost", "GhostDPOptimizer")])
+@pytest.mark.parametrize(
+    "mode,expected",
+    [("hooks", "DPOptimizer"), ("functorch", "DPOptimizer"), ("ew", "DPOptimizer"), ("ghost", "GhostDPOptimizer")],
+)
 def test_every_built_in_mode_names_its_optimizer(mode: str, expected: str) -> None:
     assert mode_registry.optimizer_class(mode).__name__ == expected
 

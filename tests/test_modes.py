@@ -108,11 +108,15 @@ def test_ew_refusals_name_the_mode_to_use() -> None:
     with pytest.raises(ValueError, match=r"cannot run an empty batch.*'hooks' or 'functorch'"):
         wrapped(torch.randn(0, 2))
     bag = dpnotebook.wrap_model(nn.EmbeddingBag(5, 2), "ew")
-    with pytest.raises(GradSampleError, match=r"no per-sample rule for 'embedding_bag'.*grad_sample_mode='functorch', or 'hooks'"):
+    with pytest.raises(
+        GradSampleError, match=r"no per-sample rule for 'embedding_bag'.*grad_sample_mode='functorch', or 'hooks'"
+    ):
         bag(torch.randint(0, 5, (2, 3)))
     mha = nn.MultiheadAttention(4, 2, batch_first=True)
     x = torch.randn(2, 3, 4)
-    with pytest.raises(GradSampleError, match=r"multi_head_attention_forward.*'functorch', or 'hooks' \(after dpnotebook.fix"):
+    with pytest.raises(
+        GradSampleError, match=r"multi_head_attention_forward.*'functorch', or 'hooks' \(after dpnotebook.fix"
+    ):
         dpnotebook.wrap_model(mha, "ew")(x, x, x)
 
 
@@ -137,10 +141,13 @@ def test_ew_refuses_two_forward_passes_in_one_backward() -> None:
     wrapped = dpnotebook.wrap_model(model, "ew", loss_reduction="sum")
     x = torch.randn(8, 3)
     loss = wrapped(x[:4]).sum() + wrapped(x[4:]).sum()  # row i of one pass would be added to row i of the other
-    with pytest.raises(GradSampleError, match=(
-        r"^grad_sample_mode='ew': one backward pass went through 2 forward passes \(rows \[4, 4\]\).*"
-        r"Fix: call backward after each forward pass.*'hooks', 'functorch' or 'ghost'"
-    )):
+    with pytest.raises(
+        GradSampleError,
+        match=(
+            r"^grad_sample_mode='ew': one backward pass went through 2 forward passes \(rows \[4, 4\]\).*"
+            r"Fix: call backward after each forward pass.*'hooks', 'functorch' or 'ghost'"
+        ),
+    ):
         loss.backward()
     assert all(p.grad_sample is None for p in model.parameters())
     wrapped.zero_grad()
@@ -162,18 +169,24 @@ class TimeMajorInside(nn.Module):
 
 def test_ew_names_a_layer_that_sees_other_rows_than_the_input() -> None:
     wrapped = dpnotebook.wrap_model(TimeMajorInside(), "ew")
-    with pytest.raises(GradSampleError, match=(
-        r"^grad_sample_mode='ew': a layer saw 5 rows in dim 0 where the input has 4 \(B\*K\).*"
-        r"Fix: use grad_sample_mode='functorch'"
-    )):
+    with pytest.raises(
+        GradSampleError,
+        match=(
+            r"^grad_sample_mode='ew': a layer saw 5 rows in dim 0 where the input has 4 \(B\*K\).*"
+            r"Fix: use grad_sample_mode='functorch'"
+        ),
+    ):
         wrapped(torch.randn(4, 5, 3))
 
 
 def test_ew_refuses_a_module_reached_by_two_paths() -> None:
     shared = nn.Linear(3, 3)
     model = nn.Sequential(nn.Sequential(shared, nn.Tanh()), nn.Sequential(shared, nn.Tanh()), nn.Linear(3, 2))
-    with pytest.raises(ValueError, match=(
-        r"^grad_sample_mode='ew': model.0.0 and model.1.0 are one Linear reached by two paths.*"
-        r"Fix: use grad_sample_mode='functorch'"
-    )):
+    with pytest.raises(
+        ValueError,
+        match=(
+            r"^grad_sample_mode='ew': model.0.0 and model.1.0 are one Linear reached by two paths.*"
+            r"Fix: use grad_sample_mode='functorch'"
+        ),
+    ):
         dpnotebook.wrap_model(model, "ew")

@@ -48,13 +48,23 @@ def _model() -> nn.Module:
 
 @pytest.mark.parametrize("K", [1, 3])
 def test_a_registered_norm_sampler_keeps_the_bound_and_matches_the_definition(registered: None, K: int) -> None:
-    x = torch.randn(5 * K, 4, dtype=torch.float64) * torch.tensor([1.0, 1e2, 1e4, 1.0, 1e-3]).repeat_interleave(K)[:, None]
+    x = (
+        torch.randn(5 * K, 4, dtype=torch.float64)
+        * torch.tensor([1.0, 1e2, 1e4, 1.0, 1e-3]).repeat_interleave(K)[:, None]
+    )
     y = torch.randn(5 * K, 2, dtype=torch.float64)
-    rows = lambda idx: torch.cat([torch.arange(i * K, i * K + K) for i in idx]).long() if len(idx) else torch.zeros(0).long()  # noqa: E731
+    rows = lambda idx: (
+        torch.cat([torch.arange(i * K, i * K + K) for i in idx]).long() if len(idx) else torch.zeros(0).long()
+    )  # noqa: E731
     report = audit_sensitivity(
-        _model(), batch=lambda idx: (x[rows(idx)], y[rows(idx)]),
-        loss=lambda m, b: ((m(b[0]) - b[1]) ** 2).sum(), num_samples=5, mode="ghost", K=K,
-        loss_reduction="sum", max_grad_norm=1.0,
+        _model(),
+        batch=lambda idx: (x[rows(idx)], y[rows(idx)]),
+        loss=lambda m, b: ((m(b[0]) - b[1]) ** 2).sum(),
+        num_samples=5,
+        mode="ghost",
+        K=K,
+        loss_reduction="sum",
+        max_grad_norm=1.0,
     )
     assert report.ok() and report.max_ratio <= 1 + 1e-5
     assert report.reference_gap < 1e-6  # the ghost step equals each sample's float64 gradient, clipped and summed

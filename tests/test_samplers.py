@@ -38,8 +38,15 @@ def run_case(layer: nn.Module, inputs: tuple, K: int, reduction: str, batch_firs
     fallback = split is None  # torch.func cannot split flattened bag inputs row by row
     for dtype, tol in DTYPES:
         report = check_grad_sampler(
-            layer, *inputs, K=K, batch_first=batch_first, loss_reduction=reduction,
-            dtype=dtype, tolerance=tol, split=split, fallback=fallback,
+            layer,
+            *inputs,
+            K=K,
+            batch_first=batch_first,
+            loss_reduction=reduction,
+            dtype=dtype,
+            tolerance=tol,
+            split=split,
+            fallback=fallback,
         )
         assert report.rows, "nothing was compared"
         assert report.ok
@@ -80,8 +87,17 @@ def test_conv(data: st.DataObject) -> None:
     kernel = data.draw(st.integers(1, 3 if dims < 3 else 2))
     dilation = data.draw(st.integers(1, 2))
     conv = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}[dims]
-    layer = conv(c_in, c_out, kernel, stride=stride, padding=padding, dilation=dilation,
-                 groups=groups, bias=data.draw(st.booleans()), padding_mode=mode)
+    layer = conv(
+        c_in,
+        c_out,
+        kernel,
+        stride=stride,
+        padding=padding,
+        dilation=dilation,
+        groups=groups,
+        bias=data.draw(st.booleans()),
+        padding_mode=mode,
+    )
     freeze_some(data.draw, layer)
     size = 5 if dims < 3 else 4
     run_case(layer, (torch.randn(B * K, c_in, *[size] * dims),), K, red)
@@ -135,8 +151,7 @@ def test_embedding_bag(data: st.DataObject) -> None:
     padding_idx = data.draw(st.one_of(st.none(), st.integers(0, V - 1)))
     layout = data.draw(st.sampled_from(["2d", "offsets", "offsets_last"]))
     use_psw = mode == "sum" and data.draw(st.booleans())
-    layer = nn.EmbeddingBag(V, D, mode=mode, padding_idx=padding_idx,
-                            include_last_offset=layout == "offsets_last")
+    layer = nn.EmbeddingBag(V, D, mode=mode, padding_idx=padding_idx, include_last_offset=layout == "offsets_last")
     n = B * K
     if layout == "2d":
         L = data.draw(st.integers(1, 4))

@@ -35,10 +35,13 @@ class Zoo(nn.Module):
         self.elman = nn.RNN(8, 8, nonlinearity="relu", batch_first=True)
         self.encoder = nn.TransformerEncoder(
             nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=0.0, batch_first=True),
-            num_layers=2, enable_nested_tensor=False,
+            num_layers=2,
+            enable_nested_tensor=False,
         )
         self.cross = nn.MultiheadAttention(8, 2, kdim=4, vdim=4, add_bias_kv=True, batch_first=True)
-        self.conv = nn.Sequential(nn.Conv1d(8, 12, 1), nn.InstanceNorm1d(12, affine=True, track_running_stats=True), nn.BatchNorm1d(12))
+        self.conv = nn.Sequential(
+            nn.Conv1d(8, 12, 1), nn.InstanceNorm1d(12, affine=True, track_running_stats=True), nn.BatchNorm1d(12)
+        )
 
     def forward(self, idx: torch.Tensor, memory: torch.Tensor) -> torch.Tensor:
         x = self.rnn[0](self.emb(idx))[0]
@@ -49,8 +52,15 @@ class Zoo(nn.Module):
 
 
 ZOO_PATHS = [
-    "model.emb", "model.rnn.0", "model.rnn.1", "model.elman", "model.encoder.layers.0.self_attn",
-    "model.encoder.layers.1.self_attn", "model.cross", "model.conv.1", "model.conv.2",
+    "model.emb",
+    "model.rnn.0",
+    "model.rnn.1",
+    "model.elman",
+    "model.encoder.layers.0.self_attn",
+    "model.encoder.layers.1.self_attn",
+    "model.cross",
+    "model.conv.1",
+    "model.conv.2",
 ]
 
 
@@ -140,7 +150,19 @@ def test_fixed_model_trains_with_exact_per_sample_gradients() -> None:
 
 def test_batch_norm_becomes_group_norm_with_groups_of_several_channels() -> None:
     assert [group_count(c) for c in (1, 2, 3, 4, 5, 6, 8, 12, 32, 64, 96, 100, 256)] == [
-        1, 1, 1, 2, 1, 3, 4, 6, 16, 32, 32, 25, 32
+        1,
+        1,
+        1,
+        2,
+        1,
+        3,
+        4,
+        6,
+        16,
+        32,
+        32,
+        25,
+        32,
     ]
     bn = nn.BatchNorm2d(64).train()
     with torch.no_grad():

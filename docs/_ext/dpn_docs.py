@@ -58,8 +58,8 @@ class ApiObject:
     name: str
     home: str
     obj: Any
-    kind: str                                   # class, exception, function or data
-    listed_in: list[str] = field(default_factory=list)   # every module whose __all__ names it
+    kind: str  # class, exception, function or data
+    listed_in: list[str] = field(default_factory=list)  # every module whose __all__ names it
 
     @property
     def fullname(self) -> str:
@@ -416,9 +416,9 @@ def _import(dotted: str) -> Any:
 
 
 def _identity(obj: Any) -> Any:
-    obj = getattr(obj, "__func__", obj)         # bound and class methods
+    obj = getattr(obj, "__func__", obj)  # bound and class methods
     if isinstance(obj, (str, int, float, bool, bytes, type(None))):
-        return None                             # too ambiguous to identify by value
+        return None  # too ambiguous to identify by value
     return id(obj)
 
 
@@ -434,7 +434,7 @@ def _object_index(app: Sphinx) -> dict[Any, tuple[str, str, str]]:
             key = _identity(obj) if obj is not _MISSING else None
             if key is not None:
                 index.setdefault(key, (entry.docname, entry.node_id, name))
-                keep.append(obj)                # ids stay valid while the objects live
+                keep.append(obj)  # ids stay valid while the objects live
         app._dpn_ref_index, app._dpn_ref_keep = index, keep
     return index
 
@@ -463,12 +463,13 @@ def resolve_reference(app: Sphinx, env: Any, node: nodes.Element, contnode: node
             continue
         found = _object_index(app).get(_identity(obj))
         if found is None:
-            return None                          # not ours, or not public: plain text
+            return None  # not ours, or not public: plain text
         docname, node_id, fullname = found
         return make_refnode(app.builder, node["refdoc"], docname, node_id, contnode, fullname)
     if target.startswith(PACKAGE + ".") and not _excluded(app, node):
-        logger.warning(f"reference to {target!r}, which dpnotebook does not define", location=node,
-                       type="dpn", subtype="ref")
+        logger.warning(
+            f"reference to {target!r}, which dpnotebook does not define", location=node, type="dpn", subtype="ref"
+        )
     return None
 
 
@@ -510,7 +511,7 @@ def add_import_line(app: Sphinx, what: str, name: str, obj: Any, options: Any, l
 class WidgetOutputs(SphinxPostTransform):
     """Before myst-nb picks one format per output: live widget, PNG until it is drawn, or fallback."""
 
-    default_priority = 3            # myst-nb's SelectMimeType runs at 4
+    default_priority = 3  # myst-nb's SelectMimeType runs at 4
     formats = ("html",)
 
     def run(self, **kwargs: Any) -> None:
@@ -544,7 +545,9 @@ class WidgetOutputs(SphinxPostTransform):
                     "a widget output has no saved widget state, so the page shows only its text. Save "
                     "the notebook with its widget state (JupyterLab: Settings > Save Widget State "
                     "Automatically, then run all cells and save)",
-                    location=bundle, type="dpn", subtype="widget",
+                    location=bundle,
+                    type="dpn",
+                    subtype="widget",
                 )
 
 

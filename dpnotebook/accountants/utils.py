@@ -33,6 +33,11 @@ def get_noise_multiplier(
     if kwargs:
         raise TypeError(f"get_noise_multiplier() got unexpected keyword argument(s) {sorted(kwargs)}.")
     return _calibrate(
-        target_epsilon=target_epsilon, target_delta=target_delta, sample_rate=sample_rate, epochs=epochs,
-        steps=steps, accountant=accountant, epsilon_tolerance=epsilon_tolerance,
+        target_epsilon=target_epsilon,
+        target_delta=target_delta,
+        sample_rate=sample_rate,
+        epochs=epochs,
+        steps=steps,
+        accountant=accountant,
+        epsilon_tolerance=epsilon_tolerance,
     )

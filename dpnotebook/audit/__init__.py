@@ -26,7 +26,25 @@ from dpnotebook.audit.roc import AttackROC, advantage_bound, attack_roc
 from dpnotebook.audit.sensitivity import TOLERANCE, SensitivityReport, audit_sensitivity, clipped_sum
 from dpnotebook.audit.tradeoff import dp_tpr_bound, gaussian_epsilon, gaussian_tpr, pld_tpr
 
-__all__ = ["audit_sensitivity", "SensitivityReport", "clipped_sum", "TOLERANCE",
-           "attack_roc", "AttackROC", "advantage_bound", "example_losses", "loss_threshold_attack",
-           "calibrated_attack", "draw_inclusion", "gaussian_mechanism_scores", "audit_one_run", "OneRunAudit",
-           "gaussian_tpr", "gaussian_epsilon", "dp_tpr_bound", "pld_tpr", "audited_digits_run", "AuditedRun"]
+__all__ = [
+    "audit_sensitivity",
+    "SensitivityReport",
+    "clipped_sum",
+    "TOLERANCE",
+    "attack_roc",
+    "AttackROC",
+    "advantage_bound",
+    "example_losses",
+    "loss_threshold_attack",
+    "calibrated_attack",
+    "draw_inclusion",
+    "gaussian_mechanism_scores",
+    "audit_one_run",
+    "OneRunAudit",
+    "gaussian_tpr",
+    "gaussian_epsilon",
+    "dp_tpr_bound",
+    "pld_tpr",
+    "audited_digits_run",
+    "AuditedRun",
+]

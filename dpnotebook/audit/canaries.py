@@ -53,16 +53,20 @@ def mislabeled_canaries(inputs: Tensor, targets: Tensor, *, num_classes: int, se
     """
     if num_classes < 2:
         raise ValueError(f"num_classes={num_classes!r} is invalid: a wrong label needs at least 2 classes.")
-    if targets.dtype not in (torch.int64, torch.int32) or targets.numel() and (
-            targets.min() < 0 or targets.max() >= num_classes):
+    if (
+        targets.dtype not in (torch.int64, torch.int32)
+        or targets.numel()
+        and (targets.min() < 0 or targets.max() >= num_classes)
+    ):
         raise ValueError(f"targets must be integer labels in [0, {num_classes}); got dtype {targets.dtype}.")
     g = torch.Generator().manual_seed(seed)
     shift = torch.randint(1, num_classes, targets.shape, generator=g)
     return inputs.clone(), (targets.long() + shift) % num_classes
 
 
-def gaussian_mechanism_scores(included: np.ndarray, *, noise_multiplier: float, sensitivity: float = 1.0,
-                              seed: int = 0) -> np.ndarray:
+def gaussian_mechanism_scores(
+    included: np.ndarray, *, noise_multiplier: float, sensitivity: float = 1.0, seed: int = 0
+) -> np.ndarray:
     """One run of the Gaussian mechanism on the canaries: ``sensitivity * included + N(0, (sigma sensitivity)^2)``.
 
     Args:
@@ -80,8 +84,9 @@ def gaussian_mechanism_scores(included: np.ndarray, *, noise_multiplier: float, 
     return sensitivity * inc.astype(float) + noise
 
 
-def dp_sgd_canary_scores(included: np.ndarray, *, noise_multiplier: float, sample_rate: float, steps: int,
-                         seed: int = 0) -> np.ndarray:
+def dp_sgd_canary_scores(
+    included: np.ndarray, *, noise_multiplier: float, sample_rate: float, steps: int, seed: int = 0
+) -> np.ndarray:
     """The canaries' coordinates after ``steps`` DP-SGD steps with C = 1 and gradient canaries.
 
     Canary ``i`` owns coordinate ``i``; its clipped gradient is the unit vector there. In each step it

@@ -61,28 +61,52 @@ def audit_sensitivity_across_ranks(
     if not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError("audit_sensitivity_across_ranks needs torch.distributed initialised in every rank.")
     rank, world = dist.get_rank(), dist.get_world_size()
-    setting = dict(mode=mode, K=K, loss_reduction=loss_reduction, batch_first=batch_first,
-                   clipping=clipping, C=max_grad_norm, world_size=world)
+    setting = dict(
+        mode=mode,
+        K=K,
+        loss_reduction=loss_reduction,
+        batch_first=batch_first,
+        clipping=clipping,
+        C=max_grad_norm,
+        world_size=world,
+    )
     wrapped = wrap_model(clean_copy(model), mode, K=K, batch_first=batch_first, loss_reduction=loss_reduction)
     wrapped.allow_grad_accumulation()
     names = {id(p): n for n, p in wrapped._module.named_parameters()}
     params = [p for p in wrapped._module.parameters() if p.requires_grad]
     optimizer = distributed_optimizer_class(optimizer_class_for(wrapped))(
-        torch.optim.SGD(params, lr=0.0), noise_multiplier=0.0, max_grad_norm=max_grad_norm,
-        expected_batch_size=1.0, loss_reduction=loss_reduction, clipping=clipping, secure_mode=False,
+        torch.optim.SGD(params, lr=0.0),
+        noise_multiplier=0.0,
+        max_grad_norm=max_grad_norm,
+        expected_batch_size=1.0,
+        loss_reduction=loss_reduction,
+        clipping=clipping,
+        secure_mode=False,
     )
     report = SensitivityReport(setting)
 
     def local(indices: list[int]) -> list:
         return [batch([i for i in indices if i % world == rank])]
 
-    full = leave_one_out(report, lambda indices: clipped_sum(wrapped, optimizer, loss, local(indices)),
-                         num_samples=num_samples, C=max_grad_norm,
-                         movers=[names.get(id(p), "?") for p in optimizer.params])
+    full = leave_one_out(
+        report,
+        lambda indices: clipped_sum(wrapped, optimizer, loss, local(indices)),
+        num_samples=num_samples,
+        C=max_grad_norm,
+        movers=[names.get(id(p), "?") for p in optimizer.params],
+    )
     wrapped.to_standard_module()
     if reference:
         report.reference_gap = reference_gap(
-            full, model, batch=batch, loss=loss, num_samples=num_samples, K=K, loss_reduction=loss_reduction,
-            clipping=clipping, max_grad_norm=max_grad_norm, C=max_grad_norm,
+            full,
+            model,
+            batch=batch,
+            loss=loss,
+            num_samples=num_samples,
+            K=K,
+            loss_reduction=loss_reduction,
+            clipping=clipping,
+            max_grad_norm=max_grad_norm,
+            C=max_grad_norm,
         )
     return report

@@ -31,8 +31,9 @@ from dpnotebook.audit.roc import AttackROC
 __all__ = ["AuditedRun", "audited_digits_run", "random_image_canaries"]
 
 
-def random_image_canaries(canaries: int, *, shape: tuple[int, ...] = (1, 8, 8), num_classes: int = 10,
-                          seed: int = 0) -> tuple[Tensor, Tensor]:
+def random_image_canaries(
+    canaries: int, *, shape: tuple[int, ...] = (1, 8, 8), num_classes: int = 10, seed: int = 0
+) -> tuple[Tensor, Tensor]:
     """``canaries`` images of random black-or-white pixels (each 0 or 1 on a fair coin), each with a
     uniform random label.
 
@@ -44,7 +45,9 @@ def random_image_canaries(canaries: int, *, shape: tuple[int, ...] = (1, 8, 8), 
     (torch.Size([3, 1, 8, 8]), torch.Size([3]))
     """
     g = torch.Generator().manual_seed(seed)
-    return (torch.rand(canaries, *shape, generator=g) < 0.5).float(), torch.randint(0, num_classes, (canaries,), generator=g)
+    return (torch.rand(canaries, *shape, generator=g) < 0.5).float(), torch.randint(
+        0, num_classes, (canaries,), generator=g
+    )
 
 
 @dataclass
@@ -107,10 +110,21 @@ def _accuracy(model: nn.Module, x: Tensor, y: Tensor) -> float:
         return float((model(x).argmax(1) == y).float().mean())
 
 
-def audited_digits_run(*, target_epsilon: float | None = None, noise_multiplier: float | None = None,
-                       delta: float = 1e-5, members: int = 500, canaries: int = 1000, epochs: int = 30,
-                       batch_size: int = 128, max_grad_norm: float = 1.0, lr: float | None = None, hidden: int = 256,
-                       significance: float = 0.05, seed: int = 0) -> AuditedRun:
+def audited_digits_run(
+    *,
+    target_epsilon: float | None = None,
+    noise_multiplier: float | None = None,
+    delta: float = 1e-5,
+    members: int = 500,
+    canaries: int = 1000,
+    epochs: int = 30,
+    batch_size: int = 128,
+    max_grad_norm: float = 1.0,
+    lr: float | None = None,
+    hidden: int = 256,
+    significance: float = 0.05,
+    seed: int = 0,
+) -> AuditedRun:
     """Train on ``members`` digits plus the included canaries, then attack and audit.
 
     Args:
@@ -142,7 +156,7 @@ def audited_digits_run(*, target_epsilon: float | None = None, noise_multiplier:
     g = torch.Generator().manual_seed(seed)
     order = torch.randperm(len(x_all), generator=g)
     x_in, y_in = x_all[order[:members]], y_all[order[:members]]
-    x_out, y_out = x_all[order[members:2 * members]], y_all[order[members:2 * members]]
+    x_out, y_out = x_all[order[members : 2 * members]], y_all[order[members : 2 * members]]
     x_can, y_can = random_image_canaries(canaries, seed=seed + 1)
     included = draw_inclusion(canaries, seed=seed + 2)
     keep = torch.from_numpy(included)
@@ -159,11 +173,17 @@ def audited_digits_run(*, target_epsilon: float | None = None, noise_multiplier:
     epsilon, sigma, sample_rate, steps = math.inf, math.nan, math.nan, 0
     if private:
         engine = PrivacyEngine(accountant="pld", secure_mode=False)
-        common = dict(module=model, optimizer=optimizer, data_loader=loader, max_grad_norm=max_grad_norm,
-                      noise_generator=torch.Generator().manual_seed(seed + 4))
+        common = dict(
+            module=model,
+            optimizer=optimizer,
+            data_loader=loader,
+            max_grad_norm=max_grad_norm,
+            noise_generator=torch.Generator().manual_seed(seed + 4),
+        )
         if target_epsilon is not None:
             model, optimizer, loader = engine.make_private_with_epsilon(
-                target_epsilon=target_epsilon, target_delta=delta, epochs=epochs, **common)
+                target_epsilon=target_epsilon, target_delta=delta, epochs=epochs, **common
+            )
         else:
             model, optimizer, loader = engine.make_private(noise_multiplier=noise_multiplier, **common)
         sigma = optimizer.noise_multiplier
@@ -181,9 +201,17 @@ def audited_digits_run(*, target_epsilon: float | None = None, noise_multiplier:
     plain.eval()
     scores = -example_losses(plain, x_can, y_can).numpy()
     return AuditedRun(
-        model=plain, epsilon=epsilon, noise_multiplier=sigma, delta=delta,
-        train_accuracy=_accuracy(plain, x_in, y_in), test_accuracy=_accuracy(plain, x_out, y_out),
+        model=plain,
+        epsilon=epsilon,
+        noise_multiplier=sigma,
+        delta=delta,
+        train_accuracy=_accuracy(plain, x_in, y_in),
+        test_accuracy=_accuracy(plain, x_out, y_out),
         attack=loss_threshold_attack(plain, (x_in, y_in), (x_out, y_out)),
         one_run=audit_one_run(scores, included, delta=delta, significance=significance),
-        included=included, canary_scores=scores, sample_rate=sample_rate, steps=steps, canaries=(x_can, y_can),
+        included=included,
+        canary_scores=scores,
+        sample_rate=sample_rate,
+        steps=steps,
+        canaries=(x_can, y_can),
     )

@@ -157,9 +157,7 @@ class _LastStep(nn.Module):
 
 
 def _conv(batch_first: bool) -> nn.Module:
-    return nn.Sequential(
-        nn.Conv2d(1, 4, 3), nn.GroupNorm(2, 4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 4 * 4, 3)
-    )
+    return nn.Sequential(nn.Conv2d(1, 4, 3), nn.GroupNorm(2, 4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 4 * 4, 3))
 
 
 FAMILIES: dict[str, Family] = {
@@ -173,7 +171,10 @@ FAMILIES: dict[str, Family] = {
         Family(
             "embedding",
             lambda bf: nn.Sequential(nn.Embedding(11, 6, padding_idx=0), nn.Linear(6, 3)),
-            (T,), (T, 3), sequence=True, vocab=11,
+            (T,),
+            (T, 3),
+            sequence=True,
+            vocab=11,
         ),
         Family("lstm", _LSTMHead, (T, 6), (T, 3), sequence=True),
         Family("attention", _SelfAttention, (T, 8), (T, 3), sequence=True),

@@ -55,8 +55,10 @@ class GridPoint:
     def name(self) -> str:
         layout = "batch_first" if self.batch_first else "time_major"
         dtype = str(self.dtype).replace("torch.", "")
-        return (f"{self.mode} {self.family}/{self.record} K={self.K} {self.loss_reduction} {self.clipping} "
-                f"{layout} passes={self.passes} {dtype}")
+        return (
+            f"{self.mode} {self.family}/{self.record} K={self.K} {self.loss_reduction} {self.clipping} "
+            f"{layout} passes={self.passes} {dtype}"
+        )
 
 
 @dataclass
@@ -76,22 +78,70 @@ class Outcome:
 
 #: ``(a mode, a set of modes or None for all, families, layout or None for both, passes or None, error types, message pattern, why)``.
 REFUSALS: list[tuple] = [
-    ("ew", None, False, None, (ValueError,), r"cannot handle batch_first=False",
-     "ExpandedWeights needs the rows in dim 0"),
-    ("ew", {"fallback"}, None, None, (Exception,), r"no per-sample rule",
-     "ExpandedWeights has no rule for PReLU"),
-    ("ew", {"lstm", "attention"}, None, None, (Exception,), r"cannot be used with per-sample gradients",
-     "DP layers share parameters between submodules, which ExpandedWeights cannot see"),
-    ({"hooks", "ghost"}, {"outside_use"}, None, None, (Exception,), r"outside",
-     "a parameter used outside its layer: its samplers would miss that part (functorch and ew follow it)"),
-    ({"hooks", "ghost", "ew"}, {"time_major"}, None, None, (Exception,), r"rows",
-     "layers see time steps in the batch dim, not samples (functorch replays each sample whole)"),
-    ("ew", {"shared_parent"}, None, None, (Exception,), r"reached by two paths",
-     "ExpandedWeights swaps parameters by path: a module reached by two paths has no rule"),
-    ("ew", None, None, 2, (Exception,), r"one backward pass went through 2 forward passes",
-     "ExpandedWeights adds the per-row gradients of two forward passes row by row"),
-    ({"hooks", "ghost"}, {"last_step"}, False, None, (Exception,), r"rows",
-     "a layer after the time-major part sees rows in dim 0 while batch_first=False says dim 1"),
+    (
+        "ew",
+        None,
+        False,
+        None,
+        (ValueError,),
+        r"cannot handle batch_first=False",
+        "ExpandedWeights needs the rows in dim 0",
+    ),
+    ("ew", {"fallback"}, None, None, (Exception,), r"no per-sample rule", "ExpandedWeights has no rule for PReLU"),
+    (
+        "ew",
+        {"lstm", "attention"},
+        None,
+        None,
+        (Exception,),
+        r"cannot be used with per-sample gradients",
+        "DP layers share parameters between submodules, which ExpandedWeights cannot see",
+    ),
+    (
+        {"hooks", "ghost"},
+        {"outside_use"},
+        None,
+        None,
+        (Exception,),
+        r"outside",
+        "a parameter used outside its layer: its samplers would miss that part (functorch and ew follow it)",
+    ),
+    (
+        {"hooks", "ghost", "ew"},
+        {"time_major"},
+        None,
+        None,
+        (Exception,),
+        r"rows",
+        "layers see time steps in the batch dim, not samples (functorch replays each sample whole)",
+    ),
+    (
+        "ew",
+        {"shared_parent"},
+        None,
+        None,
+        (Exception,),
+        r"reached by two paths",
+        "ExpandedWeights swaps parameters by path: a module reached by two paths has no rule",
+    ),
+    (
+        "ew",
+        None,
+        None,
+        2,
+        (Exception,),
+        r"one backward pass went through 2 forward passes",
+        "ExpandedWeights adds the per-row gradients of two forward passes row by row",
+    ),
+    (
+        {"hooks", "ghost"},
+        {"last_step"},
+        False,
+        None,
+        (Exception,),
+        r"rows",
+        "a layer after the time-major part sees rows in dim 0 while batch_first=False says dim 1",
+    ),
 ]
 
 
@@ -99,8 +149,12 @@ def expected_refusal(point: GridPoint) -> tuple[tuple[type, ...], str, str] | No
     """``(error types, message pattern, why)`` if the library refuses ``point`` by design, else ``None``."""
     for mode, families, layout, passes, types, pattern, why in REFUSALS:
         modes = {mode} if isinstance(mode, str) else mode
-        if ((modes is None or point.mode in modes) and (families is None or point.family in families)
-                and layout in (None, point.batch_first) and passes in (None, point.passes)):
+        if (
+            (modes is None or point.mode in modes)
+            and (families is None or point.family in families)
+            and layout in (None, point.batch_first)
+            and passes in (None, point.passes)
+        ):
             return types, pattern, why
     return None
 
@@ -126,8 +180,9 @@ def grid(
                     for loss_reduction, clipping in SETTINGS:
                         for batch_first in fam.layouts:
                             for passes in (1, 2):
-                                yield GridPoint(mode, family, record, K, loss_reduction, clipping, batch_first,
-                                                passes, dtype)
+                                yield GridPoint(
+                                    mode, family, record, K, loss_reduction, clipping, batch_first, passes, dtype
+                                )
 
 
 def run_point(point: GridPoint, *, reference: bool = True) -> Outcome:
@@ -141,11 +196,19 @@ def run_point(point: GridPoint, *, reference: bool = True) -> Outcome:
 
     try:
         report = audit_sensitivity(
-            model, batch=batch, num_samples=case.num_samples, mode=point.mode, K=point.K,
-            loss=case.loss(loss_reduction=point.loss_reduction, batch_first=point.batch_first, K=point.K,
-                           passes=point.passes),
-            loss_reduction=point.loss_reduction, batch_first=point.batch_first, clipping=point.clipping,
-            max_grad_norm=C, reference=reference,
+            model,
+            batch=batch,
+            num_samples=case.num_samples,
+            mode=point.mode,
+            K=point.K,
+            loss=case.loss(
+                loss_reduction=point.loss_reduction, batch_first=point.batch_first, K=point.K, passes=point.passes
+            ),
+            loss_reduction=point.loss_reduction,
+            batch_first=point.batch_first,
+            clipping=point.clipping,
+            max_grad_norm=C,
+            reference=reference,
         )
     except Exception as error:  # noqa: BLE001 - a refusal is an outcome to check, not a crash
         return Outcome(point, error=error)

@@ -42,8 +42,14 @@ def _cross_entropy(output: Tensor, target: Tensor) -> Tensor:
     return nn.functional.cross_entropy(output, target, reduction="none")
 
 
-def example_losses(model: nn.Module, inputs: Tensor, targets: Tensor, *,
-                   loss_fn: Callable[[Tensor, Tensor], Tensor] = _cross_entropy, batch_size: int = 1024) -> Tensor:
+def example_losses(
+    model: nn.Module,
+    inputs: Tensor,
+    targets: Tensor,
+    *,
+    loss_fn: Callable[[Tensor, Tensor], Tensor] = _cross_entropy,
+    batch_size: int = 1024,
+) -> Tensor:
     """One loss per record, in eval mode and without gradients (float64 on the CPU).
 
     Args:
@@ -54,25 +60,35 @@ def example_losses(model: nn.Module, inputs: Tensor, targets: Tensor, *,
         batch_size: records per forward pass.
     """
     if inputs.shape[0] != targets.shape[0]:
-        raise ValueError(f"inputs has {inputs.shape[0]} records but targets has {targets.shape[0]}: "
-                         "pass one target per input.")
+        raise ValueError(
+            f"inputs has {inputs.shape[0]} records but targets has {targets.shape[0]}: pass one target per input."
+        )
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad():
-            out = [loss_fn(model(inputs[i:i + batch_size]), targets[i:i + batch_size])
-                   for i in range(0, inputs.shape[0], batch_size)]
+            out = [
+                loss_fn(model(inputs[i : i + batch_size]), targets[i : i + batch_size])
+                for i in range(0, inputs.shape[0], batch_size)
+            ]
     finally:
         model.train(was_training)
     losses = torch.cat([o.reshape(-1) for o in out]).detach().double().cpu() if out else torch.zeros(0)
     if losses.shape != (inputs.shape[0],):
-        raise ValueError(f"loss_fn returned shape {tuple(losses.shape)} for {inputs.shape[0]} records: it must give "
-                         "one loss per record (reduction='none').")
+        raise ValueError(
+            f"loss_fn returned shape {tuple(losses.shape)} for {inputs.shape[0]} records: it must give "
+            "one loss per record (reduction='none')."
+        )
     return losses
 
 
-def loss_threshold_attack(model: nn.Module, members: Records, nonmembers: Records, *,
-                          loss_fn: Callable[[Tensor, Tensor], Tensor] = _cross_entropy) -> AttackROC:
+def loss_threshold_attack(
+    model: nn.Module,
+    members: Records,
+    nonmembers: Records,
+    *,
+    loss_fn: Callable[[Tensor, Tensor], Tensor] = _cross_entropy,
+) -> AttackROC:
     """Score each record by ``-loss`` under ``model``: members should score higher.
 
     Args:
@@ -81,13 +97,20 @@ def loss_threshold_attack(model: nn.Module, members: Records, nonmembers: Record
         nonmembers: ``(inputs, targets)`` from the same distribution it was not trained on.
         loss_fn: per-record loss, see :func:`example_losses`.
     """
-    return attack_roc(-example_losses(model, *members, loss_fn=loss_fn).numpy(),
-                      -example_losses(model, *nonmembers, loss_fn=loss_fn).numpy())
+    return attack_roc(
+        -example_losses(model, *members, loss_fn=loss_fn).numpy(),
+        -example_losses(model, *nonmembers, loss_fn=loss_fn).numpy(),
+    )
 
 
-def calibrated_attack(model: nn.Module, reference_models: Sequence[nn.Module], members: Records,
-                      nonmembers: Records, *,
-                      loss_fn: Callable[[Tensor, Tensor], Tensor] = _cross_entropy) -> AttackROC:
+def calibrated_attack(
+    model: nn.Module,
+    reference_models: Sequence[nn.Module],
+    members: Records,
+    nonmembers: Records,
+    *,
+    loss_fn: Callable[[Tensor, Tensor], Tensor] = _cross_entropy,
+) -> AttackROC:
     """Score each record by how much lower its loss is under ``model`` than under reference models.
 
     ``score(x) = mean over reference models of loss_ref(x) - loss_target(x)``. The reference

@@ -37,8 +37,12 @@ __all__ = ["one_run_p_value", "one_run_epsilon", "OneRunAudit", "audit_one_run",
 
 
 def _count(name: str, value: int, low: int, high: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low or (
-            high is not None and value > high):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, np.integer))
+        or value < low
+        or (high is not None and value > high)
+    ):
         limit = f">= {low}" if high is None else f"between {low} and {high}"
         raise ValueError(f"{name}={value!r} is invalid: it must be an int {limit}.")
     return int(value)
@@ -52,8 +56,10 @@ def _check_delta(delta: float) -> float:
 
 def _check_significance(significance: float) -> float:
     if not 0 < significance < 1:
-        raise ValueError(f"significance={significance!r} is invalid: it must be in (0, 1), e.g. 0.05 "
-                         "(the bound then holds with probability 95%).")
+        raise ValueError(
+            f"significance={significance!r} is invalid: it must be in (0, 1), e.g. 0.05 "
+            "(the bound then holds with probability 95%)."
+        )
     return float(significance)
 
 
@@ -84,8 +90,9 @@ def one_run_p_value(*, canaries: int, guesses: int, correct: int, epsilon: float
     return min(1.0, beta + 2 * m * delta * alpha)
 
 
-def one_run_epsilon(*, canaries: int, guesses: int, correct: int, delta: float = 0.0,
-                    significance: float = 0.05) -> float:
+def one_run_epsilon(
+    *, canaries: int, guesses: int, correct: int, delta: float = 0.0, significance: float = 0.05
+) -> float:
     """The largest epsilon that ``correct`` right out of ``guesses`` refutes at ``significance`` (0 if none).
 
     >>> one_run_epsilon(canaries=100, guesses=10, correct=5)      # half right: a coin
@@ -94,14 +101,15 @@ def one_run_epsilon(*, canaries: int, guesses: int, correct: int, delta: float =
     significance = _check_significance(significance)
 
     def excess(eps: float) -> float:
-        return significance - one_run_p_value(canaries=canaries, guesses=guesses, correct=correct, epsilon=eps,
-                                              delta=delta)
+        return significance - one_run_p_value(
+            canaries=canaries, guesses=guesses, correct=correct, epsilon=eps, delta=delta
+        )
 
     if excess(0.0) <= 0:
         return 0.0
     high = 1.0
     while excess(high) > 0:
-        if high > 1e3:                      # all right with a negligible delta term: refuted at any epsilon
+        if high > 1e3:  # all right with a negligible delta term: refuted at any epsilon
             return math.inf
         high *= 2
     return float(brentq(excess, high / 2 if high > 1 else 0.0, high, xtol=1e-6))
@@ -147,14 +155,21 @@ class OneRunAudit:
         return self.guesses_in + self.guesses_out
 
     def __str__(self) -> str:
-        return (f"empirical epsilon >= {self.epsilon:.3g} with probability {1 - self.significance:.0%} "
-                f"({self.correct}/{self.guesses} right: {self.guesses_in} 'in', {self.guesses_out} 'out', "
-                f"of {self.canaries} canaries; delta = {self.delta:g}; best of {self.tried})")
+        return (
+            f"empirical epsilon >= {self.epsilon:.3g} with probability {1 - self.significance:.0%} "
+            f"({self.correct}/{self.guesses} right: {self.guesses_in} 'in', {self.guesses_out} 'out', "
+            f"of {self.canaries} canaries; delta = {self.delta:g}; best of {self.tried})"
+        )
 
 
-def audit_one_run(scores: Sequence[float] | np.ndarray, included: Sequence[bool] | np.ndarray, *,
-                  delta: float = 0.0, significance: float = 0.05,
-                  guesses: Sequence[int | tuple[int, int]] | None = None) -> OneRunAudit:
+def audit_one_run(
+    scores: Sequence[float] | np.ndarray,
+    included: Sequence[bool] | np.ndarray,
+    *,
+    delta: float = 0.0,
+    significance: float = 0.05,
+    guesses: Sequence[int | tuple[int, int]] | None = None,
+) -> OneRunAudit:
     """Turn canary scores into a high-confidence lower bound on epsilon.
 
     Args:
@@ -175,22 +190,26 @@ def audit_one_run(scores: Sequence[float] | np.ndarray, included: Sequence[bool]
     s = np.asarray(scores, dtype=float).reshape(-1)
     inc = np.asarray(included).reshape(-1)
     if s.shape != inc.shape or s.size == 0 or np.isnan(s).any():
-        raise ValueError(f"scores has shape {s.shape} and included {inc.shape}: give one finite score and one "
-                         "inclusion flag per canary.")
+        raise ValueError(
+            f"scores has shape {s.shape} and included {inc.shape}: give one finite score and one "
+            "inclusion flag per canary."
+        )
     if inc.dtype != bool:
         raise ValueError(f"included has dtype {inc.dtype}: pass the coins as booleans (True = in training).")
     m = s.size
     pairs = [(g, 0) if isinstance(g, (int, np.integer)) else tuple(g) for g in (guesses or default_guesses(m))]
     for k_in, k_out in pairs:
         if k_in < 0 or k_out < 0 or k_in + k_out > m or k_in + k_out == 0:
-            raise ValueError(f"guesses (k+={k_in}, k-={k_out}) is invalid for {m} canaries: need k+, k- >= 0 and "
-                             f"1 <= k+ + k- <= {m}.")
+            raise ValueError(
+                f"guesses (k+={k_in}, k-={k_out}) is invalid for {m} canaries: need k+, k- >= 0 and "
+                f"1 <= k+ + k- <= {m}."
+            )
     alpha = _check_significance(significance) / len(pairs)
-    order = np.argsort(-s, kind="stable")               # highest score first
+    order = np.argsort(-s, kind="stable")  # highest score first
     ranked = inc[order]
     best = None
     for k_in, k_out in pairs:
-        right = int(ranked[:k_in].sum()) + (int((~ranked[m - k_out:]).sum()) if k_out else 0)
+        right = int(ranked[:k_in].sum()) + (int((~ranked[m - k_out :]).sum()) if k_out else 0)
         eps = one_run_epsilon(canaries=m, guesses=k_in + k_out, correct=right, delta=delta, significance=alpha)
         if best is None or eps > best.epsilon:
             best = OneRunAudit(eps, m, k_in, k_out, right, _check_delta(delta), significance, len(pairs))

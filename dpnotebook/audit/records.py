@@ -130,7 +130,9 @@ class AuditCase:
         targets = _rows(self.targets, indices, K, batch_first or self.family.out_batch_first)
         return _rows(self.inputs, indices, K, batch_first), targets
 
-    def loss(self, *, loss_reduction: str, batch_first: bool, K: int, passes: int = 1) -> Callable[[nn.Module, Any], Tensor]:
+    def loss(
+        self, *, loss_reduction: str, batch_first: bool, K: int, passes: int = 1
+    ) -> Callable[[nn.Module, Any], Tensor]:
         """``loss(model, (x, t))``: the dot loss, over ``passes`` (1 or 2) forward passes before one backward.
 
         Two passes cut the batch on a sample boundary (a sample's ``K`` rows stay

@@ -28,8 +28,10 @@ __all__ = ["AttackROC", "attack_roc", "advantage_bound"]
 def _scores(name: str, values: object) -> np.ndarray:
     a = np.asarray(values, dtype=float).reshape(-1)
     if a.size == 0 or np.isnan(a).any():
-        raise ValueError(f"{name} has {a.size} scores{' with NaN' if a.size else ''}: an attack needs at least one "
-                         "score per group and no NaN. Fix: score every member and non-member.")
+        raise ValueError(
+            f"{name} has {a.size} scores{' with NaN' if a.size else ''}: an attack needs at least one "
+            "score per group and no NaN. Fix: score every member and non-member."
+        )
     return a
 
 

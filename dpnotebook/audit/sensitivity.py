@@ -153,8 +153,15 @@ def _to64(batch: Any) -> Any:
 
 
 def reference_clipped_sum(
-    model: nn.Module, *, batch: MakeBatch, loss: LossOf, num_samples: int, K: int, loss_reduction: str,
-    clipping: str, max_grad_norm: float,
+    model: nn.Module,
+    *,
+    batch: MakeBatch,
+    loss: LossOf,
+    num_samples: int,
+    K: int,
+    loss_reduction: str,
+    clipping: str,
+    max_grad_norm: float,
 ) -> list[Tensor]:
     """``S_ref(D)``: every sample's gradient on its own (its ``K`` rows alone), in float64, clipped and summed.
 
@@ -181,7 +188,11 @@ def reference_clipped_sum(
 
 
 def leave_one_out(
-    report: SensitivityReport, sum_of: Callable[[list[int]], list[Tensor]], *, num_samples: int, C: float,
+    report: SensitivityReport,
+    sum_of: Callable[[list[int]], list[Tensor]],
+    *,
+    num_samples: int,
+    C: float,
     movers: list[str],
 ) -> list[Tensor]:
     """Record ``||S(D) - S(D without s)|| / C`` for every sample ``s`` in ``report``; return ``S(D)``.
@@ -260,16 +271,23 @@ def audit_sensitivity(
         raise ValueError(
             f"physical_batch_size={physical_batch_size!r} is invalid: pass an int >= 1, or None for one piece."
         )
-    setting = dict(mode=mode, K=K, loss_reduction=loss_reduction, batch_first=batch_first,
-                   clipping=clipping, C=max_grad_norm)
+    setting = dict(
+        mode=mode, K=K, loss_reduction=loss_reduction, batch_first=batch_first, clipping=clipping, C=max_grad_norm
+    )
     C = total_bound(check_layer_bounds(max_grad_norm, clipping))  # a list of per-layer bounds: their total
     wrapped = wrap_model(clean_copy(model), mode, K=K, batch_first=batch_first, loss_reduction=loss_reduction)
     wrapped.allow_grad_accumulation()  # a loss may run several forward passes before its backward
     names = {id(p): n for n, p in wrapped._module.named_parameters()}
     params = [p for p in wrapped._module.parameters() if p.requires_grad]
     optimizer = _optimizer_for(
-        wrapped, params, noise_multiplier=0.0, max_grad_norm=max_grad_norm, expected_batch_size=1.0,
-        loss_reduction=loss_reduction, clipping=clipping, secure_mode=False,
+        wrapped,
+        params,
+        noise_multiplier=0.0,
+        max_grad_norm=max_grad_norm,
+        expected_batch_size=1.0,
+        loss_reduction=loss_reduction,
+        clipping=clipping,
+        secure_mode=False,
     )
     report = SensitivityReport(setting)
 
@@ -277,12 +295,25 @@ def audit_sensitivity(
         size = physical_batch_size or max(len(indices), 1)
         return [batch(indices[i : i + size]) for i in range(0, max(len(indices), 1), size)]
 
-    full = leave_one_out(report, lambda indices: clipped_sum(wrapped, optimizer, loss, pieces(indices)),
-                         num_samples=num_samples, C=C, movers=[names.get(id(p), "?") for p in optimizer.params])
+    full = leave_one_out(
+        report,
+        lambda indices: clipped_sum(wrapped, optimizer, loss, pieces(indices)),
+        num_samples=num_samples,
+        C=C,
+        movers=[names.get(id(p), "?") for p in optimizer.params],
+    )
     wrapped.to_standard_module()
     if reference:
         report.reference_gap = reference_gap(
-            full, model, batch=batch, loss=loss, num_samples=num_samples, K=K, loss_reduction=loss_reduction,
-            clipping=clipping, max_grad_norm=max_grad_norm, C=C,
+            full,
+            model,
+            batch=batch,
+            loss=loss,
+            num_samples=num_samples,
+            K=K,
+            loss_reduction=loss_reduction,
+            clipping=clipping,
+            max_grad_norm=max_grad_norm,
+            C=C,
         )
     return report

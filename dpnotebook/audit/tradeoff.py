@@ -115,14 +115,23 @@ def dp_tpr_bound(fpr: float | np.ndarray, epsilon: float, delta: float) -> np.nd
     """
     a = _rates("fpr", fpr)
     if not (epsilon >= 0 and math.isfinite(epsilon)) or not 0 <= delta <= 1:
-        raise ValueError(f"epsilon={epsilon!r}, delta={delta!r} are invalid: need epsilon >= 0 finite and "
-                         "0 <= delta <= 1. Fix: pass the accountant's (epsilon, delta).")
+        raise ValueError(
+            f"epsilon={epsilon!r}, delta={delta!r} are invalid: need epsilon >= 0 finite and "
+            "0 <= delta <= 1. Fix: pass the accountant's (epsilon, delta)."
+        )
     bound = np.minimum(math.exp(epsilon) * a + delta, 1 - math.exp(-epsilon) * (1 - a - delta))
     return np.clip(bound, 0.0, 1.0)
 
 
-def pld_tpr(fpr: float | np.ndarray, *, noise_multiplier: float, sample_rate: float = 1.0, steps: int = 1,
-            value_discretization_interval: float = 1e-3, epsilons: np.ndarray | None = None) -> np.ndarray:
+def pld_tpr(
+    fpr: float | np.ndarray,
+    *,
+    noise_multiplier: float,
+    sample_rate: float = 1.0,
+    steps: int = 1,
+    value_discretization_interval: float = 1e-3,
+    epsilons: np.ndarray | None = None,
+) -> np.ndarray:
     """The most TPR at each FPR against ``steps`` Poisson-subsampled Gaussian steps (a DP-SGD run).
 
     The trade-off curve is the lower envelope of the lines ``delta(epsilon) + e^epsilon FPR``
@@ -150,8 +159,9 @@ def pld_tpr(fpr: float | np.ndarray, *, noise_multiplier: float, sample_rate: fl
         raise ValueError(f"sample_rate={sample_rate!r} is invalid: it must be in (0, 1]. Fix: batch / dataset size.")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps={steps!r} is invalid: it must be an int >= 1.")
-    dist = pld.from_gaussian_mechanism(sigma, sensitivity=1.0, sampling_prob=sample_rate,
-                                       value_discretization_interval=value_discretization_interval)
+    dist = pld.from_gaussian_mechanism(
+        sigma, sensitivity=1.0, sampling_prob=sample_rate, value_discretization_interval=value_discretization_interval
+    )
     if steps > 1:
         dist = dist.self_compose(steps)
     eps = np.linspace(0.0, 30.0, 400) if epsilons is None else np.asarray(epsilons, dtype=float)

@@ -42,21 +42,39 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--models", nargs="+", choices=sorted(MODELS), default=list(MODELS))
     p.add_argument("--batch", nargs="+", type=int, default=[32, 128], help="samples per batch B (default 32 128)")
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
-    p.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS), help="gsm: per-sample grads only; dpsgd; naive: microbatching")
-    p.add_argument("--ks", nargs="+", type=int, default=[1, 4, 16], help="augmentation multiplicities K (default 1 4 16)")
+    p.add_argument(
+        "--kinds",
+        nargs="+",
+        choices=KINDS,
+        default=list(KINDS),
+        help="gsm: per-sample grads only; dpsgd; naive: microbatching",
+    )
+    p.add_argument(
+        "--ks", nargs="+", type=int, default=[1, 4, 16], help="augmentation multiplicities K (default 1 4 16)"
+    )
     p.add_argument("--k-batch", type=int, default=32, help="B of the K > 1 configurations (default 32)")
-    p.add_argument("--k-models", nargs="+", choices=sorted(MODELS), help="models of the K > 1 configurations (default: --models)")
+    p.add_argument(
+        "--k-models", nargs="+", choices=sorted(MODELS), help="models of the K > 1 configurations (default: --models)"
+    )
     p.add_argument("--k-modes", nargs="+", choices=MODES, default=["hooks", "ghost"])
     p.add_argument("--steps", type=int, default=10, help="timed steps per configuration, at least (default 10)")
-    p.add_argument("--min-seconds", type=float, default=2.0,
-                   help="then go on timing until the configuration's rounds took this long (default 2.0)")
+    p.add_argument(
+        "--min-seconds",
+        type=float,
+        default=2.0,
+        help="then go on timing until the configuration's rounds took this long (default 2.0)",
+    )
     p.add_argument("--max-steps", type=int, default=200, help="... but time at most this many steps (default 200)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default 2)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--timeout", type=float, default=600, help="seconds per configuration")
     p.add_argument("--compare-opacus", action="store_true", help="also run Opacus 1.6 on the same models (K=1)")
-    p.add_argument("--quick", action="store_true", help="preset: every model at B=128, hooks and ghost, K in {1,16} on SampleConvNet")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="preset: every model at B=128, hooks and ghost, K in {1,16} on SampleConvNet",
+    )
     p.add_argument("--json", metavar="PATH", help="write all rows and the settings as JSON")
     p.add_argument("--report", metavar="PATH", help="print the tables of an earlier --json file and exit")
     p.add_argument("--child", help=argparse.SUPPRESS)
@@ -67,8 +85,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.steps < 1 or args.warmup < 0:
         p.error(f"--steps={args.steps} and --warmup={args.warmup}: use --steps >= 1 and --warmup >= 0.")
     if args.min_seconds < 0 or args.max_steps < args.steps:
-        p.error(f"--min-seconds={args.min_seconds} and --max-steps={args.max_steps}: use --min-seconds >= 0 "
-                f"and --max-steps >= --steps ({args.steps}).")
+        p.error(
+            f"--min-seconds={args.min_seconds} and --max-steps={args.max_steps}: use --min-seconds >= 0 "
+            f"and --max-steps >= --steps ({args.steps})."
+        )
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         p.error(f"--device={args.device} but CUDA is not available here; use --device cpu.")
     return args
@@ -93,8 +113,18 @@ def main(argv: list[str] | None = None) -> int:
             print_tables(json.load(f)["rows"])
         return 0
     configs = plan(args.models, args.batch, modes=args.modes, kinds=args.kinds, ks=[], opacus=args.compare_opacus)
-    configs += [c for c in plan(args.k_models or args.models, [], modes=args.modes, kinds=args.kinds, ks=args.ks,
-                                k_batch=args.k_batch, k_modes=args.k_modes)]
+    configs += [
+        c
+        for c in plan(
+            args.k_models or args.models,
+            [],
+            modes=args.modes,
+            kinds=args.kinds,
+            ks=args.ks,
+            k_batch=args.k_batch,
+            k_modes=args.k_modes,
+        )
+    ]
     settings = {k: getattr(args, k) for k in ("steps", "warmup", "threads", "device", "min_seconds", "max_steps")}
     print(f"{len(configs)} configurations, each in its own process ({settings})", file=sys.stderr)
     rows, start = [], time.time()
@@ -102,10 +132,18 @@ def main(argv: list[str] | None = None) -> int:
         row = run_in_subprocess(cfg, timeout=args.timeout, **settings)
         rows.append(row)
         shown = row.get("error") or f"{row['median_ms']:.1f} ms, x{row['ratio']:.2f}, peak {row['peak_mb']:.0f} MB"
-        print(f"[{i}/{len(configs)} {time.time() - start:.0f}s] {cfg.model} B={cfg.batch} K={cfg.K} {cfg.what}: {shown}", file=sys.stderr)
+        print(
+            f"[{i}/{len(configs)} {time.time() - start:.0f}s] {cfg.model} B={cfg.batch} K={cfg.K} {cfg.what}: {shown}",
+            file=sys.stderr,
+        )
     print_tables(rows)
     if args.json:
-        meta = {"torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(), **settings}
+        meta = {
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+            "machine": platform.machine(),
+            **settings,
+        }
         with open(args.json, "w") as f:
             json.dump({"settings": meta, "rows": rows}, f, indent=1)
     return 0

@@ -43,8 +43,13 @@ def _optimizer(model: torch.nn.Module, mode: str, batch: int, distributed: bool)
 
     base = GhostDPOptimizer if mode == "ghost" else DPOptimizer
     cls = distributed_optimizer_class(base) if distributed else base
-    return cls(torch.optim.Adam(model.parameters(), lr=1e-3), noise_multiplier=1.0, max_grad_norm=1.0,
-               expected_batch_size=float(batch), generator=torch.Generator().manual_seed(0))
+    return cls(
+        torch.optim.Adam(model.parameters(), lr=1e-3),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+        expected_batch_size=float(batch),
+        generator=torch.Generator().manual_seed(0),
+    )
 
 
 def measure_steps(mode: str, rows: int, global_batch: int, *, steps: int, warmup: int, distributed: bool) -> float:
@@ -85,7 +90,9 @@ def rank_steps(rank: int, world_size: int, modes: list[str], batch: int, steps: 
     return result
 
 
-def compare(modes: list[str], batch: int, *, steps: int = 30, warmup: int = 5, world_size: int = 2) -> list[dict[str, Any]]:
+def compare(
+    modes: list[str], batch: int, *, steps: int = 30, warmup: int = 5, world_size: int = 2
+) -> list[dict[str, Any]]:
     """One row per mode: 1 process (1 thread and ``world_size`` threads) and ``world_size`` processes."""
     from dpnotebook.privacy.distributed_launch import run_on_ranks
 
@@ -103,11 +110,16 @@ def compare(modes: list[str], batch: int, *, steps: int = 30, warmup: int = 5, w
         if outcome.error:
             raise RuntimeError(f"rank {outcome.rank} failed: {outcome.traceback}")
     for mode in modes:
-        rows.append({
-            "mode": mode, "batch": batch, "one_ms": one[1][mode], "one_threads_ms": one[world_size][mode],
-            "ranks_ms": max(o.value[mode] for o in outcomes),
-            "all_reduce_ms": max(o.value["all_reduce"] for o in outcomes),
-        })
+        rows.append(
+            {
+                "mode": mode,
+                "batch": batch,
+                "one_ms": one[1][mode],
+                "one_threads_ms": one[world_size][mode],
+                "ranks_ms": max(o.value[mode] for o in outcomes),
+                "all_reduce_ms": max(o.value["all_reduce"] for o in outcomes),
+            }
+        )
     return rows
 
 

@@ -50,7 +50,16 @@ def _measure(mode: str, batch: int, K: int, private: bool) -> dict:
 
 
 def _peak(mode: str, batch: int, K: int, private: bool) -> float:
-    args = [sys.executable, "-m", "dpnotebook.benchmarks.memory", "--child", mode, str(batch), str(K), str(int(private))]
+    args = [
+        sys.executable,
+        "-m",
+        "dpnotebook.benchmarks.memory",
+        "--child",
+        mode,
+        str(batch),
+        str(K),
+        str(int(private)),
+    ]
     out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])["peak_mb"]
 
@@ -87,8 +96,10 @@ def summary(rows: list[dict]) -> str:
             parts.append(f"K={r['K']} / K={base['K']}: {r['grad_sample_mb'] / base['grad_sample_mb']:.2f}x")
         else:
             verdict = "no more than the plain step" if r["grad_sample_mb"] <= NOISE_MB else "grows"
-            parts.append(f"K={r['K']}: {r['grad_sample_mb']:.1f} MB (K={base['K']}: {base['grad_sample_mb']:.1f} MB): "
-                         f"{verdict} (within {NOISE_MB:.0f} MB)")
+            parts.append(
+                f"K={r['K']}: {r['grad_sample_mb']:.1f} MB (K={base['K']}: {base['grad_sample_mb']:.1f} MB): "
+                f"{verdict} (within {NOISE_MB:.0f} MB)"
+            )
     return "; ".join(parts)
 
 

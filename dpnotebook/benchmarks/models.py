@@ -163,7 +163,9 @@ def _images(*shape: int) -> Callable[[int, torch.Generator], tuple[Tensor, Tenso
 
 
 def _tokens(rows: int, gen: torch.Generator) -> tuple[Tensor, Tensor]:
-    return torch.randint(0, VOCAB, (rows, SEQ_LEN), generator=gen), torch.randint(0, NUM_CLASSES, (rows,), generator=gen)
+    return torch.randint(0, VOCAB, (rows, SEQ_LEN), generator=gen), torch.randint(
+        0, NUM_CLASSES, (rows,), generator=gen
+    )
 
 
 def _attention(flavour: str) -> Callable[..., nn.Module]:
@@ -213,4 +215,13 @@ def build(name: str, batch: int, *, K: int = 1, flavour: str = "dp", seed: int =
     return model, x, y
 
 
-__all__ = ["SampleConvNet", "MLP", "TextTransformer", "LSTMClassifier", "SmallResNetGN", "MODELS", "build", "BenchModel"]
+__all__ = [
+    "SampleConvNet",
+    "MLP",
+    "TextTransformer",
+    "LSTMClassifier",
+    "SmallResNetGN",
+    "MODELS",
+    "build",
+    "BenchModel",
+]

@@ -33,7 +33,9 @@ def opacus_step(model: nn.Module, kind: str, mode: str, x: Tensor, y: Tensor, ba
         ImportError: Opacus is not installed (``pip install opacus==1.6.0``).
     """
     if opacus_available() is None:
-        raise ImportError("--compare-opacus needs Opacus: pip install -c constraints.txt -e '.[opacus]' (torch stays 2.13.0).")
+        raise ImportError(
+            "--compare-opacus needs Opacus: pip install -c constraints.txt -e '.[opacus]' (torch stays 2.13.0)."
+        )
     from opacus import PrivacyEngine
     from opacus.grad_sample.utils import wrap_model
 
@@ -51,8 +53,14 @@ def opacus_step(model: nn.Module, kind: str, mode: str, x: Tensor, y: Tensor, ba
     loader = DataLoader(TensorDataset(x, y), batch_size=batch)
     extra = {"criterion": nn.CrossEntropyLoss()} if mode == "ghost" else {}
     made = PrivacyEngine().make_private(
-        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=LR), data_loader=loader,
-        noise_multiplier=SIGMA, max_grad_norm=CLIP, poisson_sampling=False, grad_sample_mode=mode, **extra,
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=LR),
+        data_loader=loader,
+        noise_multiplier=SIGMA,
+        max_grad_norm=CLIP,
+        poisson_sampling=False,
+        grad_sample_mode=mode,
+        **extra,
     )
     wrapped, opt = made[0], made[1]
     criterion = made[2] if mode == "ghost" else nn.CrossEntropyLoss()

@@ -25,7 +25,9 @@ def results_table(rows: Iterable[Row]) -> str:
     ]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['model']} | {r['batch']} | {r['K']} | {r['what']} | ERROR | | | | | | | {r['error'][:120]} |")
+            lines.append(
+                f"| {r['model']} | {r['batch']} | {r['K']} | {r['what']} | ERROR | | | | | | | {r['error'][:120]} |"
+            )
             continue
         delta = r["peak_mb"] - r["rss0_mb"]
         lines.append(
@@ -75,7 +77,10 @@ def opacus_table(rows: Iterable[Row]) -> str:
 def multiplicity_table(rows: Iterable[Row]) -> str:
     """For each K: per-sample-gradient memory (the step's own peak minus the non-private step's, same rows) and the step ratio."""
     index = _index(rows)
-    lines = ["| model | B | K | config | step / non-private on B*K rows | per-sample-grad MB | vs K=1 |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| model | B | K | config | step / non-private on B*K rows | per-sample-grad MB | vs K=1 |",
+        "|---|---|---|---|---|---|---|",
+    ]
     ks = sorted({(m, b, k) for (m, b, k, w) in index})
     for m, b, k in ks:
         if not any(kk > 1 for (mm, bb, kk) in ks if (mm, bb) == (m, b)):

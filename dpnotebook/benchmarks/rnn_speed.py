@@ -86,8 +86,10 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     times = compare(args.batch, args.steps, args.input_size, args.hidden, args.num_layers, args.repeats, args.hooks)
-    print(f"forward+backward, B={args.batch} T={args.steps} input={args.input_size} hidden={args.hidden} "
-          f"layers={args.num_layers}, {torch.get_num_threads()} threads, best of {args.repeats}:")
+    print(
+        f"forward+backward, B={args.batch} T={args.steps} input={args.input_size} hidden={args.hidden} "
+        f"layers={args.num_layers}, {torch.get_num_threads()} threads, best of {args.repeats}:"
+    )
     base = times["nn.LSTM"]
     for name, t in times.items():
         print(f"  {name:<34} {t * 1e3:8.1f} ms   {t / base:5.2f} x nn.LSTM")

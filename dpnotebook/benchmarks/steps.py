@@ -82,8 +82,11 @@ def _dpsgd(model: nn.Module, mode: str, x: Tensor, y: Tensor, batch: int, K: int
     wrapped = dpnotebook.wrap_model(model, mode, K=K)
     cls = GhostDPOptimizer if mode == "ghost" else DPOptimizer
     opt = cls(
-        torch.optim.SGD(wrapped.parameters(), lr=LR), noise_multiplier=SIGMA, max_grad_norm=CLIP,
-        expected_batch_size=batch, secure_mode=False,  # a benchmark: PyTorch's generator, said so (no warning)
+        torch.optim.SGD(wrapped.parameters(), lr=LR),
+        noise_multiplier=SIGMA,
+        max_grad_norm=CLIP,
+        expected_batch_size=batch,
+        secure_mode=False,  # a benchmark: PyTorch's generator, said so (no warning)
     )
 
     def step() -> None:

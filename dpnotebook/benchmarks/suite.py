@@ -77,7 +77,9 @@ def plan(
         for K in ks if any(k > 1 for k in ks) else []:
             if K == 1 and k_batch in batches:
                 continue
-            whats = ["nonprivate"] + [f"{kind}_{mode}" for kind in ("gsm", "dpsgd") if kind in kinds for mode in k_modes]
+            whats = ["nonprivate"] + [
+                f"{kind}_{mode}" for kind in ("gsm", "dpsgd") if kind in kinds for mode in k_modes
+            ]
             out += [Config(m, k_batch, K, w) for w in whats]
     return out
 

@@ -88,36 +88,80 @@ def _cases() -> list[tuple[str, str, Callable[[str], Any], list[Any], Callable[[
     shift = functools.partial(w.augment_copies, kind="shift", strength=1)
     c_values = [0.05, 0.1, 0.2, 0.5, 1.0, 2.0]
     return [
-        ("GradientExplorer (SmallCNN, 64 digits)", "sample",
-         lambda b: w.GradientExplorer(_cnn(), (x, y), ce, backend=b), list(range(0, 64, 5)), slider("sample")),
-        ("ClippingExplorer (2-D toy, arrows)", "C",
-         lambda b: w.ClippingExplorer(backend=b), c_values, slider("max_grad_norm")),
-        ("ClippingExplorer (SmallCNN, 64 digits)", "C",
-         lambda b: w.ClippingExplorer(_cnn(), (x, y), ce, backend=b), c_values, slider("max_grad_norm")),
-        ("NoiseExplorer (SmallCNN, 64 digits)", "sigma",
-         lambda b: w.NoiseExplorer(_cnn(), (x, y), ce, backend=b), [0.5, 1.0, 2.0, 4.0], slider("noise_multiplier")),
-        ("NoiseExplorer (2-D toy)", "batch size",
-         lambda b: w.NoiseExplorer(backend=b), [4, 8, 16, 32, 64], slider("batch_size")),
-        ("PrivacyBudgetExplorer, seen settings", "sigma",
-         lambda b: w.PrivacyBudgetExplorer(backend=b, debounce=0), [0.8, 1.0, 1.2], slider("noise_multiplier")),
-        ("AugmultExplorer (toy MLP)", "K",
-         lambda b: w.AugmultExplorer(backend=b), list(range(1, 17, 3)), slider("K")),
-        ("AugmultExplorer (SmallCNN, 32 digits, shifts)", "K",
-         lambda b: w.AugmultExplorer(_cnn(), x[:32], y[:32], ce, augment=shift, k_max=8, backend=b),
-         list(range(1, 9)), slider("K")),
+        (
+            "GradientExplorer (SmallCNN, 64 digits)",
+            "sample",
+            lambda b: w.GradientExplorer(_cnn(), (x, y), ce, backend=b),
+            list(range(0, 64, 5)),
+            slider("sample"),
+        ),
+        (
+            "ClippingExplorer (2-D toy, arrows)",
+            "C",
+            lambda b: w.ClippingExplorer(backend=b),
+            c_values,
+            slider("max_grad_norm"),
+        ),
+        (
+            "ClippingExplorer (SmallCNN, 64 digits)",
+            "C",
+            lambda b: w.ClippingExplorer(_cnn(), (x, y), ce, backend=b),
+            c_values,
+            slider("max_grad_norm"),
+        ),
+        (
+            "NoiseExplorer (SmallCNN, 64 digits)",
+            "sigma",
+            lambda b: w.NoiseExplorer(_cnn(), (x, y), ce, backend=b),
+            [0.5, 1.0, 2.0, 4.0],
+            slider("noise_multiplier"),
+        ),
+        (
+            "NoiseExplorer (2-D toy)",
+            "batch size",
+            lambda b: w.NoiseExplorer(backend=b),
+            [4, 8, 16, 32, 64],
+            slider("batch_size"),
+        ),
+        (
+            "PrivacyBudgetExplorer, seen settings",
+            "sigma",
+            lambda b: w.PrivacyBudgetExplorer(backend=b, debounce=0),
+            [0.8, 1.0, 1.2],
+            slider("noise_multiplier"),
+        ),
+        ("AugmultExplorer (toy MLP)", "K", lambda b: w.AugmultExplorer(backend=b), list(range(1, 17, 3)), slider("K")),
+        (
+            "AugmultExplorer (SmallCNN, 32 digits, shifts)",
+            "K",
+            lambda b: w.AugmultExplorer(_cnn(), x[:32], y[:32], ce, augment=shift, k_max=8, backend=b),
+            list(range(1, 9)),
+            slider("K"),
+        ),
         ("TrainingMonitor (200 steps so far)", "update()", monitor, list(range(1000)), monitor_move),
-        ("PrivacyAttackExplorer (3 simulated attacks)", "threshold",
-         lambda b: w.PrivacyAttackExplorer(backend=b), [0.2, 0.5, 0.8, 1.1], slider("threshold")),
-        ("PrivacyAttackExplorer (3 simulated attacks)", "sigma",
-         lambda b: w.PrivacyAttackExplorer(backend=b), [0.5, 0.8, 1.3, 2.0], slider("noise_multiplier")),
+        (
+            "PrivacyAttackExplorer (3 simulated attacks)",
+            "threshold",
+            lambda b: w.PrivacyAttackExplorer(backend=b),
+            [0.2, 0.5, 0.8, 1.1],
+            slider("threshold"),
+        ),
+        (
+            "PrivacyAttackExplorer (3 simulated attacks)",
+            "sigma",
+            lambda b: w.PrivacyAttackExplorer(backend=b),
+            [0.5, 0.8, 1.3, 2.0],
+            slider("noise_multiplier"),
+        ),
     ]
 
 
-def _time(explorer: Any, values: list[Any], move: Callable[[Any, Any], None], repeats: int,
-          draw: bool) -> tuple[list[float], list[float]]:
+def _time(
+    explorer: Any, values: list[Any], move: Callable[[Any, Any], None], repeats: int, draw: bool
+) -> tuple[list[float], list[float]]:
     """Wall and CPU milliseconds of ``repeats`` moves (each followed by a draw if ``draw``)."""
     cycle = itertools.cycle(values)
-    for _ in range(3):                                   # warm up: first layout, caches
+    for _ in range(3):  # warm up: first layout, caches
         move(explorer, next(cycle))
         explorer.figure.canvas.draw()
     wall, cpu = [], []
@@ -164,23 +208,31 @@ def _budget_cold(repeats: int) -> tuple[list[float], list[float]]:
 
     ex = PrivacyBudgetExplorer(backend="static", debounce=0)
     values = iter([0.9 + 0.0137 * i for i in range(1, repeats + 10)])
-    return _time(ex, [0.0], lambda e, _: setattr(e.controls["noise_multiplier"], "value", next(values)),
-                 repeats, True)
+    return _time(ex, [0.0], lambda e, _: setattr(e.controls["noise_multiplier"], "value", next(values)), repeats, True)
 
 
 def _summary(times: tuple[list[float], list[float]], prefix: str) -> dict[str, float]:
     wall, cpu = times
     ordered = sorted(wall)
-    return {f"{prefix}_median_ms": statistics.median(wall), f"{prefix}_p90_ms": ordered[int(0.9 * (len(ordered) - 1))],
-            f"{prefix}_min_ms": ordered[0], f"{prefix}_cpu_median_ms": statistics.median(cpu)}
+    return {
+        f"{prefix}_median_ms": statistics.median(wall),
+        f"{prefix}_p90_ms": ordered[int(0.9 * (len(ordered) - 1))],
+        f"{prefix}_min_ms": ordered[0],
+        f"{prefix}_cpu_median_ms": statistics.median(cpu),
+    }
 
 
 def run(repeats: int = 15) -> list[dict[str, Any]]:
     """Time every case; one row per widget and control."""
     import matplotlib.pyplot as plt
 
-    rows = [{"widget": "reference: bare 3-axes matplotlib figure", "control": "line",
-             **_summary(_reference(repeats), "agg")}]
+    rows = [
+        {
+            "widget": "reference: bare 3-axes matplotlib figure",
+            "control": "line",
+            **_summary(_reference(repeats), "agg"),
+        }
+    ]
     for name, control, build, values, move in _cases():
         row: dict[str, Any] = {"widget": name, "control": control}
         for backend, draw in (("static", True), ("image", False)):
@@ -189,21 +241,33 @@ def run(repeats: int = 15) -> list[dict[str, Any]]:
             row.update(_summary(_time(explorer, values, move, repeats, draw), "agg" if draw else "image"))
             assert len(plt.get_fignums()) == figures, "a slider move opened a figure"
         rows.append(row)
-    rows.append({"widget": "PrivacyBudgetExplorer, new settings (rdp)", "control": "sigma",
-                 **_summary(_budget_cold(max(3, repeats // 3)), "agg")})
+    rows.append(
+        {
+            "widget": "PrivacyBudgetExplorer, new settings (rdp)",
+            "control": "sigma",
+            **_summary(_budget_cold(max(3, repeats // 3)), "agg"),
+        }
+    )
     return rows
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
-    head = (f"{'widget':48} {'control':10} {'agg ms':>7} {'p90':>6} {'min':>6} {'cpu':>6} {'image ms':>9} "
-            f"{'p90':>6} {'cpu':>6}")
+    head = (
+        f"{'widget':48} {'control':10} {'agg ms':>7} {'p90':>6} {'min':>6} {'cpu':>6} {'image ms':>9} "
+        f"{'p90':>6} {'cpu':>6}"
+    )
     lines = [head, "-" * len(head)]
     for r in rows:
-        image = (f"{r['image_median_ms']:9.1f} {r['image_p90_ms']:6.1f} {r['image_cpu_median_ms']:6.1f}"
-                 if "image_median_ms" in r else f"{'-':>9} {'-':>6} {'-':>6}")
+        image = (
+            f"{r['image_median_ms']:9.1f} {r['image_p90_ms']:6.1f} {r['image_cpu_median_ms']:6.1f}"
+            if "image_median_ms" in r
+            else f"{'-':>9} {'-':>6} {'-':>6}"
+        )
         flag = "" if r["agg_median_ms"] <= GOAL_MS else "  > 50 ms"
-        lines.append(f"{r['widget']:48} {r['control']:10} {r['agg_median_ms']:7.1f} {r['agg_p90_ms']:6.1f} "
-                     f"{r['agg_min_ms']:6.1f} {r['agg_cpu_median_ms']:6.1f} {image}{flag}")
+        lines.append(
+            f"{r['widget']:48} {r['control']:10} {r['agg_median_ms']:7.1f} {r['agg_p90_ms']:6.1f} "
+            f"{r['agg_min_ms']:6.1f} {r['agg_cpu_median_ms']:6.1f} {image}{flag}"
+        )
     return "\n".join(lines)
 
 

@@ -23,4 +23,14 @@ from dpnotebook.exercises.core import (
     require,
 )
 
-__all__ = ["check", "judge", "register_check", "require", "is_stub", "ExerciseFailed", "NotYetSolved", "Status", "Verdict"]
+__all__ = [
+    "check",
+    "judge",
+    "register_check",
+    "require",
+    "is_stub",
+    "ExerciseFailed",
+    "NotYetSolved",
+    "Status",
+    "Verdict",
+]

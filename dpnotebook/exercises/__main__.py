@@ -53,8 +53,10 @@ def main(argv: list[str] | None = None) -> None:
             args.out_dir.mkdir(parents=True, exist_ok=True)
             for notebook in notebooks:
                 shutil.copyfile(notebook, args.out_dir / notebook.name)
-        print(f"student set: {len(notebooks)} notebooks, every exercise a stub with a solution"
-              + (f"; copied to {args.out_dir}" if args.out_dir is not None else ""))
+        print(
+            f"student set: {len(notebooks)} notebooks, every exercise a stub with a solution"
+            + (f"; copied to {args.out_dir}" if args.out_dir is not None else "")
+        )
         return
     for notebook in notebooks:
         result = solved(notebook)

@@ -132,7 +132,9 @@ def problems(notebook_path: Path) -> list[str]:
     blocks = parse_solutions(path.read_text(encoding="utf-8")) if path.exists() else {}
     found = []
     for exercise_id in sorted(set(cells) - set(blocks)):
-        found.append(f"{notebook_path.name}: exercise {exercise_id!r} has no block '# %% exercise {exercise_id}' in {path}")
+        found.append(
+            f"{notebook_path.name}: exercise {exercise_id!r} has no block '# %% exercise {exercise_id}' in {path}"
+        )
     for exercise_id in sorted(set(blocks) - set(cells)):
         found.append(f"{path}: block {exercise_id!r} has no cell tagged {TAG!r} in {notebook_path.name}")
     checks = check_cells(notebook)
@@ -192,7 +194,9 @@ def execute(notebook: dict[str, Any], cwd: Path, timeout: int = 600) -> dict[str
     os.environ[ENVIRONMENT_VARIABLE] = "solutions"
     try:
         node = reads(json.dumps(notebook), as_version=4)
-        NotebookClient(node, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(cwd)}}).execute()
+        NotebookClient(
+            node, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(cwd)}}
+        ).execute()
     finally:
         if previous is None:
             del os.environ[ENVIRONMENT_VARIABLE]

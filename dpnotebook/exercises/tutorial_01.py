@@ -47,8 +47,11 @@ def _definition(a: Tensor, g: Tensor) -> Tensor:
     return torch.einsum("bto,bti->boi", g, a).flatten(1).norm(dim=1)
 
 
-@register_check("01.norm_without_materialising", todo="write linear_weight_norms(a, g): ‖g‖·‖a‖ for one position, "
-                "then the Gram form Σ_ts (g_t·g_s)(a_t·a_s) for T positions")
+@register_check(
+    "01.norm_without_materialising",
+    todo="write linear_weight_norms(a, g): ‖g‖·‖a‖ for one position, "
+    "then the Gram form Σ_ts (g_t·g_s)(a_t·a_s) for T positions",
+)
 def check_norms(linear_weight_norms: Callable[[Tensor, Tensor], Tensor]) -> str:
     """The norms for T = 1 and T = 3, against the materialised definition, and without materialising."""
     B, d_in, d_out = 4, 48, 40
@@ -60,44 +63,66 @@ def check_norms(linear_weight_norms: Callable[[Tensor, Tensor], Tensor]) -> str:
         with _LargestTensor() as watch:
             got = linear_weight_norms(a, g)
         want = _definition(a, g)
-        require(isinstance(got, Tensor) and got.shape == want.shape,
-                f"return one norm per sample, a tensor of shape [{B}]; got "
-                f"{list(got.shape) if isinstance(got, Tensor) else type(got).__name__}")
+        require(
+            isinstance(got, Tensor) and got.shape == want.shape,
+            f"return one norm per sample, a tensor of shape [{B}]; got "
+            f"{list(got.shape) if isinstance(got, Tensor) else type(got).__name__}",
+        )
         where = "for one position per sample (T = 1)" if T is None else f"for T = {T} positions"
         if torch.allclose(got, want.square(), rtol=1e-8):
             raise ExerciseFailed(f"squared norms {where}: take the square root")
         if T is not None:
             per_position = (g.norm(dim=2) * a.norm(dim=2)).sum(1)
             if torch.allclose(got, per_position, rtol=1e-8):
-                raise ExerciseFailed("that is Σ_t ‖g_t‖‖a_t‖, the sum of the positions' norms; the norm of a sum "
-                                     "is smaller. Expand ‖Σ_t g_t a_tᵀ‖² = Σ_t Σ_s (g_t·g_s)(a_t·a_s): two [B, T, T] "
-                                     "Gram matrices, multiplied entrywise and summed")
-        require(torch.allclose(got, want, rtol=1e-8), f"the norms differ from the gradients' norms {where}: "
-                "for one position ‖g aᵀ‖ = ‖g‖·‖a‖; for T positions use the Gram matrices")
+                raise ExerciseFailed(
+                    "that is Σ_t ‖g_t‖‖a_t‖, the sum of the positions' norms; the norm of a sum "
+                    "is smaller. Expand ‖Σ_t g_t a_tᵀ‖² = Σ_t Σ_s (g_t·g_s)(a_t·a_s): two [B, T, T] "
+                    "Gram matrices, multiplied entrywise and summed"
+                )
+        require(
+            torch.allclose(got, want, rtol=1e-8),
+            f"the norms differ from the gradients' norms {where}: "
+            "for one position ‖g aᵀ‖ = ‖g‖·‖a‖; for T positions use the Gram matrices",
+        )
         if watch.largest >= B * d_in * d_out:
-            raise ExerciseFailed(f"right numbers, but you built a tensor of {watch.largest} entries (the B per-sample "
-                                 f"gradients have {B * d_in * d_out}): use ‖g‖·‖a‖, or the T×T Gram matrices")
+            raise ExerciseFailed(
+                f"right numbers, but you built a tensor of {watch.largest} entries (the B per-sample "
+                f"gradients have {B * d_in * d_out}): use ‖g‖·‖a‖, or the T×T Gram matrices"
+            )
     return "‖g aᵀ‖ = ‖g‖‖a‖ and the Gram form agree with the gradients' norms; no [B, out, in] tensor was built"
 
 
-@register_check("01.per_sample_norms", todo="flatten each oracle gradient to [8, -1], concatenate along dim 1, "
-                "take .norm(dim=1); then argmax")
+@register_check(
+    "01.per_sample_norms",
+    todo="flatten each oracle gradient to [8, -1], concatenate along dim 1, take .norm(dim=1); then argmax",
+)
 def check_per_sample_norms(norms: Tensor, largest: int, oracle: dict[str, Tensor]) -> str:
     """The 8 per-sample norms from the oracle's gradients and the index of the largest, against the library."""
     from dpnotebook.privacy import per_sample_norms
 
     want = per_sample_norms(list(oracle.values()))
-    require(isinstance(norms, Tensor) and norms.shape == want.shape,
-            f"norms should be a tensor of shape {list(want.shape)}, one norm per sample")
+    require(
+        isinstance(norms, Tensor) and norms.shape == want.shape,
+        f"norms should be a tensor of shape {list(want.shape)}, one norm per sample",
+    )
     if torch.allclose(norms.double(), want.double().square(), rtol=1e-5):
         raise ExerciseFailed("those are squared norms: take the square root (or use .norm(dim=1))")
-    if torch.allclose(norms.double(), torch.stack([g.flatten(1).norm(dim=1) for g in oracle.values()]).sum(0)
-                      .to(norms.device, torch.float64), rtol=1e-5):
-        raise ExerciseFailed("that adds the parameters' norms; the norm of the whole gradient is the norm of all "
-                             "parameters concatenated: torch.cat([g.flatten(1) for g in ...], dim=1).norm(dim=1)")
-    require(torch.allclose(norms.double(), want.double(), rtol=1e-5),
-            "the norms differ from dpnotebook.privacy.per_sample_norms: flatten every parameter's gradient per "
-            "sample, concatenate along dim 1, then take the norm of each row")
-    require(largest == int(want.argmax()), f"largest = {largest!r}, but sample {int(want.argmax())} has the "
-            "largest norm: int(norms.argmax())")
+    if torch.allclose(
+        norms.double(),
+        torch.stack([g.flatten(1).norm(dim=1) for g in oracle.values()]).sum(0).to(norms.device, torch.float64),
+        rtol=1e-5,
+    ):
+        raise ExerciseFailed(
+            "that adds the parameters' norms; the norm of the whole gradient is the norm of all "
+            "parameters concatenated: torch.cat([g.flatten(1) for g in ...], dim=1).norm(dim=1)"
+        )
+    require(
+        torch.allclose(norms.double(), want.double(), rtol=1e-5),
+        "the norms differ from dpnotebook.privacy.per_sample_norms: flatten every parameter's gradient per "
+        "sample, concatenate along dim 1, then take the norm of each row",
+    )
+    require(
+        largest == int(want.argmax()),
+        f"largest = {largest!r}, but sample {int(want.argmax())} has the largest norm: int(norms.argmax())",
+    )
     return f"the norms match dpnotebook.privacy.per_sample_norms; sample {largest} has the largest"

@@ -30,8 +30,11 @@ def _same(got: object, want: Tensor) -> bool:
 
 def _call(sampler: Callable, layer: nn.Module, x: Tensor, g: Tensor, K: int) -> dict:
     result = sampler(layer, [x], g, K)
-    require(isinstance(result, dict), f"the sampler returned a {type(result).__name__}: return a dict "
-            "{parameter: per-sample gradients}, e.g. {layer.weight: ..., layer.bias: ...}")
+    require(
+        isinstance(result, dict),
+        f"the sampler returned a {type(result).__name__}: return a dict "
+        "{parameter: per-sample gradients}, e.g. {layer.weight: ..., layer.bias: ...}",
+    )
     return result
 
 
@@ -45,8 +48,11 @@ def _linear_expected(layer: nn.Linear, x: Tensor, g: Tensor, K: int) -> tuple[Te
     return torch.einsum("bto,bti->boi", b, a) / K, b.sum(1) / K
 
 
-@register_check("02.linear_einsum", todo="write linear_sampler(layer, activations, backprops, K) with one "
-                "torch.einsum for the weight and a sum for the bias; remember the K copies")
+@register_check(
+    "02.linear_einsum",
+    todo="write linear_sampler(layer, activations, backprops, K) with one "
+    "torch.einsum for the weight and a sum for the bias; remember the K copies",
+)
 def check_linear_einsum(sampler: Callable) -> str:
     """The student's ``nn.Linear`` sampler: named mistakes first, then the oracle."""
     layer = nn.Linear(4, 3).double()
@@ -55,30 +61,49 @@ def check_linear_einsum(sampler: Callable) -> str:
         g = torch.randn(*shape[:-1], 3, dtype=torch.float64)
         result = _call(sampler, layer, x, g, K)
         require(layer.weight in result, "the dict has no entry for layer.weight")
-        require(layer.bias in result, "the dict has no entry for layer.bias: its per-sample gradient is the "
-                "backprops summed over positions (and averaged over the K copies)")
+        require(
+            layer.bias in result,
+            "the dict has no entry for layer.bias: its per-sample gradient is the "
+            "backprops summed over positions (and averaged over the K copies)",
+        )
         weight, bias = _linear_expected(layer, x, g, K)
         got = result[layer.weight]
         B = shape[0] // K
         require(isinstance(got, Tensor), "the weight's entry is not a tensor")
         if got.shape == weight.transpose(1, 2).shape and got.shape != weight.shape:
-            raise ExerciseFailed(f"the weight gradients have shape {list(got.shape)}, transposed: the weight is "
-                                 "[out, in], so each sample's gradient is g aᵀ, e.g. einsum('bto,bti->boi', g, a)")
+            raise ExerciseFailed(
+                f"the weight gradients have shape {list(got.shape)}, transposed: the weight is "
+                "[out, in], so each sample's gradient is g aᵀ, e.g. einsum('bto,bti->boi', g, a)"
+            )
         if K > 1 and got.shape[0] == B * K:
-            raise ExerciseFailed(f"{got.shape[0]} gradients for {B} samples: one per row, not per sample; reshape "
-                                 "the B·K rows to [B, K·T, features] so the copies are summed, then divide by K")
-        require(got.shape == weight.shape, f"the weight gradients have shape {list(got.shape)}, expected "
-                f"{list(weight.shape)} = [B, out_features, in_features]")
+            raise ExerciseFailed(
+                f"{got.shape[0]} gradients for {B} samples: one per row, not per sample; reshape "
+                "the B·K rows to [B, K·T, features] so the copies are summed, then divide by K"
+            )
+        require(
+            got.shape == weight.shape,
+            f"the weight gradients have shape {list(got.shape)}, expected "
+            f"{list(weight.shape)} = [B, out_features, in_features]",
+        )
         if K > 1 and _same(got, weight * K):
-            raise ExerciseFailed("the weight gradient is K times too large: a sample's gradient is the *mean* "
-                                 "over its K copies, so divide the sum by K")
+            raise ExerciseFailed(
+                "the weight gradient is K times too large: a sample's gradient is the *mean* "
+                "over its K copies, so divide the sum by K"
+            )
         if len(shape) == 3 and not _same(got, weight):
-            raise ExerciseFailed("right for one position per row, wrong for sequences: sum g_t a_tᵀ over the "
-                                 "positions t too (reshape to [B, K·T, features] and contract over that dim)")
-        require(_same(got, weight), "the weight gradients differ from g aᵀ: for one row, the gradient of "
-                "y = W a is the outer product of the backprops g [out] with the activations a [in]")
-        require(_same(result[layer.bias], bias), "the weight is right, the bias is not: its gradient is the "
-                "backprops summed over positions, divided by K")
+            raise ExerciseFailed(
+                "right for one position per row, wrong for sequences: sum g_t a_tᵀ over the "
+                "positions t too (reshape to [B, K·T, features] and contract over that dim)"
+            )
+        require(
+            _same(got, weight),
+            "the weight gradients differ from g aᵀ: for one row, the gradient of "
+            "y = W a is the outer product of the backprops g [out] with the activations a [in]",
+        )
+        require(
+            _same(result[layer.bias], bias),
+            "the weight is right, the bias is not: its gradient is the backprops summed over positions, divided by K",
+        )
     register_grad_sampler(_StudentLinear)(sampler)
     try:
         for K, shape, batch_first in [(1, (4, 4), True), (2, (6, 3, 4), True), (2, (5, 6, 4), False)]:
@@ -92,7 +117,7 @@ def check_linear_einsum(sampler: Callable) -> str:
 
 def _gate_terms(layer: nn.Module, x: Tensor, g: Tensor, K: int) -> tuple[Tensor, Tensor]:
     B = x.shape[0] // K
-    through = (g * x).reshape(B, -1, x.shape[-1]).sum(1) / K        # d loss / d (sigmoid(w)) per sample
+    through = (g * x).reshape(B, -1, x.shape[-1]).sum(1) / K  # d loss / d (sigmoid(w)) per sample
     s = torch.sigmoid(layer.w.detach())
     return through, s
 
@@ -101,8 +126,11 @@ def _gate_terms(layer: nn.Module, x: Tensor, g: Tensor, K: int) -> tuple[Tensor,
 def check_gate_sampler(sampler: Callable, layer_type: type[nn.Module]) -> str:
     """The student's ``Gate`` sampler (``layer_type`` is the notebook's ``Gate`` class)."""
     entry = find_grad_sampler(layer_type(3))
-    require(entry is not None and entry.fn is sampler, "gate_sampler is not the sampler registered for Gate: "
-            "decorate it with @register_grad_sampler(Gate) and run its cell again")
+    require(
+        entry is not None and entry.fn is sampler,
+        "gate_sampler is not the sampler registered for Gate: "
+        "decorate it with @register_grad_sampler(Gate) and run its cell again",
+    )
     layer = layer_type(5).double()
     for K in (1, 3):
         x = torch.randn(2 * K, 7, 5, dtype=torch.float64)
@@ -112,18 +140,25 @@ def check_gate_sampler(sampler: Callable, layer_type: type[nn.Module]) -> str:
         through, s = _gate_terms(layer, x, g, K)
         got = result[layer.w]
         right = through * s * (1 - s)
-        require(isinstance(got, Tensor) and got.shape == right.shape,
-                f"layer.w's per-sample gradients should have shape {list(right.shape)} = [B, features]")
+        require(
+            isinstance(got, Tensor) and got.shape == right.shape,
+            f"layer.w's per-sample gradients should have shape {list(right.shape)} = [B, features]",
+        )
         if _same(got, through):
-            raise ExerciseFailed("you have d loss / d sigmoid(w); the chain rule multiplies by sigmoid'(w) = "
-                                 "sigmoid(w)(1 - sigmoid(w))")
+            raise ExerciseFailed(
+                "you have d loss / d sigmoid(w); the chain rule multiplies by sigmoid'(w) = sigmoid(w)(1 - sigmoid(w))"
+            )
         if _same(got, through * s):
-            raise ExerciseFailed("that is the gradient with respect to sigmoid(w) times sigmoid(w); the "
-                                 "derivative is sigmoid(w)(1 - sigmoid(w))")
+            raise ExerciseFailed(
+                "that is the gradient with respect to sigmoid(w) times sigmoid(w); the "
+                "derivative is sigmoid(w)(1 - sigmoid(w))"
+            )
         if K > 1 and _same(got, right * K):
             raise ExerciseFailed("K times too large: average the K copies of each sample (divide by K)")
-        require(_same(got, right), "the gradients differ from sum_t g_t x_t σ(w)(1 - σ(w)) / K: check the sum "
-                "over positions and copies")
+        require(
+            _same(got, right),
+            "the gradients differ from sum_t g_t x_t σ(w)(1 - σ(w)) / K: check the sum over positions and copies",
+        )
     try:
         for K in (1, 3):
             check_grad_sampler(layer_type(5), torch.randn(2 * K, 7, 5), K=K)
@@ -132,40 +167,56 @@ def check_gate_sampler(sampler: Callable, layer_type: type[nn.Module]) -> str:
     return "gate_sampler matches the float64 oracle for K=1 and K=3"
 
 
-@register_check("02.lora_sampler", todo="derive the per-sample gradients of A and B (h = A a is what B sees; "
-                "Bᵀ g is what reaches A), then complete lora_sampler")
+@register_check(
+    "02.lora_sampler",
+    todo="derive the per-sample gradients of A and B (h = A a is what B sees; "
+    "Bᵀ g is what reaches A), then complete lora_sampler",
+)
 def check_lora_sampler(sampler: Callable, layer_type: type[nn.Module]) -> str:
     """The student's sampler for a low-rank adapter ``y = W a + B (A a)`` (``layer_type(in, out, rank)``)."""
     entry = find_grad_sampler(layer_type(4, 3, 2))
-    require(entry is not None and entry.fn is sampler, "lora_sampler is not the sampler registered for LoRALinear: "
-            "decorate it with @register_grad_sampler(LoRALinear) and run its cell again")
+    require(
+        entry is not None and entry.fn is sampler,
+        "lora_sampler is not the sampler registered for LoRALinear: "
+        "decorate it with @register_grad_sampler(LoRALinear) and run its cell again",
+    )
     layer = layer_type(5, 4, 2).double()
     with torch.no_grad():
-        layer.B.normal_()                      # B = 0 at initialisation would hide a wrong gradient for A
+        layer.B.normal_()  # B = 0 at initialisation would hide a wrong gradient for A
     for K in (1, 3):
         x = torch.randn(2 * K, 6, 5, dtype=torch.float64)
         g = torch.randn(2 * K, 6, 4, dtype=torch.float64)
         result = _call(sampler, layer, x, g, K)
-        require(layer.A in result and layer.B in result, "return a dict with an entry for layer.A and for layer.B "
-                "(the frozen weight is a buffer: no gradient)")
+        require(
+            layer.A in result and layer.B in result,
+            "return a dict with an entry for layer.A and for layer.B (the frozen weight is a buffer: no gradient)",
+        )
         B = x.shape[0] // K
         a, gg = x.reshape(B, -1, 5), g.reshape(B, -1, 4)
-        h = a @ layer.A.detach().T                                   # [B, K*T, rank]
+        h = a @ layer.A.detach().T  # [B, K*T, rank]
         want_b = torch.einsum("bno,bnr->bor", gg, h) / K
         want_a = torch.einsum("bnr,bni->bri", gg @ layer.B.detach(), a) / K
         got_a, got_b = result[layer.A], result[layer.B]
-        require(isinstance(got_b, Tensor) and got_b.shape == want_b.shape,
-                f"layer.B's per-sample gradients should have shape {list(want_b.shape)} = [B, out, rank]")
-        require(isinstance(got_a, Tensor) and got_a.shape == want_a.shape,
-                f"layer.A's per-sample gradients should have shape {list(want_a.shape)} = [B, rank, in]")
+        require(
+            isinstance(got_b, Tensor) and got_b.shape == want_b.shape,
+            f"layer.B's per-sample gradients should have shape {list(want_b.shape)} = [B, out, rank]",
+        )
+        require(
+            isinstance(got_a, Tensor) and got_a.shape == want_a.shape,
+            f"layer.A's per-sample gradients should have shape {list(want_a.shape)} = [B, rank, in]",
+        )
         if K > 1 and (_same(got_a, want_a * K) or _same(got_b, want_b * K)):
             raise ExerciseFailed("K times too large: average the K copies of each sample (divide by K)")
         if not _same(got_b, want_b):
-            raise ExerciseFailed("layer.B's gradients are wrong: B is a linear layer whose input is the adapter's "
-                                 "hidden h_t = A a_t, so its gradient is Σ_t g_t h_tᵀ (not g_t a_tᵀ)")
+            raise ExerciseFailed(
+                "layer.B's gradients are wrong: B is a linear layer whose input is the adapter's "
+                "hidden h_t = A a_t, so its gradient is Σ_t g_t h_tᵀ (not g_t a_tᵀ)"
+            )
         if not _same(got_a, want_a):
-            raise ExerciseFailed("layer.A's gradients are wrong: the backprops reach A through B, as Bᵀ g_t, so "
-                                 "its gradient is Σ_t (Bᵀ g_t) a_tᵀ")
+            raise ExerciseFailed(
+                "layer.A's gradients are wrong: the backprops reach A through B, as Bᵀ g_t, so "
+                "its gradient is Σ_t (Bᵀ g_t) a_tᵀ"
+            )
     try:
         for K in (1, 3):
             check_grad_sampler(layer_type(5, 4, 2), torch.randn(2 * K, 6, 5), K=K)

@@ -33,8 +33,11 @@ def _generated() -> dict[str, Tensor]:
     return {"weight": torch.randn(40, 6, generator=g) * scale, "bias": torch.randn(40, 2, generator=g) * scale}
 
 
-@register_check("03.clipping_bound", todo="write smallest_bound(grads, grid, max_fraction): go through the grid "
-                "from small to large and return the first C that clips at most max_fraction of the samples")
+@register_check(
+    "03.clipping_bound",
+    todo="write smallest_bound(grads, grid, max_fraction): go through the grid "
+    "from small to large and return the first C that clips at most max_fraction of the samples",
+)
 def check_clipping_bound(smallest_bound: Callable, grads: Mapping[str, Tensor] | None) -> str:
     """The student's search against ``clipping_stats`` on every C of the grid."""
     cases = [(_generated(), f) for f in (0.5, 0.1, 0.9)]
@@ -47,9 +50,12 @@ def check_clipping_bound(smallest_bound: Callable, grads: Mapping[str, Tensor] |
         require(got in GRID, f"smallest_bound returned {got!r}, which is not in the grid: return one of its values")
         clipped = fractions[GRID.index(got)]
         if clipped > max_fraction:
-            raise ExerciseFailed(f"C = {got} clips {clipped:.0%} of the samples, more than {max_fraction:.0%}: "
-                                 "'at most' means fraction_clipped <= max_fraction")
+            raise ExerciseFailed(
+                f"C = {got} clips {clipped:.0%} of the samples, more than {max_fraction:.0%}: "
+                "'at most' means fraction_clipped <= max_fraction"
+            )
         if got != want:
-            raise ExerciseFailed(f"C = {got} clips at most {max_fraction:.0%}, but C = {want} in the grid does too: "
-                                 "return the smallest")
+            raise ExerciseFailed(
+                f"C = {got} clips at most {max_fraction:.0%}, but C = {want} in the grid does too: return the smallest"
+            )
     return "the smallest C clipping at most the fraction asked, on the notebook's gradients and on generated ones"

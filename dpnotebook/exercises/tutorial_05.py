@@ -26,21 +26,32 @@ def _epsilon(sample_rate: float, steps: int) -> float:
     return compute_epsilon(noise_multiplier=SIGMA, sample_rate=sample_rate, steps=steps, delta=DELTA)
 
 
-@register_check("05.epsilon_any_K", todo="count the steps the runs took (epochs × len(loader)), then "
-                "compute_epsilon with sigma 1.2 and q = 128/1438")
+@register_check(
+    "05.epsilon_any_K",
+    todo="count the steps the runs took (epochs × len(loader)), then compute_epsilon with sigma 1.2 and q = 128/1438",
+)
 def check_epsilon_any_k(my_epsilon: Any, steps: Any, expected_epsilon: float, expected_steps: int) -> str:
     """``my_epsilon`` equals the runs' ε (``expected_epsilon``), from ``expected_steps`` steps at q = 128/1438."""
     if is_stub(steps):
         raise NotYetSolved("count the steps first: 25 epochs of len(loader) batches")
     require(isinstance(steps, int), f"steps = {steps!r}: it should be a whole number of steps")
     if steps != expected_steps:
-        raise ExerciseFailed(f"steps = {steps}, but the runs took {expected_steps}: a Poisson loader runs "
-                             "len(loader) batches per epoch, whatever K is; 25 epochs are 25 * len(loader)")
-    require(isinstance(my_epsilon, float), f"my_epsilon = {my_epsilon!r}: it should be the number compute_epsilon gives")
+        raise ExerciseFailed(
+            f"steps = {steps}, but the runs took {expected_steps}: a Poisson loader runs "
+            "len(loader) batches per epoch, whatever K is; 25 epochs are 25 * len(loader)"
+        )
+    require(
+        isinstance(my_epsilon, float), f"my_epsilon = {my_epsilon!r}: it should be the number compute_epsilon gives"
+    )
     for K in (2, 4):
         if abs(my_epsilon - _epsilon(K * BATCH / N, steps)) < 1e-9:
-            raise ExerciseFailed(f"that is the ε of a sample rate K·{BATCH}/{N}: the accountant counts samples, not "
-                                 f"rows, so q = {BATCH}/{N} whatever K is")
-    require(abs(my_epsilon - expected_epsilon) < 1e-6, f"my_epsilon = {my_epsilon:.4f}, the runs spent "
-            f"{expected_epsilon:.4f}: use noise_multiplier={SIGMA}, sample_rate={BATCH}/{N}, steps={steps}, delta={DELTA}")
+            raise ExerciseFailed(
+                f"that is the ε of a sample rate K·{BATCH}/{N}: the accountant counts samples, not "
+                f"rows, so q = {BATCH}/{N} whatever K is"
+            )
+    require(
+        abs(my_epsilon - expected_epsilon) < 1e-6,
+        f"my_epsilon = {my_epsilon:.4f}, the runs spent "
+        f"{expected_epsilon:.4f}: use noise_multiplier={SIGMA}, sample_rate={BATCH}/{N}, steps={steps}, delta={DELTA}",
+    )
     return f"ε = {my_epsilon:.2f} from σ, q and {steps} steps alone: the same for K = 1 and K = 4"

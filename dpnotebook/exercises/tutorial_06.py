@@ -25,8 +25,10 @@ def check_embedding_bag_modes(works: Any, model: nn.Module, inputs: Tensor, targ
     """The student's set against the modes whose ``compare_modes`` row agrees with the oracle."""
     from dpnotebook.compare import compare_modes
 
-    require(isinstance(works, (set, frozenset, list, tuple)) and all(isinstance(m, str) for m in works),
-            f"works should be a set of mode names such as {{'hooks'}}; got {works!r}")
+    require(
+        isinstance(works, (set, frozenset, list, tuple)) and all(isinstance(m, str) for m in works),
+        f"works should be a set of mode names such as {{'hooks'}}; got {works!r}",
+    )
     works = set(works)
     if "oracle" in works:
         raise ExerciseFailed('"oracle" is the float64 reference every mode is compared with, not a mode: leave it out')
@@ -35,8 +37,10 @@ def check_embedding_bag_modes(works: Any, model: nn.Module, inputs: Tensor, targ
     require(not unknown, f"{sorted(unknown)} are not modes; dpnotebook.available_modes() lists them")
     right = {m for m, r in rows.items() if r.agrees}
     for mode in sorted(works - right):
-        raise ExerciseFailed(f"{mode!r} does not compute this model's per-sample gradients: its row says "
-                             f"agrees={rows[mode].agrees}" + (f" ({rows[mode].error})" if getattr(rows[mode], "error", None) else ""))
+        raise ExerciseFailed(
+            f"{mode!r} does not compute this model's per-sample gradients: its row says "
+            f"agrees={rows[mode].agrees}" + (f" ({rows[mode].error})" if getattr(rows[mode], "error", None) else "")
+        )
     for mode in sorted(right - works):
         hint = " (ghost's row compares the per-sample norms, which is all DP-SGD needs)" if mode == "ghost" else ""
         raise ExerciseFailed(f"{mode!r} handles it too: its row agrees with the oracle{hint}")

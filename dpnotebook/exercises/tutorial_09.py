@@ -36,10 +36,10 @@ def _grads(big: int = 0) -> list[Tensor]:
     g = torch.Generator().manual_seed(9)
     shapes = [(4, 3), (4,), (2, big or 2)]
     grads = [torch.randn(6, *s, generator=g, dtype=torch.float64) * 0.05 for s in shapes]
-    grads[0][0] *= 200.0      # sample 0: only its first layer is large
-    grads[1][2] *= 100.0      # sample 2: only its second layer
+    grads[0][0] *= 200.0  # sample 0: only its first layer is large
+    grads[1][2] *= 100.0  # sample 2: only its second layer
     for p in grads:
-        p[4] *= 300.0         # sample 4: every layer
+        p[4] *= 300.0  # sample 4: every layer
     return grads
 
 
@@ -48,15 +48,24 @@ def _close(got: list[Tensor], want: list[Tensor]) -> bool:
 
 
 def _call(fn: Callable, grads: list[Tensor], sigma: float, seed: int) -> list[Tensor]:
-    out = fn([g.clone() for g in grads], C=C, sigma=sigma, expected_batch_size=EXPECTED,
-             generator=torch.Generator().manual_seed(seed))
+    out = fn(
+        [g.clone() for g in grads],
+        C=C,
+        sigma=sigma,
+        expected_batch_size=EXPECTED,
+        generator=torch.Generator().manual_seed(seed),
+    )
     out = list(out) if isinstance(out, (list, tuple)) else None
-    require(out is not None and len(out) == len(grads),
-            f"return a list with one tensor per parameter ({len(grads)} here), in the order of grads")
+    require(
+        out is not None and len(out) == len(grads),
+        f"return a list with one tensor per parameter ({len(grads)} here), in the order of grads",
+    )
     for o, g in zip(out, grads):
-        require(isinstance(o, Tensor) and tuple(o.shape) == tuple(g.shape[1:]),
-                f"each result must have the parameter's shape {tuple(g.shape[1:])}, without the batch dim "
-                f"(got {tuple(o.shape) if isinstance(o, Tensor) else type(o).__name__}): sum over the samples")
+        require(
+            isinstance(o, Tensor) and tuple(o.shape) == tuple(g.shape[1:]),
+            f"each result must have the parameter's shape {tuple(g.shape[1:])}, without the batch dim "
+            f"(got {tuple(o.shape) if isinstance(o, Tensor) else type(o).__name__}): sum over the samples",
+        )
     return out
 
 
@@ -65,26 +74,33 @@ def _diagnose_clipping(got: list[Tensor], grads: list[Tensor]) -> str:
     per_layer = clip_and_sum(grads, max_grad_norm=C, clipping="per_layer").summed
     wrong = {
         f"each layer was clipped to C, not to C / sqrt(L) = C / sqrt({L}): one sample could then move the sum "
-        f"by sqrt({L}) * C, more than the noise is calibrated to":
-            [s / EXPECTED for s in clip_and_sum(grads, max_grad_norm=C * math.sqrt(L), clipping="per_layer").summed],
-        "that is flat clipping (one norm over all layers); clip each layer on its own, to C / sqrt(L)":
-            [s / EXPECTED for s in clip_and_sum(grads, max_grad_norm=C, clipping="flat").summed],
+        f"by sqrt({L}) * C, more than the noise is calibrated to": [
+            s / EXPECTED for s in clip_and_sum(grads, max_grad_norm=C * math.sqrt(L), clipping="per_layer").summed
+        ],
+        "that is flat clipping (one norm over all layers); clip each layer on its own, to C / sqrt(L)": [
+            s / EXPECTED for s in clip_and_sum(grads, max_grad_norm=C, clipping="flat").summed
+        ],
         f"you divided by the {B} samples drawn; divide by expected_batch_size: the drawn size depends on "
         "who is in the data and would leak it": [s / B for s in per_layer],
-        "nothing was clipped: scale each layer of each sample down to norm C / sqrt(L) when it is larger":
-            [g.sum(0) / EXPECTED for g in grads],
+        "nothing was clipped: scale each layer of each sample down to norm C / sqrt(L) when it is larger": [
+            g.sum(0) / EXPECTED for g in grads
+        ],
         "you forgot to divide by expected_batch_size": per_layer,
     }
     for hint, candidate in wrong.items():
         if _close(got, candidate):
             return hint
-    return ("with sigma=0 the result should be the per-layer clipped sum divided by expected_batch_size; "
-            "compare yours with dpnotebook.privacy.clip_and_sum(grads, max_grad_norm=C, clipping='per_layer')")
+    return (
+        "with sigma=0 the result should be the per-layer clipped sum divided by expected_batch_size; "
+        "compare yours with dpnotebook.privacy.clip_and_sum(grads, max_grad_norm=C, clipping='per_layer')"
+    )
 
 
-@register_check("09.per_layer_privatize",
-                todo="write privatize_per_layer: clip each layer to C / sqrt(L), sum, add N(0, (sigma C)^2) "
-                     "per parameter, divide by expected_batch_size")
+@register_check(
+    "09.per_layer_privatize",
+    todo="write privatize_per_layer: clip each layer to C / sqrt(L), sum, add N(0, (sigma C)^2) "
+    "per parameter, divide by expected_batch_size",
+)
 def check_per_layer_privatize(privatize_per_layer: Callable) -> str:
     """Compare ``privatize_per_layer`` with the library, without noise, then with it."""
     grads = _grads()
@@ -104,12 +120,16 @@ def check_per_layer_privatize(privatize_per_layer: Callable) -> str:
     std = float(noise.std())
     for hint, value in (
         ("the noise std is sigma; it must be sigma * C (the sensitivity is C)", SIGMA),
-        ("the noise was added after dividing by expected_batch_size: add it to the sum, then divide",
-         SIGMA * C * EXPECTED),
+        (
+            "the noise was added after dividing by expected_batch_size: add it to the sum, then divide",
+            SIGMA * C * EXPECTED,
+        ),
         ("there is no noise (or almost none): add torch.normal(0.0, sigma * C, shape) to each parameter's sum", 0.0),
     ):
         if abs(std - value) <= 0.05 * SIGMA * C:
             raise ExerciseFailed(hint)
-    require(abs(std - SIGMA * C) <= 0.05 * SIGMA * C,
-            f"the noise on the sum has std {std:.3g}; it should be sigma * C = {SIGMA * C:g}")
+    require(
+        abs(std - SIGMA * C) <= 0.05 * SIGMA * C,
+        f"the noise on the sum has std {std:.3g}; it should be sigma * C = {SIGMA * C:g}",
+    )
     return "right clipping and noise of std sigma * C (drawn in another order than the library's, which is fine)"

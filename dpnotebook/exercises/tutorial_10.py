@@ -32,9 +32,10 @@ def _sigma(B: int, epsilon: float, epochs: float) -> float:
     return get_noise_multiplier(target_epsilon=epsilon, target_delta=DELTA, sample_rate=B / N, epochs=epochs)
 
 
-@register_check("10.noise_on_average",
-                todo="write noise_std_on_average: sigma from get_noise_multiplier at q = B / N for the epochs, "
-                     "then sigma * C / B")
+@register_check(
+    "10.noise_on_average",
+    todo="write noise_std_on_average: sigma from get_noise_multiplier at q = B / N for the epochs, then sigma * C / B",
+)
 def check_noise_on_average(noise_std_on_average: Callable) -> str:
     """Compare with ``sigma * C / B`` for three settings, and name the common mistakes."""
     for B, epsilon, epochs, C in CASES:
@@ -50,8 +51,11 @@ def check_noise_on_average(noise_std_on_average: Callable) -> str:
             "that is sigma / B: the noise std on the sum is sigma * C, so on the average sigma * C / B": sigma / B,
             "that is sigma itself: the noise on the average is sigma * C / B": sigma,
             "you divided by N: the sum is divided by the expected batch size B = q * N": sigma * C / N,
-            "sigma looks calibrated for one epoch: pass epochs= (or the steps that many epochs run)":
-                _sigma(B, epsilon, 1) * C / B,
+            "sigma looks calibrated for one epoch: pass epochs= (or the steps that many epochs run)": _sigma(
+                B, epsilon, 1
+            )
+            * C
+            / B,
         }
         for hint, value in wrong.items():
             if math.isclose(got, value, rel_tol=0.02):

@@ -35,9 +35,11 @@ def _ratio(got: Tensor, want: Tensor) -> float:
     return float((got.detach() * want).sum() / (want * want).sum())
 
 
-@register_check("11.lora_sampler",
-                todo="write my_lora_sampler(layer, activations, backprops, K) returning "
-                     "{layer.lora_A: [B, r, in], layer.lora_B: [B, out, r]}")
+@register_check(
+    "11.lora_sampler",
+    todo="write my_lora_sampler(layer, activations, backprops, K) returning "
+    "{layer.lora_A: [B, r, in], layer.lora_B: [B, out, r]}",
+)
 def check_lora_sampler(my_lora_sampler: Callable) -> str:
     """Run the student's sampler on recorded activations and backprops; compare with the oracle."""
     for K, positions in ((1, ()), (3, ()), (3, (2,))):
@@ -55,20 +57,26 @@ def check_lora_sampler(my_lora_sampler: Callable) -> str:
             p = getattr(layer, name)
             require(p in got, f"no entry for layer.{name}: key the dict by the parameter itself, layer.{name}")
             mine, ref = got[p], want[name]
-            require(isinstance(mine, Tensor) and tuple(mine.shape) == tuple(ref.shape),
-                    f"layer.{name}: shape {tuple(mine.shape) if isinstance(mine, Tensor) else type(mine).__name__}, "
-                    f"expected [B, *{name}.shape] = {tuple(ref.shape)} (B = rows / K = {x.shape[0] // K})")
+            require(
+                isinstance(mine, Tensor) and tuple(mine.shape) == tuple(ref.shape),
+                f"layer.{name}: shape {tuple(mine.shape) if isinstance(mine, Tensor) else type(mine).__name__}, "
+                f"expected [B, *{name}.shape] = {tuple(ref.shape)} (B = rows / K = {x.shape[0] // K})",
+            )
             if torch.allclose(mine.to(torch.float64), ref, rtol=1e-6, atol=1e-9):
                 continue
             ratio = _ratio(mine.to(torch.float64), ref)
             where = f"layer.{name} (K={K}{', with a position dim' if positions else ''})"
             if abs(ratio * layer.scale - 1) < 1e-3:
-                raise ExerciseFailed(f"{where} is off by the factor alpha / r = {layer.scale:g}: multiply by layer.scale")
+                raise ExerciseFailed(
+                    f"{where} is off by the factor alpha / r = {layer.scale:g}: multiply by layer.scale"
+                )
             if abs(ratio - layer.scale) < 1e-3:
                 raise ExerciseFailed(f"{where} has the factor alpha / r = {layer.scale:g} twice")
             if K > 1 and abs(ratio - K) < 1e-3:
-                raise ExerciseFailed(f"{where} is K = {K} times too large: a sample's gradient is the MEAN over its "
-                                     "K rows, divide the sum by K")
+                raise ExerciseFailed(
+                    f"{where} is K = {K} times too large: a sample's gradient is the MEAN over its "
+                    "K rows, divide the sum by K"
+                )
             if K > 1 and abs(ratio * K - 1) < 1e-3:
                 raise ExerciseFailed(f"{where} is divided by K twice")
             raise ExerciseFailed(

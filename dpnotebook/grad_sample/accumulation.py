@@ -75,7 +75,9 @@ class GradSampleStore:
         self._sampled.add(id(p))
         self._queue_check()
 
-    def _merge(self, p: nn.Parameter, prev: Tensor, blocks: list[tuple[int, int]], g: Tensor, forward_id: int) -> Tensor:
+    def _merge(
+        self, p: nn.Parameter, prev: Tensor, blocks: list[tuple[int, int]], g: Tensor, forward_id: int
+    ) -> Tensor:
         start = 0
         for i, (fid, n) in enumerate(blocks):
             if fid == forward_id:
@@ -84,7 +86,7 @@ class GradSampleStore:
                         f"{self._name(p)}: forward pass {forward_id} gave {g.shape[0]} per-sample gradients "
                         f"to a block of {n}; its layers saw different numbers of samples."
                     )
-                return torch.cat([prev[:start], prev[start:start + n] + g, prev[start + n:]])
+                return torch.cat([prev[:start], prev[start : start + n] + g, prev[start + n :]])
             if fid > forward_id:
                 break
             start += n

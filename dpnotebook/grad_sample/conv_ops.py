@@ -17,7 +17,6 @@ from torch import Tensor, nn
 from torch.func import vmap
 
 
-
 def _explicit_padding(layer: nn.modules.conv._ConvNd) -> list[int]:
     """F.pad-style padding (last spatial dim first) equal to what the layer applies."""
     if layer.padding_mode != "zeros":  # the layer pads itself, then convolves with padding 0
@@ -97,8 +96,17 @@ def conv_weight_grad_per_sample(layer: nn.modules.conv._ConvNd, x: Tensor, g: Te
 
     def one_sample(xs: Tensor, gs: Tensor) -> Tensor:  # xs: [K, C, ...], the sample's copies
         return torch.ops.aten.convolution_backward(
-            gs, xs, weight, None, layer.stride, padding, layer.dilation, False, [0] * dims,
-            layer.groups, [False, True, False],
+            gs,
+            xs,
+            weight,
+            None,
+            layer.stride,
+            padding,
+            layer.dilation,
+            False,
+            [0] * dims,
+            layer.groups,
+            [False, True, False],
         )[1]
 
     return vmap(one_sample)(x.unflatten(0, (B, K)), g.unflatten(0, (B, K))) / K
@@ -126,8 +134,17 @@ def conv_weight_grad_grouped(layer: nn.modules.conv._ConvNd, x: Tensor, g: Tenso
     weight = layer.weight.detach().to(x.dtype)
     shape_only = weight.expand(B, *weight.shape).reshape(-1, *weight.shape[1:])
     grads = torch.ops.aten.convolution_backward(
-        gs, xs, shape_only, None, layer.stride, padding, layer.dilation, False, [0] * dims,
-        B * layer.groups, [False, True, False],
+        gs,
+        xs,
+        shape_only,
+        None,
+        layer.stride,
+        padding,
+        layer.dilation,
+        False,
+        [0] * dims,
+        B * layer.groups,
+        [False, True, False],
     )[1]
     return grads.view(B, *weight.shape)
 

@@ -138,9 +138,9 @@ class GradSampleModuleExpandedWeights(nn.Module):
         self._set_aside_earlier_samples()
         try:
             with _plain_rnn_kernels(self._has_rnn):
-                out = call_for_per_sample_grads(
-                    self._module, batch_size=rows, loss_reduction=self.loss_reduction
-                )(*args, **kwargs)
+                out = call_for_per_sample_grads(self._module, batch_size=rows, loss_reduction=self.loss_reduction)(
+                    *args, **kwargs
+                )
         except RuntimeError as err:
             seen = re.search(r"input batch size of (\d+) with ExpandedWeight of batch size (\d+)", str(err))
             if seen:

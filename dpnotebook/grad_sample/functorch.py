@@ -32,7 +32,9 @@ from torch.func import functional_call, grad, vmap
 __all__ = ["make_functional", "prepare_layer", "ft_compute_per_sample_gradient"]
 
 
-def make_functional(mod: nn.Module, disable_autograd_tracking: bool = False) -> tuple[Callable[..., Any], tuple[Tensor, ...]]:
+def make_functional(
+    mod: nn.Module, disable_autograd_tracking: bool = False
+) -> tuple[Callable[..., Any], tuple[Tensor, ...]]:
     """``(fmodel, params)``: ``fmodel(new_params, *args, **kwargs)`` runs ``mod`` with ``new_params`` in place of its own.
 
     Args:
@@ -70,7 +72,9 @@ def prepare_layer(layer: nn.Module, batch_first: bool = True) -> None:
     layer.ft_compute_sample_grad = vmap(grad(row_loss), in_dims=(None, 0, 0))
 
 
-def ft_compute_per_sample_gradient(layer: nn.Module, activations: list[Tensor], backprops: Tensor) -> dict[nn.Parameter, Tensor]:
+def ft_compute_per_sample_gradient(
+    layer: nn.Module, activations: list[Tensor], backprops: Tensor
+) -> dict[nn.Parameter, Tensor]:
     """``{param: per-row gradient}`` of ``layer`` from its recorded ``activations`` (a list) and ``backprops``."""
     params = list(layer.parameters())
     if not hasattr(layer, "ft_compute_sample_grad"):
@@ -79,5 +83,3 @@ def ft_compute_per_sample_gradient(layer: nn.Module, activations: list[Tensor], 
     if x.is_floating_point() and x.dtype != backprops.dtype:
         x = x.to(backprops.dtype)
     return dict(zip(params, layer.ft_compute_sample_grad(tuple(params), x, backprops)))
-
-

@@ -118,7 +118,7 @@ def check_replay_chunk(replay_chunk: Any) -> int | str | None:
     ):
         return replay_chunk
     raise ValueError(
-        f"replay_chunk={replay_chunk!r} is invalid; use \"auto\" (at most B rows at once), None (all "
+        f'replay_chunk={replay_chunk!r} is invalid; use "auto" (at most B rows at once), None (all '
         "samples at once: fastest, but the replay's memory grows with K) or an int >= 1 (that many "
         "samples at once)."
     )
@@ -168,10 +168,7 @@ def fallback_grad_samples(
     fixed.update(dict(module.named_buffers()))
 
     leaves, spec = tree_flatten((call.args, call.kwargs))
-    in_dims = [
-        bd if isinstance(x, Tensor) and x.dim() > bd and x.shape[bd] == rows else None
-        for x in leaves
-    ]
+    in_dims = [bd if isinstance(x, Tensor) and x.dim() > bd and x.shape[bd] == rows else None for x in leaves]
     batched = [_split_rows(x, bd, B, K) if d is not None else x for x, d in zip(leaves, in_dims)]
     used = [(i, g) for i, g in zip(call.out_index, grads) if g is not None]
     for i, g in used:
@@ -196,7 +193,9 @@ def fallback_grad_samples(
             # "performance drop" notice is for PyTorch developers, not for our users.
             warnings.filterwarnings("ignore", message="There is a performance drop")
             per_sample = vmap(
-                grad(sample_loss), in_dims=(None, in_dims, [bd] * len(out_grads)), randomness="error",
+                grad(sample_loss),
+                in_dims=(None, in_dims, [bd] * len(out_grads)),
+                randomness="error",
                 chunk_size=replay_chunk_size(B, K, replay_chunk),
             )(trainable, batched, out_grads)
     except Exception as err:  # re-raised with the layer's name and the way out

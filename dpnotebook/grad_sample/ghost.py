@@ -75,7 +75,9 @@ class GhostGradSampleModule(GradSampleModule):
 
     def __init__(self, module: nn.Module, *, force_functorch: bool = False, **kwargs: Any) -> None:
         if force_functorch:
-            raise ValueError("force_functorch=True has no meaning in grad_sample_mode='ghost'; use grad_sample_mode='functorch'.")
+            raise ValueError(
+                "force_functorch=True has no meaning in grad_sample_mode='ghost'; use grad_sample_mode='functorch'."
+            )
         super().__init__(module, **kwargs)
 
     @classmethod
@@ -89,9 +91,7 @@ class GhostGradSampleModule(GradSampleModule):
     # -- planning: which layers are ghosted, which go to the hooks engine -------------
     def _split_plan(self) -> tuple[list, list]:
         units = plan_units(self._module)
-        owners = Counter(
-            id(p) for _, m, e in units for p in set(m.parameters(recurse=e is None))
-        )
+        owners = Counter(id(p) for _, m, e in units for p in set(m.parameters(recurse=e is None)))
         ghost, hooks = [], []
         for path, m, entry in units:
             handler = ghost_handler(m) if entry is not None else None
@@ -167,7 +167,9 @@ class GhostGradSampleModule(GradSampleModule):
         for n, p in saved.items():
             m._parameters[n] = p.detach()
 
-    def _tap_output(self, path: str, outside: tuple[str, ...], m: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
+    def _tap_output(
+        self, path: str, outside: tuple[str, ...], m: nn.Module, args: tuple, kwargs: dict, output: Any
+    ) -> Any:
         saved = self._swapped[id(m)].pop()
         for name, p in saved.items():
             if name in outside and self._in_forward and output is not None:
@@ -179,7 +181,9 @@ class GhostGradSampleModule(GradSampleModule):
         if not saved or output is None:  # not recording, or the forward raised
             return None
         if not isinstance(output, Tensor):
-            raise GradSampleError(f"{path} ({type(m).__name__}) returned {type(output).__name__}, not a tensor; ghost mode cannot tap it.")
+            raise GradSampleError(
+                f"{path} ({type(m).__name__}) returned {type(output).__name__}, not a tensor; ghost mode cannot tap it."
+            )
         bd = self._batch_dim(m)
         rows = output.shape[bd]
         self._check_rows(path, m, rows, bd)
@@ -201,7 +205,9 @@ class GhostGradSampleModule(GradSampleModule):
     def _batch_dim(self, m: nn.Module) -> int:
         return 0 if getattr(m, "_dpn_batch_first", False) or self.batch_first else 1
 
-    def _on_backprops(self, record: GhostCall, versions: list[int], accounted: list[nn.Parameter], grad: Tensor) -> None:
+    def _on_backprops(
+        self, record: GhostCall, versions: list[int], accounted: list[nn.Parameter], grad: Tensor
+    ) -> None:
         call = record.call
         if record.released:
             raise second_backward_error(call, "ghost")
@@ -249,7 +255,9 @@ class GhostGradSampleModule(GradSampleModule):
         if self._hooks is None:
             params = self._trainable()
         else:  # only the hooks engine's units can hold grad_sample: no walk over the whole model
-            params = [p for _, m, entry in self._hooks.units for p in m.parameters(recurse=entry is None) if p.requires_grad]
+            params = [
+                p for _, m, entry in self._hooks.units for p in m.parameters(recurse=entry is None) if p.requires_grad
+            ]
         sampled = MaterialisedGroup({p: p.grad_sample for p in params if getattr(p, "grad_sample", None) is not None})
         blocks = {p: self._store.blocks(p) for p in sampled.grads}
         layout = self._ledger.layout(blocks, self._store._name)

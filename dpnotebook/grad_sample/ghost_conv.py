@@ -30,7 +30,9 @@ class ConvGroup(MaterialisedGroup):
 
 
 @register_norm_sampler(nn.Conv1d, nn.Conv2d, nn.Conv3d, materialises=True)
-def conv_group(layer: nn.modules.conv._ConvNd, calls: list[GhostCall], K: int, scratch: Scratch | None = None) -> GhostGroup:
+def conv_group(
+    layer: nn.modules.conv._ConvNd, calls: list[GhostCall], K: int, scratch: Scratch | None = None
+) -> GhostGroup:
     """``nn.Conv1d/2d/3d``: :func:`conv_per_sample_grads`, summed over calls."""
     grads: Grads = {}
     for i, c in enumerate(calls):  # the calls of one forward pass: same rows, same scale

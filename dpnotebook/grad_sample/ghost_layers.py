@@ -74,7 +74,10 @@ class GhostCall:
         self.backprops = None
 
     def activations(self) -> list:
-        return [to_batch_first(a, self.call.batch_dim) for a in bound_arguments(self.call.module, self.call.args, self.call.kwargs)]
+        return [
+            to_batch_first(a, self.call.batch_dim)
+            for a in bound_arguments(self.call.module, self.call.args, self.call.kwargs)
+        ]
 
 
 class GhostGroup:
@@ -138,7 +141,9 @@ class MaterialisedGroup(GhostGroup):
         [2.0, 2.0]
         """
         if other.scale != self.scale:
-            raise GradSampleError(f"calls of one forward pass were scaled differently ({self.scale} and {other.scale}).")
+            raise GradSampleError(
+                f"calls of one forward pass were scaled differently ({self.scale} and {other.scale})."
+            )
         for p, g in other.grads.items():
             self.grads[p] = self.grads[p].add_(g) if p in self.grads else g
 
@@ -149,7 +154,9 @@ def materialise(module: nn.Module, calls: list[GhostCall], K: int, scratch: Scra
     total: Grads = {}
     for c in calls:
         bd, bp = c.call.batch_dim, c.backprops
-        bp = bp.movedim(0, bd) if bd != 0 and bp.dim() > bd else bp  # back to the layer's layout, as the sampler expects
+        bp = (
+            bp.movedim(0, bd) if bd != 0 and bp.dim() > bd else bp
+        )  # back to the layer's layout, as the sampler expects
         for p, g in sampler_grad_samples(entry, c.call, bp, K, c.scale * K).items():
             total[p] = total[p] + g if p in total else g
     return MaterialisedGroup(total)

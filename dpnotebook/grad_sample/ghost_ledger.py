@@ -170,7 +170,9 @@ class GhostLedger:
             starts, start = {}, 0
             for fid, n in held:
                 starts[fid], start = start, start + n
-            grads[p] = torch.cat([g[starts[f] : starts[f] + n] if f in starts else g.new_zeros((n, *g.shape[1:])) for f, n in layout])
+            grads[p] = torch.cat(
+                [g[starts[f] : starts[f] + n] if f in starts else g.new_zeros((n, *g.shape[1:])) for f, n in layout]
+            )
         return MaterialisedGroup(grads, sampled.scale)
 
     def _passes(self, layout: list[tuple[int, int]]) -> list[tuple[int, dict[nn.Module, GhostGroup]]]:
@@ -203,7 +205,9 @@ class GhostLedger:
             out[p] = out[p] + sq if p in out else sq
         return out
 
-    def weighted_sums(self, weights: Tensor | Grads, sampled: MaterialisedGroup, layout: list[tuple[int, int]]) -> Grads:
+    def weighted_sums(
+        self, weights: Tensor | Grads, sampled: MaterialisedGroup, layout: list[tuple[int, int]]
+    ) -> Grads:
         """``sum_b w_b * (sample b's gradient)`` for each parameter the records reach.
 
         Args:
@@ -214,7 +218,9 @@ class GhostLedger:
         per_param = isinstance(weights, dict)
         dropped = _dropped(weights)
         if dropped is not None:  # a NaN weight times a zeroed row is still NaN
-            clean = {id(w): torch.where(dropped, w.new_zeros(()), w) for w in (weights.values() if per_param else [weights])}
+            clean = {
+                id(w): torch.where(dropped, w.new_zeros(()), w) for w in (weights.values() if per_param else [weights])
+            }
             weights = {p: clean[id(w)] for p, w in weights.items()} if per_param else clean[id(weights)]
         out: Grads = {}
         offset = 0
@@ -240,4 +246,3 @@ class GhostLedger:
     def strategies(self, paths: dict[nn.Module, str]) -> dict[str, str]:
         """``{path: how}``: how each recorded layer's norms are computed."""
         return {paths[m]: group.how for _, made in self.groups() for m, group in made.items()}
-

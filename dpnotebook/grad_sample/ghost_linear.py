@@ -25,7 +25,15 @@ import torch
 from torch import Tensor, nn
 
 from dpnotebook.grad_sample.sample_rows import group_rows
-from dpnotebook.grad_sample.ghost_layers import GhostCall, GhostGroup, Grads, MaterialisedGroup, Scratch, keep_rows, materialise
+from dpnotebook.grad_sample.ghost_layers import (
+    GhostCall,
+    GhostGroup,
+    Grads,
+    MaterialisedGroup,
+    Scratch,
+    keep_rows,
+    materialise,
+)
 from dpnotebook.grad_sample.ghost_norms import (
     embedding_sq_norms,
     embedding_weighted_sum,
@@ -78,7 +86,9 @@ def linear_piece(calls: list[tuple[Tensor, Tensor, float]], K: int) -> LinearPie
 class LinearGroup(GhostGroup):
     """A weight (and bias) used as ``x @ weight[rows].T + bias[rows]``, ``rows`` per block of calls."""
 
-    def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None, blocks: dict[tuple[int, int], LinearPiece]) -> None:
+    def __init__(
+        self, weight: nn.Parameter, bias: nn.Parameter | None, blocks: dict[tuple[int, int], LinearPiece]
+    ) -> None:
         self.weight, self.bias, self.blocks = weight, bias, blocks
         self.how = "ghost " + "+".join(sorted({b.strategy for b in blocks.values()}))
 
@@ -189,4 +199,12 @@ def embedding_group(module: nn.Embedding, calls: list[GhostCall], K: int, scratc
     return EmbeddingGroup(module.weight, torch.cat(idx, 1), torch.cat(G, 1), calls[0].scale)
 
 
-__all__ = ["LinearPiece", "linear_piece", "LinearGroup", "linear_group", "linear_settles", "EmbeddingGroup", "embedding_group"]
+__all__ = [
+    "LinearPiece",
+    "linear_piece",
+    "LinearGroup",
+    "linear_group",
+    "linear_settles",
+    "EmbeddingGroup",
+    "embedding_group",
+]

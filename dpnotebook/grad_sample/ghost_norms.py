@@ -178,7 +178,11 @@ def linear_weighted_sum(A: Tensor, G: Tensor, weights: Tensor) -> Tensor:
     d_out = G.shape[-1]
     w = weights.to(A.dtype)
     if n > 1 and G.transpose(0, 1).is_contiguous():  # time-major backprops (an RNN's): flatten without a copy
-        a, g, rows = A.transpose(0, 1).reshape(n * B, d_in), G.transpose(0, 1).reshape(n * B, d_out), w.repeat(n)[:, None]
+        a, g, rows = (
+            A.transpose(0, 1).reshape(n * B, d_in),
+            G.transpose(0, 1).reshape(n * B, d_out),
+            w.repeat(n)[:, None],
+        )
     else:
         a, g, rows = A.reshape(B * n, d_in), G.reshape(B * n, d_out), repeat_rows(w, n)
     if d_in < d_out:

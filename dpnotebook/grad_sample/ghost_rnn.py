@@ -45,7 +45,12 @@ class GateGroup(GhostGroup):
 
     def _parts(self) -> list[tuple[nn.Parameter | None, LinearPiece, bool]]:
         u = self.unit
-        return [(u.weight_ih, self.x_side, True), (u.weight_hh, self.h_side, True), (u.bias_ih, self.x_side, False), (u.bias_hh, self.h_side, False)]
+        return [
+            (u.weight_ih, self.x_side, True),
+            (u.weight_hh, self.h_side, True),
+            (u.bias_ih, self.x_side, False),
+            (u.bias_hh, self.h_side, False),
+        ]
 
     def sq_norms(self) -> Grads:
         return {

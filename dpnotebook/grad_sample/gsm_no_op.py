@@ -39,8 +39,14 @@ class GradSampleModuleNoOp(nn.Module):
     grad_sample_mode = "no_op"
 
     def __init__(
-        self, module: nn.Module, *, batch_first: bool = True, loss_reduction: str = "mean", strict: bool = True,
-        K: int = 1, **ignored: Any,
+        self,
+        module: nn.Module,
+        *,
+        batch_first: bool = True,
+        loss_reduction: str = "mean",
+        strict: bool = True,
+        K: int = 1,
+        **ignored: Any,
     ) -> None:
         if strict:
             raise_if_problems(self.validate(module))

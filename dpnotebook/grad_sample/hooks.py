@@ -126,7 +126,6 @@ def sampler_grad_samples(
     return found
 
 
-
 def second_backward_error(call: LayerCall, mode: str) -> GradSampleError:
     """The error for a backward pass through a forward pass whose per-sample gradients were already formed."""
     return GradSampleError(
@@ -134,6 +133,7 @@ def second_backward_error(call: LayerCall, mode: str) -> GradSampleError:
         f"forward pass (retain_graph=True), but {mode} mode forms the per-sample gradients of a "
         "forward pass once and has let go of its activations. Run the forward pass again for each backward."
     )
+
 
 class LayerHooks:
     """Forward/backward hooks on the units of one wrapped model.

@@ -38,15 +38,15 @@ def lora_grad_sampler(
     layer: LoRALinear, activations: list[Tensor], backprops: Tensor, K: int
 ) -> dict[nn.Parameter, Tensor]:
     """Per-sample gradients of ``lora_A`` and ``lora_B`` (and of ``weight``, ``bias`` if they are trained)."""
-    x = group_rows(activations[0], K)                # [B, n, in], n = K * positions
-    g = group_rows(backprops, K)                     # [B, n, out]
+    x = group_rows(activations[0], K)  # [B, n, in], n = K * positions
+    g = group_rows(backprops, K)  # [B, n, out]
     out: dict[nn.Parameter, Tensor] = {}
     factor = layer.scale / K
     if layer.lora_B.requires_grad:
-        u = torch.matmul(x, layer.lora_A.t())        # [B, n, r]
+        u = torch.matmul(x, layer.lora_A.t())  # [B, n, r]
         out[layer.lora_B] = torch.bmm(g.transpose(1, 2), u) * factor
     if layer.lora_A.requires_grad:
-        h = torch.matmul(g, layer.lora_B)            # [B, n, r]: B^T g_t
+        h = torch.matmul(g, layer.lora_B)  # [B, n, r]: B^T g_t
         out[layer.lora_A] = torch.bmm(h.transpose(1, 2), x) * factor
     if layer.weight.requires_grad:
         out[layer.weight] = torch.bmm(g.transpose(1, 2), x) / K

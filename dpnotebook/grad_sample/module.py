@@ -30,6 +30,7 @@ from dpnotebook.grad_sample.wrap_arguments import LOSS_REDUCTIONS, check_k, chec
 from dpnotebook.grad_sample.accumulation import GradSampleStore
 from dpnotebook.validation import Problem, raise_if_problems, validate
 
+
 class GradSampleModule(nn.Module):
     """Wraps ``module``; after ``loss.backward()`` every trainable ``p`` has ``p.grad_sample``.
 

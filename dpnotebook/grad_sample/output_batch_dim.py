@@ -86,7 +86,13 @@ def output_batch_dims(
     dims = []
     for i, t, c in zip(out_index, outputs, candidates):
         p = probes[i] if i < len(probes) and isinstance(probes[i], Tensor) else t
-        grew = [d for d in c if p.dim() == t.dim() and p.shape[d] == rows + 1 and p.shape[:d] + p.shape[d + 1:] == t.shape[:d] + t.shape[d + 1:]]
+        grew = [
+            d
+            for d in c
+            if p.dim() == t.dim()
+            and p.shape[d] == rows + 1
+            and p.shape[:d] + p.shape[d + 1 :] == t.shape[:d] + t.shape[d + 1 :]
+        ]
         if len(grew) != 1:
             raise GradSampleError(
                 f"functorch mode: the model's output of shape {tuple(t.shape)} has {len(c)} dims of the "

@@ -78,9 +78,7 @@ _SAMPLERS: dict[type[nn.Module], SamplerEntry] = {}
 
 def _takes_k(fn: GradSampler) -> bool:
     params = list(inspect.signature(fn).parameters.values())
-    positional = [
-        p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-    ]
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     if any(p.kind == p.VAR_POSITIONAL for p in params) or len(positional) >= 4:
         return True
     if len(positional) == 3:

@@ -155,7 +155,15 @@ class DPMultiheadAttention(nn.Module):
 
     def __setattr__(self, name: str, value: Any) -> None:
         super().__setattr__(name, value)
-        shared = ("in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight", "in_proj_bias", "bias_k", "bias_v")
+        shared = (
+            "in_proj_weight",
+            "q_proj_weight",
+            "k_proj_weight",
+            "v_proj_weight",
+            "in_proj_bias",
+            "bias_k",
+            "bias_v",
+        )
         if name in shared and "_units_made" in self.__dict__:
             reshare(self, self._links())  # a parameter object was replaced (e.g. load_state_dict(assign=True))
 

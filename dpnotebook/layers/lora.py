@@ -75,8 +75,9 @@ class LoRALinear(nn.Module):
         self.in_features, self.out_features, self.rank = in_features, out_features, rank
         self.alpha = float(rank if alpha is None else alpha)
         bound = 1 / math.sqrt(in_features)
-        self.weight = nn.Parameter(torch.empty(out_features, in_features).uniform_(-bound, bound, generator=generator),
-                                   requires_grad=False)
+        self.weight = nn.Parameter(
+            torch.empty(out_features, in_features).uniform_(-bound, bound, generator=generator), requires_grad=False
+        )
         self.bias = nn.Parameter(torch.zeros(out_features), requires_grad=False) if bias else None
         self.lora_A = nn.Parameter(torch.empty(rank, in_features).uniform_(-bound, bound, generator=generator))
         self.lora_B = nn.Parameter(torch.zeros(out_features, rank))
@@ -97,8 +98,14 @@ class LoRALinear(nn.Module):
         """
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"linear={type(linear).__name__} is invalid: from_linear takes an nn.Linear.")
-        layer = cls(linear.in_features, linear.out_features, rank=rank, alpha=alpha,
-                    bias=linear.bias is not None, generator=generator)
+        layer = cls(
+            linear.in_features,
+            linear.out_features,
+            rank=rank,
+            alpha=alpha,
+            bias=linear.bias is not None,
+            generator=generator,
+        )
         layer.to(device=linear.weight.device, dtype=linear.weight.dtype)
         with torch.no_grad():
             layer.weight.copy_(linear.weight)
@@ -110,7 +117,9 @@ class LoRALinear(nn.Module):
         return F.linear(x, self.weight, self.bias) + self.scale * F.linear(F.linear(x, self.lora_A), self.lora_B)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, rank={self.rank}, alpha={self.alpha:g}"
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, rank={self.rank}, alpha={self.alpha:g}"
+        )
 
 
 def add_lora(
@@ -139,7 +148,9 @@ def add_lora(
     wanted = list(linears) if names is None else names
     unknown = [n for n in wanted if n not in linears]
     if unknown:
-        raise ValueError(f"names={unknown!r} are not nn.Linear layers of the model; its linear layers are {list(linears)}.")
+        raise ValueError(
+            f"names={unknown!r} are not nn.Linear layers of the model; its linear layers are {list(linears)}."
+        )
     for p in model.parameters():
         p.requires_grad_(False)
     generator = torch.Generator().manual_seed(seed)

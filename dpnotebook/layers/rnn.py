@@ -53,7 +53,9 @@ class DPRNN(DPRNNBase):
             raise ValueError(f"Unknown nonlinearity '{nonlinearity}'. Select from 'tanh' or 'relu'.")
         self.nonlinearity = nonlinearity
         mode = "RNN_TANH" if nonlinearity == "tanh" else "RNN_RELU"
-        super().__init__(mode, input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional, device, dtype)
+        super().__init__(
+            mode, input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional, device, dtype
+        )
 
 
 class DPLSTM(DPRNNBase):
@@ -84,7 +86,9 @@ class DPLSTM(DPRNNBase):
                 f"DPLSTM does not support proj_size={proj_size}; use proj_size=0 (the default), or "
                 "follow the LSTM with an nn.Linear to project its outputs."
             )
-        super().__init__("LSTM", input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional, device, dtype)
+        super().__init__(
+            "LSTM", input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional, device, dtype
+        )
 
 
 class DPGRU(DPRNNBase):
@@ -109,7 +113,9 @@ class DPGRU(DPRNNBase):
         device: Any = None,
         dtype: torch.dtype | None = None,
     ) -> None:
-        super().__init__("GRU", input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional, device, dtype)
+        super().__init__(
+            "GRU", input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional, device, dtype
+        )
 
 
 __all__ = ["DPRNN", "DPLSTM", "DPGRU"]

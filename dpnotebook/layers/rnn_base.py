@@ -154,7 +154,9 @@ class DPRNNBase(nn.Module):
             x = x.transpose(0, 1) if (self.batch_first and batched) else x
             x = x if batched else x.unsqueeze(1)
         if x.shape[-1] != self.input_size:
-            raise RuntimeError(f"input.size(-1) must be equal to input_size. Expected {self.input_size}, got {x.shape[-1]}")
+            raise RuntimeError(
+                f"input.size(-1) must be equal to input_size. Expected {self.input_size}, got {x.shape[-1]}"
+            )
         state = self._initial_state(x, hx, batched)
         output, finals = self._layers(x, state, padded.mask if packed else None)
         if packed:
@@ -196,9 +198,7 @@ class DPRNNBase(nn.Module):
                 gx = unit(x.transpose(0, 1).contiguous(), record).transpose(0, 1)  # [T, B, G] view of [B, T, G]
                 start = tuple(s[k] for s in state)
                 b_hh = unit.bias_hh if self.mode == "GRU" else None
-                states, final = run_direction(
-                    self.mode, gx, start, unit.weight_hh, b_hh, reverse=d == 1, mask=mask
-                )
+                states, final = run_direction(self.mode, gx, start, unit.weight_hh, b_hh, reverse=d == 1, mask=mask)
                 record.h0, record.states = start[0].detach(), states.detach().transpose(0, 1)  # [B, T, H]
                 outputs.append(states)
                 for kept, f in zip(finals, final):
@@ -214,7 +214,9 @@ def _check_arguments(
 ) -> None:
     """The argument checks of ``torch.nn.RNNBase``, with its messages."""
     if not isinstance(dropout, numbers.Number) or isinstance(dropout, bool) or not 0 <= dropout <= 1:
-        raise ValueError("dropout should be a number in range [0, 1] representing the probability of an element being zeroed")
+        raise ValueError(
+            "dropout should be a number in range [0, 1] representing the probability of an element being zeroed"
+        )
     for name, value in (("bias", bias), ("batch_first", batch_first)):
         if not isinstance(value, bool):
             raise TypeError(f"{name} should be of type bool, got: {type(value).__name__}")

@@ -59,6 +59,8 @@ def get_optimizer_class(clipping: str, distributed: bool, grad_sample_mode: str 
         raise ValueError(f"clipping={clipping!r} is unknown; choose one of ['adaptive', 'flat', 'per_layer'].")
     if grad_sample_mode == "ghost":
         if clipping != "flat":
-            raise ValueError(f"clipping={clipping!r} with grad_sample_mode='ghost': Opacus' ghost optimizer clips flat.")
+            raise ValueError(
+                f"clipping={clipping!r} with grad_sample_mode='ghost': Opacus' ghost optimizer clips flat."
+            )
         return GhostDPOptimizer
     return DPOptimizer

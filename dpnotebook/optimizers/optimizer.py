@@ -55,7 +55,9 @@ class DPOptimizer(_CoreDPOptimizer):
         for p, noise in zip(params, draw_noise(params, std, self.generator, self.secure_mode)):
             p.grad = p.summed_grad + noise
 
-    def _noisy_sum(self, summed: list[Tensor], params: list[nn.Parameter], std: float) -> tuple[list[Tensor], float, float]:
+    def _noisy_sum(
+        self, summed: list[Tensor], params: list[nn.Parameter], std: float
+    ) -> tuple[list[Tensor], float, float]:
         for p, s in zip(params, summed):
             p.summed_grad = s.detach()
         self.add_noise()

@@ -119,9 +119,7 @@ def check_epsilon(value: Any, *, name: str = "target_epsilon") -> float:
     ValueError: target_epsilon=0 is invalid: it must be a finite number > 0. Fix: pass e.g. target_epsilon=8.0.
     """
     if not _is_number(value) or math.isnan(value) or value <= 0 or math.isinf(value):
-        raise ValueError(
-            f"{name}={value!r} is invalid: it must be a finite number > 0. Fix: pass e.g. {name}=8.0."
-        )
+        raise ValueError(f"{name}={value!r} is invalid: it must be a finite number > 0. Fix: pass e.g. {name}=8.0.")
     return float(value)
 
 

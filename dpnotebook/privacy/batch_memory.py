@@ -53,8 +53,12 @@ class BatchMemoryManager:
     """
 
     def __init__(
-        self, *, data_loader: DataLoader, max_physical_batch_size: int, optimizer: dpnotebook.privacy.optimizer.DPOptimizer,
-        K: int | None = None
+        self,
+        *,
+        data_loader: DataLoader,
+        max_physical_batch_size: int,
+        optimizer: dpnotebook.privacy.optimizer.DPOptimizer,
+        K: int | None = None,
     ) -> None:
         if not isinstance(optimizer, DPOptimizer):
             raise TypeError(f"optimizer must be a DPOptimizer, got {type(optimizer).__name__}.")
@@ -66,7 +70,7 @@ class BatchMemoryManager:
     def _batches(self) -> Iterator[Any]:
         for batch in self.data_loader:
             pieces = list(split_batch(batch, max_physical_batch_size=self.max_physical_batch_size, K=self.K))
-            pieces = pieces or [batch]            # an empty batch is still one (noise-only) step
+            pieces = pieces or [batch]  # an empty batch is still one (noise-only) step
             for i, piece in enumerate(pieces):
                 self.optimizer.signal_skip_step(i < len(pieces) - 1)
                 yield piece

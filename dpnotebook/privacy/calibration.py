@@ -91,7 +91,7 @@ def _search_noise_multiplier(
     def epsilon(sigma: float) -> float:
         return compute_epsilon(noise_multiplier=sigma, sample_rate=q, steps=steps, delta=delta, accountant=accountant)
 
-    low, high = 1.0, 1.0                        # invariant: eps(low) > target >= eps(high)
+    low, high = 1.0, 1.0  # invariant: eps(low) > target >= eps(high)
     eps_high = epsilon(high)
     while eps_high > target:
         low, high = high, 2 * high

@@ -68,7 +68,9 @@ def load_checkpoint(
     """Restore a checkpoint into ``module`` (the plain model) and the rest; return the user's own entries."""
     load_kwargs = {"map_location": map_location, "weights_only": True, **(torch_load_kwargs or {})}
     state = torch.load(path, **load_kwargs)
-    module.load_state_dict(strip_wrapper_prefix(state.pop("module_state_dict"), module), **(module_load_dict_kwargs or {}))
+    module.load_state_dict(
+        strip_wrapper_prefix(state.pop("module_state_dict"), module), **(module_load_dict_kwargs or {})
+    )
     load_schedulers(state, noise_scheduler, grad_clip_scheduler)
     accountant.load_state_dict(state.pop("privacy_accountant_state_dict"))
     optimizer_state = state.pop("optimizer_state_dict", None)

@@ -36,8 +36,11 @@ def subsampled_gaussian_rdp(noise_multiplier: float, sample_rate: float, alpha: 
     if sample_rate == 1:
         return alpha / (2 * noise_multiplier**2)
     terms = [
-        math.lgamma(alpha + 1) - math.lgamma(k + 1) - math.lgamma(alpha - k + 1)
-        + (alpha - k) * math.log1p(-sample_rate) + k * math.log(sample_rate)
+        math.lgamma(alpha + 1)
+        - math.lgamma(k + 1)
+        - math.lgamma(alpha - k + 1)
+        + (alpha - k) * math.log1p(-sample_rate)
+        + k * math.log(sample_rate)
         + (k * k - k) / (2 * noise_multiplier**2)
         for k in range(alpha + 1)
     ]

@@ -164,7 +164,9 @@ class ClipResult:
         return int(self.norms.shape[0])
 
 
-def clip_and_sum(grad_samples: GradSamples, *, max_grad_norm: float | Sequence[float], clipping: str = "flat") -> ClipResult:
+def clip_and_sum(
+    grad_samples: GradSamples, *, max_grad_norm: float | Sequence[float], clipping: str = "flat"
+) -> ClipResult:
     """Clip every sample's gradient to norm ``max_grad_norm`` and sum over the batch.
 
     Args:

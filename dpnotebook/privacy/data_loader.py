@@ -182,7 +182,10 @@ class DPDataLoader(DataLoader):
             len(dataset), sample_rate=sample_rate, steps=steps, generator=generator, secure_mode=secure_mode
         )
         super().__init__(
-            dataset, batch_sampler=sampler, collate_fn=EmptyBatchCollate(collate_fn or default_collate, dataset), **kwargs
+            dataset,
+            batch_sampler=sampler,
+            collate_fn=EmptyBatchCollate(collate_fn or default_collate, dataset),
+            **kwargs,
         )
         self.sample_rate = sampler.sample_rate
         self.expected_batch_size = self.sample_rate * len(dataset)

@@ -185,7 +185,9 @@ class _AllReduceMixin:
             )
         return reduced, status  # type: ignore[return-value]
 
-    def _noisy_sum(self, summed: list[Tensor], params: list[nn.Parameter], std: float) -> tuple[list[Tensor], float, float]:
+    def _noisy_sum(
+        self, summed: list[Tensor], params: list[nn.Parameter], std: float
+    ) -> tuple[list[Tensor], float, float]:
         noises = draw_noise(params, std if self.rank == 0 else 0.0, self.generator, self.secure_mode)
         signal_norm, noise_norm = total_norm(summed), total_norm(noises)  # this rank's: local sum, its noise
         torch._foreach_add_(noises, [s.detach() for s in summed])

@@ -53,7 +53,13 @@ def free_port() -> int:
 
 
 def _rank_main(
-    rank: int, fn: Callable[..., Any], world_size: int, port: int, backend: str, args: tuple, folder: str,
+    rank: int,
+    fn: Callable[..., Any],
+    world_size: int,
+    port: int,
+    backend: str,
+    args: tuple,
+    folder: str,
     timeout_s: float,
 ) -> None:
     torch.set_num_threads(1)
@@ -62,7 +68,10 @@ def _rank_main(
         if backend == "nccl":  # one GPU per rank, chosen before the group starts
             torch.cuda.set_device(rank)
         dist.init_process_group(
-            backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+            backend,
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=world_size,
             timeout=datetime.timedelta(seconds=timeout_s),
         )
         outcome.value = fn(rank, world_size, *args)
@@ -102,7 +111,9 @@ def run_on_ranks(
         context = mp.start_processes(
             _rank_main,
             args=(fn, world_size, free_port(), backend, args, folder, collective_timeout_s),
-            nprocs=world_size, join=False, start_method="spawn",
+            nprocs=world_size,
+            join=False,
+            start_method="spawn",
         )
         deadline = time.monotonic() + timeout_s
         try:
@@ -119,6 +130,8 @@ def run_on_ranks(
         for rank in range(world_size):
             path = os.path.join(folder, f"rank{rank}.pt")
             if not os.path.exists(path):
-                raise RuntimeError(f"rank {rank} died without reporting (exit code {context.processes[rank].exitcode}).")
+                raise RuntimeError(
+                    f"rank {rank} died without reporting (exit code {context.processes[rank].exitcode})."
+                )
             outcomes.append(torch.load(path, weights_only=False))
         return outcomes

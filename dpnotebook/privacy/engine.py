@@ -151,7 +151,11 @@ class PrivacyEngine:
                     f"{name}={generator!r} with secure_mode=True: a seeded generator is predictable. "
                     f"Fix: drop {name}, or use PrivacyEngine(secure_mode=False) to reproduce a run."
                 )
-        from dpnotebook.privacy.distributed import check_distributed_setup, distributed_optimizer_class, unwrap_distributed
+        from dpnotebook.privacy.distributed import (
+            check_distributed_setup,
+            distributed_optimizer_class,
+            unwrap_distributed,
+        )
 
         module, distributed = unwrap_distributed(module)  # DPDDP / DDP: the model inside, all-reduced by the optimizer
         check_distributed_setup(distributed, data_loader, poisson_sampling)
@@ -163,9 +167,7 @@ class PrivacyEngine:
                     f"loss_reduction={module.loss_reduction!r}; pass the same values to make_private."
                 )
         else:
-            module = wrap_in_mode(
-                module, grad_sample_mode, K=K, batch_first=batch_first, loss_reduction=loss_reduction
-            )
+            module = wrap_in_mode(module, grad_sample_mode, K=K, batch_first=batch_first, loss_reduction=loss_reduction)
 
         self.dataset_size = len(data_loader.dataset)
         sample_rate = sample_rate_of(data_loader)
@@ -292,9 +294,15 @@ class PrivacyEngine:
             module_state_dict_kwargs, torch_save_kwargs: passed to ``state_dict()`` and ``torch.save``.
         """
         checkpoints.save_checkpoint(
-            path, unwrap_model(module), self.accountant, optimizer=optimizer, checkpoint_dict=checkpoint_dict,
-            noise_scheduler=noise_scheduler, grad_clip_scheduler=grad_clip_scheduler,
-            module_state_dict_kwargs=module_state_dict_kwargs, torch_save_kwargs=torch_save_kwargs,
+            path,
+            unwrap_model(module),
+            self.accountant,
+            optimizer=optimizer,
+            checkpoint_dict=checkpoint_dict,
+            noise_scheduler=noise_scheduler,
+            grad_clip_scheduler=grad_clip_scheduler,
+            module_state_dict_kwargs=module_state_dict_kwargs,
+            torch_save_kwargs=torch_save_kwargs,
         )
 
     def load_checkpoint(
@@ -311,9 +319,15 @@ class PrivacyEngine:
     ) -> dict[str, Any]:
         """Restore what :meth:`save_checkpoint` (or Opacus') wrote; return the extra entries of ``checkpoint_dict``."""
         return checkpoints.load_checkpoint(
-            path, unwrap_model(module), self.accountant, optimizer=optimizer, map_location=map_location,
-            noise_scheduler=noise_scheduler, grad_clip_scheduler=grad_clip_scheduler,
-            module_load_dict_kwargs=module_load_dict_kwargs, torch_load_kwargs=torch_load_kwargs,
+            path,
+            unwrap_model(module),
+            self.accountant,
+            optimizer=optimizer,
+            map_location=map_location,
+            noise_scheduler=noise_scheduler,
+            grad_clip_scheduler=grad_clip_scheduler,
+            module_load_dict_kwargs=module_load_dict_kwargs,
+            torch_load_kwargs=torch_load_kwargs,
         )
 
     def __repr__(self) -> str:

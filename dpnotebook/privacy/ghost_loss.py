@@ -55,7 +55,9 @@ class DPTensorFastGradientClipping:
     acts on the per-sample losses, as in Opacus.
     """
 
-    def __init__(self, module: nn.Module, optimizer: Any, loss_per_sample: Tensor, loss_reduction: str = "mean") -> None:
+    def __init__(
+        self, module: nn.Module, optimizer: Any, loss_per_sample: Tensor, loss_reduction: str = "mean"
+    ) -> None:
         self.module = module
         self.optimizer = optimizer
         self.loss_per_sample = loss_per_sample

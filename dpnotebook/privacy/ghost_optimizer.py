@@ -62,7 +62,9 @@ class GhostDPOptimizer(DPOptimizer):
         params = self.params
         owners = self._owners()
         if len(owners) > 1:
-            raise RuntimeError("GhostDPOptimizer's parameters belong to several ghost-mode models; use one optimizer per model.")
+            raise RuntimeError(
+                "GhostDPOptimizer's parameters belong to several ghost-mode models; use one optimizer per model."
+            )
         model = owners[0]
         B = model.num_samples()
         if B == 0:

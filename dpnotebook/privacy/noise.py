@@ -76,7 +76,7 @@ def secure_uniform(n: int) -> Tensor:
     if n == 0:
         return torch.empty(0, dtype=torch.float64)
     words = torch.frombuffer(bytearray(os.urandom(8 * n)), dtype=torch.int64)
-    mantissa = (words >> 11) & ((1 << 53) - 1)        # the top 53 bits, as a non-negative int
+    mantissa = (words >> 11) & ((1 << 53) - 1)  # the top 53 bits, as a non-negative int
     return (mantissa.to(torch.float64) + 1.0) / float(1 << 53)
 
 

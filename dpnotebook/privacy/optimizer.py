@@ -158,7 +158,7 @@ class DPOptimizer(OpacusOptimizerContract, Optimizer):
         return self.original_optimizer.defaults
 
     def __getattr__(self, name: str) -> Any:
-        if name == "original_optimizer":      # not set yet: do not recurse
+        if name == "original_optimizer":  # not set yet: do not recurse
             raise AttributeError(name)
         return getattr(self.original_optimizer, name)
 
@@ -263,7 +263,9 @@ class DPOptimizer(OpacusOptimizerContract, Optimizer):
         )
         self._reset_accumulation()
 
-    def _noisy_sum(self, summed: list[Tensor], params: list[nn.Parameter], std: float) -> tuple[list[Tensor], float, float]:
+    def _noisy_sum(
+        self, summed: list[Tensor], params: list[nn.Parameter], std: float
+    ) -> tuple[list[Tensor], float, float]:
         """``(clipped sum + noise, ||clipped sum||, ||noise||)``; the distributed optimizer all-reduces here."""
         noises = draw_noise(params, std, self.generator, self.secure_mode)
         signal_norm, noise_norm = total_norm(summed), total_norm(noises)  # before they are added up

@@ -196,8 +196,13 @@ def train_run(
         model = (model_fn or _default_model)(setting, in_features)
     sigma = 0.0
     if setting.epsilon is not None:
-        sigma = get_noise_multiplier(target_epsilon=setting.epsilon, target_delta=setting.delta, sample_rate=q,
-                                     steps=steps, accountant=setting.accountant)
+        sigma = get_noise_multiplier(
+            target_epsilon=setting.epsilon,
+            target_delta=setting.delta,
+            sample_rate=q,
+            steps=steps,
+            accountant=setting.accountant,
+        )
     elif setting.noise_multiplier is not None:
         sigma = setting.noise_multiplier
     params = [p for p in model.parameters() if p.requires_grad]
@@ -205,8 +210,13 @@ def train_run(
     trained = model
     if setting.private:
         trained = wrap_model(model, "hooks")
-        optimizer = DPOptimizer(optimizer, noise_multiplier=sigma, max_grad_norm=setting.max_grad_norm,
-                                expected_batch_size=q * n, generator=torch.Generator().manual_seed(seed + 1))
+        optimizer = DPOptimizer(
+            optimizer,
+            noise_multiplier=sigma,
+            max_grad_norm=setting.max_grad_norm,
+            expected_batch_size=q * n,
+            generator=torch.Generator().manual_seed(seed + 1),
+        )
     batches = PoissonBatchSampler(n, sample_rate=q, steps=steps, generator=torch.Generator().manual_seed(seed + 2))
     signal = noise = 0.0
     start = time.perf_counter()
@@ -225,8 +235,13 @@ def train_run(
         trained.to_standard_module()
     epsilon = math.inf
     if setting.private:
-        epsilon = compute_epsilon(noise_multiplier=sigma, sample_rate=q, steps=steps, delta=setting.delta,
-                                  accountant=setting.accountant) if sigma > 0 else math.inf
+        epsilon = (
+            compute_epsilon(
+                noise_multiplier=sigma, sample_rate=q, steps=steps, delta=setting.delta, accountant=setting.accountant
+            )
+            if sigma > 0
+            else math.inf
+        )
     d = sum(p.numel() for p in params)
     return RunResult(setting, seed, _accuracy(model, *_tensors(test)), epsilon, sigma, steps, seconds, d, signal, noise)
 
@@ -287,5 +302,7 @@ def summarise(results: Iterable[RunResult], by: str | Callable[[RunSetting], Has
     for key, runs in groups.items():
         acc = torch.tensor([r.accuracy for r in runs], dtype=torch.float64)
         std = float(acc.std()) if len(runs) > 1 else 0.0
-        out.append(Summary(key, float(acc.mean()), std, len(runs), max(r.epsilon for r in runs), runs[0].noise_multiplier))
+        out.append(
+            Summary(key, float(acc.mean()), std, len(runs), max(r.epsilon for r in runs), runs[0].noise_multiplier)
+        )
     return out

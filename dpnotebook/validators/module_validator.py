@@ -64,9 +64,11 @@ class ModuleValidator:
         """One exception per problem :func:`dpnotebook.validate` finds (plus eval mode); raise them if ``strict``."""
         errors: list[UnsupportedModuleError] = []
         if not module.training:
-            errors.append(IllegalModuleConfigurationError(
-                "Model needs to be in training mode: call model.train() before making it private."
-            ))
+            errors.append(
+                IllegalModuleConfigurationError(
+                    "Model needs to be in training mode: call model.train() before making it private."
+                )
+            )
         errors += [ShouldReplaceModuleError(str(p), [p]) for p in validate(module)]
         if strict and errors:
             problems: list[Problem] = [p for e in errors for p in e.problems]

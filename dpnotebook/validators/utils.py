@@ -43,7 +43,9 @@ def _types(target: type | Sequence[type]) -> list[type]:
     return list(target) if isinstance(target, Sequence) else [target]
 
 
-def register_module_validator(target_class_or_classes: type | Sequence[type], validator_class: type = ModuleValidator) -> Callable:
+def register_module_validator(
+    target_class_or_classes: type | Sequence[type], validator_class: type = ModuleValidator
+) -> Callable:
     """Register ``fn(module) -> [errors]`` for these layer types (Opacus' decorator)."""
 
     def decorator(fn: Callable[[nn.Module], list]) -> Callable[[nn.Module], list]:
@@ -67,7 +69,9 @@ def register_module_validator(target_class_or_classes: type | Sequence[type], va
     return decorator
 
 
-def register_module_fixer(target_class_or_classes: type | Sequence[type], validator_class: type = ModuleValidator) -> Callable:
+def register_module_fixer(
+    target_class_or_classes: type | Sequence[type], validator_class: type = ModuleValidator
+) -> Callable:
     """Register ``fn(module, **kwargs) -> replacement`` for these layer types (Opacus' decorator)."""
 
     def decorator(fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:

@@ -131,8 +131,12 @@ class Explorer:
         self._update()
         self._sync_caption()
         self.widget = ipywidgets.VBox(
-            [ipywidgets.HBox(self._controls(), layout=ipywidgets.Layout(flex_flow="row wrap")),
-             self.caption, self.host.view, self.error.view]
+            [
+                ipywidgets.HBox(self._controls(), layout=ipywidgets.Layout(flex_flow="row wrap")),
+                self.caption,
+                self.host.view,
+                self.error.view,
+            ]
         )
         if self.watch:
             self.state.observe(self._on_state, names=list(self.watch))

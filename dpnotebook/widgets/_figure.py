@@ -100,9 +100,9 @@ class FigureHost:
 
             self.figure = Figure(figsize=figsize, dpi=dpi, layout="constrained")
             canvas = Canvas(self.figure)
-            with warnings.catch_warnings():        # ipympl's Toolbar passes traitlets an unused argument
+            with warnings.catch_warnings():  # ipympl's Toolbar passes traitlets an unused argument
                 warnings.simplefilter("ignore", DeprecationWarning)
-                self._manager = FigureManager(canvas, 0)   # the toolbar; not registered with pyplot
+                self._manager = FigureManager(canvas, 0)  # the toolbar; not registered with pyplot
             for name, value in (("header_visible", False), ("toolbar_position", "right")):
                 if hasattr(canvas, name):
                     setattr(canvas, name, value)
@@ -138,7 +138,7 @@ class FigureHost:
         for the first draw.
         """
         if not self._frozen:
-            self.figure.canvas.draw()          # the draw event freezes the layout
+            self.figure.canvas.draw()  # the draw event freezes the layout
             self._stale = False
 
     def redraw(self) -> None:

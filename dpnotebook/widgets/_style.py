@@ -36,11 +36,11 @@ def lighten(fig: Figure, *, nbins: int = 4, labelsize: float = 8) -> None:
     """
     for ax in fig.axes:
         for axis in (ax.xaxis, ax.yaxis):
-            if not axis.get_ticklocs().size:         # ticks switched off on purpose
+            if not axis.get_ticklocs().size:  # ticks switched off on purpose
                 continue
             if axis.get_scale() == "log":
                 lo, hi = sorted(axis.get_view_interval())
-                narrow = lo > 0 and math.log10(hi / lo) < 1.5       # under 1.5 decades: 1-2-5 ticks
+                narrow = lo > 0 and math.log10(hi / lo) < 1.5  # under 1.5 decades: 1-2-5 ticks
                 axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0) if narrow else (1.0,), numticks=nbins))
                 axis.set_major_formatter(plain)
             elif axis.get_scale() == "linear":
@@ -62,5 +62,9 @@ def pin_labels(fig: Figure) -> None:
                 x, y = ax.transAxes.inverted().transform(label.get_transform().transform(label.get_position()))
                 axis.set_label_coords(x, y)
         if ax.get_title():
-            ax.set_title(ax.get_title(), y=ax.title.get_position()[1], fontsize=ax.title.get_fontsize(),
-                         color=ax.title.get_color())
+            ax.set_title(
+                ax.get_title(),
+                y=ax.title.get_position()[1],
+                fontsize=ax.title.get_fontsize(),
+                color=ax.title.get_color(),
+            )

@@ -17,9 +17,13 @@ from dpnotebook.grad_sample.registry import unregister_grad_sampler
 def _mlp_audit(**kwargs):
     case = audit_case("mlp", "scale_1e4")
     return audit_sensitivity(
-        case.model(True), batch=lambda idx: case.batch(idx, K=1, batch_first=True),
-        loss=case.loss(loss_reduction="sum", batch_first=True, K=1), num_samples=case.num_samples,
-        loss_reduction="sum", max_grad_norm=0.01, **kwargs,
+        case.model(True),
+        batch=lambda idx: case.batch(idx, K=1, batch_first=True),
+        loss=case.loss(loss_reduction="sum", batch_first=True, K=1),
+        num_samples=case.num_samples,
+        loss_reduction="sum",
+        max_grad_norm=0.01,
+        **kwargs,
     )
 
 
@@ -61,8 +65,12 @@ def test_the_auditor_catches_a_sampler_that_mixes_rows() -> None:
         x = torch.randn(4, 6) * torch.tensor([1.0, 10.0, 100.0, 1000.0])[:, None]
         t = torch.randn(4, 3)
         report = audit_sensitivity(
-            Scaled(), batch=lambda idx: (x[idx], t[idx]),
-            loss=lambda m, b: (m(b[0]) * b[1]).sum(), num_samples=4, loss_reduction="sum", max_grad_norm=1.0,
+            Scaled(),
+            batch=lambda idx: (x[idx], t[idx]),
+            loss=lambda m, b: (m(b[0]) * b[1]).sum(),
+            num_samples=4,
+            loss_reduction="sum",
+            max_grad_norm=1.0,
         )
         assert report.max_ratio > 1.2  # one sample now moves two clipped rows
         assert report.reference_gap > 0.1  # and the rows are not the samples' gradients
@@ -80,8 +88,12 @@ def test_every_record_builds_in_both_layouts() -> None:
 def test_the_empty_batch_is_audited() -> None:
     case = audit_case("mlp", "gaussian", num_samples=0)
     for mode in dpnotebook.available_modes():
-        kwargs = dict(batch=lambda idx: case.batch(idx, K=1, batch_first=True), num_samples=0, mode=mode,
-                      loss=case.loss(loss_reduction="mean", batch_first=True, K=1))
+        kwargs = dict(
+            batch=lambda idx: case.batch(idx, K=1, batch_first=True),
+            num_samples=0,
+            mode=mode,
+            loss=case.loss(loss_reduction="mean", batch_first=True, K=1),
+        )
         if mode == "ew":
             with pytest.raises(Exception, match="empty"):
                 audit_sensitivity(case.model(True), **kwargs)
@@ -109,7 +121,9 @@ def test_bad_num_samples_is_refused() -> None:
         audit_sensitivity(nn.Linear(2, 2), batch=lambda i: None, loss=lambda m, b: None, num_samples=-1)
 
 
-VIRTUAL = [(m, f) for m in dpnotebook.available_modes() for f in ("mlp", "embedding", "lstm") if (m, f) != ("ew", "lstm")]
+VIRTUAL = [
+    (m, f) for m in dpnotebook.available_modes() for f in ("mlp", "embedding", "lstm") if (m, f) != ("ew", "lstm")
+]
 
 
 @pytest.mark.parametrize("mode,family", VIRTUAL)  # ew refuses DP layers by design (see test_grid.py)
@@ -118,9 +132,17 @@ def test_virtual_steps_keep_the_bound(mode: str, family: str) -> None:
     case = audit_case(family, "scale_1e4")
     model = case.model(True).double()
     report = audit_sensitivity(
-        model, num_samples=case.num_samples, mode=mode, K=3, loss_reduction="sum", max_grad_norm=0.01,
-        batch=lambda idx: tuple(a.double() if a.is_floating_point() else a for a in case.batch(idx, K=3, batch_first=True)),
-        loss=case.loss(loss_reduction="sum", batch_first=True, K=3), physical_batch_size=3,
+        model,
+        num_samples=case.num_samples,
+        mode=mode,
+        K=3,
+        loss_reduction="sum",
+        max_grad_norm=0.01,
+        batch=lambda idx: tuple(
+            a.double() if a.is_floating_point() else a for a in case.batch(idx, K=3, batch_first=True)
+        ),
+        loss=case.loss(loss_reduction="sum", batch_first=True, K=3),
+        physical_batch_size=3,
     )
     assert report.ok() and report.reference_gap < 1e-6, report.table()
 

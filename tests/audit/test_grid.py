@@ -42,7 +42,8 @@ def test_float32_grid(mode: str) -> None:
     """Precision: float32 norms (ghost Gram matrices above all) never let a sample past C."""
     families = ["mlp", "conv", "norms", "seq_linear", "embedding", "lstm", "attention", "tied"]
     points = [
-        p for p in grid(modes=[mode], families=families, dtype=torch.float32)
+        p
+        for p in grid(modes=[mode], families=families, dtype=torch.float32)
         if (p.family, p.record) not in FLOAT32_UNSTABLE
     ]
     broken = _broken(points)

@@ -37,7 +37,7 @@ def test_gaussian_scores_roc_follows_the_tradeoff_curve():
 @pytest.mark.parametrize("mu", [0.5, 1.0, 2.0])
 def test_advantage_of_the_gaussian_mechanism_within_its_bound(mu):
     eps = gaussian_epsilon(mu, 1e-5)
-    best = 2 * norm.cdf(mu / 2) - 1                        # the Gaussian's exact best advantage
+    best = 2 * norm.cdf(mu / 2) - 1  # the Gaussian's exact best advantage
     assert best <= advantage_bound(eps, 1e-5)
     grid = np.linspace(0, 1, 10001)
     assert (dp_tpr_bound(grid, eps, 1e-5) - grid).max() == pytest.approx(advantage_bound(eps, 1e-5), abs=1e-3)
@@ -65,12 +65,12 @@ def _overfit(x, y, steps=300):
 
 def test_loss_attack_finds_members_of_a_memorising_model():
     g = torch.Generator().manual_seed(0)
-    x, y = torch.randn(80, 10, generator=g), torch.randint(0, 2, (80,), generator=g)   # random labels
+    x, y = torch.randn(80, 10, generator=g), torch.randint(0, 2, (80,), generator=g)  # random labels
     model = _overfit(x[:40], y[:40])
     roc = loss_threshold_attack(model, (x[:40], y[:40]), (x[40:], y[40:]))
     assert roc.auc > 0.9 and roc.advantage > 0.6
     assert roc.member_scores.tolist() == pytest.approx((-example_losses(model, x[:40], y[:40])).tolist())
-    assert model.training                                   # example_losses restored train mode
+    assert model.training  # example_losses restored train mode
 
 
 def test_calibrated_attack_subtracts_the_reference_loss():
@@ -80,7 +80,7 @@ def test_calibrated_attack_subtracts_the_reference_loss():
     roc = calibrated_attack(target, [reference], (x[:20], y[:20]), (x[20:40], y[20:40]))
     want = example_losses(reference, x[:20], y[:20]) - example_losses(target, x[:20], y[:20])
     np.testing.assert_allclose(roc.member_scores, want.numpy())
-    assert roc.auc > 0.6                                    # members still found
+    assert roc.auc > 0.6  # members still found
     with pytest.raises(ValueError, match="reference_models is empty"):
         calibrated_attack(target, [], (x, y), (x, y))
 
@@ -88,8 +88,7 @@ def test_calibrated_attack_subtracts_the_reference_loss():
 def test_example_losses_needs_one_loss_per_record():
     model = nn.Linear(3, 2)
     with pytest.raises(ValueError, match="one loss per record"):
-        example_losses(model, torch.randn(4, 3), torch.zeros(4, dtype=torch.long),
-                       loss_fn=nn.functional.cross_entropy)
+        example_losses(model, torch.randn(4, 3), torch.zeros(4, dtype=torch.long), loss_fn=nn.functional.cross_entropy)
     with pytest.raises(ValueError, match="inputs has 4 records but targets has 3"):
         example_losses(model, torch.randn(4, 3), torch.zeros(3, dtype=torch.long))
 

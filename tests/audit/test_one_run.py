@@ -49,8 +49,9 @@ def test_p_value_grows_with_epsilon_and_delta():
 
 def test_epsilon_is_the_root_of_the_p_value():
     eps = one_run_epsilon(canaries=1000, guesses=200, correct=170, delta=DELTA, significance=0.05)
-    assert one_run_p_value(canaries=1000, guesses=200, correct=170, epsilon=eps, delta=DELTA) == pytest.approx(0.05,
-                                                                                                             rel=1e-3)
+    assert one_run_p_value(canaries=1000, guesses=200, correct=170, epsilon=eps, delta=DELTA) == pytest.approx(
+        0.05, rel=1e-3
+    )
     assert one_run_epsilon(canaries=1000, guesses=200, correct=100) == 0.0
 
 
@@ -65,7 +66,7 @@ def test_gaussian_mechanism_bound_never_exceeds_the_true_epsilon(sigma):
     bounds = np.array(bounds)
     assert bounds.max() <= true_eps
     assert bounds.max() <= compute_epsilon(noise_multiplier=sigma, sample_rate=1.0, steps=1, delta=DELTA)
-    assert np.median(bounds) > 0.1 * true_eps       # the audit sees the mechanism at all
+    assert np.median(bounds) > 0.1 * true_eps  # the audit sees the mechanism at all
 
 
 @pytest.mark.parametrize("sigma, q, steps", [(0.6, 0.5, 4), (1.0, 0.1, 100), (2.0, 0.5, 20)])

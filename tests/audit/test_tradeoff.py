@@ -16,8 +16,9 @@ FPR = np.array([0.0, 1e-4, 1e-3, 0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0])
 
 @pytest.mark.parametrize("sigma", [0.5, 1.0, 2.0, 5.0])
 def test_gaussian_epsilon_matches_dp_accounting(sigma):
-    assert gaussian_epsilon(1 / sigma, 1e-5) == pytest.approx(dp_accounting.get_epsilon_gaussian(sigma, 1e-5),
-                                                              rel=1e-5, abs=1e-6)
+    assert gaussian_epsilon(1 / sigma, 1e-5) == pytest.approx(
+        dp_accounting.get_epsilon_gaussian(sigma, 1e-5), rel=1e-5, abs=1e-6
+    )
 
 
 @pytest.mark.parametrize("mu", [0.2, 1.0, 3.0])
@@ -33,8 +34,8 @@ def test_gaussian_curve_lies_under_its_dp_bound_and_touches_it(mu, delta):
     eps = gaussian_epsilon(mu, delta)
     grid = np.linspace(0, 1, 20001)
     gap = dp_tpr_bound(grid, eps, delta) - gaussian_tpr(grid, mu)
-    assert gap.min() >= -1e-9                      # (eps, delta)-DP holds ...
-    assert gap.min() < 1e-3                        # ... and is tight: the curve touches the bound
+    assert gap.min() >= -1e-9  # (eps, delta)-DP holds ...
+    assert gap.min() < 1e-3  # ... and is tight: the curve touches the bound
     # a smaller epsilon does not hold: the curve crosses its bound
     assert (dp_tpr_bound(grid, 0.9 * eps, delta) - gaussian_tpr(grid, mu)).min() < 0
 
@@ -56,7 +57,7 @@ def test_dp_bound_closed_form():
 def test_pld_curve_of_one_full_batch_step_is_gaussian(sigma):
     got = pld_tpr(FPR, noise_multiplier=sigma)
     want = gaussian_tpr(FPR, 1 / sigma)
-    assert (got - want).min() >= -1e-9             # pessimistic: never below the true curve
+    assert (got - want).min() >= -1e-9  # pessimistic: never below the true curve
     assert np.abs(got - want).max() < 2e-3
 
 
@@ -74,18 +75,21 @@ def test_pld_curve_within_the_accountants_epsilon():
     grid = np.linspace(0, 1, 2001)
     curve = pld_tpr(grid, **kw)
     assert (dp_tpr_bound(grid, eps, 1e-5) - curve).min() >= -2e-3
-    assert curve[1] > grid[1]                       # and the run is not perfectly private
+    assert curve[1] > grid[1]  # and the run is not perfectly private
 
 
-@pytest.mark.parametrize("call, text", [
-    (lambda: gaussian_tpr(1.5, 1.0), "fpr=1.5 is invalid"),
-    (lambda: gaussian_tpr(0.1, -1.0), "mu=-1.0 is invalid"),
-    (lambda: gaussian_epsilon(1.0, 0.0), "delta=0.0 is invalid"),
-    (lambda: gaussian_mu(sensitivity=1.0, noise_std=0.0), "noise_std=0.0 is invalid"),
-    (lambda: dp_tpr_bound(0.1, -1.0, 0.0), "epsilon=-1.0"),
-    (lambda: pld_tpr(0.1, noise_multiplier=1.0, sample_rate=0.0), "sample_rate=0.0 is invalid"),
-    (lambda: pld_tpr(0.1, noise_multiplier=1.0, steps=0), "steps=0 is invalid"),
-])
+@pytest.mark.parametrize(
+    "call, text",
+    [
+        (lambda: gaussian_tpr(1.5, 1.0), "fpr=1.5 is invalid"),
+        (lambda: gaussian_tpr(0.1, -1.0), "mu=-1.0 is invalid"),
+        (lambda: gaussian_epsilon(1.0, 0.0), "delta=0.0 is invalid"),
+        (lambda: gaussian_mu(sensitivity=1.0, noise_std=0.0), "noise_std=0.0 is invalid"),
+        (lambda: dp_tpr_bound(0.1, -1.0, 0.0), "epsilon=-1.0"),
+        (lambda: pld_tpr(0.1, noise_multiplier=1.0, sample_rate=0.0), "sample_rate=0.0 is invalid"),
+        (lambda: pld_tpr(0.1, noise_multiplier=1.0, steps=0), "steps=0 is invalid"),
+    ],
+)
 def test_bad_input_named(call, text):
     with pytest.raises(ValueError, match=text):
         call()

@@ -116,8 +116,14 @@ class LabServer:
         app: ``"lab"`` (``jupyter lab``) or ``"notebook"`` (Notebook 7, ``python -m notebook``).
     """
 
-    def __init__(self, root_dir: Path, work_dir: Path, python: str = sys.executable,
-                 startup_timeout: float = 120.0, app: str = "lab") -> None:
+    def __init__(
+        self,
+        root_dir: Path,
+        work_dir: Path,
+        python: str = sys.executable,
+        startup_timeout: float = 120.0,
+        app: str = "lab",
+    ) -> None:
         if app not in ("lab", "notebook"):
             raise ValueError(f"app must be 'lab' or 'notebook', not {app!r}")
         self.app = app
@@ -139,20 +145,26 @@ class LabServer:
         w = self.work_dir
         kernel_dir = w / "jupyter-path" / "kernels" / "python3"
         kernel_dir.mkdir(parents=True, exist_ok=True)
-        (kernel_dir / "kernel.json").write_text(json.dumps({
-            "argv": [self.python, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-            "display_name": "Python 3 (ipykernel)",
-            "language": "python",
-        }))
+        (kernel_dir / "kernel.json").write_text(
+            json.dumps(
+                {
+                    "argv": [self.python, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                    "display_name": "Python 3 (ipykernel)",
+                    "language": "python",
+                }
+            )
+        )
         # Every notebook cell is rendered (no virtual scrolling): widgets below the fold are
         # created and checked, and the screenshot shows the whole notebook.
         settings = w / "config" / "lab" / "user-settings" / "@jupyterlab"
         (settings / "notebook-extension").mkdir(parents=True, exist_ok=True)
         (settings / "notebook-extension" / "tracker.jupyterlab-settings").write_text(
-            json.dumps({"windowingMode": "none"}))
+            json.dumps({"windowingMode": "none"})
+        )
         (settings / "apputils-extension").mkdir(parents=True, exist_ok=True)
         (settings / "apputils-extension" / "notification.jupyterlab-settings").write_text(
-            json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+            json.dumps({"fetchNews": "false", "checkForUpdates": False})
+        )
         env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER", "JPY_"))}
         env.update(
             JUPYTER_CONFIG_DIR=str(w / "config"),
@@ -175,7 +187,9 @@ class LabServer:
         """Start the server process (returns at once; see :meth:`wait_ready`)."""
         self.port = _free_port()
         cmd = [
-            self.python, "-m", "jupyterlab" if self.app == "lab" else "notebook",
+            self.python,
+            "-m",
+            "jupyterlab" if self.app == "lab" else "notebook",
             "--no-browser",
             "--ServerApp.ip=127.0.0.1",
             f"--ServerApp.port={self.port}",
@@ -200,8 +214,13 @@ class LabServer:
         env = self._environment()
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            cmd, cwd=self.root_dir, env=env, stdin=subprocess.DEVNULL,
-            stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+            cmd,
+            cwd=self.root_dir,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
 
     def wait_ready(self) -> None:
@@ -222,8 +241,9 @@ class LabServer:
 
     def api(self, path: str, method: str = "GET", timeout: float = 10.0) -> Any:
         """Call the REST API (``/api/<path>``) with the token; the decoded JSON (or ``None``)."""
-        req = urllib.request.Request(f"{self.url}/api/{path}", method=method,
-                                     headers={"Authorization": f"token {self.token}"})
+        req = urllib.request.Request(
+            f"{self.url}/api/{path}", method=method, headers={"Authorization": f"token {self.token}"}
+        )
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             body = resp.read()
         return json.loads(body) if body else None
@@ -555,8 +575,11 @@ class NotebookDriver:
         else:
             self.js("() => window.__dpnb.closeDialogs()")
             self.js("p => window.__dpnb.open(p)", path)
-        wait_for(lambda: self.js("() => window.__dpnb.kernelState().status") == "idle",
-                 timeout, f"the kernel of {path} to be idle")
+        wait_for(
+            lambda: self.js("() => window.__dpnb.kernelState().status") == "idle",
+            timeout,
+            f"the kernel of {path} to be idle",
+        )
 
     def _open_notebook7(self, path: str, timeout: float) -> None:
         """Load Notebook 7's page for ``path`` (after shutting the previous one's kernel down)."""
@@ -608,8 +631,9 @@ class NotebookDriver:
         if progress["run"]["error"]:
             report.kernel_problems.append(f"run-all-cells failed: {progress['run']['error']}")
         nb = report.notebook = self.js("() => window.__dpnb.notebook()")
-        report.unexecuted = [_cell_label(nb, c["index"]) for c in progress["cells"]
-                             if c["count"] is None and not c["empty"]]
+        report.unexecuted = [
+            _cell_label(nb, c["index"]) for c in progress["cells"] if c["count"] is None and not c["empty"]
+        ]
         for i, cell in enumerate(nb["cells"]):
             if "raises-exception" in cell.get("metadata", {}).get("tags", []):
                 continue  # an error on purpose (JupyterLab runs on past it, nbval checks it raises)
@@ -635,8 +659,9 @@ class NotebookDriver:
         # busy for a moment then is fine, busy for good is not
         state = "() => window.__dpnb.kernelState()"
         try:
-            final = wait_for(lambda: (k := self.js(state))["status"] != "busy" and k, 15,
-                             "the kernel to be idle", interval=0.25)
+            final = wait_for(
+                lambda: (k := self.js(state))["status"] != "busy" and k, 15, "the kernel to be idle", interval=0.25
+            )
         except TimeoutError:
             final = self.js(state)
         if final["status"] != "idle" or final["connection"] != "connected":
@@ -646,14 +671,18 @@ class NotebookDriver:
 
     def _check_widgets(self, nb: dict, report: RunReport, timeout: float) -> None:
         """Every widget output shows a rendered widget; no widget error text on the page."""
-        expected = [(i, j) for i, cell in enumerate(nb["cells"]) for j, out in enumerate(cell.get("outputs", []))
-                    if WIDGET_MIME in out.get("data", {})]
+        expected = [
+            (i, j)
+            for i, cell in enumerate(nb["cells"])
+            for j, out in enumerate(cell.get("outputs", []))
+            if WIDGET_MIME in out.get("data", {})
+        ]
         # a widget the code closed (a finished tqdm bar with leave=False) leaves an empty output: fine
         live = self.live_widget_ids() if expected else set()
         if live is not None:
-            expected = [(i, j) for i, j in expected
-                        if nb["cells"][i]["outputs"][j]["data"][WIDGET_MIME].get(
-                            "model_id") in live]
+            expected = [
+                (i, j) for i, j in expected if nb["cells"][i]["outputs"][j]["data"][WIDGET_MIME].get("model_id") in live
+            ]
 
         def problems() -> list[str]:
             found = []
@@ -706,9 +735,13 @@ class NotebookDriver:
         finally:
             self.page.set_viewport_size(size)
 
-    def check_slider_moves_figure(self, cell_index: int, shots: Path | None = None,
-                                  timeout: float = 30.0,
-                                  ways: tuple[str, ...] = ("arrow keys", "mouse drag")) -> list[str]:
+    def check_slider_moves_figure(
+        self,
+        cell_index: int,
+        shots: Path | None = None,
+        timeout: float = 30.0,
+        ways: tuple[str, ...] = ("arrow keys", "mouse drag"),
+    ) -> list[str]:
         """Move the first slider of the widget in cell ``cell_index``; check the figure and readouts follow.
 
         The slider is moved twice, as a reader would: arrow keys on the focused handle, then a
@@ -718,7 +751,9 @@ class NotebookDriver:
         """
         tags = self.js("i => window.__dpnb.tagExplorer(i)", cell_index)
         assert tags["sliders"] >= 1, f"no slider rendered in the output of cell {cell_index} ({tags})"
-        assert tags["area"] > 0, f"no visible figure (image or ipympl canvas) in the output of cell {cell_index} ({tags})"
+        assert tags["area"] > 0, (
+            f"no visible figure (image or ipympl canvas) in the output of cell {cell_index} ({tags})"
+        )
         out = self.page.locator(f'[data-dpnb-cell="{cell_index}"] .jp-OutputArea')
         handle = out.locator(".widget-slider .noUi-handle").first
         readout = out.locator(".widget-slider .widget-readout").first
@@ -727,8 +762,11 @@ class NotebookDriver:
         figure.scroll_into_view_if_needed()
 
         def state() -> dict:
-            return {"readout": readout.inner_text().strip(), "caption": " | ".join(caption.all_inner_texts()),
-                    "pixels": figure.screenshot(animations="disabled")}
+            return {
+                "readout": readout.inner_text().strip(),
+                "caption": " | ".join(caption.all_inner_texts()),
+                "pixels": figure.screenshot(animations="disabled"),
+            }
 
         def error_shown() -> str:
             # dpnotebook's explorers show callback errors in the widget (a red box with a traceback)
@@ -740,8 +778,9 @@ class NotebookDriver:
         if shots is not None:
             shots.parent.mkdir(parents=True, exist_ok=True)
             shots.with_name(shots.stem + "-0-before.png").write_bytes(before["pixels"])
-        moves = [(how, move) for how, move in (("arrow keys", self._press_arrows), ("mouse drag", self._drag))
-                 if how in ways]
+        moves = [
+            (how, move) for how, move in (("arrow keys", self._press_arrows), ("mouse drag", self._drag)) if how in ways
+        ]
         for step, (how, move) in enumerate(moves, start=1):
             move(handle)
             changed: dict = {}
@@ -758,7 +797,8 @@ class NotebookDriver:
                 raise AssertionError(
                     f"moving the slider by {how} did not change: {missing} "
                     f"(readout {before['readout']!r} -> {changed['now']['readout']!r}); "
-                    f"widget error: {error_shown() or 'none'}") from None
+                    f"widget error: {error_shown() or 'none'}"
+                ) from None
             now = changed["now"]
             if shots is not None:
                 shots.with_name(f"{shots.stem}-{step}-{how.replace(' ', '-')}.png").write_bytes(now["pixels"])

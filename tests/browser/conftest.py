@@ -19,8 +19,10 @@ from browserlab import CHROMIUM_ARGS, SKIPPED, TUTORIALS, LabServer, NotebookDri
 def browser_missing() -> str | None:
     """Why the browser check cannot run here, or ``None``."""
     if find_chromium() is None:
-        return (f"{SKIPPED}: no Chromium (/usr/bin/chromium, or `chromium` on the PATH). "
-                "Install it with `apt-get install -y chromium` (.ci/run does); never `playwright install`.")
+        return (
+            f"{SKIPPED}: no Chromium (/usr/bin/chromium, or `chromium` on the PATH). "
+            "Install it with `apt-get install -y chromium` (.ci/run does); never `playwright install`."
+        )
     try:
         import playwright.sync_api  # noqa: F401
     except ImportError:
@@ -36,8 +38,10 @@ def notebook7_missing() -> str | None:
     try:
         import notebook
     except ImportError:
-        return (f"{SKIPPED}: the Python package `notebook` (Notebook 7) is not installed "
-                "(`pip install 'notebook>=7' -c constraints.txt`, or the `lab` extra).")
+        return (
+            f"{SKIPPED}: the Python package `notebook` (Notebook 7) is not installed "
+            "(`pip install 'notebook>=7' -c constraints.txt`, or the `lab` extra)."
+        )
     version = getattr(notebook, "__version__", "0")
     if int(version.split(".")[0]) != 7:
         return f"{SKIPPED}: `notebook` {version} is installed; the Notebook 7 check needs 7.x."
@@ -57,8 +61,11 @@ def browser_session(root: Path, work: Path, app: str = "lab") -> Iterator[Notebo
         playwright = sync_playwright().start()
         context = playwright.chromium.launch_persistent_context(
             str(work / "chromium-profile"),  # a fresh profile
-            executable_path=find_chromium(), headless=True, args=CHROMIUM_ARGS,
-            viewport={"width": 1280, "height": 900}, accept_downloads=False,
+            executable_path=find_chromium(),
+            headless=True,
+            args=CHROMIUM_ARGS,
+            viewport={"width": 1280, "height": 900},
+            accept_downloads=False,
         )
         context.set_default_timeout(60_000)
         page = context.pages[0] if context.pages else context.new_page()
@@ -103,7 +110,7 @@ def pytest_terminal_summary(terminalreporter) -> None:
         longrepr = report.longrepr
         text = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
         if SKIPPED in text:
-            reasons.add(text[text.index(SKIPPED):])
+            reasons.add(text[text.index(SKIPPED) :])
     for reason in sorted(reasons):
         terminalreporter.write_sep("!", SKIPPED, red=True, bold=True)
         terminalreporter.write_line(reason, red=True, bold=True)

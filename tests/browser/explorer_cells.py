@@ -13,15 +13,19 @@ CELLS = [
     ("PrivacyBudgetExplorer", 'PrivacyBudgetExplorer(accountant="rdp")'),
     ("AugmultExplorer", "AugmultExplorer()"),
     ("PrivacyAttackExplorer", "PrivacyAttackExplorer()"),
-    ("TrainingMonitor",
-     "monitor = TrainingMonitor(total_steps=4, progress=False)\n"
-     "for step in (1, 2):\n"
-     "    monitor.update(step=step, loss=1.0 / step, accuracy=0.3 * step, epsilon=0.1 * step, clip_fraction=0.5)\n"
-     "monitor"),
-    ("GradientExplorer",
-     "torch.manual_seed(0)\n"
-     "GradientExplorer(nn.Linear(3, 2), (torch.randn(4, 3), torch.randint(0, 2, (4,))),\n"
-     "                 nn.functional.cross_entropy)"),
+    (
+        "TrainingMonitor",
+        "monitor = TrainingMonitor(total_steps=4, progress=False)\n"
+        "for step in (1, 2):\n"
+        "    monitor.update(step=step, loss=1.0 / step, accuracy=0.3 * step, epsilon=0.1 * step, clip_fraction=0.5)\n"
+        "monitor",
+    ),
+    (
+        "GradientExplorer",
+        "torch.manual_seed(0)\n"
+        "GradientExplorer(nn.Linear(3, 2), (torch.randn(4, 3), torch.randint(0, 2, (4,))),\n"
+        "                 nn.functional.cross_entropy)",
+    ),
 ]
 IMPORTS = (
     "import torch\n"

@@ -35,9 +35,10 @@ RUN_TIMEOUT_S = 240
 #: notebook name -> (setup cell, the figure element each explorer shows)
 NOTEBOOKS = {
     "nb7_default_backend.ipynb": (IMPORTS + "assert not ipympl_active(), 'ipympl is active by default'", "img"),
-    "nb7_ipympl.ipynb": ("%matplotlib widget\n" + IMPORTS + "assert ipympl_active(), 'ipympl is not active'",
-                         "canvas"),
+    "nb7_ipympl.ipynb": ("%matplotlib widget\n" + IMPORTS + "assert ipympl_active(), 'ipympl is not active'", "canvas"),
 }
+
+
 @pytest.fixture(scope="module")
 def notebook7(tmp_path_factory: pytest.TempPathFactory) -> NotebookDriver:
     """A :class:`~browserlab.NotebookDriver` on a Notebook 7 server serving a temp folder that holds
@@ -91,18 +92,22 @@ def test_explorers_in_notebook7(notebook7: NotebookDriver, name: str) -> None:
     except TimeoutError:
         pytest.fail(f"{name} in Notebook 7:\n  " + "\n  ".join(problems), pytrace=False)
     for explorer, index in cells.items():
-        big = max((f for f in notebook7.js(FIGURES_JS, index) if f["kind"] == kind),
-                  key=lambda f: f["width"] * f["height"])
+        big = max(
+            (f for f in notebook7.js(FIGURES_JS, index) if f["kind"] == kind), key=lambda f: f["width"] * f["height"]
+        )
         print(f"{explorer}: {big}")
 
     cell = find_widget_output(report.notebook, SLIDER_CELL)
     assert cell is not None and cell == cells["ClippingExplorer"]
-    label = notebook7.js("i => { const s = window.__dpnb.panel.content.widgets[i].outputArea.node"
-                         ".querySelector('.widget-slider .widget-label'); return s ? s.innerText.trim() : null; }",
-                         cell)
+    label = notebook7.js(
+        "i => { const s = window.__dpnb.panel.content.widgets[i].outputArea.node"
+        ".querySelector('.widget-slider .widget-label'); return s ? s.innerText.trim() : null; }",
+        cell,
+    )
     assert label == "C", f"the ClippingExplorer's first slider is {label!r}, not C"
     # a mouse drag only: in Notebook 7 (7.6) the arrow keys on a focused slider handle go to the
     # notebook's command-mode shortcuts (notebook:move-cursor-heading-below-or-expand), not the slider
-    for line in notebook7.check_slider_moves_figure(cell, shots=SCREENSHOTS / f"{stem}-clipping-slider.png",
-                                                    ways=("mouse drag",)):
+    for line in notebook7.check_slider_moves_figure(
+        cell, shots=SCREENSHOTS / f"{stem}-clipping-slider.png", ways=("mouse drag",)
+    ):
         print(line)

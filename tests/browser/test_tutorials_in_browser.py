@@ -45,7 +45,8 @@ def test_tutorial_runs_in_browser(lab: NotebookDriver, name: str) -> None:
             print(f"screenshot of {name} failed: {exc}")
     print(f"{name}: ran in {report.seconds:.1f} s in the browser")
     assert os.path.samefile(report.kernel_prefix, sys.prefix), (
-        f"the notebook ran on a kernel from {report.kernel_prefix!r}, not this environment ({sys.prefix!r})")
+        f"the notebook ran on a kernel from {report.kernel_prefix!r}, not this environment ({sys.prefix!r})"
+    )
     if report.problems:
         pytest.fail(report.explain(), pytrace=False)
 
@@ -64,7 +65,8 @@ def test_clipping_slider_was_checked(lab: NotebookDriver) -> None:
     missing = [n for n in clipping if n not in SLIDER_CHECKS]
     assert not missing, (
         f"the ClippingExplorer slider was not checked in {missing}: "
-        f"see test_tutorial_runs_in_browser[{missing[0]}] (failed or deselected)")
+        f"see test_tutorial_runs_in_browser[{missing[0]}] (failed or deselected)"
+    )
 
 
 def test_tutorials_on_disk_unchanged(tutorial_copy) -> None:

@@ -38,9 +38,16 @@ def test_make_private_samples_with_the_loaders_generator() -> None:
     def run(seed: int) -> list[int]:
         model = mlp()
         plain = DataLoader(dataset(), batch_size=16, generator=torch.Generator().manual_seed(seed))
-        _, _, dp = lib("dpnotebook").PrivacyEngine(secure_mode=False).make_private(
-            module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), data_loader=plain,
-            noise_multiplier=1.0, max_grad_norm=1.0,
+        _, _, dp = (
+            lib("dpnotebook")
+            .PrivacyEngine(secure_mode=False)
+            .make_private(
+                module=model,
+                optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                data_loader=plain,
+                noise_multiplier=1.0,
+                max_grad_norm=1.0,
+            )
         )
         return batch_sizes(dp)
 
@@ -51,8 +58,11 @@ def memory_manager_script(name: str) -> tuple[int, list[int], int]:
     model = mlp()
     engine = lib(name).PrivacyEngine()
     model, optimizer, dp = engine.make_private(
-        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), data_loader=loader(dataset()),
-        noise_multiplier=1.0, max_grad_norm=1.0,
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        data_loader=loader(dataset()),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
     )
     BatchMemoryManager = lib(name, "utils.batch_memory_manager").BatchMemoryManager
     sizes = []

@@ -28,8 +28,13 @@ def test_make_private_with_epsilon_sigma_and_epsilon_match(accountant: str) -> N
         model = mlp()
         engine = lib(name).PrivacyEngine(accountant=accountant)
         model, optimizer, data = engine.make_private_with_epsilon(
-            module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), data_loader=loader(dataset(), 8),
-            target_epsilon=3.0, target_delta=1e-3, epochs=3, max_grad_norm=1.0,
+            module=model,
+            optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+            data_loader=loader(dataset(), 8),
+            target_epsilon=3.0,
+            target_delta=1e-3,
+            epochs=3,
+            max_grad_norm=1.0,
         )
         train(model, optimizer, data, epochs=3)
         sigma[name], eps[name] = optimizer.noise_multiplier, engine.get_epsilon(1e-3)
@@ -42,8 +47,11 @@ def scheduled_run(name: str, path) -> tuple[list[float], float, dict, dict]:
     model = mlp()
     engine = lib(name).PrivacyEngine(accountant="rdp")
     model, optimizer, data = engine.make_private(
-        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), data_loader=loader(dataset()),
-        noise_multiplier=2.0, max_grad_norm=1.0,
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        data_loader=loader(dataset()),
+        noise_multiplier=2.0,
+        max_grad_norm=1.0,
     )
     schedulers = lib(name, "schedulers")
     noise = schedulers.StepNoise(optimizer, step_size=1, gamma=0.7)
@@ -54,18 +62,28 @@ def scheduled_run(name: str, path) -> tuple[list[float], float, dict, dict]:
         train(model, optimizer, data)
         noise.step()
         clip.step()
-    engine.save_checkpoint(path=path, module=model, optimizer=optimizer, noise_scheduler=noise,
-                           grad_clip_scheduler=clip, checkpoint_dict={"epoch": 3})
+    engine.save_checkpoint(
+        path=path,
+        module=model,
+        optimizer=optimizer,
+        noise_scheduler=noise,
+        grad_clip_scheduler=clip,
+        checkpoint_dict={"epoch": 3},
+    )
     fresh_model = mlp(seed=1)
     fresh_engine = lib(name).PrivacyEngine(accountant="rdp")
     fresh_model, fresh_opt, _ = fresh_engine.make_private(
-        module=fresh_model, optimizer=torch.optim.SGD(fresh_model.parameters(), lr=0.1),
-        data_loader=loader(dataset()), noise_multiplier=2.0, max_grad_norm=1.0,
+        module=fresh_model,
+        optimizer=torch.optim.SGD(fresh_model.parameters(), lr=0.1),
+        data_loader=loader(dataset()),
+        noise_multiplier=2.0,
+        max_grad_norm=1.0,
     )
     fresh_noise = schedulers.StepNoise(fresh_opt, step_size=1, gamma=0.5)
     fresh_clip = schedulers.ExponentialGradClip(fresh_opt, gamma=0.5)
-    extra = fresh_engine.load_checkpoint(path=path, module=fresh_model, optimizer=fresh_opt,
-                                         noise_scheduler=fresh_noise, grad_clip_scheduler=fresh_clip)
+    extra = fresh_engine.load_checkpoint(
+        path=path, module=fresh_model, optimizer=fresh_opt, noise_scheduler=fresh_noise, grad_clip_scheduler=fresh_clip
+    )
     assert fresh_engine.get_epsilon(1e-5) == engine.get_epsilon(1e-5), name
     assert (fresh_noise.gamma, fresh_noise.last_epoch, fresh_clip.gamma) == (0.7, 3, 0.9), name
     assert extra["epoch"] == 3, name
@@ -84,9 +102,17 @@ def test_poisson_sampling_false_keeps_the_loader() -> None:
     for name in LIBRARIES:
         model = mlp()
         original = loader(dataset())
-        _, _, data = lib(name).PrivacyEngine().make_private(
-            module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), data_loader=original,
-            noise_multiplier=1.0, max_grad_norm=1.0, poisson_sampling=False,
+        _, _, data = (
+            lib(name)
+            .PrivacyEngine()
+            .make_private(
+                module=model,
+                optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                data_loader=original,
+                noise_multiplier=1.0,
+                max_grad_norm=1.0,
+                poisson_sampling=False,
+            )
         )
         assert [len(y) for _, y in data] == [16] * 4, name
 
@@ -96,8 +122,12 @@ def test_options_refused_by_design(option: dict) -> None:
     model = mlp()
     with pytest.raises(NotImplementedError, match=f"{next(iter(option))}="):
         lib("dpnotebook").PrivacyEngine().make_private(
-            module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), data_loader=loader(dataset()),
-            noise_multiplier=1.0, max_grad_norm=1.0, **option,
+            module=model,
+            optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+            data_loader=loader(dataset()),
+            noise_multiplier=1.0,
+            max_grad_norm=1.0,
+            **option,
         )
 
 
@@ -108,6 +138,10 @@ def test_gdp_is_refused_and_unknown_options_named() -> None:
     model = mlp()
     with pytest.raises(TypeError, match="grad_sample_modes"):
         lib("dpnotebook").PrivacyEngine().make_private(
-            module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), data_loader=loader(dataset()),
-            noise_multiplier=1.0, max_grad_norm=1.0, grad_sample_modes="hooks",
+            module=model,
+            optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+            data_loader=loader(dataset()),
+            noise_multiplier=1.0,
+            max_grad_norm=1.0,
+            grad_sample_modes="hooks",
         )

@@ -19,8 +19,14 @@ def ghost_script(name: str, *, noise: float, epochs: int = 1, reduction: str = "
     criterion = nn.CrossEntropyLoss(reduction=reduction)
     engine = PrivacyEngine(accountant="rdp")
     model, optimizer, criterion, train_loader = engine.make_private(
-        module=model, optimizer=optimizer, data_loader=loader(dataset()), criterion=criterion,
-        noise_multiplier=noise, max_grad_norm=0.3, grad_sample_mode="ghost", poisson_sampling=False,
+        module=model,
+        optimizer=optimizer,
+        data_loader=loader(dataset()),
+        criterion=criterion,
+        noise_multiplier=noise,
+        max_grad_norm=0.3,
+        grad_sample_mode="ghost",
+        poisson_sampling=False,
         loss_reduction=reduction,
     )
     losses = []
@@ -73,9 +79,17 @@ def test_mismatched_reduction_is_refused_like_opacus() -> None:
 
 def test_without_criterion_dpnotebook_returns_three() -> None:
     model = mlp()
-    out = lib("dpnotebook").PrivacyEngine().make_private(
-        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), data_loader=loader(dataset()),
-        noise_multiplier=1.0, max_grad_norm=1.0, grad_sample_mode="ghost",
+    out = (
+        lib("dpnotebook")
+        .PrivacyEngine()
+        .make_private(
+            module=model,
+            optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+            data_loader=loader(dataset()),
+            noise_multiplier=1.0,
+            max_grad_norm=1.0,
+            grad_sample_mode="ghost",
+        )
     )
     assert len(out) == 3  # documented difference: Opacus returns four with a default CrossEntropyLoss
 
@@ -83,6 +97,11 @@ def test_without_criterion_dpnotebook_returns_three() -> None:
 def _private_with(PrivacyEngine, criterion):
     model = mlp()
     return PrivacyEngine().make_private(
-        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), data_loader=loader(dataset()),
-        criterion=criterion, noise_multiplier=1.0, max_grad_norm=1.0, grad_sample_mode="ghost",
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        data_loader=loader(dataset()),
+        criterion=criterion,
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+        grad_sample_mode="ghost",
     )

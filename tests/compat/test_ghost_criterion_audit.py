@@ -37,7 +37,9 @@ def criterion_loss(loss_reduction: str):
         out = model(x)
         if not is_wrapped(model):  # the auditor's float64 reference runs the plain model
             return DotLoss(loss_reduction)(out, t.to(out.dtype))
-        criterion = DPLossFastGradientClipping(model, _Reduction(loss_reduction), DotLoss(loss_reduction), loss_reduction)
+        criterion = DPLossFastGradientClipping(
+            model, _Reduction(loss_reduction), DotLoss(loss_reduction), loss_reduction
+        )
         return criterion(out, t.to(out.dtype))
 
     return loss
@@ -52,9 +54,14 @@ def test_ghost_criterion_path_keeps_the_bound(family: str, K: int, loss_reductio
             continue
         case = audit_case(family, record)
         report = audit_sensitivity(
-            case.model(True), batch=lambda idx: case.batch(idx, K=K, batch_first=True),
-            loss=criterion_loss(loss_reduction), num_samples=case.num_samples, mode="ghost", K=K,
-            loss_reduction=loss_reduction, max_grad_norm=C,
+            case.model(True),
+            batch=lambda idx: case.batch(idx, K=K, batch_first=True),
+            loss=criterion_loss(loss_reduction),
+            num_samples=case.num_samples,
+            mode="ghost",
+            K=K,
+            loss_reduction=loss_reduction,
+            max_grad_norm=C,
         )
         assert report.ok(), (record, report.table())
         assert report.reference_gap < 1e-4, (record, report.reference_gap)

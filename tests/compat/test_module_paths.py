@@ -104,8 +104,13 @@ def no_op_script(library: str) -> tuple[nn.Module, list[torch.Size]]:
     functorch = lib(library, "grad_sample.functorch")
     engine = lib(library).PrivacyEngine()
     model, optimizer, train_loader = engine.make_private(
-        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.5), data_loader=loader(dataset()),
-        noise_multiplier=0.0, max_grad_norm=0.2, grad_sample_mode="no_op", poisson_sampling=False,
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
+        data_loader=loader(dataset()),
+        noise_multiplier=0.0,
+        max_grad_norm=0.2,
+        grad_sample_mode="no_op",
+        poisson_sampling=False,
     )
     fmodel, _ = functorch.make_functional(model._module)
 
@@ -153,6 +158,8 @@ def test_wrap_model_by_opacus_name_gives_the_same_grad_sample_shapes(mode: str) 
         assert isinstance(model, utils.get_gsm_class(mode))
         x, y = next(iter(loader(dataset())))
         nn.functional.cross_entropy(model(x), y, reduction="sum").backward()
-        shapes[name] = [tuple(p.grad_sample.shape) for p in model.parameters() if getattr(p, "grad_sample", None) is not None]
+        shapes[name] = [
+            tuple(p.grad_sample.shape) for p in model.parameters() if getattr(p, "grad_sample", None) is not None
+        ]
     if mode != "ghost":  # ghost mode forms norms, not p.grad_sample, in both libraries
         assert shapes["dpnotebook"] == shapes["opacus"] and shapes["dpnotebook"]

@@ -14,8 +14,13 @@ from tests.compat.scripts import lib
 def cnn() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(
-        nn.Conv2d(1, 48, 3), nn.BatchNorm2d(48), nn.ReLU(), nn.Conv2d(48, 8, 3), nn.BatchNorm2d(8),
-        nn.Flatten(), nn.Linear(8 * 4 * 4, 3),
+        nn.Conv2d(1, 48, 3),
+        nn.BatchNorm2d(48),
+        nn.ReLU(),
+        nn.Conv2d(48, 8, 3),
+        nn.BatchNorm2d(8),
+        nn.Flatten(),
+        nn.Linear(8 * 4 * 4, 3),
     )
 
 

@@ -22,8 +22,9 @@ def custom_noise_script(name: str) -> tuple[nn.Module, list, float]:
                 p.grad = (p.summed_grad + 0.01).view_as(p)
 
     model = lib(name, "grad_sample").GradSampleModule(mlp())
-    optimizer = ShiftedNoise(torch.optim.SGD(model.parameters(), lr=0.5), noise_multiplier=1.0,
-                             max_grad_norm=0.3, expected_batch_size=16)
+    optimizer = ShiftedNoise(
+        torch.optim.SGD(model.parameters(), lr=0.5), noise_multiplier=1.0, max_grad_norm=0.3, expected_batch_size=16
+    )
     accountant = lib(name, "accountants").RDPAccountant()
     optimizer.attach_step_hook(accountant.get_optimizer_hook_fn(sample_rate=0.25))
     shapes = []
@@ -47,7 +48,9 @@ def test_pre_step_and_signal_skip_step() -> None:
     for name in LIBRARIES:
         model = lib(name, "grad_sample").GradSampleModule(mlp())
         optimizer = lib(name, "optimizers").DPOptimizer(
-            torch.optim.SGD(model.parameters(), lr=0.5), noise_multiplier=0.0, max_grad_norm=1.0,
+            torch.optim.SGD(model.parameters(), lr=0.5),
+            noise_multiplier=0.0,
+            max_grad_norm=1.0,
             expected_batch_size=8,
         )
         x, y = dataset()[:8]
@@ -66,8 +69,13 @@ def engine_optimizer_script(name: str, mode: str) -> tuple[list, int, bool]:
     model = mlp()
     engine = lib(name, "privacy_engine").PrivacyEngine()
     model, optimizer, data_loader = engine.make_private(
-        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), data_loader=loader(dataset()),
-        noise_multiplier=1.0, max_grad_norm=1.0, grad_sample_mode=mode, poisson_sampling=False,
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        data_loader=loader(dataset()),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+        grad_sample_mode=mode,
+        poisson_sampling=False,
     )
     x, y = next(iter(data_loader))
     nn.functional.cross_entropy(model(x), y).backward()

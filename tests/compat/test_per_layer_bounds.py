@@ -20,8 +20,13 @@ def per_layer_script(name: str, noise: float) -> tuple[nn.Module, float, float]:
     model = mlp()
     engine = lib(name).PrivacyEngine(accountant="rdp")
     model, optimizer, data = engine.make_private(
-        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.5), data_loader=loader(dataset()),
-        noise_multiplier=noise, max_grad_norm=BOUNDS, clipping="per_layer", poisson_sampling=False,
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
+        data_loader=loader(dataset()),
+        noise_multiplier=noise,
+        max_grad_norm=BOUNDS,
+        clipping="per_layer",
+        poisson_sampling=False,
     )
     for _ in range(2):
         for x, y in data:
@@ -44,8 +49,13 @@ def test_per_layer_bounds_epsilon_as_in_opacus() -> None:
 
 def test_wrong_number_of_bounds_is_named() -> None:
     model = dpnotebook.wrap_model(mlp())
-    opt = dpnotebook.DPOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), noise_multiplier=0.0,
-                                 max_grad_norm=[1.0, 1.0], expected_batch_size=4, clipping="per_layer")
+    opt = dpnotebook.DPOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        noise_multiplier=0.0,
+        max_grad_norm=[1.0, 1.0],
+        expected_batch_size=4,
+        clipping="per_layer",
+    )
     x, y = dataset()[:4]
     nn.functional.cross_entropy(model(x), y).backward()
     with pytest.raises(ValueError, match="2 per-layer bounds but there are 4 trainable parameter tensors"):
@@ -61,9 +71,14 @@ def test_per_layer_bounds_keep_the_sensitivity(mode: str) -> None:
         model = case.model(True)
         bounds = [0.02 * (i + 1) for i, p in enumerate(model.parameters()) if p.requires_grad]
         report = audit_sensitivity(
-            model, batch=lambda idx: case.batch(idx, K=2, batch_first=True),
-            loss=case.loss(loss_reduction="mean", batch_first=True, K=2), num_samples=case.num_samples,
-            mode=mode, K=2, clipping="per_layer", max_grad_norm=bounds,
+            model,
+            batch=lambda idx: case.batch(idx, K=2, batch_first=True),
+            loss=case.loss(loss_reduction="mean", batch_first=True, K=2),
+            num_samples=case.num_samples,
+            mode=mode,
+            K=2,
+            clipping="per_layer",
+            max_grad_norm=bounds,
         )
         assert report.ok(), (record, report.table())
         assert report.reference_gap < 1e-4, (record, report.reference_gap)

@@ -22,8 +22,11 @@ def private(name: str):
     model = mlp()
     engine = lib(name).PrivacyEngine()
     model, optimizer, data = engine.make_private(
-        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), data_loader=loader(dataset()),
-        noise_multiplier=1.0, max_grad_norm=1.0,
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        data_loader=loader(dataset()),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
     )
     return model, optimizer, iter(data), engine
 

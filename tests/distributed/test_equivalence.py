@@ -14,14 +14,14 @@ from tests.distributed import workers
 
 CASES = [
     *[dict(mode=mode, K=K) for mode in ("hooks", "ghost", "functorch", "ew") for K in (1, 3)],
-    dict(mode="hooks", K=3, physical=1),            # BatchMemoryManager per rank, pieces of 1 sample
+    dict(mode="hooks", K=3, physical=1),  # BatchMemoryManager per rank, pieces of 1 sample
     dict(mode="ghost", K=1, physical=2),
-    dict(mode="hooks", K=1, wrapper="ddp"),          # plain DistributedDataParallel, recognised
+    dict(mode="hooks", K=1, wrapper="ddp"),  # plain DistributedDataParallel, recognised
     dict(mode="ghost", K=3, clipping="per_layer"),
-    dict(mode="hooks", K=1, batch_size=1, steps=6),   # q = 1/24: per-rank batches are often empty
+    dict(mode="hooks", K=1, batch_size=1, steps=6),  # q = 1/24: per-rank batches are often empty
     dict(mode="ghost", K=3, batch_size=1, steps=6),
-    dict(mode="hooks", K=1, sigma=1.0, seed=5),      # seeded noise, drawn by rank 0: as in one process
-    dict(mode="hooks", K=1, sigma=1.0, seed=5),      # ... run again from fresh generators
+    dict(mode="hooks", K=1, sigma=1.0, seed=5),  # seeded noise, drawn by rank 0: as in one process
+    dict(mode="hooks", K=1, sigma=1.0, seed=5),  # ... run again from fresh generators
 ]
 
 
@@ -40,16 +40,16 @@ def test_two_ranks_match_one_process_on_the_union(outcomes, index) -> None:
     single = workers.train(None, **case)
     ranks = [outcome.value[index] for outcome in outcomes]
     for rank in ranks:
-        assert rank["steps"] == single["steps"] > 0                 # the accountant counts logical steps once
+        assert rank["steps"] == single["steps"] > 0  # the accountant counts logical steps once
         for p, q in zip(rank["params"], ranks[0]["params"]):
-            assert torch.equal(p, q)                              # the ranks stay in sync, bit for bit
+            assert torch.equal(p, q)  # the ranks stay in sync, bit for bit
     union = [a + b for a, b in zip(ranks[0]["sizes"], ranks[1]["sizes"])]
-    assert union == single["sizes"]                                   # the same examples were sampled
+    assert union == single["sizes"]  # the same examples were sampled
     assert ranks[0]["global"] == union[-1]
     for p, q in zip(ranks[0]["params"], single["params"]):
-        torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-12)     # float64: only the summation order differs
+        torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-12)  # float64: only the summation order differs
     moved = sum(float((p - q.detach()).abs().max()) for p, q in zip(ranks[0]["params"], workers.mlp().parameters()))
-    assert moved > 1e-3                                               # training did change the weights
+    assert moved > 1e-3  # training did change the weights
 
 
 def test_empty_batches_happened_on_some_rank(outcomes) -> None:

@@ -20,8 +20,9 @@ STEPS, SIGMA, C = 40, 1.3, 0.7
 
 
 def test_nccl_adds_the_noise_once_per_step() -> None:
-    outcomes = run_on_ranks(workers.cuda_zero_gradient_noise, world_size=2, args=(STEPS, SIGMA, C),
-                            backend="nccl", timeout_s=180)
+    outcomes = run_on_ranks(
+        workers.cuda_zero_gradient_noise, world_size=2, args=(STEPS, SIGMA, C), backend="nccl", timeout_s=180
+    )
     for outcome in outcomes:
         assert outcome.error is None, outcome.traceback
     grads = [o.value["grads"] for o in outcomes]

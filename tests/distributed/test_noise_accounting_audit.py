@@ -12,8 +12,11 @@ from tests.distributed import workers
 
 STEPS, SIGMA, C = 40, 1.3, 0.7
 AUDITS = [
-    ("mlp", "gaussian", "hooks", 1), ("mlp", "scale_1e4", "ghost", 3), ("conv", "duplicated", "hooks", 3),
-    ("conv", "scale_1e4", "ghost", 1), ("norms", "cancelling_copies", "functorch", 3),
+    ("mlp", "gaussian", "hooks", 1),
+    ("mlp", "scale_1e4", "ghost", 3),
+    ("conv", "duplicated", "hooks", 3),
+    ("conv", "scale_1e4", "ghost", 1),
+    ("norms", "cancelling_copies", "functorch", 3),
 ]
 EXAMPLE_ARGS = ["--epochs", "1", "--no-progress", "--accountant", "rdp"]
 CALLS = [
@@ -35,9 +38,9 @@ def results() -> list[dict]:
 
 def test_noise_is_added_once_per_step_not_once_per_rank(results) -> None:
     grads = [r["zero_gradient_noise"]["grads"] for r in results]
-    assert torch.equal(grads[0], grads[1])                  # every rank applies the same noisy gradient
+    assert torch.equal(grads[0], grads[1])  # every rank applies the same noisy gradient
     expected_batch = results[0]["zero_gradient_noise"]["expected_batch_size"]
-    assert expected_batch == 16.0                            # the global q * N = 64 / 4, not a rank's share
+    assert expected_batch == 16.0  # the global q * N = 64 / 4, not a rank's share
     target = SIGMA * C / expected_batch
     measured = float(grads[0].std())
     # 40 steps x 1000 weights = 40000 draws: the std's relative standard error is 1/sqrt(2 * 40000) = 0.35%.
@@ -61,7 +64,7 @@ def test_one_sample_moves_the_all_reduced_sum_by_at_most_C(results, index) -> No
     reports = [r["audit_cases"][index] for r in results]
     assert reports[0]["max_ratio"] == reports[1]["max_ratio"]
     assert reports[0]["ok"], reports[0]["table"]
-    assert reports[0]["max_ratio"] > 0.5, reports[0]["table"]    # the samples were clipped and did move the sum
+    assert reports[0]["max_ratio"] > 0.5, reports[0]["table"]  # the samples were clipped and did move the sum
     # the all-reduced S(D) is the one-process float64 definition: no rank's share lost or counted twice
     assert reports[0]["reference_gap"] < 1e-4, reports[0]["table"]
 
@@ -85,5 +88,7 @@ def test_the_example_on_two_ranks_trains_as_one_process(results) -> None:
     for rank in ranks:
         assert rank["steps"] == alone["steps"] == 12 and rank["epsilon"] == alone["epsilon"]
         assert rank["noise_multiplier"] == alone["noise_multiplier"]
-        assert abs(rank["accuracy"] - alone["accuracy"]) <= 2 / 359   # float32 sums in another order: a test image or two
-    assert ranks[0]["accuracy"] == ranks[1]["accuracy"] > 0.3         # one epoch moved it above chance (10%)
+        assert (
+            abs(rank["accuracy"] - alone["accuracy"]) <= 2 / 359
+        )  # float32 sums in another order: a test image or two
+    assert ranks[0]["accuracy"] == ranks[1]["accuracy"] > 0.3  # one epoch moved it above chance (10%)

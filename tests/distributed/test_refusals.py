@@ -14,7 +14,11 @@ from dpnotebook import wrap_model
 from dpnotebook.privacy import PrivacyEngine
 from dpnotebook.privacy.distributed import DPDDP, DistributedDPOptimizer
 from dpnotebook.privacy.distributed_launch import free_port
-from dpnotebook.privacy.distributed_sampler import DistributedDPDataLoader, DistributedPoissonBatchSampler, rank_and_world
+from dpnotebook.privacy.distributed_sampler import (
+    DistributedDPDataLoader,
+    DistributedPoissonBatchSampler,
+    rank_and_world,
+)
 from tests.distributed import workers
 
 
@@ -26,7 +30,9 @@ def test_without_a_process_group_the_error_says_how_to_start_one() -> None:
         DistributedPoissonBatchSampler(10, sample_rate=0.5)
 
 
-@pytest.mark.parametrize("rank, world, name", [(2, 2, "rank"), (-1, 2, "rank"), (0, 0, "world_size"), (True, 2, "rank")])
+@pytest.mark.parametrize(
+    "rank, world, name", [(2, 2, "rank"), (-1, 2, "rank"), (0, 0, "world_size"), (True, 2, "rank")]
+)
 def test_bad_rank_or_world_size_is_named(rank, world, name) -> None:
     with pytest.raises(ValueError, match=f"{name}="):
         rank_and_world(rank, world)
@@ -34,16 +40,27 @@ def test_bad_rank_or_world_size_is_named(rank, world, name) -> None:
 
 @pytest.fixture
 def group_of_one():
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
-                            timeout=datetime.timedelta(seconds=30))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{free_port()}",
+        rank=0,
+        world_size=1,
+        timeout=datetime.timedelta(seconds=30),
+    )
     yield
     dist.destroy_process_group()
 
 
 def _make_private(module, loader, **kwargs):
     engine = PrivacyEngine(accountant="rdp", secure_mode=False)
-    return engine.make_private(module=module, optimizer=torch.optim.SGD(module.parameters(), lr=0.1),
-                               data_loader=loader, noise_multiplier=0.0, max_grad_norm=1.0, **kwargs)
+    return engine.make_private(
+        module=module,
+        optimizer=torch.optim.SGD(module.parameters(), lr=0.1),
+        data_loader=loader,
+        noise_multiplier=0.0,
+        max_grad_norm=1.0,
+        **kwargs,
+    )
 
 
 def test_refusals_in_a_group(group_of_one) -> None:
@@ -58,12 +75,16 @@ def test_refusals_in_a_group(group_of_one) -> None:
 
 
 def test_a_group_of_one_is_one_process(group_of_one) -> None:
-    model, optimizer, loader = _make_private(DPDDP(workers.mlp()), DataLoader(workers.dataset(), batch_size=6),
-                                             sampling_generator=torch.Generator().manual_seed(0))
+    model, optimizer, loader = _make_private(
+        DPDDP(workers.mlp()),
+        DataLoader(workers.dataset(), batch_size=6),
+        sampling_generator=torch.Generator().manual_seed(0),
+    )
     assert isinstance(optimizer, DistributedDPOptimizer) and isinstance(loader, DistributedDPDataLoader)
-    plain, plain_optimizer, plain_loader = _make_private(workers.mlp(), DataLoader(workers.dataset(), batch_size=6),
-                                                         sampling_generator=torch.Generator().manual_seed(0))
-    for (m, opt, data) in ((model, optimizer, loader), (plain, plain_optimizer, plain_loader)):
+    plain, plain_optimizer, plain_loader = _make_private(
+        workers.mlp(), DataLoader(workers.dataset(), batch_size=6), sampling_generator=torch.Generator().manual_seed(0)
+    )
+    for m, opt, data in ((model, optimizer, loader), (plain, plain_optimizer, plain_loader)):
         for x, y in data:
             opt.zero_grad()
             F.cross_entropy(m(x), y).backward()

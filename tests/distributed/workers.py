@@ -45,8 +45,17 @@ def mlp() -> nn.Module:
 
 
 def train(
-    world_size: int | None, *, mode: str, K: int, wrapper: str = "dpddp", batch_size: int = 6, steps: int = 4,
-    physical: int | None = None, sigma: float = 0.0, seed: int = 0, clipping: str = "flat",
+    world_size: int | None,
+    *,
+    mode: str,
+    K: int,
+    wrapper: str = "dpddp",
+    batch_size: int = 6,
+    steps: int = 4,
+    physical: int | None = None,
+    sigma: float = 0.0,
+    seed: int = 0,
+    clipping: str = "flat",
 ) -> dict[str, Any]:
     """A few DP-SGD steps; the final parameters and each step's local batch sizes."""
     model = mlp()
@@ -57,13 +66,24 @@ def train(
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     engine = PrivacyEngine(accountant="rdp", secure_mode=False)
     model, optimizer, loader = engine.make_private(
-        module=model, optimizer=optimizer, data_loader=loader, noise_multiplier=sigma, max_grad_norm=0.3,
-        grad_sample_mode=mode, K=K, clipping=clipping, sampling_generator=torch.Generator().manual_seed(seed),
+        module=model,
+        optimizer=optimizer,
+        data_loader=loader,
+        noise_multiplier=sigma,
+        max_grad_norm=0.3,
+        grad_sample_mode=mode,
+        K=K,
+        clipping=clipping,
+        sampling_generator=torch.Generator().manual_seed(seed),
         noise_generator=torch.Generator().manual_seed(seed + 1),
     )
     sizes: list[int] = []
     loader.batch_listeners.append(sizes.append)  # each logical batch's examples, on this rank
-    batches = BatchMemoryManager(data_loader=loader, max_physical_batch_size=physical, optimizer=optimizer) if physical else None
+    batches = (
+        BatchMemoryManager(data_loader=loader, max_physical_batch_size=physical, optimizer=optimizer)
+        if physical
+        else None
+    )
     for x, y in batches.__enter__() if batches else loader:
         optimizer.zero_grad()
         if len(y) or mode != "ew":  # ExpandedWeights cannot run an empty batch: a noise-only step without it
@@ -88,8 +108,11 @@ def ddp_leaves_gradients_alone(rank: int, world_size: int) -> dict[str, Any]:
     ddp = DistributedDataParallel(mlp())
     engine = PrivacyEngine(accountant="rdp", secure_mode=False)
     model, _, _ = engine.make_private(
-        module=ddp, optimizer=torch.optim.SGD(ddp.parameters(), lr=0.1),
-        data_loader=DataLoader(dataset(), batch_size=6), noise_multiplier=0.0, max_grad_norm=1.0,
+        module=ddp,
+        optimizer=torch.optim.SGD(ddp.parameters(), lr=0.1),
+        data_loader=DataLoader(dataset(), batch_size=6),
+        noise_multiplier=0.0,
+        max_grad_norm=1.0,
     )
     x, y = dataset()[rank * 5 : rank * 5 + 5]
     plain = mlp()
@@ -111,8 +134,12 @@ def zero_gradient_noise(rank: int, world_size: int, steps: int, sigma: float, C:
     data = TensorDataset(torch.zeros(64, 50), torch.zeros(64, 20))
     engine = PrivacyEngine(accountant="rdp", secure_mode=False)
     model, optimizer, loader = engine.make_private(
-        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.0), data_loader=DataLoader(data, batch_size=16),
-        noise_multiplier=sigma, max_grad_norm=C, noise_generator=torch.Generator().manual_seed(rank + 10),
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.0),
+        data_loader=DataLoader(data, batch_size=16),
+        noise_multiplier=sigma,
+        max_grad_norm=C,
+        noise_generator=torch.Generator().manual_seed(rank + 10),
     )
     grads = []
     while len(grads) < steps:
@@ -135,8 +162,11 @@ def secure_steps(rank: int, world_size: int) -> list[torch.Tensor]:
     model = DPDDP(mlp())
     engine = PrivacyEngine(accountant="rdp", secure_mode=True)
     model, optimizer, loader = engine.make_private(
-        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
-        data_loader=DataLoader(dataset(), batch_size=6), noise_multiplier=1.0, max_grad_norm=1.0,
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
+        data_loader=DataLoader(dataset(), batch_size=6),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
     )
     for _, (x, y) in zip(range(3), loader):
         optimizer.zero_grad()
@@ -154,12 +184,23 @@ def audit_cases(rank: int, world_size: int, cases: list[tuple[str, str, str, int
     for family, record, mode, K in cases:
         case = audit_case(family, record, num_samples=5)
         report = audit_sensitivity_across_ranks(
-            case.model(True), batch=lambda idx, case=case, K=K: case.batch(idx, K=K, batch_first=True),
-            loss=case.loss(loss_reduction="mean", batch_first=True, K=K), num_samples=case.num_samples,
-            mode=mode, K=K, max_grad_norm=0.5,
+            case.model(True),
+            batch=lambda idx, case=case, K=K: case.batch(idx, K=K, batch_first=True),
+            loss=case.loss(loss_reduction="mean", batch_first=True, K=K),
+            num_samples=case.num_samples,
+            mode=mode,
+            K=K,
+            max_grad_norm=0.5,
         )
-        reports.append({"case": (family, record, mode, K), "ok": report.ok(), "max_ratio": report.max_ratio,
-                        "reference_gap": report.reference_gap, "table": report.table()})
+        reports.append(
+            {
+                "case": (family, record, mode, K),
+                "ok": report.ok(),
+                "max_ratio": report.max_ratio,
+                "reference_gap": report.reference_gap,
+                "table": report.table(),
+            }
+        )
     return reports
 
 
@@ -167,9 +208,13 @@ def _engine_and_loop(mode: str = "hooks") -> tuple[nn.Module, Any, Any]:
     model = DPDDP(mlp())
     engine = PrivacyEngine(accountant="rdp", secure_mode=False)
     return engine.make_private(
-        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-        data_loader=DataLoader(dataset(), batch_size=6), noise_multiplier=1.0, max_grad_norm=1.0,
-        sampling_generator=torch.Generator().manual_seed(0), grad_sample_mode=mode,
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        data_loader=DataLoader(dataset(), batch_size=6),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+        sampling_generator=torch.Generator().manual_seed(0),
+        grad_sample_mode=mode,
     )
 
 
@@ -245,8 +290,12 @@ def cuda_zero_gradient_noise(rank: int, world_size: int, steps: int, sigma: floa
     data = TensorDataset(torch.zeros(64, 50), torch.zeros(64, 20))
     engine = PrivacyEngine(accountant="rdp", secure_mode=False)
     model, optimizer, loader = engine.make_private(
-        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.0), data_loader=DataLoader(data, batch_size=16),
-        noise_multiplier=sigma, max_grad_norm=C, noise_generator=torch.Generator(device=device).manual_seed(rank + 10),
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.0),
+        data_loader=DataLoader(data, batch_size=16),
+        noise_multiplier=sigma,
+        max_grad_norm=C,
+        noise_generator=torch.Generator(device=device).manual_seed(rank + 10),
     )
     grads = []
     while len(grads) < steps:

@@ -57,7 +57,10 @@ def masks(N: int, L: int, S: int, dtype: torch.dtype) -> list[dict]:
     ]
     if L == S:
         causal = nn.Transformer.generate_square_subsequent_mask(L, dtype=dtype)
-        cases += [{"attn_mask": causal, "is_causal": True}, {"attn_mask": causal, "is_causal": True, "key_padding_mask": kpm}]
+        cases += [
+            {"attn_mask": causal, "is_causal": True},
+            {"attn_mask": causal, "is_causal": True, "key_padding_mask": kpm},
+        ]
     return cases
 
 
@@ -142,7 +145,9 @@ class Attends(nn.Module):
     batch_first=st.booleans(),
     need_weights=st.booleans(),
 )
-def test_per_sample_gradients_match_the_oracle(options: dict, inputs: str, K: int, reduction: str, batch_first: bool, need_weights: bool) -> None:
+def test_per_sample_gradients_match_the_oracle(
+    options: dict, inputs: str, K: int, reduction: str, batch_first: bool, need_weights: bool
+) -> None:
     if options["kdim"] is not None and inputs == "self":
         inputs = "kv"
     torch.manual_seed(0)

@@ -44,7 +44,9 @@ class UsesEverything(nn.Module):
         return both if bf else both.T
 
 
-def grad_samples(model: nn.Module, inputs: list, mode: str, K: int, reduction: str, bf: bool, target: torch.Tensor) -> dict:
+def grad_samples(
+    model: nn.Module, inputs: list, mode: str, K: int, reduction: str, bf: bool, target: torch.Tensor
+) -> dict:
     wrapped = wrap_model(model, mode, K=K, batch_first=bf, loss_reduction=reduction)
     loss = dot_loss(wrapped(*inputs), target)
     rows = target.shape[0 if bf else 1]
@@ -72,7 +74,9 @@ def assert_close_to_oracle(got: dict, ref: dict, tol: float = 1e-10) -> None:
     layers=st.sampled_from([1, 2]),
     bidirectional=st.booleans(),
 )
-def test_hooks_and_functorch_match_the_oracle(kind: str, K: int, reduction: str, bf: bool, layers: int, bidirectional: bool) -> None:
+def test_hooks_and_functorch_match_the_oracle(
+    kind: str, K: int, reduction: str, bf: bool, layers: int, bidirectional: bool
+) -> None:
     torch.manual_seed(0)
     rnn = LAYERS[kind](num_layers=layers, bidirectional=bidirectional, batch_first=bf).double()
     model = UsesEverything(rnn)
@@ -97,9 +101,7 @@ def test_packed_sequences_in_hooks_mode(kind: str) -> None:
         def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
             out, h = self.rnn(pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False))
             h = h[0] if isinstance(h, tuple) else h
-            padded = torch.zeros(x.shape[0], x.shape[1], 8, dtype=x.dtype).index_put(
-                _packed_positions(out), out.data
-            )
+            padded = torch.zeros(x.shape[0], x.shape[1], 8, dtype=x.dtype).index_put(_packed_positions(out), out.data)
             return torch.cat([padded.flatten(1), h.transpose(0, 1).flatten(1)], 1)
 
     model = Packs().double()

@@ -103,9 +103,14 @@ def test_sensitivity_audit(mode: str, K: int, reduction: str, record: str) -> No
     elif record == "zero":
         rows[2] = 0.0
     report = audit_sensitivity(
-        model, batch=lambda idx: rows[idx].reshape(-1, 4),
+        model,
+        batch=lambda idx: rows[idx].reshape(-1, 4),
         loss=lambda m, x: m(x).pow(2).sum() / (x.shape[0] if reduction == "mean" else 1),
-        num_samples=5, mode=mode, K=K, loss_reduction=reduction, max_grad_norm=0.5,
+        num_samples=5,
+        mode=mode,
+        K=K,
+        loss_reduction=reduction,
+        max_grad_norm=0.5,
     )
     assert report.ok(), report.table()
     assert report.reference_gap < 1e-4, report.table()
@@ -132,8 +137,12 @@ def test_from_linear_and_add_lora() -> None:
 
 @pytest.mark.parametrize(
     "kwargs, match",
-    [(dict(rank=0), "rank=0"), (dict(rank=2.0), "rank=2.0"), (dict(rank=1, alpha=-1.0), "alpha=-1.0"),
-     (dict(rank=1, alpha=float("nan")), "alpha=nan")],
+    [
+        (dict(rank=0), "rank=0"),
+        (dict(rank=2.0), "rank=2.0"),
+        (dict(rank=1, alpha=-1.0), "alpha=-1.0"),
+        (dict(rank=1, alpha=float("nan")), "alpha=nan"),
+    ],
 )
 def test_bad_arguments(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):

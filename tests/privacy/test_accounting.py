@@ -21,7 +21,7 @@ from dpnotebook.privacy.schedule import steps_for_epochs, steps_per_epoch
 
 # The TF-Privacy / Opacus MNIST setting.
 Q, SIGMA, EPOCHS, DELTA = 256 / 60000, 1.1, 60, 1e-5
-STEPS = int(EPOCHS / Q)   # 14062
+STEPS = int(EPOCHS / Q)  # 14062
 
 
 def direct(dp_acc: dp_accounting.PrivacyAccountant, history) -> dp_accounting.PrivacyAccountant:
@@ -47,8 +47,8 @@ def test_mnist_epsilon_pld_equals_dp_accounting():
     acc.step(noise_multiplier=SIGMA, sample_rate=Q, num_steps=STEPS)
     reference = direct(dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-3), [(SIGMA, Q, STEPS)])
     assert acc.get_epsilon(DELTA) == pytest.approx(reference.get_epsilon(DELTA), rel=1e-12)
-    assert 2.3 < acc.get_epsilon(DELTA) < 2.45                    # tighter than RDP
-    assert create_accountant("prv").get_epsilon(DELTA) == 0.0     # "prv" is the PLD accountant
+    assert 2.3 < acc.get_epsilon(DELTA) < 2.45  # tighter than RDP
+    assert create_accountant("prv").get_epsilon(DELTA) == 0.0  # "prv" is the PLD accountant
     assert isinstance(create_accountant("prv"), PLDAccountant)
 
 
@@ -72,7 +72,9 @@ def test_noise_multiplier_rechecks_at_or_under_target(name):
     sigma = get_noise_multiplier(target_epsilon=target, target_delta=1e-5, sample_rate=q, epochs=5, accountant=name)
     eps = compute_epsilon(noise_multiplier=sigma, sample_rate=q, steps=250, delta=1e-5, accountant=name)
     assert target - 0.01 <= eps <= target
-    slightly_less = compute_epsilon(noise_multiplier=sigma * 0.98, sample_rate=q, steps=250, delta=1e-5, accountant=name)
+    slightly_less = compute_epsilon(
+        noise_multiplier=sigma * 0.98, sample_rate=q, steps=250, delta=1e-5, accountant=name
+    )
     assert slightly_less > target
 
 
@@ -84,7 +86,7 @@ def test_noise_multiplier_for_mnist_and_cache():
     steps = steps_for_epochs(EPOCHS, steps_per_epoch(Q))  # 60 epochs of round(1 / q) = 234 batches: 14040
     again = get_noise_multiplier(target_epsilon=3.0, target_delta=DELTA, sample_rate=Q, steps=steps, accountant="rdp")
     assert again == sigma and time.perf_counter() - start < first / 10 + 1e-3
-    assert 0.95 < sigma < 1.1   # eps(1.1) = 2.6 < 3
+    assert 0.95 < sigma < 1.1  # eps(1.1) = 2.6 < 3
 
 
 def test_state_dict_round_trip_through_torch_save():

@@ -28,8 +28,13 @@ def test_training_the_returned_loader_spends_at_most_the_target(name: str, targe
     model = nn.Linear(3, 1)
     engine = PrivacyEngine(accountant="rdp")
     model, optimizer, loader = engine.make_private_with_epsilon(
-        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.0), data_loader=LOADERS[name](),
-        target_epsilon=target, target_delta=1e-3, epochs=epochs, max_grad_norm=1.0,
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.0),
+        data_loader=LOADERS[name](),
+        target_epsilon=target,
+        target_delta=1e-3,
+        epochs=epochs,
+        max_grad_norm=1.0,
     )
     for _ in range(epochs):
         for x, y in loader:
@@ -46,9 +51,9 @@ def test_calibration_counts_the_loader_steps() -> None:
     one_step = get_noise_multiplier(target_epsilon=2.0, target_delta=1e-5, sample_rate=0.6, steps=1)
     two_steps = get_noise_multiplier(target_epsilon=2.0, target_delta=1e-5, sample_rate=0.6, steps=2)
     assert sigma == two_steps > one_step
-    assert get_noise_multiplier(target_epsilon=8.0, target_delta=1e-5, sample_rate=1 / 93, epochs=1,
-                                steps_per_epoch=93) == get_noise_multiplier(
-        target_epsilon=8.0, target_delta=1e-5, sample_rate=1 / 93, steps=93)
+    assert get_noise_multiplier(
+        target_epsilon=8.0, target_delta=1e-5, sample_rate=1 / 93, epochs=1, steps_per_epoch=93
+    ) == get_noise_multiplier(target_epsilon=8.0, target_delta=1e-5, sample_rate=1 / 93, steps=93)
 
 
 def test_steps_per_epoch_goes_with_epochs_only() -> None:

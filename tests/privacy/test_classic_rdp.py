@@ -13,7 +13,7 @@ def test_rdp_matches_dp_accounting_at_integer_orders(sigma: float, q: float) -> 
     accountant = dp_accounting.rdp.RdpAccountant(orders)
     accountant.compose(dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)))
     ours = [subsampled_gaussian_rdp(sigma, q, a) for a in orders]
-    assert ours == pytest.approx(list(accountant._rdp), rel=1e-9)   # private attribute: a cross-check only
+    assert ours == pytest.approx(list(accountant._rdp), rel=1e-9)  # private attribute: a cross-check only
 
 
 def test_classic_is_never_tighter_than_the_accountant() -> None:

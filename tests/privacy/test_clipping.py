@@ -58,7 +58,7 @@ def test_per_layer_split_keeps_each_layer_and_the_total_under_c(batch, param_sha
     grads = make_grads(batch, param_shapes, scale, seed)
     result = clip_and_sum(grads, max_grad_norm=max_grad_norm, clipping="per_layer")
     clipped = clipped_per_sample(grads, result.factors)
-    layer = torch.stack([c.reshape(len(c), -1).norm(dim=1) for c in clipped])           # [L, B]
+    layer = torch.stack([c.reshape(len(c), -1).norm(dim=1) for c in clipped])  # [L, B]
     assert (layer <= max_grad_norm / math.sqrt(len(grads)) * (1 + 1e-6)).all()
     assert (layer.norm(dim=0) <= max_grad_norm * (1 + 1e-6)).all()
     assert result.sensitivity == max_grad_norm

@@ -19,14 +19,14 @@ def test_empirical_inclusion_rate_is_q():
     counts = torch.zeros(n)
     sizes = []
     for indices in sampler:
-        assert len(set(indices)) == len(indices)          # no sample twice in a batch
+        assert len(set(indices)) == len(indices)  # no sample twice in a batch
         counts[indices] += 1
         sizes.append(len(indices))
     rate = counts.sum().item() / (n * steps)
-    assert abs(rate - q) < 2e-3                            # ~6 standard deviations
-    per_sample = counts / steps                            # every sample is drawn, independently
+    assert abs(rate - q) < 2e-3  # ~6 standard deviations
+    per_sample = counts / steps  # every sample is drawn, independently
     assert per_sample.min() > 0 and abs(per_sample.std().item() - (q * (1 - q) / steps) ** 0.5) < 3e-3
-    assert len(set(sizes)) > 5                             # batch sizes vary
+    assert len(set(sizes)) > 5  # batch sizes vary
 
 
 def test_seeded_sampling_is_reproducible_and_secure_mode_runs():
@@ -65,7 +65,7 @@ def test_augmult_collate_is_sample_major_with_repeated_labels():
 
     def augment(x):
         calls.append(int(x.item()))
-        return x * 10 + len(calls) % 4            # the copy number is visible in the row
+        return x * 10 + len(calls) % 4  # the copy number is visible in the row
 
     x, y = AugmultCollate(augment, K=4)([(torch.tensor([1.0]), 1), (torch.tensor([2.0]), 2)])
     assert x.flatten().tolist() == [11, 12, 13, 10, 21, 22, 23, 20]
@@ -75,9 +75,10 @@ def test_augmult_collate_is_sample_major_with_repeated_labels():
 
 def test_augmult_loader_rows_samples_and_empty_batch():
     data = TensorDataset(torch.arange(30.0).view(30, 1), torch.arange(30))
-    loader = augmult_data_loader(data, augment=lambda x: x + 0.25, K=3, sample_rate=0.2,
-                                 generator=torch.Generator().manual_seed(1))
-    assert loader.expected_batch_size == pytest.approx(6.0)          # samples, not rows
+    loader = augmult_data_loader(
+        data, augment=lambda x: x + 0.25, K=3, sample_rate=0.2, generator=torch.Generator().manual_seed(1)
+    )
+    assert loader.expected_batch_size == pytest.approx(6.0)  # samples, not rows
     for x, y in loader:
         assert x.shape[0] == 3 * len(y.unique()) == len(y)
         assert torch.equal(x.view(-1, 3), (y.view(-1, 3).float() + 0.25))

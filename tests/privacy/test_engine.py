@@ -49,7 +49,7 @@ def test_make_private_trains_and_counts_steps(mode):
     assert optimizer.expected_batch_size == pytest.approx(20)
     accuracy_before = evaluate(model, DataLoader(data, batch_size=100))
     losses = fit(model, optimizer, loader, epochs=3, progress=False)
-    assert len(engine.accountant) == 30                       # every step, empty batches included
+    assert len(engine.accountant) == 30  # every step, empty batches included
     assert engine.accountant.history == [(0.5, 0.1, 30)]
     assert losses[-1] < losses[0]
     assert evaluate(model, DataLoader(data, batch_size=100)) > max(0.8, accuracy_before)
@@ -60,8 +60,12 @@ def test_accountant_follows_a_changing_noise_multiplier():
     model = toy_model()
     engine = PrivacyEngine(accountant="rdp")
     model, optimizer, loader = engine.make_private(
-        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-        data_loader=DataLoader(toy_data(), batch_size=50), noise_multiplier=1.0, max_grad_norm=1.0)
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        data_loader=DataLoader(toy_data(), batch_size=50),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+    )
     fit(model, optimizer, loader, epochs=1, progress=False)
     optimizer.noise_multiplier = 2.0
     fit(model, optimizer, loader, epochs=1, progress=False)
@@ -75,8 +79,14 @@ def test_augmult_counts_samples_not_rows():
     model = toy_model()
     engine = PrivacyEngine(accountant="rdp")
     model, optimizer, dp_loader = engine.make_private(
-        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.5), data_loader=loader,
-        noise_multiplier=1.0, max_grad_norm=1.0, K=K, sampling_generator=torch.Generator().manual_seed(0))
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
+        data_loader=loader,
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+        K=K,
+        sampling_generator=torch.Generator().manual_seed(0),
+    )
     assert engine.sample_rate == 0.25 and optimizer.expected_batch_size == pytest.approx(30)
     x, y = next(iter(dp_loader))
     assert x.shape[0] == len(y) and len(y) % K == 0
@@ -88,10 +98,16 @@ def test_augmult_counts_samples_not_rows():
 def test_make_private_with_epsilon_spends_at_most_the_target():
     data = toy_data()
     model = toy_model()
-    engine = PrivacyEngine()        # PLD
+    engine = PrivacyEngine()  # PLD
     model, optimizer, loader = engine.make_private_with_epsilon(
-        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.5), data_loader=DataLoader(data, batch_size=40),
-        target_epsilon=3.0, target_delta=1e-5, epochs=2, max_grad_norm=1.0)
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
+        data_loader=DataLoader(data, batch_size=40),
+        target_epsilon=3.0,
+        target_delta=1e-5,
+        epochs=2,
+        max_grad_norm=1.0,
+    )
     fit(model, optimizer, loader, epochs=2, progress=False)
     assert len(engine.accountant) == 10
     assert 2.99 <= engine.get_epsilon(1e-5) <= 3.0
@@ -103,8 +119,12 @@ def test_checkpoint_round_trip(tmp_path):
         engine = PrivacyEngine(accountant="rdp")
         model = toy_model()
         model, opt, loader = engine.make_private(
-            module=model, optimizer=torch.optim.Adam(model.parameters(), lr=0.01),
-            data_loader=DataLoader(toy_data(), batch_size=50), noise_multiplier=1.0, max_grad_norm=1.0)
+            module=model,
+            optimizer=torch.optim.Adam(model.parameters(), lr=0.01),
+            data_loader=DataLoader(toy_data(), batch_size=50),
+            noise_multiplier=1.0,
+            max_grad_norm=1.0,
+        )
         return engine, model, opt, loader
 
     engine, model, opt, loader = setup()
@@ -119,7 +139,7 @@ def test_checkpoint_round_trip(tmp_path):
     for p, q in zip(model.parameters(), model2.parameters()):
         assert torch.equal(p, q)
     assert torch.equal(opt2.state_dict()["state"][0]["exp_avg"], opt.state_dict()["state"][0]["exp_avg"])
-    plain = toy_model()                         # the saved weights load into the plain model too
+    plain = toy_model()  # the saved weights load into the plain model too
     plain.load_state_dict(torch.load(path, weights_only=True)["module_state_dict"])
 
 
@@ -127,8 +147,12 @@ def test_secure_mode_trains():
     model = toy_model()
     engine = PrivacyEngine(accountant="rdp", secure_mode=True)
     model, optimizer, loader = engine.make_private(
-        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-        data_loader=DataLoader(toy_data(), batch_size=50), noise_multiplier=1.0, max_grad_norm=1.0)
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        data_loader=DataLoader(toy_data(), batch_size=50),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+    )
     fit(model, optimizer, loader, epochs=1, progress=False)
     assert optimizer.secure_mode and len(engine.accountant) == 4
 
@@ -139,8 +163,12 @@ def test_a_dp_data_loader_keeps_its_sample_rate():
     engine = PrivacyEngine(accountant="rdp")
     loader = DPDataLoader(data, sample_rate=0.05, steps=7)
     model, optimizer, dp_loader = engine.make_private(
-        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), data_loader=loader,
-        noise_multiplier=1.0, max_grad_norm=1.0)
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        data_loader=loader,
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+    )
     assert dp_loader.sample_rate == 0.05 and len(dp_loader) == 7 and engine.sample_rate == 0.05
     fit(model, optimizer, dp_loader, epochs=1, progress=False)
     assert engine.accountant.history == [(1.0, 0.05, 7)]

@@ -87,7 +87,8 @@ CASES = {
 
 
 @pytest.mark.parametrize(
-    "named, call", [(named, call) for named, calls in CASES.items() for call in calls],
+    "named, call",
+    [(named, call) for named, calls in CASES.items() for call in calls],
     ids=[f"{named}-{i}" for named, calls in CASES.items() for i in range(len(calls))],
 )
 def test_bad_argument_names_itself_and_its_value(named, call):
@@ -110,16 +111,26 @@ def test_k_not_dividing_the_batch_rows_in_the_model():
 def test_delta_at_least_one_over_n_warns():
     model = nn.Linear(3, 2)
     engine = PrivacyEngine(accountant="rdp")
-    engine.make_private(module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-                        data_loader=DataLoader(DATA, batch_size=8), noise_multiplier=1.0, max_grad_norm=1.0)
+    engine.make_private(
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        data_loader=DataLoader(DATA, batch_size=8),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+    )
     with pytest.warns(UserWarning, match=r"delta=0.05 is >= 1/N = 1/40"):
         engine.get_epsilon(0.05)
     model = nn.Linear(3, 2)
     with pytest.warns(UserWarning, match="target_delta=0.1 is >= 1/N"):
         PrivacyEngine(accountant="rdp").make_private_with_epsilon(
-            module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-            data_loader=DataLoader(DATA, batch_size=8), target_epsilon=5.0, target_delta=0.1, epochs=1,
-            max_grad_norm=1.0)
+            module=model,
+            optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+            data_loader=DataLoader(DATA, batch_size=8),
+            target_epsilon=5.0,
+            target_delta=0.1,
+            epochs=1,
+            max_grad_norm=1.0,
+        )
 
 
 def test_k_mismatch_with_the_augmult_loader():
@@ -130,7 +141,10 @@ def test_k_mismatch_with_the_augmult_loader():
 
 def test_optimizer_over_other_parameters():
     model, other = nn.Linear(3, 2), nn.Linear(3, 2)
-    with pytest.raises(ValueError, match=r"optimizer holds 2 parameter\(s\) that are not the model's: param_groups\[0\]\['params'\]\[0\] \(shape \(2, 3\)\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"optimizer holds 2 parameter\(s\) that are not the model's: param_groups\[0\]\['params'\]\[0\] \(shape \(2, 3\)\)",
+    ):
         make_private(module=model, optimizer=torch.optim.SGD(other.parameters(), lr=0.1))
 
 
@@ -138,8 +152,13 @@ def test_secure_mode_refuses_seeded_generators():
     with pytest.raises(ValueError, match="noise_generator=.*secure_mode=True"):
         model = nn.Linear(3, 2)
         PrivacyEngine(secure_mode=True).make_private(
-            module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), data_loader=DataLoader(DATA, batch_size=8),
-            noise_multiplier=1.0, max_grad_norm=1.0, noise_generator=torch.Generator())
+            module=model,
+            optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+            data_loader=DataLoader(DATA, batch_size=8),
+            noise_multiplier=1.0,
+            max_grad_norm=1.0,
+            noise_generator=torch.Generator(),
+        )
     with pytest.raises(ValueError, match="generator=.*secure_mode=True"):
         dp_optimizer(generator=torch.Generator(), secure_mode=True)
 

@@ -73,7 +73,9 @@ def test_zero_dim_parameter_equals_plain_sgd(mode):
     x, y = batch()
     model = wrap_model(Tempered(), mode)
     cls = GhostDPOptimizer if mode == "ghost" else DPOptimizer
-    opt = cls(torch.optim.SGD(model.parameters(), lr=0.5), noise_multiplier=0.0, max_grad_norm=1e9, expected_batch_size=len(x))
+    opt = cls(
+        torch.optim.SGD(model.parameters(), lr=0.5), noise_multiplier=0.0, max_grad_norm=1e9, expected_batch_size=len(x)
+    )
     plain = Tempered()
     plain_opt = torch.optim.SGD(plain.parameters(), lr=0.5)
     for m, o in ((model, opt), (plain, plain_opt)):
@@ -88,7 +90,7 @@ def test_zero_dim_parameter_equals_plain_sgd(mode):
 def test_empty_batch_moves_parameters_by_noise_only(forward):
     model, opt = dp_setup(sigma=1.3, C=0.7, ebs=8, lr=0.5)
     before = [p.detach().clone() for p in model.parameters()]
-    if forward:   # a zero-row batch through the model: grad_sample has 0 rows
+    if forward:  # a zero-row batch through the model: grad_sample has 0 rows
         x, y = torch.zeros(0, 4), torch.zeros(0, dtype=torch.long)
         F.cross_entropy(model(x), y, reduction="sum").backward()
     opt.step()
@@ -102,9 +104,14 @@ def test_empty_batch_moves_parameters_by_noise_only(forward):
 
 def test_noise_std_of_the_private_gradient():
     model = wrap_model(nn.Linear(300, 300), "hooks")
-    opt = DPOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), noise_multiplier=2.0, max_grad_norm=0.5,
-                      expected_batch_size=10, generator=torch.Generator().manual_seed(0))
-    opt.add_noise()                                  # empty batch: the gradient is noise / 10
+    opt = DPOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        noise_multiplier=2.0,
+        max_grad_norm=0.5,
+        expected_batch_size=10,
+        generator=torch.Generator().manual_seed(0),
+    )
+    opt.add_noise()  # empty batch: the gradient is noise / 10
     noise = model.weight.grad * 10
     assert abs(noise.std().item() / (2.0 * 0.5) - 1) < 0.03
 
@@ -118,7 +125,7 @@ def test_k_identical_copies_give_the_k1_update(mode):
     F.cross_entropy(model4(x.repeat_interleave(4, dim=0)), y.repeat_interleave(4)).backward()
     opt1.step()
     opt4.step()
-    assert opt1.last_step_stats.fraction_clipped == 1.0       # C=0.1 clips: the test covers clipping
+    assert opt1.last_step_stats.fraction_clipped == 1.0  # C=0.1 clips: the test covers clipping
     for p, q in zip(model1.parameters(), model4.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
 
@@ -195,8 +202,9 @@ def test_lr_scheduler_and_closure_and_state_dict():
 
 def test_gradients_without_grad_sample_raise():
     plain = tiny_model()
-    opt = DPOptimizer(torch.optim.SGD(plain.parameters(), lr=0.1), noise_multiplier=1.0, max_grad_norm=1.0,
-                      expected_batch_size=8)
+    opt = DPOptimizer(
+        torch.optim.SGD(plain.parameters(), lr=0.1), noise_multiplier=1.0, max_grad_norm=1.0, expected_batch_size=8
+    )
     x, y = batch()
     F.cross_entropy(plain(x), y).backward()
     with pytest.raises(RuntimeError, match="no .grad_sample"):

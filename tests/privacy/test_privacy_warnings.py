@@ -23,8 +23,12 @@ def test_poisson_sampling_false_warns_that_epsilon_is_not_a_bound() -> None:
     model = nn.Linear(3, 1)
     with pytest.warns(PrivacyWarning, match=r"poisson_sampling=False.*not a bound for this run"):
         PrivacyEngine(secure_mode=False).make_private(
-            module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), data_loader=_loader(),
-            noise_multiplier=1.0, max_grad_norm=1.0, poisson_sampling=False,
+            module=model,
+            optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+            data_loader=_loader(),
+            noise_multiplier=1.0,
+            max_grad_norm=1.0,
+            poisson_sampling=False,
         )
 
 
@@ -41,8 +45,9 @@ def fresh_warning(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_unchosen_insecure_noise_warns_once(fresh_warning: None) -> None:
     model = GradSampleModule(nn.Linear(3, 1))
-    opt = DPOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), noise_multiplier=1.0, max_grad_norm=1.0,
-                      expected_batch_size=4)
+    opt = DPOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), noise_multiplier=1.0, max_grad_norm=1.0, expected_batch_size=4
+    )
     with pytest.warns(PrivacyWarning, match="not cryptographically secure"):
         _step(opt, model)
     with warnings.catch_warnings():
@@ -50,14 +55,18 @@ def test_unchosen_insecure_noise_warns_once(fresh_warning: None) -> None:
         _step(opt, model)  # once per process
 
 
-@pytest.mark.parametrize("choice", [{"secure_mode": False}, {"secure_mode": True},
-                                    {"generator": "seeded"}])
+@pytest.mark.parametrize("choice", [{"secure_mode": False}, {"secure_mode": True}, {"generator": "seeded"}])
 def test_a_choice_silences_the_insecure_noise_warning(fresh_warning: None, choice: dict) -> None:
     if choice.get("generator") == "seeded":
         choice = {"generator": torch.Generator().manual_seed(0)}
     model = GradSampleModule(nn.Linear(3, 1))
-    opt = DPOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), noise_multiplier=1.0, max_grad_norm=1.0,
-                      expected_batch_size=4, **choice)
+    opt = DPOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+        expected_batch_size=4,
+        **choice,
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         _step(opt, model)
@@ -69,8 +78,11 @@ def test_the_engine_passes_its_choice_on(fresh_warning: None) -> None:
         model = nn.Linear(3, 1)
         engine = PrivacyEngine(secure_mode=secure_mode)
         model, opt, loader = engine.make_private(
-            module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), data_loader=_loader(),
-            noise_multiplier=1.0, max_grad_norm=1.0,
+            module=model,
+            optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+            data_loader=_loader(),
+            noise_multiplier=1.0,
+            max_grad_norm=1.0,
         )
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

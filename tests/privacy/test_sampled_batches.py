@@ -16,8 +16,13 @@ def _private(collate=None, num_workers: int = 0, K: int = 1):
     model = nn.Linear(3, 1)
     loader = DataLoader(data, batch_size=12, collate_fn=collate, num_workers=num_workers)
     return PrivacyEngine(secure_mode=False).make_private(
-        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), data_loader=loader,
-        noise_multiplier=1.0, max_grad_norm=1.0, K=K, sampling_generator=torch.Generator().manual_seed(0),
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        data_loader=loader,
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+        K=K,
+        sampling_generator=torch.Generator().manual_seed(0),
     )
 
 
@@ -31,7 +36,9 @@ def test_two_poisson_batches_before_one_step_are_refused() -> None:
     batches = iter(loader)
     _backward(model, next(batches))
     _backward(model, next(batches))
-    with pytest.raises(RuntimeError, match=r"clipped the samples of 2 Poisson batches .* epsilon would be under-counted"):
+    with pytest.raises(
+        RuntimeError, match=r"clipped the samples of 2 Poisson batches .* epsilon would be under-counted"
+    ):
         optimizer.step()
 
 
@@ -70,8 +77,11 @@ def test_more_rows_than_examples_are_refused() -> None:
     batch = next(b for b in loader if len(b[0]) > 0)
     _backward(model, batch)
     examples = len(batch[0]) // 4
-    with pytest.raises(RuntimeError, match=rf"clipped {4 * examples} per-sample gradients, but the Poisson "
-                                           rf"loader sampled {examples} examples .* K was not passed"):
+    with pytest.raises(
+        RuntimeError,
+        match=rf"clipped {4 * examples} per-sample gradients, but the Poisson "
+        rf"loader sampled {examples} examples .* K was not passed",
+    ):
         optimizer.step()
 
 

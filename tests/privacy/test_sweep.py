@@ -25,8 +25,9 @@ def test_private_run_keeps_its_budget(data: TensorDataset) -> None:
     result = train_run(setting, data, data, seed=0)
     steps = steps_for_epochs(3, steps_per_epoch(30 / 300))
     assert result.steps == steps
-    assert result.noise_multiplier == get_noise_multiplier(target_epsilon=2.0, target_delta=1e-5,
-                                                           sample_rate=0.1, steps=steps)
+    assert result.noise_multiplier == get_noise_multiplier(
+        target_epsilon=2.0, target_delta=1e-5, sample_rate=0.1, steps=steps
+    )
     assert 1.9 < result.epsilon <= 2.0
 
 

@@ -16,8 +16,9 @@ def _builders():
         "gradient": lambda b, mb: w.GradientExplorer(*mb, backend=b),
         "clipping": lambda b, mb: w.ClippingExplorer(toy=w.make_toy(16), backend=b),
         "noise": lambda b, mb: w.NoiseExplorer(toy=w.make_toy(32), backend=b),
-        "budget": lambda b, mb: w.PrivacyBudgetExplorer(accountant="rdp", epochs=2, points=2, batch_size=100,
-                                                        dataset_size=10_000, backend=b),
+        "budget": lambda b, mb: w.PrivacyBudgetExplorer(
+            accountant="rdp", epochs=2, points=2, batch_size=100, dataset_size=10_000, backend=b
+        ),
         "augmult": lambda b, mb: w.AugmultExplorer(k_max=3, backend=b),
         "monitor": lambda b, mb: w.TrainingMonitor(redraw_every=0, progress=False, backend=b),
         "attack": lambda b, mb: w.PrivacyAttackExplorer(backend=b),
@@ -56,13 +57,13 @@ def test_figure_count_constant_and_picture_updates(name, backend, small_model_ba
 @pytest.mark.parametrize("name", [n for n in MOVES if n not in ("monitor", "gradient")])
 def test_caption_live_label_in_static_picture(name, small_model_batch):
     ex = _builders()[name]("image", small_model_batch)
-    assert not ex.label.get_visible()                              # live: the caption shows it
+    assert not ex.label.get_visible()  # live: the caption shows it
     assert html.escape(ex.label.get_text()) in ex.caption.value
     ex.controls[MOVES[name][0][0]].value = MOVES[name][0][1]
     assert html.escape(ex.label.get_text()) in ex.caption.value
     live = bytes(ex.host.view.value)
     static = ex._repr_png_()
-    assert static != live                                           # the static picture has the label
+    assert static != live  # the static picture has the label
     assert not ex.label.get_visible()
     bundle = ex._repr_mimebundle_()
     assert base64.b64decode(bundle["image/png"]) == static

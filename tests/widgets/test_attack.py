@@ -28,7 +28,7 @@ def test_threshold_moves_the_point_along_the_curve(explorer, fignums):
         fpr, tpr = ex.tradeoff.point.get_xydata()[0]
         sigma = ex.state.noise_multiplier
         assert fpr == pytest.approx(norm.sf(t / sigma)) and tpr == pytest.approx(norm.sf((t - 1) / sigma))
-        assert tpr == pytest.approx(float(gaussian_tpr(fpr, 1 / sigma)), abs=1e-9)     # on the curve
+        assert tpr == pytest.approx(float(gaussian_tpr(fpr, 1 / sigma)), abs=1e-9)  # on the curve
         assert tpr <= float(dp_tpr_bound(fpr, gaussian_epsilon(1 / sigma, ex.state.delta), ex.state.delta)) + 1e-12
         assert ex.densities.threshold.get_xdata()[0] == t
 
@@ -60,26 +60,39 @@ def test_selected_attack_is_highlighted_with_its_bound(explorer):
     line = ex.rocs.lines["sigma = 2"]
     assert line.get_linewidth() > ex.rocs.lines["sigma = 1"].get_linewidth()
     attack = ex.state.attacks["sigma = 2"]
-    np.testing.assert_allclose(ex.rocs.bound.get_ydata(),
-                               np.maximum(dp_tpr_bound(FPR_GRID, attack.epsilon, attack.delta), 1e-3))
+    np.testing.assert_allclose(
+        ex.rocs.bound.get_ydata(), np.maximum(dp_tpr_bound(FPR_GRID, attack.epsilon, attack.delta), 1e-3)
+    )
     np.testing.assert_allclose(ex.rocs.curve.get_ydata(), np.maximum(gaussian_tpr(FPR_GRID, 0.5), 1e-3))
     assert "sigma = 2" in ex.roc_title.get_text()
 
 
 def test_simulated_attacks_follow_the_gaussian_curve():
     for sigma, attack in zip((0.5, 1.0, 2.0), simulated_attacks(canaries=4000).values()):
-        assert attack.roc.auc == pytest.approx(norm.cdf(1 / sigma / math.sqrt(2)), abs=0.03)   # AUC of N(mu, 1) vs N(0, 1)
+        assert attack.roc.auc == pytest.approx(
+            norm.cdf(1 / sigma / math.sqrt(2)), abs=0.03
+        )  # AUC of N(mu, 1) vs N(0, 1)
         assert attack.epsilon == pytest.approx(gaussian_epsilon(1 / sigma, 1e-5))
 
 
 def test_runs_become_attacks_with_their_pld_curve():
     roc = attack_roc([1.0, 2.0], [0.0, 0.5])
-    common = dict(model=None, delta=1e-5, train_accuracy=1.0, test_accuracy=1.0, attack=roc, one_run=None,
-                  included=np.array([True, False, True]), canary_scores=np.array([0.0, -1.0, -0.5]))
-    runs = {"eps 8": AuditedRun(epsilon=8.0, noise_multiplier=1.0, sample_rate=0.1, steps=50, **common),
-            "no DP": AuditedRun(epsilon=math.inf, noise_multiplier=math.nan, **common)}
+    common = dict(
+        model=None,
+        delta=1e-5,
+        train_accuracy=1.0,
+        test_accuracy=1.0,
+        attack=roc,
+        one_run=None,
+        included=np.array([True, False, True]),
+        canary_scores=np.array([0.0, -1.0, -0.5]),
+    )
+    runs = {
+        "eps 8": AuditedRun(epsilon=8.0, noise_multiplier=1.0, sample_rate=0.1, steps=50, **common),
+        "no DP": AuditedRun(epsilon=math.inf, noise_multiplier=math.nan, **common),
+    }
     attacks = attacks_from_runs(runs)
-    assert attacks["no DP"].roc.member_scores.tolist() == [0.0, -0.5]          # the canaries trained on
+    assert attacks["no DP"].roc.member_scores.tolist() == [0.0, -0.5]  # the canaries trained on
     assert attacks_from_runs(runs, records="digits")["no DP"].roc is roc
     with pytest.raises(WidgetValueError, match="records='all' is invalid"):
         attacks_from_runs(runs, records="all")
@@ -87,7 +100,7 @@ def test_runs_become_attacks_with_their_pld_curve():
     ex = PrivacyAttackExplorer(attacks=attacks, backend="static")
     assert ex.state.selected == "eps 8"
     ex.state.selected = "no DP"
-    assert (ex.rocs.bound.get_ydata() == 1).all()           # not private: no bound below 1
+    assert (ex.rocs.bound.get_ydata() == 1).all()  # not private: no bound below 1
     assert np.isnan(ex.rocs.curve.get_ydata()).all()
 
 
@@ -97,13 +110,16 @@ def test_without_attacks_there_is_no_dropdown():
     assert "none given" in ex.roc_title.get_text()
 
 
-@pytest.mark.parametrize("name, value, text", [
-    ("noise_multiplier", 0.0, "noise_multiplier=0.0 is invalid"),
-    ("noise_multiplier", -1.0, "noise_multiplier=-1.0 is invalid"),
-    ("threshold", math.inf, "threshold=inf is invalid"),
-    ("delta", 1.0, "delta=1.0 is invalid"),
-    ("selected", "nope", "selected='nope' is invalid"),
-])
+@pytest.mark.parametrize(
+    "name, value, text",
+    [
+        ("noise_multiplier", 0.0, "noise_multiplier=0.0 is invalid"),
+        ("noise_multiplier", -1.0, "noise_multiplier=-1.0 is invalid"),
+        ("threshold", math.inf, "threshold=inf is invalid"),
+        ("delta", 1.0, "delta=1.0 is invalid"),
+        ("selected", "nope", "selected='nope' is invalid"),
+    ],
+)
 def test_bad_values_refused(explorer, name, value, text):
     with pytest.raises(WidgetValueError, match=text):
         setattr(explorer.state, name, value)

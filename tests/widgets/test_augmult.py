@@ -58,11 +58,14 @@ def test_c_changes_the_fraction_curve(explorer):
     assert explorer.hist.c_line.get_xdata()[0] == 1e3
 
 
-@pytest.mark.parametrize("name, value, text", [
-    ("K", 0, "K=0 is invalid"),
-    ("K", 7, "K=7 is invalid: it must be <= k_max=6"),
-    ("max_grad_norm", -1.0, "max_grad_norm=-1.0 is invalid"),
-])
+@pytest.mark.parametrize(
+    "name, value, text",
+    [
+        ("K", 0, "K=0 is invalid"),
+        ("K", 7, "K=7 is invalid: it must be <= k_max=6"),
+        ("max_grad_norm", -1.0, "max_grad_norm=-1.0 is invalid"),
+    ],
+)
 def test_bad_values_refused(explorer, name, value, text):
     with pytest.raises(WidgetValueError, match=text):
         setattr(explorer.state, name, value)

@@ -14,7 +14,13 @@ from dpnotebook.widgets._debounce import Debouncer
 from dpnotebook.widgets._explorer import ErrorArea, Explorer
 from dpnotebook.widgets._figure import FigureHost
 from dpnotebook.widgets._validate import (
-    WidgetValueError, int_at_least, non_negative, one_of, open_unit, positive, unit_interval,
+    WidgetValueError,
+    int_at_least,
+    non_negative,
+    one_of,
+    open_unit,
+    positive,
+    unit_interval,
 )
 
 
@@ -112,9 +118,9 @@ def test_bind_refuses_shows_and_reverts(fignums):
     assert demo.state.c == 3.0
     assert demo.controls["c"].value == 3.0
     assert demo.error.message == "WidgetValueError: c=-2.0 is invalid: it must be a number > 0."
-    demo.controls["c"].value = 4.0                     # a good value clears the message
+    demo.controls["c"].value = 4.0  # a good value clears the message
     assert demo.error.message == ""
-    demo.state.c = 5.0                                  # state -> control
+    demo.state.c = 5.0  # state -> control
     assert demo.controls["c"].value == 5.0
 
 

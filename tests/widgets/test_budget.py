@@ -25,8 +25,9 @@ def test_epsilon_curve_follows_sigma(explorer, fignums):
     ex.controls["noise_multiplier"].value = 2.0
     after = ex.curves.current.get_ydata()
     assert (after < before).all()
-    assert after[-1] == pytest.approx(compute_epsilon(noise_multiplier=2.0, sample_rate=0.01, steps=400,
-                                                      delta=1e-5, accountant="rdp"))
+    assert after[-1] == pytest.approx(
+        compute_epsilon(noise_multiplier=2.0, sample_rate=0.01, steps=400, delta=1e-5, accountant="rdp")
+    )
     assert "epsilon = " in ex.label.get_text()
 
 
@@ -56,10 +57,10 @@ def test_debounce_in_a_running_loop():
         ex = PrivacyBudgetExplorer(backend="static", debounce=0.05, **SETTINGS)
         old = ex.curves.current.get_ydata().copy()
         ex.state.noise_multiplier = 1.7
-        ex.state.noise_multiplier = 1.8                    # replaces the pending computation
+        ex.state.noise_multiplier = 1.8  # replaces the pending computation
         assert ex.pending
         assert ex.label.get_text() == "computing epsilon ..."
-        np.testing.assert_allclose(ex.curves.current.get_ydata(), old)    # old curve, greyed
+        np.testing.assert_allclose(ex.curves.current.get_ydata(), old)  # old curve, greyed
         assert ex.curves.current.get_alpha() == 0.3
         await asyncio.sleep(0.3)
         assert not ex.pending
@@ -71,16 +72,19 @@ def test_debounce_in_a_running_loop():
     asyncio.run(main())
 
 
-@pytest.mark.parametrize("name, value, text", [
-    ("delta", 1.0, "delta=1.0 is invalid"),
-    ("delta", 0.0, "delta=0.0 is invalid"),
-    ("noise_multiplier", 0.0, "noise_multiplier=0.0 is invalid"),
-    ("batch_size", 20_000, "batch_size=20000 is invalid: it must be <= dataset_size=10000"),
-    ("dataset_size", 10, "dataset_size=10 is invalid: it must be >= batch_size=100"),
-    ("epochs", 0, "epochs=0 is invalid"),
-    ("accountant", "moments", "accountant='moments' is unknown"),
-    ("target_epsilon", -1.0, "target_epsilon=-1.0 is invalid"),
-])
+@pytest.mark.parametrize(
+    "name, value, text",
+    [
+        ("delta", 1.0, "delta=1.0 is invalid"),
+        ("delta", 0.0, "delta=0.0 is invalid"),
+        ("noise_multiplier", 0.0, "noise_multiplier=0.0 is invalid"),
+        ("batch_size", 20_000, "batch_size=20000 is invalid: it must be <= dataset_size=10000"),
+        ("dataset_size", 10, "dataset_size=10 is invalid: it must be >= batch_size=100"),
+        ("epochs", 0, "epochs=0 is invalid"),
+        ("accountant", "moments", "accountant='moments' is unknown"),
+        ("target_epsilon", -1.0, "target_epsilon=-1.0 is invalid"),
+    ],
+)
 def test_bad_values_refused(explorer, name, value, text):
     with pytest.raises(WidgetValueError, match=text):
         setattr(explorer.state, name, value)
@@ -94,9 +98,9 @@ def test_bad_text_entry_is_shown_and_undone(explorer):
 
 def test_set_checks_values_together(explorer):
     with pytest.raises(WidgetValueError, match="dataset_size=80 is invalid"):
-        explorer.set(dataset_size=80)                        # alone: smaller than the batch of 100
-    assert explorer.state.dataset_size == 10_000             # nothing changed
-    explorer.set(dataset_size=80, batch_size=8)              # together: fine
+        explorer.set(dataset_size=80)  # alone: smaller than the batch of 100
+    assert explorer.state.dataset_size == 10_000  # nothing changed
+    explorer.set(dataset_size=80, batch_size=8)  # together: fine
     assert explorer.state.sample_rate == pytest.approx(0.1)
 
 

@@ -58,7 +58,7 @@ def test_per_layer_on_a_real_model(small_model_batch, fignums):
     ex.controls["clipping"].value = "per_layer"
     assert ex.state.clipping == "per_layer"
     assert ex.hist.layer_hist.get_visible()
-    threshold = ex.state.max_grad_norm / np.sqrt(4)                   # 4 parameter tensors
+    threshold = ex.state.max_grad_norm / np.sqrt(4)  # 4 parameter tensors
     assert ex.hist.layer_line.get_xdata()[0] == pytest.approx(threshold)
     assert not np.allclose(ex.curves.cosine.get_ydata(), before)
     assert "(per_layer)" in ex.label.get_text()
@@ -67,12 +67,18 @@ def test_per_layer_on_a_real_model(small_model_batch, fignums):
 def test_precomputed_grad_samples():
     g = {"w": torch.tensor([[3.0, 4.0], [0.3, 0.4]])}
     ex = ClippingExplorer(grad_samples=g, max_grad_norm=1.0, backend="static")
-    assert ex.arrows is not None                         # two numbers per sample: arrows
+    assert ex.arrows is not None  # two numbers per sample: arrows
     assert "clipped 50% of samples" in ex.label.get_text()
 
 
-@pytest.mark.parametrize("value, text", [(0, "max_grad_norm=0.0 is invalid"), (-1, "max_grad_norm=-1.0 is invalid"),
-                                         (float("inf"), "max_grad_norm=inf is invalid")])
+@pytest.mark.parametrize(
+    "value, text",
+    [
+        (0, "max_grad_norm=0.0 is invalid"),
+        (-1, "max_grad_norm=-1.0 is invalid"),
+        (float("inf"), "max_grad_norm=inf is invalid"),
+    ],
+)
 def test_bad_c_refused(toy_explorer, value, text):
     with pytest.raises(WidgetValueError, match=text):
         toy_explorer.state.max_grad_norm = value

@@ -23,7 +23,7 @@ def test_modes_agree_and_failures_are_listed(explorer):
     assert set(s.grads) | set(s.norms_only) | set(s.errors) == set(s.modes)
     for mode, diff in s.differences.items():
         assert diff < 1e-5, mode
-    for mode, error in s.errors.items():                  # e.g. "ew" while it is being written
+    for mode, error in s.errors.items():  # e.g. "ew" while it is being written
         assert error in explorer.table.value.replace("&#x27;", "'")
     assert "reference" in explorer.table.value
 
@@ -31,7 +31,7 @@ def test_modes_agree_and_failures_are_listed(explorer):
 def test_layer_and_sample_update_the_pictures(explorer, fignums):
     ex = explorer
     ex.controls["layer"].value = "0.weight"
-    assert ex.gradient.image.get_array().shape == (3 * 4 - 1, 3)     # 3x1 filters of 3x3
+    assert ex.gradient.image.get_array().shape == (3 * 4 - 1, 3)  # 3x1 filters of 3x3
     ex.controls["layer"].value = "3.weight"
     assert ex.gradient.image.get_array().shape == (4, 48)
     ex.controls["sample"].value = 5
@@ -82,8 +82,9 @@ def test_callback_error_is_displayed(explorer, monkeypatch, boom):
     assert "boom from a plot update" in explorer.error.message
 
 
-@pytest.mark.parametrize("shape, image", [((5,), (1, 5)), ((2, 3), (2, 3)), ((4, 2, 3), (7, 7)),
-                                          ((2, 2, 3, 3), (7, 7))])
+@pytest.mark.parametrize(
+    "shape, image", [((5,), (1, 5)), ((2, 3), (2, 3)), ((4, 2, 3), (7, 7)), ((2, 2, 3, 3), (7, 7))]
+)
 def test_gradient_image_shapes(shape, image):
     assert plots.gradient_image(np.ones(shape)).shape == image
 
@@ -125,7 +126,7 @@ def test_grad_samples_by_mode_reads_results_as_the_library_does(small_model_batc
     ref = {name: g.double() for name, g in grads["hooks"].items()}
     for mode, g in grads.items():
         assert error_against(g, ref) < 1e-5, mode
-    for mode, norms in norms_only.items():                 # "ghost": compared by its norms
+    for mode, norms in norms_only.items():  # "ghost": compared by its norms
         assert norms.shape == (x.shape[0],)
         assert error_against(norms, ref) < 1e-4, mode
         assert isinstance(run_mode(model, x, y, loss_fn, mode=mode), torch.Tensor)

@@ -33,20 +33,23 @@ def test_steps_default_and_partial_metrics():
 
 def test_redraw_is_throttled():
     m = TrainingMonitor(redraw_every=3600, progress=False, backend="static")
-    m.update(loss=1.0)                                   # the first update draws
+    m.update(loss=1.0)  # the first update draws
     m.update(loss=0.5)
     assert m.plots["loss"].line.get_ydata().tolist() == [1.0]
-    m.close()                                            # close always draws
+    m.close()  # close always draws
     assert m.plots["loss"].line.get_ydata().tolist() == [1.0, 0.5]
 
 
-@pytest.mark.parametrize("kwargs, text", [
-    (dict(accuracy=1.5), "accuracy=1.5 is invalid"),
-    (dict(clip_fraction=-0.1), "clip_fraction=-0.1 is invalid"),
-    (dict(loss=float("nan")), "loss=nan is invalid"),
-    (dict(epsilon=-1.0), "epsilon=-1.0 is invalid"),
-    (dict(step=0, loss=1.0), "step=0 is invalid: steps must not go back"),
-])
+@pytest.mark.parametrize(
+    "kwargs, text",
+    [
+        (dict(accuracy=1.5), "accuracy=1.5 is invalid"),
+        (dict(clip_fraction=-0.1), "clip_fraction=-0.1 is invalid"),
+        (dict(loss=float("nan")), "loss=nan is invalid"),
+        (dict(epsilon=-1.0), "epsilon=-1.0 is invalid"),
+        (dict(step=0, loss=1.0), "step=0 is invalid: steps must not go back"),
+    ],
+)
 def test_bad_values_refused(kwargs, text):
     m = TrainingMonitor(redraw_every=0, progress=False, backend="static")
     m.update(step=1, loss=2.0)
@@ -55,11 +58,14 @@ def test_bad_values_refused(kwargs, text):
     assert m.state.series("loss") == ([1], [2.0])
 
 
-@pytest.mark.parametrize("kwargs, text", [
-    (dict(total_steps=0), "total_steps=0 is invalid"),
-    (dict(redraw_every=-1), "redraw_every=-1.0 is invalid"),
-    (dict(target_epsilon=0.0), "target_epsilon=0.0 is invalid"),
-])
+@pytest.mark.parametrize(
+    "kwargs, text",
+    [
+        (dict(total_steps=0), "total_steps=0 is invalid"),
+        (dict(redraw_every=-1), "redraw_every=-1.0 is invalid"),
+        (dict(target_epsilon=0.0), "target_epsilon=0.0 is invalid"),
+    ],
+)
 def test_bad_settings_refused(kwargs, text):
     with pytest.raises(WidgetValueError, match=text):
         TrainingMonitor(progress=False, backend="static", **kwargs)
@@ -76,7 +82,7 @@ def test_progress_bar_advances():
 def test_draw_error_is_displayed_not_raised(monkeypatch, boom):
     m = TrainingMonitor(redraw_every=0, progress=False, backend="static")
     monkeypatch.setattr(plots, "update_metric", boom)
-    m.update(loss=1.0)                                  # training goes on
+    m.update(loss=1.0)  # training goes on
     assert "boom from a plot update" in m.error.message
 
 
@@ -85,9 +91,12 @@ def test_with_a_real_dp_training_loop(fignums):
     model = nn.Linear(2, 2)
     engine = PrivacyEngine(accountant="rdp")
     model, optimizer, loader = engine.make_private(
-        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
-        data_loader=DataLoader(TensorDataset(x, y.long()), batch_size=16), noise_multiplier=1.0,
-        max_grad_norm=1.0, noise_generator=torch.Generator().manual_seed(0),
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
+        data_loader=DataLoader(TensorDataset(x, y.long()), batch_size=16),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+        noise_generator=torch.Generator().manual_seed(0),
         sampling_generator=torch.Generator().manual_seed(0),
     )
     with TrainingMonitor(total_steps=len(loader), redraw_every=0, backend="static") as monitor:

@@ -24,7 +24,7 @@ def test_sigma_scales_the_cloud(explorer, fignums):
     spread_small = np.std(ex.cloud.draws.get_offsets(), axis=0).sum()
     ex.controls["noise_multiplier"].value = 2.0
     spread_big = np.std(ex.cloud.draws.get_offsets(), axis=0).sum()
-    assert spread_big == pytest.approx(4 * spread_small, rel=1e-4)      # same seeded draws, 4x the std
+    assert spread_big == pytest.approx(4 * spread_small, rel=1e-4)  # same seeded draws, 4x the std
     assert ex.cloud.circle.get_radius() == pytest.approx(2.0 * ex.state.max_grad_norm / ex.state.batch_size)
     assert ex.label.get_text().startswith("sigma = 2")
 
@@ -34,8 +34,12 @@ def test_noise_is_the_librarys(explorer):
     s.set_trait("draws", 1)
     view = s.view()
     clipped_sum = view.clipped_mean * s.batch_size
-    noise = gaussian_noise((2,), std=s.noise_multiplier * s.max_grad_norm,
-                           generator=torch.Generator().manual_seed(s.seed), dtype=torch.float64).numpy()
+    noise = gaussian_noise(
+        (2,),
+        std=s.noise_multiplier * s.max_grad_norm,
+        generator=torch.Generator().manual_seed(s.seed),
+        dtype=torch.float64,
+    ).numpy()
     np.testing.assert_allclose(view.noisy[0], (clipped_sum + noise) / s.batch_size, rtol=1e-6)
 
 
@@ -63,13 +67,16 @@ def test_high_dimensional_projection(small_model_batch):
     assert ex.cloud.draws.get_offsets().shape == (20, 2)
 
 
-@pytest.mark.parametrize("name, value, text", [
-    ("noise_multiplier", -1.0, "noise_multiplier=-1.0 is invalid"),
-    ("batch_size", 0, "batch_size=0 is invalid"),
-    ("batch_size", 65, "batch_size=65 is invalid"),
-    ("max_grad_norm", 0.0, "max_grad_norm=0.0 is invalid"),
-    ("draws", 0, "draws=0 is invalid"),
-])
+@pytest.mark.parametrize(
+    "name, value, text",
+    [
+        ("noise_multiplier", -1.0, "noise_multiplier=-1.0 is invalid"),
+        ("batch_size", 0, "batch_size=0 is invalid"),
+        ("batch_size", 65, "batch_size=65 is invalid"),
+        ("max_grad_norm", 0.0, "max_grad_norm=0.0 is invalid"),
+        ("draws", 0, "draws=0 is invalid"),
+    ],
+)
 def test_bad_values_refused(explorer, name, value, text):
     with pytest.raises(WidgetValueError, match=text):
         setattr(explorer.state, name, value)

@@ -37,15 +37,18 @@ def test_augment_noise_and_shift():
     x = torch.arange(2 * 4 * 4, dtype=torch.float32).reshape(2, 1, 4, 4)
     out = augment_copies(x, 3, kind="shift", strength=1, seed=0)
     assert out.shape == (6, 1, 4, 4)
-    for i in range(6):                               # a shift keeps the pixels, only moves them
+    for i in range(6):  # a shift keeps the pixels, only moves them
         assert torch.equal(out[i].flatten().sort().values, x[i // 3].flatten().sort().values)
 
 
-@pytest.mark.parametrize("kwargs, text", [
-    (dict(K=0), "K=0 is invalid"),
-    (dict(K=2, kind="rotate"), "kind='rotate' is invalid"),
-    (dict(K=2, strength=-1.0), "strength=-1.0 is invalid"),
-])
+@pytest.mark.parametrize(
+    "kwargs, text",
+    [
+        (dict(K=0), "K=0 is invalid"),
+        (dict(K=2, kind="rotate"), "kind='rotate' is invalid"),
+        (dict(K=2, strength=-1.0), "strength=-1.0 is invalid"),
+    ],
+)
 def test_augment_refuses_bad_values(kwargs, text):
     with pytest.raises(ValueError, match=text):
         augment_copies(torch.zeros(2, 3), **kwargs)

@@ -21,7 +21,9 @@ import numpy as np
 from dp_accounting.rdp import rdp_privacy_accountant
 
 
-def compute_rdp(*, q: float, noise_multiplier: float, steps: int, orders: Sequence[float] | float) -> np.ndarray | float:
+def compute_rdp(
+    *, q: float, noise_multiplier: float, steps: int, orders: Sequence[float] | float
+) -> np.ndarray | float:
     """RDP of ``steps`` Poisson-subsampled Gaussian mechanisms (rate ``q``), at each of ``orders``."""
     scalar = np.isscalar(orders)
     order_list = [float(orders)] if scalar else [float(a) for a in orders]  # type: ignore[arg-type, union-attr]
@@ -49,9 +51,7 @@ def get_privacy_spent(
     """
     orders_vec, rdp_vec = np.atleast_1d(orders).astype(float), np.atleast_1d(rdp).astype(float)
     if len(orders_vec) != len(rdp_vec):
-        raise ValueError(
-            f"orders has {len(orders_vec)} entries and rdp {len(rdp_vec)}; give one RDP value per order."
-        )
+        raise ValueError(f"orders has {len(orders_vec)} entries and rdp {len(rdp_vec)}; give one RDP value per order.")
     eps, order = rdp_privacy_accountant.compute_epsilon(orders_vec, rdp_vec, delta)
     return float(eps), float(order)
 

@@ -71,9 +71,16 @@ def result_buffer(layer: nn.Module, role: str, shape: Sequence[int], like: Tenso
         return like.new_empty(shape)
     kept = _KEPT.setdefault(layer, {})
     t = kept.get(role)
-    if t is not None and tuple(t.shape) == shape and t.dtype == like.dtype and t.device == like.device and _only_cached(t):
+    if (
+        t is not None
+        and tuple(t.shape) == shape
+        and t.dtype == like.dtype
+        and t.device == like.device
+        and _only_cached(t)
+    ):
         return t
     t = kept[role] = like.new_empty(shape)
     return t
+
 
 __all__ = ["result_buffer", "MIN_BYTES", "CAN_COUNT_STORAGE_USERS"]

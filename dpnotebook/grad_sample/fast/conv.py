@@ -128,8 +128,19 @@ def conv_method(layer: nn.modules.conv._ConvNd, x: Tensor, g: Tensor, K: int) ->
         positions = math.prod(g.shape[2:])
         few = positions <= UNFOLD_MAX_POSITIONS or layer.in_channels <= UNFOLD_MAX_IN_CHANNELS
         return "unfold" if "unfold" in methods and few else "grouped"
-    key = (layer.in_channels, layer.out_channels, layer.kernel_size, layer.stride, layer.padding, layer.dilation,
-           layer.padding_mode, tuple(x.shape[1:]), K, x.dtype, x.device)
+    key = (
+        layer.in_channels,
+        layer.out_channels,
+        layer.kernel_size,
+        layer.stride,
+        layer.padding,
+        layer.dilation,
+        layer.padding_mode,
+        tuple(x.shape[1:]),
+        K,
+        x.dtype,
+        x.device,
+    )
     if key not in _CHOSEN:
         rows = min(x.shape[0], 64 * K)
         xs, gs = x[:rows], g[:rows]

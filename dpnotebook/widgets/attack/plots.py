@@ -20,8 +20,17 @@ from matplotlib.axes import Axes
 from matplotlib.collections import PolyCollection
 from matplotlib.lines import Line2D
 
-__all__ = ["DensityArtists", "draw_densities", "update_densities", "TradeoffArtists", "draw_tradeoff",
-           "update_tradeoff", "RocArtists", "draw_rocs", "update_rocs"]
+__all__ = [
+    "DensityArtists",
+    "draw_densities",
+    "update_densities",
+    "TradeoffArtists",
+    "draw_tradeoff",
+    "update_tradeoff",
+    "RocArtists",
+    "draw_rocs",
+    "update_rocs",
+]
 
 
 @dataclass
@@ -44,12 +53,13 @@ def _area(x: np.ndarray, y: np.ndarray, threshold: float) -> np.ndarray:
     return np.concatenate([[[xs[0], 0.0]], np.column_stack([xs, ys]), [[xs[-1], 0.0]]])
 
 
-def draw_densities(ax: Axes, x: np.ndarray, density_out: np.ndarray, density_in: np.ndarray, *,
-                   threshold: float) -> DensityArtists:
+def draw_densities(
+    ax: Axes, x: np.ndarray, density_out: np.ndarray, density_in: np.ndarray, *, threshold: float
+) -> DensityArtists:
     """The output's density without (``D``, blue) and with (``D'``, red) the record; shaded: where the attacker
     says 'in' (the blue area is the FPR, the red one the TPR). No legend: text is most of a redraw's cost."""
-    out_line, = ax.plot(x, density_out, color="C0", label="without the record (D)")
-    in_line, = ax.plot(x, density_in, color="C3", label="with it (D')")
+    (out_line,) = ax.plot(x, density_out, color="C0", label="without the record (D)")
+    (in_line,) = ax.plot(x, density_in, color="C3", label="with it (D')")
     fpr_area = PolyCollection([_area(x, density_out, threshold)], color="C0", alpha=0.25, lw=0)
     tpr_area = PolyCollection([_area(x, density_in, threshold)], color="C3", alpha=0.25, lw=0)
     ax.add_collection(fpr_area)
@@ -62,8 +72,9 @@ def draw_densities(ax: Axes, x: np.ndarray, density_out: np.ndarray, density_in:
     return art
 
 
-def update_densities(art: DensityArtists, x: np.ndarray, density_out: np.ndarray, density_in: np.ndarray, *,
-                     threshold: float) -> None:
+def update_densities(
+    art: DensityArtists, x: np.ndarray, density_out: np.ndarray, density_in: np.ndarray, *, threshold: float
+) -> None:
     """New densities and threshold; rescale the axes."""
     art.out_line.set_data(x, density_out)
     art.in_line.set_data(x, density_in)
@@ -84,13 +95,14 @@ class TradeoffArtists:
     point: Line2D
 
 
-def draw_tradeoff(ax: Axes, fpr: np.ndarray, curve: np.ndarray, bound: np.ndarray, *, point: tuple[float, float]
-                  ) -> TradeoffArtists:
+def draw_tradeoff(
+    ax: Axes, fpr: np.ndarray, curve: np.ndarray, bound: np.ndarray, *, point: tuple[float, float]
+) -> TradeoffArtists:
     """TPR against FPR: the best attacks (green curve), what (epsilon, delta) allows (dashed), this attack (dot)."""
     ax.plot([0, 1], [0, 1], color="0.8", lw=1)
-    curve_line, = ax.plot(fpr, curve, color="C2", label="best attacks (trade-off curve)")
-    bound_line, = ax.plot(fpr, bound, color="k", ls="--", lw=1, label="(eps, delta) bound")
-    point_line, = ax.plot([point[0]], [point[1]], "o", color="C3", ms=8, label="this threshold")
+    (curve_line,) = ax.plot(fpr, curve, color="C2", label="best attacks (trade-off curve)")
+    (bound_line,) = ax.plot(fpr, bound, color="k", ls="--", lw=1, label="(eps, delta) bound")
+    (point_line,) = ax.plot([point[0]], [point[1]], "o", color="C3", ms=8, label="this threshold")
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1.02)
     ax.set_xlabel("false positive rate")
@@ -98,8 +110,9 @@ def draw_tradeoff(ax: Axes, fpr: np.ndarray, curve: np.ndarray, bound: np.ndarra
     return TradeoffArtists(ax, curve_line, bound_line, point_line)
 
 
-def update_tradeoff(art: TradeoffArtists, fpr: np.ndarray, curve: np.ndarray, bound: np.ndarray, *,
-                    point: tuple[float, float]) -> None:
+def update_tradeoff(
+    art: TradeoffArtists, fpr: np.ndarray, curve: np.ndarray, bound: np.ndarray, *, point: tuple[float, float]
+) -> None:
     """New curve, bound and point."""
     art.curve.set_data(fpr, curve)
     art.bound.set_data(fpr, bound)
@@ -124,9 +137,16 @@ def _or_nan(values: np.ndarray | None, like: np.ndarray, floor: float) -> np.nda
     return np.full_like(like, np.nan) if values is None else _floor(values, floor)
 
 
-def draw_rocs(ax: Axes, rocs: Mapping[str, tuple[np.ndarray, np.ndarray]], fpr_grid: np.ndarray,
-              bound: np.ndarray | None, *, selected: str, curve: np.ndarray | None = None,
-              floor: float = 1e-3) -> RocArtists:
+def draw_rocs(
+    ax: Axes,
+    rocs: Mapping[str, tuple[np.ndarray, np.ndarray]],
+    fpr_grid: np.ndarray,
+    bound: np.ndarray | None,
+    *,
+    selected: str,
+    curve: np.ndarray | None = None,
+    floor: float = 1e-3,
+) -> RocArtists:
     """Real attacks' ROC curves on log-log axes (low FPR is where an attack matters): the selected one
     thick and coloured, the others thin and grey, and the bound the selected model's epsilon allows
     (dashed), and its target's exact trade-off curve if known (green). Rates below ``floor`` are drawn at it. No legend (text is most of a redraw's cost): the
@@ -134,9 +154,9 @@ def draw_rocs(ax: Axes, rocs: Mapping[str, tuple[np.ndarray, np.ndarray]], fpr_g
     ax.plot([floor, 1], [floor, 1], color="0.8", lw=1)
     lines = {}
     for label, (fpr, tpr) in rocs.items():
-        lines[label], = ax.plot(_floor(fpr, floor), _floor(tpr, floor), label=label, drawstyle="steps-post")
-    bound_line, = ax.plot(fpr_grid, _or_nan(bound, fpr_grid, floor), color="k", ls="--", lw=1)
-    curve_line, = ax.plot(fpr_grid, _or_nan(curve, fpr_grid, floor), color="C2", lw=1.5)
+        (lines[label],) = ax.plot(_floor(fpr, floor), _floor(tpr, floor), label=label, drawstyle="steps-post")
+    (bound_line,) = ax.plot(fpr_grid, _or_nan(bound, fpr_grid, floor), color="k", ls="--", lw=1)
+    (curve_line,) = ax.plot(fpr_grid, _or_nan(curve, fpr_grid, floor), color="C2", lw=1.5)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(floor, 1)
@@ -148,8 +168,15 @@ def draw_rocs(ax: Axes, rocs: Mapping[str, tuple[np.ndarray, np.ndarray]], fpr_g
     return art
 
 
-def update_rocs(art: RocArtists, fpr_grid: np.ndarray, bound: np.ndarray | None, *, selected: str,
-                curve: np.ndarray | None = None, floor: float = 1e-3) -> None:
+def update_rocs(
+    art: RocArtists,
+    fpr_grid: np.ndarray,
+    bound: np.ndarray | None,
+    *,
+    selected: str,
+    curve: np.ndarray | None = None,
+    floor: float = 1e-3,
+) -> None:
     """Colour and thicken the selected attack's line, grey the others, and draw its bound and curve."""
     for label, line in art.lines.items():
         line.set_linewidth(2.5 if label == selected else 1.0)

@@ -87,8 +87,9 @@ class AttackView:
     bound: np.ndarray
 
 
-def simulated_attacks(noise_multipliers: tuple[float, ...] = (0.5, 1.0, 2.0), *, canaries: int = 2000,
-                      delta: float = 1e-5, seed: int = 0) -> dict[str, Attack]:
+def simulated_attacks(
+    noise_multipliers: tuple[float, ...] = (0.5, 1.0, 2.0), *, canaries: int = 2000, delta: float = 1e-5, seed: int = 0
+) -> dict[str, Attack]:
     """Real attacks on the Gaussian mechanism: ``canaries`` records, each in on a coin, scored by the output.
 
     >>> a = simulated_attacks((1.0,), canaries=200)
@@ -102,8 +103,12 @@ def simulated_attacks(noise_multipliers: tuple[float, ...] = (0.5, 1.0, 2.0), *,
     for i, sigma in enumerate(noise_multipliers):
         included = draw_inclusion(canaries, seed=seed + i)
         scores = gaussian_mechanism_scores(included, noise_multiplier=sigma, seed=seed + 1000 + i)
-        attacks[f"sigma = {sigma:g}"] = Attack(attack_roc(scores[included], scores[~included]),
-                                               _epsilon(1.0 / sigma, delta), delta, gaussian_tpr(FPR_GRID, 1 / sigma))
+        attacks[f"sigma = {sigma:g}"] = Attack(
+            attack_roc(scores[included], scores[~included]),
+            _epsilon(1.0 / sigma, delta),
+            delta,
+            gaussian_tpr(FPR_GRID, 1 / sigma),
+        )
     return attacks
 
 
@@ -122,8 +127,12 @@ def attacks_from_runs(runs: Mapping[str, object], *, records: str = "canaries") 
     for label, run in runs.items():
         curve = None
         if math.isfinite(run.epsilon) and run.steps > 0:  # type: ignore[attr-defined]
-            curve = pld_tpr(FPR_GRID, noise_multiplier=run.noise_multiplier, sample_rate=run.sample_rate,  # type: ignore[attr-defined]
-                            steps=run.steps)  # type: ignore[attr-defined]
+            curve = pld_tpr(
+                FPR_GRID,
+                noise_multiplier=run.noise_multiplier,
+                sample_rate=run.sample_rate,  # type: ignore[attr-defined]
+                steps=run.steps,
+            )  # type: ignore[attr-defined]
         roc = run.canary_attack if records == "canaries" else run.attack  # type: ignore[attr-defined]
         attacks[label] = Attack(roc, run.epsilon, run.delta, curve)  # type: ignore[attr-defined]
     return attacks
@@ -196,8 +205,14 @@ class AttackState(traitlets.HasTraits):
         fpr, tpr = float(norm.sf(t / sigma)), float(norm.sf((t - 1) / sigma))
         eps = _epsilon(self.mu, self.delta)
         return AttackView(
-            x=x, density_out=norm.pdf(x, 0.0, sigma), density_in=norm.pdf(x, 1.0, sigma), fpr=fpr, tpr=tpr,
-            advantage=tpr - fpr, epsilon=eps, curve=gaussian_tpr(FPR_GRID, self.mu),
+            x=x,
+            density_out=norm.pdf(x, 0.0, sigma),
+            density_in=norm.pdf(x, 1.0, sigma),
+            fpr=fpr,
+            tpr=tpr,
+            advantage=tpr - fpr,
+            epsilon=eps,
+            curve=gaussian_tpr(FPR_GRID, self.mu),
             bound=dp_tpr_bound(FPR_GRID, eps, self.delta),
         )
 

@@ -41,18 +41,33 @@ class PrivacyAttackExplorer(Explorer):
     watch = ("noise_multiplier", "threshold", "delta", "selected")
     tick_bins = 3
 
-    def __init__(self, *, attacks: Mapping[str, Attack] | None = None, noise_multiplier: float = 1.0,
-                 threshold: float = 0.5, delta: float = 1e-5, selected: str = "", backend: str = "auto") -> None:
-        state = AttackState(attacks=simulated_attacks(delta=delta) if attacks is None else attacks,
-                            noise_multiplier=noise_multiplier, threshold=threshold, delta=delta, selected=selected)
+    def __init__(
+        self,
+        *,
+        attacks: Mapping[str, Attack] | None = None,
+        noise_multiplier: float = 1.0,
+        threshold: float = 0.5,
+        delta: float = 1e-5,
+        selected: str = "",
+        backend: str = "auto",
+    ) -> None:
+        state = AttackState(
+            attacks=simulated_attacks(delta=delta) if attacks is None else attacks,
+            noise_multiplier=noise_multiplier,
+            threshold=threshold,
+            delta=delta,
+            selected=selected,
+        )
         super().__init__(state, figsize=(11.0, 3.6), backend=backend)
 
     def _text(self, v: AttackView) -> str:
         s: AttackState = self.state
         eps = "inf" if math.isinf(v.epsilon) else f"{v.epsilon:.3g}"
-        return (f"sigma = {s.noise_multiplier:.3g} (mu = {s.mu:.3g}), threshold {s.threshold:.2f}: "
-                f"FPR = {v.fpr:.3f}, TPR = {v.tpr:.3f}, advantage TPR - FPR = {v.advantage:.3f}  |  "
-                f"epsilon = {eps} at delta = {s.delta:g}: TPR <= e^eps FPR + delta")
+        return (
+            f"sigma = {s.noise_multiplier:.3g} (mu = {s.mu:.3g}), threshold {s.threshold:.2f}: "
+            f"FPR = {v.fpr:.3f}, TPR = {v.tpr:.3f}, advantage TPR - FPR = {v.advantage:.3f}  |  "
+            f"epsilon = {eps} at delta = {s.delta:g}: TPR <= e^eps FPR + delta"
+        )
 
     def _roc_title(self) -> str:
         s: AttackState = self.state
@@ -78,8 +93,9 @@ class PrivacyAttackExplorer(Explorer):
         ax_density.set_title("output without (blue) / with (red) the record", fontsize="small")
         self.tradeoff = plots.draw_tradeoff(ax_tradeoff, FPR_GRID, v.curve, v.bound, point=(v.fpr, v.tpr))
         ax_tradeoff.set_title("best attacks (green), (eps, delta) bound (dashed)", fontsize="small")
-        self.rocs = plots.draw_rocs(ax_roc, self._rocs(), FPR_GRID, s.selected_bound(), selected=s.selected,
-                                    curve=s.selected_curve())
+        self.rocs = plots.draw_rocs(
+            ax_roc, self._rocs(), FPR_GRID, s.selected_bound(), selected=s.selected, curve=s.selected_curve()
+        )
         self.roc_title = ax_roc.set_title(self._roc_title(), fontsize="small")
         self.label = fig.suptitle(self._text(v), fontsize="small")
 
@@ -94,13 +110,10 @@ class PrivacyAttackExplorer(Explorer):
 
     def _controls(self) -> list[ipywidgets.Widget]:
         s: AttackState = self.state
-        sigma = ipywidgets.FloatLogSlider(base=10, min=-1, max=1, step=0.01, description="sigma",
-                                          readout_format=".3g")
+        sigma = ipywidgets.FloatLogSlider(base=10, min=-1, max=1, step=0.01, description="sigma", readout_format=".3g")
         threshold = ipywidgets.FloatSlider(min=-3.0, max=4.0, step=0.01, description="threshold")
-        delta = ipywidgets.FloatLogSlider(base=10, min=-10, max=-1, step=0.1, description="delta",
-                                          readout_format=".1e")
-        controls = [self.bind("noise_multiplier", sigma), self.bind("threshold", threshold),
-                    self.bind("delta", delta)]
+        delta = ipywidgets.FloatLogSlider(base=10, min=-10, max=-1, step=0.1, description="delta", readout_format=".1e")
+        controls = [self.bind("noise_multiplier", sigma), self.bind("threshold", threshold), self.bind("delta", delta)]
         if s.attacks:
             attack = ipywidgets.Dropdown(options=list(s.attacks), description="attack")
             controls.append(self.bind("selected", attack))

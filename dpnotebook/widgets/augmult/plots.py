@@ -21,8 +21,17 @@ from matplotlib.ticker import NullFormatter
 
 from dpnotebook.widgets.clipping.plots import log_bins
 
-__all__ = ["KHistogramArtists", "draw_k_histogram", "update_k_histogram", "KCurveArtists", "draw_k_curves",
-           "update_k_curves", "FractionArtists", "draw_fraction_curve", "update_fraction_curve"]
+__all__ = [
+    "KHistogramArtists",
+    "draw_k_histogram",
+    "update_k_histogram",
+    "KCurveArtists",
+    "draw_k_curves",
+    "update_k_curves",
+    "FractionArtists",
+    "draw_fraction_curve",
+    "update_fraction_curve",
+]
 
 
 @dataclass
@@ -76,9 +85,14 @@ def draw_k_curves(ax: Axes, norm: np.ndarray, variance: np.ndarray, *, K: int) -
     """Mean per-sample norm and augmentation variance for ``K = 1 .. len(norm)``, divided by their K=1 values."""
     ks = np.arange(1, len(norm) + 1)
     ax.plot(ks, 1 / ks, color="0.6", ls=":", label="1 / K")
-    norm_line, = ax.plot(ks, norm / norm[0], marker=".", color="C0", label="mean norm")
-    var_line, = ax.plot(ks, variance / variance[0] if variance[0] > 0 else variance, marker=".", color="C1",
-                        label="augmentation variance")
+    (norm_line,) = ax.plot(ks, norm / norm[0], marker=".", color="C0", label="mean norm")
+    (var_line,) = ax.plot(
+        ks,
+        variance / variance[0] if variance[0] > 0 else variance,
+        marker=".",
+        color="C1",
+        label="augmentation variance",
+    )
     k_line = ax.axvline(K, color="k", lw=1, ls="--")
     ax.set_yscale("log")
     ax.set_xlabel("K (augmented copies per sample)")
@@ -104,8 +118,8 @@ class FractionArtists:
 def draw_fraction_curve(ax: Axes, fractions: np.ndarray, *, K: int) -> FractionArtists:
     """The fraction of samples clipped for each K."""
     ks = np.arange(1, len(fractions) + 1)
-    curve, = ax.plot(ks, fractions, marker=".", color="C3")
-    point, = ax.plot([K], [fractions[K - 1]], "o", color="C3", ms=9)
+    (curve,) = ax.plot(ks, fractions, marker=".", color="C3")
+    (point,) = ax.plot([K], [fractions[K - 1]], "o", color="C3", ms=9)
     ax.set_ylim(-0.05, 1.05)
     ax.set_xlabel("K")
     ax.set_ylabel("fraction clipped")

@@ -58,8 +58,15 @@ class AugmultTable:
     grad_samples: list[dict[str, Tensor]]
 
 
-def _stats(model: nn.Module, x: Tensor, y: Tensor, loss_fn: Callable, augment: Augment, k_max: int,
-           seeds: tuple[Augment, Augment]) -> AugmultTable:
+def _stats(
+    model: nn.Module,
+    x: Tensor,
+    y: Tensor,
+    loss_fn: Callable,
+    augment: Augment,
+    k_max: int,
+    seeds: tuple[Augment, Augment],
+) -> AugmultTable:
     norms, mean_norm, variance, grads = [], [], [], []
     for k in range(1, k_max + 1):
         ga = compute_grad_samples(model, seeds[0](x, k), y, loss_fn, K=k)
@@ -138,13 +145,11 @@ class AugmultState(traitlets.HasTraits):
         if c not in self._fractions:
             if len(self._fractions) > 256:
                 self._fractions.clear()
-            self._fractions[c] = np.array([
-                clip_and_sum(g, max_grad_norm=c).fraction_clipped for g in self.table.grad_samples
-            ])
+            self._fractions[c] = np.array(
+                [clip_and_sum(g, max_grad_norm=c).fraction_clipped for g in self.table.grad_samples]
+            )
         return self._fractions[c]
 
     def norms(self) -> np.ndarray:
         """Per-sample norms at the current K."""
         return self.table.norms[self.K - 1]
-
-

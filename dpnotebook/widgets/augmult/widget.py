@@ -55,9 +55,11 @@ class AugmultExplorer(Explorer):
     def _text(self) -> str:
         s: AugmultState = self.state
         t, k = s.table, s.K
-        return (f"K = {k}: mean norm {t.norm[k - 1]:.3g} (K=1: {t.norm[0]:.3g})  |  augmentation variance "
-                f"{t.variance[k - 1]:.3g} (K=1: {t.variance[0]:.3g})  |  clipped at C = {s.max_grad_norm:.3g}: "
-                f"{100 * s.fractions()[k - 1]:.0f}%")
+        return (
+            f"K = {k}: mean norm {t.norm[k - 1]:.3g} (K=1: {t.norm[0]:.3g})  |  augmentation variance "
+            f"{t.variance[k - 1]:.3g} (K=1: {t.variance[0]:.3g})  |  clipped at C = {s.max_grad_norm:.3g}: "
+            f"{100 * s.fractions()[k - 1]:.0f}%"
+        )
 
     def _build(self, fig: Any) -> None:
         s: AugmultState = self.state

@@ -38,15 +38,19 @@ def _fit(art: EpsilonArtists, epochs: np.ndarray, values: list[np.ndarray]) -> N
 
 
 def draw_epsilon_curves(
-    ax: Axes, epochs: np.ndarray, epsilons: np.ndarray, *, target_epsilon: float,
+    ax: Axes,
+    epochs: np.ndarray,
+    epsilons: np.ndarray,
+    *,
+    target_epsilon: float,
     required: np.ndarray | None = None,
 ) -> EpsilonArtists:
     """Epsilon (y) against epochs (x): the current curve with its end marked, the curve at the
     sigma that meets the target (dashed), and the target (dotted)."""
-    current, = ax.plot(epochs, epsilons, marker=".", color="C0", label="epsilon at current sigma")
-    final, = ax.plot(epochs[-1:], epsilons[-1:], "o", color="C0", ms=9)
+    (current,) = ax.plot(epochs, epsilons, marker=".", color="C0", label="epsilon at current sigma")
+    (final,) = ax.plot(epochs[-1:], epsilons[-1:], "o", color="C0", ms=9)
     req = required if required is not None else np.full(len(epochs), np.nan)
-    required_line, = ax.plot(epochs, req, ls="--", color="C2", label="at the sigma needed for the target")
+    (required_line,) = ax.plot(epochs, req, ls="--", color="C2", label="at the sigma needed for the target")
     target = ax.axhline(target_epsilon, color="C3", ls=":", label="target epsilon")
     ax.set_xlabel("epochs")
     ax.set_ylabel("epsilon")
@@ -57,8 +61,13 @@ def draw_epsilon_curves(
 
 
 def update_epsilon_curves(
-    art: EpsilonArtists, epochs: np.ndarray, epsilons: np.ndarray, *, target_epsilon: float,
-    required: np.ndarray | None = None, pending: bool = False,
+    art: EpsilonArtists,
+    epochs: np.ndarray,
+    epsilons: np.ndarray,
+    *,
+    target_epsilon: float,
+    required: np.ndarray | None = None,
+    pending: bool = False,
 ) -> None:
     """New curves; ``pending`` greys them while a slow computation waits."""
     art.current.set_data(epochs, epsilons)

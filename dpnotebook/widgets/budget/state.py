@@ -146,19 +146,33 @@ class BudgetState(traitlets.HasTraits):
         return np.unique(np.linspace(1, self.epochs, min(self.epochs, self.points)).round().astype(int))
 
     def key(self) -> tuple:
-        return (self.noise_multiplier, self.sample_rate, self.epochs, self.delta, self.accountant,
-                self.target_epsilon, self.points)
+        return (
+            self.noise_multiplier,
+            self.sample_rate,
+            self.epochs,
+            self.delta,
+            self.accountant,
+            self.target_epsilon,
+            self.points,
+        )
 
     def cached(self) -> BudgetResult | None:
         """The result for the current settings if it was computed before, else ``None``."""
         return self._results.get(self.key())
 
     def _curve(self, sigma: float, grid: np.ndarray) -> np.ndarray:
-        return np.array([
-            compute_epsilon(noise_multiplier=sigma, sample_rate=self.sample_rate, steps=self.steps(e),
-                            delta=self.delta, accountant=self.accountant)
-            for e in grid
-        ])
+        return np.array(
+            [
+                compute_epsilon(
+                    noise_multiplier=sigma,
+                    sample_rate=self.sample_rate,
+                    steps=self.steps(e),
+                    delta=self.delta,
+                    accountant=self.accountant,
+                )
+                for e in grid
+            ]
+        )
 
     def compute(self) -> BudgetResult:
         """Epsilon curves and the required sigma (slow the first time: accountant calls)."""
@@ -169,9 +183,13 @@ class BudgetState(traitlets.HasTraits):
         eps = self._curve(self.noise_multiplier, grid)
         error, required, required_eps = "", float("nan"), np.full(len(grid), np.nan)
         try:
-            required = get_noise_multiplier(target_epsilon=self.target_epsilon, target_delta=self.delta,
-                                             sample_rate=self.sample_rate, epochs=self.epochs,
-                                             accountant=self.accountant)
+            required = get_noise_multiplier(
+                target_epsilon=self.target_epsilon,
+                target_delta=self.delta,
+                sample_rate=self.sample_rate,
+                epochs=self.epochs,
+                accountant=self.accountant,
+            )
             required_eps = self._curve(required, grid)
         except ValueError as exc:
             error = str(exc)

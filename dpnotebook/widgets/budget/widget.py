@@ -53,9 +53,16 @@ class PrivacyBudgetExplorer(Explorer):
         debounce: float = 0.3,
         backend: str = "auto",
     ) -> None:
-        state = BudgetState(noise_multiplier=noise_multiplier, batch_size=batch_size, dataset_size=dataset_size,
-                            epochs=epochs, delta=delta, accountant=accountant, target_epsilon=target_epsilon,
-                            points=points)
+        state = BudgetState(
+            noise_multiplier=noise_multiplier,
+            batch_size=batch_size,
+            dataset_size=dataset_size,
+            epochs=epochs,
+            delta=delta,
+            accountant=accountant,
+            target_epsilon=target_epsilon,
+            points=points,
+        )
         self.debouncer = Debouncer(self._compute_now, delay=debounce)
         self.status = ipywidgets.HTML()
         self._shown: BudgetResult | None = None
@@ -76,17 +83,23 @@ class PrivacyBudgetExplorer(Explorer):
 
     def _text(self, r: BudgetResult) -> str:
         s: BudgetState = self.state
-        need = (f"sigma needed for epsilon = {s.target_epsilon:g}: {r.required_sigma:.3g}"
-                if math.isfinite(r.required_sigma) else f"sigma needed: {r.required_error}")
-        return (f"q = {s.sample_rate:.3g}, {s.steps(s.epochs)} steps: epsilon = {r.epsilon:.3g} "
-                f"at delta = {s.delta:g} ({s.accountant})  |  {need}")
+        need = (
+            f"sigma needed for epsilon = {s.target_epsilon:g}: {r.required_sigma:.3g}"
+            if math.isfinite(r.required_sigma)
+            else f"sigma needed: {r.required_error}"
+        )
+        return (
+            f"q = {s.sample_rate:.3g}, {s.steps(s.epochs)} steps: epsilon = {r.epsilon:.3g} "
+            f"at delta = {s.delta:g} ({s.accountant})  |  {need}"
+        )
 
     def _build(self, fig: Any) -> None:
         s: BudgetState = self.state
         r = s.compute()
         ax = fig.subplots()
-        self.curves = plots.draw_epsilon_curves(ax, r.epochs, r.epsilons, target_epsilon=s.target_epsilon,
-                                                required=r.required_epsilons)
+        self.curves = plots.draw_epsilon_curves(
+            ax, r.epochs, r.epsilons, target_epsilon=s.target_epsilon, required=r.required_epsilons
+        )
         self.label = fig.suptitle(self._text(r), fontsize="small")
         self._shown = r
 
@@ -98,33 +111,47 @@ class PrivacyBudgetExplorer(Explorer):
         if r is None:
             old = self._shown
             if old is not None:
-                plots.update_epsilon_curves(self.curves, old.epochs, old.epsilons, target_epsilon=s.target_epsilon,
-                                            required=old.required_epsilons, pending=True)
+                plots.update_epsilon_curves(
+                    self.curves,
+                    old.epochs,
+                    old.epsilons,
+                    target_epsilon=s.target_epsilon,
+                    required=old.required_epsilons,
+                    pending=True,
+                )
             self.label.set_text("computing epsilon ...")
             self.status.value = "<i>computing ...</i>"
             self.debouncer()
             return
         self.debouncer.cancel()
         self._shown = r
-        plots.update_epsilon_curves(self.curves, r.epochs, r.epsilons, target_epsilon=s.target_epsilon,
-                                    required=r.required_epsilons)
+        plots.update_epsilon_curves(
+            self.curves, r.epochs, r.epsilons, target_epsilon=s.target_epsilon, required=r.required_epsilons
+        )
         self.label.set_text(self._text(r))
         note = s.delta_note()
         self.status.value = f"epsilon = <b>{r.epsilon:.3g}</b>" + (
-            f' <span style="color:#b06000">{note}</span>' if note else "")
+            f' <span style="color:#b06000">{note}</span>' if note else ""
+        )
 
     def _controls(self) -> list[ipywidgets.Widget]:
         s: BudgetState = self.state
-        sigma = ipywidgets.FloatLogSlider(base=10, min=-1, max=1.3, step=0.01, description="sigma",
-                                          readout_format=".3g")
+        sigma = ipywidgets.FloatLogSlider(
+            base=10, min=-1, max=1.3, step=0.01, description="sigma", readout_format=".3g"
+        )
         batch = ipywidgets.IntText(description="batch size")
         size = ipywidgets.IntText(description="dataset size")
         epochs = ipywidgets.IntSlider(min=1, max=max(100, s.epochs), description="epochs")
         delta = ipywidgets.FloatText(description="delta")
         accountant = ipywidgets.ToggleButtons(options=["rdp", "pld"], description="accountant")
         target = ipywidgets.FloatText(description="target eps")
-        return [self.bind("noise_multiplier", sigma), self.bind("batch_size", batch),
-                self.bind("dataset_size", size), self.bind("epochs", epochs), self.bind("delta", delta),
-                self.bind("accountant", accountant), self.bind("target_epsilon", target), self.status]
-
-
+        return [
+            self.bind("noise_multiplier", sigma),
+            self.bind("batch_size", batch),
+            self.bind("dataset_size", size),
+            self.bind("epochs", epochs),
+            self.bind("delta", delta),
+            self.bind("accountant", accountant),
+            self.bind("target_epsilon", target),
+            self.status,
+        ]

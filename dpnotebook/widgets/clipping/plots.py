@@ -58,7 +58,11 @@ class HistogramArtists:
 
 
 def draw_norm_histogram(
-    ax: Axes, norms: np.ndarray, *, max_grad_norm: float, layer_norms: np.ndarray | None = None,
+    ax: Axes,
+    norms: np.ndarray,
+    *,
+    max_grad_norm: float,
+    layer_norms: np.ndarray | None = None,
     bins: int = 30,
 ) -> HistogramArtists:
     """Histogram (log x) of per-sample gradient norms with a vertical line at C.
@@ -92,9 +96,7 @@ def draw_norm_histogram(
     return art
 
 
-def update_norm_histogram(
-    art: HistogramArtists, *, max_grad_norm: float, layer_threshold: float | None = None
-) -> None:
+def update_norm_histogram(art: HistogramArtists, *, max_grad_norm: float, layer_threshold: float | None = None) -> None:
     """Move the C line; with ``layer_threshold`` show the per-layer histogram and its bound."""
     art.c_line.set_xdata([max_grad_norm, max_grad_norm])
     if art.layer_hist is not None and art.layer_line is not None:
@@ -119,9 +121,9 @@ class CurveArtists:
 def draw_bias_curves(ax: Axes, curves: dict[str, np.ndarray], *, max_grad_norm: float) -> CurveArtists:
     """Fraction clipped, cosine(clipped mean, mean) and norm ratio against C (log x)."""
     c = curves["C"]
-    fraction, = ax.plot(c, curves["fraction_clipped"], color="C3", label="clipped")
-    cosine, = ax.plot(c, curves["cosine"], color="C0", label="cosine")
-    ratio, = ax.plot(c, curves["norm_ratio"], color="C1", label="norm ratio")
+    (fraction,) = ax.plot(c, curves["fraction_clipped"], color="C3", label="clipped")
+    (cosine,) = ax.plot(c, curves["cosine"], color="C0", label="cosine")
+    (ratio,) = ax.plot(c, curves["norm_ratio"], color="C1", label="norm ratio")
     c_line = ax.axvline(max_grad_norm, color="C3", lw=2, alpha=0.6)
     ax.set_xscale("log")
     ax.set_xlim(c[0], c[-1])
@@ -156,7 +158,12 @@ def _origin(n: int) -> np.ndarray:
 
 
 def draw_arrows(
-    ax: Axes, vectors: np.ndarray, *, clipped: np.ndarray, max_grad_norm: float, mean: np.ndarray,
+    ax: Axes,
+    vectors: np.ndarray,
+    *,
+    clipped: np.ndarray,
+    max_grad_norm: float,
+    mean: np.ndarray,
     clipped_mean: np.ndarray,
 ) -> ArrowArtists:
     """Per-sample gradients ``[B, 2]`` as arrows from the origin, and the clipping ball of radius C."""
@@ -165,8 +172,9 @@ def draw_arrows(
     raw = ax.quiver(_origin(n), _origin(n), vectors[:, 0], vectors[:, 1], color="0.7", **kw)
     clip = ax.quiver(_origin(n), _origin(n), clipped[:, 0], clipped[:, 1], color="C0", alpha=0.8, **kw)
     m = np.stack([mean, clipped_mean])
-    means = ax.quiver(_origin(2), _origin(2), m[:, 0], m[:, 1], color=["k", "C3"], angles="xy",
-                      scale_units="xy", scale=1, width=0.012)
+    means = ax.quiver(
+        _origin(2), _origin(2), m[:, 0], m[:, 1], color=["k", "C3"], angles="xy", scale_units="xy", scale=1, width=0.012
+    )
     ball = Circle((0, 0), max_grad_norm, fill=False, color="C3", lw=2, ls="--")
     ax.add_patch(ball)
     r = float(np.abs(vectors).max()) * 1.1 if n else 1.0
@@ -179,8 +187,9 @@ def draw_arrows(
     return ArrowArtists(ax, raw, clip, means, ball)
 
 
-def update_arrows(art: ArrowArtists, *, clipped: np.ndarray, max_grad_norm: float, clipped_mean: np.ndarray,
-                  mean: np.ndarray) -> None:
+def update_arrows(
+    art: ArrowArtists, *, clipped: np.ndarray, max_grad_norm: float, clipped_mean: np.ndarray, mean: np.ndarray
+) -> None:
     """Redraw the clipped arrows, the ball and the means in place."""
     art.clipped.set_UVC(clipped[:, 0], clipped[:, 1])
     m = np.stack([mean, clipped_mean])

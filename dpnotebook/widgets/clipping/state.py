@@ -110,8 +110,9 @@ class ClippingState(traitlets.HasTraits):
     max_grad_norm = traitlets.Float(1.0)
     clipping = traitlets.Unicode("flat")
 
-    def __init__(self, grad_samples: Mapping[str, Tensor] | list, *, max_grad_norm: float | None = None,
-                 clipping: str = "flat") -> None:
+    def __init__(
+        self, grad_samples: Mapping[str, Tensor] | list, *, max_grad_norm: float | None = None, clipping: str = "flat"
+    ) -> None:
         self.grad_samples = as_grad_samples(grad_samples)
         self.norms = clipping_stats(self.grad_samples, math.inf).norms
         if max_grad_norm is None:

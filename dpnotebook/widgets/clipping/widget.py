@@ -95,16 +95,19 @@ class ClippingExplorer(Explorer):
         self.arrows = None
         if s.is_2d:
             self.arrows = plots.draw_arrows(
-                axes[0], self._vectors, clipped=clipped_vectors(s.grad_samples, stats),
-                max_grad_norm=s.max_grad_norm, mean=stats.mean, clipped_mean=stats.clipped_mean,
+                axes[0],
+                self._vectors,
+                clipped=clipped_vectors(s.grad_samples, stats),
+                max_grad_norm=s.max_grad_norm,
+                mean=stats.mean,
+                clipped_mean=stats.clipped_mean,
             )
         layer_norms = None
         if s.num_layers > 1:
             from dpnotebook.privacy.clipping import per_layer_norms
 
             layer_norms = per_layer_norms(s.grad_samples).double().numpy()
-        self.hist = plots.draw_norm_histogram(axes[-2], s.norms, max_grad_norm=s.max_grad_norm,
-                                              layer_norms=layer_norms)
+        self.hist = plots.draw_norm_histogram(axes[-2], s.norms, max_grad_norm=s.max_grad_norm, layer_norms=layer_norms)
         self.curves = plots.draw_bias_curves(axes[-1], s.curves(), max_grad_norm=s.max_grad_norm)
         self._curve_mode = s.clipping
         self.label = fig.suptitle(stats.label(), fontsize="medium")
@@ -114,22 +117,33 @@ class ClippingExplorer(Explorer):
         stats = s.stats()
         c = s.max_grad_norm
         per_layer = s.clipping == "per_layer" and s.num_layers > 1
-        plots.update_norm_histogram(self.hist, max_grad_norm=c,
-                                    layer_threshold=stats.layer_threshold if per_layer else None)
+        plots.update_norm_histogram(
+            self.hist, max_grad_norm=c, layer_threshold=stats.layer_threshold if per_layer else None
+        )
         curves = None
         if self._curve_mode != s.clipping:
             curves, self._curve_mode = s.curves(), s.clipping
         plots.update_bias_curves(self.curves, max_grad_norm=c, curves=curves)
         if self.arrows is not None:
-            plots.update_arrows(self.arrows, clipped=clipped_vectors(s.grad_samples, stats), max_grad_norm=c,
-                                clipped_mean=stats.clipped_mean, mean=stats.mean)
+            plots.update_arrows(
+                self.arrows,
+                clipped=clipped_vectors(s.grad_samples, stats),
+                max_grad_norm=c,
+                clipped_mean=stats.clipped_mean,
+                mean=stats.mean,
+            )
         self.label.set_text(stats.label())
 
     def _controls(self) -> list[ipywidgets.Widget]:
         lo, hi = self.state.norm_range()
         slider = ipywidgets.FloatLogSlider(
-            base=10, min=math.log10(lo), max=math.log10(hi), step=0.01, description="C",
-            readout_format=".3g", continuous_update=True,
+            base=10,
+            min=math.log10(lo),
+            max=math.log10(hi),
+            step=0.01,
+            description="C",
+            readout_format=".3g",
+            continuous_update=True,
         )
         mode = ipywidgets.ToggleButtons(options=list(CLIPPING_MODES), description="clipping")
         return [self.bind("max_grad_norm", slider), self.bind("clipping", mode)]

@@ -22,8 +22,15 @@ from matplotlib.colorbar import Colorbar
 from matplotlib.image import AxesImage
 from matplotlib.lines import Line2D
 
-__all__ = ["gradient_image", "GradientArtists", "draw_gradient", "update_gradient", "NormArtists",
-           "draw_layer_norms", "update_layer_norms"]
+__all__ = [
+    "gradient_image",
+    "GradientArtists",
+    "draw_gradient",
+    "update_gradient",
+    "NormArtists",
+    "draw_layer_norms",
+    "update_layer_norms",
+]
 
 
 def gradient_image(g: np.ndarray) -> np.ndarray:
@@ -36,14 +43,14 @@ def gradient_image(g: np.ndarray) -> np.ndarray:
     if g.ndim == 2:
         return g
     out, inp = g.shape[:2]
-    kernel = g.reshape(out, inp, g.shape[2], -1)       # conv1d: [out, in, 1, k]; conv3d: depth folded in
+    kernel = g.reshape(out, inp, g.shape[2], -1)  # conv1d: [out, in, 1, k]; conv3d: depth folded in
     if g.ndim == 3:
         kernel = g.reshape(out, inp, 1, g.shape[2])
     kh, kw = kernel.shape[2:]
     mosaic = np.full((out * (kh + 1) - 1, inp * (kw + 1) - 1), np.nan)
     for o in range(out):
         for i in range(inp):
-            mosaic[o * (kh + 1): o * (kh + 1) + kh, i * (kw + 1): i * (kw + 1) + kw] = kernel[o, i]
+            mosaic[o * (kh + 1) : o * (kh + 1) + kh, i * (kw + 1) : i * (kw + 1) + kw] = kernel[o, i]
     return mosaic
 
 
@@ -111,7 +118,7 @@ def draw_layer_norms(ax: Axes, names: list[str], norms: np.ndarray, *, layer: in
     x = np.arange(norms.shape[1])
     lines = [ax.plot(x, n, marker=".", lw=1, label=name)[0] for name, n in zip(names, norms)]
     sample_line = ax.axvline(sample, color="k", lw=1, ls=":")
-    marker, = ax.plot([sample], [norms[layer, sample]], "o", ms=10, mfc="none", mec="k", mew=2)
+    (marker,) = ax.plot([sample], [norms[layer, sample]], "o", ms=10, mfc="none", mec="k", mew=2)
     ax.set_yscale("log")
     ax.set_xlabel("sample")
     ax.set_ylabel("gradient norm")

@@ -44,7 +44,10 @@ def max_difference(a: dict[str, Tensor], b: dict[str, Tensor]) -> float:
 
 
 def grad_samples_by_mode(
-    model: nn.Module, inputs: Tensor, targets: Tensor, loss_fn: Callable[[Tensor, Tensor], Tensor],
+    model: nn.Module,
+    inputs: Tensor,
+    targets: Tensor,
+    loss_fn: Callable[[Tensor, Tensor], Tensor],
     modes: Sequence[str] | None = None,
 ) -> tuple[dict[str, dict[str, Tensor]], dict[str, Tensor], dict[str, str]]:
     """Per-sample gradients in each mode, the norms of modes that compute only norms, and errors.
@@ -130,8 +133,12 @@ class GradientState(traitlets.HasTraits):
         if mode in self.errors:
             refuse("mode", mode, f"this mode failed on the model: {self.errors[mode]}")
         if mode in self.norms_only:
-            refuse("mode", mode, "this mode computes per-sample gradient norms without forming the gradients "
-                   "(the table compares its norms); pick another mode to see gradients.")
+            refuse(
+                "mode",
+                mode,
+                "this mode computes per-sample gradient norms without forming the gradients "
+                "(the table compares its norms); pick another mode to see gradients.",
+            )
         return one_of("mode", mode, list(self.grads))
 
     def layer_norms(self) -> np.ndarray:

@@ -71,8 +71,9 @@ class GradientExplorer(Explorer):
     def _build(self, fig: Any) -> None:
         s: GradientState = self.state
         ax_norms, ax_grad = fig.subplots(1, 2, width_ratios=[1.2, 1])
-        self.norms = plots.draw_layer_norms(ax_norms, s.layers, s.layer_norms(),
-                                            layer=s.layers.index(s.layer), sample=s.sample)
+        self.norms = plots.draw_layer_norms(
+            ax_norms, s.layers, s.layer_norms(), layer=s.layers.index(s.layer), sample=s.sample
+        )
         self.gradient = plots.draw_gradient(ax_grad, s.gradient(), title=self._title())
 
     def _update(self) -> None:

@@ -31,11 +31,18 @@ class MetricArtists:
     unit_range: bool = False
 
 
-def draw_metric(ax: Axes, title: str, *, color: str = "C0", target: float | None = None,
-                unit_range: bool = False, xlabel: str = "step") -> MetricArtists:
+def draw_metric(
+    ax: Axes,
+    title: str,
+    *,
+    color: str = "C0",
+    target: float | None = None,
+    unit_range: bool = False,
+    xlabel: str = "step",
+) -> MetricArtists:
     """An empty curve titled ``title``; ``unit_range`` fixes y to [0, 1]."""
-    line, = ax.plot([], [], color=color, lw=1.5)
-    last, = ax.plot([], [], "o", color=color, ms=5)
+    (line,) = ax.plot([], [], color=color, lw=1.5)
+    (last,) = ax.plot([], [], "o", color=color, ms=5)
     tline = ax.axhline(target, color="C3", ls=":", lw=1.2) if target is not None else None
     ax.set_title(title, fontsize="small")
     ax.set_xlabel(xlabel, fontsize="small")

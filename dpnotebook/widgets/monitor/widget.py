@@ -77,9 +77,14 @@ class TrainingMonitor(Explorer):
         s: MonitorState = self.state
         axes = fig.subplots(2, 2, sharex=True).ravel()
         self.plots = {
-            name: plots.draw_metric(ax, title, color=f"C{i}", unit_range=name in ("accuracy", "clip_fraction"),
-                                    target=s.target_epsilon if name == "epsilon" else None,
-                                    xlabel="step" if i >= 2 else "")
+            name: plots.draw_metric(
+                ax,
+                title,
+                color=f"C{i}",
+                unit_range=name in ("accuracy", "clip_fraction"),
+                target=s.target_epsilon if name == "epsilon" else None,
+                xlabel="step" if i >= 2 else "",
+            )
             for i, (ax, (name, title)) in enumerate(zip(axes, METRICS.items()))
         }
 

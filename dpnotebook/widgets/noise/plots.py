@@ -22,8 +22,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Circle
 from matplotlib.quiver import Quiver
 
-__all__ = ["CloudArtists", "draw_noise_cloud", "update_noise_cloud", "SnrArtists", "draw_snr_curve",
-           "update_snr_curve"]
+__all__ = ["CloudArtists", "draw_noise_cloud", "update_noise_cloud", "SnrArtists", "draw_snr_curve", "update_snr_curve"]
 
 
 @dataclass
@@ -43,13 +42,15 @@ def _limits(ax: Axes, points: np.ndarray) -> None:
     ax.set_ylim(-r, r)
 
 
-def draw_noise_cloud(ax: Axes, *, true_mean: np.ndarray, clipped_mean: np.ndarray, noisy: np.ndarray,
-                     noise_std: float) -> CloudArtists:
+def draw_noise_cloud(
+    ax: Axes, *, true_mean: np.ndarray, clipped_mean: np.ndarray, noisy: np.ndarray, noise_std: float
+) -> CloudArtists:
     """Noisy averaged gradients ``[n, 2]`` around the clipped mean, and the true mean, in 2-D."""
     draws = ax.scatter(noisy[:, 0], noisy[:, 1], s=14, color="C1", alpha=0.7, label="noisy averaged gradient")
     m = np.stack([true_mean, clipped_mean])
-    means = ax.quiver([0, 0], [0, 0], m[:, 0], m[:, 1], color=["k", "C0"], angles="xy", scale_units="xy",
-                      scale=1, width=0.012)
+    means = ax.quiver(
+        [0, 0], [0, 0], m[:, 0], m[:, 1], color=["k", "C0"], angles="xy", scale_units="xy", scale=1, width=0.012
+    )
     circle = Circle(tuple(clipped_mean), noise_std, fill=False, color="C1", ls="--")
     ax.add_patch(circle)
     ax.plot([], [], color="k", label="true mean")
@@ -62,8 +63,9 @@ def draw_noise_cloud(ax: Axes, *, true_mean: np.ndarray, clipped_mean: np.ndarra
     return CloudArtists(ax, draws, means, circle)
 
 
-def update_noise_cloud(art: CloudArtists, *, true_mean: np.ndarray, clipped_mean: np.ndarray, noisy: np.ndarray,
-                       noise_std: float) -> None:
+def update_noise_cloud(
+    art: CloudArtists, *, true_mean: np.ndarray, clipped_mean: np.ndarray, noisy: np.ndarray, noise_std: float
+) -> None:
     """Move the dots, arrows and circle, and rescale the axes to fit."""
     art.draws.set_offsets(noisy)
     m = np.stack([true_mean, clipped_mean])
@@ -90,8 +92,8 @@ def _snr_limits(ax: Axes, snr: np.ndarray) -> None:
 
 def draw_snr_curve(ax: Axes, sizes: np.ndarray, snr: np.ndarray, *, batch_size: int, current: float) -> SnrArtists:
     """Signal-to-noise ratio against batch size (log-log), with SNR = 1 marked."""
-    curve, = ax.plot(sizes, snr, color="C2", marker=".")
-    point, = ax.plot([batch_size], [current], "o", color="C3", ms=9)
+    (curve,) = ax.plot(sizes, snr, color="C2", marker=".")
+    (point,) = ax.plot([batch_size], [current], "o", color="C3", ms=9)
     ax.axhline(1.0, color="0.5", ls=":", lw=1)
     ax.set_xscale("log")
     ax.set_yscale("log")

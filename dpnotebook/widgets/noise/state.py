@@ -94,9 +94,16 @@ class NoiseState(traitlets.HasTraits):
     max_grad_norm = traitlets.Float(1.0)
     draws = traitlets.Int(20)
 
-    def __init__(self, grad_samples: Mapping[str, Tensor] | list, *, noise_multiplier: float = 1.0,
-                 batch_size: int | None = None, max_grad_norm: float | None = None, draws: int = 20,
-                 seed: int = 0) -> None:
+    def __init__(
+        self,
+        grad_samples: Mapping[str, Tensor] | list,
+        *,
+        noise_multiplier: float = 1.0,
+        batch_size: int | None = None,
+        max_grad_norm: float | None = None,
+        draws: int = 20,
+        seed: int = 0,
+    ) -> None:
         pool = as_grad_samples(grad_samples)
         self.pool_size = int(next(iter(pool.values())).shape[0])
         perm = torch.randperm(self.pool_size, generator=torch.Generator().manual_seed(seed))
@@ -108,8 +115,12 @@ class NoiseState(traitlets.HasTraits):
         self.basis = projection_basis(flat.mean(0).numpy(), seed=seed)
         if max_grad_norm is None:
             max_grad_norm = float(flat.norm(dim=1).median()) or 1.0
-        super().__init__(noise_multiplier=noise_multiplier, max_grad_norm=max_grad_norm, draws=draws,
-                         batch_size=min(16, self.pool_size) if batch_size is None else batch_size)
+        super().__init__(
+            noise_multiplier=noise_multiplier,
+            max_grad_norm=max_grad_norm,
+            draws=draws,
+            batch_size=min(16, self.pool_size) if batch_size is None else batch_size,
+        )
 
     @traitlets.validate("noise_multiplier")
     def _check_sigma(self, proposal: dict) -> float:
@@ -149,11 +160,17 @@ class NoiseState(traitlets.HasTraits):
         """Clip the batch, add ``draws`` noise draws, average and project."""
         b, sigma, c = self.batch_size, self.noise_multiplier, self.max_grad_norm
         summed, true_mean, fraction = self._clipped(b)
-        noise = np.stack([
-            gaussian_noise((self.dim,), std=sigma * c, generator=torch.Generator().manual_seed(self.seed + j),
-                           dtype=torch.float64).numpy()
-            for j in range(self.draws)
-        ])
+        noise = np.stack(
+            [
+                gaussian_noise(
+                    (self.dim,),
+                    std=sigma * c,
+                    generator=torch.Generator().manual_seed(self.seed + j),
+                    dtype=torch.float64,
+                ).numpy()
+                for j in range(self.draws)
+            ]
+        )
         noisy = (summed[None, :] + noise) / b
         clipped_mean = summed / b
         noise_norm = sigma * c * math.sqrt(self.dim) / b

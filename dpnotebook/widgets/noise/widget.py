@@ -67,23 +67,32 @@ class NoiseExplorer(Explorer):
                 grad_samples = compute_grad_samples(model, batch[0], batch[1], loss_fn)
             else:
                 grad_samples = (toy if toy is not None else make_toy(256)).grad_samples()
-        state = NoiseState(grad_samples, noise_multiplier=noise_multiplier, batch_size=batch_size,
-                           max_grad_norm=max_grad_norm, draws=draws, seed=seed)
+        state = NoiseState(
+            grad_samples,
+            noise_multiplier=noise_multiplier,
+            batch_size=batch_size,
+            max_grad_norm=max_grad_norm,
+            draws=draws,
+            seed=seed,
+        )
         super().__init__(state, figsize=(10.0, 3.8), backend=backend)
 
     def _text(self, v: NoiseView) -> str:
         s: NoiseState = self.state
         snr = "inf (no noise: not private)" if math.isinf(v.snr) else f"{v.snr:.3g}"
-        return (f"sigma = {s.noise_multiplier:.3g}, B = {s.batch_size}, C = {s.max_grad_norm:.3g}: "
-                f"noise std per coordinate sigma*C/B = {v.noise_std:.3g}  |  SNR = {snr}  |  "
-                f"mean cos(noisy, true) = {v.cosine:.2f}  |  clipped {100 * v.fraction_clipped:.0f}%")
+        return (
+            f"sigma = {s.noise_multiplier:.3g}, B = {s.batch_size}, C = {s.max_grad_norm:.3g}: "
+            f"noise std per coordinate sigma*C/B = {v.noise_std:.3g}  |  SNR = {snr}  |  "
+            f"mean cos(noisy, true) = {v.cosine:.2f}  |  clipped {100 * v.fraction_clipped:.0f}%"
+        )
 
     def _build(self, fig: Any) -> None:
         s: NoiseState = self.state
         v = s.view()
         ax_cloud, ax_snr = fig.subplots(1, 2)
-        self.cloud = plots.draw_noise_cloud(ax_cloud, true_mean=v.true_mean, clipped_mean=v.clipped_mean,
-                                            noisy=v.noisy, noise_std=v.noise_std)
+        self.cloud = plots.draw_noise_cloud(
+            ax_cloud, true_mean=v.true_mean, clipped_mean=v.clipped_mean, noisy=v.noisy, noise_std=v.noise_std
+        )
         ax_cloud.set_title("2-D projection" if s.dim > 2 else "gradient plane", fontsize="small")
         sizes, snr = s.snr_curve()
         self.snr = plots.draw_snr_curve(ax_snr, sizes, snr, batch_size=s.batch_size, current=v.snr)
@@ -92,8 +101,9 @@ class NoiseExplorer(Explorer):
     def _update(self) -> None:
         s: NoiseState = self.state
         v = s.view()
-        plots.update_noise_cloud(self.cloud, true_mean=v.true_mean, clipped_mean=v.clipped_mean, noisy=v.noisy,
-                                 noise_std=v.noise_std)
+        plots.update_noise_cloud(
+            self.cloud, true_mean=v.true_mean, clipped_mean=v.clipped_mean, noisy=v.noisy, noise_std=v.noise_std
+        )
         sizes, snr = s.snr_curve()
         plots.update_snr_curve(self.snr, sizes, snr, batch_size=s.batch_size, current=v.snr)
         self.label.set_text(self._text(v))
@@ -105,5 +115,9 @@ class NoiseExplorer(Explorer):
         lo = math.floor(math.log10(s.max_grad_norm)) - 2
         c = ipywidgets.FloatLogSlider(base=10, min=lo, max=lo + 4, step=0.01, description="C", readout_format=".3g")
         draws = ipywidgets.IntSlider(min=1, max=100, description="draws")
-        return [self.bind("noise_multiplier", sigma), self.bind("batch_size", batch),
-                self.bind("max_grad_norm", c), self.bind("draws", draws)]
+        return [
+            self.bind("noise_multiplier", sigma),
+            self.bind("batch_size", batch),
+            self.bind("max_grad_norm", c),
+            self.bind("draws", draws),
+        ]
