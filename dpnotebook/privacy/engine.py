@@ -22,7 +22,6 @@ It is Opacus' API: an Opacus script changes only its import.
 from __future__ import annotations
 
 import os
-import warnings
 from typing import Any
 
 import torch
@@ -30,7 +29,6 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
-from dpnotebook.errors import PrivacyWarning
 from dpnotebook.grad_sample.module import check_k
 from dpnotebook.mode_registry import optimizer_class as mode_optimizer
 from dpnotebook.modes import wrap_model as wrap_in_mode
@@ -46,7 +44,13 @@ from dpnotebook.privacy.augmult import loader_k
 from dpnotebook.privacy.data_loader import DPDataLoader
 from dpnotebook.privacy.layer_bounds import check_layer_bounds
 from dpnotebook.privacy import checkpoints, engine_compat
-from dpnotebook.privacy.engine_inputs import check_optimizer_params, is_wrapped, sample_rate_of, unwrap_model
+from dpnotebook.privacy.engine_inputs import (
+    check_optimizer_params,
+    is_wrapped,
+    sample_rate_of,
+    unwrap_model,
+    warn_not_poisson,
+)
 from dpnotebook.privacy.optimizer import LOSS_REDUCTIONS, DPOptimizer
 
 __all__ = ["PrivacyEngine", "unwrap_model", "is_wrapped", "sample_rate_of"]
@@ -177,15 +181,7 @@ class PrivacyEngine:
             )
             expected_batch_size = data_loader.expected_batch_size
         else:
-            warnings.warn(
-                "poisson_sampling=False: the data loader's shuffled, fixed-size batches are kept, but "
-                "the accountant computes epsilon as if every example were in each batch independently "
-                f"with probability q={sample_rate:.4g} (Poisson sampling). That epsilon is not a bound "
-                "for this run. Fix: poisson_sampling=True (the default), which replaces the loader by "
-                "a DPDataLoader.",
-                PrivacyWarning,
-                stacklevel=2,
-            )
+            warn_not_poisson(sample_rate)
             expected_batch_size = data_loader.batch_size or sample_rate * self.dataset_size
         self.sample_rate = sample_rate
 

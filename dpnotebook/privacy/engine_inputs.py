@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import warnings
+
 from torch import nn
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
+from dpnotebook.errors import PrivacyWarning
 from dpnotebook.grad_sample.module import GradSampleModule
 from dpnotebook.privacy.data_loader import DPDataLoader
 
-__all__ = ["is_wrapped", "unwrap_model", "sample_rate_of", "check_optimizer_params"]
+__all__ = ["is_wrapped", "unwrap_model", "sample_rate_of", "check_optimizer_params", "warn_not_poisson"]
 
 
 def is_wrapped(module: nn.Module) -> bool:
@@ -49,3 +52,16 @@ def check_optimizer_params(module: nn.Module, optimizer: Optimizer) -> None:
             "They would be updated without clipping or noise. Fix: build the optimizer from "
             "module.parameters() of the very model passed as module=."
         )
+
+
+def warn_not_poisson(sample_rate: float) -> None:
+    """The :class:`~dpnotebook.errors.PrivacyWarning` of ``make_private(poisson_sampling=False)``: ε is not a bound."""
+    warnings.warn(
+        "poisson_sampling=False: the data loader's shuffled, fixed-size batches are kept, but "
+        "the accountant computes epsilon as if every example were in each batch independently "
+        f"with probability q={sample_rate:.4g} (Poisson sampling). That epsilon is not a bound "
+        "for this run. Fix: poisson_sampling=True (the default), which replaces the loader by "
+        "a DPDataLoader.",
+        PrivacyWarning,
+        stacklevel=3,  # the line that called make_private
+    )
