@@ -25,10 +25,8 @@ from dpnotebook.audit.sensitivity import (
     LossOf,
     MakeBatch,
     SensitivityReport,
-    clipped_sum,
-    leave_one_out,
+    measure,
     optimizer_class_for,
-    reference_gap,
 )
 from dpnotebook.modes import wrap_model
 from dpnotebook.testing import clean_copy
@@ -72,7 +70,6 @@ def audit_sensitivity_across_ranks(
     )
     wrapped = wrap_model(clean_copy(model), mode, K=K, batch_first=batch_first, loss_reduction=loss_reduction)
     wrapped.allow_grad_accumulation()
-    names = {id(p): n for n, p in wrapped._module.named_parameters()}
     params = [p for p in wrapped._module.parameters() if p.requires_grad]
     optimizer = distributed_optimizer_class(optimizer_class_for(wrapped))(
         torch.optim.SGD(params, lr=0.0),
@@ -88,25 +85,19 @@ def audit_sensitivity_across_ranks(
     def local(indices: list[int]) -> list:
         return [batch([i for i in indices if i % world == rank])]
 
-    full = leave_one_out(
+    return measure(
         report,
-        lambda indices: clipped_sum(wrapped, optimizer, loss, local(indices)),
+        wrapped,
+        optimizer,
+        loss,
+        local,
+        model=model,
         num_samples=num_samples,
         C=max_grad_norm,
-        movers=[names.get(id(p), "?") for p in optimizer.params],
+        reference=reference,
+        batch=batch,
+        K=K,
+        loss_reduction=loss_reduction,
+        clipping=clipping,
+        max_grad_norm=max_grad_norm,
     )
-    wrapped.to_standard_module()
-    if reference:
-        report.reference_gap = reference_gap(
-            full,
-            model,
-            batch=batch,
-            loss=loss,
-            num_samples=num_samples,
-            K=K,
-            loss_reduction=loss_reduction,
-            clipping=clipping,
-            max_grad_norm=max_grad_norm,
-            C=max_grad_norm,
-        )
-    return report

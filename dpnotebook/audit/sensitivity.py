@@ -187,28 +187,41 @@ def reference_clipped_sum(
     return clip_and_sum(stacked, max_grad_norm=max_grad_norm, clipping=clipping).summed
 
 
-def leave_one_out(
+def measure(
     report: SensitivityReport,
-    sum_of: Callable[[list[int]], list[Tensor]],
+    wrapped: nn.Module,
+    optimizer: Any,
+    loss: LossOf,
+    batches_of: Callable[[list[int]], list],
     *,
+    model: nn.Module,
     num_samples: int,
     C: float,
-    movers: list[str],
-) -> list[Tensor]:
-    """Record ``||S(D) - S(D without s)|| / C`` for every sample ``s`` in ``report``; return ``S(D)``.
+    reference: bool,
+    **definition: Any,
+) -> SensitivityReport:
+    """Fill ``report``: ``||S(D) - S(D without s)|| / C`` for every sample ``s``, then (if asked) the reference gap.
 
     Args:
-        report: gets ``ratios``, ``movers`` (the parameter each sample moved most) and ``nonfinite``.
-        sum_of: ``sum_of(indices)`` is ``S`` of those samples, one tensor per parameter.
+        report: gets ``ratios``, ``movers`` (the parameter each sample moved most), ``nonfinite``
+            and ``reference_gap``.
+        wrapped, optimizer, loss: the mode's wrapper, its σ = 0 DP optimizer, and the loss.
+        batches_of: ``batches_of(indices)``: the pieces (or this rank's share) holding those samples.
+        model: the plain model, for :func:`reference_clipped_sum`.
         num_samples: ``B``.
         C: the bound the ratios are taken to.
-        movers: the name of each parameter, in ``sum_of``'s order.
+        reference: compare ``S(D)`` with the float64 definition.
+        **definition: the arguments of :func:`reference_clipped_sum` besides ``model`` and ``num_samples``.
+
+    The wrapper is removed from the model copy before the reference is computed.
     """
+    names = {id(p): n for n, p in wrapped._module.named_parameters()}
+    movers = [names.get(id(p), "?") for p in optimizer.params]
     everyone = list(range(num_samples))
-    full = sum_of(everyone)
+    full = clipped_sum(wrapped, optimizer, loss, batches_of(everyone))
     report.nonfinite = not all(bool(torch.isfinite(s).all()) for s in full)
     for s in everyone:
-        without = sum_of([i for i in everyone if i != s])
+        without = clipped_sum(wrapped, optimizer, loss, batches_of([i for i in everyone if i != s]))
         parts = [(a - b).norm() for a, b in zip(full, without)]
         total = float(torch.stack(parts).norm()) if parts else 0.0
         finite = math.isfinite(total)
@@ -216,14 +229,12 @@ def leave_one_out(
         report.ratios.append(total / C if finite else math.inf)
         worst = max(range(len(parts)), key=lambda i: float(parts[i].nan_to_num(math.inf))) if parts else None
         report.movers.append(movers[worst] if worst is not None else "-")
-    return full
-
-
-def reference_gap(full: list[Tensor], model: nn.Module, *, C: float, **reference: Any) -> float:
-    """``||S(D) - reference_clipped_sum(model, **reference)|| / C``: how far the step is from the definition."""
-    ref = reference_clipped_sum(model, **reference)
-    gap = torch.stack([(a - b).norm() for a, b in zip(full, ref)]).norm() if ref else torch.tensor(0.0)
-    return float(gap) / C
+    wrapped.to_standard_module()
+    if reference:
+        ref = reference_clipped_sum(model, loss=loss, num_samples=num_samples, **definition)
+        gap = torch.stack([(a - b).norm() for a, b in zip(full, ref)]).norm() if ref else torch.tensor(0.0)
+        report.reference_gap = float(gap) / C
+    return report
 
 
 def audit_sensitivity(
@@ -277,7 +288,6 @@ def audit_sensitivity(
     C = total_bound(check_layer_bounds(max_grad_norm, clipping))  # a list of per-layer bounds: their total
     wrapped = wrap_model(clean_copy(model), mode, K=K, batch_first=batch_first, loss_reduction=loss_reduction)
     wrapped.allow_grad_accumulation()  # a loss may run several forward passes before its backward
-    names = {id(p): n for n, p in wrapped._module.named_parameters()}
     params = [p for p in wrapped._module.parameters() if p.requires_grad]
     optimizer = _optimizer_for(
         wrapped,
@@ -295,25 +305,19 @@ def audit_sensitivity(
         size = physical_batch_size or max(len(indices), 1)
         return [batch(indices[i : i + size]) for i in range(0, max(len(indices), 1), size)]
 
-    full = leave_one_out(
+    return measure(
         report,
-        lambda indices: clipped_sum(wrapped, optimizer, loss, pieces(indices)),
+        wrapped,
+        optimizer,
+        loss,
+        pieces,
+        model=model,
         num_samples=num_samples,
         C=C,
-        movers=[names.get(id(p), "?") for p in optimizer.params],
+        reference=reference,
+        batch=batch,
+        K=K,
+        loss_reduction=loss_reduction,
+        clipping=clipping,
+        max_grad_norm=max_grad_norm,
     )
-    wrapped.to_standard_module()
-    if reference:
-        report.reference_gap = reference_gap(
-            full,
-            model,
-            batch=batch,
-            loss=loss,
-            num_samples=num_samples,
-            K=K,
-            loss_reduction=loss_reduction,
-            clipping=clipping,
-            max_grad_norm=max_grad_norm,
-            C=C,
-        )
-    return report
