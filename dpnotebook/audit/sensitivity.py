@@ -19,7 +19,7 @@ misses part of a sample's gradient (a parameter used outside its layer) or
 counts a layer twice is clipped like any other. So the auditor also compares
 ``S(D)`` with the *definition*: each sample's gradient taken alone, in float64,
 on the plain model, clipped by :func:`~dpnotebook.privacy.clipping.clip_and_sum`
-(``reference_gap``).
+(``reference_gap``; the definition is :mod:`~dpnotebook.audit.reference`).
 
 >>> import torch
 >>> from torch import nn
@@ -45,6 +45,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import Tensor, nn
 
+from dpnotebook.audit.reference import LossOf, MakeBatch, reference_clipped_sum
 from dpnotebook.mode_registry import optimizer_class
 from dpnotebook.modes import wrap_model
 from dpnotebook.privacy.layer_bounds import check_layer_bounds, total_bound
@@ -54,9 +55,6 @@ __all__ = ["audit_sensitivity", "SensitivityReport", "clipped_sum", "reference_c
 
 #: The relative slack allowed above C: float32 rounding of the clipped sums, nothing more.
 TOLERANCE = 1e-5
-
-MakeBatch = Callable[[list[int]], Any]
-LossOf = Callable[[nn.Module, Any], Tensor]
 
 
 @dataclass
@@ -140,51 +138,6 @@ def clipped_sum(wrapped: nn.Module, optimizer: Any, loss: LossOf, pieces: list) 
     sums = [p.grad.detach().to(torch.float64).clone() for p in optimizer.params]
     optimizer.zero_grad()
     return sums
-
-
-def _to64(batch: Any) -> Any:
-    if isinstance(batch, Tensor):
-        return batch.to(torch.float64) if batch.is_floating_point() else batch
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(_to64(b) for b in batch)
-    if isinstance(batch, dict):
-        return {k: _to64(v) for k, v in batch.items()}
-    return batch
-
-
-def reference_clipped_sum(
-    model: nn.Module,
-    *,
-    batch: MakeBatch,
-    loss: LossOf,
-    num_samples: int,
-    K: int,
-    loss_reduction: str,
-    clipping: str,
-    max_grad_norm: float,
-) -> list[Tensor]:
-    """``S_ref(D)``: every sample's gradient on its own (its ``K`` rows alone), in float64, clipped and summed.
-
-    A sample's gradient is the mean over its copies of each copy's own loss
-    gradient: the gradient of ``loss`` on the sample's rows, divided by ``K``
-    for ``loss_reduction="sum"``. Returns one tensor per trainable parameter of
-    ``model``, in order.
-    """
-    from dpnotebook.privacy.clipping import clip_and_sum
-
-    plain = clean_copy(model).to(torch.float64)
-    params = [p for p in plain.parameters() if p.requires_grad]
-    per_sample: list[list[Tensor]] = [[] for _ in params]
-    for i in range(num_samples):
-        value = loss(plain, _to64(batch([i])))
-        grads = torch.autograd.grad(value, params, allow_unused=True)
-        for rows, p, g in zip(per_sample, params, grads):
-            g = torch.zeros_like(p) if g is None else g
-            rows.append(g / K if loss_reduction == "sum" else g)
-    if not num_samples:
-        return [torch.zeros_like(p) for p in params]
-    stacked = [torch.stack(rows) for rows in per_sample]
-    return clip_and_sum(stacked, max_grad_norm=max_grad_norm, clipping=clipping).summed
 
 
 def measure(
