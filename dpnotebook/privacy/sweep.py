@@ -9,7 +9,8 @@ and a noise multiplier calibrated by
 steps the run takes. The batches are indexed straight out of the tensors (no
 ``DataLoader``), which keeps a run on the digits well under a second, so a
 tutorial can afford dozens of them. :func:`summarise` groups runs and gives
-the mean and standard deviation over seeds, for error bars.
+the mean and standard deviation over seeds, for error bars. A run's settings and
+results (:class:`RunSetting`, :class:`RunResult`) are in :mod:`~dpnotebook.privacy.sweep_runs`.
 
 >>> import torch
 >>> from torch.utils.data import TensorDataset
@@ -32,8 +33,8 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
-from dataclasses import dataclass, replace
-from typing import Any, Callable, Hashable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Callable, Hashable, Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -43,112 +44,13 @@ from torch.utils.data import TensorDataset
 from dpnotebook.models import MLP
 from dpnotebook.modes import wrap_model
 from dpnotebook.privacy.accounting import compute_epsilon
-from dpnotebook.privacy.arguments import check_positive_int, check_positive_number
 from dpnotebook.privacy.calibration import get_noise_multiplier
 from dpnotebook.privacy.data_loader import PoissonBatchSampler
 from dpnotebook.privacy.optimizer import DPOptimizer
 from dpnotebook.privacy.schedule import steps_for_epochs, steps_per_epoch
+from dpnotebook.privacy.sweep_runs import RunResult, RunSetting, noise_on_average
 
 __all__ = ["RunSetting", "RunResult", "Summary", "train_run", "sweep", "summarise", "noise_on_average"]
-
-
-@dataclass(frozen=True)
-class RunSetting:
-    """The hyper-parameters of one run.
-
-    Attributes:
-        epsilon: the target epsilon (sigma is calibrated for it); ``None`` with
-            ``noise_multiplier=None`` trains without privacy (no clipping, no noise).
-        noise_multiplier: sigma, given directly instead of ``epsilon``.
-        batch_size: the expected batch size ``q * N``.
-        epochs: passes over the data, in expectation (``ceil(epochs * round(1/q))`` steps).
-        max_grad_norm: the clipping bound C.
-        lr: the SGD learning rate.
-        momentum: SGD momentum.
-        delta: the delta of the budget.
-        hidden: the MLP's hidden width.
-        num_classes: its outputs.
-        accountant: ``"pld"`` or ``"rdp"``.
-    """
-
-    epsilon: float | None = None
-    noise_multiplier: float | None = None
-    batch_size: int = 64
-    epochs: float = 10
-    max_grad_norm: float = 1.0
-    lr: float = 0.5
-    momentum: float = 0.0
-    delta: float = 1e-5
-    hidden: int = 32
-    num_classes: int = 10
-    accountant: str = "pld"
-
-    def __post_init__(self) -> None:
-        if self.epsilon is not None and self.noise_multiplier is not None:
-            raise ValueError(
-                f"epsilon={self.epsilon!r} and noise_multiplier={self.noise_multiplier!r}: give one of them "
-                "(sigma is calibrated for epsilon), or neither for a non-private run."
-            )
-        check_positive_int("batch_size", self.batch_size)
-        check_positive_number("epochs", self.epochs)
-        check_positive_number("lr", self.lr)
-
-    @property
-    def private(self) -> bool:
-        """Whether the run clips and adds noise."""
-        return self.epsilon is not None or self.noise_multiplier is not None
-
-    def with_(self, **changes: Any) -> "RunSetting":
-        """A copy with some fields changed."""
-        return replace(self, **changes)
-
-
-@dataclass(frozen=True)
-class RunResult:
-    """What one run gave.
-
-    Attributes:
-        setting: its :class:`RunSetting`.
-        seed: seeds the model's initialisation, the batches and the noise.
-        accuracy: on the test tensors.
-        epsilon: what the accountant says the run spent at ``setting.delta`` (``inf`` without privacy).
-        noise_multiplier: sigma (0 without privacy).
-        steps: the steps taken.
-        seconds: the wall time of the training.
-        trained_parameters: ``d``, the number of parameters trained (the noise has ``d`` coordinates).
-        clipped_sum_norm: the mean, over the steps, of the norm of the clipped sum (the signal;
-            from the optimizer's :class:`~dpnotebook.privacy.step_stats.StepStats`; 0 without privacy).
-        noise_norm: the mean norm of the noise added to it (about ``sigma * C * sqrt(d)``).
-    """
-
-    setting: RunSetting
-    seed: int
-    accuracy: float
-    epsilon: float
-    noise_multiplier: float
-    steps: int
-    seconds: float
-    trained_parameters: int = 0
-    clipped_sum_norm: float = 0.0
-    noise_norm: float = 0.0
-
-    @property
-    def noise_on_average(self) -> float:
-        """``sigma * C / B``: the std of the noise on each coordinate of the averaged gradient."""
-        return noise_on_average(self.noise_multiplier, self.setting.max_grad_norm, self.setting.batch_size)
-
-
-def noise_on_average(noise_multiplier: float, max_grad_norm: float, batch_size: float) -> float:
-    """``sigma * C / B``: DP-SGD adds ``N(0, (sigma C)^2)`` to the clipped sum and divides by ``B``.
-
-    Each clipped gradient has norm at most ``C``, so the signal in the average is
-    at most ``C`` while this noise shrinks as ``B`` grows: at a fixed ``C`` the
-    ratio ``sigma / B`` is what decides how noisy a step is.
-
-    >>> noise_on_average(2.0, 1.0, 64)
-    0.03125
-    """
-    return noise_multiplier * max_grad_norm / batch_size
 
 
 def _tensors(data: TensorDataset | tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
