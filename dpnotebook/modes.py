@@ -18,10 +18,10 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from dpnotebook.grad_sample.functorch_fallback import replayed_call
-from dpnotebook.grad_sample.module import GradSampleModule, plan_units
-from dpnotebook.grad_sample.output_batch_dim import input_rows, output_batch_dims
-from dpnotebook.grad_sample.packed import refuse_packed
+from dpnotebook.grad_sample.engine.functorch_fallback import replayed_call
+from dpnotebook.grad_sample.engine.module import GradSampleModule, plan_units
+from dpnotebook.grad_sample.engine.output_batch_dim import input_rows, output_batch_dims
+from dpnotebook.grad_sample.engine.packed import refuse_packed
 from dpnotebook.mode_registry import available_modes, factory, register_mode
 
 __all__ = ["wrap_model", "register_mode", "available_modes", "FunctorchGradSampleModule"]
@@ -51,7 +51,7 @@ class FunctorchGradSampleModule(GradSampleModule):
     pass is replayed in the backward pass.
 
     The input's batch is where ``batch_first`` says; the output's is found
-    (:func:`~dpnotebook.grad_sample.output_batch_dim.output_batch_dims`): a
+    (:func:`~dpnotebook.grad_sample.engine.output_batch_dim.output_batch_dims`): a
     model reading ``[T, B, D]`` may return ``[B, classes]``. A
     ``PackedSequence`` input is refused (its rows are time steps).
 
@@ -153,10 +153,10 @@ def _functorch(module: nn.Module, **kwargs: Any) -> nn.Module:
 
 @register_mode("ew")
 def _ew(module: nn.Module, **kwargs: Any) -> nn.Module:
-    from dpnotebook.grad_sample.expanded_weights import GradSampleModuleExpandedWeights
+    from dpnotebook.grad_sample.engine.expanded_weights import GradSampleModuleExpandedWeights
 
     return GradSampleModuleExpandedWeights(module, **kwargs)
 
 
-from dpnotebook.grad_sample import ghost_mode  # noqa: E402,F401  (registers "ghost"; its wrapper is imported on first use)
-from dpnotebook.grad_sample import gsm_no_op  # noqa: E402,F401  (registers Opacus' "no_op", unlisted)
+from dpnotebook.grad_sample.ghost import mode as ghost_mode  # noqa: E402,F401  (registers "ghost"; its wrapper is imported on first use)
+from dpnotebook.grad_sample.engine import gsm_no_op  # noqa: E402,F401  (registers Opacus' "no_op", unlisted)

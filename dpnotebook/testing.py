@@ -49,7 +49,7 @@ def random_target(module: nn.Module, inputs: Sequence, seed: int = 0) -> Tensor:
 
 def clean_copy(module: nn.Module) -> nn.Module:
     """A deep copy of ``module`` without the hooks of any dpnotebook wrapper on it."""
-    from dpnotebook.grad_sample.ownership import strip_dpnotebook_hooks
+    from dpnotebook.grad_sample.engine.ownership import strip_dpnotebook_hooks
 
     return strip_dpnotebook_hooks(copy.deepcopy(module))
 

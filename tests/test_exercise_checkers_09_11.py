@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dpnotebook.exercises import Status, judge
-from dpnotebook.grad_sample.lora import lora_grad_sampler
+from dpnotebook.grad_sample.samplers.lora import lora_grad_sampler
 from dpnotebook.privacy import get_noise_multiplier
 from dpnotebook.privacy.clipping import clip_and_sum
 

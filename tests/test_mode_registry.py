@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from dpnotebook import mode_registry
-from dpnotebook.grad_sample.module import GradSampleModule
+from dpnotebook.grad_sample.engine.module import GradSampleModule
 from dpnotebook.privacy import PrivacyEngine
 from dpnotebook.privacy.optimizer import DPOptimizer
 

@@ -6,12 +6,12 @@ import pytest
 import torch
 from torch import nn
 
-from dpnotebook.grad_sample.conv_ops import conv_weight_grad_grouped, conv_weight_grad_per_sample
+from dpnotebook.grad_sample.samplers.conv_ops import conv_weight_grad_grouped, conv_weight_grad_per_sample
 from dpnotebook.grad_sample.fast import buffers
 from dpnotebook.grad_sample.fast.conv import _methods, conv_per_sample_grads
 from dpnotebook.grad_sample.fast.linear import linear_weight_grads_into_buffer
-from dpnotebook.grad_sample.linear import linear_grad_sampler, linear_weight_grads
-from dpnotebook.grad_sample.sample_rows import affine_grads
+from dpnotebook.grad_sample.samplers.linear import linear_grad_sampler, linear_weight_grads
+from dpnotebook.grad_sample.samplers.sample_rows import affine_grads
 from dpnotebook.testing import random_target, reference_grad_samples
 
 TOL = 1e-10

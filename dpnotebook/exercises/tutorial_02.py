@@ -6,7 +6,7 @@ result, positions not summed, the chain-rule factor); then it registers the samp
 :func:`dpnotebook.testing.check_grad_sampler`, which compares with the float64 oracle.
 
 >>> from dpnotebook.exercises import judge
->>> from dpnotebook.grad_sample.linear import linear_grad_sampler
+>>> from dpnotebook.grad_sample.samplers.linear import linear_grad_sampler
 >>> judge("02.linear_einsum", linear_grad_sampler).solved
 True
 """
@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from dpnotebook.errors import GradSamplerMismatch
 from dpnotebook.exercises.core import ExerciseFailed, register_check, require
-from dpnotebook.grad_sample.registry import find_grad_sampler, register_grad_sampler, unregister_grad_sampler
+from dpnotebook.grad_sample.engine.registry import find_grad_sampler, register_grad_sampler, unregister_grad_sampler
 from dpnotebook.testing import check_grad_sampler
 
 

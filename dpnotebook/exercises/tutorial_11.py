@@ -5,7 +5,7 @@
 is compared with the float64 oracle :func:`dpnotebook.testing.reference_grad_samples`
 for ``K`` in 1 and 3, with and without a sequence dimension.
 
->>> from dpnotebook.grad_sample.lora import lora_grad_sampler
+>>> from dpnotebook.grad_sample.samplers.lora import lora_grad_sampler
 >>> check_lora_sampler(lora_grad_sampler)
 'matches the float64 oracle for K = 1 and 3, with and without positions'
 """

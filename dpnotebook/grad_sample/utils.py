@@ -3,7 +3,7 @@
 ``wrap_model`` is :func:`dpnotebook.modes.wrap_model` (Opacus' ``batch_first`` and
 ``loss_reduction`` keywords mean the same); ``get_gsm_class`` gives the class the mode
 registry's wrapper for that mode makes. Opacus' ``register_norm_sampler`` takes a
-function returning norms; dpnotebook's (:mod:`~dpnotebook.grad_sample.ghost_registry`)
+function returning norms; dpnotebook's (:mod:`~dpnotebook.grad_sample.ghost.registry`)
 takes a group maker, so it is not aliased here.
 
 >>> from torch import nn
@@ -19,7 +19,7 @@ from typing import Any
 
 from torch import nn
 
-from dpnotebook.grad_sample.registry import register_grad_sampler
+from dpnotebook.grad_sample.engine.registry import register_grad_sampler
 from dpnotebook.modes import wrap_model as _wrap_in_mode
 
 

@@ -24,8 +24,8 @@ import torch.nn.functional as F
 from opt_einsum import contract
 from torch import Tensor, nn
 
-from dpnotebook.grad_sample.sample_rows import group_rows, sum_rows
-from dpnotebook.grad_sample.registry import register_grad_sampler
+from dpnotebook.grad_sample.samplers.sample_rows import group_rows, sum_rows
+from dpnotebook.grad_sample.engine.registry import register_grad_sampler
 from dpnotebook.layers.shared import SharedParameters
 
 

@@ -11,7 +11,7 @@ instead of ``in * out``: the noise norm ``sigma * C * sqrt(d)`` grows with the
 number ``d`` of trained parameters, the clipped signal does not.
 
 ``B`` starts at zero, so a fresh adapter leaves the pretrained layer's output
-unchanged. Its grad sampler is :mod:`dpnotebook.grad_sample.lora`.
+unchanged. Its grad sampler is :mod:`dpnotebook.grad_sample.samplers.lora`.
 
 >>> import torch
 >>> from torch import nn

@@ -29,7 +29,7 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
-from dpnotebook.grad_sample.module import check_k
+from dpnotebook.grad_sample.engine.module import check_k
 from dpnotebook.mode_registry import optimizer_class as mode_optimizer
 from dpnotebook.modes import wrap_model as wrap_in_mode
 from dpnotebook.privacy.accounting import create_accountant

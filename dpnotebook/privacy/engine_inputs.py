@@ -9,7 +9,7 @@ from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
 from dpnotebook.errors import PrivacyWarning
-from dpnotebook.grad_sample.module import GradSampleModule
+from dpnotebook.grad_sample.engine.module import GradSampleModule
 from dpnotebook.privacy.data_loader import DPDataLoader
 
 __all__ = ["is_wrapped", "unwrap_model", "sample_rate_of", "check_optimizer_params", "warn_not_poisson"]

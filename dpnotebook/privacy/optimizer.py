@@ -36,7 +36,7 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
-from dpnotebook.grad_sample.module import LOSS_REDUCTIONS  # one definition for wrappers and optimizers
+from dpnotebook.grad_sample.engine.module import LOSS_REDUCTIONS  # one definition for wrappers and optimizers
 from dpnotebook.privacy.arguments import (
     check_choice,
     check_max_grad_norm,
@@ -49,17 +49,18 @@ from dpnotebook.privacy.layer_bounds import check_layer_bounds, total_bound
 from dpnotebook.privacy.noise import draw_noise, warn_insecure_noise_once
 from dpnotebook.privacy.sampled_batches import SampledBatches
 from dpnotebook.privacy.step_stats import StepStats, total_norm
+from dpnotebook.privacy.wrapped_optimizer import WrappedOptimizer
 
 __all__ = ["DPOptimizer"]
 
 
-class DPOptimizer(OpacusOptimizerContract, Optimizer):
+class DPOptimizer(OpacusOptimizerContract, WrappedOptimizer):
     """Wraps ``optimizer``: each :meth:`step` clips, sums, adds noise, scales, then steps.
 
     It reads ``p.grad_sample`` (filled by a model from :func:`dpnotebook.wrap_model`)
     and overwrites ``p.grad`` with the private gradient. Everything else
     (``param_groups``, ``state``, learning-rate schedulers, ``state_dict``) is the
-    wrapped optimizer's.
+    wrapped optimizer's (:class:`~dpnotebook.privacy.wrapped_optimizer.WrappedOptimizer`).
 
     Args:
         optimizer: any ``torch.optim.Optimizer`` over the model's parameters.
@@ -102,7 +103,7 @@ class DPOptimizer(OpacusOptimizerContract, Optimizer):
                 f"generator={generator!r} with secure_mode=True: a seeded generator is predictable. "
                 "Fix: pass generator=None for secure noise, or secure_mode=False to reproduce a run."
             )
-        self.original_optimizer = optimizer
+        super().__init__(optimizer)
         self.noise_multiplier = noise_multiplier
         self.max_grad_norm = check_layer_bounds(max_grad_norm, clipping)
         self.expected_batch_size = check_positive_number("expected_batch_size", expected_batch_size)
@@ -139,42 +140,6 @@ class DPOptimizer(OpacusOptimizerContract, Optimizer):
         else:
             self.max_grad_norms = None
             self._max_grad_norm = check_max_grad_norm(value)
-
-    # -- what is the wrapped optimizer's --------------------------------------
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:
-        return self.original_optimizer.param_groups
-
-    @param_groups.setter
-    def param_groups(self, value: list[dict[str, Any]]) -> None:
-        self.original_optimizer.param_groups = value
-
-    @property
-    def state(self) -> Any:
-        return self.original_optimizer.state
-
-    @property
-    def defaults(self) -> dict[str, Any]:
-        return self.original_optimizer.defaults
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "original_optimizer":  # not set yet: do not recurse
-            raise AttributeError(name)
-        return getattr(self.original_optimizer, name)
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.original_optimizer.state_dict()
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.original_optimizer.load_state_dict(state_dict)
-
-    def add_param_group(self, param_group: dict[str, Any]) -> None:
-        self.original_optimizer.add_param_group(param_group)
-
-    @property
-    def params(self) -> list[nn.Parameter]:
-        """The trainable parameters of all param groups, in order."""
-        return [p for group in self.param_groups for p in group["params"] if p.requires_grad]
 
     def attach_step_hook(self, hook: Callable[[DPOptimizer], None]) -> None:
         """Call ``hook(self)`` after every :meth:`step`."""

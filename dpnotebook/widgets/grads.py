@@ -18,8 +18,8 @@ from torch import Tensor, nn
 
 from dpnotebook.compare import mode_result
 from dpnotebook.errors import GradSampleError
-from dpnotebook.grad_sample._contract import flat_rows
-from dpnotebook.grad_sample.module import GradSampleModule, check_k
+from dpnotebook.grad_sample.samplers.sample_rows import flat_rows
+from dpnotebook.grad_sample.engine.module import GradSampleModule, check_k
 from dpnotebook.modes import wrap_model
 
 __all__ = ["run_mode", "compute_grad_samples", "flatten_grad_samples", "as_grad_samples", "few_threads"]

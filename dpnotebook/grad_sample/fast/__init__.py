@@ -1,6 +1,6 @@
 """The fast seam: what the built-in samplers do for speed, kept apart from their formulas.
 
-Each sampler in :mod:`dpnotebook.grad_sample` states its per-sample gradient as a
+Each sampler in :mod:`dpnotebook.grad_sample.samplers` states its per-sample gradient as a
 formula a student can read (its *reference form*); where a faster way to the same
 numbers pays, the sampler calls it through this package, and the tests check the
 fast form against the reference form and the float64 oracle.

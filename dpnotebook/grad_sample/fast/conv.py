@@ -2,16 +2,16 @@
 
 Three ways to form ``[B, *weight.shape]`` (each sample's weight gradient summed
 over its K rows), all checked against each other and against the reference form
-:func:`~dpnotebook.grad_sample.conv_ops.conv_weight_grad_per_sample`:
+:func:`~dpnotebook.grad_sample.samplers.conv_ops.conv_weight_grad_per_sample`:
 
 * ``"unfold"``: im2col (strided views, one copy) and one batched matrix product per chunk,
   ``[B, C_out, n] x [B, n, C_in*k*k]`` with ``n = K * positions``; often the
   fastest for small images or few input channels (``Conv2d`` with ``groups=1``);
 * ``"grouped"``: one weight-gradient call of a convolution with ``B`` times the
-  groups (:func:`~dpnotebook.grad_sample.conv_ops.conv_weight_grad_grouped`); often
+  groups (:func:`~dpnotebook.grad_sample.samplers.conv_ops.conv_weight_grad_grouped`); often
   the fastest for many channels on small images;
 * ``"vmap"``: the ordinary weight gradient of each sample's ``K`` rows, batched
-  with ``vmap`` (:func:`~dpnotebook.grad_sample.conv_ops.conv_weight_grad_per_sample`);
+  with ``vmap`` (:func:`~dpnotebook.grad_sample.samplers.conv_ops.conv_weight_grad_per_sample`);
   often as fast as the batch's own weight gradient for large images.
 
 :func:`conv_method` picks one from the shapes alone, so the same code runs on every
@@ -19,8 +19,8 @@ machine and in every run (timing each once per layer shape is an opt-in,
 :func:`set_conv_method`). All write chunk by chunk
 into a buffer that the caller keeps from one step to the next, so that no
 large tensor is allocated (and page-faulted) per step. Both the hooks-mode
-sampler (:mod:`~dpnotebook.grad_sample.conv`) and ghost mode
-(:mod:`~dpnotebook.grad_sample.ghost_conv`) call :func:`conv_per_sample_grads`.
+sampler (:mod:`~dpnotebook.grad_sample.samplers.conv`) and ghost mode
+(:mod:`~dpnotebook.grad_sample.samplers.conv_norm`) call :func:`conv_per_sample_grads`.
 
 >>> import torch
 >>> from torch import nn
@@ -44,7 +44,11 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from dpnotebook.grad_sample.conv_ops import conv_weight_grad_grouped, conv_weight_grad_per_sample, unfold_patches
+from dpnotebook.grad_sample.samplers.conv_ops import (
+    conv_weight_grad_grouped,
+    conv_weight_grad_per_sample,
+    unfold_patches,
+)
 
 #: Bytes of scratch (im2col patches, vmap inputs) per chunk of samples, divided by K so
 #: that memory does not grow with K (a chunk holds at least one sample's K rows) ...
@@ -167,7 +171,7 @@ def _unfold_chunk(
 ) -> Tensor:
     """``[b, C_out, C_in*kh*kw]``: per-sample gradients of ``b = rows/K`` samples by im2col (into ``out`` if given).
 
-    The patches come from strided views (:func:`~dpnotebook.grad_sample.conv.unfold_patches`),
+    The patches come from strided views (:func:`~dpnotebook.grad_sample.samplers.conv.unfold_patches`),
     copied once, a sample's K rows side by side: ``[b, C_in*kh*kw, K*positions]``
     (faster than ``F.unfold`` on CPU). The copy goes into ``work`` when given
     (``[>= b, C_in, kh, kw, K, oh, ow]``, a buffer kept from step to step), else into a new tensor.

@@ -1,6 +1,6 @@
 """The linear weight gradient per sample as one batched product, into a reused buffer.
 
-Same numbers as :func:`~dpnotebook.grad_sample.linear.linear_weight_grads` (the
+Same numbers as :func:`~dpnotebook.grad_sample.samplers.linear.linear_weight_grads` (the
 reference form, an einsum): ``torch.bmm`` writes ``[B, out, in]`` straight into a
 buffer kept from step to step (:mod:`~dpnotebook.grad_sample.fast.buffers`), so a
 large layer's per-sample gradients are not allocated, and page-faulted, afresh
@@ -8,7 +8,7 @@ every step.
 
 >>> import torch
 >>> from torch import nn
->>> from dpnotebook.grad_sample.linear import linear_weight_grads
+>>> from dpnotebook.grad_sample.samplers.linear import linear_weight_grads
 >>> layer, a, g = nn.Linear(3, 2), torch.randn(4, 5, 3), torch.randn(4, 5, 2)
 >>> torch.allclose(linear_weight_grads_into_buffer(layer, a, g, K=2), linear_weight_grads(a, g, K=2), atol=1e-6)
 True
@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from dpnotebook.grad_sample.fast.buffers import result_buffer
-from dpnotebook.grad_sample.sample_rows import group_rows
+from dpnotebook.grad_sample.samplers.sample_rows import group_rows
 
 
 def linear_weight_grads_into_buffer(layer: nn.Module, activations: Tensor, backprops: Tensor, K: int) -> Tensor:

@@ -1,6 +1,6 @@
 """Linear layers and embeddings in ghost mode: norms without per-sample gradients, sums in one pass.
 
-* ``nn.Linear``: Gram or direct norms (:mod:`~dpnotebook.grad_sample.ghost_norms`),
+* ``nn.Linear``: Gram or direct norms (:mod:`~dpnotebook.grad_sample.samplers.linear_map_norms`),
   one matrix product for the weighted sum;
 * ``InProjection`` (of ``DPMultiheadAttention``): as Linear, for each block of rows
   of the shared weight that a call used;
@@ -12,7 +12,7 @@ calls, and norms do not add up.
 
 >>> import torch
 >>> from torch import nn
->>> from dpnotebook.grad_sample.ghost import GhostGradSampleModule
+>>> from dpnotebook.grad_sample.ghost.wrapper import GhostGradSampleModule
 >>> model = GhostGradSampleModule(nn.Linear(3, 2))
 >>> model(torch.randn(4, 3)).sum().backward()
 >>> model.strategies()
@@ -24,8 +24,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from dpnotebook.grad_sample.sample_rows import group_rows
-from dpnotebook.grad_sample.ghost_layers import (
+from dpnotebook.grad_sample.samplers.sample_rows import group_rows
+from dpnotebook.grad_sample.ghost.groups import (
     GhostCall,
     GhostGroup,
     Grads,
@@ -34,14 +34,14 @@ from dpnotebook.grad_sample.ghost_layers import (
     keep_rows,
     materialise,
 )
-from dpnotebook.grad_sample.ghost_norms import (
+from dpnotebook.grad_sample.samplers.linear_map_norms import (
     embedding_sq_norms,
     embedding_weighted_sum,
     linear_sq_norms,
     linear_strategy,
     linear_weighted_sum,
 )
-from dpnotebook.grad_sample.ghost_registry import register_norm_sampler
+from dpnotebook.grad_sample.ghost.registry import register_norm_sampler
 from dpnotebook.layers.attention_units import InProjection
 
 
@@ -129,7 +129,7 @@ def linear_settles(module: nn.Module, call: GhostCall, K: int) -> bool:
     outweigh its ``[out, in]`` gradient: long sequences, or many copies.
 
     >>> import torch
-    >>> from dpnotebook.grad_sample.functorch_fallback import LayerCall
+    >>> from dpnotebook.grad_sample.engine.functorch_fallback import LayerCall
     >>> layer = nn.Linear(64, 64)
     >>> call = GhostCall(LayerCall(layer, "l", (torch.zeros(8, 10, 64),), {}, [0], 0, 8, 0), torch.zeros(8, 10, 64))
     >>> linear_settles(layer, call, K=1), linear_settles(layer, call, K=4)   # n = 10 or 40 positions

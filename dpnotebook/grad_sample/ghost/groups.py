@@ -10,13 +10,13 @@ answers two questions:
   parameter, for the clip factors ``w`` (book-keeping: no second backward).
 
 How each layer type is handled (the norm samplers registered in
-:mod:`~dpnotebook.grad_sample.ghost_registry`, looked up by its :func:`~dpnotebook.grad_sample.ghost_registry.ghost_handler`):
+:mod:`~dpnotebook.grad_sample.ghost.registry`, looked up by its :func:`~dpnotebook.grad_sample.ghost.registry.ghost_handler`):
 
 * ``nn.Linear``, ``InProjection`` (of ``DPMultiheadAttention``) and ``nn.Embedding``:
-  :mod:`~dpnotebook.grad_sample.ghost_linear`;
-* ``GateProjection`` (of ``DPLSTM`` and co.): :mod:`~dpnotebook.grad_sample.ghost_rnn`;
-* convolutions: :mod:`~dpnotebook.grad_sample.ghost_conv`;
-* norm layers: :mod:`~dpnotebook.grad_sample.ghost_materialised`, materialised with the
+  :mod:`~dpnotebook.grad_sample.samplers.linear_norm`;
+* ``GateProjection`` (of ``DPLSTM`` and co.): :mod:`~dpnotebook.grad_sample.samplers.rnn_norm`;
+* convolutions: :mod:`~dpnotebook.grad_sample.samplers.conv_norm`;
+* norm layers: :mod:`~dpnotebook.grad_sample.samplers.materialised_norm`, materialised with the
   layer's registered grad sampler, then norms and ``tensordot``. Their per-sample gradients are small next to
   their activations (one entry per channel).
 
@@ -39,10 +39,10 @@ import torch
 from torch import Tensor, nn
 
 from dpnotebook.errors import GradSampleError
-from dpnotebook.grad_sample.sample_rows import flat_rows
-from dpnotebook.grad_sample.functorch_fallback import LayerCall
-from dpnotebook.grad_sample.hooks import bound_arguments, sampler_grad_samples, to_batch_first
-from dpnotebook.grad_sample.registry import find_grad_sampler
+from dpnotebook.grad_sample.samplers.sample_rows import flat_rows
+from dpnotebook.grad_sample.engine.functorch_fallback import LayerCall
+from dpnotebook.grad_sample.engine.hooks import bound_arguments, sampler_grad_samples, to_batch_first
+from dpnotebook.grad_sample.engine.registry import find_grad_sampler
 
 Grads = dict[nn.Parameter, Tensor]
 #: ``scratch(key, shape, like)``: a buffer the caller keeps between steps (contents undefined).
@@ -176,7 +176,7 @@ class GhostHandler(NamedTuple):
             go of the call's inputs and backprops (memory then grows with B, not with the B*K rows).
         settles: for a layer that does not always materialise, ``settles(module, call, K)`` says whether
             this call's per-sample gradients are smaller than its inputs and backprops (the cost rule of
-            :func:`~dpnotebook.grad_sample.ghost_norms.linear_strategy`); if so the call is settled
+            :func:`~dpnotebook.grad_sample.samplers.linear_map_norms.linear_strategy`); if so the call is settled
             as above, with the layer's registered grad sampler.
     """
 

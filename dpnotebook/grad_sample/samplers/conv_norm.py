@@ -7,7 +7,7 @@ the backprops arrive, and takes their norms and, later, their weighted sum.
 
 >>> import torch
 >>> from torch import nn
->>> from dpnotebook.grad_sample.ghost_registry import ghost_handler
+>>> from dpnotebook.grad_sample.ghost.registry import ghost_handler
 >>> ghost_handler(nn.Conv2d(1, 2, 3)).make_group is conv_group
 True
 """
@@ -19,8 +19,8 @@ from functools import partial
 from torch import nn
 
 from dpnotebook.grad_sample.fast.conv import CHUNK_BYTES, MIN_CHUNK_BYTES, conv_method, conv_per_sample_grads
-from dpnotebook.grad_sample.ghost_layers import GhostCall, GhostGroup, Grads, MaterialisedGroup, Scratch
-from dpnotebook.grad_sample.ghost_registry import register_norm_sampler
+from dpnotebook.grad_sample.ghost.groups import GhostCall, GhostGroup, Grads, MaterialisedGroup, Scratch
+from dpnotebook.grad_sample.ghost.registry import register_norm_sampler
 
 
 class ConvGroup(MaterialisedGroup):

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from dpnotebook.grad_sample.fast.buffers import result_buffer
-from dpnotebook.grad_sample.registry import register_grad_sampler
+from dpnotebook.grad_sample.engine.registry import register_grad_sampler
 
 
 def scatter_rows(

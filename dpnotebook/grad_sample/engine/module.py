@@ -19,15 +19,15 @@ from torch import Tensor, nn
 from torch.utils._pytree import tree_flatten
 
 from dpnotebook.errors import GradSampleError
-from dpnotebook.grad_sample.batch_rows import count_rows
-from dpnotebook.grad_sample.functorch_fallback import check_replay_chunk
-from dpnotebook.grad_sample.hooks import LayerHooks
-from dpnotebook.grad_sample.outside_use import outside_use
-from dpnotebook.grad_sample.ownership import check_not_wrapped
-from dpnotebook.grad_sample.registry import GradSamplerView, SamplerEntry
-from dpnotebook.grad_sample.units import plan_units
-from dpnotebook.grad_sample.wrap_arguments import LOSS_REDUCTIONS, check_k, check_loss_reduction  # noqa: F401  (also imported from here)
-from dpnotebook.grad_sample.accumulation import GradSampleStore
+from dpnotebook.grad_sample.engine.batch_rows import count_rows
+from dpnotebook.grad_sample.engine.functorch_fallback import check_replay_chunk
+from dpnotebook.grad_sample.engine.hooks import LayerHooks
+from dpnotebook.grad_sample.engine.outside_use import outside_use
+from dpnotebook.grad_sample.engine.ownership import check_not_wrapped
+from dpnotebook.grad_sample.engine.registry import GradSamplerView, SamplerEntry
+from dpnotebook.grad_sample.engine.units import plan_units
+from dpnotebook.grad_sample.engine.wrap_arguments import LOSS_REDUCTIONS, check_k, check_loss_reduction  # noqa: F401  (also imported from here)
+from dpnotebook.grad_sample.engine.accumulation import GradSampleStore
 from dpnotebook.validation import Problem, raise_if_problems, validate
 
 
@@ -62,7 +62,7 @@ class GradSampleModule(nn.Module):
     """
 
     grad_sample_mode = "hooks"  # which checks of dpnotebook.validate apply
-    #: Opacus' name for the sampler registry, as a dict view (:class:`~dpnotebook.grad_sample.registry.GradSamplerView`)
+    #: Opacus' name for the sampler registry, as a dict view (:class:`~dpnotebook.grad_sample.engine.registry.GradSamplerView`)
     GRAD_SAMPLERS = GradSamplerView()
 
     def __init__(
@@ -206,7 +206,7 @@ class GradSampleModule(nn.Module):
         """Check the ``rows`` a layer sees in its batch dim ``bd`` during the wrapper's forward.
 
         They must be a multiple of ``K`` and equal to the rows of the forward's input
-        (:func:`~dpnotebook.grad_sample.batch_rows.count_rows` over the input tensors of
+        (:func:`~dpnotebook.grad_sample.engine.batch_rows.count_rows` over the input tensors of
         2 dims or more); when the input has none with a batch dim (a 1-d input, no tensor
         at all), every layer must see as many rows as the first one.
         A layer called outside the wrapper's forward (``wrapped._module(x)``, the original

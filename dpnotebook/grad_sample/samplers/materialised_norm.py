@@ -2,11 +2,11 @@
 
 Their per-sample gradients (one entry per channel) are small next to their
 activations, so ghost mode forms them call by call with the layer's grad sampler
-(:func:`~dpnotebook.grad_sample.ghost_layers.materialise`) and lets go of the
+(:func:`~dpnotebook.grad_sample.ghost.groups.materialise`) and lets go of the
 call's inputs and backprops at once.
 
 >>> from torch import nn
->>> from dpnotebook.grad_sample.ghost_registry import ghost_handler
+>>> from dpnotebook.grad_sample.ghost.registry import ghost_handler
 >>> ghost_handler(nn.LayerNorm(4)).materialises
 True
 """
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from dpnotebook.grad_sample.ghost_layers import materialise
-from dpnotebook.grad_sample.ghost_registry import register_norm_sampler
+from dpnotebook.grad_sample.ghost.groups import materialise
+from dpnotebook.grad_sample.ghost.registry import register_norm_sampler
 from dpnotebook.layers.attention_units import AppendBias
 
 register_norm_sampler(nn.LayerNorm, nn.GroupNorm, nn.RMSNorm, AppendBias, materialises=True)(materialise)

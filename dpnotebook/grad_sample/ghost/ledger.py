@@ -1,13 +1,13 @@
 """The ghost records of a batch, and what they add up to: norms and clipped sums.
 
-Ghost mode's wrapper (:mod:`~dpnotebook.grad_sample.ghost`) records, for every
+Ghost mode's wrapper (:mod:`~dpnotebook.grad_sample.ghost.wrapper`) records, for every
 call of a ghosted layer, what the layer saw and the gradient of its output
-(:class:`~dpnotebook.grad_sample.ghost_layers.GhostCall`). A :class:`GhostLedger`
+(:class:`~dpnotebook.grad_sample.ghost.groups.GhostCall`). A :class:`GhostLedger`
 keeps those records, forward pass by forward pass, until the optimizer has
 used them. It then
 
 1. groups each forward pass's calls by layer (one
-   :class:`~dpnotebook.grad_sample.ghost_layers.GhostGroup` per layer, made by
+   :class:`~dpnotebook.grad_sample.ghost.groups.GhostGroup` per layer, made by
    the layer's group maker; built once and reused until a new record arrives).
    A layer whose group holds per-sample gradients (a convolution, a norm layer)
    is *settled* as each call's backprops arrive: its per-sample gradients are
@@ -20,7 +20,7 @@ used them. It then
 
 >>> import torch
 >>> from torch import nn
->>> from dpnotebook.grad_sample.ghost import GhostGradSampleModule
+>>> from dpnotebook.grad_sample.ghost.wrapper import GhostGradSampleModule
 >>> model = GhostGradSampleModule(nn.Linear(3, 2))
 >>> model.allow_grad_accumulation()
 >>> for rows in (4, 5):                     # two forward passes before one step
@@ -38,7 +38,7 @@ import torch
 from torch import Tensor, nn
 
 from dpnotebook.errors import GradSampleError
-from dpnotebook.grad_sample.ghost_layers import GhostCall, GhostGroup, GhostHandler, MaterialisedGroup, materialise
+from dpnotebook.grad_sample.ghost.groups import GhostCall, GhostGroup, GhostHandler, MaterialisedGroup, materialise
 
 Grads = dict[nn.Parameter, Tensor]
 Groups = list[tuple[int, dict[nn.Module, GhostGroup]]]
@@ -68,7 +68,7 @@ class GhostLedger:
     """Every ghost record since the last :meth:`clear`, forward pass by forward pass.
 
     Args:
-        handlers: each ghosted layer's :class:`~dpnotebook.grad_sample.ghost_layers.GhostHandler`.
+        handlers: each ghosted layer's :class:`~dpnotebook.grad_sample.ghost.groups.GhostHandler`.
         K: rows per sample (augmentation multiplicity).
     """
 

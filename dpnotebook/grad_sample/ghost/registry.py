@@ -2,20 +2,20 @@
 
 A *norm sampler* tells ghost mode how to get a layer's per-sample gradient
 norms and its clipped sum without the hooks engine: a group maker (see
-:class:`~dpnotebook.grad_sample.ghost_layers.GhostHandler`) registered for the
+:class:`~dpnotebook.grad_sample.ghost.groups.GhostHandler`) registered for the
 layer's type, as a grad sampler is registered for the hooks engine
-(:func:`~dpnotebook.grad_sample.registry.register_grad_sampler`). The built-in
-ones live beside the layers they handle (:mod:`~dpnotebook.grad_sample.ghost_linear`,
-:mod:`~dpnotebook.grad_sample.ghost_conv`, :mod:`~dpnotebook.grad_sample.ghost_rnn`,
-:mod:`~dpnotebook.grad_sample.ghost_materialised`). A layer type with none is left
+(:func:`~dpnotebook.grad_sample.engine.registry.register_grad_sampler`). The built-in
+ones live beside the layers they handle (:mod:`~dpnotebook.grad_sample.samplers.linear_norm`,
+:mod:`~dpnotebook.grad_sample.samplers.conv_norm`, :mod:`~dpnotebook.grad_sample.samplers.rnn_norm`,
+:mod:`~dpnotebook.grad_sample.samplers.materialised_norm`). A layer type with none is left
 to the hooks engine inside ghost mode (its registered grad sampler, or ``torch.func``).
 
 Your own layer takes part the simplest way by materialising: its registered grad
 sampler forms the per-sample gradients, and ghost mode takes their norms and
-weighted sum (:func:`~dpnotebook.grad_sample.ghost_layers.materialise`):
+weighted sum (:func:`~dpnotebook.grad_sample.ghost.groups.materialise`):
 
 >>> from torch import nn
->>> from dpnotebook.grad_sample.ghost_layers import materialise
+>>> from dpnotebook.grad_sample.ghost.groups import materialise
 >>> class Scale(nn.Module):                       # y = x * w, one weight per feature
 ...     def __init__(self, d):
 ...         super().__init__()
@@ -41,7 +41,7 @@ from typing import Callable
 import torch  # noqa: F401  (used by the doctest)
 from torch import nn
 
-from dpnotebook.grad_sample.ghost_layers import GhostCall, GhostHandler, GroupMaker
+from dpnotebook.grad_sample.ghost.groups import GhostCall, GhostHandler, GroupMaker
 
 _NORM_SAMPLERS: dict[type, GhostHandler] = {}
 
@@ -82,12 +82,12 @@ def unregister_norm_sampler(*layer_types: type) -> None:
 
 
 def ghost_handler(module: nn.Module) -> GhostHandler | None:
-    """The :class:`~dpnotebook.grad_sample.ghost_layers.GhostHandler` of ``module``'s type, or ``None``.
+    """The :class:`~dpnotebook.grad_sample.ghost.groups.GhostHandler` of ``module``'s type, or ``None``.
 
     ``None``: ghost mode leaves the layer to the hooks engine (its registered
     sampler, or torch.func). A subclass that overrides ``forward`` is not matched.
 
-    >>> import dpnotebook.grad_sample.ghost  # the built-in norm samplers
+    >>> import dpnotebook.grad_sample.ghost.wrapper  # the built-in norm samplers
     >>> ghost_handler(nn.Conv2d(1, 2, 3)).materialises, ghost_handler(nn.Linear(2, 2)).materialises
     (True, False)
     >>> ghost_handler(nn.BatchNorm1d(3)) is None

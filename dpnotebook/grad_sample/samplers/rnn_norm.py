@@ -5,7 +5,7 @@ One layer and direction of an RNN has an input-side weight (applied to
 gate backprops ``g_t`` (GRU: the hidden side of its candidate gate receives
 ``r_t * g_t``). So each is a Linear piece over the ``K*T`` positions of a
 sample, and for LSTM and RNN the two pieces share ``G``: their Gram norms need
-``G G^T`` once (:func:`~dpnotebook.grad_sample.ghost_norms.shared_gram_sq_norms`).
+``G G^T`` once (:func:`~dpnotebook.grad_sample.samplers.linear_map_norms.shared_gram_sq_norms`).
 The hidden states come from the record the layer filled during its forward.
 """
 
@@ -14,10 +14,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from dpnotebook.grad_sample.ghost_layers import GhostCall, GhostGroup, Grads, Scratch
-from dpnotebook.grad_sample.ghost_linear import LinearPiece, linear_piece
-from dpnotebook.grad_sample.ghost_norms import linear_strategy, shared_gram_pays, shared_gram_sq_norms
-from dpnotebook.grad_sample.ghost_registry import register_norm_sampler
+from dpnotebook.grad_sample.ghost.groups import GhostCall, GhostGroup, Grads, Scratch
+from dpnotebook.grad_sample.samplers.linear_norm import LinearPiece, linear_piece
+from dpnotebook.grad_sample.samplers.linear_map_norms import linear_strategy, shared_gram_pays, shared_gram_sq_norms
+from dpnotebook.grad_sample.ghost.registry import register_norm_sampler
 from dpnotebook.layers.gate_projection import GateProjection
 
 
@@ -82,7 +82,7 @@ def gate_settles(unit: nn.Module, call: GhostCall, K: int) -> bool:
     shared Gram matrix, when it pays, keeps the call ghosted.
 
     >>> from dpnotebook.layers import DPLSTM
-    >>> from dpnotebook.grad_sample.functorch_fallback import LayerCall
+    >>> from dpnotebook.grad_sample.engine.functorch_fallback import LayerCall
     >>> unit = DPLSTM(64, 128).gate_projections[0]
     >>> x, g = torch.zeros(16, 16, 64), torch.zeros(16, 16, 512)   # T = 16 steps
     >>> call = GhostCall(LayerCall(unit, "u", (x, None), {}, [0], 0, 16, 0), g)

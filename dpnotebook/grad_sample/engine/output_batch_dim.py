@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from dpnotebook.errors import GradSampleError
-from dpnotebook.grad_sample.functorch_fallback import capture_paused
+from dpnotebook.grad_sample.engine.functorch_fallback import capture_paused
 
 __all__ = ["output_batch_dims", "input_rows"]
 

@@ -35,8 +35,8 @@ from torch.autograd.graph import register_multi_grad_hook
 from torch.utils._pytree import tree_flatten
 
 from dpnotebook.errors import GradSampleError
-from dpnotebook.grad_sample.module import check_k, check_loss_reduction
-from dpnotebook.grad_sample.packed import refuse_packed
+from dpnotebook.grad_sample.engine.module import check_k, check_loss_reduction
+from dpnotebook.grad_sample.engine.packed import refuse_packed
 from dpnotebook.validation import Problem, raise_if_problems, validate
 
 

@@ -27,7 +27,7 @@ from torch.func import functional_call, grad, vmap
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from dpnotebook.errors import GradSampleError
-from dpnotebook.grad_sample.packed import refuse_packed
+from dpnotebook.grad_sample.engine.packed import refuse_packed
 
 _PAUSED = [0]
 

@@ -2,8 +2,8 @@
 
 Sample ``i``'s weight gradient, averaged over its ``K`` copies, is the ordinary
 convolution weight gradient of the mini-batch made of those ``K`` rows, divided
-by ``K``: :mod:`~dpnotebook.grad_sample.conv_ops` has the formulas
-(:func:`~dpnotebook.grad_sample.conv_ops.conv_weight_grad_per_sample` is the
+by ``K``: :mod:`~dpnotebook.grad_sample.samplers.conv_ops` has the formulas
+(:func:`~dpnotebook.grad_sample.samplers.conv_ops.conv_weight_grad_per_sample` is the
 reference form, batched with ``vmap``). No ``B*K`` per-row gradients are formed,
 so memory grows with ``B``, not ``B*K``. For speed the sampler goes through one
 seam, :func:`~dpnotebook.grad_sample.fast.conv.conv_per_sample_grads`: the same
@@ -16,16 +16,16 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from dpnotebook.grad_sample.sample_rows import sum_rows
+from dpnotebook.grad_sample.samplers.sample_rows import sum_rows
 from dpnotebook.grad_sample.fast.buffers import result_buffer
 from dpnotebook.grad_sample.fast.conv import conv_per_sample_grads
-from dpnotebook.grad_sample.conv_ops import (  # noqa: F401  (their old import path)
+from dpnotebook.grad_sample.samplers.conv_ops import (  # noqa: F401  (their old import path)
     conv_weight_grad_grouped,
     conv_weight_grad_per_sample,
     padded_input,
     unfold_patches,
 )
-from dpnotebook.grad_sample.registry import register_grad_sampler
+from dpnotebook.grad_sample.engine.registry import register_grad_sampler
 
 
 @register_grad_sampler(nn.Conv1d, nn.Conv2d, nn.Conv3d)

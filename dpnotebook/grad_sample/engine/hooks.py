@@ -19,15 +19,15 @@ from torch.autograd.graph import register_multi_grad_hook
 from torch.utils._pytree import tree_flatten
 
 from dpnotebook.errors import GradSampleError
-from dpnotebook.grad_sample.functorch_fallback import (
+from dpnotebook.grad_sample.engine.functorch_fallback import (
     LayerCall,
     capture_is_paused,
     detach_tree,
     fallback_grad_samples,
     loss_scale,
 )
-from dpnotebook.grad_sample.outside_use import alias_parameters, restore_parameters
-from dpnotebook.grad_sample.registry import SamplerEntry
+from dpnotebook.grad_sample.engine.outside_use import alias_parameters, restore_parameters
+from dpnotebook.grad_sample.engine.registry import SamplerEntry
 
 
 @lru_cache(maxsize=512)

@@ -23,7 +23,7 @@ from typing import Any
 
 from torch import nn
 
-from dpnotebook.grad_sample.module import check_k, check_loss_reduction
+from dpnotebook.grad_sample.engine.module import check_k, check_loss_reduction
 from dpnotebook.mode_registry import register_mode
 from dpnotebook.validation import Problem, raise_if_problems, validate
 
@@ -31,7 +31,7 @@ __all__ = ["GradSampleModuleNoOp"]
 
 
 class GradSampleModuleNoOp(nn.Module):
-    """Wraps ``module`` without hooks (same arguments as :class:`~dpnotebook.grad_sample.module.GradSampleModule`).
+    """Wraps ``module`` without hooks (same arguments as :class:`~dpnotebook.grad_sample.engine.module.GradSampleModule`).
 
     Layers that mix samples (BatchNorm, ...) are still refused when ``strict``.
     """

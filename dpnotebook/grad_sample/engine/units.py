@@ -5,7 +5,7 @@ from __future__ import annotations
 from torch import nn
 
 from dpnotebook.errors import GradSampleError
-from dpnotebook.grad_sample.registry import SamplerEntry, find_grad_sampler
+from dpnotebook.grad_sample.engine.registry import SamplerEntry, find_grad_sampler
 
 
 def plan_units(

@@ -5,14 +5,14 @@ clip factor ``c_b``) and the clipped sum ``sum_b c_b g_b``. Neither needs the
 ``B`` gradients themselves. For each layer this wrapper keeps what the layer
 saw (activations) and what came back (backprops), and then
 
-1. computes the norms from them (:mod:`~dpnotebook.grad_sample.ghost_norms`:
+1. computes the norms from them (:mod:`~dpnotebook.grad_sample.samplers.linear_map_norms`:
    Gram matrices or index matching, whichever is cheaper; small per-sample
    gradients such as a norm layer's are simply formed);
 2. once the optimizer knows the clip factors, forms the clipped sum in one
    weighted pass per layer (no second backward pass).
 
 This module does the recording; a
-:class:`~dpnotebook.grad_sample.ghost_ledger.GhostLedger` keeps the records of
+:class:`~dpnotebook.grad_sample.ghost.ledger.GhostLedger` keeps the records of
 every forward pass until the optimizer step and adds them up.
 
 The layers it handles run their forward with *detached* parameters and a tap on
@@ -48,14 +48,14 @@ import torch
 from torch import Tensor, nn
 
 from dpnotebook.errors import GradSampleError
-from dpnotebook.grad_sample.functorch_fallback import LayerCall, capture_is_paused, detach_tree, loss_scale
-from dpnotebook.grad_sample import ghost_conv, ghost_linear, ghost_materialised, ghost_rnn  # noqa: F401  (register the norm samplers)
-from dpnotebook.grad_sample.ghost_layers import GhostCall, MaterialisedGroup
-from dpnotebook.grad_sample.ghost_ledger import GhostLedger
-from dpnotebook.grad_sample.ghost_registry import ghost_handler
-from dpnotebook.grad_sample.ghost_tap import GhostStore, Tap, grad_mark
-from dpnotebook.grad_sample.hooks import second_backward_error, to_batch_first
-from dpnotebook.grad_sample.module import GradSampleModule, plan_units
+from dpnotebook.grad_sample.engine.functorch_fallback import LayerCall, capture_is_paused, detach_tree, loss_scale
+from dpnotebook.grad_sample.samplers import conv_norm, linear_norm, materialised_norm, rnn_norm  # noqa: F401  (register the norm samplers)
+from dpnotebook.grad_sample.ghost.groups import GhostCall, MaterialisedGroup
+from dpnotebook.grad_sample.ghost.ledger import GhostLedger
+from dpnotebook.grad_sample.ghost.registry import ghost_handler
+from dpnotebook.grad_sample.ghost.tap import GhostStore, Tap, grad_mark
+from dpnotebook.grad_sample.engine.hooks import second_backward_error, to_batch_first
+from dpnotebook.grad_sample.engine.module import GradSampleModule, plan_units
 from dpnotebook.validation import Problem, raise_if_problems, validate
 
 Grads = dict[nn.Parameter, Tensor]
@@ -64,7 +64,7 @@ Grads = dict[nn.Parameter, Tensor]
 class GhostGradSampleModule(GradSampleModule):
     """Wraps ``module`` for ghost clipping (see the module docstring).
 
-    Args: as :class:`~dpnotebook.grad_sample.module.GradSampleModule`
+    Args: as :class:`~dpnotebook.grad_sample.engine.module.GradSampleModule`
     (``force_functorch`` has no meaning here).
 
     Attributes:

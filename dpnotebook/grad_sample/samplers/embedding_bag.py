@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from dpnotebook.grad_sample.embedding import scatter_rows
-from dpnotebook.grad_sample.registry import register_grad_sampler
+from dpnotebook.grad_sample.samplers.embedding import scatter_rows
+from dpnotebook.grad_sample.engine.registry import register_grad_sampler
 
 
 def bag_of_each_index(
