@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dpnotebook.layers.attention_units import AppendBias, InProjection, OutProjection
-from dpnotebook.layers.shared import reshare
+from dpnotebook.layers.shared import SharedParameters, reshare
 
 
 def float_mask(mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
@@ -64,6 +64,8 @@ class DPMultiheadAttention(nn.Module):
 
     _dpn_grad_samples_from_children = True  # hooks mode: the projection units hold the samplers
     merge_masks = nn.MultiheadAttention.merge_masks  # used by TransformerEncoderLayer's fast path
+    bias_k: nn.Parameter | None  # None unless add_bias_kv (then bias_v is set too)
+    bias_v: nn.Parameter | None
 
     def __init__(
         self,
@@ -126,11 +128,12 @@ class DPMultiheadAttention(nn.Module):
             self.q_in_proj = InProjection(self.q_proj_weight, self.in_proj_bias)
             self.k_in_proj = InProjection(self.k_proj_weight, self.in_proj_bias)
             self.v_in_proj = InProjection(self.v_proj_weight, self.in_proj_bias)
-        if self.bias_k is not None:
+        if self.bias_k is not None and self.bias_v is not None:  # add_bias_kv creates both
             self.append_bias_k, self.append_bias_v = AppendBias(self.bias_k), AppendBias(self.bias_v)
 
-    def _links(self) -> list[tuple[Any, dict[str, str]]]:
+    def _links(self) -> list[tuple[SharedParameters, dict[str, str]]]:
         """``(unit, {slot: parameter name})`` for every unit."""
+        links: list[tuple[SharedParameters, dict[str, str]]]
         if self._qkv_same_embed_dim:
             links = [(self.in_proj, {"weight": "in_proj_weight", "bias": "in_proj_bias"})]
         else:
@@ -149,9 +152,9 @@ class DPMultiheadAttention(nn.Module):
         if self.in_proj_bias is not None:
             nn.init.constant_(self.in_proj_bias, 0.0)
             nn.init.constant_(self.out_proj.bias, 0.0)
-        if self.bias_k is not None:
-            nn.init.xavier_normal_(self.bias_k)
-            nn.init.xavier_normal_(self.bias_v)
+        for bias in (self.bias_k, self.bias_v):
+            if bias is not None:
+                nn.init.xavier_normal_(bias)
 
     def __setattr__(self, name: str, value: Any) -> None:
         super().__setattr__(name, value)

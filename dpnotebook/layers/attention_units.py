@@ -40,6 +40,9 @@ class InProjection(SharedParameters):
     """
 
     _dpn_batch_first = True
+    # the slots registered by SharedParameters.__init__ (declared for the type checker)
+    weight: nn.Parameter
+    bias: nn.Parameter | None
 
     def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None) -> None:
         super().__init__(weight=weight, bias=bias)
@@ -84,6 +87,7 @@ class AppendBias(SharedParameters):
     """
 
     _dpn_batch_first = True
+    bias: nn.Parameter  # the slot registered by SharedParameters.__init__ (declared for the type checker)
 
     def __init__(self, bias: nn.Parameter) -> None:
         super().__init__(bias=bias)

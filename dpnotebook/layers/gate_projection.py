@@ -86,6 +86,11 @@ class GateProjection(SharedParameters):
     """
 
     _dpn_batch_first = True  # inputs [B, T, I] and outputs [B, T, G], whatever the wrapper says
+    # the slots registered by SharedParameters.__init__ (declared for the type checker)
+    weight_ih: nn.Parameter
+    weight_hh: nn.Parameter
+    bias_ih: nn.Parameter | None
+    bias_hh: nn.Parameter | None
 
     def __init__(
         self,
@@ -102,6 +107,7 @@ class GateProjection(SharedParameters):
         """The bias added before the loop: ``b_ih + b_hh``, or ``b_ih`` alone for GRU."""
         if self.bias_ih is None or self.mode == "GRU":
             return self.bias_ih
+        assert self.bias_hh is not None  # the parent creates both biases or neither
         return self.bias_ih + self.bias_hh
 
     def forward(self, x: Tensor, record: HiddenRecord) -> Tensor:

@@ -109,7 +109,7 @@ class LoRALinear(nn.Module):
         layer.to(device=linear.weight.device, dtype=linear.weight.dtype)
         with torch.no_grad():
             layer.weight.copy_(linear.weight)
-            if linear.bias is not None:
+            if linear.bias is not None and layer.bias is not None:  # layer has a bias exactly when linear has one
                 layer.bias.copy_(linear.bias)
         return layer
 

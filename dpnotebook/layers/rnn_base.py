@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import numbers
 import warnings
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
 from dpnotebook.layers.gate_projection import GateProjection, HiddenRecord
-from dpnotebook.layers.packing import pad_packed, repack
+from dpnotebook.layers.packing import PaddedBatch, pad_packed, repack
 from dpnotebook.layers.recurrence import run_direction
 from dpnotebook.layers.shared import reshare
 
@@ -70,7 +70,7 @@ class DPRNNBase(nn.Module):
         for layer in range(num_layers):
             for direction in range(D):
                 in_size = input_size if layer == 0 else hidden_size * D
-                shapes = {"weight_ih": (G, in_size), "weight_hh": (G, hidden_size)}
+                shapes: dict[str, tuple[int, ...]] = {"weight_ih": (G, in_size), "weight_hh": (G, hidden_size)}
                 if bias:
                     shapes.update(bias_ih=(G,), bias_hh=(G,))
                 suffix = f"_l{layer}" + ("_reverse" if direction == 1 else "")
@@ -106,9 +106,13 @@ class DPRNNBase(nn.Module):
     def flatten_parameters(self) -> None:
         """Does nothing (``nn.LSTM`` packs its weights for cuDNN here); kept for compatibility."""
 
+    def _unit(self, k: int) -> GateProjection:
+        """``gate_projections[k]``, the unit of layer ``k // D`` and direction ``k % D``."""
+        return cast(GateProjection, self.gate_projections[k])  # the ModuleList holds only GateProjections
+
     def _links(self) -> list[tuple[GateProjection, dict[str, str]]]:
         slots = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
-        return [(unit, dict(zip(slots, names))) for unit, names in zip(self.gate_projections, self._all_weights)]
+        return [(self._unit(k), dict(zip(slots, names))) for k, names in enumerate(self._all_weights)]
 
     def __setattr__(self, name: str, value: Any) -> None:
         super().__setattr__(name, value)
@@ -144,9 +148,13 @@ class DPRNNBase(nn.Module):
         Returns:
             ``(output, h_n)`` (``(output, (h_n, c_n))`` for LSTM), shaped as in ``torch.nn``.
         """
-        packed = isinstance(input, PackedSequence)
-        padded = pad_packed(input) if packed else None
-        x = padded.x if packed else input
+        padded: PaddedBatch | None = None
+        if isinstance(input, PackedSequence):
+            padded = pad_packed(input)
+            x = padded.x
+        else:
+            x = input
+        packed = padded is not None
         batched = packed or x.dim() == 3
         if not packed:
             if x.dim() not in (2, 3):
@@ -158,9 +166,9 @@ class DPRNNBase(nn.Module):
                 f"input.size(-1) must be equal to input_size. Expected {self.input_size}, got {x.shape[-1]}"
             )
         state = self._initial_state(x, hx, batched)
-        output, finals = self._layers(x, state, padded.mask if packed else None)
-        if packed:
-            return repack(output, input, padded), self._pack_state(finals)
+        output, finals = self._layers(x, state, None if padded is None else padded.mask)
+        if padded is not None:
+            return repack(output, cast(PackedSequence, input), padded), self._pack_state(finals)  # input was packed
         if not batched:
             output, finals = output.squeeze(1), [f.squeeze(1) for f in finals]
         elif self.batch_first:
@@ -193,7 +201,7 @@ class DPRNNBase(nn.Module):
             outputs = []
             for d in range(D):
                 k = layer * D + d
-                unit = self.gate_projections[k]
+                unit = self._unit(k)
                 record = HiddenRecord(reverse=d == 1)
                 gx = unit(x.transpose(0, 1).contiguous(), record).transpose(0, 1)  # [T, B, G] view of [B, T, G]
                 start = tuple(s[k] for s in state)
@@ -220,10 +228,10 @@ def _check_arguments(
     for name, value in (("bias", bias), ("batch_first", batch_first)):
         if not isinstance(value, bool):
             raise TypeError(f"{name} should be of type bool, got: {type(value).__name__}")
-    for name, value in (("input_size", input_size), ("hidden_size", hidden_size), ("num_layers", num_layers)):
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise TypeError(f"{name} should be of type int, got: {type(value).__name__}")
-        if value <= 0:
+    for name, size in (("input_size", input_size), ("hidden_size", hidden_size), ("num_layers", num_layers)):
+        if not isinstance(size, int) or isinstance(size, bool):
+            raise TypeError(f"{name} should be of type int, got: {type(size).__name__}")
+        if size <= 0:
             raise ValueError(f"{name} must be greater than zero")
     if dropout > 0 and num_layers == 1:
         warnings.warn(

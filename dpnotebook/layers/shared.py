@@ -25,6 +25,7 @@ hooks mode looks for samplers in its children instead of replaying the parent.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from torch import nn
@@ -57,7 +58,7 @@ class SharedParameters(nn.Module):
         """Load nothing: the parent loads these parameters (the same objects)."""
 
 
-def reshare(parent: nn.Module, links: list[tuple[SharedParameters, dict[str, str]]]) -> None:
+def reshare(parent: nn.Module, links: Sequence[tuple[SharedParameters, dict[str, str]]]) -> None:
     """Point each submodule's slots at the parent's current parameters.
 
     Needed after anything that *replaces* a parent parameter object
