@@ -21,7 +21,6 @@ It is Opacus' API: an Opacus script changes only its import.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
@@ -30,7 +29,6 @@ from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
 from dpnotebook.grad_sample.engine.module import check_k
-from dpnotebook.mode_registry import optimizer_class as mode_optimizer
 from dpnotebook.modes import wrap_model as wrap_in_mode
 from dpnotebook.privacy.accounting import create_accountant
 from dpnotebook.privacy.calibration import get_noise_multiplier
@@ -43,7 +41,8 @@ from dpnotebook.privacy.clipping import CLIPPING_MODES
 from dpnotebook.privacy.augmult import loader_k
 from dpnotebook.privacy.data_loader import DPDataLoader
 from dpnotebook.privacy.layer_bounds import check_layer_bounds
-from dpnotebook.privacy import checkpoints, engine_compat
+from dpnotebook.privacy import engine_compat
+from dpnotebook.privacy.engine_checkpoints import EngineCheckpoints
 from dpnotebook.privacy.engine_inputs import (
     check_optimizer_params,
     is_wrapped,
@@ -51,12 +50,13 @@ from dpnotebook.privacy.engine_inputs import (
     unwrap_model,
     warn_not_poisson,
 )
+from dpnotebook.privacy.engine_optimizer import private_optimizer
 from dpnotebook.privacy.optimizer import LOSS_REDUCTIONS, DPOptimizer
 
 __all__ = ["PrivacyEngine", "unwrap_model", "is_wrapped", "sample_rate_of"]
 
 
-class PrivacyEngine:
+class PrivacyEngine(EngineCheckpoints):
     """Turns training private and keeps the privacy ledger.
 
     Args:
@@ -155,11 +155,7 @@ class PrivacyEngine:
                     f"{name}={generator!r} with secure_mode=True: a seeded generator is predictable. "
                     f"Fix: drop {name}, or use PrivacyEngine(secure_mode=False) to reproduce a run."
                 )
-        from dpnotebook.privacy.distributed import (
-            check_distributed_setup,
-            distributed_optimizer_class,
-            unwrap_distributed,
-        )
+        from dpnotebook.privacy.distributed import check_distributed_setup, unwrap_distributed
 
         module, distributed = unwrap_distributed(module)  # DPDDP / DDP: the model inside, all-reduced by the optimizer
         check_distributed_setup(distributed, data_loader, poisson_sampling)
@@ -185,12 +181,11 @@ class PrivacyEngine:
             expected_batch_size = data_loader.batch_size or sample_rate * self.dataset_size
         self.sample_rate = sample_rate
 
-        mode = getattr(module, "grad_sample_mode", None)
-        optimizer_class = DPOptimizer if mode is None else mode_optimizer(mode)  # the mode registry says which
-        if distributed:
-            optimizer_class = distributed_optimizer_class(optimizer_class)
-        dp_optimizer = optimizer_class(
+        dp_optimizer = private_optimizer(
             optimizer,
+            module=module,
+            distributed=distributed,
+            data_loader=data_loader,
             noise_multiplier=noise_multiplier,
             max_grad_norm=max_grad_norm,
             expected_batch_size=expected_batch_size,
@@ -204,9 +199,7 @@ class PrivacyEngine:
             self.accountant.step(noise_multiplier=opt.noise_multiplier, sample_rate=sample_rate)
 
         dp_optimizer.attach_step_hook(step_accountant)
-        if isinstance(data_loader, DPDataLoader):  # each step must clip the examples of exactly one batch
-            data_loader.batch_listeners.append(dp_optimizer.sampled_batches.drawn)
-        if criterion is not None and getattr(optimizer_class, "fast_gradient_clipping", False):
+        if criterion is not None and getattr(type(dp_optimizer), "fast_gradient_clipping", False):
             criterion = engine_compat.ghost_criterion(module, dp_optimizer, criterion, loss_reduction)
             return module, dp_optimizer, criterion, data_loader
         return module, dp_optimizer, data_loader
@@ -266,65 +259,6 @@ class PrivacyEngine:
     def get_epsilon(self, delta: float) -> float:
         """The epsilon spent so far at ``delta`` (warns if ``delta >= 1 / dataset size``)."""
         return self.accountant.get_epsilon(check_delta(delta, dataset_size=self.dataset_size))
-
-    def save_checkpoint(
-        self,
-        *,
-        path: str | os.PathLike,
-        module: nn.Module,
-        optimizer: Optimizer | None = None,
-        checkpoint_dict: dict[str, Any] | None = None,
-        noise_scheduler: Any = None,
-        grad_clip_scheduler: Any = None,
-        module_state_dict_kwargs: dict[str, Any] | None = None,
-        torch_save_kwargs: dict[str, Any] | None = None,
-    ) -> None:
-        """Save the model (unwrapped, loadable into the plain model), the optimizer and the accountant.
-
-        Args:
-            path: the file to write with ``torch.save``.
-            module: the (wrapped or plain) model.
-            optimizer: the optimizer, if its state should be saved too.
-            checkpoint_dict: extra entries to store (epoch, ...), given back by :meth:`load_checkpoint`.
-            noise_scheduler, grad_clip_scheduler: schedulers (:mod:`dpnotebook.schedulers`) to save.
-            module_state_dict_kwargs, torch_save_kwargs: passed to ``state_dict()`` and ``torch.save``.
-        """
-        checkpoints.save_checkpoint(
-            path,
-            unwrap_model(module),
-            self.accountant,
-            optimizer=optimizer,
-            checkpoint_dict=checkpoint_dict,
-            noise_scheduler=noise_scheduler,
-            grad_clip_scheduler=grad_clip_scheduler,
-            module_state_dict_kwargs=module_state_dict_kwargs,
-            torch_save_kwargs=torch_save_kwargs,
-        )
-
-    def load_checkpoint(
-        self,
-        *,
-        path: str | os.PathLike,
-        module: nn.Module,
-        optimizer: Optimizer | None = None,
-        map_location: Any = None,
-        noise_scheduler: Any = None,
-        grad_clip_scheduler: Any = None,
-        module_load_dict_kwargs: dict[str, Any] | None = None,
-        torch_load_kwargs: dict[str, Any] | None = None,
-    ) -> dict[str, Any]:
-        """Restore what :meth:`save_checkpoint` (or Opacus') wrote; return the extra entries of ``checkpoint_dict``."""
-        return checkpoints.load_checkpoint(
-            path,
-            unwrap_model(module),
-            self.accountant,
-            optimizer=optimizer,
-            map_location=map_location,
-            noise_scheduler=noise_scheduler,
-            grad_clip_scheduler=grad_clip_scheduler,
-            module_load_dict_kwargs=module_load_dict_kwargs,
-            torch_load_kwargs=torch_load_kwargs,
-        )
 
     def __repr__(self) -> str:
         return f"PrivacyEngine(accountant={self.accountant.mechanism!r}, steps={len(self.accountant)}, secure_mode={self.secure_mode})"
