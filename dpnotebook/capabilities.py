@@ -15,7 +15,7 @@ if a mode ever returned wrong numbers (the tests assert that never happens).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 from torch import Tensor, nn
@@ -23,6 +23,9 @@ from torch import Tensor, nn
 from dpnotebook.compare import error_against, mode_result
 from dpnotebook.modes import available_modes, wrap_model
 from dpnotebook.testing import random_target, reference_grad_samples
+
+if TYPE_CHECKING:
+    from dpnotebook.layers.rnn_base import DPRNNBase
 
 __all__ = ["Cell", "CapabilityRow", "capability_table", "capability_markdown", "FEATURES"]
 
@@ -54,7 +57,7 @@ def _register_scale_sampler() -> None:
 class _LastStep(nn.Module):
     """Recurrent layer (native or DP) followed by a linear head on the last time step."""
 
-    def __init__(self, rnn: nn.Module) -> None:
+    def __init__(self, rnn: nn.RNNBase | DPRNNBase) -> None:
         super().__init__()
         self.rnn, self.head = rnn, nn.Linear(rnn.hidden_size, 2)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -60,15 +60,18 @@ def median_seconds(fn: Callable[[], object], repeats: int = 5) -> float:
     return statistics.median(times)
 
 
-def mode_result(wrapped: nn.Module, model: nn.Module) -> dict[str, Tensor] | Tensor:
+def mode_result(wrapped: nn.Module, model: nn.Module) -> dict[str, Tensor | None] | Tensor:
     """What a mode computed after backward: ``{name: grad_sample}``, or ``[B]`` norms for a norms-only mode."""
-    grads = {n: getattr(p, "grad_sample", None) for n, p in model.named_parameters() if p.requires_grad}
-    if any(g is None for g in grads.values()) and hasattr(wrapped, "per_sample_norms"):
-        return wrapped.per_sample_norms()
+    grads: dict[str, Tensor | None] = {
+        n: getattr(p, "grad_sample", None) for n, p in model.named_parameters() if p.requires_grad
+    }
+    per_sample_norms: Callable[[], Tensor] | None = getattr(wrapped, "per_sample_norms", None)
+    if any(g is None for g in grads.values()) and per_sample_norms is not None:
+        return per_sample_norms()
     return grads
 
 
-def error_against(result: dict[str, Tensor | None] | Tensor, ref: dict[str, Tensor]) -> float:
+def error_against(result: Mapping[str, Tensor | None] | Tensor, ref: dict[str, Tensor]) -> float:
     """Largest difference from the oracle, relative to its largest entry (``inf`` if something is missing).
 
     >>> import torch
@@ -83,10 +86,14 @@ def error_against(result: dict[str, Tensor | None] | Tensor, ref: dict[str, Tens
         scale = norms.abs().max().item() if norms.numel() else 1.0
         diff = (result.double() - norms).abs().max().item() if norms.numel() else 0.0
         return diff / (scale or 1.0)
-    if any(result.get(n) is None or result[n].shape != r.shape for n, r in ref.items()):
-        return float("inf")
+    pairs: list[tuple[Tensor, Tensor]] = []  # (result, oracle) per parameter
+    for n, r in ref.items():
+        g = result.get(n)
+        if g is None or g.shape != r.shape:
+            return float("inf")
+        pairs.append((g, r))
     scale = max((r.abs().max().item() for r in ref.values() if r.numel()), default=1.0) or 1.0
-    diff = max(((result[n].double() - r).abs().max().item() for n, r in ref.items() if r.numel()), default=0.0)
+    diff = max(((g.double() - r).abs().max().item() for g, r in pairs if r.numel()), default=0.0)
     return diff / scale
 
 
@@ -131,7 +138,7 @@ def compare_modes(
         try:
             wrapped = wrap_model(copy_, mode, K=K)
 
-            def step() -> dict[str, Tensor] | Tensor:
+            def step() -> dict[str, Tensor | None] | Tensor:
                 wrapped.zero_grad()
                 loss_fn(wrapped(inputs), targets).backward()
                 return mode_result(wrapped, copy_)
@@ -141,6 +148,6 @@ def compare_modes(
         except Exception as err:  # a refusal is a result worth showing
             results.append(ModeComparison(mode, float("nan"), float("nan"), False, str(err).splitlines()[0]))
             continue
-        err = error_against(got, ref)
-        results.append(ModeComparison(mode, err, seconds * 1e3, err <= tolerance))
+        error = error_against(got, ref)
+        results.append(ModeComparison(mode, error, seconds * 1e3, error <= tolerance))
     return results

@@ -25,6 +25,7 @@ The head is the model's last ``nn.Linear`` (in ``named_modules`` order).
 from __future__ import annotations
 
 import copy
+from typing import Callable
 
 import torch
 from torch import nn
@@ -76,8 +77,9 @@ def prepare_fine_tuning(
         torch.manual_seed(seed)
         if how == "scratch":
             for m in model.modules():
-                if hasattr(m, "reset_parameters"):
-                    m.reset_parameters()
+                reset: Callable[[], None] | None = getattr(m, "reset_parameters", None)
+                if reset is not None:
+                    reset()
         new_head = nn.Linear(old.in_features, num_classes, bias=old.bias is not None)
     new_head.to(device=old.weight.device, dtype=old.weight.dtype)
     for p in model.parameters():

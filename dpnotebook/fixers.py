@@ -34,7 +34,7 @@ import inspect
 import logging
 from typing import Any, Callable
 
-from torch import nn
+from torch import Tensor, nn
 
 from dpnotebook.errors import UnsupportedModuleError
 from dpnotebook.layers import DPGRU, DPLSTM, DPRNN, DPMultiheadAttention
@@ -91,7 +91,7 @@ def group_count(channels: int, max_groups: int = 32) -> int:
 
 
 def _factory(module: nn.Module) -> dict:
-    tensor = next(iter(module.parameters()), None)
+    tensor: Tensor | None = next(iter(module.parameters()), None)
     if tensor is None:
         tensor = next(iter(module.buffers()), None)
     return {} if tensor is None else {"device": tensor.device, "dtype": tensor.dtype}
@@ -146,7 +146,8 @@ def _instance_norm_without_running_stats(norm: nn.modules.instancenorm._Instance
     new = cls(
         norm.num_features,
         eps=norm.eps,
-        momentum=norm.momentum,
+        # torch's _InstanceNorm.__init__ says float, but it stores momentum=None and its forward handles it
+        momentum=norm.momentum,  # type: ignore[arg-type]
         affine=norm.affine,
         track_running_stats=False,
         **_factory(norm),
@@ -155,7 +156,7 @@ def _instance_norm_without_running_stats(norm: nn.modules.instancenorm._Instance
 
 
 @register_fixer(nn.Embedding, nn.EmbeddingBag)
-def _embedding_without_freq_scaling(emb: nn.Module) -> nn.Module:
+def _embedding_without_freq_scaling(emb: nn.Embedding | nn.EmbeddingBag) -> nn.Module:
     new = copy.deepcopy(emb)
     new.scale_grad_by_freq = False
     return new

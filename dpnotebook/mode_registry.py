@@ -21,13 +21,23 @@ ValueError: mode='hook' is unknown; choose one of ['ew', 'functorch', 'ghost', '
 from __future__ import annotations
 
 import importlib
-from typing import Callable
+from typing import Callable, Protocol
 
 from torch import nn
 
 __all__ = ["register_mode", "available_modes", "factory", "validates_as", "optimizer_class"]
 
 ModeFactory = Callable[..., nn.Module]
+
+
+class Unwrappable(Protocol):
+    """What every mode's wrapper has beside being an ``nn.Module`` (a factory's type can only say the latter)."""
+
+    def to_standard_module(self) -> nn.Module:
+        """Remove the wrapper's hooks and return the wrapped module."""
+        ...
+
+
 _MODES: dict[str, ModeFactory] = {}
 _VALIDATES_AS: dict[str, str] = {}
 _UNLISTED: set[str] = set()

@@ -100,7 +100,7 @@ class SequenceClassifier(nn.Module):
         self.kind = kind
         self.embed = nn.Embedding(vocab, dim)
         if kind == "lstm":
-            self.encoder = nn.LSTM(dim, dim, batch_first=True)
+            self.encoder: nn.Module = nn.LSTM(dim, dim, batch_first=True)
         else:
             self.positions = nn.Embedding(max_length, dim)
             self.encoder = nn.TransformerEncoderLayer(

@@ -16,12 +16,16 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence, cast, overload
 
 import torch
 from torch import Tensor, nn
 
 from dpnotebook.errors import GradSamplerMismatch
+from dpnotebook.mode_registry import Unwrappable
+
+if TYPE_CHECKING:
+    from dpnotebook.grad_sample import GradSampleModule
 
 __all__ = [
     "reference_grad_samples",
@@ -54,6 +58,10 @@ def clean_copy(module: nn.Module) -> nn.Module:
     return strip_dpnotebook_hooks(copy.deepcopy(module))
 
 
+@overload
+def _to64(x: Tensor) -> Tensor: ...
+@overload
+def _to64(x: object) -> object: ...
 def _to64(x: object) -> object:
     return x.to(torch.float64) if isinstance(x, Tensor) and x.is_floating_point() else x
 
@@ -209,8 +217,9 @@ def wrapped_grad_samples(
     if loss_reduction == "mean":
         loss = loss / target.shape[0 if batch_first else 1]
     loss.backward()
-    result = {n: p.grad_sample for n, p in module.named_parameters() if p.requires_grad}
-    wrapped.to_standard_module()
+    # p.grad_sample: set by the wrapper's backward (not an attribute torch knows)
+    result: dict[str, Tensor] = {n: getattr(p, "grad_sample") for n, p in module.named_parameters() if p.requires_grad}
+    cast(Unwrappable, wrapped).to_standard_module()  # every mode's wrapper has it
     return result
 
 
@@ -261,7 +270,7 @@ def check_grad_sampler(
     for strategy, force in strategies:
         copy_ = clean_copy(module).to(dtype)
 
-        def factory(m: nn.Module, force: bool = force) -> nn.Module:
+        def factory(m: nn.Module, force: bool = force) -> GradSampleModule:
             return GradSampleModule(
                 m, K=K, batch_first=batch_first, loss_reduction=loss_reduction, force_functorch=force
             )

@@ -20,7 +20,7 @@ repairs what it can.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable, Iterable, TypeGuard, overload
 
 import torch
 from torch import nn
@@ -55,6 +55,10 @@ Check = Callable[[nn.Module], "tuple[str, str] | None"]
 _CHECKS: list[tuple[Check, "frozenset[str] | None"]] = []
 
 
+@overload
+def register_check(fn: Check, *, modes: Iterable[str] | None = None) -> Check: ...
+@overload
+def register_check(fn: None = None, *, modes: Iterable[str] | None = None) -> Callable[[Check], Check]: ...
 def register_check(fn: Check | None = None, *, modes: Iterable[str] | None = None) -> Check | Callable[[Check], Check]:
     """Add a check ``fn(module) -> (why, fix) | None`` run on every submodule.
 
@@ -123,7 +127,7 @@ def _rnn_fix(module: nn.RNNBase) -> str:
     )
 
 
-def _is_native_rnn(module: nn.Module) -> bool:
+def _is_native_rnn(module: nn.Module) -> TypeGuard[nn.RNN | nn.LSTM | nn.GRU]:
     return isinstance(module, (nn.RNN, nn.LSTM, nn.GRU))
 
 
