@@ -18,7 +18,7 @@ import base64
 import functools
 import html
 import traceback
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Generic, TypeVar
 
 import ipywidgets
 import traitlets
@@ -29,6 +29,7 @@ from dpnotebook.widgets._style import lighten
 __all__ = ["ErrorArea", "Explorer"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+S = TypeVar("S", bound=traitlets.HasTraits)  # an explorer's state class
 
 
 class ErrorArea:
@@ -87,7 +88,7 @@ def _widen(control: ipywidgets.Widget, value: Any) -> None:
             control.min = value
 
 
-class Explorer:
+class Explorer(Generic[S]):
     """Base class of the explorers: state + figure + controls + error area.
 
     Args:
@@ -112,7 +113,7 @@ class Explorer:
 
     def __init__(
         self,
-        state: traitlets.HasTraits,
+        state: S,
         *,
         figsize: tuple[float, float] = (9.0, 3.0),
         backend: str = "auto",

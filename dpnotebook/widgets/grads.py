@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Iterator, Mapping
+from typing import Callable, Iterator, Mapping, cast
 
 import torch
 from torch import Tensor, nn
@@ -20,6 +20,7 @@ from dpnotebook.compare import mode_result
 from dpnotebook.errors import GradSampleError
 from dpnotebook.grad_sample.samplers.sample_rows import flat_rows
 from dpnotebook.grad_sample.engine.module import GradSampleModule, check_k
+from dpnotebook.mode_registry import Unwrappable
 from dpnotebook.modes import wrap_model
 
 __all__ = ["run_mode", "compute_grad_samples", "flatten_grad_samples", "as_grad_samples", "few_threads"]
@@ -81,26 +82,26 @@ def run_mode(
     Raises:
         GradSampleError: the mode left a parameter without a per-sample gradient.
     """
-    own = not isinstance(model, GradSampleModule)
-    K = check_k(K) if own else model.K
+    given = model if isinstance(model, GradSampleModule) else None  # a wrapper used as is
+    K = check_k(K) if given is None else given.K
     if targets.shape[0] * K == inputs.shape[0] and K > 1:
         targets = targets.repeat_interleave(K, dim=0)
-    wrapped = wrap_model(model, mode, K=K) if own else model
+    wrapped = wrap_model(model, mode, K=K) if given is None else given
     try:
         wrapped.zero_grad()
         with few_threads(inputs.numel() <= SMALL_INPUT):
             loss = loss_fn(wrapped(inputs), targets)
             loss.backward()
-        result = mode_result(wrapped, model if own else model._module)
+        result = mode_result(wrapped, model if given is None else given._module)
         if isinstance(result, Tensor):
             return result.detach().clone()
         missing = [name for name, g in result.items() if g is None]
         if missing:
             raise GradSampleError(f"grad_sample_mode={mode!r} left no per-sample gradient for {missing}.")
-        return {name: g.detach().clone() for name, g in result.items()}
+        return {name: g.detach().clone() for name, g in result.items() if g is not None}  # none is None now
     finally:
-        if own:
-            wrapped.to_standard_module()
+        if given is None:
+            cast(Unwrappable, wrapped).to_standard_module()  # every mode's wrapper has it
             model.zero_grad(set_to_none=True)
         else:
             wrapped.zero_grad()

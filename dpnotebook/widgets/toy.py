@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from dpnotebook.widgets._validate import int_at_least, non_negative, positive
-from dpnotebook.widgets.grads import compute_grad_samples
+from dpnotebook.widgets.grads import LossFn, compute_grad_samples
 
 __all__ = ["ToyProblem", "make_blobs", "make_toy", "bce_loss", "ToyMLP"]
 
@@ -88,7 +88,7 @@ class ToyProblem:
     x: Tensor
     y: Tensor
     model: nn.Module
-    loss_fn: object = field(default=bce_loss)
+    loss_fn: LossFn = field(default=bce_loss)
 
     def grad_samples(self, *, mode: str = "hooks") -> dict[str, Tensor]:
         """Each sample's gradient, by parameter name, computed in grad-sample ``mode``."""

@@ -27,7 +27,7 @@ import functools
 import math
 import warnings
 from dataclasses import dataclass
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
 import traitlets
@@ -36,7 +36,11 @@ from scipy.stats import norm
 from dpnotebook.audit.roc import AttackROC
 from dpnotebook.audit.tradeoff import dp_tpr_bound, gaussian_epsilon, gaussian_tpr
 from dpnotebook.privacy.arguments import check_delta, check_noise_multiplier
+
 from dpnotebook.widgets._validate import library_check, one_of, refuse
+
+if TYPE_CHECKING:
+    from dpnotebook.audit.experiment import AuditedRun
 
 __all__ = ["AttackState", "AttackView", "Attack", "FPR_GRID", "simulated_attacks", "attacks_from_runs"]
 
@@ -112,7 +116,7 @@ def simulated_attacks(
     return attacks
 
 
-def attacks_from_runs(runs: Mapping[str, object], *, records: str = "canaries") -> dict[str, Attack]:
+def attacks_from_runs(runs: Mapping[str, AuditedRun], *, records: str = "canaries") -> dict[str, Attack]:
     """``{label: Attack}`` from ``{label: AuditedRun}`` (:func:`~dpnotebook.audit.experiment.audited_digits_run`).
 
     The ROC is the run's loss attack on its canaries (``records="canaries"``: the records a model
@@ -126,15 +130,12 @@ def attacks_from_runs(runs: Mapping[str, object], *, records: str = "canaries") 
     attacks = {}
     for label, run in runs.items():
         curve = None
-        if math.isfinite(run.epsilon) and run.steps > 0:  # type: ignore[attr-defined]
+        if math.isfinite(run.epsilon) and run.steps > 0:
             curve = pld_tpr(
-                FPR_GRID,
-                noise_multiplier=run.noise_multiplier,
-                sample_rate=run.sample_rate,  # type: ignore[attr-defined]
-                steps=run.steps,
-            )  # type: ignore[attr-defined]
-        roc = run.canary_attack if records == "canaries" else run.attack  # type: ignore[attr-defined]
-        attacks[label] = Attack(roc, run.epsilon, run.delta, curve)  # type: ignore[attr-defined]
+                FPR_GRID, noise_multiplier=run.noise_multiplier, sample_rate=run.sample_rate, steps=run.steps
+            )
+        roc = run.canary_attack if records == "canaries" else run.attack
+        attacks[label] = Attack(roc, run.epsilon, run.delta, curve)
     return attacks
 
 

@@ -23,7 +23,7 @@ from dpnotebook.widgets.attack.state import FPR_GRID, Attack, AttackState, Attac
 __all__ = ["PrivacyAttackExplorer"]
 
 
-class PrivacyAttackExplorer(Explorer):
+class PrivacyAttackExplorer(Explorer[AttackState]):
     """Left: the Gaussian mechanism's output with and without one record, and an attacker's
     threshold. Middle: the attacker's (FPR, TPR) on the trade-off curve, under the bound
     ``TPR <= e^eps FPR + delta`` of the mechanism's epsilon. Right: real attacks' ROC curves

@@ -23,7 +23,7 @@ from dpnotebook.widgets.augmult.state import AugmultState
 __all__ = ["AugmultExplorer"]
 
 
-class AugmultExplorer(Explorer):
+class AugmultExplorer(Explorer[AugmultState]):
     """Per-sample gradient norms, their augmentation variance and the fraction clipped as K grows.
 
     By default a small seeded MLP on the 2-D toy data, augmented with Gaussian

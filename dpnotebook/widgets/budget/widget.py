@@ -26,7 +26,7 @@ from dpnotebook.widgets.budget.state import BudgetResult, BudgetState
 __all__ = ["PrivacyBudgetExplorer"]
 
 
-class PrivacyBudgetExplorer(Explorer):
+class PrivacyBudgetExplorer(Explorer[BudgetState]):
     """Epsilon spent against epochs for sigma, batch size, dataset size, delta and accountant.
 
     Args:

@@ -13,6 +13,7 @@ its artists; the matching ``update_*`` moves them in place.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from matplotlib.axes import Axes
@@ -103,7 +104,7 @@ def update_norm_histogram(art: HistogramArtists, *, max_grad_norm: float, layer_
         show = layer_threshold is not None
         art.layer_hist.set_visible(show)
         art.layer_line.set_visible(show)
-        if show:
+        if layer_threshold is not None:
             art.layer_line.set_xdata([layer_threshold, layer_threshold])
 
 
@@ -168,7 +169,7 @@ def draw_arrows(
 ) -> ArrowArtists:
     """Per-sample gradients ``[B, 2]`` as arrows from the origin, and the clipping ball of radius C."""
     n = len(vectors)
-    kw = dict(angles="xy", scale_units="xy", scale=1, width=0.004)
+    kw: dict[str, Any] = dict(angles="xy", scale_units="xy", scale=1, width=0.004)
     raw = ax.quiver(_origin(n), _origin(n), vectors[:, 0], vectors[:, 1], color="0.7", **kw)
     clip = ax.quiver(_origin(n), _origin(n), clipped[:, 0], clipped[:, 1], color="C0", alpha=0.8, **kw)
     m = np.stack([mean, clipped_mean])

@@ -41,7 +41,7 @@ def clipped_vectors(grad_samples: Mapping[str, Tensor], stats: ClippingStats) ->
     return torch.cat(parts, dim=1).numpy()
 
 
-class ClippingExplorer(Explorer):
+class ClippingExplorer(Explorer[ClippingState]):
     """Per-sample gradient norms, the bound C, and the bias clipping puts in the mean gradient.
 
     Give one of: a ``model`` with a ``batch=(inputs, targets)`` and ``loss_fn``;

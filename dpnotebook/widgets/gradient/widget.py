@@ -28,7 +28,7 @@ from dpnotebook.widgets.gradient.state import GradientState
 __all__ = ["GradientExplorer"]
 
 
-class GradientExplorer(Explorer):
+class GradientExplorer(Explorer[GradientState]):
     """Norms of every sample's gradient per layer; one sample's gradient as a heatmap;
     the grad-sample modes side by side with their largest difference.
 

@@ -63,7 +63,7 @@ def update_metric(art: MetricArtists, steps: Sequence[float], values: Sequence[f
     if not art.unit_range:
         lo, hi = float(np.nanmin(y)), float(np.nanmax(y))
         if art.target is not None:
-            t = float(art.target.get_ydata()[0])
+            t = float(np.asarray(art.target.get_ydata())[0])  # matplotlib's stub says ArrayLike
             lo, hi = min(lo, t), max(hi, t)
         pad = (hi - lo) * 0.08 or max(abs(hi) * 0.1, 0.1)
         art.ax.set_ylim(lo - pad, hi + pad)

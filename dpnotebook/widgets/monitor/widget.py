@@ -41,7 +41,7 @@ def _progress_bar(total: int | None, enabled: bool) -> tuple[Any, ipywidgets.Wid
     return tqdm(total=total, desc="training", unit="step", file=sys.stderr, leave=False), None
 
 
-class TrainingMonitor(Explorer):
+class TrainingMonitor(Explorer[MonitorState]):
     """Plots of the metrics of a (DP) training run, redrawn at most every ``redraw_every`` seconds.
 
     Args:

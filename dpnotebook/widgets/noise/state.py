@@ -42,7 +42,7 @@ def projection_basis(direction: np.ndarray, *, seed: int = 0) -> np.ndarray:
     >>> projection_basis(np.array([3.0, 4.0])).tolist()
     [[1.0, 0.0], [0.0, 1.0]]
     """
-    d = direction.shape[0]
+    d = int(direction.shape[0])
     if d == 2:
         return np.eye(2)
     rng = np.random.default_rng(seed)

@@ -25,7 +25,7 @@ from dpnotebook.widgets.toy import ToyProblem, make_toy
 __all__ = ["NoiseExplorer"]
 
 
-class NoiseExplorer(Explorer):
+class NoiseExplorer(Explorer[NoiseState]):
     """The true mean gradient against noisy averaged gradients (2-D projection), and the
     signal-to-noise ratio against the batch size.
 
