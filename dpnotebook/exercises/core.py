@@ -207,11 +207,12 @@ def _lookup(exercise_id: str) -> _Check:
 def _not_implemented(err: BaseException) -> bool:
     """Whether ``err`` is, or was raised while handling, a ``NotImplementedError`` (a stub called)."""
     seen: set[int] = set()
-    while err is not None and id(err) not in seen:
-        if isinstance(err, NotImplementedError):
+    link: BaseException | None = err  # err, then what it was raised from or while handling
+    while link is not None and id(link) not in seen:
+        if isinstance(link, NotImplementedError):
             return True
-        seen.add(id(err))
-        err = err.__cause__ or err.__context__
+        seen.add(id(link))
+        link = link.__cause__ or link.__context__
     return False
 
 

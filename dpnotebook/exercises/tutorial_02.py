@@ -13,7 +13,7 @@ True
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, cast
 
 import torch
 from torch import Tensor, nn
@@ -118,7 +118,7 @@ def check_linear_einsum(sampler: Callable) -> str:
 def _gate_terms(layer: nn.Module, x: Tensor, g: Tensor, K: int) -> tuple[Tensor, Tensor]:
     B = x.shape[0] // K
     through = (g * x).reshape(B, -1, x.shape[-1]).sum(1) / K  # d loss / d (sigmoid(w)) per sample
-    s = torch.sigmoid(layer.w.detach())
+    s = torch.sigmoid(cast(Tensor, layer.w).detach())  # the notebook's Gate: w is its Parameter
     return through, s
 
 
@@ -182,7 +182,7 @@ def check_lora_sampler(sampler: Callable, layer_type: type[nn.Module]) -> str:
     )
     layer = layer_type(5, 4, 2).double()
     with torch.no_grad():
-        layer.B.normal_()  # B = 0 at initialisation would hide a wrong gradient for A
+        cast(Tensor, layer.B).normal_()  # B = 0 at initialisation would hide a wrong gradient for A
     for K in (1, 3):
         x = torch.randn(2 * K, 6, 5, dtype=torch.float64)
         g = torch.randn(2 * K, 6, 4, dtype=torch.float64)
@@ -193,9 +193,10 @@ def check_lora_sampler(sampler: Callable, layer_type: type[nn.Module]) -> str:
         )
         B = x.shape[0] // K
         a, gg = x.reshape(B, -1, 5), g.reshape(B, -1, 4)
-        h = a @ layer.A.detach().T  # [B, K*T, rank]
+        lora_a, lora_b = cast(Tensor, layer.A), cast(Tensor, layer.B)  # the notebook's LoRA layer: its Parameters
+        h = a @ lora_a.detach().T  # [B, K*T, rank]
         want_b = torch.einsum("bno,bnr->bor", gg, h) / K
-        want_a = torch.einsum("bnr,bni->bri", gg @ layer.B.detach(), a) / K
+        want_a = torch.einsum("bnr,bni->bri", gg @ lora_b.detach(), a) / K
         got_a, got_b = result[layer.A], result[layer.B]
         require(
             isinstance(got_b, Tensor) and got_b.shape == want_b.shape,

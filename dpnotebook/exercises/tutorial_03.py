@@ -40,7 +40,7 @@ def _generated() -> dict[str, Tensor]:
 )
 def check_clipping_bound(smallest_bound: Callable, grads: Mapping[str, Tensor] | None) -> str:
     """The student's search against ``clipping_stats`` on every C of the grid."""
-    cases = [(_generated(), f) for f in (0.5, 0.1, 0.9)]
+    cases: list[tuple[Mapping[str, Tensor], float]] = [(_generated(), f) for f in (0.5, 0.1, 0.9)]
     if grads is not None:
         cases.insert(0, (grads, 0.5))
     for batch, max_fraction in cases:

@@ -60,6 +60,7 @@ def _call(fn: Callable, grads: list[Tensor], sigma: float, seed: int) -> list[Te
         out is not None and len(out) == len(grads),
         f"return a list with one tensor per parameter ({len(grads)} here), in the order of grads",
     )
+    assert out is not None  # require raised otherwise
     for o, g in zip(out, grads):
         require(
             isinstance(o, Tensor) and tuple(o.shape) == tuple(g.shape[1:]),
