@@ -44,7 +44,7 @@ def _types(target: type | Sequence[type]) -> list[type]:
 
 
 def register_module_validator(
-    target_class_or_classes: type | Sequence[type], validator_class: type = ModuleValidator
+    target_class_or_classes: type | Sequence[type], validator_class: type[ModuleValidator] = ModuleValidator
 ) -> Callable:
     """Register ``fn(module) -> [errors]`` for these layer types (Opacus' decorator)."""
 
@@ -70,7 +70,7 @@ def register_module_validator(
 
 
 def register_module_fixer(
-    target_class_or_classes: type | Sequence[type], validator_class: type = ModuleValidator
+    target_class_or_classes: type | Sequence[type], validator_class: type[ModuleValidator] = ModuleValidator
 ) -> Callable:
     """Register ``fn(module, **kwargs) -> replacement`` for these layer types (Opacus' decorator)."""
 
