@@ -20,8 +20,14 @@ import json
 import statistics
 import subprocess
 import sys
+from typing import TYPE_CHECKING, cast
 
 from dpnotebook.benchmarks.rss import peak_mb, reset_peak
+
+if TYPE_CHECKING:  # for the annotations only: torch is imported inside the measured child (_measure)
+    from torch import nn
+
+    from dpnotebook.grad_sample.ghost.wrapper import GhostGradSampleModule
 
 
 def _measure(mode: str, batch: int, K: int, private: bool) -> dict:
@@ -33,7 +39,7 @@ def _measure(mode: str, batch: int, K: int, private: bool) -> dict:
 
     torch.set_num_threads(2)
     torch.manual_seed(0)
-    model = SampleConvNet()
+    model: nn.Module = SampleConvNet()
     x = torch.randn(batch * K, 1, 28, 28)
     y = torch.randint(0, 10, (batch * K,))
     if private:
@@ -45,7 +51,7 @@ def _measure(mode: str, batch: int, K: int, private: bool) -> dict:
         model.zero_grad()
         F.cross_entropy(model(x), y).backward()
         if private and mode == "ghost":
-            model.per_sample_norms()
+            cast("GhostGradSampleModule", model).per_sample_norms()
     return {"mode": mode, "B": batch, "K": K, "private": private, "rss0_mb": before, "peak_mb": peak_mb()}
 
 
@@ -72,8 +78,10 @@ def run(mode: str, batch: int, ks: list[int], repeats: int = 3) -> list[dict]:
         for _ in range(repeats):
             for private in (False, True):
                 peaks[private].append(_peak(mode, batch, K, private))
-        plain, private = statistics.median(peaks[False]), statistics.median(peaks[True])
-        rows.append({"K": K, "plain_peak_mb": plain, "private_peak_mb": private, "grad_sample_mb": private - plain})
+        plain_mb, private_mb = statistics.median(peaks[False]), statistics.median(peaks[True])
+        rows.append(
+            {"K": K, "plain_peak_mb": plain_mb, "private_peak_mb": private_mb, "grad_sample_mb": private_mb - plain_mb}
+        )
     return rows
 
 

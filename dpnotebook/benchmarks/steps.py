@@ -18,7 +18,7 @@ A configuration is named by what it runs:
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, cast
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +27,9 @@ from torch import Tensor, nn
 from dpnotebook.benchmarks.models import build
 from dpnotebook.benchmarks.settings import CLIP, LR, SIGMA
 from dpnotebook.modes import available_modes
+
+if TYPE_CHECKING:
+    from dpnotebook.grad_sample.ghost.wrapper import GhostGradSampleModule
 
 #: dpnotebook's modes, read from the mode registry.
 MODES = tuple(available_modes())
@@ -69,7 +72,7 @@ def _gsm(model: nn.Module, mode: str, x: Tensor, y: Tensor, K: int) -> Step:
         wrapped.zero_grad(set_to_none=True)
         F.cross_entropy(wrapped(x), y).backward()
         if mode == "ghost":
-            wrapped.per_sample_norms()
+            cast("GhostGradSampleModule", wrapped).per_sample_norms()
 
     return step
 

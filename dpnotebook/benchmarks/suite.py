@@ -129,7 +129,8 @@ def measure(
     result = {**asdict(cfg), "device": device, "threads": threads, "rss0_mb": rss0, "peak_mb": peak}
     if device.startswith("cuda"):
         result["cuda_peak_mb"] = torch.cuda.max_memory_allocated() / 2**20
-    times, refs = [], []
+    times: list[float] = []  # ms per step
+    refs: list[float] = []
     ref = None if cfg.what == "nonprivate" else make_step(cfg.model, "nonprivate", cfg.batch, cfg.K, device)
     if ref is not None:
         for _ in range(max(1, warmup - 1)):
