@@ -101,3 +101,14 @@ def test_no_module_is_far_over_300_lines() -> None:
         if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES
     }
     assert not long, f"modules over {MAX_LINES} lines (split them by concept): {long}"
+
+
+def test_layers_import_no_per_sample_code() -> None:
+    """Dependencies run one way: the samplers know the DP layers, the layers know no sampler."""
+    known = modules()
+    layers = {name: imported(name, path, known) for name, path in known.items() if name.startswith("dpnotebook.layers")}
+    assert len(layers) > 5
+    reaching = {
+        name: sorted(m for m in deps if m.startswith("dpnotebook.grad_sample")) for name, deps in layers.items()
+    }
+    assert not {name: deps for name, deps in reaching.items() if deps}

@@ -4,7 +4,8 @@
 ``in_proj_weight`` ``[3E, E]`` (or three ``*_proj_weight`` when key and value
 sizes differ) and one ``in_proj_bias`` ``[3E]``, used through slices. Each unit
 here shares those parameters (see :mod:`dpnotebook.layers.shared`) and is
-called on a batch-first tensor, so hooks mode can give it a sampler:
+called on a batch-first tensor, so hooks mode can give it a sampler (those are
+in :mod:`dpnotebook.grad_sample.samplers.attention`):
 
 * :class:`InProjection` -- ``x @ weight[rows].T + bias[rows]``; its sampler is
   the ``nn.Linear`` one, written into the rows the call used (zeros elsewhere).
@@ -21,11 +22,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from opt_einsum import contract
 from torch import Tensor, nn
 
-from dpnotebook.grad_sample.samplers.sample_rows import group_rows, sum_rows
-from dpnotebook.grad_sample.engine.registry import register_grad_sampler
 from dpnotebook.layers.shared import SharedParameters
 
 
@@ -53,30 +51,6 @@ class InProjection(SharedParameters):
         return F.linear(x, self.weight[weight_rows[0] : weight_rows[1]], bias)
 
 
-def _into_rows(full_shape: torch.Size, rows: tuple[int, int], g: Tensor) -> Tensor:
-    """``g`` ``[B, r, ...]`` placed at ``rows`` of a zero ``[B, *full_shape]`` (no copy when it is all)."""
-    if rows == (0, full_shape[0]):
-        return g
-    out = g.new_zeros(g.shape[0], *full_shape)
-    out[:, rows[0] : rows[1]] = g
-    return out
-
-
-@register_grad_sampler(InProjection)
-def in_projection_grad_sampler(
-    unit: InProjection, activations: list, backprops: Tensor, K: int
-) -> dict[nn.Parameter, Tensor]:
-    """Per-sample gradients of the rows of ``weight`` and ``bias`` that this call used."""
-    x, weight_rows, bias_rows = activations
-    out: dict[nn.Parameter, Tensor] = {}
-    if unit.weight.requires_grad:
-        g = contract("bno,bni->boi", group_rows(backprops, K), group_rows(x, K)) / K
-        out[unit.weight] = _into_rows(unit.weight.shape, weight_rows, g)
-    if unit.bias is not None and unit.bias.requires_grad:
-        out[unit.bias] = _into_rows(unit.bias.shape, bias_rows, sum_rows(backprops, K, keep=1))
-    return out
-
-
 class AppendBias(SharedParameters):
     """Append the parent's ``bias_k``/``bias_v`` (``[1, 1, E]``) to every sequence: ``[N, S, E] -> [N, S+1, E]``.
 
@@ -94,17 +68,6 @@ class AppendBias(SharedParameters):
 
     def forward(self, x: Tensor) -> Tensor:
         return torch.cat([x, self.bias.expand(x.shape[0], 1, x.shape[2])], 1)
-
-
-@register_grad_sampler(AppendBias)
-def append_bias_grad_sampler(
-    unit: AppendBias, activations: list, backprops: Tensor, K: int
-) -> dict[nn.Parameter, Tensor]:
-    """The backprop at the appended position, averaged over each sample's K rows."""
-    if not unit.bias.requires_grad:
-        return {}
-    last = sum_rows(backprops[:, -1], K, keep=1)  # [B, E]
-    return {unit.bias: last.reshape(last.shape[0], *unit.bias.shape)}
 
 
 class OutProjection(nn.modules.linear.NonDynamicallyQuantizableLinear):

@@ -15,7 +15,8 @@ so for one sample, with ``g_t = dL/dgates_t``::
 matrix product before the recurrent loop starts (also the fast way to run an
 RNN). Its output's gradient is then exactly ``g_t`` for every ``t``, and
 autograd delivers it once backpropagation through time is over: one call of
-the sampler computes every per-sample gradient with two batched contractions.
+the sampler computes every per-sample gradient with two batched contractions
+(:mod:`dpnotebook.grad_sample.samplers.gate_projection`).
 The ``h_{t-1}`` it needs are produced *after* the projection, by the loop; the
 layer writes them into the :class:`HiddenRecord` it handed to the projection.
 
@@ -30,12 +31,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from opt_einsum import contract
 from torch import Tensor, nn
 
 from dpnotebook.errors import GradSampleError
-from dpnotebook.grad_sample.samplers.sample_rows import group_rows, sum_rows
-from dpnotebook.grad_sample.engine.registry import register_grad_sampler
 from dpnotebook.layers.shared import SharedParameters
 
 
@@ -134,23 +132,4 @@ class GateProjection(SharedParameters):
         return f"mode={self.mode!r}, shares={list(self.slot_names)}"
 
 
-@register_grad_sampler(GateProjection)
-def gate_projection_grad_sampler(
-    unit: GateProjection, activations: list, backprops: Tensor, K: int
-) -> dict[nn.Parameter, Tensor]:
-    """Per-sample gradients of all four parameters of one recurrent layer and direction."""
-    x, record = activations[0], activations[1]
-    with torch.no_grad():
-        h_prev = record.hidden_inputs().to(backprops.dtype)
-        g_hh = unit.hidden_backprops(x, h_prev, backprops)
-    out: dict[nn.Parameter, Tensor] = {}
-    for weight, g, a in ((unit.weight_ih, backprops, x), (unit.weight_hh, g_hh, h_prev)):
-        if weight.requires_grad:
-            out[weight] = contract("bno,bni->boi", group_rows(g, K), group_rows(a, K)) / K
-    for bias, g in ((unit.bias_ih, backprops), (unit.bias_hh, g_hh)):
-        if bias is not None and bias.requires_grad:
-            out[bias] = sum_rows(g, K, keep=1)
-    return out
-
-
-__all__ = ["GateProjection", "HiddenRecord", "gate_projection_grad_sampler"]
+__all__ = ["GateProjection", "HiddenRecord"]

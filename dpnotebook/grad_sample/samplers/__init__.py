@@ -13,9 +13,11 @@ the norm samplers when it is first used.
 """
 
 from dpnotebook.grad_sample.samplers import (  # noqa: F401  (importing fills the registry)
+    attention,
     conv,
     embedding,
     embedding_bag,
+    gate_projection,
     group_norm,
     instance_norm,
     layer_norm,

@@ -1,0 +1,57 @@
+"""Grad samplers for the units of :class:`~dpnotebook.layers.DPMultiheadAttention`.
+
+* :class:`~dpnotebook.layers.attention_units.InProjection` uses rows ``w0:w1`` of the
+  parent's packed in-projection weight: a linear layer's sampler
+  (``sum_t g_t x_t^T`` per sample, see :mod:`~dpnotebook.grad_sample.samplers.linear`)
+  whose result is placed at those rows, zeros elsewhere;
+* :class:`~dpnotebook.layers.attention_units.AppendBias` appends ``bias_k`` or ``bias_v``
+  as one more position of every sequence: its gradient is the backprop at that
+  position.
+
+Both average over each sample's ``K`` copies.
+"""
+
+from __future__ import annotations
+
+import torch
+from opt_einsum import contract
+from torch import Tensor, nn
+
+from dpnotebook.grad_sample.engine.registry import register_grad_sampler
+from dpnotebook.grad_sample.samplers.sample_rows import group_rows, sum_rows
+from dpnotebook.layers.attention_units import AppendBias, InProjection
+
+
+def _into_rows(full_shape: torch.Size, rows: tuple[int, int], g: Tensor) -> Tensor:
+    """``g`` ``[B, r, ...]`` placed at ``rows`` of a zero ``[B, *full_shape]`` (no copy when it is all)."""
+    if rows == (0, full_shape[0]):
+        return g
+    out = g.new_zeros(g.shape[0], *full_shape)
+    out[:, rows[0] : rows[1]] = g
+    return out
+
+
+@register_grad_sampler(InProjection)
+def in_projection_grad_sampler(
+    unit: InProjection, activations: list, backprops: Tensor, K: int
+) -> dict[nn.Parameter, Tensor]:
+    """Per-sample gradients of the rows of ``weight`` and ``bias`` that this call used."""
+    x, weight_rows, bias_rows = activations
+    out: dict[nn.Parameter, Tensor] = {}
+    if unit.weight.requires_grad:
+        g = contract("bno,bni->boi", group_rows(backprops, K), group_rows(x, K)) / K
+        out[unit.weight] = _into_rows(unit.weight.shape, weight_rows, g)
+    if unit.bias is not None and unit.bias.requires_grad:
+        out[unit.bias] = _into_rows(unit.bias.shape, bias_rows, sum_rows(backprops, K, keep=1))
+    return out
+
+
+@register_grad_sampler(AppendBias)
+def append_bias_grad_sampler(
+    unit: AppendBias, activations: list, backprops: Tensor, K: int
+) -> dict[nn.Parameter, Tensor]:
+    """The backprop at the appended position, averaged over each sample's K rows."""
+    if not unit.bias.requires_grad:
+        return {}
+    last = sum_rows(backprops[:, -1], K, keep=1)  # [B, E]
+    return {unit.bias: last.reshape(last.shape[0], *unit.bias.shape)}

@@ -1,0 +1,42 @@
+"""Grad sampler for :class:`~dpnotebook.layers.gate_projection.GateProjection`, the input side of a recurrent layer.
+
+For one sample, with ``g_t = dL/dgates_t`` at time step ``t`` (see
+:mod:`dpnotebook.layers.gate_projection` for why the projection receives it)::
+
+    dL/dW_ih = sum_t g_t^T x_t        dL/dW_hh = sum_t g'_t^T h_{t-1}
+    dL/db_ih = sum_t g_t              dL/db_hh = sum_t g'_t
+
+where ``g'_t = g_t`` except for GRU's candidate gate, whose hidden side receives
+``r_t * g_t``. The ``h_{t-1}`` come from the :class:`HiddenRecord` the layer filled
+during its loop. Summing over a sample's ``K`` copies and dividing by ``K`` folds
+the augmented copies, as in :mod:`~dpnotebook.grad_sample.samplers.linear`.
+"""
+
+from __future__ import annotations
+
+import torch
+from opt_einsum import contract
+from torch import Tensor, nn
+
+from dpnotebook.grad_sample.engine.registry import register_grad_sampler
+from dpnotebook.grad_sample.samplers.sample_rows import group_rows, sum_rows
+from dpnotebook.layers.gate_projection import GateProjection, HiddenRecord  # noqa: F401  (HiddenRecord: the docstring's)
+
+
+@register_grad_sampler(GateProjection)
+def gate_projection_grad_sampler(
+    unit: GateProjection, activations: list, backprops: Tensor, K: int
+) -> dict[nn.Parameter, Tensor]:
+    """Per-sample gradients of all four parameters of one recurrent layer and direction."""
+    x, record = activations[0], activations[1]
+    with torch.no_grad():
+        h_prev = record.hidden_inputs().to(backprops.dtype)
+        g_hh = unit.hidden_backprops(x, h_prev, backprops)
+    out: dict[nn.Parameter, Tensor] = {}
+    for weight, g, a in ((unit.weight_ih, backprops, x), (unit.weight_hh, g_hh, h_prev)):
+        if weight.requires_grad:
+            out[weight] = contract("bno,bni->boi", group_rows(g, K), group_rows(a, K)) / K
+    for bias, g in ((unit.bias_ih, backprops), (unit.bias_hh, g_hh)):
+        if bias is not None and bias.requires_grad:
+            out[bias] = sum_rows(g, K, keep=1)
+    return out
