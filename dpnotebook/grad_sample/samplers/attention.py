@@ -9,6 +9,16 @@
   position.
 
 Both average over each sample's ``K`` copies.
+
+>>> import torch
+>>> from dpnotebook.grad_sample import GradSampleModule
+>>> from dpnotebook.layers import DPMultiheadAttention
+>>> attn = DPMultiheadAttention(4, 2, batch_first=True, add_bias_kv=True)
+>>> x = torch.randn(6, 3, 4)   # 2 samples x 3 copies
+>>> out, _ = GradSampleModule(attn, K=3)(x, x, x)
+>>> out.sum().backward()
+>>> attn.in_proj_weight.grad_sample.shape, attn.bias_k.grad_sample.shape
+(torch.Size([2, 12, 4]), torch.Size([2, 1, 1, 4]))
 """
 
 from __future__ import annotations

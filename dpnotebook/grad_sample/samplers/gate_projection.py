@@ -7,9 +7,19 @@ For one sample, with ``g_t = dL/dgates_t`` at time step ``t`` (see
     dL/db_ih = sum_t g_t              dL/db_hh = sum_t g'_t
 
 where ``g'_t = g_t`` except for GRU's candidate gate, whose hidden side receives
-``r_t * g_t``. The ``h_{t-1}`` come from the :class:`HiddenRecord` the layer filled
+``r_t * g_t``. The ``h_{t-1}`` come from the
+:class:`~dpnotebook.layers.gate_projection.HiddenRecord` the layer filled
 during its loop. Summing over a sample's ``K`` copies and dividing by ``K`` folds
 the augmented copies, as in :mod:`~dpnotebook.grad_sample.samplers.linear`.
+
+>>> import torch
+>>> from dpnotebook.grad_sample import GradSampleModule
+>>> from dpnotebook.layers import DPLSTM
+>>> lstm = DPLSTM(3, 4, batch_first=True)
+>>> out, _ = GradSampleModule(lstm, K=2)(torch.randn(6, 5, 3))   # 3 samples x 2 copies, 5 steps
+>>> out.sum().backward()
+>>> lstm.weight_ih_l0.grad_sample.shape, lstm.bias_hh_l0.grad_sample.shape   # 4 gates x 4 hidden
+(torch.Size([3, 16, 3]), torch.Size([3, 16]))
 """
 
 from __future__ import annotations
@@ -20,7 +30,7 @@ from torch import Tensor, nn
 
 from dpnotebook.grad_sample.engine.registry import register_grad_sampler
 from dpnotebook.grad_sample.samplers.sample_rows import group_rows, sum_rows
-from dpnotebook.layers.gate_projection import GateProjection, HiddenRecord  # noqa: F401  (HiddenRecord: the docstring's)
+from dpnotebook.layers.gate_projection import GateProjection
 
 
 @register_grad_sampler(GateProjection)
