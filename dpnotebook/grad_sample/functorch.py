@@ -42,7 +42,7 @@ def make_functional(
         disable_autograd_tracking: return detached parameters.
     """
     names = [n for n, _ in mod.named_parameters()]
-    values = tuple(p for _, p in mod.named_parameters())
+    values: tuple[Tensor, ...] = tuple(p for _, p in mod.named_parameters())
     if disable_autograd_tracking:
         values = tuple(p.detach() for p in values)
 
@@ -69,7 +69,8 @@ def prepare_layer(layer: nn.Module, batch_first: bool = True) -> None:
     def row_loss(params: tuple[Tensor, ...], activations: Tensor, backprops: Tensor) -> Tensor:
         return (fmodel(params, activations.unsqueeze(dim)) * backprops.unsqueeze(dim)).sum()
 
-    layer.ft_compute_sample_grad = vmap(grad(row_loss), in_dims=(None, 0, 0))
+    # an attribute Opacus code reads; torch's Module types attribute assignments as Tensor | Module
+    setattr(layer, "ft_compute_sample_grad", vmap(grad(row_loss), in_dims=(None, 0, 0)))
 
 
 def ft_compute_per_sample_gradient(
@@ -82,4 +83,5 @@ def ft_compute_per_sample_gradient(
     x = activations[0]
     if x.is_floating_point() and x.dtype != backprops.dtype:
         x = x.to(backprops.dtype)
-    return dict(zip(params, layer.ft_compute_sample_grad(tuple(params), x, backprops)))
+    compute: Callable[..., tuple[Tensor, ...]] = getattr(layer, "ft_compute_sample_grad")  # set by prepare_layer
+    return dict(zip(params, compute(tuple(params), x, backprops)))

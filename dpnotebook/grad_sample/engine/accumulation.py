@@ -63,15 +63,16 @@ class GradSampleStore:
         Gradients of the same forward pass add up; another forward pass's are
         inserted as a new block of rows, blocks sorted by ``forward_id``.
         """
-        prev = getattr(p, "grad_sample", None)
+        # ``grad_sample`` is the wrapper's attribute: torch's Parameter does not declare it
+        prev: Tensor | None = getattr(p, "grad_sample", None)
         blocks = self._blocks.get(id(p)) if prev is not None else None
-        if not blocks:
-            p.grad_sample = g
+        if prev is None or not blocks:
+            setattr(p, "grad_sample", g)
             self._blocks[id(p)] = [(forward_id, g.shape[0])]
         elif blocks[-1][0] == forward_id and len(blocks) == 1:  # the usual case: one forward pass
-            p.grad_sample = prev + g
+            setattr(p, "grad_sample", prev + g)
         else:
-            p.grad_sample = self._merge(p, prev, blocks, g, forward_id)
+            setattr(p, "grad_sample", self._merge(p, prev, blocks, g, forward_id))
         self._sampled.add(id(p))
         self._queue_check()
 
@@ -121,7 +122,7 @@ class GradSampleStore:
                 if hasattr(p, "grad_sample"):
                     del p.grad_sample
             else:
-                p.grad_sample = None
+                setattr(p, "grad_sample", None)
         self._blocks.clear()
 
     def _name(self, p: nn.Parameter) -> str:

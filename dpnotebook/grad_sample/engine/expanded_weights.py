@@ -183,8 +183,8 @@ class GradSampleModuleExpandedWeights(nn.Module):
             if getattr(p, "grad_sample", None) is not None:
                 if id(p) in self._earlier:  # forward twice without backward: keep the first
                     continue
-                self._earlier[id(p)] = p.grad_sample
-                p.grad_sample = None
+                self._earlier[id(p)] = getattr(p, "grad_sample")  # the wrapper's attribute, not torch's
+                setattr(p, "grad_sample", None)
 
     def _queue_finish(self, rows: int) -> None:
         """Called once per forward pass that the backward pass reaches; the first one queues the finish."""
@@ -196,7 +196,7 @@ class GradSampleModuleExpandedWeights(nn.Module):
         passes, self._passes = self._passes, []
         if len(passes) > 1:
             for p in self._module.parameters():  # the mixed per-row gradients must not be used
-                p.grad_sample = None
+                setattr(p, "grad_sample", None)
             raise GradSampleError(
                 f"grad_sample_mode='ew': one backward pass went through {len(passes)} forward passes (rows "
                 f"{passes}); ExpandedWeights adds their per-row gradients row by row, mixing the samples of "
@@ -222,7 +222,7 @@ class GradSampleModuleExpandedWeights(nn.Module):
                     "grad_sample from an earlier batch is still there and accumulation is "
                     "forbidden: call zero_grad() first, or allow_grad_accumulation()."
                 )
-            p.grad_sample = samples if earlier is None else torch.cat([earlier, samples])
+            setattr(p, "grad_sample", samples if earlier is None else torch.cat([earlier, samples]))
 
     def _zero_padding_rows(self, rows: int) -> None:
         """ExpandedWeights' embedding rule ignores ``padding_idx``; ``weight.grad`` has zeros there."""
@@ -247,7 +247,7 @@ class GradSampleModuleExpandedWeights(nn.Module):
     def zero_grad(self, set_to_none: bool = True) -> None:
         super().zero_grad(set_to_none=set_to_none)
         for p in self._module.parameters():
-            p.grad_sample = None
+            setattr(p, "grad_sample", None)  # the wrapper's attribute: torch's Parameter does not declare it
         self._earlier.clear()
 
     def to_standard_module(self) -> nn.Module:

@@ -139,9 +139,10 @@ def replay_chunk_size(B: int, K: int, replay_chunk: int | str | None = "auto") -
     >>> replay_chunk_size(32, 16, None) is None, replay_chunk_size(32, 16, 8)
     (True, 8)
     """
-    if replay_chunk != "auto":
-        return replay_chunk
-    return None if K == 1 else max(1, -(-B // K))
+    if replay_chunk == "auto":
+        return None if K == 1 else max(1, -(-B // K))
+    assert not isinstance(replay_chunk, str), replay_chunk  # check_replay_chunk lets no other string through
+    return replay_chunk
 
 
 def fallback_grad_samples(

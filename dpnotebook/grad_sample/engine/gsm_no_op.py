@@ -88,7 +88,7 @@ class GradSampleModuleNoOp(nn.Module):
     def zero_grad(self, set_to_none: bool = True) -> None:
         super().zero_grad(set_to_none=set_to_none)
         for p in self._module.parameters():
-            p.grad_sample = None
+            setattr(p, "grad_sample", None)  # the wrapper's attribute: torch's Parameter does not declare it
 
     def to_standard_module(self) -> nn.Module:
         for p in self._module.parameters():

@@ -179,13 +179,13 @@ class GradSampleModule(nn.Module):
         finally:
             self._in_forward = False
         if self._hooks is not None and self._hooks.watched and self.hooks_enabled and torch.is_grad_enabled():
-            self._refuse_outside_use(output)
+            self._refuse_outside_use(output, self._hooks.watched)
         return output
 
-    def _refuse_outside_use(self, output: Any) -> None:
+    def _refuse_outside_use(self, output: Any, watched: dict[int, nn.Parameter]) -> None:
         """Raise if a sampled layer's parameter is also used outside that layer (see :mod:`.outside_use`)."""
         leaves = [output] if isinstance(output, Tensor) else tree_flatten(output)[0]
-        p = outside_use(leaves, self._hooks.watched)
+        p = outside_use(leaves, watched)
         if p is not None:
             name = next((n for n, q in self._module.named_parameters() if q is p), "a parameter")
             raise GradSampleError(

@@ -37,7 +37,15 @@ import torch
 from torch import Tensor, nn
 
 _MARK = "dpn_in_layer"
-_ACCUMULATE_GRAD = type(torch.zeros(1, requires_grad=True).view_as(torch.zeros(1)).grad_fn.next_functions[0][0])
+
+
+def _accumulate_grad_type() -> type:
+    node = torch.zeros(1, requires_grad=True).view_as(torch.zeros(1)).grad_fn
+    assert node is not None  # a view of a leaf that requires grad always has one
+    return type(node.next_functions[0][0])
+
+
+_ACCUMULATE_GRAD = _accumulate_grad_type()
 
 
 def mark_in_layer(node: Any) -> None:
@@ -57,7 +65,7 @@ def alias_parameters(modules: Any, watched: dict[int, nn.Parameter], exclude: fr
         for name, p in params.items():
             if p is not None and p.requires_grad and isinstance(p, nn.Parameter):
                 alias = p.view_as(p)
-                alias.grad_fn.metadata[_MARK] = True
+                mark_in_layer(alias.grad_fn)
                 params[name] = alias
                 pairs.append((name, p))
                 if id(p) not in exclude:
@@ -87,8 +95,9 @@ def outside_use(outputs: list[Tensor], watched: set[int] | dict[int, Any]) -> An
             if fn is None:
                 continue
             if type(fn) is _ACCUMULATE_GRAD:
-                if id(fn.variable) in watched and _MARK not in node.metadata:
-                    return fn.variable
+                # torch's Node stub lacks AccumulateGrad's ``variable`` and types ``metadata`` (a dict) as a method
+                if id(fn.variable) in watched and _MARK not in node.metadata:  # type: ignore[attr-defined, operator]
+                    return fn.variable  # type: ignore[attr-defined]
             elif fn not in seen:
                 stack.append(fn)
     return None

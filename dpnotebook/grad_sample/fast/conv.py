@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from typing import Callable
+from typing import Callable, cast
 
 import torch
 from torch import Tensor, nn
@@ -224,7 +224,8 @@ def conv_per_sample_grads(
     for s in range(0, B, step):
         xs, gs = x[s * K : (s + step) * K], g[s * K : (s + step) * K]
         if method == "unfold":
-            _unfold_chunk(layer, xs, gs, K, work, out=flat[s : s + step])
+            # "unfold" is a method for a Conv2d only (see _methods)
+            _unfold_chunk(cast(nn.Conv2d, layer), xs, gs, K, work, out=flat[s : s + step])
         elif method == "grouped":
             out[s : s + step] = conv_weight_grad_grouped(layer, xs, gs, K)
         else:

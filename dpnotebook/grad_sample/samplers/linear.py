@@ -17,6 +17,8 @@ tensor([[[1., 1., 1.]]])
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import Tensor, nn
 
@@ -38,13 +40,15 @@ def linear_grad_sampler(
     """Per-sample gradients of ``layer.weight`` and ``layer.bias``."""
     out: dict[nn.Parameter, Tensor] = {}
     a = activations[0]
-    if layer.weight.requires_grad:
+    # torch's stubs type Linear.weight and .bias as Tensors; they are the layer's Parameters
+    weight, bias = cast(nn.Parameter, layer.weight), cast("nn.Parameter | None", layer.bias)
+    if weight.requires_grad:
         if a.requires_grad or backprops.requires_grad:  # double backward: keep the graph, no buffer
-            out[layer.weight] = linear_weight_grads(a, backprops, K)
+            out[weight] = linear_weight_grads(a, backprops, K)
         else:
-            out[layer.weight] = linear_weight_grads_into_buffer(layer, a, backprops, K)
-    if layer.bias is not None and layer.bias.requires_grad:
-        out[layer.bias] = sum_rows(backprops, K, keep=1)
+            out[weight] = linear_weight_grads_into_buffer(layer, a, backprops, K)
+    if bias is not None and bias.requires_grad:
+        out[bias] = sum_rows(backprops, K, keep=1)
     return out
 
 
