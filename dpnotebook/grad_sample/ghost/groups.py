@@ -33,7 +33,7 @@ over the activations and backprops.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Protocol, cast
 
 import torch
 from torch import Tensor, nn
@@ -45,8 +45,12 @@ from dpnotebook.grad_sample.engine.hooks import bound_arguments, sampler_grad_sa
 from dpnotebook.grad_sample.engine.registry import find_grad_sampler
 
 Grads = dict[nn.Parameter, Tensor]
-#: ``scratch(key, shape, like)``: a buffer the caller keeps between steps (contents undefined).
-Scratch = Callable[[tuple, tuple, Tensor], Tensor]
+
+
+class Scratch(Protocol):
+    """``scratch(key, shape, like)``: a buffer the caller keeps between steps (contents undefined)."""
+
+    def __call__(self, key: tuple, shape: tuple, like: Tensor) -> Tensor: ...
 
 
 @dataclass
@@ -72,6 +76,11 @@ class GhostCall:
         """Let go of the inputs and backprops (after the call's per-sample gradients were formed)."""
         self.call.release()
         self.backprops = None
+
+    def received(self) -> Tensor:
+        """:attr:`backprops`, once they arrived: groups are made only of calls that received theirs."""
+        assert self.backprops is not None, f"{self.call.path}: no backprops received yet"
+        return self.backprops
 
     def activations(self) -> list:
         return [
@@ -151,9 +160,10 @@ class MaterialisedGroup(GhostGroup):
 def materialise(module: nn.Module, calls: list[GhostCall], K: int, scratch: Scratch | None = None) -> MaterialisedGroup:
     """The registered sampler's per-sample gradients of ``module``, summed over ``calls``."""
     entry = find_grad_sampler(module)
+    assert entry is not None, module  # layers without a grad sampler are left to the hooks engine
     total: Grads = {}
     for c in calls:
-        bd, bp = c.call.batch_dim, c.backprops
+        bd, bp = c.call.batch_dim, c.received()
         bp = (
             bp.movedim(0, bd) if bd != 0 and bp.dim() > bd else bp
         )  # back to the layer's layout, as the sampler expects
@@ -192,7 +202,7 @@ class GhostHandler(NamedTuple):
     def settled_group(self, module: nn.Module, call: GhostCall, K: int, scratch: Scratch) -> "MaterialisedGroup":
         """The per-sample gradients of one settled call."""
         if self.materialises:
-            return self.make_group(module, [call], K, scratch)  # type: ignore[return-value]
+            return cast(MaterialisedGroup, self.make_group(module, [call], K, scratch))  # it materialises
         group = materialise(module, [call], K)
         group.how = "materialised (direct)"
         return group

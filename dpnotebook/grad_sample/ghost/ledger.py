@@ -218,16 +218,17 @@ class GhostLedger:
         per_param = isinstance(weights, dict)
         dropped = _dropped(weights)
         if dropped is not None:  # a NaN weight times a zeroed row is still NaN
-            clean = {
-                id(w): torch.where(dropped, w.new_zeros(()), w) for w in (weights.values() if per_param else [weights])
-            }
-            weights = {p: clean[id(w)] for p, w in weights.items()} if per_param else clean[id(weights)]
+            if isinstance(weights, dict):
+                clean = {id(w): torch.where(dropped, w.new_zeros(()), w) for w in weights.values()}
+                weights = {p: clean[id(w)] for p, w in weights.items()}
+            else:
+                weights = torch.where(dropped, weights.new_zeros(()), weights)
         out: Grads = {}
         offset = 0
         for Bf, made in self._passes(layout):
             for m, group in made.items():
                 w = {
-                    p: (weights[p] if per_param else weights)[offset : offset + Bf]
+                    p: (weights[p] if isinstance(weights, dict) else weights)[offset : offset + Bf]
                     for p in m._parameters.values()
                     if p is not None and p.requires_grad and (not per_param or p in weights)
                 }
@@ -236,7 +237,7 @@ class GhostLedger:
                 for p, s in group.weighted_sums(w).items():
                     out[p] = out[p] + s if p in out else s
             offset += Bf
-        w = weights if per_param else {p: weights for p in sampled.grads}
+        w = weights if isinstance(weights, dict) else {p: weights for p in sampled.grads}
         if dropped is not None:
             sampled.drop(~dropped)
         for p, s in sampled.weighted_sums(w).items():

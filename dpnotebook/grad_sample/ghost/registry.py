@@ -36,22 +36,27 @@ True
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, TypeVar, cast
 
 import torch  # noqa: F401  (used by the doctest)
 from torch import nn
 
-from dpnotebook.grad_sample.ghost.groups import GhostCall, GhostHandler, GroupMaker
+from dpnotebook.grad_sample.ghost.groups import GhostCall, GhostGroup, GhostHandler
 
 _NORM_SAMPLERS: dict[type, GhostHandler] = {}
 
+#: The layer types a norm sampler is registered for (their closest common base class).
+L = TypeVar("L", bound=nn.Module)
+#: A group maker, ``make_group(module, calls, K, scratch)`` (its module typed as one of its layer types).
+M = TypeVar("M", bound=Callable[..., GhostGroup])
+
 
 def register_norm_sampler(
-    *layer_types: type,
+    *layer_types: type[L],
     outside: tuple[str, ...] = (),
     materialises: bool = False,
-    settles: Callable[[nn.Module, GhostCall, int], bool] | None = None,
-) -> Callable[[GroupMaker], GroupMaker]:
+    settles: Callable[[L, GhostCall, int], bool] | None = None,
+) -> Callable[[M], M]:
     """Decorator: ghost mode handles ``layer_types`` with the decorated group maker.
 
     Args:
@@ -67,9 +72,11 @@ def register_norm_sampler(
         if not (isinstance(t, type) and issubclass(t, nn.Module)):
             raise TypeError(f"register_norm_sampler({t!r}): layer types must be nn.Module subclasses.")
 
-    def decorator(make_group: GroupMaker) -> GroupMaker:
+    def decorator(make_group: M) -> M:
+        # ghost_handler gives the handler only to modules of layer_types, so it may take them as L
+        settle = cast("Callable[[nn.Module, GhostCall, int], bool] | None", settles)
         for t in layer_types:
-            _NORM_SAMPLERS[t] = GhostHandler(make_group, outside=outside, materialises=materialises, settles=settles)
+            _NORM_SAMPLERS[t] = GhostHandler(make_group, outside=outside, materialises=materialises, settles=settle)
         return make_group
 
     return decorator
@@ -96,7 +103,10 @@ def ghost_handler(module: nn.Module) -> GhostHandler | None:
     if isinstance(module, nn.Embedding) and module.max_norm is not None:
         return None  # max_norm renormalises the weight in place during the forward
     for cls in type(module).__mro__:
-        if cls in _NORM_SAMPLERS and (cls is type(module) or type(module).forward is cls.forward):
+        # registered types are nn.Module subclasses (register_norm_sampler checks)
+        if cls in _NORM_SAMPLERS and (
+            cls is type(module) or type(module).forward is cast(type[nn.Module], cls).forward
+        ):
             return _NORM_SAMPLERS[cls]
     return None
 

@@ -15,6 +15,7 @@ True
 from __future__ import annotations
 
 from functools import partial
+from typing import cast
 
 from torch import nn
 
@@ -35,19 +36,21 @@ def conv_group(
 ) -> GhostGroup:
     """``nn.Conv1d/2d/3d``: :func:`conv_per_sample_grads`, summed over calls."""
     grads: Grads = {}
+    # torch's stubs type a convolution's weight and bias as Tensors; they are the layer's Parameters
+    weight, bias = cast(nn.Parameter, layer.weight), cast("nn.Parameter | None", layer.bias)
     for i, c in enumerate(calls):  # the calls of one forward pass: same rows, same scale
-        x, g = c.activations()[0], c.backprops
+        x, g = c.activations()[0], c.received()
         B = x.shape[0] // K
-        if layer.weight.requires_grad:
-            shape = (B, *layer.weight.shape)
+        if weight.requires_grad:
+            shape = (B, *weight.shape)
             buf = scratch(("weight", i), shape, g) if scratch is not None else g.new_empty(shape)
             workspace = partial(scratch, ("patches", i), like=x) if scratch is not None else None
             w = conv_per_sample_grads(layer, x, g, K, buf, workspace=workspace)
-            grads[layer.weight] = w if i == 0 else grads[layer.weight].add_(w)
-        if layer.bias is not None and layer.bias.requires_grad:
+            grads[weight] = w if i == 0 else grads[weight].add_(w)
+        if bias is not None and bias.requires_grad:
             b = g.flatten(2).sum(2)
             b = b if K == 1 else b.reshape(B, K, -1).sum(1)
-            grads[layer.bias] = b if i == 0 else grads[layer.bias] + b
+            grads[bias] = b if i == 0 else grads[bias] + b
     return ConvGroup(grads, calls[0].scale)
 
 

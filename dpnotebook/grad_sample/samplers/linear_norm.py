@@ -21,6 +21,8 @@ calls, and norms do not add up.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import Tensor, nn
 
@@ -94,10 +96,11 @@ class LinearGroup(GhostGroup):
 
     def sq_norms(self) -> Grads:
         out: Grads = {}
+        # blocks is never empty, so each sum is a tensor
         if self.weight.requires_grad:
-            out[self.weight] = sum(piece.weight_sq_norms() for piece in self.blocks.values())
+            out[self.weight] = cast(Tensor, sum(piece.weight_sq_norms() for piece in self.blocks.values()))
         if self.bias is not None and self.bias.requires_grad:
-            out[self.bias] = sum(piece.bias_grads().pow(2).sum(1) for piece in self.blocks.values())
+            out[self.bias] = cast(Tensor, sum(piece.bias_grads().pow(2).sum(1) for piece in self.blocks.values()))
         return out
 
     def weighted_sums(self, weights: Grads) -> Grads:
@@ -148,18 +151,22 @@ def _disjoint(windows: list[tuple[int, int]]) -> bool:
 
 
 @register_norm_sampler(nn.Linear, InProjection, settles=linear_settles)
-def linear_group(module: nn.Module, calls: list[GhostCall], K: int, scratch: Scratch | None = None) -> GhostGroup:
+def linear_group(
+    module: nn.Linear | InProjection, calls: list[GhostCall], K: int, scratch: Scratch | None = None
+) -> GhostGroup:
     """``nn.Linear`` (window = all rows) and ``InProjection`` (the rows each call used)."""
-    blocks: dict[tuple[int, int], list] = {}
+    # torch's stubs type Linear.weight and .bias as Tensors; they are the layer's Parameters
+    weight, bias = cast(nn.Parameter, module.weight), cast("nn.Parameter | None", getattr(module, "bias", None))
+    blocks: dict[tuple[int, int], list[tuple[Tensor, Tensor, float]]] = {}
     for c in calls:
         acts = c.activations()
-        rows = (0, module.weight.shape[0]) if len(acts) < 3 else tuple(acts[1])
+        rows = (0, weight.shape[0]) if len(acts) < 3 else tuple(acts[1])
         if len(acts) >= 3 and tuple(acts[2]) != rows:
             return materialise(module, calls, K)  # weight and bias rows differ: not a plain window
-        blocks.setdefault(rows, []).append((acts[0], c.backprops, c.scale))
+        blocks.setdefault(rows, []).append((acts[0], c.received(), c.scale))
     if not _disjoint(list(blocks)):
         return materialise(module, calls, K)  # overlapping windows: their gradients would add up
-    return LinearGroup(module.weight, getattr(module, "bias", None), {r: linear_piece(v, K) for r, v in blocks.items()})
+    return LinearGroup(weight, bias, {r: linear_piece(v, K) for r, v in blocks.items()})
 
 
 class EmbeddingGroup(GhostGroup):
@@ -190,13 +197,14 @@ def embedding_group(module: nn.Embedding, calls: list[GhostCall], K: int, scratc
         return MaterialisedGroup({})
     idx, G = [], []
     for c in calls:
-        i, g = c.activations()[0], c.backprops
+        i, g = c.activations()[0], c.received()
         g = g.reshape(*i.shape, module.embedding_dim)
         if module.padding_idx is not None:  # the padding row gets no gradient
             g = g * (i != module.padding_idx).unsqueeze(-1).to(g.dtype)
         idx.append(i.reshape(i.shape[0] // K, -1))
         G.append(g.reshape(i.shape[0] // K, -1, module.embedding_dim))
-    return EmbeddingGroup(module.weight, torch.cat(idx, 1), torch.cat(G, 1), calls[0].scale)
+    weight = cast(nn.Parameter, module.weight)  # torch's stubs type it as a Tensor
+    return EmbeddingGroup(weight, torch.cat(idx, 1), torch.cat(G, 1), calls[0].scale)
 
 
 __all__ = [

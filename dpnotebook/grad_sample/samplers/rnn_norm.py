@@ -24,7 +24,7 @@ from dpnotebook.layers.gate_projection import GateProjection
 class GateGroup(GhostGroup):
     """One RNN layer and direction: input-side and hidden-side Linear pieces, and both biases."""
 
-    def __init__(self, unit: nn.Module, x_side: LinearPiece, h_side: LinearPiece, shared: bool) -> None:
+    def __init__(self, unit: GateProjection, x_side: LinearPiece, h_side: LinearPiece, shared: bool) -> None:
         self.unit, self.x_side, self.h_side = unit, x_side, h_side
         A, H, G = x_side.A, h_side.A, x_side.G
         self.shared = shared and shared_gram_pays([A.shape[2], H.shape[2]], A.shape[1], G.shape[2])
@@ -75,7 +75,7 @@ class GateGroup(GhostGroup):
         self._weight_sq = None
 
 
-def gate_settles(unit: nn.Module, call: GhostCall, K: int) -> bool:
+def gate_settles(unit: GateProjection, call: GhostCall, K: int) -> bool:
     """Whether both sides' per-sample gradients are the cheaper way to the norms, so the call is settled.
 
     A sample's ``n = K * T`` positions against the input and hidden sizes; a
@@ -99,7 +99,7 @@ def gate_settles(unit: nn.Module, call: GhostCall, K: int) -> bool:
 
 # the recurrence uses weight_hh and bias_hh too
 @register_norm_sampler(GateProjection, outside=("weight_hh", "bias_hh"), settles=gate_settles)
-def gate_group(unit: nn.Module, calls: list[GhostCall], K: int, scratch: Scratch | None = None) -> GhostGroup:
+def gate_group(unit: GateProjection, calls: list[GhostCall], K: int, scratch: Scratch | None = None) -> GhostGroup:
     """``dpnotebook.layers.GateProjection``: the hidden states come from the layer's record.
 
     >>> import torch
@@ -110,10 +110,12 @@ def gate_group(unit: nn.Module, calls: list[GhostCall], K: int, scratch: Scratch
     >>> lstm.per_sample_norms().shape
     torch.Size([2])
     """
-    xs, hs, shared = [], [], True
+    xs: list[tuple[Tensor, Tensor, float]] = []
+    hs: list[tuple[Tensor, Tensor, float]] = []
+    shared = True
     for c in calls:
         acts = c.activations()
-        x, record, g = acts[0], acts[1], c.backprops
+        x, record, g = acts[0], acts[1], c.received()
         with torch.no_grad():
             h_prev = record.hidden_inputs().to(g.dtype)
             g_hh = unit.hidden_backprops(x, h_prev, g)
