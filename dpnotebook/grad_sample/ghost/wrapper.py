@@ -42,7 +42,7 @@ from __future__ import annotations
 import weakref
 from collections import Counter
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -50,12 +50,14 @@ from torch import Tensor, nn
 from dpnotebook.errors import GradSampleError
 from dpnotebook.grad_sample.engine.functorch_fallback import LayerCall, capture_is_paused, detach_tree, loss_scale
 from dpnotebook.grad_sample.samplers import conv_norm, linear_norm, materialised_norm, rnn_norm  # noqa: F401  (register the norm samplers)
-from dpnotebook.grad_sample.ghost.groups import GhostCall, MaterialisedGroup
+from dpnotebook.grad_sample.ghost.groups import GhostCall, GhostHandler, MaterialisedGroup
 from dpnotebook.grad_sample.ghost.ledger import GhostLedger
 from dpnotebook.grad_sample.ghost.registry import ghost_handler
+from dpnotebook.grad_sample.ghost.stale_records import StaleRecordsGuard, check_inputs_unchanged, input_versions
 from dpnotebook.grad_sample.ghost.tap import GhostStore, Tap, grad_mark
 from dpnotebook.grad_sample.engine.hooks import second_backward_error, to_batch_first
 from dpnotebook.grad_sample.engine.module import GradSampleModule, plan_units
+from dpnotebook.grad_sample.engine.registry import SamplerEntry
 from dpnotebook.validation import Problem, raise_if_problems, validate
 
 Grads = dict[nn.Parameter, Tensor]
@@ -89,15 +91,18 @@ class GhostGradSampleModule(GradSampleModule):
         return problems
 
     # -- planning: which layers are ghosted, which go to the hooks engine -------------
-    def _split_plan(self) -> tuple[list, list]:
+    def _split_plan(self) -> tuple[list[tuple[str, nn.Module, SamplerEntry | None, GhostHandler]], list]:
         units = plan_units(self._module)
         owners = Counter(id(p) for _, m, e in units for p in set(m.parameters(recurse=e is None)))
         ghost, hooks = [], []
         for path, m, entry in units:
             handler = ghost_handler(m) if entry is not None else None
             exclusive = all(owners[id(p)] == 1 for p in m.parameters(recurse=False))
-            (ghost if handler is not None and exclusive else hooks).append((path, m, entry, handler))
-        return ghost, [(path, m, entry) for path, m, entry, _ in hooks]
+            if handler is not None and exclusive:
+                ghost.append((path, m, entry, handler))
+            else:
+                hooks.append((path, m, entry))
+        return ghost, hooks
 
     def _plan(self) -> list:
         return self._split_plan()[1]
@@ -109,14 +114,14 @@ class GhostGradSampleModule(GradSampleModule):
         if not isinstance(self._store, GhostStore):
             self._store = GhostStore(self)
         super().add_hooks()
-        self._versions: dict[int, int] = {}
         self._ghost_units, _ = self._split_plan()
+        self._stale = StaleRecordsGuard([m for _, m, _, _ in self._ghost_units])
         self._ledger = GhostLedger({m: handler for _, m, _, handler in self._ghost_units}, self.K)
         self._swapped: dict[int, list[dict]] = {}
         self._held: list[tuple[nn.Module, str, nn.Parameter]] = []
         self._ghost_handles = []
         for p in self._module.parameters():  # lets GhostDPOptimizer find this wrapper from its parameters
-            p._dpn_ghost_owner = weakref.ref(self)
+            setattr(p, "_dpn_ghost_owner", weakref.ref(self))  # an attribute torch's Parameter does not declare
         for path, m, _, handler in self._ghost_units:
             self._ghost_handles.append(m.register_forward_pre_hook(self._detach_params, with_kwargs=True))
             hook = partial(self._tap_output, path, handler.outside)
@@ -127,8 +132,8 @@ class GhostGradSampleModule(GradSampleModule):
             h.remove()
         self._ghost_handles = []
         for p in self._module.parameters():
-            if getattr(p, "_dpn_ghost_owner", None) is not None and p._dpn_ghost_owner() is self:
-                del p._dpn_ghost_owner
+            if ghost_owner(p) is self:
+                delattr(p, "_dpn_ghost_owner")
         super().remove_hooks()
 
     @property
@@ -150,7 +155,7 @@ class GhostGradSampleModule(GradSampleModule):
         )
 
     def _forward(self, *args: Any, **kwargs: Any) -> Any:
-        self._check_not_stale()
+        self._stale.check(holds_records=bool(self._ledger.pending), allow_accumulation=self._store.allow_accumulation)
         try:
             return super()._forward(*args, **kwargs)
         finally:
@@ -165,7 +170,7 @@ class GhostGradSampleModule(GradSampleModule):
         saved = {n: p for n, p in m._parameters.items() if p is not None and p.requires_grad}
         self._swapped.setdefault(id(m), []).append(saved)
         for n, p in saved.items():
-            m._parameters[n] = p.detach()
+            m._parameters[n] = cast(nn.Parameter, p.detach())  # a stand-in until _tap_output puts p back
 
     def _tap_output(
         self, path: str, outside: tuple[str, ...], m: nn.Module, args: tuple, kwargs: dict, output: Any
@@ -189,12 +194,14 @@ class GhostGradSampleModule(GradSampleModule):
         self._check_rows(path, m, rows, bd)
         call = LayerCall(m, path, detach_tree(args), detach_tree(kwargs), [0], bd, rows, self._forward_id)
         record = GhostCall(call)
-        versions = [a._version for a in call.args if isinstance(a, Tensor)]
-        if not self._ledger.pending:  # a new batch: remember the parameters' versions (see _check_not_stale)
-            self._versions = {id(p): p._version for p in self._ghost_params()}
+        versions = input_versions(call)
+        if not self._ledger.pending:  # a new batch: remember the parameters' versions
+            self._stale.new_batch()
         self._ledger.record(self._forward_id, m, record)
+        store = self._store
+        assert isinstance(store, GhostStore)  # add_hooks put it in place before any tap
         for p in saved.values():
-            self._store.marks[id(p)] = grad_mark(p)
+            store.marks[id(p)] = grad_mark(p)
         accounted = [saved[n] for n in outside if n in saved]
         sink = partial(self._on_backprops, record, versions, accounted)
         if output.requires_grad:  # the input carries the graph: a hook on the output is enough
@@ -211,39 +218,13 @@ class GhostGradSampleModule(GradSampleModule):
         call = record.call
         if record.released:
             raise second_backward_error(call, "ghost")
-        if [a._version for a in call.args if isinstance(a, Tensor)] != versions:
-            raise GradSampleError(
-                f"{call.path} ({type(call.module).__name__}): its input was modified in place after the layer "
-                "used it, so ghost mode cannot compute its gradient norms. Avoid in-place operations on "
-                "layer inputs (e.g. use ReLU(inplace=False) before this layer)."
-            )
+        check_inputs_unchanged(call, versions)
         g = to_batch_first(grad, call.batch_dim).detach()
         record.backprops = g if record.backprops is None else record.backprops + g
         record.scale = loss_scale(self.loss_reduction, call.rows) / self.K
         self._ledger.received(record)
         for p in accounted:  # used outside the layer by design (an RNN's recurrence): accounted for here
             self._store._sampled.add(id(p))
-
-    def _ghost_params(self) -> list[nn.Parameter]:
-        return [p for _, m, _, _ in self._ghost_units for p in m._parameters.values() if p is not None]
-
-    def _check_not_stale(self) -> None:
-        if not self._ledger.pending:
-            return
-        if not self._store.allow_accumulation:
-            raise GradSampleError(
-                "ghost mode holds the norms of an earlier batch and gradient accumulation is forbidden. "
-                "Call zero_grad() (on the model or the DP optimizer) before the next forward/backward, "
-                "or call allow_grad_accumulation()."
-            )
-        for p in self._ghost_params():
-            if id(p) in self._versions and p._version != self._versions[id(p)]:
-                raise GradSampleError(
-                    "ghost mode: the parameters changed after a backward pass whose clipped gradients "
-                    "were never used, so an optimizer stepped without them (in ghost mode p.grad is "
-                    "not filled). Use dpnotebook.privacy.ghost_optimizer.GhostDPOptimizer, e.g. through "
-                    "PrivacyEngine.make_private(grad_sample_mode='ghost'), or call zero_grad() between steps."
-                )
 
     # -- after backward: norms and weighted sums (added up by the ledger) ------------
     def _trainable(self) -> list[nn.Parameter]:
@@ -258,7 +239,7 @@ class GhostGradSampleModule(GradSampleModule):
             params = [
                 p for _, m, entry in self._hooks.units for p in m.parameters(recurse=entry is None) if p.requires_grad
             ]
-        sampled = MaterialisedGroup({p: p.grad_sample for p in params if getattr(p, "grad_sample", None) is not None})
+        sampled = MaterialisedGroup({p: g for p in params if (g := getattr(p, "grad_sample", None)) is not None})
         blocks = {p: self._store.blocks(p) for p in sampled.grads}
         layout = self._ledger.layout(blocks, self._store._name)
         return self._ledger.align(sampled, blocks, layout), layout
@@ -299,7 +280,7 @@ class GhostGradSampleModule(GradSampleModule):
     def clear_ghost(self) -> None:
         """Forget the recorded activations and backprops (after their sums were taken)."""
         self._ledger.clear()
-        self._versions = {}
+        self._stale.forget()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear ``p.grad``, ``p.grad_sample`` and the recorded activations and backprops."""
