@@ -1,0 +1,277 @@
+"""Compare two revisions of dpnotebook on the same benchmark configurations, interleaved, in one run.
+
+For maintainers checking a change for speed regressions::
+
+    python -m dpnotebook.benchmarks.revisions bd22ad1 HEAD --quick --rounds 3 --json out.json
+    python -m dpnotebook.benchmarks.revisions main HEAD --models MLP --batch 128 --modes ghost --kinds dpsgd
+    python -m dpnotebook.benchmarks.revisions --report out.json      # the table again
+
+Each revision's ``dpnotebook/`` is exported with ``git archive <rev> dpnotebook | tar -x`` into a
+temporary folder (committed files only: uncommitted edits are not measured; nothing is left in
+the repository's worktree list; the folders are removed at the end). Every option of
+``python -m dpnotebook.benchmarks`` (``--quick``, ``--models``, ``--kinds``, ``--steps`` ...) selects
+the configurations, planned by this checkout's :func:`~dpnotebook.benchmarks.suite.plan`.
+
+Each configuration runs in a fresh process of that revision's own code:
+``python -m dpnotebook.benchmarks --child <payload>`` with ``PYTHONPATH`` and the working
+directory set to the exported tree (the editable install's import hook comes after ``sys.path``,
+so the tree wins; the tool checks where ``dpnotebook`` was imported from before it starts). That
+hidden entry point takes the same JSON payload (``cfg`` plus ``steps``, ``warmup``, ``device``,
+``threads``, ``min_seconds``, ``max_steps``) in bd22ad1 and since, and prints the row the suite
+prints, so both sides are measured exactly as the suite measures them. A revision whose child
+fails (a mode it does not have, another payload) gets an error in that row, not a crash.
+
+For each configuration the two revisions run alternately for ``--rounds`` rounds (A B, B A,
+A B, ...), so a burst of load elsewhere tends to hit both. The table gives each side's median
+step time over the rounds, their ratio B/A, and the spread of the per-round ratios (min-max):
+a spread that contains 1.0 is within noise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from dpnotebook.benchmarks.__main__ import parse_args as suite_args
+from dpnotebook.benchmarks.suite import Config, plan
+
+SETTINGS = ("steps", "warmup", "threads", "device", "min_seconds", "max_steps")
+
+
+def compare(a_ms: list[float], b_ms: list[float]) -> dict[str, float | bool]:
+    """Medians of both sides, their ratio B/A, and the min and max of the per-round ratios.
+
+    Round ``i`` pairs ``a_ms[i]`` with ``b_ms[i]``; ``within_noise`` says whether 1.0 lies
+    between the smallest and the largest per-round ratio.
+
+    >>> r = compare([10.0, 12.0, 11.0], [11.0, 12.0, 9.9])
+    >>> r["median_a"], r["median_b"], round(r["ratio"], 3), r["ratio_min"], r["ratio_max"], r["within_noise"]
+    (11.0, 11.0, 1.0, 0.9, 1.1, True)
+    """
+    if not a_ms or len(a_ms) != len(b_ms):
+        raise ValueError(f"need one time per round on each side, got {len(a_ms)} and {len(b_ms)}")
+    per_round = [b / a for a, b in zip(a_ms, b_ms)]
+    lo, hi = min(per_round), max(per_round)
+    median_a, median_b = statistics.median(a_ms), statistics.median(b_ms)
+    return {
+        "median_a": median_a,
+        "median_b": median_b,
+        "ratio": median_b / median_a,
+        "ratio_min": lo,
+        "ratio_max": hi,
+        "within_noise": lo <= 1.0 <= hi,
+    }
+
+
+def label(row: dict) -> str:
+    """A configuration's name in the table.
+
+    >>> label({"model": "MLP", "batch": 128, "K": 1, "what": "dpsgd_ghost"})
+    'MLP B=128 K=1 dpsgd_ghost'
+    """
+    return f"{row['model']} B={row['batch']} K={row['K']} {row['what']}"
+
+
+def table(rows: list[dict], a: str, b: str) -> str:
+    """The comparison as a Markdown table (one line per configuration; errors shown as such).
+
+    The last two columns are steadier under load: each side's ratio to the non-private step that
+    its own process timed alternately with it (load that slows a whole process cancels out), and
+    the ratio of the fastest single steps over all rounds (the least disturbed ones).
+    """
+    lines = [
+        f"| configuration | {a} median ms | {b} median ms | ratio B/A | spread (min-max) | within noise "
+        "| B/A of the ratio to non-private (spread) | B/A of the fastest steps |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {label(r)} | error: {r['error']} | | | | | | |")
+            continue
+        q = r.get("rel")
+        rel = f"{q['ratio']:.2f} ({q['ratio_min']:.2f}-{q['ratio_max']:.2f})" if q else "—"
+        lines.append(
+            f"| {label(r)} | {r['median_a']:.1f} | {r['median_b']:.1f} | {r['ratio']:.2f} "
+            f"| {r['ratio_min']:.2f}-{r['ratio_max']:.2f} | {'yes' if r['within_noise'] else 'no'} | {rel} "
+            f"| {r['fastest_ratio']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def export(repo: Path, rev: str, into: Path) -> str:
+    """Write ``rev``'s ``dpnotebook/`` into ``into`` (``git archive | tar -x``); return the full commit id."""
+    commit = subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", "--verify", f"{rev}^{{commit}}"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    into.mkdir(parents=True)
+    archive = subprocess.Popen(["git", "-C", str(repo), "archive", commit, "dpnotebook"], stdout=subprocess.PIPE)
+    subprocess.run(["tar", "-x", "-C", str(into)], stdin=archive.stdout, check=True)
+    if archive.stdout is not None:
+        archive.stdout.close()
+    if archive.wait() != 0:
+        raise RuntimeError(f"git archive {rev} failed")
+    return commit
+
+
+def _env(tree: Path) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(tree)}
+
+
+def imported_from(tree: Path) -> str:
+    """Where ``import dpnotebook`` resolves in a child run in ``tree``; raise if that is not ``tree``."""
+    cmd = [sys.executable, "-c", "import dpnotebook; print(dpnotebook.__file__)"]
+    path = subprocess.run(cmd, cwd=tree, env=_env(tree), check=True, capture_output=True, text=True).stdout.strip()
+    if not Path(path).resolve().is_relative_to(tree.resolve()):
+        raise RuntimeError(f"a child in {tree} imports dpnotebook from {path}, not from the exported tree")
+    return path
+
+
+def run_child(tree: Path, cfg: Config, settings: dict, timeout: float) -> dict:
+    """One configuration measured by ``tree``'s own ``python -m dpnotebook.benchmarks --child``."""
+    cmd = [sys.executable, "-m", "dpnotebook.benchmarks", "--child", json.dumps({"cfg": asdict(cfg), **settings})]
+    try:
+        done = subprocess.run(cmd, cwd=tree, env=_env(tree), capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {**asdict(cfg), "error": f"timed out after {timeout:.0f} s"}
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        return {**asdict(cfg), "error": (done.stderr.strip().splitlines() or ["no output"])[-1][:300]}
+    return json.loads(lines[-1])
+
+
+def configurations(args: argparse.Namespace) -> list[Config]:
+    """The configurations ``python -m dpnotebook.benchmarks`` would run with the same options."""
+    configs = plan(args.models, args.batch, modes=args.modes, kinds=args.kinds, ks=[], opacus=args.compare_opacus)
+    return configs + plan(
+        args.k_models or args.models,
+        [],
+        modes=args.modes,
+        kinds=args.kinds,
+        ks=args.ks,
+        k_batch=args.k_batch,
+        k_modes=args.k_modes,
+    )
+
+
+def summarize(row: dict) -> dict:
+    """``row`` (a configuration with its ``a_runs`` and ``b_runs``: the children's rows) with the comparison added."""
+    runs = {side: row[f"{side}_runs"] for side in ("a", "b")}
+    row = {k: v for k, v in row.items() if k in ("model", "batch", "K", "what", "a_runs", "b_runs")}
+    errors = [x["error"] for side in ("a", "b") for x in runs[side] if "error" in x]
+    if errors:
+        return {**row, "error": errors[0]}
+    row.update(compare([x["median_ms"] for x in runs["a"]], [x["median_ms"] for x in runs["b"]]))
+    row["fastest_ratio"] = min(x["min_ms"] for x in runs["b"]) / min(x["min_ms"] for x in runs["a"])
+    if row["what"] != "nonprivate":  # each side's time over its own non-private step, timed alternately
+        row["rel"] = compare([x["ratio"] for x in runs["a"]], [x["ratio"] for x in runs["b"]])
+    return row
+
+
+def run(
+    trees: dict[str, Path],
+    configs: list[Config],
+    rounds: int,
+    settings: dict,
+    timeout: float,
+    done: Callable[[list[dict]], None] = lambda rows: None,
+) -> list[dict]:
+    """Every configuration on both trees (keys ``"a"``, ``"b"``), alternately, ``rounds`` times each.
+
+    ``done`` gets the rows so far after each configuration (the JSON is written as the run goes).
+    """
+    out: list[dict] = []
+    start = time.time()
+    for i, cfg in enumerate(configs, 1):
+        runs: dict[str, list[dict]] = {"a": [], "b": []}
+        for r in range(rounds):
+            for side in ("a", "b") if r % 2 == 0 else ("b", "a"):
+                runs[side].append(run_child(trees[side], cfg, settings, timeout))
+        row = summarize({**asdict(cfg), "a_runs": runs["a"], "b_runs": runs["b"]})
+        out.append(row)
+        done(out)
+        shown = row.get("error") or f"{row['median_a']:.1f} vs {row['median_b']:.1f} ms, B/A {row['ratio']:.2f}"
+        print(f"[{i}/{len(configs)} {time.time() - start:.0f}s] {label(row)}: {shown}", file=sys.stderr)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m dpnotebook.benchmarks.revisions",
+        description=__doc__.split("\n\n")[0],
+        epilog="Name the two revisions first; any other option is python -m dpnotebook.benchmarks' "
+        "(--quick, --models, --kinds, --steps ...).",
+    )
+    p.add_argument("rev_a", nargs="?", help="the baseline revision A (anything git rev-parse takes)")
+    p.add_argument("rev_b", nargs="?", help="the revision B compared with it")
+    p.add_argument("--rounds", type=int, default=3, help="runs of each configuration per revision (default 3)")
+    p.add_argument("--json", metavar="PATH", help="write the rows, the revisions and the settings as JSON")
+    p.add_argument("--repo", default=".", help="the git repository (default: the current directory)")
+    p.add_argument("--report", metavar="PATH", help="print the table of an earlier --json file and exit")
+    own, rest = p.parse_known_args(argv)
+    if own.report:
+        with open(own.report) as f:
+            data = json.load(f)
+        names = [f"{side.upper()} ({data['revisions'][side]['rev']})" for side in ("a", "b")]
+        print(table([summarize(r) for r in data["rows"]], *names))
+        return 0
+    if own.rev_b is None:
+        p.error("name two revisions (or --report PATH).")
+    if own.rounds < 1:
+        p.error(f"--rounds={own.rounds}: use --rounds >= 1.")
+    args = suite_args(rest)
+    settings = {k: getattr(args, k) for k in SETTINGS}
+    configs = configurations(args)
+    meta = {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "rounds": own.rounds,
+        **settings,
+    }
+    revisions: dict[str, dict[str, str]] = {}
+    started = time.time()
+
+    def save(rows: list[dict], complete: bool = False) -> None:
+        if own.json:
+            seconds = round(time.time() - started)
+            with open(own.json, "w") as f:
+                data = {"revisions": revisions, "settings": {**meta, "seconds": seconds, "complete": complete}}
+                json.dump({**data, "rows": rows}, f, indent=1)
+
+    tmp = Path(tempfile.mkdtemp(prefix="dpnotebook-revisions-"))
+    try:
+        trees = {"a": tmp / "a", "b": tmp / "b"}
+        for side, rev in (("a", own.rev_a), ("b", own.rev_b)):
+            commit = export(Path(own.repo), rev, trees[side])
+            revisions[side] = {"rev": rev, "commit": commit, "dpnotebook": imported_from(trees[side])}
+            print(f"{side.upper()} = {rev} ({commit[:10]}), dpnotebook from {trees[side]}", file=sys.stderr)
+        print(f"{len(configs)} configurations x {own.rounds} rounds x 2 revisions ({settings})", file=sys.stderr)
+        rows = run(trees, configs, own.rounds, settings, args.timeout, save)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    save(rows, complete=True)
+    print(table(rows, f"A ({own.rev_a})", f"B ({own.rev_b})"))
+    return 0
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # kill: stop the child, clean up
+    sys.exit(main())
