@@ -104,7 +104,8 @@ class Accountant:
     def get_epsilon(self, delta: float) -> float:
         """The epsilon spent so far at this ``delta`` (0.0 before the first step)."""
         delta = check_delta(delta)
-        return _epsilon(type(self), self.options(), tuple(self.history), delta)
+        # mypy rejects type[Self] as Hashable (it checks the instances' __hash__); a class is hashable
+        return _epsilon(type(self), self.options(), tuple(self.history), delta)  # type: ignore[arg-type]
 
     def get_optimizer_hook_fn(self, sample_rate: float) -> Callable[[Any], None]:
         """Opacus' step hook: ``optimizer.attach_step_hook(acc.get_optimizer_hook_fn(sample_rate=q))``.

@@ -76,6 +76,7 @@ def get_noise_multiplier(
     if (steps is None) == (epochs is None):
         raise ValueError(f"steps={steps!r}, epochs={epochs!r}: give exactly one of them.")
     if steps is None:
+        assert epochs is not None  # exactly one of steps and epochs was given
         per_epoch = poisson_steps_per_epoch(sample_rate) if steps_per_epoch is None else steps_per_epoch
         steps = steps_for_epochs(epochs, per_epoch)
     elif steps_per_epoch is not None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import warnings
 from collections import deque
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, Sized, cast
 
 import torch
 from torch import Tensor
@@ -178,8 +178,9 @@ class DPDataLoader(DataLoader):
             raise TypeError("Poisson sampling needs a map-style dataset (len and dataset[i]), not an IterableDataset.")
         if isinstance(collate_fn, EmptyBatchCollate):
             collate_fn = collate_fn.collate_fn
+        size = len(cast(Sized, dataset))  # map-style (not an IterableDataset): it has a len
         sampler = self.batch_sampler_class(
-            len(dataset), sample_rate=sample_rate, steps=steps, generator=generator, secure_mode=secure_mode
+            size, sample_rate=sample_rate, steps=steps, generator=generator, secure_mode=secure_mode
         )
         super().__init__(
             dataset,
@@ -188,16 +189,16 @@ class DPDataLoader(DataLoader):
             **kwargs,
         )
         self.sample_rate = sampler.sample_rate
-        self.expected_batch_size = self.sample_rate * len(dataset)
+        self.expected_batch_size = self.sample_rate * size
         self.batch_listeners: list[Callable[[int], None]] = []
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # torch: its iterator class; ours wraps it
         """The batches, in order; each one's number of examples goes to every ``batch_listeners`` function.
 
         Counted when a batch is handed out, not when its indices are drawn: with
         ``num_workers > 0`` the loader draws ahead of the training loop.
         """
-        drawn = self.batch_sampler.drawn
+        drawn = cast(PoissonBatchSampler, self.batch_sampler).drawn  # __init__'s (a DataLoader's is fixed)
         for batch in super().__iter__():
             examples = drawn.popleft()
             if not examples and not getattr(self, "_warned_empty", False):

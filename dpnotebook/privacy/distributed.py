@@ -37,7 +37,7 @@ False
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, cast
 
 import torch
 import torch.distributed as dist
@@ -140,11 +140,17 @@ def check_distributed_setup(distributed: bool, data_loader: Any, poisson_samplin
         )
 
 
-class _AllReduceMixin:
+if TYPE_CHECKING:  # the mixin is only ever mixed into a DP optimizer, whose members it uses
+    _DPOptimizerBase = DPOptimizer
+else:
+    _DPOptimizerBase = object
+
+
+class _AllReduceMixin(_DPOptimizerBase):
     """Overrides the noisy sum of a DP optimizer: local clipped sum (+ noise on rank 0), all-reduced."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[call-arg]
+        super().__init__(*args, **kwargs)
         _require_process_group(type(self).__name__)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         #: examples clipped on all ranks together in the last step
@@ -183,7 +189,7 @@ class _AllReduceMixin:
                 f"rank(s) {failed} raised during this DP step (see their traceback); rank {self.rank} stops "
                 "too, so that no rank waits forever in a collective."
             )
-        return reduced, status  # type: ignore[return-value]
+        return cast(list[Tensor], reduced), status  # every index is in one group: all were set
 
     def _noisy_sum(
         self, summed: list[Tensor], params: list[nn.Parameter], std: float
@@ -212,7 +218,7 @@ class _AllReduceMixin:
     def add_noise(self) -> None:
         """As :meth:`~dpnotebook.privacy.optimizer.DPOptimizer.add_noise`, with the all-reduce; a rank that raises here still joins it."""
         try:
-            super().add_noise()  # type: ignore[misc]
+            super().add_noise()
         except RanksFailedError:
             raise
         except BaseException:

@@ -31,7 +31,7 @@ How the uniforms are drawn:
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterator, cast
 
 import torch
 import torch.distributed as dist
@@ -131,8 +131,10 @@ class DistributedDPDataLoader(DPDataLoader):
 
     def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003 - DPDataLoader's
         super().__init__(*args, **kwargs)
-        self.rank, self.world_size = self.batch_sampler.rank, self.batch_sampler.world_size
-        self.local_expected_batch_size = self.sample_rate * len(self.batch_sampler.shard)
+        # DPDataLoader built its batch sampler from batch_sampler_class
+        sampler = cast(DistributedPoissonBatchSampler, self.batch_sampler)
+        self.rank, self.world_size = sampler.rank, sampler.world_size
+        self.local_expected_batch_size = self.sample_rate * len(sampler.shard)
 
 
 DPDataLoader.distributed_class = DistributedDPDataLoader  # what DPDataLoader.from_data_loader(distributed=True) builds

@@ -21,7 +21,7 @@ It is Opacus' API: an Opacus script changes only its import.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sized, cast
 
 import torch
 from torch import nn
@@ -87,7 +87,7 @@ class PrivacyEngine(EngineCheckpoints):
         optimizer: Optimizer,
         data_loader: DataLoader,
         noise_multiplier: float,
-        max_grad_norm: float,
+        max_grad_norm: float | list[float],
         grad_sample_mode: str = "hooks",
         K: int = 1,
         poisson_sampling: bool = True,
@@ -109,7 +109,7 @@ class PrivacyEngine(EngineCheckpoints):
             data_loader: its dataset and ``len`` give ``q = 1 / len(data_loader)``; with
                 ``poisson_sampling`` it is replaced by a :class:`DPDataLoader`.
             noise_multiplier: sigma (>= 0).
-            max_grad_norm: C (> 0).
+            max_grad_norm: C (> 0); with ``clipping="per_layer"``, also Opacus' list of per-layer bounds.
             grad_sample_mode: how per-sample gradients are computed (``"hooks"``, ``"functorch"``, ...;
                 ``"ghost"``: only their norms, with a :class:`~dpnotebook.privacy.ghost_optimizer.GhostDPOptimizer`).
             K: augmented rows per sample (augmentation multiplicity); the loader
@@ -169,7 +169,7 @@ class PrivacyEngine(EngineCheckpoints):
         else:
             module = wrap_in_mode(module, grad_sample_mode, K=K, batch_first=batch_first, loss_reduction=loss_reduction)
 
-        self.dataset_size = len(data_loader.dataset)
+        self.dataset_size = len(cast(Sized, data_loader.dataset))  # map-style: q needs N
         sample_rate = sample_rate_of(data_loader)
         if poisson_sampling:
             data_loader = DPDataLoader.from_data_loader(
@@ -213,10 +213,10 @@ class PrivacyEngine(EngineCheckpoints):
         target_epsilon: float,
         target_delta: float,
         epochs: int,
-        max_grad_norm: float,
+        max_grad_norm: float | list[float],
         epsilon_tolerance: float = 0.01,
         **kwargs: Any,
-    ) -> tuple[nn.Module, DPOptimizer, DataLoader]:
+    ) -> tuple[nn.Module, DPOptimizer, DataLoader] | tuple[nn.Module, DPOptimizer, Any, DataLoader]:
         """As :meth:`make_private`, with the smallest sigma that spends at most ``target_epsilon`` in ``epochs``.
 
         Sigma is calibrated for exactly the steps the returned loader runs in ``epochs``
@@ -224,7 +224,7 @@ class PrivacyEngine(EngineCheckpoints):
         batches per epoch). The chosen sigma is ``optimizer.noise_multiplier``.
         ``**kwargs`` go to :meth:`make_private`.
         """
-        check_delta(target_delta, dataset_size=len(data_loader.dataset), name="target_delta")
+        check_delta(target_delta, dataset_size=len(cast(Sized, data_loader.dataset)), name="target_delta")
         sigma = get_noise_multiplier(
             target_epsilon=target_epsilon,
             target_delta=target_delta,

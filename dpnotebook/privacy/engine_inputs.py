@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from typing import Protocol, cast
 
 from torch import nn
 from torch.optim import Optimizer
@@ -12,7 +13,25 @@ from dpnotebook.errors import PrivacyWarning
 from dpnotebook.grad_sample.engine.module import GradSampleModule
 from dpnotebook.privacy.data_loader import DPDataLoader
 
-__all__ = ["is_wrapped", "unwrap_model", "sample_rate_of", "check_optimizer_params", "warn_not_poisson"]
+__all__ = [
+    "is_wrapped",
+    "unwrap_model",
+    "as_wrapper",
+    "GradSampleWrapper",
+    "sample_rate_of",
+    "check_optimizer_params",
+    "warn_not_poisson",
+]
+
+
+class GradSampleWrapper(Protocol):
+    """What every mode's grad-sample wrapper has; they share no base class but ``nn.Module``."""
+
+    _module: nn.Module
+
+    def to_standard_module(self) -> nn.Module: ...
+
+    def allow_grad_accumulation(self) -> None: ...
 
 
 def is_wrapped(module: nn.Module) -> bool:
@@ -29,7 +48,13 @@ def unwrap_model(module: nn.Module) -> nn.Module:
     >>> unwrap_model(wrap_model(layer, "hooks")) is layer, unwrap_model(layer) is layer
     (True, True)
     """
-    return module._module if is_wrapped(module) else module
+    return cast(GradSampleWrapper, module)._module if is_wrapped(module) else module
+
+
+def as_wrapper(module: nn.Module) -> GradSampleWrapper:
+    """``module``, a wrapper from :func:`dpnotebook.wrap_model` (any mode), typed as one."""
+    assert is_wrapped(module), f"{type(module).__name__} is not a grad-sample wrapper"
+    return cast(GradSampleWrapper, module)
 
 
 def sample_rate_of(data_loader: DataLoader) -> float:

@@ -18,7 +18,7 @@ ValueError: max_grad_norm=[1.0, 2.0] is a list of per-layer bounds but clipping=
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any
 
 from dpnotebook.privacy.arguments import check_max_grad_norm
 
@@ -41,14 +41,14 @@ def check_layer_bounds(value: Any, clipping: str) -> Bounds:
     return check_max_grad_norm(value)
 
 
-def total_bound(bounds: Bounds | Sequence[float]) -> float:
+def total_bound(bounds: Bounds | tuple[float, ...]) -> float:
     """The sensitivity: ``C`` itself, or ``sqrt(sum c_l^2)`` for a list."""
     if isinstance(bounds, (list, tuple)):
         return math.sqrt(sum(c * c for c in bounds))
     return float(bounds)
 
 
-def layer_bound_list(bounds: Bounds | Sequence[float], num_layers: int) -> list[float]:
+def layer_bound_list(bounds: Bounds | tuple[float, ...], num_layers: int) -> list[float]:
     """One bound per parameter tensor: the list itself (its length must be ``num_layers``), or ``C / sqrt(L)`` each."""
     if isinstance(bounds, (list, tuple)):
         if len(bounds) != num_layers:

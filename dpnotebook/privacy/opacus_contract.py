@@ -23,28 +23,40 @@ False
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
-from torch import Tensor
+from torch import Tensor, nn
+
+
+class _DPOptimizerState(Protocol):
+    """What the contract reads: the state of the DP optimizer it is a base of."""
+
+    _skip_next_step: bool
+
+    @property
+    def params(self) -> list[nn.Parameter]: ...
+
+    def virtual_step(self) -> None: ...
 
 
 class OpacusOptimizerContract:
     """``grad_samples``, ``accumulated_iterations`` and ``pre_step`` over a DP optimizer's own state."""
 
     @property
-    def grad_samples(self) -> list[Tensor]:
+    def grad_samples(self: _DPOptimizerState) -> list[Tensor]:
         """The ``grad_sample`` of each parameter that has one (Opacus' ``optimizer.grad_samples``)."""
-        return [p.grad_sample for p in self.params if getattr(p, "grad_sample", None) is not None]  # type: ignore[attr-defined]
+        found = [getattr(p, "grad_sample", None) for p in self.params]  # the wrapper's attribute, not torch's
+        return [g for g in found if g is not None]
 
     @property
     def accumulated_iterations(self) -> int:
         """1: dpnotebook refuses two Poisson batches before one step (the accountant counts one per step)."""
         return 1
 
-    def pre_step(self, closure: Callable[[], Any] | None = None) -> bool:
+    def pre_step(self: _DPOptimizerState, closure: Callable[[], Any] | None = None) -> bool:
         """Clip and accumulate what is present; ``False`` if the step is to be skipped (a virtual step)."""
-        self.virtual_step()  # type: ignore[attr-defined]
-        if self._skip_next_step:  # type: ignore[has-type]
+        self.virtual_step()
+        if self._skip_next_step:
             self._skip_next_step = False
             return False
         return True

@@ -65,7 +65,8 @@ class DPOptimizer(OpacusOptimizerContract, WrappedOptimizer):
     Args:
         optimizer: any ``torch.optim.Optimizer`` over the model's parameters.
         noise_multiplier: sigma (>= 0); the noise std is ``sigma * max_grad_norm``.
-        max_grad_norm: C (> 0), the bound on each sample's gradient norm.
+        max_grad_norm: C (> 0), the bound on each sample's gradient norm (or, with ``clipping="per_layer"``,
+            Opacus' list of per-layer bounds; ``max_grad_norm`` is then their total).
         expected_batch_size: the expected number of samples per logical batch
             (``sample_rate * dataset_size``); the noisy sum is divided by it for
             ``loss_reduction="mean"``. Dividing by the *expected* size, not the
@@ -89,7 +90,7 @@ class DPOptimizer(OpacusOptimizerContract, WrappedOptimizer):
         optimizer: Optimizer,
         *,
         noise_multiplier: float,
-        max_grad_norm: float,
+        max_grad_norm: float | list[float],
         expected_batch_size: float,
         loss_reduction: str = "mean",
         clipping: str = "flat",
@@ -179,7 +180,7 @@ class DPOptimizer(OpacusOptimizerContract, WrappedOptimizer):
     def _release(self) -> None:
         """Free what the piece just clipped (its per-sample gradients)."""
         for p in self.params:
-            p.grad_sample = None
+            setattr(p, "grad_sample", None)  # the wrapper's attribute: torch's Parameter does not declare it
             p.grad = None
 
     def virtual_step(self) -> None:
@@ -274,7 +275,7 @@ class DPOptimizer(OpacusOptimizerContract, WrappedOptimizer):
         """
         self.original_optimizer.zero_grad(set_to_none=set_to_none)
         for p in self.params:
-            p.grad_sample = None
+            setattr(p, "grad_sample", None)  # (see _release)
 
     def __repr__(self) -> str:
         return (

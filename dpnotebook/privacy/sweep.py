@@ -46,6 +46,7 @@ from dpnotebook.modes import wrap_model
 from dpnotebook.privacy.accounting import compute_epsilon
 from dpnotebook.privacy.calibration import get_noise_multiplier
 from dpnotebook.privacy.data_loader import PoissonBatchSampler
+from dpnotebook.privacy.engine_inputs import as_wrapper
 from dpnotebook.privacy.optimizer import DPOptimizer
 from dpnotebook.privacy.schedule import steps_for_epochs, steps_per_epoch
 from dpnotebook.privacy.sweep_runs import RunResult, RunSetting, noise_on_average
@@ -109,10 +110,11 @@ def train_run(
         sigma = setting.noise_multiplier
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer: torch.optim.Optimizer = torch.optim.SGD(params, lr=setting.lr, momentum=setting.momentum)
+    dp_optimizer: DPOptimizer | None = None
     trained = model
     if setting.private:
         trained = wrap_model(model, "hooks")
-        optimizer = DPOptimizer(
+        optimizer = dp_optimizer = DPOptimizer(
             optimizer,
             noise_multiplier=sigma,
             max_grad_norm=setting.max_grad_norm,
@@ -129,12 +131,14 @@ def train_run(
             optimizer.step()
         elif setting.private:  # an empty batch is still a step: noise only
             optimizer.step()
-        if setting.private:
-            signal += optimizer.last_step_stats.clipped_sum_norm / steps
-            noise += optimizer.last_step_stats.noise_norm / steps
+        if dp_optimizer is not None:  # the run is private
+            stats = dp_optimizer.last_step_stats
+            assert stats is not None  # every batch, even an empty one, took a step
+            signal += stats.clipped_sum_norm / steps
+            noise += stats.noise_norm / steps
     seconds = time.perf_counter() - start
     if setting.private:
-        trained.to_standard_module()
+        as_wrapper(trained).to_standard_module()
     epsilon = math.inf
     if setting.private:
         epsilon = (
