@@ -29,6 +29,7 @@ from dpnotebook.audit.sensitivity import (
     optimizer_class_for,
 )
 from dpnotebook.modes import wrap_model
+from dpnotebook.privacy.engine_inputs import as_wrapper, unwrap_model
 from dpnotebook.testing import clean_copy
 
 __all__ = ["audit_sensitivity_across_ranks"]
@@ -69,8 +70,8 @@ def audit_sensitivity_across_ranks(
         world_size=world,
     )
     wrapped = wrap_model(clean_copy(model), mode, K=K, batch_first=batch_first, loss_reduction=loss_reduction)
-    wrapped.allow_grad_accumulation()
-    params = [p for p in wrapped._module.parameters() if p.requires_grad]
+    as_wrapper(wrapped).allow_grad_accumulation()
+    params = [p for p in unwrap_model(wrapped).parameters() if p.requires_grad]
     optimizer = distributed_optimizer_class(optimizer_class_for(wrapped))(
         torch.optim.SGD(params, lr=0.0),
         noise_multiplier=0.0,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -163,8 +164,9 @@ def audited_digits_run(
     data = TensorDataset(torch.cat([x_in, x_can[keep]]), torch.cat([y_in, y_can[keep]]))
 
     torch.manual_seed(seed)
-    model = MLP(hidden=hidden)
+    model: nn.Module = MLP(hidden=hidden)
     private = target_epsilon is not None or noise_multiplier is not None
+    optimizer: torch.optim.Optimizer
     if private:
         optimizer = torch.optim.SGD(model.parameters(), lr=2.0 if lr is None else lr)
     else:
@@ -173,7 +175,7 @@ def audited_digits_run(
     epsilon, sigma, sample_rate, steps = math.inf, math.nan, math.nan, 0
     if private:
         engine = PrivacyEngine(accountant="pld", secure_mode=False)
-        common = dict(
+        common: dict[str, Any] = dict(
             module=model,
             optimizer=optimizer,
             data_loader=loader,
@@ -181,12 +183,15 @@ def audited_digits_run(
             noise_generator=torch.Generator().manual_seed(seed + 4),
         )
         if target_epsilon is not None:
-            model, optimizer, loader = engine.make_private_with_epsilon(
+            made = engine.make_private_with_epsilon(
                 target_epsilon=target_epsilon, target_delta=delta, epochs=epochs, **common
             )
         else:
-            model, optimizer, loader = engine.make_private(noise_multiplier=noise_multiplier, **common)
-        sigma = optimizer.noise_multiplier
+            assert noise_multiplier is not None  # private without a target epsilon
+            made = engine.make_private(noise_multiplier=noise_multiplier, **common)
+        assert len(made) == 3  # no criterion given: (module, optimizer, data_loader)
+        model, dp_optimizer, loader = made
+        optimizer, sigma = dp_optimizer, dp_optimizer.noise_multiplier
     for _ in range(epochs):
         for xb, yb in loader:
             optimizer.zero_grad()
@@ -194,6 +199,7 @@ def audited_digits_run(
                 nn.functional.cross_entropy(model(xb), yb).backward()
             optimizer.step()
     if private:
+        assert engine.sample_rate is not None  # make_private set it
         sample_rate, steps = float(engine.sample_rate), sum(n for _, _, n in engine.accountant.history)
     if private and sigma > 0:
         epsilon = engine.get_epsilon(delta)

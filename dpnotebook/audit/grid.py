@@ -228,6 +228,7 @@ def matches(outcome: Outcome) -> str | None:
     if refusal is not None:
         return f"was not refused (expected /{refusal[1]}/: {refusal[2]})\n{outcome.report}"
     report = outcome.report
+    assert report is not None  # an outcome holds an error or a report
     if not report.ok():
         return f"sensitivity over C:\n{report}"
     tolerance = 1e-6 if outcome.point.dtype == torch.float64 else 1e-2

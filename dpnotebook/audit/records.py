@@ -152,6 +152,7 @@ class AuditCase:
                 out = model(x.narrow(bd, a, b - a))
                 part = dot_loss_of(out, t.narrow(td, a, b - a), loss_reduction=loss_reduction, rows=b - a)
                 total = part if total is None else total + part
+            assert total is not None  # there is always at least one piece
             return total
 
         return run

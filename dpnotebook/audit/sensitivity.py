@@ -48,6 +48,7 @@ from torch import Tensor, nn
 from dpnotebook.audit.reference import LossOf, MakeBatch, reference_clipped_sum
 from dpnotebook.mode_registry import optimizer_class
 from dpnotebook.modes import wrap_model
+from dpnotebook.privacy.engine_inputs import as_wrapper, unwrap_model
 from dpnotebook.privacy.layer_bounds import check_layer_bounds, total_bound
 from dpnotebook.testing import clean_copy
 
@@ -168,7 +169,7 @@ def measure(
 
     The wrapper is removed from the model copy before the reference is computed.
     """
-    names = {id(p): n for n, p in wrapped._module.named_parameters()}
+    names = {id(p): n for n, p in unwrap_model(wrapped).named_parameters()}
     movers = [names.get(id(p), "?") for p in optimizer.params]
     everyone = list(range(num_samples))
     full = clipped_sum(wrapped, optimizer, loss, batches_of(everyone))
@@ -182,7 +183,7 @@ def measure(
         report.ratios.append(total / C if finite else math.inf)
         worst = max(range(len(parts)), key=lambda i: float(parts[i].nan_to_num(math.inf))) if parts else None
         report.movers.append(movers[worst] if worst is not None else "-")
-    wrapped.to_standard_module()
+    as_wrapper(wrapped).to_standard_module()
     if reference:
         ref = reference_clipped_sum(model, loss=loss, num_samples=num_samples, **definition)
         gap = torch.stack([(a - b).norm() for a, b in zip(full, ref)]).norm() if ref else torch.tensor(0.0)
@@ -240,8 +241,8 @@ def audit_sensitivity(
     )
     C = total_bound(check_layer_bounds(max_grad_norm, clipping))  # a list of per-layer bounds: their total
     wrapped = wrap_model(clean_copy(model), mode, K=K, batch_first=batch_first, loss_reduction=loss_reduction)
-    wrapped.allow_grad_accumulation()  # a loss may run several forward passes before its backward
-    params = [p for p in wrapped._module.parameters() if p.requires_grad]
+    as_wrapper(wrapped).allow_grad_accumulation()  # a loss may run several forward passes before its backward
+    params = [p for p in unwrap_model(wrapped).parameters() if p.requires_grad]
     optimizer = _optimizer_for(
         wrapped,
         params,
