@@ -33,7 +33,7 @@ True
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import torch
 from torch import Tensor, nn
@@ -45,6 +45,11 @@ from dpnotebook.privacy.step_stats import total_norm
 __all__ = ["DPOptimizer"]
 
 
+def _summed_grad(p: nn.Parameter) -> Tensor:
+    """``p.summed_grad``: set by this optimizer for :meth:`DPOptimizer.add_noise`; torch's Parameter does not declare it."""
+    return getattr(p, "summed_grad")
+
+
 class DPOptimizer(_CoreDPOptimizer):
     """dpnotebook's DP optimizer with Opacus' overridable ``add_noise`` (same constructor)."""
 
@@ -53,18 +58,18 @@ class DPOptimizer(_CoreDPOptimizer):
         std = self.noise_multiplier * self.max_grad_norm
         params = self.params
         for p, noise in zip(params, draw_noise(params, std, self.generator, self.secure_mode)):
-            p.grad = p.summed_grad + noise
+            p.grad = _summed_grad(p) + noise
 
     def _noisy_sum(
         self, summed: list[Tensor], params: list[nn.Parameter], std: float
     ) -> tuple[list[Tensor], float, float]:
         for p, s in zip(params, summed):
-            p.summed_grad = s.detach()
+            setattr(p, "summed_grad", s.detach())  # (see _summed_grad)
         self.add_noise()
-        grads = [p.grad for p in params]
+        grads = [cast(Tensor, p.grad) for p in params]  # add_noise's contract: it sets every p.grad
         noise_norm = total_norm([g - s for g, s in zip(grads, summed)])
         for p in params:
-            p.summed_grad = None
+            setattr(p, "summed_grad", None)
         return grads, total_norm(summed), noise_norm
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:

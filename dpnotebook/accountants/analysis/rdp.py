@@ -14,7 +14,7 @@ each order; ``get_privacy_spent`` is its RDP-to-(ε, δ) conversion
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Sequence, cast
 
 import dp_accounting
 import numpy as np
@@ -26,7 +26,7 @@ def compute_rdp(
 ) -> np.ndarray | float:
     """RDP of ``steps`` Poisson-subsampled Gaussian mechanisms (rate ``q``), at each of ``orders``."""
     scalar = np.isscalar(orders)
-    order_list = [float(orders)] if scalar else [float(a) for a in orders]  # type: ignore[arg-type, union-attr]
+    order_list = [float(cast(float, orders))] if scalar else [float(a) for a in cast(Sequence[float], orders)]
     accountant = dp_accounting.rdp.RdpAccountant(order_list)
     accountant.compose(
         dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(noise_multiplier)), int(steps)
