@@ -5,15 +5,59 @@ Row ``r`` looked up indices ``idx[r, t]``; its weight gradient is the backprop
 at once: scatter-add into one ``[B*V, D]`` buffer at ``sample(r)*V + idx``,
 where ``sample(r) = r // K`` folds the K copies of a sample together.
 Positions that hold ``padding_idx`` add nothing, as in ``weight.grad``.
+
+The same sums, read another way: a lookup ``E[idx]`` is ``onehot(idx)^T E``, so an
+embedding is a bias-free Linear layer whose input is the one-hot vector of the
+index, and its weight gradient is the Linear formula with ``a_t = onehot(idx_t)``.
+That is the reference form, :func:`embedding_weight_grads`; the registered
+sampler scatters by index instead (no ``[rows, positions, V]`` one-hot) into a
+buffer reused from step to step, and the tests check both against the float64
+oracle.
 """
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dpnotebook.grad_sample.fast.buffers import result_buffer
 from dpnotebook.grad_sample.engine.registry import register_grad_sampler
+from dpnotebook.grad_sample.samplers.sample_rows import group_rows
+
+
+def embedding_weight_grads(
+    indices: Tensor, backprops: Tensor, num_embeddings: int, K: int, padding_idx: int | None = None
+) -> Tensor:
+    """The reference form: ``[B, V, D]``, sample ``b``'s ``(1/K) sum_{copies, t} onehot(idx_t) g_t^T``.
+
+    Row ``v`` of a sample's gradient is the sum of the backprops ``g_t`` at the
+    positions ``t`` that looked up index ``v``, over the sample's ``K`` copies,
+    divided by ``K``. Positions holding ``padding_idx`` count as a zero one-hot
+    vector: PyTorch never updates the padding row.
+
+    Args:
+        indices: ``[B*K, *positions]`` looked-up indices, rows sample-major.
+        backprops: ``[B*K, *positions, D]`` gradients of the loss w.r.t. the layer's output.
+        num_embeddings: ``V``, the number of rows of the weight.
+        K: augmentation multiplicity.
+        padding_idx: the layer's ``padding_idx`` (``None``: no padding row).
+
+    Returns:
+        ``[B, V, D]``: every sample's weight gradient, averaged over its copies.
+
+    >>> import torch
+    >>> idx, g = torch.tensor([[1, 1], [0, 1]]), torch.ones(2, 2, 1)  # one sample, K=2 copies, 2 positions
+    >>> embedding_weight_grads(idx, g, num_embeddings=3, K=2).squeeze(-1)
+    tensor([[0.5000, 1.5000, 0.0000]])
+    """
+    one_hot = F.one_hot(indices, num_embeddings).to(backprops.dtype)  # [B*K, *positions, V]
+    if padding_idx is not None:
+        one_hot[..., padding_idx] = 0
+    a, g = group_rows(one_hot, K), group_rows(backprops, K)  # [B, n, V], [B, n, D]
+    return torch.einsum("bnv,bnd->bvd", a, g) / K
 
 
 def scatter_rows(
@@ -40,7 +84,8 @@ def embedding_grad_sampler(
     layer: nn.Embedding, activations: list[Tensor], backprops: Tensor, K: int
 ) -> dict[nn.Parameter, Tensor]:
     """Per-sample gradient of ``layer.weight``."""
-    if not layer.weight.requires_grad:
+    weight = cast(nn.Parameter, layer.weight)  # torch's stubs type it as a Tensor; it is the layer's Parameter
+    if not weight.requires_grad:
         return {}
     idx = activations[0]
     n = idx.shape[0]
@@ -53,5 +98,10 @@ def embedding_grad_sampler(
     if layer.padding_idx is not None:
         values = values * (flat_idx != layer.padding_idx).unsqueeze(-1).to(values.dtype)
     V, B = layer.num_embeddings, n // K
+    # Must equal embedding_weight_grads(idx, backprops, V, K, layer.padding_idx): the same sums,
+    # scattered by index into a buffer reused from step to step (none under double backward).
     buf = None if values.requires_grad else result_buffer(layer, "weight", (B, V, D), values)
-    return {layer.weight: scatter_rows(flat_idx, values, sample_of, B, V, K, out=buf)}
+    return {weight: scatter_rows(flat_idx, values, sample_of, B, V, K, out=buf)}
+
+
+__all__ = ["embedding_grad_sampler", "embedding_weight_grads", "scatter_rows"]

@@ -5,9 +5,16 @@ output is ``sum_j w_j E[idx_j]``, with ``w_j`` the ``per_sample_weights`` (sum
 mode) or ``1/len(bag)`` (mean mode), positions holding ``padding_idx`` left
 out. So the bag's weight gradient puts ``w_j * backprop[bag]`` on row
 ``idx_j``: one vectorised scatter-add for all bags, no loop over the batch.
+
+That scatter-add, :func:`embedding_bag_weight_grads`, is both the reference
+form and the registered sampler's path: no buffer is reused and no input is
+overwritten, so there is no separate fast form. The tests check it against the
+float64 oracle.
 """
 
 from __future__ import annotations
+
+from typing import cast
 
 import torch
 from torch import Tensor, nn
@@ -29,25 +36,47 @@ def bag_of_each_index(
         length = indices.shape[1]
         bags = torch.arange(indices.shape[0], device=indices.device).repeat_interleave(length)
         return indices.reshape(-1), bags
+    if offsets is None:  # nn.EmbeddingBag refuses this too
+        raise ValueError("a 1-D EmbeddingBag input needs offsets")
     starts = offsets[:-1] if include_last_offset else offsets
     positions = torch.arange(indices.numel(), device=indices.device)
     bags = torch.bucketize(positions, starts, right=True) - 1
     return indices, bags
 
 
-@register_grad_sampler(nn.EmbeddingBag, batch_first_always=True)
-def embedding_bag_grad_sampler(
-    layer: nn.EmbeddingBag, activations: list[Tensor | None], backprops: Tensor, K: int
-) -> dict[nn.Parameter, Tensor]:
-    """Per-sample gradient of ``layer.weight``; activations are ``[input, offsets, per_sample_weights]``."""
-    if not layer.weight.requires_grad:
-        return {}
-    if layer.mode == "max":
-        raise NotImplementedError(
-            "EmbeddingBag(mode='max') has no dpnotebook grad sampler: its gradient depends on "
-            "which entry won each max. Use mode='sum' or mode='mean'."
-        )
-    indices, offsets, psw = (list(activations) + [None, None])[:3]
+def embedding_bag_weight_grads(
+    layer: nn.EmbeddingBag,
+    indices: Tensor,
+    offsets: Tensor | None,
+    per_sample_weights: Tensor | None,
+    backprops: Tensor,
+    K: int,
+) -> Tensor:
+    """The reference form (and the registered path): ``[B, V, D]``, sample ``b``'s weight gradient.
+
+    Position ``j`` of bag ``r`` adds ``w_j * g_r`` to row ``idx_j``, where ``g_r`` is
+    the bag's backprop and ``w_j`` its weight: ``per_sample_weights[j]`` (or 1) in sum
+    mode, ``1/(number of non-padding positions of the bag)`` in mean mode, 0 where
+    ``idx_j == padding_idx``. Sample ``b`` sums over its ``K`` bags and divides by ``K``.
+
+    Args:
+        layer: the ``nn.EmbeddingBag`` (mode ``sum`` or ``mean``).
+        indices: ``[bags, length]``, or 1-D with ``offsets``; ``B*K`` bags, sample-major.
+        offsets: where each bag starts in a 1-D ``indices`` (``None`` for 2-D).
+        per_sample_weights: one weight per index (sum mode only), or ``None``.
+        backprops: ``[B*K, D]`` gradients of the loss w.r.t. the bags' outputs.
+        K: augmentation multiplicity.
+
+    Returns:
+        ``[B, V, D]``: every sample's weight gradient, averaged over its copies.
+
+    >>> import torch
+    >>> from torch import nn
+    >>> bag = nn.EmbeddingBag(3, 1, mode="mean")
+    >>> idx, offsets, g = torch.tensor([0, 1, 1, 2]), torch.tensor([0, 3]), torch.ones(2, 1)  # K=2 bags
+    >>> embedding_bag_weight_grads(bag, idx, offsets, None, g, K=2).squeeze(-1)
+    tensor([[0.1667, 0.3333, 0.5000]])
+    """
     n_bags = backprops.shape[0]
     flat_idx, bags = bag_of_each_index(indices, offsets, n_bags, layer.include_last_offset)
     keep = torch.ones_like(flat_idx, dtype=backprops.dtype)
@@ -58,7 +87,32 @@ def embedding_bag_grad_sampler(
         counts.index_add_(0, bags, keep)
         weight = keep / counts.clamp(min=1)[bags]
     else:
-        weight = keep if psw is None else keep * psw.reshape(-1).to(backprops.dtype)
+        weight = keep if per_sample_weights is None else keep * per_sample_weights.reshape(-1).to(backprops.dtype)
     values = backprops[bags] * weight.unsqueeze(-1)
     sample_of = bags.div(K, rounding_mode="floor")
-    return {layer.weight: scatter_rows(flat_idx, values, sample_of, n_bags // K, layer.num_embeddings, K)}
+    return scatter_rows(flat_idx, values, sample_of, n_bags // K, layer.num_embeddings, K)
+
+
+@register_grad_sampler(nn.EmbeddingBag, batch_first_always=True)
+def embedding_bag_grad_sampler(
+    layer: nn.EmbeddingBag, activations: list[Tensor | None], backprops: Tensor, K: int
+) -> dict[nn.Parameter, Tensor]:
+    """Per-sample gradient of ``layer.weight``; activations are ``[input, offsets, per_sample_weights]``.
+
+    The plain formula itself: :func:`embedding_bag_weight_grads`, no faster path.
+    """
+    weight = cast(nn.Parameter, layer.weight)  # torch's stubs type it as a Tensor; it is the layer's Parameter
+    if not weight.requires_grad:
+        return {}
+    if layer.mode == "max":
+        raise NotImplementedError(
+            "EmbeddingBag(mode='max') has no dpnotebook grad sampler: its gradient depends on "
+            "which entry won each max. Use mode='sum' or mode='mean'."
+        )
+    indices, offsets, psw = (list(activations) + [None, None])[:3]
+    if indices is None:
+        raise ValueError("EmbeddingBag's grad sampler got no input indices")
+    return {weight: embedding_bag_weight_grads(layer, indices, offsets, psw, backprops, K)}
+
+
+__all__ = ["embedding_bag_grad_sampler", "embedding_bag_weight_grads", "bag_of_each_index"]
