@@ -15,4 +15,5 @@ def group_norm_grad_sampler(
 ) -> dict[nn.Parameter, Tensor]:
     """Per-sample gradients of ``layer.weight`` and ``layer.bias`` (shape ``[C]``)."""
     x_hat = F.group_norm(activations[0], layer.num_groups, eps=layer.eps)
+    # Must equal affine_reference_grads(x_hat, backprops, K, param_dims=(1,))
     return affine_grads(layer, x_hat, backprops, K, channels_dim1=True, overwrite_x_hat=True)  # x_hat is ours

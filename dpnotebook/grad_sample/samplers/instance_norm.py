@@ -30,4 +30,5 @@ def instance_norm_grad_sampler(
         use_input_stats=own_stats,
         eps=layer.eps,
     )
+    # Must equal affine_reference_grads(x_hat, backprops, K, param_dims=(1,))
     return affine_grads(layer, x_hat, backprops, K, channels_dim1=True, overwrite_x_hat=True)  # x_hat is ours

@@ -20,4 +20,5 @@ def layer_norm_grad_sampler(
 ) -> dict[nn.Parameter, Tensor]:
     """Per-sample gradients of ``layer.weight`` and ``layer.bias``."""
     x_hat = F.layer_norm(activations[0], layer.normalized_shape, eps=layer.eps)
+    # Must equal affine_reference_grads(x_hat, backprops, K, param_dims=the trailing len(normalized_shape) dims)
     return affine_grads(layer, x_hat, backprops, K, channels_dim1=False, overwrite_x_hat=True)  # x_hat is ours

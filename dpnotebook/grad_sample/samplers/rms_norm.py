@@ -15,4 +15,5 @@ def rms_norm_grad_sampler(
 ) -> dict[nn.Parameter, Tensor]:
     """Per-sample gradient of ``layer.weight``."""
     x_hat = F.rms_norm(activations[0], layer.normalized_shape, eps=layer.eps)
+    # Must equal affine_reference_grads(x_hat, backprops, K, param_dims=the trailing len(normalized_shape) dims)
     return affine_grads(layer, x_hat, backprops, K, channels_dim1=False, overwrite_x_hat=True)  # x_hat is ours

@@ -9,6 +9,7 @@ sampler ever builds ``B*K`` per-row gradients.
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 from torch import Tensor, nn
 
@@ -55,10 +56,49 @@ def sum_rows(t: Tensor, K: int, keep: int) -> Tensor:
     return t.reshape(t.shape[0] // K, middle, *t.shape[split:]).sum(1) / K
 
 
+def affine_reference_grads(
+    x_hat: Tensor, backprops: Tensor, K: int, param_dims: Sequence[int]
+) -> tuple[Tensor, Tensor]:
+    """The reference form of every norm layer's affine part ``y = x_hat * weight + bias``.
+
+    Sample ``b``'s weight gradient is the sum of ``x_hat * g`` over every position
+    the parameter is shared across, averaged over the sample's ``K`` copies; its
+    bias gradient is the same sum of ``g``. Neither input is changed.
+
+    Args:
+        x_hat: the normalised input, same shape as ``backprops``; ``B*K`` rows in dim 0.
+        backprops: gradient of the loss w.r.t. ``y``.
+        K: augmentation multiplicity.
+        param_dims: the dims of ``x_hat`` the parameters span: ``(1,)`` for GroupNorm and
+            InstanceNorm (``[C]``), the trailing ``len(normalized_shape)`` dims for
+            LayerNorm and RMSNorm, e.g. ``(-2, -1)``.
+
+    Returns:
+        ``(weight_grads, bias_grads)``, each ``[B, *parameter shape]``.
+
+    >>> import torch
+    >>> x_hat, g = torch.tensor([[1.0, -1.0], [3.0, 1.0]]), torch.tensor([[2.0, 2.0], [1.0, 1.0]])  # 1 sample, K=2
+    >>> affine_reference_grads(x_hat, g, K=2, param_dims=(-1,))
+    (tensor([[ 2.5000, -0.5000]]), tensor([[1.5000, 1.5000]]))
+    """
+    spanned = {d % x_hat.dim() for d in param_dims}
+    positions = [d for d in range(1, x_hat.dim()) if d not in spanned]
+
+    def per_sample(t: Tensor) -> Tensor:  # [B*K, ...] -> sum over positions -> mean over the K copies
+        per_row = t.sum(dim=positions) if positions else t  # (a sum over no dims would sum them all)
+        return per_row.reshape(per_row.shape[0] // K, K, *per_row.shape[1:]).mean(1)
+
+    return per_sample(x_hat * backprops), per_sample(backprops)
+
+
 def affine_grads(
     layer: nn.Module, x_hat: Tensor, backprops: Tensor, K: int, channels_dim1: bool, *, overwrite_x_hat: bool = False
 ) -> dict[nn.Parameter, Tensor]:
-    """Per-sample gradients of ``y = x_hat * weight + bias``, as in every norm layer.
+    """Per-sample gradients of ``y = x_hat * weight + bias``, as in every norm layer: the fast form.
+
+    Equal to :func:`affine_reference_grads`, for the parameters that are present and
+    trainable; it sums positions without a channels-last copy and, with
+    ``overwrite_x_hat``, forms ``x_hat * backprops`` in ``x_hat``'s own memory.
 
     Args:
         layer: holds ``weight`` and ``bias`` (either may be ``None`` or frozen).
@@ -87,7 +127,7 @@ def affine_grads(
             return sum_rows(t.flatten(2).sum(2) if t.dim() > 2 else t, K, keep)
         return sum_rows(t, K, keep)
 
-    out = {}
+    out: dict[nn.Parameter, Tensor] = {}
     if weight is not None and weight.requires_grad:
         out[weight] = reduce(x_hat.mul_(backprops) if overwrite_x_hat else x_hat * backprops)
     if bias is not None and bias.requires_grad:
@@ -95,4 +135,4 @@ def affine_grads(
     return out
 
 
-__all__ = ["group_rows", "flat_rows", "sum_rows", "affine_grads"]
+__all__ = ["group_rows", "flat_rows", "sum_rows", "affine_grads", "affine_reference_grads"]
