@@ -8,7 +8,7 @@ For maintainers checking a change for speed regressions::
 
 Each revision's ``dpnotebook/`` is exported with ``git archive <rev> dpnotebook | tar -x`` into a
 temporary folder (committed files only: uncommitted edits are not measured; nothing is left in
-the repository's worktree list; the folders are removed at the end). Every option of
+the repository's worktree list; the folders are removed at the end or on Ctrl-C). Every option of
 ``python -m dpnotebook.benchmarks`` (``--quick``, ``--models``, ``--kinds``, ``--steps`` ...) selects
 the configurations, planned by this checkout's :func:`~dpnotebook.benchmarks.suite.plan`.
 
@@ -34,7 +34,6 @@ import json
 import os
 import platform
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -273,5 +272,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # kill: stop the child, clean up
     sys.exit(main())
