@@ -22,10 +22,12 @@ ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab --notebook-dir=tutorials $(ALLOW_ROOT)
 
-# pyflakes rules (unused imports, undefined names) and the formatter, configured in pyproject.toml [tool.ruff]
+# pyflakes rules (unused imports, undefined names) and the formatter, configured in pyproject.toml [tool.ruff];
+# the type checker over the whole package, configured in [tool.mypy] (its version pinned in constraints.txt)
 lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(PY) -m mypy
 
 test: lint
 	$(PY) -m pytest
