@@ -55,8 +55,16 @@ def private_optimizer(
             (:func:`~dpnotebook.privacy.distributed.distributed_optimizer_class`).
         data_loader: the loader of the run; a :class:`~dpnotebook.privacy.data_loader.DPDataLoader`
             reports each batch it draws to the optimizer.
-        noise_multiplier, max_grad_norm, expected_batch_size, loss_reduction, clipping, generator,
-            secure_mode: the DP optimizer's arguments.
+        noise_multiplier: the DP optimizer's ``noise_multiplier``.
+        max_grad_norm: its clipping bound (a list: one per parameter, ``clipping="per_layer"``).
+        expected_batch_size: its expected batch size.
+        loss_reduction: its ``loss_reduction``.
+        clipping: its ``clipping``.
+        generator: its noise generator.
+        secure_mode: its ``secure_mode``.
+
+    Returns:
+        The DP optimizer, of the class the mode registry pairs with ``module``'s mode.
     """
     from dpnotebook.privacy.distributed import distributed_optimizer_class
 
