@@ -1,9 +1,9 @@
 """Old import paths of the modules that moved into ``engine/``, ``samplers/`` and ``ghost/``.
 
-Until version 0.2, ``dpnotebook.grad_sample`` was one flat folder. Its modules
-now live by concept; the old paths keep working for one release: importing one
-gives the module at its new path (the same object, so patching it patches the
-real one) and warns once with that path.
+``dpnotebook.grad_sample`` used to be one flat folder. Its modules now live by
+concept; the old paths keep working until version 0.2: importing one gives the
+module at its new path (the same object, so patching it patches the real one)
+and warns once with that path.
 
 >>> import sys, warnings
 >>> _ = sys.modules.pop("dpnotebook.grad_sample.ghost_registry", None)  # as in a fresh interpreter
