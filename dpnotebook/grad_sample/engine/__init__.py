@@ -14,7 +14,8 @@
 * :mod:`~dpnotebook.grad_sample.engine.functorch_fallback`: a layer call replayed
   with ``torch.func`` (the fallback of layers without a sampler, and functorch mode);
 * the modes ``"ew"`` (:mod:`~dpnotebook.grad_sample.engine.expanded_weights`) and
-  Opacus' ``"no_op"`` (:mod:`~dpnotebook.grad_sample.engine.gsm_no_op`);
+  Opacus' ``"no_op"`` (:mod:`~dpnotebook.grad_sample.engine.gsm_no_op`), both
+  :class:`~dpnotebook.grad_sample.engine.outer_wrapper.OuterWrapper`\ s;
 * the refusals that keep rows right: :mod:`~dpnotebook.grad_sample.engine.batch_rows`,
   :mod:`~dpnotebook.grad_sample.engine.output_batch_dim`,
   :mod:`~dpnotebook.grad_sample.engine.outside_use`,

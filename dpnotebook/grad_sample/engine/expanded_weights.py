@@ -36,6 +36,7 @@ from torch.utils._pytree import tree_flatten
 
 from dpnotebook.errors import GradSampleError
 from dpnotebook.grad_sample.engine.module import check_k, check_loss_reduction
+from dpnotebook.grad_sample.engine.outer_wrapper import OuterWrapper
 from dpnotebook.grad_sample.engine.packed import refuse_packed
 from dpnotebook.validation import Problem, raise_if_problems, validate
 
@@ -69,7 +70,7 @@ def _refuse_shared_modules(module: nn.Module) -> None:
         seen[id(m)] = name
 
 
-class GradSampleModuleExpandedWeights(nn.Module):
+class GradSampleModuleExpandedWeights(OuterWrapper):
     """Per-sample gradients through PyTorch's ExpandedWeights.
 
     Args:
@@ -109,8 +110,7 @@ class GradSampleModuleExpandedWeights(nn.Module):
         _refuse_shared_modules(module)
         if strict:
             raise_if_problems(validate(module, mode="ew"))
-        super().__init__()
-        self._module = module
+        super().__init__(module)
         self.batch_first = True
         self.loss_reduction = loss_reduction
         self.K = K
@@ -246,18 +246,4 @@ class GradSampleModuleExpandedWeights(nn.Module):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         super().zero_grad(set_to_none=set_to_none)
-        for p in self._module.parameters():
-            setattr(p, "grad_sample", None)  # the wrapper's attribute: torch's Parameter does not declare it
         self._earlier.clear()
-
-    def to_standard_module(self) -> nn.Module:
-        for p in self._module.parameters():
-            if hasattr(p, "grad_sample"):
-                del p.grad_sample
-        return self._module
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            return getattr(super().__getattr__("_module"), name)

@@ -24,13 +24,14 @@ from typing import Any
 from torch import nn
 
 from dpnotebook.grad_sample.engine.module import check_k, check_loss_reduction
+from dpnotebook.grad_sample.engine.outer_wrapper import OuterWrapper
 from dpnotebook.mode_registry import register_mode
 from dpnotebook.validation import Problem, raise_if_problems, validate
 
 __all__ = ["GradSampleModuleNoOp"]
 
 
-class GradSampleModuleNoOp(nn.Module):
+class GradSampleModuleNoOp(OuterWrapper):
     """Wraps ``module`` without hooks (same arguments as :class:`~dpnotebook.grad_sample.engine.module.GradSampleModule`).
 
     Layers that mix samples (BatchNorm, ...) are still refused when ``strict``.
@@ -50,8 +51,7 @@ class GradSampleModuleNoOp(nn.Module):
     ) -> None:
         if strict:
             raise_if_problems(self.validate(module))
-        super().__init__()
-        self._module = module
+        super().__init__(module)
         self.batch_first = batch_first
         self.loss_reduction = check_loss_reduction(loss_reduction)
         self.K = check_k(K)
@@ -84,23 +84,6 @@ class GradSampleModuleNoOp(nn.Module):
 
     def forbid_grad_accumulation(self) -> None:
         """Accumulation is yours to manage."""
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        super().zero_grad(set_to_none=set_to_none)
-        for p in self._module.parameters():
-            setattr(p, "grad_sample", None)  # the wrapper's attribute: torch's Parameter does not declare it
-
-    def to_standard_module(self) -> nn.Module:
-        for p in self._module.parameters():
-            if hasattr(p, "grad_sample"):
-                del p.grad_sample
-        return self._module
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            return getattr(super().__getattr__("_module"), name)
 
 
 @register_mode("no_op", listed=False)
