@@ -15,11 +15,14 @@ What the guarantee buys, measured from the outside:
   on a trained model (loss threshold, calibrated by reference models), ROC, advantage;
 * :mod:`~dpnotebook.audit.canaries` and :mod:`~dpnotebook.audit.one_run`: an empirical lower bound on
   epsilon from canaries in one training run (Steinke, Nasr & Jagielski 2023);
+* :mod:`~dpnotebook.audit.gradient_canaries`: white-box canaries whose per-sample gradients the auditor
+  crafts (Nasr et al. 2023), scored on the released noisy gradients;
 * :mod:`~dpnotebook.audit.experiment`: both on a digits model, next to the accountant's epsilon.
 """
 
 from dpnotebook.audit.canaries import draw_inclusion, gaussian_mechanism_scores
 from dpnotebook.audit.experiment import AuditedRun, audited_digits_run
+from dpnotebook.audit.gradient_canaries import GradientCanaries
 from dpnotebook.audit.membership import calibrated_attack, example_losses, loss_threshold_attack
 from dpnotebook.audit.one_run import OneRunAudit, audit_one_run
 from dpnotebook.audit.roc import AttackROC, advantage_bound, attack_roc
@@ -41,6 +44,7 @@ __all__ = [
     "gaussian_mechanism_scores",
     "audit_one_run",
     "OneRunAudit",
+    "GradientCanaries",
     "gaussian_tpr",
     "gaussian_epsilon",
     "dp_tpr_bound",

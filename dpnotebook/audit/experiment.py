@@ -8,8 +8,19 @@ digits) and turns the canaries' scores into an empirical lower bound on epsilon
 same call trains without privacy (plain Adam), with DP-SGD at a given sigma (``0`` included),
 or with the sigma that meets a target epsilon.
 
+That audit is *black-box*: it sees only the final model's losses. With ``gradient_canaries=m`` a DP-SGD
+run also carries ``m`` white-box gradient canaries (:mod:`~dpnotebook.audit.gradient_canaries`): Dirac
+gradients on first-layer weights of the pixels that are blank in every digit (and in every input canary),
+so no other record reaches their coordinates. They are rows of the training data, sampled and clipped
+like the others, each in on its own fair coin; :attr:`AuditedRun.gradient_audit` is the one-run bound from
+their scores.
+
 >>> run = audited_digits_run(noise_multiplier=1.0, members=64, canaries=64, epochs=1, seed=0)
 >>> run.one_run.epsilon <= run.epsilon
+True
+>>> clear = audited_digits_run(noise_multiplier=0.0, members=64, canaries=64, gradient_canaries=200,
+...                            epochs=4, seed=0)
+>>> clear.gradient_audit.epsilon > 2          # no noise: the white-box audit sees it at once
 True
 """
 
@@ -25,6 +36,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from dpnotebook.audit.canaries import draw_inclusion
+from dpnotebook.audit.gradient_canaries import GradientCanaries, unreached_coordinates
 from dpnotebook.audit.membership import example_losses, loss_threshold_attack
 from dpnotebook.audit.one_run import OneRunAudit, audit_one_run
 from dpnotebook.audit.roc import AttackROC
@@ -33,7 +45,12 @@ __all__ = ["AuditedRun", "audited_digits_run", "random_image_canaries"]
 
 
 def random_image_canaries(
-    canaries: int, *, shape: tuple[int, ...] = (1, 8, 8), num_classes: int = 10, seed: int = 0
+    canaries: int,
+    *,
+    shape: tuple[int, ...] = (1, 8, 8),
+    num_classes: int = 10,
+    seed: int = 0,
+    blank: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """``canaries`` images of random black-or-white pixels (each 0 or 1 on a fair coin), each with a
     uniform random label.
@@ -41,14 +58,24 @@ def random_image_canaries(
     Nothing in the data predicts their labels: a model gets one right only by memorising it. Binary
     pixels keep the canaries far apart (and far from the digits), so they are easy to memorise one by one.
 
+    Args:
+        canaries: how many.
+        shape: of one image.
+        num_classes: labels are drawn from ``0 .. num_classes - 1``.
+        seed: seeds pixels and labels.
+        blank: a boolean mask of ``shape``: pixels kept at 0 in every canary (those blank in every digit).
+
     >>> x, y = random_image_canaries(3)
     >>> x.shape, y.shape
     (torch.Size([3, 1, 8, 8]), torch.Size([3]))
+    >>> bool(random_image_canaries(5, blank=torch.ones(1, 8, 8, dtype=torch.bool))[0].any())
+    False
     """
     g = torch.Generator().manual_seed(seed)
-    return (torch.rand(canaries, *shape, generator=g) < 0.5).float(), torch.randint(
-        0, num_classes, (canaries,), generator=g
-    )
+    x = (torch.rand(canaries, *shape, generator=g) < 0.5).float()
+    if blank is not None:
+        x[:, blank] = 0.0
+    return x, torch.randint(0, num_classes, (canaries,), generator=g)
 
 
 @dataclass
@@ -68,6 +95,9 @@ class AuditedRun:
         sample_rate, steps: the DP-SGD run's q and number of steps (``nan`` and 0 without privacy), e.g. for
             :func:`~dpnotebook.audit.tradeoff.pld_tpr`.
         canaries: ``(inputs, labels)`` of all the canaries, in the order of ``included``.
+        digits: ``((member inputs, labels), (non-member inputs, labels))``, e.g. to slice the attack by class.
+        gradient_canaries: the white-box canaries (``None`` unless asked for, and without privacy).
+        gradient_audit: the one-run bound from their ``"sum"`` score, the final update's projection.
     """
 
     model: nn.Module
@@ -83,6 +113,23 @@ class AuditedRun:
     sample_rate: float = math.nan
     steps: int = 0
     canaries: tuple[Tensor, Tensor] | None = None
+    digits: tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]] | None = None
+    gradient_canaries: GradientCanaries | None = None
+    gradient_audit: OneRunAudit | None = None
+
+    def gradient_audit_of(self, kind: str = "sum") -> OneRunAudit:
+        """The one-run bound from the gradient canaries' ``kind`` score (see
+        :meth:`~dpnotebook.audit.gradient_canaries.GradientCanaries.scores`), at this run's delta and significance.
+
+        Each call is a separate audit at the run's significance: report the one chosen in advance, or
+        split the significance between those reported.
+        """
+        if self.gradient_canaries is None or self.gradient_audit is None:
+            raise ValueError("this run has no gradient canaries: make it with audited_digits_run(gradient_canaries=m).")
+        c = self.gradient_canaries
+        return audit_one_run(
+            c.scores(kind), c.included, delta=self.delta, significance=self.gradient_audit.significance
+        )
 
     @property
     def canary_attack(self) -> AttackROC:
@@ -118,6 +165,7 @@ def audited_digits_run(
     delta: float = 1e-5,
     members: int = 500,
     canaries: int = 1000,
+    gradient_canaries: int = 0,
     epochs: int = 30,
     batch_size: int = 128,
     max_grad_norm: float = 1.0,
@@ -135,6 +183,8 @@ def audited_digits_run(
         delta: the accountant's and the audit's delta.
         members: training digits; as many other digits are held out as the non-members.
         canaries: m, random-pixel canaries, each trained on with probability 1/2.
+        gradient_canaries: white-box Dirac gradient canaries, each in the data with probability 1/2
+            (DP-SGD runs only; at most the first-layer weights of the pixels blank in every digit).
         epochs: passes over the training set.
         batch_size: the (expected) batch size.
         max_grad_norm: C for DP-SGD.
@@ -158,14 +208,38 @@ def audited_digits_run(
     order = torch.randperm(len(x_all), generator=g)
     x_in, y_in = x_all[order[:members]], y_all[order[:members]]
     x_out, y_out = x_all[order[members : 2 * members]], y_all[order[members : 2 * members]]
-    x_can, y_can = random_image_canaries(canaries, seed=seed + 1)
+    blank = (x_all != 0).sum(0) == 0  # pixels no digit uses: the canaries leave them blank too
+    x_can, y_can = random_image_canaries(canaries, seed=seed + 1, blank=blank)
     included = draw_inclusion(canaries, seed=seed + 2)
     keep = torch.from_numpy(included)
-    data = TensorDataset(torch.cat([x_in, x_can[keep]]), torch.cat([y_in, y_can[keep]]))
+    x_train, y_train = torch.cat([x_in, x_can[keep]]), torch.cat([y_in, y_can[keep]])
 
     torch.manual_seed(seed)
     model: nn.Module = MLP(hidden=hidden)
     private = target_epsilon is not None or noise_multiplier is not None
+    grad_canaries = None
+    if gradient_canaries:
+        if not private:
+            raise ValueError(
+                f"gradient_canaries={gradient_canaries} without DP-SGD: gradient canaries audit the DP step. "
+                "Fix: pass target_epsilon or noise_multiplier (0 for clipping without noise)."
+            )
+        weight = model.net[1].weight
+        free = unreached_coordinates(weight, x_train)
+        if gradient_canaries > free.numel():
+            raise ValueError(
+                f"gradient_canaries={gradient_canaries} is invalid: only {free.numel()} first-layer weights are "
+                "reached by no training record. Fix: pass at most that many."
+            )
+        pick = torch.randperm(free.numel(), generator=torch.Generator().manual_seed(seed + 5))[:gradient_canaries]
+        grad_canaries = GradientCanaries.dirac(weight, free[pick], draw_inclusion(gradient_canaries, seed=seed + 6))
+        ids = torch.from_numpy(np.flatnonzero(grad_canaries.included)).long()
+        ids = torch.cat([torch.full((len(y_train),), -1, dtype=torch.long), ids])
+        x_train = torch.cat([x_train, torch.zeros(len(ids) - len(y_train), *x_train.shape[1:])])
+        y_train = torch.cat([y_train, torch.zeros(len(ids) - len(y_train), dtype=torch.long)])
+    else:
+        ids = torch.full((len(y_train),), -1, dtype=torch.long)
+    data = TensorDataset(x_train, y_train, ids)
     optimizer: torch.optim.Optimizer
     if private:
         optimizer = torch.optim.SGD(model.parameters(), lr=2.0 if lr is None else lr)
@@ -192,11 +266,16 @@ def audited_digits_run(
         assert len(made) == 3  # no criterion given: (module, optimizer, data_loader)
         model, dp_optimizer, loader = made
         optimizer, sigma = dp_optimizer, dp_optimizer.noise_multiplier
+        if grad_canaries is not None:
+            assert engine.sample_rate is not None  # make_private set it
+            grad_canaries.attach(dp_optimizer, sample_rate=float(engine.sample_rate))
     for _ in range(epochs):
-        for xb, yb in loader:
+        for xb, yb, ib in loader:
             optimizer.zero_grad()
             if len(yb):
                 nn.functional.cross_entropy(model(xb), yb).backward()
+                if grad_canaries is not None:
+                    grad_canaries.inject(ib)
             optimizer.step()
     if private:
         assert engine.sample_rate is not None  # make_private set it
@@ -220,4 +299,9 @@ def audited_digits_run(
         sample_rate=sample_rate,
         steps=steps,
         canaries=(x_can, y_can),
+        digits=((x_in, y_in), (x_out, y_out)),
+        gradient_canaries=grad_canaries,
+        gradient_audit=None
+        if grad_canaries is None
+        else audit_one_run(grad_canaries.scores("sum"), grad_canaries.included, delta=delta, significance=significance),
     )
