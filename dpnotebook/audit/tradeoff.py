@@ -6,9 +6,12 @@ false positive rate ``FPR`` (says "with" on ``D``) and a true positive rate ``TP
 "with" on ``D'``). ``(epsilon, delta)``-DP is exactly the promise (Kairouz et al. 2015;
 Dong, Roth & Su 2019) that every rule keeps
 
-    ``TPR <= e^epsilon * FPR + delta``   and   ``1 - FPR >= e^-epsilon * (1 - TPR - delta)``,
+    ``TPR <= e^epsilon * FPR + delta``   and   ``1 - TPR >= e^-epsilon * (1 - FPR - delta)``,
 
-:func:`dp_tpr_bound`. The best rule against the Gaussian mechanism (noise of std ``sigma``
+:func:`dp_tpr_bound`. The second is the first applied to the opposite rule (say "with" exactly when
+the first says "without"), whose FPR is ``1 - TPR`` and TPR ``1 - FPR``, with ``D`` and ``D'`` swapped.
+The two lines cross at ``FPR = (1 - delta) / (e^epsilon + 1)``, where ``TPR - FPR`` is largest:
+``(e^epsilon - 1 + 2 delta) / (e^epsilon + 1)`` (:func:`~dpnotebook.audit.roc.advantage_bound`). The best rule against the Gaussian mechanism (noise of std ``sigma``
 on a query of sensitivity ``Delta``) is a threshold on the output; its ROC curve is the
 trade-off curve ``TPR = Phi(Phi^-1(FPR) + mu)`` with ``mu = Delta / sigma``
 (:func:`gaussian_tpr`). For a whole DP-SGD run, :func:`pld_tpr` reads the same curve from
@@ -23,6 +26,9 @@ delta(epsilon) + e^epsilon * FPR``.
 4.377
 >>> bool(gaussian_tpr(0.05, mu) <= dp_tpr_bound(0.05, eps, 1e-5))
 True
+>>> fpr, tpr, e = 0.5, 0.9, 1.0                       # allowed by the first line, not by the second
+>>> tpr <= math.exp(e) * fpr, 1 - tpr >= math.exp(-e) * (1 - fpr), round(float(dp_tpr_bound(fpr, e, 0.0)), 3)
+(True, False, 0.816)
 """
 
 from __future__ import annotations

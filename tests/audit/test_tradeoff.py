@@ -93,3 +93,33 @@ def test_pld_curve_within_the_accountants_epsilon():
 def test_bad_input_named(call, text):
     with pytest.raises(ValueError, match=text):
         call()
+
+
+@pytest.mark.parametrize("eps, delta", [(1.0, 0.0), (math.log(3), 0.01), (4.0, 1e-5)])
+def test_dp_bound_is_the_two_hypothesis_testing_inequalities(eps, delta):
+    # (eps, delta)-DP <=> TPR <= e^eps FPR + delta and 1 - TPR >= e^-eps (1 - FPR - delta)
+    rng = np.random.default_rng(0)
+    fpr, tpr = rng.random(20000), rng.random(20000)
+    allowed = (tpr <= math.exp(eps) * fpr + delta) & (1 - tpr >= math.exp(-eps) * (1 - fpr - delta))
+    np.testing.assert_array_equal(allowed, tpr <= dp_tpr_bound(fpr, eps, delta))
+
+
+def test_the_printed_wrong_inequality_admits_a_point_dp_forbids():
+    # issue #29: "1 - FPR >= e^-eps (1 - TPR - delta)" lets FPR 0.5, TPR 0.9 through at eps 1
+    fpr, tpr, eps = 0.5, 0.9, 1.0
+    assert tpr <= math.exp(eps) * fpr and 1 - fpr >= math.exp(-eps) * (1 - tpr)  # the wrong pair
+    bound = float(dp_tpr_bound(fpr, eps, 0.0))
+    assert bound == pytest.approx(0.816, abs=1e-3) and bound < tpr
+
+
+@pytest.mark.parametrize("eps, delta", [(0.2, 0.0), (1.0, 1e-3), (8.0, 1e-5)])
+def test_the_two_lines_cross_where_the_advantage_is_largest(eps, delta):
+    from dpnotebook.audit.roc import advantage_bound
+
+    cross = (1 - delta) / (math.exp(eps) + 1)
+    first = math.exp(eps) * cross + delta
+    second = 1 - math.exp(-eps) * (1 - cross - delta)
+    assert first == pytest.approx(second, abs=1e-12)
+    grid = np.linspace(0, 1, 200001)
+    assert (dp_tpr_bound(grid, eps, delta) - grid).max() == pytest.approx(advantage_bound(eps, delta), abs=1e-5)
+    assert first - cross == pytest.approx(advantage_bound(eps, delta), abs=1e-12)
