@@ -23,9 +23,17 @@ What the guarantee buys, measured from the outside:
 from dpnotebook.audit.canaries import draw_inclusion, gaussian_mechanism_scores
 from dpnotebook.audit.experiment import AuditedRun, audited_digits_run
 from dpnotebook.audit.gradient_canaries import GradientCanaries
-from dpnotebook.audit.membership import calibrated_attack, example_losses, loss_threshold_attack
+from dpnotebook.audit.membership import calibrated_attack, example_losses, loss_threshold_attack, sliced_attack
 from dpnotebook.audit.one_run import OneRunAudit, audit_one_run
-from dpnotebook.audit.roc import AttackROC, advantage_bound, attack_roc
+from dpnotebook.audit.roc import (
+    AttackROC,
+    OperatingPoint,
+    advantage_bound,
+    advantage_noise_floor,
+    attack_roc,
+    clopper_pearson,
+    held_out_point,
+)
 from dpnotebook.audit.sensitivity import TOLERANCE, SensitivityReport, audit_sensitivity, clipped_sum
 from dpnotebook.audit.tradeoff import dp_tpr_bound, gaussian_epsilon, gaussian_tpr, pld_tpr
 
@@ -40,6 +48,11 @@ __all__ = [
     "example_losses",
     "loss_threshold_attack",
     "calibrated_attack",
+    "sliced_attack",
+    "clopper_pearson",
+    "held_out_point",
+    "OperatingPoint",
+    "advantage_noise_floor",
     "draw_inclusion",
     "gaussian_mechanism_scores",
     "audit_one_run",

@@ -10,7 +10,8 @@ Two attacks, both black-box (they need only the model's loss on a record):
   training on the record added.
 
 Both return an :class:`~dpnotebook.audit.roc.AttackROC` (ROC curve, AUC, advantage, TPR at a
-low FPR). Differential privacy bounds every such attack: see :mod:`dpnotebook.audit.tradeoff`.
+low FPR). :func:`sliced_attack` splits an attack's results by a group (a class, say): an attack
+that does little on average may do well on one group. Differential privacy bounds every such attack: see :mod:`dpnotebook.audit.tradeoff`.
 
 >>> import torch
 >>> from torch import nn
@@ -28,12 +29,13 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 from dpnotebook.audit.roc import AttackROC, attack_roc
 
-__all__ = ["example_losses", "loss_threshold_attack", "calibrated_attack"]
+__all__ = ["example_losses", "loss_threshold_attack", "calibrated_attack", "sliced_attack"]
 
 Records = tuple[Tensor, Tensor]
 
@@ -139,3 +141,31 @@ def calibrated_attack(
         return reference - target
 
     return attack_roc(scores(members).numpy(), scores(nonmembers).numpy())
+
+
+def sliced_attack(roc: AttackROC, member_groups: object, nonmember_groups: object) -> dict[int, AttackROC]:
+    """The same attack's scores, one ROC per group (e.g. per class label).
+
+    Each group holds fewer records than the whole, so its advantage is noisier: compare it with
+    :func:`~dpnotebook.audit.roc.advantage_noise_floor` of that group, not of the whole.
+
+    Args:
+        roc: an attack's result (its member and non-member scores are sliced).
+        member_groups, nonmember_groups: one integer group per member and per non-member, in the
+            order of ``roc.member_scores`` and ``roc.nonmember_scores``.
+
+    >>> roc = attack_roc([3.0, 2.0, 1.0, 0.5], [1.0, 0.0, 2.5, 0.2])
+    >>> {g: r.advantage for g, r in sliced_attack(roc, [0, 0, 1, 1], [0, 0, 1, 1]).items()}
+    {0: 1.0, 1: 0.5}
+    """
+    mg = np.asarray(member_groups).reshape(-1)
+    ng = np.asarray(nonmember_groups).reshape(-1)
+    if mg.shape != roc.member_scores.shape or ng.shape != roc.nonmember_scores.shape:
+        raise ValueError(
+            f"{mg.size} member groups for {roc.member_scores.size} members and {ng.size} non-member groups for "
+            f"{roc.nonmember_scores.size} non-members: pass one group per scored record, in the same order."
+        )
+    groups = sorted(set(mg.tolist()) & set(ng.tolist()))
+    if not groups:
+        raise ValueError("no group has both members and non-members: nothing to compare within a group.")
+    return {int(g): attack_roc(roc.member_scores[mg == g], roc.nonmember_scores[ng == g]) for g in groups}

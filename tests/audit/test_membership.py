@@ -113,3 +113,21 @@ def test_audited_run_calibrated_canary_attack_is_calibrated_attack_on_its_canari
     got = run.calibrated_canary_attack([reference])
     np.testing.assert_allclose(got.member_scores, want.member_scores)
     np.testing.assert_allclose(run.canary_attack.member_scores, -example_losses(run.model, x[keep], y[keep]).numpy())
+
+
+def test_sliced_attack_gives_each_group_its_own_roc():
+    from dpnotebook.audit.membership import sliced_attack
+    from dpnotebook.audit.roc import attack_roc
+
+    rng = np.random.default_rng(0)
+    members, others = rng.standard_normal(300), rng.standard_normal(300)
+    mg, ng = np.arange(300) % 3, np.arange(300) % 3
+    members[mg == 2] += 3.0  # only group 2 leaks
+    sliced = sliced_attack(attack_roc(members, others), mg, ng)
+    assert sorted(sliced) == [0, 1, 2]
+    assert sliced[2].auc > 0.95 and sliced[0].auc < 0.65
+    np.testing.assert_array_equal(sliced[1].member_scores, members[mg == 1])
+    with pytest.raises(ValueError, match="one group per scored record"):
+        sliced_attack(attack_roc(members, others), mg[:10], ng)
+    with pytest.raises(ValueError, match="no group has both"):
+        sliced_attack(attack_roc(members, others), np.zeros(300), np.ones(300))
