@@ -7,6 +7,12 @@
   the largest epsilon at which *every* ``(epsilon, delta)``-DP training keeps every attacker's
   advantage within ``margin``: :func:`~dpnotebook.audit.roc.advantage_bound` of the answer
   must equal ``margin``.
+* ``08.epsilon_from_attack``: the student's ``epsilon_from_attack(tp, members, fp, nonmembers, delta)``
+  must give the largest epsilon that an attack's counts refute at 95% confidence: the *lower* end of
+  TPR's and the *upper* end of FPR's two-sided 95% Clopper–Pearson interval (each end fails with
+  probability 2.5%, both together with at most 5%) put into *both* inequalities ``TPR <= e^eps FPR + delta`` and
+  ``1 - TPR >= e^-eps (1 - FPR - delta)``, and 0 when neither is violated. The check computes the
+  answer itself from ``scipy.stats.beta``; no library function returns it.
 
 >>> import numpy as np
 >>> from dpnotebook.audit.roc import attack_roc
@@ -14,6 +20,8 @@
 'reaches the best advantage on every score set'
 >>> check_epsilon_for_margin(lambda margin, delta: float(np.log((1 + margin - 2 * delta) / (1 - margin))))
 'advantage_bound(epsilon_for_margin(m, d), d) == m for every margin and delta tried'
+>>> check_epsilon_from_attack(lambda tp, n, fp, nn, delta: _refuted(tp, n, fp, nn, delta))
+'the epsilon each attack proves, with intervals on both rates and both inequalities'
 """
 
 from __future__ import annotations
@@ -22,12 +30,13 @@ import math
 from typing import Callable
 
 import numpy as np
+from scipy.stats import beta
 
 from dpnotebook.audit.roc import advantage_bound, attack_roc
 from dpnotebook.audit.tradeoff import gaussian_epsilon
 from dpnotebook.exercises.core import ExerciseFailed, register_check, require
 
-__all__ = ["check_best_threshold", "check_epsilon_for_margin"]
+__all__ = ["check_best_threshold", "check_epsilon_for_margin", "check_epsilon_from_attack"]
 
 
 def _score_sets() -> list[tuple[np.ndarray, np.ndarray]]:
@@ -121,3 +130,104 @@ def _gauss_mu(margin: float) -> float:
     from scipy.stats import norm
 
     return float(norm.ppf((1 + margin) / 2))
+
+
+# (true positives, members, false positives, non-members, delta): a strong attack at a low FPR, one whose
+# point only the second inequality refutes, one at chance, one with no false positive, a weak one.
+_ATTACKS = [
+    (300, 500, 5, 500, 1e-5),
+    (500, 500, 300, 500, 1e-5),
+    (60, 500, 55, 500, 1e-5),
+    (40, 500, 0, 500, 1e-5),
+    (150, 500, 100, 500, 0.0),
+    (120, 400, 20, 400, 0.05),
+]
+
+
+def _refuted(
+    tp: int, members: int, fp: int, nonmembers: int, delta: float, *, level: float = 0.975, corners: str = "safe"
+) -> float:
+    """The epsilon an attack's counts refute (the oracle), or a common mistake's version of it."""
+    tail = 1 - level
+
+    def low(k: int, n: int) -> float:
+        return 0.0 if k == 0 else float(beta.ppf(tail, k, n - k + 1))
+
+    def high(k: int, n: int) -> float:
+        return 1.0 if k == n else float(beta.ppf(1 - tail, k + 1, n - k))
+
+    if corners == "point":
+        tpr, fpr = tp / members, fp / nonmembers
+    elif corners == "optimistic":
+        tpr, fpr = high(tp, members), low(fp, nonmembers)
+    else:
+        tpr, fpr = low(tp, members), high(fp, nonmembers)
+    first = math.log((tpr - delta) / fpr) if tpr > delta and fpr > 0 else (math.inf if tpr > delta else -math.inf)
+    second = math.log((1 - fpr - delta) / (1 - tpr)) if 1 - fpr - delta > 0 and tpr < 1 else -math.inf
+    return max(0.0, first, second)
+
+
+def _first_only(tp: int, members: int, fp: int, nonmembers: int, delta: float) -> float:
+    tpr, fpr = (
+        float(beta.ppf(0.025, tp, members - tp + 1)) if tp else 0.0,
+        float(beta.ppf(0.975, fp + 1, nonmembers - fp)),
+    )
+    return max(0.0, math.log((tpr - delta) / fpr)) if tpr > delta else 0.0
+
+
+@register_check(
+    "08.epsilon_from_attack",
+    todo="write epsilon_from_attack(tp, members, fp, nonmembers, delta): the largest epsilon the attack's "
+    "counts refute at 95% confidence (0 if none)",
+)
+def check_epsilon_from_attack(epsilon_from_attack: Callable[[int, int, int, int, float], float]) -> str:
+    for tp, n, fp, nn, delta in _ATTACKS:
+        got = epsilon_from_attack(tp, n, fp, nn, delta)
+        require(
+            isinstance(got, (int, float, np.floating)) and not isinstance(got, bool) and not math.isnan(got),
+            f"return one number, epsilon (got {got!r})",
+        )
+        got = float(got)
+        want = _refuted(tp, n, fp, nn, delta)
+        if math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-9):
+            continue
+        where = f"for {tp}/{n} members and {fp}/{nn} non-members called 'member' (delta={delta})"
+        if got < 0:
+            raise ExerciseFailed(
+                f"{where} you return {got:.4g}: an attack that violates neither inequality refutes nothing, "
+                "and the answer is 0, not a negative epsilon"
+            )
+        for mistake, hint in (
+            (
+                _refuted(tp, n, fp, nn, delta, corners="point"),
+                "you used the measured rates tp/members and fp/nonmembers as if they were exact; they are "
+                "estimates: a lucky sample would refute too much. Use the Clopper-Pearson interval of each",
+            ),
+            (
+                _refuted(tp, n, fp, nn, delta, corners="optimistic"),
+                "you took the ends of the intervals that help the attack (TPR high, FPR low); the proof "
+                "needs the ends that help the claim: the LOWER end of TPR and the UPPER end of FPR",
+            ),
+            (
+                _refuted(tp, n, fp, nn, delta, level=0.95),
+                "you took each bound at 95% on its own (the ends of a 90% interval), but both must hold "
+                "together: 2.5% each, so that the two fail at most 2.5% + 2.5% = 5% of the time; use the "
+                "ends of each rate's 95% two-sided interval (97.5% each)",
+            ),
+            (
+                _refuted(tp, n, fp, nn, 0.0),
+                "you left out delta: the inequalities are TPR <= e^eps FPR + delta and 1 - TPR >= "
+                "e^-eps (1 - FPR - delta); subtract delta before taking the logarithm",
+            ),
+            (
+                _first_only(tp, n, fp, nn, delta),
+                "you used only TPR <= e^eps FPR + delta; an attack with a high TPR at a high FPR violates "
+                "the second inequality, 1 - TPR >= e^-eps (1 - FPR - delta): take the larger of the two",
+            ),
+        ):
+            if math.isclose(got, mistake, rel_tol=1e-6, abs_tol=1e-9) and not math.isclose(
+                mistake, want, rel_tol=1e-6, abs_tol=1e-9
+            ):
+                raise ExerciseFailed(f"{where}: {hint}")
+        raise ExerciseFailed(f"{where} your epsilon {got:.4g} is not the one the counts refute ({want:.4g})")
+    return "the epsilon each attack proves, with intervals on both rates and both inequalities"

@@ -10,6 +10,18 @@ def best_threshold(member_scores, nonmember_scores):
 
 # %% exercise 08.epsilon_for_margin
 def epsilon_for_margin(margin, delta):
-    # the lines TPR = e^eps FPR + delta and 1 - FPR = e^-eps (1 - TPR - delta) cross where
+    # the lines TPR = e^eps FPR + delta and 1 - TPR = e^-eps (1 - FPR - delta) cross at
+    # FPR = (1 - delta) / (e^eps + 1), where
     # TPR - FPR = (e^eps - 1 + 2 delta) / (e^eps + 1); set that to the margin and solve for eps
     return math.log((1 + margin - 2 * delta) / (1 - margin))
+
+# %% exercise 08.epsilon_from_attack
+def epsilon_from_attack(tp, members, fp, nonmembers, delta):
+    tpr_low, _ = clopper_pearson(tp, members, 0.95)     # each end fails with probability 2.5%:
+    _, fpr_high = clopper_pearson(fp, nonmembers, 0.95)  # both together with at most 5%
+    refuted = [0.0]
+    if tpr_low > delta:                                  # TPR <= e^eps FPR + delta
+        refuted.append(math.log((tpr_low - delta) / fpr_high))
+    if tpr_low < 1 and 1 - fpr_high - delta > 0:         # 1 - TPR >= e^-eps (1 - FPR - delta)
+        refuted.append(math.log((1 - fpr_high - delta) / (1 - tpr_low)))
+    return max(refuted)
