@@ -215,7 +215,8 @@ def audited_digits_run(
     x_train, y_train = torch.cat([x_in, x_can[keep]]), torch.cat([y_in, y_can[keep]])
 
     torch.manual_seed(seed)
-    model: nn.Module = MLP(hidden=hidden)
+    mlp = MLP(hidden=hidden)
+    model: nn.Module = mlp
     private = target_epsilon is not None or noise_multiplier is not None
     grad_canaries = None
     if gradient_canaries:
@@ -224,7 +225,9 @@ def audited_digits_run(
                 f"gradient_canaries={gradient_canaries} without DP-SGD: gradient canaries audit the DP step. "
                 "Fix: pass target_epsilon or noise_multiplier (0 for clipping without noise)."
             )
-        weight = model.net[1].weight
+        first = mlp.net[1]  # the MLP's first Linear layer
+        assert isinstance(first, nn.Linear)
+        weight = first.weight
         free = unreached_coordinates(weight, x_train)
         if gradient_canaries > free.numel():
             raise ValueError(
