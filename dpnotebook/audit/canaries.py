@@ -2,6 +2,9 @@
 
 * :func:`draw_inclusion`: one fair coin per canary (the audit's randomness; it must be fair
   and independent of everything else for :func:`~dpnotebook.audit.one_run.audit_one_run`).
+* :func:`random_image_canaries`: random black-and-white images with random labels, which a model
+  fits only by memorising them one by one (the input canaries of
+  :func:`~dpnotebook.audit.experiment.audited_digits_run`).
 * :func:`mislabeled_canaries`: real inputs with a wrong label. A model predicts the wrong
   label only if it trained on that very record, so such canaries are easy to detect, the
   worst case an input-space audit can build cheaply.
@@ -30,7 +33,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["draw_inclusion", "mislabeled_canaries", "gaussian_mechanism_scores", "dp_sgd_canary_scores"]
+__all__ = [
+    "draw_inclusion",
+    "random_image_canaries",
+    "mislabeled_canaries",
+    "gaussian_mechanism_scores",
+    "dp_sgd_canary_scores",
+]
 
 
 def draw_inclusion(canaries: int, *, seed: int) -> np.ndarray:
@@ -42,6 +51,40 @@ def draw_inclusion(canaries: int, *, seed: int) -> np.ndarray:
     if isinstance(canaries, bool) or not isinstance(canaries, int) or canaries < 1:
         raise ValueError(f"canaries={canaries!r} is invalid: it must be an int >= 1, e.g. 1000.")
     return np.random.default_rng(seed).random(canaries) < 0.5
+
+
+def random_image_canaries(
+    canaries: int,
+    *,
+    shape: tuple[int, ...] = (1, 8, 8),
+    num_classes: int = 10,
+    seed: int = 0,
+    blank: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """``canaries`` images of random black-or-white pixels (each 0 or 1 on a fair coin), each with a
+    uniform random label.
+
+    Nothing in the data predicts their labels: a model gets one right only by memorising it. Binary
+    pixels keep the canaries far apart (and far from the digits), so they are easy to memorise one by one.
+
+    Args:
+        canaries: how many.
+        shape: of one image.
+        num_classes: labels are drawn from ``0 .. num_classes - 1``.
+        seed: seeds pixels and labels.
+        blank: a boolean mask of ``shape``: pixels kept at 0 in every canary (those blank in every digit).
+
+    >>> x, y = random_image_canaries(3)
+    >>> x.shape, y.shape
+    (torch.Size([3, 1, 8, 8]), torch.Size([3]))
+    >>> bool(random_image_canaries(5, blank=torch.ones(1, 8, 8, dtype=torch.bool))[0].any())
+    False
+    """
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.rand(canaries, *shape, generator=g) < 0.5).float()
+    if blank is not None:
+        x[:, blank] = 0.0
+    return x, torch.randint(0, num_classes, (canaries,), generator=g)
 
 
 def mislabeled_canaries(inputs: Tensor, targets: Tensor, *, num_classes: int, seed: int) -> tuple[Tensor, Tensor]:

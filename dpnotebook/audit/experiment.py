@@ -35,47 +35,13 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from dpnotebook.audit.canaries import draw_inclusion
+from dpnotebook.audit.canaries import draw_inclusion, random_image_canaries
 from dpnotebook.audit.gradient_canaries import GradientCanaries, unreached_coordinates
 from dpnotebook.audit.membership import example_losses, loss_threshold_attack
 from dpnotebook.audit.one_run import OneRunAudit, audit_one_run
 from dpnotebook.audit.roc import AttackROC
 
 __all__ = ["AuditedRun", "audited_digits_run", "random_image_canaries"]
-
-
-def random_image_canaries(
-    canaries: int,
-    *,
-    shape: tuple[int, ...] = (1, 8, 8),
-    num_classes: int = 10,
-    seed: int = 0,
-    blank: Tensor | None = None,
-) -> tuple[Tensor, Tensor]:
-    """``canaries`` images of random black-or-white pixels (each 0 or 1 on a fair coin), each with a
-    uniform random label.
-
-    Nothing in the data predicts their labels: a model gets one right only by memorising it. Binary
-    pixels keep the canaries far apart (and far from the digits), so they are easy to memorise one by one.
-
-    Args:
-        canaries: how many.
-        shape: of one image.
-        num_classes: labels are drawn from ``0 .. num_classes - 1``.
-        seed: seeds pixels and labels.
-        blank: a boolean mask of ``shape``: pixels kept at 0 in every canary (those blank in every digit).
-
-    >>> x, y = random_image_canaries(3)
-    >>> x.shape, y.shape
-    (torch.Size([3, 1, 8, 8]), torch.Size([3]))
-    >>> bool(random_image_canaries(5, blank=torch.ones(1, 8, 8, dtype=torch.bool))[0].any())
-    False
-    """
-    g = torch.Generator().manual_seed(seed)
-    x = (torch.rand(canaries, *shape, generator=g) < 0.5).float()
-    if blank is not None:
-        x[:, blank] = 0.0
-    return x, torch.randint(0, num_classes, (canaries,), generator=g)
 
 
 @dataclass
@@ -235,7 +201,8 @@ def audited_digits_run(
                 "reached by no training record. Fix: pass at most that many."
             )
         pick = torch.randperm(free.numel(), generator=torch.Generator().manual_seed(seed + 5))[:gradient_canaries]
-        grad_canaries = GradientCanaries.dirac(weight, free[pick], draw_inclusion(gradient_canaries, seed=seed + 6))
+        coins = draw_inclusion(gradient_canaries, seed=seed + 6)
+        grad_canaries = GradientCanaries.dirac(weight, free[pick], coins, gradient_norm=10 * max_grad_norm)
         ids = torch.from_numpy(np.flatnonzero(grad_canaries.included)).long()
         ids = torch.cat([torch.full((len(y_train),), -1, dtype=torch.long), ids])
         x_train = torch.cat([x_train, torch.zeros(len(ids) - len(y_train), *x_train.shape[1:])])
