@@ -12,7 +12,6 @@ promise. A progress bar (on stderr) shows while the grid runs when stderr is a t
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 
 import torch
@@ -22,6 +21,7 @@ from dpnotebook.audit.families import FAMILIES
 from dpnotebook.audit.grid import grid, matches, run_point
 from dpnotebook.audit.summary import summarise
 from dpnotebook.modes import available_modes
+from dpnotebook.privacy.training import show_progress
 
 
 def parser() -> argparse.ArgumentParser:
@@ -56,7 +56,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     dtype = torch.float32 if args.float32 else torch.float64
-    progress = sys.stderr.isatty() if args.progress is None else args.progress
+    progress = show_progress(args.progress)
     start = time.perf_counter()
     points = list(grid(modes=args.mode, families=args.family, dtype=dtype))
     outcomes = [run_point(p) for p in tqdm(points, desc="audit grid", unit="point", disable=not progress)]
