@@ -25,15 +25,7 @@ from typing import Any, Callable, Iterator, Mapping, Sized, cast
 
 import torch
 from torch import Tensor
-from torch.utils.data import (
-    BatchSampler,
-    DataLoader,
-    Dataset,
-    IterableDataset,
-    RandomSampler,
-    Sampler,
-    SequentialSampler,
-)
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 from torch.utils.data.dataloader import default_collate
 
 from dpnotebook.privacy.arguments import check_positive_int, check_sample_rate
@@ -249,7 +241,6 @@ class DPDataLoader(DataLoader):
         """
         if loader.batch_sampler is None:
             raise ValueError("data_loader has batch_size=None (no batching); give it a batch_size.")
-        warn_replaced_sampling(loader)
         kwargs: dict[str, Any] = {
             "num_workers": loader.num_workers,
             "pin_memory": loader.pin_memory,
@@ -274,47 +265,6 @@ class DPDataLoader(DataLoader):
             generator=generator,
             secure_mode=secure_mode,
             **kwargs,
-        )
-
-
-def replaced_sampling(loader: DataLoader) -> list[str]:
-    """The options of ``loader`` that Poisson sampling replaces: ``shuffle=True``, ``drop_last=True``, a sampler.
-
-    A :class:`DPDataLoader` (already Poisson) has none.
-
-    >>> import torch
-    >>> from torch.utils.data import TensorDataset
-    >>> data = TensorDataset(torch.randn(10, 2))
-    >>> replaced_sampling(DataLoader(data, batch_size=2, shuffle=True, drop_last=True))
-    ['shuffle=True', 'drop_last=True']
-    >>> replaced_sampling(DataLoader(data, batch_size=2))
-    []
-    """
-    if isinstance(loader, DPDataLoader):
-        return []
-    replaced = []
-    if isinstance(loader.sampler, RandomSampler):
-        replaced.append("shuffle=True")
-    elif not isinstance(loader.sampler, SequentialSampler):
-        replaced.append(f"sampler={type(loader.sampler).__name__}")
-    if loader.drop_last:
-        replaced.append("drop_last=True")
-    if loader.batch_sampler is not None and type(loader.batch_sampler) is not BatchSampler:
-        replaced.append(f"batch_sampler={type(loader.batch_sampler).__name__}")
-    return replaced
-
-
-def warn_replaced_sampling(loader: DataLoader) -> None:
-    """Say which of ``loader``'s sampling options Poisson sampling ignores (Opacus warns of ``drop_last``)."""
-    replaced = replaced_sampling(loader)
-    if replaced:
-        warnings.warn(
-            f"data_loader has {' and '.join(replaced)}: ignored. Poisson sampling replaces the loader's own "
-            f"sampling, as the privacy analysis requires: every sample joins each batch independently with "
-            f"probability q = 1/len(data_loader) = {1 / len(loader):.4g}, so batches vary in size and no "
-            f"sample is dropped. To silence this, build the DataLoader without {', '.join(replaced)}.",
-            UserWarning,
-            stacklevel=3,
         )
 
 

@@ -41,6 +41,7 @@ from dpnotebook.privacy.clipping import CLIPPING_MODES
 from dpnotebook.privacy.augmult import loader_k
 from dpnotebook.privacy.data_loader import DPDataLoader
 from dpnotebook.privacy.layer_bounds import check_layer_bounds
+from dpnotebook.privacy.replaced_sampling import warn_replaced_sampling
 from dpnotebook.privacy import engine_compat
 from dpnotebook.privacy.engine_checkpoints import EngineCheckpoints
 from dpnotebook.privacy.engine_inputs import (
@@ -172,6 +173,8 @@ class PrivacyEngine(EngineCheckpoints):
         self.dataset_size = len(cast(Sized, data_loader.dataset))  # map-style: q needs N
         sample_rate = sample_rate_of(data_loader)
         if poisson_sampling:
+            if not isinstance(data_loader, DPDataLoader):  # already Poisson: nothing is replaced
+                warn_replaced_sampling(data_loader)
             data_loader = DPDataLoader.from_data_loader(
                 data_loader, generator=sampling_generator, secure_mode=self.secure_mode, distributed=distributed
             )

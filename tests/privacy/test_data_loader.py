@@ -147,8 +147,19 @@ def test_make_private_warns_of_the_sampling_options_it_replaces(options, named):
 def test_a_plain_loader_or_a_poisson_one_gets_no_sampling_warning():
     import warnings
 
-    plain = DataLoader(TensorDataset(torch.randn(10, 2)), batch_size=5)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        poisson = DPDataLoader.from_data_loader(plain)
-        DPDataLoader.from_data_loader(poisson)
+    from torch import nn
+
+    from dpnotebook.privacy import PrivacyEngine
+
+    data = TensorDataset(torch.randn(10, 2), torch.arange(10) % 2)
+    for loader in (DataLoader(data, batch_size=5), DPDataLoader(data, sample_rate=0.5)):
+        model = nn.Linear(2, 2)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            PrivacyEngine(secure_mode=False).make_private(
+                module=model,
+                optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                data_loader=loader,
+                noise_multiplier=1.0,
+                max_grad_norm=1.0,
+            )
