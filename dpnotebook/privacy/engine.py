@@ -31,7 +31,7 @@ from torch.utils.data import DataLoader
 from dpnotebook.grad_sample.engine.module import check_k
 from dpnotebook.modes import wrap_model as wrap_in_mode
 from dpnotebook.privacy.accounting import create_accountant
-from dpnotebook.privacy.calibration import get_noise_multiplier
+from dpnotebook.privacy.calibration import get_noise_multiplier, warn_if_noise_drowns_signal
 from dpnotebook.privacy.arguments import (
     check_choice,
     check_delta,
@@ -183,6 +183,7 @@ class PrivacyEngine(EngineCheckpoints):
             warn_not_poisson(sample_rate)
             expected_batch_size = data_loader.batch_size or sample_rate * self.dataset_size
         self.sample_rate = sample_rate
+        warn_if_noise_drowns_signal(noise_multiplier, expected_batch_size)
 
         dp_optimizer = private_optimizer(
             optimizer,
