@@ -111,3 +111,22 @@ def test_the_build_needs_no_network() -> None:
 def _text(page_html: str) -> str:
     """What a reader sees: the page without its tags."""
     return html_module.unescape(re.sub(r"<[^>]+>", "", page_html))
+
+
+def test_mathjax_is_part_of_the_site(html: Path) -> None:
+    """Formulas render offline: every page with math loads MathJax from the site's own _static, not a CDN."""
+    text = page(html, "docs/concepts/accounting.html")
+    scripts = re.findall(r'<script[^>]*src="([^"]*(?:mathjax|MathJax)[^"]*)"', text)
+    assert scripts == ["../../_static/mathjax/tex-chtml.js"], scripts
+    static = html / "_static" / "mathjax"
+    assert (static / "tex-chtml.js").stat().st_size > 100_000
+    assert list((static / "output" / "chtml" / "fonts" / "woff-v2").glob("*.woff"))
+    for name in ("docs/index.html", "tutorials/04_noise_and_privacy_budget.html"):
+        assert not re.search(r'<script[^>]*src="https?://[^"]*mathjax', page(html, name), re.I), name
+
+
+def test_the_tutorials_page_says_what_needs_a_network_and_a_kernel(html: Path) -> None:
+    text = " ".join(_text(page(html, "docs/tutorials.html")).split())
+    assert "The formulas render offline" in text
+    assert "loads from a CDN" in text and "offline they do not appear" in text
+    assert "Sliders that recompute need a running kernel" in text
