@@ -27,9 +27,11 @@ and autosummary does not make that choice the way this API needs:
 
 * 129 of the 488 public objects are listed in the ``__all__`` of two to four modules
   (``GradSampleModule`` in ``dpnotebook``, ``dpnotebook.grad_sample`` and its home module).
-  ``autosummary :recursive:`` documents each at every place it is imported, which under ``-W``
-  is a duplicate-object warning per re-export (or, with ``:no-index:``, entries nobody can link
-  to); here each is documented once, at its home, and the other modules link there.
+  ``autosummary :recursive:`` either follows ``__all__`` (``autosummary_ignore_module_all =
+  False``) and then documents each at every module that lists it, a duplicate-object warning
+  per re-export under ``-W`` (or, with ``:no-index:``, entries nobody can link to), or, by
+  default, skips imported names, so ``dpnotebook``'s own top-level names get no entry. Here each
+  is documented once, at its home, and the other modules link there.
 * A reference through any import path (``dpnotebook.PrivacyEngine``, an Opacus-style alias path)
   must resolve, and one that names nothing must fail the build: autosummary has no such resolver.
 * ``autosummary_generate`` writes a stub file per object into the source tree, which is the
