@@ -1,25 +1,36 @@
 # Two entry points (see README): `make lab` and `make test`. Both create .venv on first use.
+# `make lab` installs what a learner needs (.[lab]: the package, the widgets, JupyterLab);
+# `make test` and the other developer targets install the whole toolchain (.[dev]). Each has its
+# own stamp, so each is idempotent: a second run installs nothing unless pyproject.toml or
+# constraints.txt changed.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --quiet --constraint constraints.txt
 STAMP := $(VENV)/.installed
+LAB_STAMP := $(VENV)/.installed-lab
 
 .PHONY: install lab lint test docs bench badges clean
 
-$(STAMP): pyproject.toml constraints.txt
 # torch goes in first, pinned by constraints.txt, so that no later resolution pulls another (CUDA) build.
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) "torch==2.13.0"
 	$(PIP) -e ".[dev]"
 	touch $(STAMP)
+
+$(LAB_STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) "torch==2.13.0"
+	$(PIP) -e ".[lab]"
+	touch $(LAB_STAMP)
 
 install: $(STAMP)
 
 # JupyterLab refuses to start as root unless told; containers and CI machines often are root.
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-lab: $(STAMP)
+lab: $(LAB_STAMP)
 	$(VENV)/bin/jupyter lab --notebook-dir=tutorials $(ALLOW_ROOT)
 
 # pyflakes rules (unused imports, undefined names) and the formatter, configured in pyproject.toml [tool.ruff];

@@ -36,6 +36,7 @@ extensions = [
     "sphinx.ext.mathjax",
     "sphinx.ext.viewcode",
     "dpn_docs",
+    "dpn_mathjax",  # MathJax from the docs extra, copied into the site (works offline)
 ]
 
 # -- what is read: docs/ and the tutorials, from the repository root ------------------
@@ -111,9 +112,11 @@ napoleon_use_ivar = True  # "Attributes:" as fields: no duplicate object entries
 napoleon_use_rtype = False
 python_display_short_literal_types = True
 
-# -- no network at build time ------------------------------------------------------
-# No intersphinx: references to torch or Python objects stay plain text. MathJax
-# and the widget manager are loaded by the reader's browser, not by the build.
+# -- no network at build time, and as little as possible when reading ----------------
+# No intersphinx: references to torch or Python objects stay plain text. MathJax is
+# part of the site (dpn_mathjax copies it from the docs extra), so formulas render
+# offline. The widget manager (not on PyPI) and the Binder badge's image are loaded by
+# the reader's browser from their CDNs; docs/tutorials.md says what an offline reader sees.
 
 # -- HTML ---------------------------------------------------------------------------
 html_theme = "furo"

@@ -128,6 +128,20 @@ def test_reports() -> None:
     assert "| M | 2 | 4 | gsm_hooks | 1.10 | 25.0 | 1.25 |" in multiplicity_table(rows)
 
 
+def test_the_results_table_prints_the_reference_each_ratio_uses() -> None:
+    """A 169.6 ms row at x2.32 next to a 143.6 ms non-private row: the table shows the 73.1 ms it divided by."""
+    common = {"model": "M", "batch": 2, "K": 1, "peak_mb": 100.0, "rss0_mb": 50.0, "n": 10}
+    rows = [
+        {**common, "what": "nonprivate", "median_ms": 143.6, "min_ms": 140.0, "ref_median_ms": 143.6, "ratio": 1.0},
+        {**common, "what": "dpsgd_hooks", "median_ms": 169.6, "min_ms": 165.0, "ref_median_ms": 73.1, "ratio": 2.32},
+    ]
+    table = results_table(rows)
+    assert "non-private ref. median ms (same process)" in table.splitlines()[0]
+    assert "| M | 2 | 1 | dpsgd_hooks | 169.6 | 165.0 | 73.1 | ×2.32 |" in table
+    assert "| M | 2 | 1 | nonprivate | 143.6 | 140.0 | 143.6 | ×1.00 |" in table
+    assert "timed in the same process" in table.splitlines()[-1]
+
+
 def test_memory_benchmark_measures_every_k_in_its_own_processes() -> None:
     from dpnotebook.benchmarks.memory import run, summary
 

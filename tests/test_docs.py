@@ -111,3 +111,52 @@ def test_the_build_needs_no_network() -> None:
 def _text(page_html: str) -> str:
     """What a reader sees: the page without its tags."""
     return html_module.unescape(re.sub(r"<[^>]+>", "", page_html))
+
+
+def test_mathjax_is_part_of_the_site(html: Path) -> None:
+    """Formulas render offline: every page with math loads MathJax from the site's own _static, not a CDN."""
+    text = page(html, "docs/concepts/accounting.html")
+    scripts = re.findall(r'<script[^>]*src="([^"]*(?:mathjax|MathJax)[^"]*)"', text)
+    assert scripts == ["../../_static/mathjax/tex-chtml.js"], scripts
+    static = html / "_static" / "mathjax"
+    assert (static / "tex-chtml.js").stat().st_size > 100_000
+    assert list((static / "output" / "chtml" / "fonts" / "woff-v2").glob("*.woff"))
+    for name in ("docs/index.html", "tutorials/04_noise_and_privacy_budget.html"):
+        assert not re.search(r'<script[^>]*src="https?://[^"]*mathjax', page(html, name), re.I), name
+
+
+def test_the_tutorials_page_says_what_needs_a_network_and_a_kernel(html: Path) -> None:
+    text = " ".join(_text(page(html, "docs/tutorials.html")).split())
+    assert "The formulas render offline" in text
+    assert "loads from a CDN" in text and "offline they do not appear" in text
+    assert "Sliders that recompute need a running kernel" in text
+
+
+def test_formulas_render_in_a_browser_without_network(html: Path) -> None:
+    """Headless Chromium, every http(s) request refused: MathJax from _static typesets the page's formulas.
+
+    Skipped, loudly, without Debian's Chromium or the playwright package (as tests/browser is);
+    .ci/run installs Chromium.
+    """
+    import os
+    import shutil
+
+    chromium = "/usr/bin/chromium" if os.access("/usr/bin/chromium", os.X_OK) else shutil.which("chromium")
+    if chromium is None:
+        pytest.skip("OFFLINE-MATH BROWSER CHECK SKIPPED: no Chromium (apt-get install -y chromium)")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="OFFLINE-MATH BROWSER CHECK SKIPPED: no playwright")
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=["--headless", "--no-sandbox", "--disable-gpu"])
+        try:
+            context = browser.new_context()
+            refused: list[str] = []
+            context.route("http*://**", lambda route: (refused.append(route.request.url), route.abort()))
+            view = context.new_page()
+            view.goto((html / "docs" / "concepts" / "dp-sgd.html").as_uri())
+            view.wait_for_selector("mjx-container", state="attached", timeout=30_000)
+            typeset = view.evaluate("document.querySelectorAll('mjx-container').length")
+            raw = view.evaluate("document.body.innerText.includes('\\\\(')")
+        finally:
+            browser.close()
+    assert typeset >= 10 and not raw, (typeset, raw)
+    assert not [u for u in refused if "mathjax" in u.lower()], refused

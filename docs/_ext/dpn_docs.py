@@ -19,6 +19,27 @@
   with the output's PNG, if any, shown until the manager has drawn it; a view
   without stored state falls back to the output's other formats, and is a
   warning when nothing but text is left.
+
+Why this and not ``sphinx.ext.autosummary`` (checked against Sphinx 9.0, issue #33): the
+rendering *is* Sphinx's own (every entry is an ``autoclass`` / ``autofunction`` / ``autodata``
+directive of ``sphinx.ext.autodoc`` with napoleon); only the choice of what goes where is ours,
+and autosummary does not make that choice the way this API needs:
+
+* 129 of the 488 public objects are listed in the ``__all__`` of two to four modules
+  (``GradSampleModule`` in ``dpnotebook``, ``dpnotebook.grad_sample`` and its home module).
+  ``autosummary :recursive:`` either follows ``__all__`` (``autosummary_ignore_module_all =
+  False``) and then documents each at every module that lists it, a duplicate-object warning
+  per re-export under ``-W`` (or, with ``:no-index:``, entries nobody can link to), or, by
+  default, skips imported names, so ``dpnotebook``'s own top-level names get no entry. Here each
+  is documented once, at its home, and the other modules link there.
+* A reference through any import path (``dpnotebook.PrivacyEngine``, an Opacus-style alias path)
+  must resolve, and one that names nothing must fail the build: autosummary has no such resolver.
+* ``autosummary_generate`` writes a stub file per object into the source tree, which is the
+  repository root here (``-c docs``); these pages are generated in memory, and ``dpn_api_pages``
+  groups 163 modules onto eight pages by concept, with ``"*"`` catching new modules.
+
+The capability table, the modes sections, the widget outputs and the known-warnings filter have
+no Sphinx or myst-nb equivalent at all.
 """
 
 from __future__ import annotations

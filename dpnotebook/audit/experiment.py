@@ -215,7 +215,10 @@ def audited_digits_run(
         optimizer = torch.optim.SGD(model.parameters(), lr=2.0 if lr is None else lr)
     else:
         optimizer = torch.optim.Adam(model.parameters(), lr=3e-3 if lr is None else lr)
-    loader = DataLoader(data, batch_size=batch_size, shuffle=True, generator=torch.Generator().manual_seed(seed + 3))
+    # private: make_private replaces the shuffle by Poisson sampling, drawn with this generator
+    loader = DataLoader(
+        data, batch_size=batch_size, shuffle=not private, generator=torch.Generator().manual_seed(seed + 3)
+    )
     epsilon, sigma, sample_rate, steps = math.inf, math.nan, math.nan, 0
     if private:
         engine = PrivacyEngine(accountant="pld", secure_mode=False)

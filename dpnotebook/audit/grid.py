@@ -27,6 +27,7 @@ from dpnotebook.audit.families import FAMILIES
 from dpnotebook.audit.records import RECORDS, audit_case
 from dpnotebook.audit.sensitivity import SensitivityReport, audit_sensitivity
 from dpnotebook.modes import available_modes
+from dpnotebook.privacy.arguments import check_choice
 
 __all__ = ["GridPoint", "Outcome", "grid", "run_point", "expected_refusal", "REFUSALS", "SETTINGS"]
 
@@ -167,11 +168,24 @@ def grid(
     Ks: Iterable[int] = (1, 3),
     dtype: torch.dtype = torch.float64,
 ) -> Iterator[GridPoint]:
-    """Every point of the grid (a record only where it means something: cancelling copies need ``K > 1``)."""
-    for mode in modes or available_modes():
-        for family in families or FAMILIES:
+    """Every point of the grid (a record only where it means something: cancelling copies need ``K > 1``).
+
+    A name that is not a registered mode, a family of :data:`~dpnotebook.audit.families.FAMILIES`
+    or a record of :data:`~dpnotebook.audit.records.RECORDS` is a ``ValueError`` listing the
+    valid ones (not a grid of points that all fail):
+
+    >>> next(grid(families=["linear"]))
+    Traceback (most recent call last):
+    ...
+    ValueError: family='linear' is unknown; choose one of ['attention', 'conv', ...].
+    """
+    modes = [check_choice("mode", m, available_modes()) for m in modes or available_modes()]
+    families = [check_choice("family", f, FAMILIES) for f in families or FAMILIES]
+    records = [check_choice("record", r, RECORDS) for r in records or RECORDS]
+    for mode in modes:
+        for family in families:
             fam = FAMILIES[family]
-            for record in records or RECORDS:
+            for record in records:
                 if record == "cancelling_positions" and not fam.sequence:
                     continue
                 for K in Ks:

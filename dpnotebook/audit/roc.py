@@ -14,6 +14,12 @@ on the other, with intervals on both rates (a threshold chosen on the very score
 flatters it); :func:`advantage_noise_floor` says how large an advantage scores *without* any signal
 reach by chance, by permuting the member/non-member labels.
 
+Why not scikit-learn's ``roc_curve`` / ``roc_auc_score``: scikit-learn is a dependency of the
+``lab`` extra only, while :mod:`dpnotebook.audit` needs the core dependencies alone (torch, numpy,
+scipy, dp-accounting), and these 20 lines of numpy keep every threshold (``drop_intermediate=False``
+in scikit-learn's terms) with the member/non-member vocabulary the attack tutorials use.
+``tests/audit/test_membership.py`` checks that the curve and the AUC equal scikit-learn's, ties included.
+
 >>> roc = attack_roc([3.0, 2.0, 1.5], [1.0, 0.0, 1.6])
 >>> roc.fpr.tolist(), roc.tpr.tolist()
 ([0.0, 0.0, 0.0, 0.3333333333333333, 0.3333333333333333, 0.6666666666666666, 1.0], [0.0, 0.3333333333333333, 0.6666666666666666, 0.6666666666666666, 1.0, 1.0, 1.0])

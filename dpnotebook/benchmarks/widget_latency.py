@@ -126,7 +126,7 @@ def _cases() -> list[tuple[str, str, Callable[[str], Any], list[Any], Callable[[
         (
             "PrivacyBudgetExplorer, seen settings",
             "sigma",
-            lambda b: w.PrivacyBudgetExplorer(backend=b, debounce=0),
+            lambda b: w.PrivacyBudgetExplorer(accountant="rdp", backend=b, debounce=0),
             [0.8, 1.0, 1.2],
             slider("noise_multiplier"),
         ),
@@ -206,7 +206,7 @@ def _budget_cold(repeats: int) -> tuple[list[float], list[float]]:
     """New sigma values each time: accountant calls (what the debounce postpones)."""
     from dpnotebook.widgets import PrivacyBudgetExplorer
 
-    ex = PrivacyBudgetExplorer(backend="static", debounce=0)
+    ex = PrivacyBudgetExplorer(accountant="rdp", backend="static", debounce=0)
     values = iter([0.9 + 0.0137 * i for i in range(1, repeats + 10)])
     return _time(ex, [0.0], lambda e, _: setattr(e.controls["noise_multiplier"], "value", next(values)), repeats, True)
 

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 
+from dpnotebook.errors import PrivacyWarning
 from dpnotebook.privacy.accounting import ACCOUNTANTS, compute_epsilon
 from dpnotebook.privacy.arguments import (
     check_choice,
@@ -29,7 +31,13 @@ from dpnotebook.privacy.arguments import (
 from dpnotebook.privacy.schedule import steps_for_epochs
 from dpnotebook.privacy.schedule import steps_per_epoch as poisson_steps_per_epoch
 
-__all__ = ["get_noise_multiplier"]
+__all__ = ["get_noise_multiplier", "warn_if_noise_drowns_signal"]
+
+#: What to change when a budget cannot be met, or only with noise that drowns the signal.
+FIX_BUDGET = (
+    "Fix: use more data (a smaller sample rate q = B/N for the same batch), fewer epochs (fewer steps), "
+    "or a larger target_epsilon."
+)
 
 
 def get_noise_multiplier(
@@ -97,7 +105,10 @@ def _search_noise_multiplier(
     while eps_high > target:
         low, high = high, 2 * high
         if high > 1e6:
-            raise ValueError(f"target_epsilon={target!r} cannot be reached with noise_multiplier <= 1e6.")
+            raise ValueError(
+                f"target_epsilon={target!r} (delta={delta:g}) cannot be reached with q={q:.4g} and {steps} "
+                f"steps: even noise_multiplier=1e6 spends more. {FIX_BUDGET}"
+            )
         eps_high = epsilon(high)
     if low == high:
         low = high / 2
@@ -115,3 +126,37 @@ def _search_noise_multiplier(
             high, eps_high = mid, eps_mid
     assert eps_high <= target and math.isfinite(high)
     return high
+
+
+def warn_if_noise_drowns_signal(noise_multiplier: float, expected_batch_size: float) -> None:
+    """Warn (:class:`~dpnotebook.errors.PrivacyWarning`) when the noise leaves nothing to learn from.
+
+    DP-SGD adds noise of std ``sigma * C`` per coordinate to the sum of at most ``B`` clipped
+    gradients, each of norm at most ``C``, and divides by ``B``. With ``sigma > B`` the noise on
+    every single coordinate of the averaged gradient has a larger std than the *whole* clipped
+    signal's norm can reach (``C``): the model moves at random and training learns nothing,
+    although the privacy guarantee holds. :meth:`PrivacyEngine.make_private
+    <dpnotebook.privacy.engine.PrivacyEngine.make_private>` calls it for every run, so a sigma
+    calibrated for an out-of-reach budget (say 65,536) is said, not silently returned.
+
+    >>> import warnings
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     warn_if_noise_drowns_signal(65536.0, expected_batch_size=128)
+    ...     warn_if_noise_drowns_signal(1.1, expected_batch_size=128)   # a usual sigma: silent
+    >>> len(caught)
+    1
+    >>> print(caught[0].message)
+    noise_multiplier=65536 with an expected batch of 128 samples: ... sigma*C/B = 512*C on every
+    coordinate, ... so training will learn nothing (the guarantee holds). Fix: use more data ...
+    """
+    if noise_multiplier > expected_batch_size > 0:
+        warnings.warn(
+            f"noise_multiplier={noise_multiplier:.6g} with an expected batch of {expected_batch_size:.6g} "
+            f"samples: the noise on the averaged gradient has std sigma*C/B = "
+            f"{noise_multiplier / expected_batch_size:.3g}*C on every coordinate, more than the whole "
+            f"clipped signal can reach (norm <= C), so training will learn nothing (the guarantee holds). "
+            f"{FIX_BUDGET}",
+            PrivacyWarning,
+            stacklevel=3,
+        )

@@ -31,7 +31,7 @@ from torch.utils.data import DataLoader
 from dpnotebook.grad_sample.engine.module import check_k
 from dpnotebook.modes import wrap_model as wrap_in_mode
 from dpnotebook.privacy.accounting import create_accountant
-from dpnotebook.privacy.calibration import get_noise_multiplier
+from dpnotebook.privacy.calibration import get_noise_multiplier, warn_if_noise_drowns_signal
 from dpnotebook.privacy.arguments import (
     check_choice,
     check_delta,
@@ -41,6 +41,7 @@ from dpnotebook.privacy.clipping import CLIPPING_MODES
 from dpnotebook.privacy.augmult import loader_k
 from dpnotebook.privacy.data_loader import DPDataLoader
 from dpnotebook.privacy.layer_bounds import check_layer_bounds
+from dpnotebook.privacy.replaced_sampling import warn_replaced_sampling
 from dpnotebook.privacy import engine_compat
 from dpnotebook.privacy.engine_checkpoints import EngineCheckpoints
 from dpnotebook.privacy.engine_inputs import (
@@ -172,6 +173,8 @@ class PrivacyEngine(EngineCheckpoints):
         self.dataset_size = len(cast(Sized, data_loader.dataset))  # map-style: q needs N
         sample_rate = sample_rate_of(data_loader)
         if poisson_sampling:
+            if not isinstance(data_loader, DPDataLoader):  # already Poisson: nothing is replaced
+                warn_replaced_sampling(data_loader)
             data_loader = DPDataLoader.from_data_loader(
                 data_loader, generator=sampling_generator, secure_mode=self.secure_mode, distributed=distributed
             )
@@ -180,6 +183,7 @@ class PrivacyEngine(EngineCheckpoints):
             warn_not_poisson(sample_rate)
             expected_batch_size = data_loader.batch_size or sample_rate * self.dataset_size
         self.sample_rate = sample_rate
+        warn_if_noise_drowns_signal(noise_multiplier, expected_batch_size)
 
         dp_optimizer = private_optimizer(
             optimizer,

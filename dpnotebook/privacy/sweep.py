@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.data import TensorDataset
+from tqdm.auto import tqdm
 
 from dpnotebook.models import MLP
 from dpnotebook.modes import wrap_model
@@ -50,6 +51,7 @@ from dpnotebook.privacy.engine_inputs import as_wrapper
 from dpnotebook.privacy.optimizer import DPOptimizer
 from dpnotebook.privacy.schedule import steps_for_epochs, steps_per_epoch
 from dpnotebook.privacy.sweep_runs import RunResult, RunSetting, noise_on_average
+from dpnotebook.privacy.training import show_progress
 
 __all__ = ["RunSetting", "RunResult", "Summary", "train_run", "sweep", "summarise", "noise_on_average"]
 
@@ -163,9 +165,30 @@ def sweep(
     *,
     seeds: Sequence[int] = (0, 1, 2),
     model_fn: Callable[[RunSetting, int], nn.Module] | None = None,
+    progress: bool | None = None,
 ) -> list[RunResult]:
-    """:func:`train_run` for every setting and seed, in that order."""
-    return [train_run(s, train, test, seed=seed, model_fn=model_fn) for s in settings for seed in seeds]
+    """:func:`train_run` for every setting and seed, in that order.
+
+    Args:
+        settings: the runs' settings.
+        train: the training tensors.
+        test: the test tensors.
+        seeds: every setting runs once per seed.
+        model_fn: as in :func:`train_run`.
+        progress: show a progress bar (runs done, the last run's accuracy and epsilon); ``None``
+            (the default) shows it only when stderr is a terminal
+            (:func:`~dpnotebook.privacy.training.show_progress`), so that a notebook's stored
+            output stays clean. Pass ``True`` for a bar in a notebook.
+    """
+    jobs = [(s, seed) for s in settings for seed in seeds]
+    results = []
+    with tqdm(total=len(jobs), desc="sweep", unit="run", disable=not show_progress(progress), leave=False) as bar:
+        for s, seed in jobs:
+            result = train_run(s, train, test, seed=seed, model_fn=model_fn)
+            results.append(result)
+            bar.update(1)
+            bar.set_postfix(accuracy=f"{result.accuracy:.1%}", ε=f"{result.epsilon:.3g}", refresh=False)
+    return results
 
 
 @dataclass(frozen=True)

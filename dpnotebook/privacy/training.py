@@ -18,7 +18,8 @@ so the non-private baseline runs the very same code.
 
 from __future__ import annotations
 
-from typing import Callable
+import sys
+from typing import TYPE_CHECKING, Callable
 
 import torch
 from torch import Tensor, nn
@@ -29,7 +30,10 @@ from tqdm.auto import tqdm
 
 from dpnotebook.privacy.engine import unwrap_model
 
-__all__ = ["train_epoch", "fit", "evaluate"]
+if TYPE_CHECKING:
+    from dpnotebook.privacy.engine import PrivacyEngine
+
+__all__ = ["train_epoch", "fit", "evaluate", "show_progress"]
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
 
@@ -39,6 +43,18 @@ def model_device(model: nn.Module) -> torch.device:
     return next((p.device for p in model.parameters()), torch.device("cpu"))
 
 
+def show_progress(progress: bool | None) -> bool:
+    """Whether a long loop shows its progress bar: ``progress`` if given, else whether stderr is a terminal.
+
+    ``None`` (the default of :func:`~dpnotebook.privacy.sweep.sweep` and ``python -m dpnotebook.audit``)
+    keeps a notebook's stored outputs and a log file free of bars; pass ``True`` to see one in a notebook.
+
+    >>> show_progress(False), show_progress(True)
+    (False, True)
+    """
+    return sys.stderr.isatty() if progress is None else bool(progress)
+
+
 def train_epoch(
     model: nn.Module,
     optimizer: Optimizer,
@@ -46,6 +62,7 @@ def train_epoch(
     *,
     loss_fn: LossFn = F.cross_entropy,
     progress: tqdm | None = None,
+    postfix: dict[str, str] | None = None,
 ) -> float:
     """One pass over ``data_loader``; returns the mean loss over the non-empty batches.
 
@@ -58,7 +75,8 @@ def train_epoch(
         optimizer: a :class:`~dpnotebook.privacy.optimizer.DPOptimizer` or any optimizer.
         data_loader: yields ``(inputs, targets)``, moved to the model's device here.
         loss_fn: ``loss_fn(outputs, targets)``, reducing as the model's wrapper was told.
-        progress: a tqdm bar to advance by one per batch.
+        progress: a tqdm bar to advance by one per batch; it shows the last batch's loss.
+        postfix: more fields for the bar, shown after the loss (:func:`fit` puts epsilon there).
     """
     model.train()
     device = model_device(model)
@@ -74,7 +92,7 @@ def train_epoch(
         if progress is not None:
             progress.update(1)
             if losses:
-                progress.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
+                progress.set_postfix(loss=f"{losses[-1]:.3f}", **(postfix or {}), refresh=False)
     return sum(losses) / len(losses) if losses else float("nan")
 
 
@@ -87,10 +105,52 @@ def fit(
     loss_fn: LossFn = F.cross_entropy,
     progress: bool = True,
     description: str = "training",
+    privacy_engine: PrivacyEngine | None = None,
+    delta: float | None = None,
 ) -> list[float]:
-    """``epochs`` calls of :func:`train_epoch` under one tqdm progress bar; returns each epoch's mean loss."""
+    """``epochs`` calls of :func:`train_epoch` under one tqdm progress bar; returns each epoch's mean loss.
+
+    The bar shows the last batch's loss and, given ``privacy_engine`` and ``delta``, the epsilon
+    spent so far (``privacy_engine.get_epsilon(delta)``, updated at the end of every epoch).
+
+    Args:
+        model: the model (wrapped or plain).
+        optimizer: a :class:`~dpnotebook.privacy.optimizer.DPOptimizer` or any optimizer.
+        data_loader: yields ``(inputs, targets)``.
+        epochs: passes over ``data_loader``.
+        loss_fn: ``loss_fn(outputs, targets)``.
+        progress: show the bar.
+        description: the bar's label.
+        privacy_engine: the :class:`~dpnotebook.privacy.engine.PrivacyEngine` that made the
+            optimizer private, to show its epsilon.
+        delta: the delta of that epsilon (required with ``privacy_engine``).
+
+    >>> from torch.utils.data import TensorDataset
+    >>> from dpnotebook.privacy.engine import PrivacyEngine
+    >>> fit(nn.Linear(2, 2), None, DataLoader(TensorDataset(torch.randn(4, 2))), epochs=1,
+    ...     privacy_engine=PrivacyEngine())
+    Traceback (most recent call last):
+    ...
+    ValueError: privacy_engine is given without delta: the bar cannot show epsilon. Fix: pass delta=, the delta of your guarantee (e.g. delta=1e-5).
+    """
+    if privacy_engine is not None and delta is None:
+        raise ValueError(
+            "privacy_engine is given without delta: the bar cannot show epsilon. "
+            "Fix: pass delta=, the delta of your guarantee (e.g. delta=1e-5)."
+        )
+    postfix: dict[str, str] = {}
+    losses = []
     with tqdm(total=epochs * len(data_loader), desc=description, disable=not progress, leave=False) as bar:
-        return [train_epoch(model, optimizer, data_loader, loss_fn=loss_fn, progress=bar) for _ in range(epochs)]
+        for _ in range(epochs):
+            if privacy_engine is not None and progress:
+                assert delta is not None  # checked above
+                postfix["ε"] = f"{privacy_engine.get_epsilon(delta):.3g}"
+            losses.append(train_epoch(model, optimizer, data_loader, loss_fn=loss_fn, progress=bar, postfix=postfix))
+        if privacy_engine is not None and progress:
+            assert delta is not None
+            postfix["ε"] = f"{privacy_engine.get_epsilon(delta):.3g}"
+            bar.set_postfix(loss=f"{losses[-1]:.3f}", **postfix)
+    return losses
 
 
 @torch.no_grad()

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from torch import Tensor, nn
@@ -9,9 +14,13 @@ from torch import Tensor, nn
 import dpnotebook
 from dpnotebook.audit import audit_sensitivity
 from dpnotebook.audit.grid import GridPoint, expected_refusal, grid, matches, run_point
+from dpnotebook.audit.families import FAMILIES
 from dpnotebook.audit.records import RECORDS, audit_case
 from dpnotebook.audit.summary import summarise
 from dpnotebook.grad_sample.engine.registry import unregister_grad_sampler
+from dpnotebook.modes import available_modes
+
+ROOT = str(Path(__file__).resolve().parents[2])
 
 
 def _mlp_audit(**kwargs):
@@ -153,3 +162,44 @@ def test_the_command_line_prints_a_summary(capsys) -> None:
     assert main(["--mode", "hooks", "--family", "norms"]) == 0
     out = capsys.readouterr().out
     assert "hooks" in out and "0 break the promise" in out
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    """``python -m dpnotebook.audit ARGS`` in a subprocess, as a user runs it."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
+    return subprocess.run(
+        [sys.executable, "-m", "dpnotebook.audit", *args], capture_output=True, text=True, env=env, timeout=300
+    )
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "valid"),
+    [("--mode", "bogus", lambda: available_modes()), ("--family", "linear", lambda: sorted(FAMILIES))],
+)
+def test_the_command_line_refuses_an_unknown_name_and_lists_the_valid_ones(option: str, value: str, valid) -> None:
+    """A typo is a usage error (exit 2) naming the choices, not a grid of failures or a traceback."""
+    result = _cli(option, value)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"argument {option}: invalid choice: '{value}'" in result.stderr
+    assert all(f"'{name}'" in result.stderr for name in valid()), result.stderr
+    assert "Traceback" not in result.stderr and "break the promise" not in result.stdout
+
+
+def test_the_command_lines_help_lists_the_modes_and_families() -> None:
+    result = _cli("--help")
+    assert result.returncode == 0
+    text = " ".join(result.stdout.split())  # argparse wraps the lines
+    assert "one of: " + ", ".join(available_modes()) in text
+    assert "one of: " + ", ".join(sorted(FAMILIES)) in text
+
+
+def test_the_command_line_runs_a_small_grid_with_its_progress_bar() -> None:
+    result = _cli("--mode", "hooks", "--family", "norms", "--progress")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 break the promise" in result.stdout
+    assert "audit grid" in result.stderr and "point" in result.stderr  # tqdm's bar, on stderr
+
+
+def test_the_grid_refuses_an_unknown_name() -> None:
+    with pytest.raises(ValueError, match=r"mode='bogus' is unknown; choose one of \['ew'"):
+        list(grid(modes=["bogus"]))

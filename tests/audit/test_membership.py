@@ -131,3 +131,37 @@ def test_sliced_attack_gives_each_group_its_own_roc():
         sliced_attack(attack_roc(members, others), mg[:10], ng)
     with pytest.raises(ValueError, match="no group has both"):
         sliced_attack(attack_roc(members, others), np.zeros(300), np.ones(300))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_our_roc_equals_scikit_learns_ties_included(seed: int) -> None:
+    """audit.roc stays ours (scikit-learn is a lab extra, the auditor needs core deps only), and agrees with it."""
+    from sklearn.metrics import roc_auc_score, roc_curve
+
+    rng = np.random.default_rng(seed)
+    members = rng.integers(0, 12, size=40 + seed).astype(float)  # few distinct values: many ties
+    others = rng.integers(0, 10, size=30).astype(float) + rng.choice([0.0, 0.5], size=30)
+    roc = attack_roc(members, others)
+    labels = np.r_[np.ones(members.size), np.zeros(others.size)]
+    scores = np.r_[members, others]
+    fpr, tpr, thresholds = roc_curve(labels, scores, drop_intermediate=False)
+    np.testing.assert_allclose(roc.fpr, fpr)
+    np.testing.assert_allclose(roc.tpr, tpr)
+    np.testing.assert_array_equal(roc.thresholds[1:], thresholds[1:])
+    assert roc.auc == pytest.approx(roc_auc_score(labels, scores), abs=1e-12)
+
+
+def test_the_auditor_imports_without_the_lab_extra() -> None:
+    """What justifies keeping audit.roc: dpnotebook.audit runs with scikit-learn, matplotlib, ipywidgets absent."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "for m in ('sklearn', 'matplotlib', 'ipywidgets'): sys.modules[m] = None\n"
+        "import dpnotebook.audit, dpnotebook.audit.grid, dpnotebook.audit.membership\n"
+        "from dpnotebook.audit.roc import attack_roc\n"
+        "print(attack_roc([1.0, 2.0], [0.0, 1.0]).auc)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "0.875", done.stderr[-2000:]

@@ -114,3 +114,52 @@ def test_inclusion_is_drawn_in_float64() -> None:
     for batch in sampler:
         expected = torch.nonzero(torch.rand(1000, generator=reference, dtype=torch.float64) < q).flatten().tolist()
         assert batch == expected
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"shuffle": True}, "shuffle=True"),
+        ({"drop_last": True}, "drop_last=True"),
+        ({"shuffle": True, "drop_last": True}, "shuffle=True and drop_last=True"),
+        ({"sampler": list(range(10))}, "sampler=list"),
+    ],
+)
+def test_make_private_warns_of_the_sampling_options_it_replaces(options, named):
+    """Opacus warns of ``drop_last``; a shuffle or sampler replaced by Poisson sampling is said too."""
+    from torch import nn
+
+    from dpnotebook.privacy import PrivacyEngine
+
+    model = nn.Linear(2, 2)
+    loader = DataLoader(TensorDataset(torch.randn(10, 2), torch.arange(10) % 2), batch_size=3, **options)
+    with pytest.warns(UserWarning, match=rf"data_loader has {named}: ignored\. Poisson sampling .* q = 1/len"):
+        _, _, dp_loader = PrivacyEngine(secure_mode=False).make_private(
+            module=model,
+            optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+            data_loader=loader,
+            noise_multiplier=1.0,
+            max_grad_norm=1.0,
+        )
+    assert isinstance(dp_loader, DPDataLoader) and dp_loader.sample_rate == 1 / len(loader)
+
+
+def test_a_plain_loader_or_a_poisson_one_gets_no_sampling_warning():
+    import warnings
+
+    from torch import nn
+
+    from dpnotebook.privacy import PrivacyEngine
+
+    data = TensorDataset(torch.randn(10, 2), torch.arange(10) % 2)
+    for loader in (DataLoader(data, batch_size=5), DPDataLoader(data, sample_rate=0.5)):
+        model = nn.Linear(2, 2)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            PrivacyEngine(secure_mode=False).make_private(
+                module=model,
+                optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                data_loader=loader,
+                noise_multiplier=1.0,
+                max_grad_norm=1.0,
+            )

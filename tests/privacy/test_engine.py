@@ -172,3 +172,21 @@ def test_a_dp_data_loader_keeps_its_sample_rate():
     assert dp_loader.sample_rate == 0.05 and len(dp_loader) == 7 and engine.sample_rate == 0.05
     fit(model, optimizer, dp_loader, epochs=1, progress=False)
     assert engine.accountant.history == [(1.0, 0.05, 7)]
+
+
+def test_fits_bar_shows_the_loss_and_the_epsilon_spent(capsys):
+    data = toy_data()
+    model = toy_model()
+    engine = PrivacyEngine(accountant="rdp", secure_mode=False)
+    model, optimizer, loader = engine.make_private(
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
+        data_loader=DataLoader(data, batch_size=20),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+    )
+    fit(model, optimizer, loader, epochs=2, privacy_engine=engine, delta=1e-5)
+    err = capsys.readouterr().err
+    assert "loss=" in err and f"ε={engine.get_epsilon(1e-5):.3g}" in err, err
+    with pytest.raises(ValueError, match="privacy_engine is given without delta.*Fix: pass delta="):
+        fit(model, optimizer, loader, epochs=1, privacy_engine=engine)

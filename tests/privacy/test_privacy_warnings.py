@@ -91,3 +91,39 @@ def test_the_engine_passes_its_choice_on(fresh_warning: None) -> None:
                 opt.step()
                 opt.zero_grad()
         assert any(w.category is PrivacyWarning for w in caught) == warns
+
+
+def test_a_sigma_that_drowns_the_signal_is_said() -> None:
+    """A budget met only by sigma > B (here sigma in the thousands for B = 8) warns that nothing will be learnt."""
+    model = nn.Linear(3, 1)
+    with pytest.warns(PrivacyWarning, match=r"noise_multiplier=\S+ with an expected batch of 8 samples.*learn nothing"):
+        _, optimizer, _ = PrivacyEngine(secure_mode=False).make_private_with_epsilon(
+            module=model,
+            optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+            data_loader=DataLoader(TensorDataset(torch.randn(32, 3), torch.randn(32, 1)), batch_size=8),
+            target_epsilon=1e-3,
+            target_delta=1e-5,
+            epochs=50,
+            max_grad_norm=1.0,
+        )
+    assert optimizer.noise_multiplier > 8
+
+
+def test_a_usual_sigma_does_not_warn() -> None:
+    model = nn.Linear(3, 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        PrivacyEngine(secure_mode=False).make_private(
+            module=model,
+            optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+            data_loader=DataLoader(TensorDataset(torch.randn(32, 3), torch.randn(32, 1)), batch_size=8),
+            noise_multiplier=8.0,  # sigma = B: the boundary, still said nothing
+            max_grad_norm=1.0,
+        )
+
+
+def test_an_unreachable_budget_says_what_to_change() -> None:
+    from dpnotebook.privacy import get_noise_multiplier
+
+    with pytest.raises(ValueError, match=r"cannot be reached.*Fix: use more data.*fewer epochs.*larger target_epsilon"):
+        get_noise_multiplier(target_epsilon=1e-9, target_delta=1e-10, sample_rate=1.0, steps=10_000)

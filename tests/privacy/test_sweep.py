@@ -71,3 +71,18 @@ def test_bad_settings(data: TensorDataset) -> None:
         RunSetting(batch_size=0)
     with pytest.raises(ValueError, match="batch_size=400 is invalid for 300"):
         train_run(RunSetting(batch_size=400, num_classes=2), data, data)
+
+
+def test_sweep_shows_progress_only_when_asked_or_on_a_terminal(data: TensorDataset, capsys, monkeypatch) -> None:
+    """A bar counts the runs; by default (stderr not a terminal, as in a notebook's kernel) there is none."""
+    settings = [RunSetting(epsilon=4.0, batch_size=30, epochs=1, num_classes=2)]
+    sweep(settings, data, data, seeds=[0, 1])
+    assert capsys.readouterr().err == ""
+    sweep(settings, data, data, seeds=[0, 1], progress=True)
+    err = capsys.readouterr().err
+    assert "sweep:" in err and "/2 [" in err and "run/s" in err, err
+    monkeypatch.setattr("sys.stderr.isatty", lambda: True)
+    sweep(settings, data, data, seeds=[0])
+    assert "/1 [" in capsys.readouterr().err
+    sweep(settings, data, data, seeds=[0], progress=False)
+    assert capsys.readouterr().err == ""

@@ -126,3 +126,18 @@ def test_callback_error_is_displayed(explorer, monkeypatch, boom):
     monkeypatch.setattr(plots, "update_epsilon_curves", boom)
     explorer.controls["epochs"].value = 5
     assert "boom from a plot update" in explorer.error.message
+
+
+def test_the_explorer_defaults_to_the_engines_accountant(fignums):
+    """What the explorer shows by default is what PrivacyEngine() reports: both use PLD."""
+    import inspect
+
+    from dpnotebook.privacy import PrivacyEngine
+    from dpnotebook.widgets.budget.state import BudgetState
+
+    engine_default = inspect.signature(PrivacyEngine).parameters["accountant"].default
+    assert PrivacyEngine().accountant.mechanism == engine_default == "pld"
+    assert inspect.signature(PrivacyBudgetExplorer).parameters["accountant"].default == engine_default
+    assert BudgetState().accountant == engine_default
+    ex = PrivacyBudgetExplorer(backend="static", batch_size=100, dataset_size=10_000, epochs=2, points=2)
+    assert ex.state.accountant == "pld" and "(pld)" in ex.label.get_text()

@@ -95,6 +95,23 @@ def register_grad_sampler(
 ) -> Callable[[GradSampler], GradSampler]:
     """Register ``fn`` as the grad sampler of each type in ``layer_types``.
 
+    The contract of ``fn(layer, activations, backprops, K) -> {param: grad_sample}``:
+
+    - ``activations`` is a **list**: the layer's forward inputs, one entry per argument
+      (``(x,) = activations`` for a one-input layer). Each tensor holds the ``B*K`` rows in
+      dim 0, sample-major: sample ``i``'s ``K`` augmented copies are rows ``i*K ... i*K+K-1``
+      (a ``batch_first=False`` model's rows are moved to dim 0 before the call, unless
+      ``batch_first_always``).
+    - ``backprops`` is the gradient of the loss with respect to the layer's output, rows in
+      dim 0. The wrapper accounts for the loss reduction (``"mean"`` or ``"sum"``): use it as given.
+    - Return, for each parameter that requires a gradient, a tensor ``[B, *param.shape]``
+      whose entry ``i`` is the **average over sample i's K rows** of each row's gradient
+      (summed over positions for a sequence). An Opacus-style ``fn(layer, activations, backprops)``
+      returns per-row gradients ``[B*K, *param.shape]`` instead, and dpnotebook averages them.
+
+    The module docstring's ``Scale`` sampler follows it; check yours with
+    :func:`dpnotebook.testing.check_grad_sampler`.
+
     Args:
         *layer_types: ``nn.Module`` subclasses the sampler handles. A subclass
             that does not override ``forward`` inherits its parent's sampler.

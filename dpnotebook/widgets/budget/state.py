@@ -67,7 +67,7 @@ class BudgetState(traitlets.HasTraits):
         epochs: number of epochs (steps = ``ceil(epochs * round(1 / sample_rate))``, as in
             :func:`~dpnotebook.privacy.schedule.steps_for_epochs` and ``make_private_with_epsilon``).
         delta: delta in (0, 1).
-        accountant: ``"rdp"`` or ``"pld"`` (``"prv"`` = ``"pld"``).
+        accountant: ``"pld"`` (the default, as in ``PrivacyEngine``) or ``"rdp"`` (``"prv"`` = ``"pld"``).
         target_epsilon: the budget the required sigma is searched for.
         points: how many epochs along the curve epsilon is computed at.
     """
@@ -77,7 +77,7 @@ class BudgetState(traitlets.HasTraits):
     dataset_size = traitlets.Int(60000)
     epochs = traitlets.Int(10)
     delta = traitlets.Float(1e-5)
-    accountant = traitlets.Unicode("rdp")
+    accountant = traitlets.Unicode("pld")  # PrivacyEngine's default
     target_epsilon = traitlets.Float(3.0)
 
     def __init__(self, *, points: int = 8, **values: object) -> None:

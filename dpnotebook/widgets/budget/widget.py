@@ -47,7 +47,7 @@ class PrivacyBudgetExplorer(Explorer[BudgetState]):
         dataset_size: int = 60000,
         epochs: int = 10,
         delta: float = 1e-5,
-        accountant: str = "rdp",
+        accountant: str = "pld",
         target_epsilon: float = 3.0,
         points: int = 8,
         debounce: float = 0.3,

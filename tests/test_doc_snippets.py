@@ -1,0 +1,87 @@
+"""The README's Python snippets run as they are, each in a fresh interpreter; the docs' fragments import what they use.
+
+A snippet a reader copies must not fail with a ``NameError``; the one that cannot run on
+its own (it needs ``torchrun``) is listed in :data:`FRAGMENTS` with the reason. The fragment
+in ``docs/distributed.md`` cannot run either, but every name it uses is imported or is one
+of the placeholders its comment names.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: sections whose snippet is a fragment by design, and why
+FRAGMENTS = {"On several processes or machines": "it needs torchrun and an initialised process group"}
+
+
+def snippets(page: str = "README.md") -> dict[str, str]:
+    """``{section heading: its Python code block}`` for every ```python block in ``page``."""
+    found: dict[str, str] = {}
+    heading, code, other = "", None, False
+    for line in (ROOT / page).read_text(encoding="utf-8").splitlines(keepends=True):
+        if other:  # inside another language's block: its "#" lines are not headings
+            other = not line.startswith("```")
+        elif code is not None:  # inside a ```python block
+            if line.startswith("```"):
+                assert heading not in found, f"two Python snippets under {heading!r}: give each its own section"
+                found[heading], code = "".join(code), None
+            else:
+                code.append(line)
+        elif line.startswith("```python"):
+            code = []
+        elif line.startswith("```"):
+            other = True
+        elif line.startswith("#"):
+            heading = line.lstrip("#").strip()
+    return found
+
+
+def test_the_readme_snippets_are_known() -> None:
+    assert set(FRAGMENTS) <= set(snippets())
+    assert {"Per-sample gradients in five lines", "Write your own grad sampler", "Train privately"} <= set(snippets())
+
+
+@pytest.mark.parametrize("heading", [h for h in snippets() if h not in FRAGMENTS])
+def test_a_readme_snippet_runs_as_it_is(heading: str) -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run(
+        [sys.executable, "-c", snippets()[heading]], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert done.returncode == 0, f"README section {heading!r} fails:\n{done.stderr[-3000:]}"
+    if heading == "Train privately":
+        accuracy, epsilon = re.search(r"test accuracy (\d+)%, epsilon ([\d.]+)", done.stdout).groups()
+        assert int(accuracy) > 50 and float(epsilon) <= 8.0, done.stdout
+
+
+def unbound_names(code: str) -> set[str]:
+    """Names ``code`` reads but never imports, assigns or defines (builtins aside)."""
+    tree = ast.parse(code)
+    bound = set(dir(builtins))
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            bound.add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)} - bound
+
+
+def test_unbound_names_finds_a_missing_import() -> None:
+    assert unbound_names("x = datetime.timedelta(1)\nimport torch\ntorch.ones(1)") == {"datetime"}
+
+
+def test_the_distributed_fragment_imports_what_it_uses() -> None:
+    (code,) = snippets("docs/distributed.md").values()
+    assert unbound_names(code) <= {"train"}, "model, optimizer and train are the placeholders its comment names"
+    assert "# model, optimizer and train" in code
