@@ -23,9 +23,15 @@ piece, adds it to the running sum and frees its per-sample gradients. The next
 >>> opt.step()
 >>> opt.last_step_stats.batch_size, opt.last_step_stats.noise_std
 (4, 1.0)
+>>> model.weight.grad_sample.shape, model.weight.summed_grad.shape   # kept until zero_grad, as in Opacus
+(torch.Size([4, 1, 3]), torch.Size([1, 3]))
+>>> opt.step()                                     # no zero_grad: the same samples would be clipped twice
+Traceback (most recent call last):
+...
+ValueError: Gradients haven't been cleared since the last optimizer step: ...
 >>> opt.zero_grad()
->>> model.weight.grad_sample is None
-True
+>>> model.weight.grad_sample is None, model.weight.summed_grad is None
+(True, True)
 """
 
 from __future__ import annotations
@@ -48,6 +54,14 @@ from dpnotebook.privacy.opacus_contract import OpacusOptimizerContract
 from dpnotebook.privacy.layer_bounds import check_layer_bounds, total_bound
 from dpnotebook.privacy.noise import draw_noise, warn_insecure_noise_once
 from dpnotebook.privacy.sampled_batches import SampledBatches
+from dpnotebook.privacy.step_invariants import (
+    StepConstants,
+    _mark_as_processed,
+    check_no_raw_gradients,
+    check_not_consumed,
+    claim_parameters,
+    mark_noised,
+)
 from dpnotebook.privacy.step_stats import StepStats, total_norm
 from dpnotebook.privacy.wrapped_optimizer import WrappedOptimizer
 
@@ -78,6 +92,12 @@ class DPOptimizer(OpacusOptimizerContract, WrappedOptimizer):
             ``False`` uses PyTorch's generator, as chosen; ``None`` (the default) uses it too,
             and warns once per process (:class:`~dpnotebook.errors.PrivacyWarning`) unless a
             seeded ``generator`` shows the choice was made.
+
+    The step's invariants (:mod:`~dpnotebook.privacy.step_invariants`) hold whatever the caller
+    does: a parameter of ``param_groups`` outside the clipped sum may not hold a gradient at
+    :meth:`step`; one DP optimizer per parameter; the constants (``noise_multiplier``,
+    ``max_grad_norm``, ...) are fixed while a logical batch is accumulated; and what a step
+    clipped (``p.grad_sample``, kept until :meth:`zero_grad` as in Opacus) is never clipped again.
 
     Attributes:
         last_step_stats: the :class:`StepStats` of the last step (``None`` before it).
@@ -117,7 +137,9 @@ class DPOptimizer(OpacusOptimizerContract, WrappedOptimizer):
         self.last_step_stats: StepStats | None = None
         self._skip_next_step = False
         self.sampled_batches = SampledBatches()
+        self._dp_model: nn.Module | None = None  # the wrapped model, when make_private says which
         self._reset_accumulation()
+        claim_parameters(self, [p for group in self.param_groups for p in group["params"]])
 
     # -- the privacy knobs, validated whenever they are set -------------------
     @property
@@ -152,6 +174,19 @@ class DPOptimizer(OpacusOptimizerContract, WrappedOptimizer):
         self._norms: list[Tensor] = []
         self._num_clipped = 0
         self._virtual_steps = 0
+        self._constants: StepConstants | None = None  # read when the logical batch's first piece is clipped
+
+    def _models(self) -> list[nn.Module]:
+        """The models holding the parameters (for names in error messages)."""
+        from dpnotebook.privacy.engine_inputs import unwrap_model
+
+        models = [unwrap_model(self._dp_model)] if self._dp_model is not None else []
+        for p in self.params:
+            for hook in (getattr(p, "_post_accumulate_grad_hooks", None) or {}).values():
+                owner = getattr(getattr(hook, "__self__", None), "owner", None)
+                if owner is not None and isinstance(getattr(owner, "_module", None), nn.Module):
+                    models.append(owner._module)
+        return models
 
     def _grad_samples(self) -> list[Tensor] | None:
         """Each parameter's ``grad_sample`` (zeros for one the batch did not reach); ``None`` if there are none."""
@@ -183,31 +218,59 @@ class DPOptimizer(OpacusOptimizerContract, WrappedOptimizer):
             setattr(p, "grad_sample", None)  # the wrapper's attribute: torch's Parameter does not declare it
             p.grad = None
 
-    def virtual_step(self) -> None:
-        """Clip the per-sample gradients present now, add them to the running sum and free them.
+    def _forget_clipped(self) -> None:
+        """Forget per-sample state that a piece's clipping consumed and that is not ``p.grad_sample`` (ghost)."""
 
-        Call it after the ``backward()`` of each physical piece of a logical
-        batch; :meth:`step` then adds noise once for the whole batch.
+    def clip_and_accumulate(self) -> None:
+        """Clip the per-sample gradients present now and add them to the logical batch's sum (Opacus' method).
+
+        The running sum is each parameter's ``p.summed_grad``; the clipped
+        ``p.grad_sample`` stay (marked, so that no step clips them again) until
+        :meth:`zero_grad`. The checks of :mod:`~dpnotebook.privacy.step_invariants` run here:
+        nothing already used by a step, and the logical batch's constants unchanged.
         """
+        params = self.params
+        check_not_consumed(params)
+        if self._constants is None:
+            self._constants = StepConstants.of(self)
+        else:
+            self._constants.check(self)
         result = self._clip_and_sum()
         if result is not None:
             summed, norms, clipped = result
             self._summed = summed if self._summed is None else [s + r for s, r in zip(self._summed, summed)]
             self._norms.append(norms.detach())
             self._num_clipped += clipped
+            for p, s in zip(params, self._summed):
+                setattr(p, "summed_grad", s.detach())  # Opacus' attribute; torch's Parameter does not declare it
         self._virtual_steps += 1
+        _mark_as_processed(self.grad_samples)
+        self._forget_clipped()
+
+    def virtual_step(self) -> None:
+        """Clip the per-sample gradients present now, add them to the running sum and free them.
+
+        Call it after the ``backward()`` of each physical piece of a logical
+        batch; :meth:`step` then adds noise once for the whole batch.
+        """
+        self.clip_and_accumulate()
         self._release()
 
     def add_noise(self) -> None:
         """Finish the logical batch: clip what is left, add noise, scale, and write ``p.grad``.
 
-        :meth:`step` calls it; call it yourself only to inspect the private
+        :meth:`step` does it; call it yourself only to inspect the private
         gradient without updating the model. The noise comes from
         :func:`~dpnotebook.privacy.noise.draw_noise`.
         """
-        self.virtual_step()
-        self.sampled_batches.check(sum(int(n.shape[0]) for n in self._norms))
+        self._finish_batch()
+
+    def _finish_batch(self) -> None:
+        """:meth:`add_noise`'s work, under a name an Opacus-style subclass does not override."""
+        self.clip_and_accumulate()  # the last piece; its p.grad_sample stay until zero_grad, as in Opacus
         params = self.params
+        check_no_raw_gradients(self.param_groups, params, self._models())
+        self.sampled_batches.check(sum(int(n.shape[0]) for n in self._norms))
         summed = self._summed or [torch.zeros_like(p) for p in params]
         std = self.noise_multiplier * self.max_grad_norm
         if std > 0 and self._insecure_unchosen:
@@ -217,6 +280,7 @@ class DPOptimizer(OpacusOptimizerContract, WrappedOptimizer):
             torch._foreach_div_(noises, float(self.expected_batch_size))
         for p, grad in zip(params, noises):
             p.grad = grad
+        mark_noised(noises)
         self.last_step_stats = StepStats.of_batch(
             self._norms,
             num_clipped=self._num_clipped,
@@ -261,14 +325,14 @@ class DPOptimizer(OpacusOptimizerContract, WrappedOptimizer):
             self._skip_next_step = False
             self.virtual_step()
             return loss
-        self.add_noise()
+        self._finish_batch()
         self.original_optimizer.step()
         for hook in self.step_hooks:
             hook(self)
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Clear ``p.grad`` and ``p.grad_sample``.
+        """Clear ``p.grad``, ``p.grad_sample`` and (after a step that added the noise) ``p.summed_grad``.
 
         The clipped sum of earlier virtual steps is kept: it belongs to the
         logical batch that the next :meth:`step` completes.
@@ -276,6 +340,8 @@ class DPOptimizer(OpacusOptimizerContract, WrappedOptimizer):
         self.original_optimizer.zero_grad(set_to_none=set_to_none)
         for p in self.params:
             setattr(p, "grad_sample", None)  # (see _release)
+            if self._summed is None:
+                setattr(p, "summed_grad", None)
 
     def __repr__(self) -> str:
         return (
