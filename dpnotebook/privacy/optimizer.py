@@ -175,6 +175,7 @@ class DPOptimizer(OpacusOptimizerContract, WrappedOptimizer):
         self._num_clipped = 0
         self._virtual_steps = 0
         self._constants: StepConstants | None = None  # read when the logical batch's first piece is clipped
+        self._kept_for_next = False  # the running sum is a virtual step's: zero_grad keeps it
 
     def _models(self) -> list[nn.Module]:
         """The models holding the parameters (for names in error messages)."""
@@ -244,6 +245,7 @@ class DPOptimizer(OpacusOptimizerContract, WrappedOptimizer):
             for p, s in zip(params, self._summed):
                 setattr(p, "summed_grad", s.detach())  # Opacus' attribute; torch's Parameter does not declare it
         self._virtual_steps += 1
+        self._kept_for_next = False
         _mark_as_processed(self.grad_samples)
         self._forget_clipped()
 
@@ -254,6 +256,7 @@ class DPOptimizer(OpacusOptimizerContract, WrappedOptimizer):
         batch; :meth:`step` then adds noise once for the whole batch.
         """
         self.clip_and_accumulate()
+        self._kept_for_next = True
         self._release()
 
     def add_noise(self) -> None:
@@ -332,11 +335,15 @@ class DPOptimizer(OpacusOptimizerContract, WrappedOptimizer):
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Clear ``p.grad``, ``p.grad_sample`` and (after a step that added the noise) ``p.summed_grad``.
+        """Clear ``p.grad``, ``p.grad_sample`` and, unless a virtual step left it, ``p.summed_grad``.
 
-        The clipped sum of earlier virtual steps is kept: it belongs to the
-        logical batch that the next :meth:`step` completes.
+        The clipped sum of earlier virtual steps (:meth:`virtual_step`, or a step after
+        ``signal_skip_step``) is kept: it belongs to the logical batch that the next
+        :meth:`step` completes. A sum formed by a bare :meth:`clip_and_accumulate` is
+        dropped, as Opacus drops it.
         """
+        if self._summed is not None and not self._kept_for_next:
+            self._reset_accumulation()
         self.original_optimizer.zero_grad(set_to_none=set_to_none)
         for p in self.params:
             setattr(p, "grad_sample", None)  # (see _release)
