@@ -32,6 +32,7 @@ ValueError: Gradients haven't been cleared since the last optimizer step...
 
 from __future__ import annotations
 
+import gc
 import weakref
 from dataclasses import dataclass
 from typing import Any, Iterable
@@ -49,7 +50,6 @@ __all__ = [
     "_check_processed_flag",
 ]
 
-_OWNER = "_dpn_dp_optimizer"  # the attribute on a parameter: a weak reference to the DP optimizer owning it
 _NOISED = "_dpn_noised_version"  # on a p.grad a DP step wrote: its version counter then
 
 MISSING_ZERO_GRAD = (
@@ -134,34 +134,69 @@ def check_no_raw_gradients(
         )
 
 
-def claim_parameters(optimizer: Any, params: Iterable[nn.Parameter], what: str = "") -> None:
+#: ``id(p) -> (weak reference to p, weak reference to the DP optimizer owning it)``. Kept here, not on the
+#: parameter, so that a deep copy or a pickle of the model carries no claim.
+_CLAIMS: dict[int, tuple[weakref.ref, weakref.ref]] = {}
+
+
+def _owner_of(p: nn.Parameter) -> Any:
+    """The live DP optimizer that claimed ``p``, or ``None``."""
+    entry = _CLAIMS.get(id(p))
+    if entry is None or entry[0]() is not p:
+        return None
+    return entry[1]()
+
+
+def _forget(key: int, ref: weakref.ref) -> None:
+    """A claimed parameter was freed: drop its entry (unless a new parameter reusing its id claimed since)."""
+    entry = _CLAIMS.get(key)
+    if entry is not None and entry[0] is ref:
+        del _CLAIMS[key]
+
+
+def claim_parameters(optimizer: Any, params: Iterable[nn.Parameter]) -> None:
     """Make ``optimizer`` the DP optimizer of ``params``; refuse if another live DP optimizer owns one.
 
     Args:
         optimizer: the new DP optimizer.
         params: the parameters it steps (from ``make_private``: every parameter of the model).
-        what: how the claim was made, for the message (``"make_private"``).
 
     Raises:
-        RuntimeError: a parameter already has a DP optimizer (still referenced somewhere).
+        RuntimeError: a parameter already has a DP optimizer that is still referenced somewhere.
+
+    >>> import torch
+    >>> from dpnotebook.privacy.optimizer import DPOptimizer
+    >>> layer = torch.nn.Linear(2, 1)
+    >>> first = DPOptimizer(torch.optim.SGD(layer.parameters(), lr=0.1), noise_multiplier=1.0,
+    ...                     max_grad_norm=1.0, expected_batch_size=4, secure_mode=False)
+    >>> second = DPOptimizer(torch.optim.SGD([layer.bias], lr=0.1), noise_multiplier=1.0,
+    ...                      max_grad_norm=1.0, expected_batch_size=4, secure_mode=False)
+    Traceback (most recent call last):
+    ...
+    RuntimeError: this model already has a DP optimizer (DPOptimizer over 2 parameter(s)): ...
     """
     params = list(params)
+    owners = {id(o): o for o in map(_owner_of, params) if o is not None and o is not optimizer}
+    if owners:
+        gc.collect()  # an optimizer dropped by the caller but kept alive by a reference cycle is not an owner
+        owners = {id(o): o for o in map(_owner_of, params) if o is not None and o is not optimizer}
+    if owners:
+        owner = next(iter(owners.values()))
+        raise RuntimeError(
+            f"this model already has a DP optimizer ({type(owner).__name__} over {len(owner.params)} "
+            "parameter(s)): a second make_private on the same model, or a second DP optimizer over its "
+            "parameters, is refused. Two DP optimizers on one model each add a sample's clipped gradient "
+            "(together it moves the step by up to sqrt(2)*C) and each counts a step in the accountant, so "
+            "the epsilon reported is not what was spent. Fix: one DP optimizer over all the parameters, with "
+            "parameter groups for different settings, e.g. torch.optim.SGD([{'params': a}, {'params': b, "
+            "'lr': 0.01}]); to replace the old DP optimizer, drop every reference to it (del optimizer), "
+            "or start from a fresh model."
+        )
+    mine = weakref.ref(optimizer)
     for p in params:
-        ref = getattr(p, _OWNER, None)
-        owner = ref() if ref is not None else None
-        if owner is not None and owner is not optimizer:
-            raise RuntimeError(
-                f"this model already has a DP optimizer ({type(owner).__name__} over "
-                f"{len(owner.params)} parameter(s)){' and ' + what + ' was called again' if what else ''}. "
-                "Two DP optimizers on one model each add a sample's clipped gradient (together it moves "
-                "the step by up to sqrt(2)*C) and each counts a step in the accountant, so the epsilon "
-                "reported is not what was spent. Fix: one DP optimizer over all the parameters, with "
-                "parameter groups for different settings, e.g. torch.optim.SGD([{'params': a}, "
-                "{'params': b, 'lr': 0.01}]); to replace the old DP optimizer, drop every reference to it "
-                "(del optimizer) or start from a fresh model."
-            )
-    for p in params:
-        setattr(p, _OWNER, weakref.ref(optimizer))  # an attribute torch's Parameter does not declare
+        key = id(p)
+        ref: weakref.ref = weakref.ref(p, lambda r, key=key: _forget(key, r))
+        _CLAIMS[key] = (ref, mine)
 
 
 @dataclass(frozen=True)

@@ -123,7 +123,9 @@ def test_a_dp_optimizer_over_parameters_another_owns_is_refused() -> None:
     model = tiny_model()
     wrap_model(model, "hooks")
     first = dp(model)
-    with pytest.raises(RuntimeError, match=r"already has a DP optimizer \(DPOptimizer over 4 parameter"):
+    with pytest.raises(
+        RuntimeError, match=r"already has a DP optimizer \(DPOptimizer over 4 parameter\(s\)\): a second make_private"
+    ):
         dp(model, params=model[2].parameters())
     assert first.params
 
@@ -262,3 +264,15 @@ def test_what_clip_and_accumulate_clipped_is_not_clipped_again() -> None:
     opt.clip_and_accumulate()
     with pytest.raises(ValueError, match="haven't been cleared"):
         opt.virtual_step()
+
+
+def test_a_deep_copy_or_a_pickle_of_a_claimed_model_carries_no_claim() -> None:
+    import io
+
+    from dpnotebook.testing import clean_copy
+
+    model = tiny_model()
+    wrapped, opt, _ = private(model)
+    private(clean_copy(model))  # the copy's parameters are new ones: free
+    torch.save(list(model.parameters()), io.BytesIO())  # no weak reference on the parameters
+    assert opt.params
