@@ -32,6 +32,7 @@ ValueError: Gradients haven't been cleared since the last optimizer step...
 
 from __future__ import annotations
 
+import functools
 import gc
 import weakref
 from dataclasses import dataclass
@@ -195,7 +196,7 @@ def claim_parameters(optimizer: Any, params: Iterable[nn.Parameter]) -> None:
     mine = weakref.ref(optimizer)
     for p in params:
         key = id(p)
-        ref: weakref.ref = weakref.ref(p, lambda r, key=key: _forget(key, r))
+        ref: weakref.ref = weakref.ref(p, functools.partial(_forget, key))
         _CLAIMS[key] = (ref, mine)
 
 
