@@ -42,6 +42,7 @@ from torch import Tensor, nn
 
 __all__ = [
     "check_no_raw_gradients",
+    "check_unowned",
     "claim_parameters",
     "StepConstants",
     "check_not_consumed",
@@ -155,6 +156,33 @@ def _forget(key: int, ref: weakref.ref) -> None:
         del _CLAIMS[key]
 
 
+def check_unowned(params: Iterable[nn.Parameter], optimizer: Any = None) -> None:
+    """Raise if a live DP optimizer other than ``optimizer`` owns one of ``params`` (:func:`claim_parameters`' check).
+
+    ``make_private`` calls it before it wraps the model, so that a refused call leaves no hooks behind.
+
+    Raises:
+        RuntimeError: naming the owner, why two DP optimizers break the bound, and the fix.
+    """
+    params = list(params)
+    owners = {id(o): o for o in map(_owner_of, params) if o is not None and o is not optimizer}
+    if owners:
+        gc.collect()  # an optimizer dropped by the caller but kept alive by a reference cycle is not an owner
+        owners = {id(o): o for o in map(_owner_of, params) if o is not None and o is not optimizer}
+    if owners:
+        owner = next(iter(owners.values()))
+        raise RuntimeError(
+            f"this model already has a DP optimizer ({type(owner).__name__} over {len(owner.params)} "
+            "parameter(s)): a second make_private on the same model, or a second DP optimizer over its "
+            "parameters, is refused. Two DP optimizers on one model each add a sample's clipped gradient "
+            "(together it moves the step by up to sqrt(2)*C) and each counts a step in the accountant, so "
+            "the epsilon reported is not what was spent. Fix: one DP optimizer over all the parameters, with "
+            "parameter groups for different settings, e.g. torch.optim.SGD([{'params': a}, {'params': b, "
+            "'lr': 0.01}]); to replace the old DP optimizer, drop every reference to it (del optimizer), "
+            "or start from a fresh model."
+        )
+
+
 def claim_parameters(optimizer: Any, params: Iterable[nn.Parameter]) -> None:
     """Make ``optimizer`` the DP optimizer of ``params``; refuse if another live DP optimizer owns one.
 
@@ -177,22 +205,7 @@ def claim_parameters(optimizer: Any, params: Iterable[nn.Parameter]) -> None:
     RuntimeError: this model already has a DP optimizer (DPOptimizer over 2 parameter(s)): ...
     """
     params = list(params)
-    owners = {id(o): o for o in map(_owner_of, params) if o is not None and o is not optimizer}
-    if owners:
-        gc.collect()  # an optimizer dropped by the caller but kept alive by a reference cycle is not an owner
-        owners = {id(o): o for o in map(_owner_of, params) if o is not None and o is not optimizer}
-    if owners:
-        owner = next(iter(owners.values()))
-        raise RuntimeError(
-            f"this model already has a DP optimizer ({type(owner).__name__} over {len(owner.params)} "
-            "parameter(s)): a second make_private on the same model, or a second DP optimizer over its "
-            "parameters, is refused. Two DP optimizers on one model each add a sample's clipped gradient "
-            "(together it moves the step by up to sqrt(2)*C) and each counts a step in the accountant, so "
-            "the epsilon reported is not what was spent. Fix: one DP optimizer over all the parameters, with "
-            "parameter groups for different settings, e.g. torch.optim.SGD([{'params': a}, {'params': b, "
-            "'lr': 0.01}]); to replace the old DP optimizer, drop every reference to it (del optimizer), "
-            "or start from a fresh model."
-        )
+    check_unowned(params, optimizer)
     mine = weakref.ref(optimizer)
     for p in params:
         key = id(p)

@@ -18,6 +18,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 from dpnotebook import PrivacyEngine, wrap_model
+from dpnotebook.grad_sample.engine.ownership import wrapper_hooking
 from dpnotebook.mode_registry import optimizer_class
 from dpnotebook.privacy import BatchMemoryManager, DPOptimizer
 from dpnotebook.schedulers import ExponentialGradClip, StepGradClip, StepNoise
@@ -141,7 +142,11 @@ def test_a_dropped_optimizer_a_fresh_model_and_separate_models_are_free() -> Non
     unwrapped = wrapped.to_standard_module()
     with pytest.raises(RuntimeError, match="already has a DP optimizer"):
         dp(unwrapped)  # the live second optimizer still owns the parameters
-    assert second.params
+    with pytest.raises(RuntimeError, match="already has a DP optimizer"):
+        private(unwrapped)
+    assert wrapper_hooking(unwrapped) is None  # refused before any hook was added
+    del second
+    private(unwrapped)  # now free
 
 
 # -- 3. a logical step's constants are fixed -----------------------------------------------------------------
