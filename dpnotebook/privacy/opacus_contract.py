@@ -47,13 +47,21 @@ class _DPOptimizerState(Protocol):
 
 
 class OpacusOptimizerContract:
-    """``grad_samples``, ``accumulated_iterations`` and ``pre_step`` over a DP optimizer's own state."""
+    """``grad_samples``, ``accumulated_iterations``, ``pre_step``, ``attach_step_hook`` and ``signal_skip_step``."""
 
     @property
     def grad_samples(self: _DPOptimizerState) -> list[Tensor]:
         """The ``grad_sample`` of each parameter that has one (Opacus' ``optimizer.grad_samples``)."""
         found = [getattr(p, "grad_sample", None) for p in self.params]  # the wrapper's attribute, not torch's
         return [g for g in found if g is not None]
+
+    def attach_step_hook(self: _DPOptimizerState, hook: Callable[[Any], None]) -> None:
+        """Call ``hook(optimizer)`` after every step (Opacus' method; the privacy engine steps its accountant so)."""
+        self.step_hooks.append(hook)
+
+    def signal_skip_step(self: _DPOptimizerState, do_skip: bool = True) -> None:
+        """Make the next ``step()`` a ``virtual_step()`` (as Opacus' ``BatchMemoryManager`` does)."""
+        self._skip_next_step = do_skip
 
     @property
     def accumulated_iterations(self) -> int:

@@ -25,11 +25,7 @@ piece, adds it to the running sum and frees its per-sample gradients. The next
 (4, 1.0)
 >>> model.weight.grad_sample.shape, model.weight.summed_grad.shape   # kept until zero_grad, as in Opacus
 (torch.Size([4, 1, 3]), torch.Size([1, 3]))
->>> opt.step()                                     # no zero_grad: the same samples would be clipped twice
-Traceback (most recent call last):
-...
-ValueError: Gradients haven't been cleared since the last optimizer step: ...
->>> opt.zero_grad()
+>>> opt.zero_grad()                                # needed before the next step (Opacus' rule too)
 >>> model.weight.grad_sample is None, model.weight.summed_grad is None
 (True, True)
 """
@@ -43,32 +39,21 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 
 from dpnotebook.grad_sample.engine.module import LOSS_REDUCTIONS  # one definition for wrappers and optimizers
-from dpnotebook.privacy.arguments import (
-    check_choice,
-    check_max_grad_norm,
-    check_noise_multiplier,
-    check_positive_number,
-)
+from dpnotebook.privacy.arguments import check_choice, check_positive_number
 from dpnotebook.privacy.clipping import CLIPPING_MODES, clip_and_sum
 from dpnotebook.privacy.opacus_contract import OpacusOptimizerContract
-from dpnotebook.privacy.layer_bounds import check_layer_bounds, total_bound
+from dpnotebook.privacy.layer_bounds import check_layer_bounds
 from dpnotebook.privacy.noise import draw_noise, warn_insecure_noise_once
 from dpnotebook.privacy.sampled_batches import SampledBatches
-from dpnotebook.privacy.step_invariants import (
-    StepConstants,
-    _mark_as_processed,
-    check_no_raw_gradients,
-    check_not_consumed,
-    claim_parameters,
-    mark_noised,
-)
+from dpnotebook.privacy.step_constants import PrivacyKnobs, StepConstants
+from dpnotebook.privacy import step_invariants as invariants  # each invariant of the step, in one place
 from dpnotebook.privacy.step_stats import StepStats, total_norm
 from dpnotebook.privacy.wrapped_optimizer import WrappedOptimizer
 
 __all__ = ["DPOptimizer"]
 
 
-class DPOptimizer(OpacusOptimizerContract, WrappedOptimizer):
+class DPOptimizer(PrivacyKnobs, OpacusOptimizerContract, WrappedOptimizer):
     """Wraps ``optimizer``: each :meth:`step` clips, sums, adds noise, scales, then steps.
 
     It reads ``p.grad_sample`` (filled by a model from :func:`dpnotebook.wrap_model`)
@@ -93,11 +78,8 @@ class DPOptimizer(OpacusOptimizerContract, WrappedOptimizer):
             and warns once per process (:class:`~dpnotebook.errors.PrivacyWarning`) unless a
             seeded ``generator`` shows the choice was made.
 
-    The step's invariants (:mod:`~dpnotebook.privacy.step_invariants`) hold whatever the caller
-    does: a parameter of ``param_groups`` outside the clipped sum may not hold a gradient at
-    :meth:`step`; one DP optimizer per parameter; the constants (``noise_multiplier``,
-    ``max_grad_norm``, ...) are fixed while a logical batch is accumulated; and what a step
-    clipped (``p.grad_sample``, kept until :meth:`zero_grad` as in Opacus) is never clipped again.
+    The step's invariants hold whatever the caller does (:mod:`~dpnotebook.privacy.step_invariants`,
+    :mod:`~dpnotebook.privacy.step_constants`); ``p.grad_sample`` is kept until :meth:`zero_grad`.
 
     Attributes:
         last_step_stats: the :class:`StepStats` of the last step (``None`` before it).
@@ -139,34 +121,7 @@ class DPOptimizer(OpacusOptimizerContract, WrappedOptimizer):
         self.sampled_batches = SampledBatches()
         self._dp_model: nn.Module | None = None  # the wrapped model, when make_private says which
         self._reset_accumulation()
-        claim_parameters(self, [p for group in self.param_groups for p in group["params"]])
-
-    # -- the privacy knobs, validated whenever they are set -------------------
-    @property
-    def noise_multiplier(self) -> float:
-        return self._noise_multiplier
-
-    @noise_multiplier.setter
-    def noise_multiplier(self, value: float) -> None:
-        self._noise_multiplier = check_noise_multiplier(value)
-
-    @property
-    def max_grad_norm(self) -> float:
-        return self._max_grad_norm
-
-    @max_grad_norm.setter
-    def max_grad_norm(self, value: float | list[float]) -> None:
-        """A number C, or (per-layer clipping) Opacus' list of bounds: then ``max_grad_norm`` is their total."""
-        if isinstance(value, (list, tuple)):
-            self.max_grad_norms: list[float] | None = [check_max_grad_norm(c) for c in value]
-            self._max_grad_norm = total_bound(self.max_grad_norms)
-        else:
-            self.max_grad_norms = None
-            self._max_grad_norm = check_max_grad_norm(value)
-
-    def attach_step_hook(self, hook: Callable[[DPOptimizer], None]) -> None:
-        """Call ``hook(self)`` after every :meth:`step`."""
-        self.step_hooks.append(hook)
+        invariants.claim_parameters(self, [p for group in self.param_groups for p in group["params"]])
 
     # -- DP-SGD ---------------------------------------------------------------
     def _reset_accumulation(self) -> None:
@@ -176,18 +131,6 @@ class DPOptimizer(OpacusOptimizerContract, WrappedOptimizer):
         self._virtual_steps = 0
         self._constants: StepConstants | None = None  # read when the logical batch's first piece is clipped
         self._kept_for_next = False  # the running sum is a virtual step's: zero_grad keeps it
-
-    def _models(self) -> list[nn.Module]:
-        """The models holding the parameters (for names in error messages)."""
-        from dpnotebook.privacy.engine_inputs import unwrap_model
-
-        models = [unwrap_model(self._dp_model)] if self._dp_model is not None else []
-        for p in self.params:
-            for hook in (getattr(p, "_post_accumulate_grad_hooks", None) or {}).values():
-                owner = getattr(getattr(hook, "__self__", None), "owner", None)
-                if owner is not None and isinstance(getattr(owner, "_module", None), nn.Module):
-                    models.append(owner._module)
-        return models
 
     def _grad_samples(self) -> list[Tensor] | None:
         """Each parameter's ``grad_sample`` (zeros for one the batch did not reach); ``None`` if there are none."""
@@ -231,7 +174,7 @@ class DPOptimizer(OpacusOptimizerContract, WrappedOptimizer):
         nothing already used by a step, and the logical batch's constants unchanged.
         """
         params = self.params
-        check_not_consumed(params)
+        invariants.check_not_consumed(params)
         if self._constants is None:
             self._constants = StepConstants.of(self)
         else:
@@ -246,7 +189,7 @@ class DPOptimizer(OpacusOptimizerContract, WrappedOptimizer):
                 setattr(p, "summed_grad", s.detach())  # Opacus' attribute; torch's Parameter does not declare it
         self._virtual_steps += 1
         self._kept_for_next = False
-        _mark_as_processed(self.grad_samples)
+        invariants._mark_as_processed(self.grad_samples)
         self._forget_clipped()
 
     def virtual_step(self) -> None:
@@ -272,7 +215,7 @@ class DPOptimizer(OpacusOptimizerContract, WrappedOptimizer):
         """:meth:`add_noise`'s work, under a name an Opacus-style subclass does not override."""
         self.clip_and_accumulate()  # the last piece; its p.grad_sample stay until zero_grad, as in Opacus
         params = self.params
-        check_no_raw_gradients(self.param_groups, params, self._models())
+        invariants.check_no_raw_gradients(self.param_groups, params, invariants.models_holding(params, self._dp_model))
         self.sampled_batches.check(sum(int(n.shape[0]) for n in self._norms))
         summed = self._summed or [torch.zeros_like(p) for p in params]
         std = self.noise_multiplier * self.max_grad_norm
@@ -283,7 +226,7 @@ class DPOptimizer(OpacusOptimizerContract, WrappedOptimizer):
             torch._foreach_div_(noises, float(self.expected_batch_size))
         for p, grad in zip(params, noises):
             p.grad = grad
-        mark_noised(noises)
+        invariants.mark_noised(noises)
         self.last_step_stats = StepStats.of_batch(
             self._norms,
             num_clipped=self._num_clipped,
@@ -304,10 +247,6 @@ class DPOptimizer(OpacusOptimizerContract, WrappedOptimizer):
         signal_norm, noise_norm = total_norm(summed), total_norm(noises)  # before they are added up
         torch._foreach_add_(noises, [s.detach() for s in summed])
         return noises, signal_norm, noise_norm
-
-    def signal_skip_step(self, do_skip: bool = True) -> None:
-        """Make the next :meth:`step` a :meth:`virtual_step` (as in Opacus' ``BatchMemoryManager``)."""
-        self._skip_next_step = do_skip
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """One DP-SGD step: :meth:`add_noise`, the wrapped optimizer's step, then the step hooks.

@@ -13,10 +13,11 @@ checks at the points where that could break (``docs/guarantees.md``,
 * :func:`claim_parameters`: **one DP optimizer per model.** A DP optimizer claims its
   parameters (and, from ``make_private``, every parameter of the model); a second
   one over a claimed parameter while the first is alive is refused.
-* :class:`StepConstants`: **a logical step's constants are fixed.** ``noise_multiplier``,
-  ``max_grad_norm`` (flat or per layer), ``expected_batch_size``, the clipping and the
-  model's ``K`` are read when a logical batch's first piece is clipped; a piece or the
-  noise with other values is refused, so clipping and noise always use the same ``C``.
+* :class:`~dpnotebook.privacy.step_constants.StepConstants`: **a logical step's constants are
+  fixed.** ``noise_multiplier``, ``max_grad_norm`` (flat or per layer), ``expected_batch_size``,
+  the clipping and the model's ``K`` are read when a logical batch's first piece is clipped; a
+  piece or the noise with other values is refused, so clipping and noise always use the same ``C``
+  (its own module, with the knobs it reads).
 * :func:`check_not_consumed`: **each per-sample gradient is clipped once.** What a step
   clipped is marked (Opacus' ``_mark_as_processed``); clipping it again, or a step
   with no ``zero_grad()`` since the last one, is refused.
@@ -35,7 +36,6 @@ from __future__ import annotations
 import functools
 import gc
 import weakref
-from dataclasses import dataclass
 from typing import Any, Iterable
 
 from torch import Tensor, nn
@@ -44,10 +44,10 @@ __all__ = [
     "check_no_raw_gradients",
     "check_unowned",
     "claim_parameters",
-    "StepConstants",
     "check_not_consumed",
     "mark_noised",
     "parameter_names",
+    "models_holding",
     "_mark_as_processed",
     "_check_processed_flag",
 ]
@@ -89,6 +89,19 @@ def parameter_names(params: Iterable[nn.Parameter], models: Iterable[nn.Module] 
     for i, p in enumerate(params):
         names.setdefault(id(p), f"#{i} in param_groups (shape {tuple(p.shape)})")
     return names
+
+
+def models_holding(params: Iterable[nn.Parameter], model: nn.Module | None = None) -> list[nn.Module]:
+    """The models whose parameter paths name ``params`` in errors: ``model`` (unwrapped) and their wrappers'."""
+    from dpnotebook.privacy.engine_inputs import unwrap_model
+
+    models = [unwrap_model(model)] if model is not None else []
+    for p in params:
+        for hook in (getattr(p, "_post_accumulate_grad_hooks", None) or {}).values():
+            owner = getattr(getattr(hook, "__self__", None), "owner", None)  # a GradSampleStore's wrapper
+            if owner is not None and isinstance(getattr(owner, "_module", None), nn.Module):
+                models.append(owner._module)
+    return models
 
 
 def check_no_raw_gradients(
@@ -211,60 +224,6 @@ def claim_parameters(optimizer: Any, params: Iterable[nn.Parameter]) -> None:
         key = id(p)
         ref: weakref.ref = weakref.ref(p, functools.partial(_forget, key))
         _CLAIMS[key] = (ref, mine)
-
-
-@dataclass(frozen=True)
-class StepConstants:
-    """The constants a logical batch's clipping and noise must share, read from a DP optimizer.
-
-    >>> import torch
-    >>> from dpnotebook.privacy.optimizer import DPOptimizer
-    >>> opt = DPOptimizer(torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1),
-    ...                   noise_multiplier=1.0, max_grad_norm=1.0, expected_batch_size=4, secure_mode=False)
-    >>> first = StepConstants.of(opt)
-    >>> opt.max_grad_norm = 0.5                           # a scheduler inside the logical batch
-    >>> first.check(opt)
-    Traceback (most recent call last):
-    ...
-    RuntimeError: max_grad_norm changed while a logical batch is accumulated: 1.0 when its first piece was clipped, 0.5 now...
-    """
-
-    noise_multiplier: float
-    max_grad_norm: float
-    max_grad_norms: tuple[float, ...] | None
-    expected_batch_size: float
-    clipping: str
-    K: int | None
-
-    @classmethod
-    def of(cls, optimizer: Any) -> StepConstants:
-        """The optimizer's constants now (``K``: its model's, if ``make_private`` told it the model)."""
-        norms = optimizer.max_grad_norms
-        module = optimizer._dp_model
-        return cls(
-            optimizer.noise_multiplier,
-            optimizer.max_grad_norm,
-            tuple(norms) if norms is not None else None,
-            optimizer.expected_batch_size,
-            optimizer.clipping,
-            getattr(module, "K", None) if module is not None else None,
-        )
-
-    def check(self, optimizer: Any) -> None:
-        """Raise if any constant of ``optimizer`` differs from these (read at the logical batch's first piece)."""
-        now = StepConstants.of(optimizer)
-        for name in self.__dataclass_fields__:
-            before, after = getattr(self, name), getattr(now, name)
-            if before != after:
-                raise RuntimeError(
-                    f"{name} changed while a logical batch is accumulated: {before} when its first piece was "
-                    f"clipped, {after} now. Pieces clipped with one value and noise calibrated to another "
-                    "break the privacy bound (e.g. pieces clipped at C, noise for C/2: one sample moves the "
-                    "step by 2x the bound). Fix: change it (or step a noise or clipping scheduler) only "
-                    "between logical batches: after the optimizer.step() that adds the noise, e.g. once per "
-                    "epoch. Under BatchMemoryManager, step the scheduler after the loop over the physical "
-                    "batches, not inside it."
-                )
 
 
 def mark_noised(grads: list[Tensor]) -> None:
