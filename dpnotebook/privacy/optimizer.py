@@ -175,11 +175,11 @@ class DPOptimizer(PrivacyKnobs, OpacusOptimizerContract, WrappedOptimizer):
         """
         params = self.params
         invariants.check_not_consumed(params)
-        if self._constants is None:
-            self._constants = StepConstants.of(self)
-        else:
+        if self._constants is not None:
             self._constants.check(self)
+        constants = self._constants or StepConstants.of(self)
         result = self._clip_and_sum()
+        self._constants = constants  # read at the first piece clipped without an error
         if result is not None:
             summed, norms, clipped = result
             self._summed = summed if self._summed is None else [s + r for s, r in zip(self._summed, summed)]
