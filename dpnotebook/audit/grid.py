@@ -7,6 +7,11 @@ Every other point must keep the bound (``<= C * (1 + 1e-5)``) and match the
 float64 definition. ``python -m dpnotebook.audit`` runs the whole grid and
 prints a summary per mode.
 
+The grid audits how a layer forms the clipped sum; how a training loop drives the
+step (freezing between ``backward`` and ``step``, two optimizers on one model, a
+clipping scheduler inside ``BatchMemoryManager``) is audited per mode by
+:data:`SURFACES` and :func:`surface_matches` (:mod:`~dpnotebook.audit.surfaces`).
+
 >>> points = list(grid(modes=["hooks"], families=["mlp"], records=["gaussian"]))
 >>> len(points), points[0].name
 (12, 'hooks mlp/gaussian K=1 mean flat batch_first passes=1 float64')
@@ -26,10 +31,21 @@ import torch
 from dpnotebook.audit.families import FAMILIES
 from dpnotebook.audit.records import RECORDS, audit_case
 from dpnotebook.audit.sensitivity import SensitivityReport, audit_sensitivity
+from dpnotebook.audit.surfaces import SURFACES, surface_matches
 from dpnotebook.modes import available_modes
 from dpnotebook.privacy.arguments import check_choice
 
-__all__ = ["GridPoint", "Outcome", "grid", "run_point", "expected_refusal", "REFUSALS", "SETTINGS"]
+__all__ = [
+    "GridPoint",
+    "Outcome",
+    "grid",
+    "run_point",
+    "expected_refusal",
+    "REFUSALS",
+    "SETTINGS",
+    "SURFACES",
+    "surface_matches",
+]
 
 #: ``(loss_reduction, clipping)`` pairs audited: both reductions with flat clipping, per-layer with sum.
 SETTINGS = (("mean", "flat"), ("sum", "flat"), ("sum", "per_layer"))

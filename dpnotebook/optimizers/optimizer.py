@@ -8,8 +8,10 @@ the same clipping, checks, scaling and statistics:
 
 * ``p.summed_grad``: the clipped sum of the logical batch, set before :meth:`add_noise`;
 * :meth:`add_noise`: ``p.grad = p.summed_grad + N(0, (sigma C)^2)``, overridable;
-* :meth:`pre_step`, :attr:`grad_samples`, :attr:`accumulated_iterations`, ``signal_skip_step``
-  (these four are on every dpnotebook DP optimizer, :mod:`~dpnotebook.privacy.opacus_contract`).
+* :meth:`pre_step`, :meth:`clip_and_accumulate`, :attr:`grad_samples`, :attr:`accumulated_iterations`,
+  ``signal_skip_step`` (on every dpnotebook DP optimizer, :mod:`~dpnotebook.privacy.opacus_contract`);
+* ``_check_processed_flag`` and ``_mark_as_processed``, Opacus' private helpers (its Laplace-noise
+  tutorial imports them from here): :mod:`~dpnotebook.privacy.step_invariants`.
 
 The accountant still assumes Gaussian noise of ``noise_multiplier * max_grad_norm``:
 a subclass that adds other noise must do its own accounting, as in Opacus.
@@ -33,16 +35,16 @@ True
 
 from __future__ import annotations
 
-from typing import Any, Callable, cast
+from typing import cast
 
-import torch
 from torch import Tensor, nn
 
 from dpnotebook.privacy.noise import draw_noise
 from dpnotebook.privacy.optimizer import DPOptimizer as _CoreDPOptimizer
+from dpnotebook.privacy.step_invariants import _check_processed_flag, _mark_as_processed
 from dpnotebook.privacy.step_stats import total_norm
 
-__all__ = ["DPOptimizer"]
+__all__ = ["DPOptimizer", "_check_processed_flag", "_mark_as_processed"]
 
 
 def _summed_grad(p: nn.Parameter) -> Tensor:
@@ -64,24 +66,8 @@ class DPOptimizer(_CoreDPOptimizer):
         self, summed: list[Tensor], params: list[nn.Parameter], std: float
     ) -> tuple[list[Tensor], float, float]:
         for p, s in zip(params, summed):
-            setattr(p, "summed_grad", s.detach())  # (see _summed_grad)
+            setattr(p, "summed_grad", s.detach())  # (see _summed_grad); clip_and_accumulate set it too
         self.add_noise()
         grads = [cast(Tensor, p.grad) for p in params]  # add_noise's contract: it sets every p.grad
         noise_norm = total_norm([g - s for g, s in zip(grads, summed)])
-        for p in params:
-            setattr(p, "summed_grad", None)
         return grads, total_norm(summed), noise_norm
-
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        """As dpnotebook's step: clip, then (unless skipped) the clipped sum, :meth:`add_noise`, scale, step."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        if not self.pre_step():
-            return loss
-        _CoreDPOptimizer.add_noise(self)  # the logical batch's finish; calls _noisy_sum, hence add_noise
-        self.original_optimizer.step()
-        for hook in self.step_hooks:
-            hook(self)
-        return loss

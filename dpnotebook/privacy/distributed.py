@@ -215,10 +215,10 @@ class _AllReduceMixin(_DPOptimizerBase):
         except RanksFailedError:
             pass
 
-    def add_noise(self) -> None:
+    def _finish_batch(self) -> None:
         """As :meth:`~dpnotebook.privacy.optimizer.DPOptimizer.add_noise`, with the all-reduce; a rank that raises here still joins it."""
         try:
-            super().add_noise()
+            super()._finish_batch()
         except RanksFailedError:
             raise
         except BaseException:

@@ -53,6 +53,7 @@ from dpnotebook.privacy.engine_inputs import (
 )
 from dpnotebook.privacy.engine_optimizer import private_optimizer
 from dpnotebook.privacy.optimizer import LOSS_REDUCTIONS, DPOptimizer
+from dpnotebook.privacy.step_invariants import check_unowned
 
 __all__ = ["PrivacyEngine", "unwrap_model", "is_wrapped", "sample_rate_of"]
 
@@ -161,6 +162,7 @@ class PrivacyEngine(EngineCheckpoints):
         module, distributed = unwrap_distributed(module)  # DPDDP / DDP: the model inside, all-reduced by the optimizer
         check_distributed_setup(distributed, data_loader, poisson_sampling)
         check_optimizer_params(unwrap_model(module), optimizer)
+        check_unowned(unwrap_model(module).parameters())  # one DP optimizer per model, before any hook is added
         if is_wrapped(module):
             if (module.K, module.batch_first, module.loss_reduction) != (K, batch_first, loss_reduction):
                 raise ValueError(

@@ -26,7 +26,9 @@ from torch.optim import Optimizer
 
 from dpnotebook.mode_registry import optimizer_class as mode_optimizer
 from dpnotebook.privacy.data_loader import DPDataLoader
+from dpnotebook.privacy.engine_inputs import unwrap_model
 from dpnotebook.privacy.optimizer import DPOptimizer
+from dpnotebook.privacy.step_invariants import claim_parameters
 
 __all__ = ["private_optimizer"]
 
@@ -83,6 +85,8 @@ def private_optimizer(
         generator=generator,
         secure_mode=secure_mode,
     )
+    dp_optimizer._dp_model = module  # its K is one of a logical step's constants
+    claim_parameters(dp_optimizer, unwrap_model(module).parameters())  # the whole model: one DP optimizer per model
     if isinstance(data_loader, DPDataLoader):  # each step must clip the examples of exactly one batch
         data_loader.batch_listeners.append(dp_optimizer.sampled_batches.drawn)
     return dp_optimizer

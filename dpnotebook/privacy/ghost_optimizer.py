@@ -84,11 +84,10 @@ class GhostDPOptimizer(DPOptimizer):
         sums = model.weighted_sums(weights)
         return [sums[p] if p in sums else torch.zeros_like(p) for p in params], norms, clipped
 
-    def _release(self) -> None:
-        """Forget the ghost records of the piece just clipped, and any per-sample gradients."""
+    def _forget_clipped(self) -> None:
+        """Forget the ghost records of the piece just clipped: no later step may clip them again."""
         for model in self._owners():
             model.clear_ghost()
-        super()._release()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear ``p.grad``, ``p.grad_sample`` and the ghost wrapper's records."""

@@ -1,10 +1,11 @@
-"""The read-only part of Opacus' optimizer contract, on every dpnotebook DP optimizer.
+"""Opacus' optimizer contract, on every dpnotebook DP optimizer.
 
 Opacus code (and Opacus' own tests) reads ``optimizer.grad_samples``,
-``optimizer.accumulated_iterations`` and calls ``optimizer.pre_step()`` on the
-optimizer ``make_private`` returns. These members only read or advance the same
-state :class:`~dpnotebook.privacy.optimizer.DPOptimizer` keeps, so every DP
-optimizer (ghost, distributed) has them. Overriding ``add_noise`` with
+``optimizer.accumulated_iterations`` and calls ``optimizer.pre_step()`` (and
+``clip_and_accumulate()``, which :class:`~dpnotebook.privacy.optimizer.DPOptimizer`
+defines) on the optimizer ``make_private`` returns. These members only read or
+advance the same state :class:`~dpnotebook.privacy.optimizer.DPOptimizer` keeps, so
+every DP optimizer (ghost, distributed) has them. Overriding ``add_noise`` with
 ``p.summed_grad`` is the subclassing part: :class:`dpnotebook.optimizers.DPOptimizer`.
 
 >>> import torch
@@ -19,6 +20,9 @@ optimizer (ghost, distributed) has them. Overriding ``add_noise`` with
 ([(3, 1, 2), (3, 1)], 1)
 >>> opt.signal_skip_step(); opt.pre_step()       # a skipped step: clipped and kept for the next
 False
+>>> model(torch.randn(3, 2)).sum().backward()
+>>> opt.pre_step(), model.weight.grad.shape       # the last piece: clipped, noised, scaled
+(True, torch.Size([1, 2]))
 """
 
 from __future__ import annotations
@@ -32,15 +36,18 @@ class _DPOptimizerState(Protocol):
     """What the contract reads: the state of the DP optimizer it is a base of."""
 
     _skip_next_step: bool
+    step_hooks: list[Callable[[Any], None]]
 
     @property
     def params(self) -> list[nn.Parameter]: ...
 
     def virtual_step(self) -> None: ...
 
+    def _finish_batch(self) -> None: ...
+
 
 class OpacusOptimizerContract:
-    """``grad_samples``, ``accumulated_iterations`` and ``pre_step`` over a DP optimizer's own state."""
+    """``grad_samples``, ``accumulated_iterations``, ``pre_step``, ``attach_step_hook`` and ``signal_skip_step``."""
 
     @property
     def grad_samples(self: _DPOptimizerState) -> list[Tensor]:
@@ -48,17 +55,32 @@ class OpacusOptimizerContract:
         found = [getattr(p, "grad_sample", None) for p in self.params]  # the wrapper's attribute, not torch's
         return [g for g in found if g is not None]
 
+    def attach_step_hook(self: _DPOptimizerState, hook: Callable[[Any], None]) -> None:
+        """Call ``hook(optimizer)`` after every step (Opacus' method; the privacy engine steps its accountant so)."""
+        self.step_hooks.append(hook)
+
+    def signal_skip_step(self: _DPOptimizerState, do_skip: bool = True) -> None:
+        """Make the next ``step()`` a ``virtual_step()`` (as Opacus' ``BatchMemoryManager`` does)."""
+        self._skip_next_step = do_skip
+
     @property
     def accumulated_iterations(self) -> int:
         """1: dpnotebook refuses two Poisson batches before one step (the accountant counts one per step)."""
         return 1
 
     def pre_step(self: _DPOptimizerState, closure: Callable[[], Any] | None = None) -> bool:
-        """Clip and accumulate what is present; ``False`` if the step is to be skipped (a virtual step)."""
-        self.virtual_step()
+        """Opacus' ``pre_step``: everything of a step but the wrapped optimizer's own ``step()``.
+
+        After ``signal_skip_step``: clip and accumulate (a virtual step) and return ``False``.
+        Otherwise clip the last piece, add the noise, scale, run the step hooks and return ``True``.
+        """
         if self._skip_next_step:
             self._skip_next_step = False
+            self.virtual_step()
             return False
+        self._finish_batch()
+        for hook in self.step_hooks:
+            hook(self)
         return True
 
 

@@ -23,9 +23,11 @@ piece, adds it to the running sum and frees its per-sample gradients. The next
 >>> opt.step()
 >>> opt.last_step_stats.batch_size, opt.last_step_stats.noise_std
 (4, 1.0)
->>> opt.zero_grad()
->>> model.weight.grad_sample is None
-True
+>>> model.weight.grad_sample.shape, model.weight.summed_grad.shape   # kept until zero_grad, as in Opacus
+(torch.Size([4, 1, 3]), torch.Size([1, 3]))
+>>> opt.zero_grad()                                # needed before the next step (Opacus' rule too)
+>>> model.weight.grad_sample is None, model.weight.summed_grad is None
+(True, True)
 """
 
 from __future__ import annotations
@@ -37,24 +39,21 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 
 from dpnotebook.grad_sample.engine.module import LOSS_REDUCTIONS  # one definition for wrappers and optimizers
-from dpnotebook.privacy.arguments import (
-    check_choice,
-    check_max_grad_norm,
-    check_noise_multiplier,
-    check_positive_number,
-)
+from dpnotebook.privacy.arguments import check_choice, check_positive_number
 from dpnotebook.privacy.clipping import CLIPPING_MODES, clip_and_sum
 from dpnotebook.privacy.opacus_contract import OpacusOptimizerContract
-from dpnotebook.privacy.layer_bounds import check_layer_bounds, total_bound
+from dpnotebook.privacy.layer_bounds import check_layer_bounds
 from dpnotebook.privacy.noise import draw_noise, warn_insecure_noise_once
 from dpnotebook.privacy.sampled_batches import SampledBatches
+from dpnotebook.privacy.step_constants import PrivacyKnobs, StepConstants
+from dpnotebook.privacy import step_invariants as invariants  # each invariant of the step, in one place
 from dpnotebook.privacy.step_stats import StepStats, total_norm
 from dpnotebook.privacy.wrapped_optimizer import WrappedOptimizer
 
 __all__ = ["DPOptimizer"]
 
 
-class DPOptimizer(OpacusOptimizerContract, WrappedOptimizer):
+class DPOptimizer(PrivacyKnobs, OpacusOptimizerContract, WrappedOptimizer):
     """Wraps ``optimizer``: each :meth:`step` clips, sums, adds noise, scales, then steps.
 
     It reads ``p.grad_sample`` (filled by a model from :func:`dpnotebook.wrap_model`)
@@ -78,6 +77,9 @@ class DPOptimizer(OpacusOptimizerContract, WrappedOptimizer):
             ``False`` uses PyTorch's generator, as chosen; ``None`` (the default) uses it too,
             and warns once per process (:class:`~dpnotebook.errors.PrivacyWarning`) unless a
             seeded ``generator`` shows the choice was made.
+
+    The step's invariants hold whatever the caller does (:mod:`~dpnotebook.privacy.step_invariants`,
+    :mod:`~dpnotebook.privacy.step_constants`); ``p.grad_sample`` is kept until :meth:`zero_grad`.
 
     Attributes:
         last_step_stats: the :class:`StepStats` of the last step (``None`` before it).
@@ -117,34 +119,9 @@ class DPOptimizer(OpacusOptimizerContract, WrappedOptimizer):
         self.last_step_stats: StepStats | None = None
         self._skip_next_step = False
         self.sampled_batches = SampledBatches()
+        self._dp_model: nn.Module | None = None  # the wrapped model, when make_private says which
         self._reset_accumulation()
-
-    # -- the privacy knobs, validated whenever they are set -------------------
-    @property
-    def noise_multiplier(self) -> float:
-        return self._noise_multiplier
-
-    @noise_multiplier.setter
-    def noise_multiplier(self, value: float) -> None:
-        self._noise_multiplier = check_noise_multiplier(value)
-
-    @property
-    def max_grad_norm(self) -> float:
-        return self._max_grad_norm
-
-    @max_grad_norm.setter
-    def max_grad_norm(self, value: float | list[float]) -> None:
-        """A number C, or (per-layer clipping) Opacus' list of bounds: then ``max_grad_norm`` is their total."""
-        if isinstance(value, (list, tuple)):
-            self.max_grad_norms: list[float] | None = [check_max_grad_norm(c) for c in value]
-            self._max_grad_norm = total_bound(self.max_grad_norms)
-        else:
-            self.max_grad_norms = None
-            self._max_grad_norm = check_max_grad_norm(value)
-
-    def attach_step_hook(self, hook: Callable[[DPOptimizer], None]) -> None:
-        """Call ``hook(self)`` after every :meth:`step`."""
-        self.step_hooks.append(hook)
+        invariants.claim_parameters(self, [p for group in self.param_groups for p in group["params"]])
 
     # -- DP-SGD ---------------------------------------------------------------
     def _reset_accumulation(self) -> None:
@@ -152,6 +129,8 @@ class DPOptimizer(OpacusOptimizerContract, WrappedOptimizer):
         self._norms: list[Tensor] = []
         self._num_clipped = 0
         self._virtual_steps = 0
+        self._constants: StepConstants | None = None  # read when the logical batch's first piece is clipped
+        self._kept_for_next = False  # the running sum is a virtual step's: zero_grad keeps it
 
     def _grad_samples(self) -> list[Tensor] | None:
         """Each parameter's ``grad_sample`` (zeros for one the batch did not reach); ``None`` if there are none."""
@@ -183,31 +162,61 @@ class DPOptimizer(OpacusOptimizerContract, WrappedOptimizer):
             setattr(p, "grad_sample", None)  # the wrapper's attribute: torch's Parameter does not declare it
             p.grad = None
 
+    def _forget_clipped(self) -> None:
+        """Forget per-sample state that a piece's clipping consumed and that is not ``p.grad_sample`` (ghost)."""
+
+    def clip_and_accumulate(self) -> None:
+        """Clip the per-sample gradients present now and add them to the logical batch's sum (Opacus' method).
+
+        The running sum is each parameter's ``p.summed_grad``; the clipped
+        ``p.grad_sample`` stay (marked, so that no step clips them again) until
+        :meth:`zero_grad`. The checks of :mod:`~dpnotebook.privacy.step_invariants` run here:
+        nothing already used by a step, and the logical batch's constants unchanged.
+        """
+        params = self.params
+        invariants.check_not_consumed(params)
+        if self._constants is not None:
+            self._constants.check(self)
+        constants = self._constants or StepConstants.of(self)
+        result = self._clip_and_sum()
+        self._constants = constants  # read at the first piece clipped without an error
+        if result is not None:
+            summed, norms, clipped = result
+            self._summed = summed if self._summed is None else [s + r for s, r in zip(self._summed, summed)]
+            self._norms.append(norms.detach())
+            self._num_clipped += clipped
+            for p, s in zip(params, self._summed):
+                setattr(p, "summed_grad", s.detach())  # Opacus' attribute; torch's Parameter does not declare it
+        self._virtual_steps += 1
+        self._kept_for_next = False
+        invariants._mark_as_processed(self.grad_samples)
+        self._forget_clipped()
+
     def virtual_step(self) -> None:
         """Clip the per-sample gradients present now, add them to the running sum and free them.
 
         Call it after the ``backward()`` of each physical piece of a logical
         batch; :meth:`step` then adds noise once for the whole batch.
         """
-        result = self._clip_and_sum()
-        if result is not None:
-            summed, norms, clipped = result
-            self._summed = summed if self._summed is None else [s + r for s, r in zip(self._summed, summed)]
-            self._norms.append(norms.detach())
-            self._num_clipped += clipped
-        self._virtual_steps += 1
+        self.clip_and_accumulate()
+        self._kept_for_next = True
         self._release()
 
     def add_noise(self) -> None:
         """Finish the logical batch: clip what is left, add noise, scale, and write ``p.grad``.
 
-        :meth:`step` calls it; call it yourself only to inspect the private
+        :meth:`step` does it; call it yourself only to inspect the private
         gradient without updating the model. The noise comes from
         :func:`~dpnotebook.privacy.noise.draw_noise`.
         """
-        self.virtual_step()
-        self.sampled_batches.check(sum(int(n.shape[0]) for n in self._norms))
+        self._finish_batch()
+
+    def _finish_batch(self) -> None:
+        """:meth:`add_noise`'s work, under a name an Opacus-style subclass does not override."""
+        self.clip_and_accumulate()  # the last piece; its p.grad_sample stay until zero_grad, as in Opacus
         params = self.params
+        invariants.check_no_raw_gradients(self.param_groups, params, invariants.models_holding(params, self._dp_model))
+        self.sampled_batches.check(sum(int(n.shape[0]) for n in self._norms))
         summed = self._summed or [torch.zeros_like(p) for p in params]
         std = self.noise_multiplier * self.max_grad_norm
         if std > 0 and self._insecure_unchosen:
@@ -217,6 +226,7 @@ class DPOptimizer(OpacusOptimizerContract, WrappedOptimizer):
             torch._foreach_div_(noises, float(self.expected_batch_size))
         for p, grad in zip(params, noises):
             p.grad = grad
+        invariants.mark_noised(noises)
         self.last_step_stats = StepStats.of_batch(
             self._norms,
             num_clipped=self._num_clipped,
@@ -238,10 +248,6 @@ class DPOptimizer(OpacusOptimizerContract, WrappedOptimizer):
         torch._foreach_add_(noises, [s.detach() for s in summed])
         return noises, signal_norm, noise_norm
 
-    def signal_skip_step(self, do_skip: bool = True) -> None:
-        """Make the next :meth:`step` a :meth:`virtual_step` (as in Opacus' ``BatchMemoryManager``)."""
-        self._skip_next_step = do_skip
-
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """One DP-SGD step: :meth:`add_noise`, the wrapped optimizer's step, then the step hooks.
 
@@ -261,21 +267,27 @@ class DPOptimizer(OpacusOptimizerContract, WrappedOptimizer):
             self._skip_next_step = False
             self.virtual_step()
             return loss
-        self.add_noise()
+        self._finish_batch()
         self.original_optimizer.step()
         for hook in self.step_hooks:
             hook(self)
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Clear ``p.grad`` and ``p.grad_sample``.
+        """Clear ``p.grad``, ``p.grad_sample`` and, unless a virtual step left it, ``p.summed_grad``.
 
-        The clipped sum of earlier virtual steps is kept: it belongs to the
-        logical batch that the next :meth:`step` completes.
+        The clipped sum of earlier virtual steps (:meth:`virtual_step`, or a step after
+        ``signal_skip_step``) is kept: it belongs to the logical batch that the next
+        :meth:`step` completes. A sum formed by a bare :meth:`clip_and_accumulate` is
+        dropped, as Opacus drops it.
         """
+        if self._summed is not None and not self._kept_for_next:
+            self._reset_accumulation()
         self.original_optimizer.zero_grad(set_to_none=set_to_none)
         for p in self.params:
             setattr(p, "grad_sample", None)  # (see _release)
+            if self._summed is None:
+                setattr(p, "summed_grad", None)
 
     def __repr__(self) -> str:
         return (

@@ -61,6 +61,7 @@ def test_ghost_epsilon_and_sigma_match_opacus() -> None:
 def test_loss_arithmetic_as_in_opacus() -> None:
     for name in LIBRARIES:
         model, optimizer, criterion, _, _ = ghost_script(name, noise=0.0)
+        optimizer.zero_grad()  # the script's last step is done: a new batch starts here
         x, y = dataset()[:4]
         out = model(x)
         loss = 0.5 * criterion(out, y) + criterion(out, y) / 2 - 0.0

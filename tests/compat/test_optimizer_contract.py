@@ -90,3 +90,63 @@ def test_the_optimizer_make_private_returns_has_the_contract(mode: str) -> None:
     runs = {name: engine_optimizer_script(name, mode) for name in LIBRARIES}
     assert runs["dpnotebook"][0] == runs["opacus"][0] and runs["dpnotebook"][0]  # same grad_sample shapes
     assert runs["dpnotebook"][1:] == runs["opacus"][1:] == (1, False)  # one batch, and a step skipped as asked
+
+
+def _kept_state(name: str) -> dict:
+    """Opacus' optimizer state around a step (issue #33.10): clip_and_accumulate, summed_grad, grad_sample."""
+    model = mlp()
+    engine = lib(name, "privacy_engine").PrivacyEngine()
+    model, optimizer, data_loader = engine.make_private(
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        data_loader=loader(dataset()),
+        noise_multiplier=0.0,
+        max_grad_norm=0.5,
+        poisson_sampling=False,
+    )
+    x, y = next(iter(data_loader))
+    nn.functional.cross_entropy(model(x), y).backward()
+    optimizer.clip_and_accumulate()
+    state = {"after_clip": [p.summed_grad.clone() for p in optimizer.params]}
+    optimizer.zero_grad()  # a skipped step's sum survives zero_grad in Opacus only after signal_skip_step
+    nn.functional.cross_entropy(model(x), y).backward()
+    optimizer.step()
+    state["summed_after_step"] = [p.summed_grad.clone() for p in optimizer.params]
+    state["grad_sample_after_step"] = [tuple(p.grad_sample.shape) for p in optimizer.params]
+    optimizer.zero_grad()
+    state["cleared"] = all(p.grad_sample is None and p.summed_grad is None for p in optimizer.params)
+    return state
+
+
+def test_clip_and_accumulate_summed_grad_and_grad_sample_until_zero_grad_as_in_opacus() -> None:
+    runs = {name: _kept_state(name) for name in LIBRARIES}
+    o, d = runs["opacus"], runs["dpnotebook"]
+    for key in ("after_clip", "summed_after_step"):
+        for a, b in zip(d[key], o[key]):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    assert d["grad_sample_after_step"] == o["grad_sample_after_step"] == [(16, 8, 5), (16, 8), (16, 3, 8), (16, 3)]
+    assert d["cleared"] and o["cleared"]
+
+
+@pytest.mark.parametrize("name", LIBRARIES)
+def test_a_step_without_zero_grad_raises_value_error(name: str) -> None:
+    model = lib(name, "grad_sample").GradSampleModule(mlp())
+    optimizer = lib(name, "optimizers").DPOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.5), noise_multiplier=0.0, max_grad_norm=1.0, expected_batch_size=8
+    )
+    x, y = dataset()[:8]
+    nn.functional.cross_entropy(model(x), y).backward()
+    optimizer.step()
+    nn.functional.cross_entropy(model(x), y).backward()
+    with pytest.raises(ValueError, match="haven't been cleared since the last optimizer step"):
+        optimizer.step()
+
+
+@pytest.mark.parametrize("name", LIBRARIES)
+def test_the_private_helpers_of_the_laplace_tutorial(name: str) -> None:
+    helpers = lib(name, "optimizers.optimizer")
+    t = torch.zeros(2)
+    helpers._check_processed_flag([t])
+    helpers._mark_as_processed(t)
+    with pytest.raises(ValueError, match="zero_grad"):
+        helpers._check_processed_flag(t)

@@ -8,6 +8,10 @@ Rows are kept in forward-pass order whatever order backward delivers them in
 (with two forward passes before one backward, it can reach them in a different
 order for each layer): :meth:`GradSampleStore.blocks` lists them.
 
+Rows a DP step already clipped carry the step's mark (``_processed``,
+:mod:`~dpnotebook.privacy.step_invariants`); a gradient added to them keeps it
+(:func:`carry_processed`), so that the next step refuses them instead of clipping them twice.
+
 At the end of every backward pass, each parameter that received a ``.grad``
 must also have received per-sample gradients, or we raise: a silently missing
 ``grad_sample`` would make DP-SGD clip the wrong thing.
@@ -21,6 +25,13 @@ import torch
 from torch import Tensor, nn
 
 from dpnotebook.errors import GradSampleError
+
+
+def carry_processed(prev: Tensor, new: Tensor) -> Tensor:
+    """``new``, marked as clipped by a step if ``prev`` (the rows it was formed from) was."""
+    if hasattr(prev, "_processed"):
+        setattr(new, "_processed", True)  # an attribute torch's Tensor does not declare
+    return new
 
 
 class GradSampleStore:
@@ -70,9 +81,9 @@ class GradSampleStore:
             setattr(p, "grad_sample", g)
             self._blocks[id(p)] = [(forward_id, g.shape[0])]
         elif blocks[-1][0] == forward_id and len(blocks) == 1:  # the usual case: one forward pass
-            setattr(p, "grad_sample", prev + g)
+            setattr(p, "grad_sample", carry_processed(prev, prev + g))
         else:
-            setattr(p, "grad_sample", self._merge(p, prev, blocks, g, forward_id))
+            setattr(p, "grad_sample", carry_processed(prev, self._merge(p, prev, blocks, g, forward_id)))
         self._sampled.add(id(p))
         self._queue_check()
 

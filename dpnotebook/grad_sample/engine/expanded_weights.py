@@ -35,6 +35,7 @@ from torch.autograd.graph import register_multi_grad_hook
 from torch.utils._pytree import tree_flatten
 
 from dpnotebook.errors import GradSampleError
+from dpnotebook.grad_sample.engine.accumulation import carry_processed
 from dpnotebook.grad_sample.engine.module import check_k, check_loss_reduction
 from dpnotebook.grad_sample.engine.outer_wrapper import OuterWrapper
 from dpnotebook.grad_sample.engine.packed import refuse_packed
@@ -222,7 +223,8 @@ class GradSampleModuleExpandedWeights(OuterWrapper):
                     "grad_sample from an earlier batch is still there and accumulation is "
                     "forbidden: call zero_grad() first, or allow_grad_accumulation()."
                 )
-            setattr(p, "grad_sample", samples if earlier is None else torch.cat([earlier, samples]))
+            merged = samples if earlier is None else carry_processed(earlier, torch.cat([earlier, samples]))
+            setattr(p, "grad_sample", merged)
 
     def _zero_padding_rows(self, rows: int) -> None:
         """ExpandedWeights' embedding rule ignores ``padding_idx``; ``weight.grad`` has zeros there."""
