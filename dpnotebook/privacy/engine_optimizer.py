@@ -84,5 +84,5 @@ def private_optimizer(
         secure_mode=secure_mode,
     )
     if isinstance(data_loader, DPDataLoader):  # each step must clip the examples of exactly one batch
-        dp_optimizer.sampled_batches.tie(data_loader)
+        dp_optimizer.sampled_batches.tie(data_loader, module)
     return dp_optimizer

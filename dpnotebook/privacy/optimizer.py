@@ -196,6 +196,7 @@ class DPOptimizer(OpacusOptimizerContract, WrappedOptimizer):
             self._norms.append(norms.detach())
             self._num_clipped += clipped
         self._virtual_steps += 1
+        self.sampled_batches.rows_clipped()
         self._release()
 
     def add_noise(self) -> None:
@@ -274,6 +275,7 @@ class DPOptimizer(OpacusOptimizerContract, WrappedOptimizer):
         logical batch that the next :meth:`step` completes.
         """
         self.original_optimizer.zero_grad(set_to_none=set_to_none)
+        self.sampled_batches.rows_dropped()
         for p in self.params:
             setattr(p, "grad_sample", None)  # (see _release)
 

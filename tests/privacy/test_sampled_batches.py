@@ -191,3 +191,77 @@ def test_a_standalone_optimizer_is_not_tied_to_a_loader() -> None:
         optimizer.step()
         optimizer.zero_grad()
     assert not optimizer.sampled_batches.tied
+
+
+# -- provenance, not counts: the loader marks the tensors of each batch it hands out ------------------
+
+
+def _full_batches(mode: str = "hooks"):
+    """q = 1: every Poisson batch holds all 12 examples, so every count agrees with every other."""
+    data = TensorDataset(torch.randn(12, 3), torch.randn(12, 1))
+    model = nn.Linear(3, 1)
+    return PrivacyEngine(secure_mode=False).make_private(
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        data_loader=DataLoader(data, batch_size=12),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+        grad_sample_mode=mode,
+    )
+
+
+@pytest.mark.parametrize("mode", ["hooks", "ghost", "functorch", "ew"])
+def test_a_batch_drawn_for_an_earlier_step_is_refused_although_the_counts_agree(mode: str) -> None:
+    model, optimizer, loader = _full_batches(mode)  # one batch per pass: each iter() is a new pass
+    old = next(iter(loader))
+    _backward(model, old)
+    optimizer.step()
+    optimizer.zero_grad()
+    next(iter(loader))  # drawn, 12 examples, as the old one
+    _backward(model, old)
+    with pytest.raises(RuntimeError, match="did not hand out since the last step .* drawn for an earlier step"):
+        optimizer.step()
+
+
+def test_a_batch_of_another_dp_loader_is_refused_although_the_counts_agree() -> None:
+    model, optimizer, loader = _full_batches()
+    _, _, other = _full_batches()
+    for _, foreign in zip(loader, other):
+        _backward(model, foreign)
+        with pytest.raises(RuntimeError, match="or by another loader"):
+            optimizer.step()
+        break
+
+
+def test_an_earlier_batch_of_this_step_is_refused_although_the_counts_agree() -> None:
+    model, optimizer, loader = _full_batches()
+    first = next(iter(loader))
+    next(iter(loader))
+    _backward(model, first)
+    with pytest.raises(RuntimeError, match="has handed out 1 more since: a step must train on the last batch"):
+        optimizer.step()
+
+
+def test_gradients_dropped_by_zero_grad_or_never_computed_do_not_count() -> None:
+    model, optimizer, loader = _full_batches()
+    for i in range(6):
+        batch = x, y = next(iter(loader))
+        loss = nn.functional.mse_loss(model(x), y)  # a forward pass with no backward: not trained on
+        if i % 2:
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.zero_grad()  # ... and a backward whose gradients are dropped
+            continue
+        optimizer.zero_grad()
+        _backward(model, batch)
+        optimizer.step()
+
+
+def test_pieces_of_the_batch_carry_its_mark() -> None:
+    model, optimizer, loader = _full_batches()
+    with BatchMemoryManager(data_loader=loader, max_physical_batch_size=5, optimizer=optimizer) as pieces:
+        for piece in pieces:
+            optimizer.zero_grad()
+            _backward(model, piece)
+            optimizer.step()
+    assert optimizer.last_step_stats.virtual_steps == 3
