@@ -181,7 +181,7 @@ class PrivacyEngine(EngineCheckpoints):
             expected_batch_size = data_loader.batch_size or sample_rate * self.dataset_size
         self.sample_rate = sample_rate
         if distributed:  # one all-gather: every rank sets up the same run, or every rank raises
-            from dpnotebook.privacy.distributed import check_ranks_agree
+            from dpnotebook.privacy.distributed_agreement import check_ranks_agree
 
             check_ranks_agree(
                 sample_rate=sample_rate,
