@@ -53,11 +53,21 @@ def test_the_order_that_helps_position_tie_breaking_most_changes_nothing(data) -
     assert a.epsilon == b.epsilon
 
 
-@settings(max_examples=40, deadline=None)
-@given(st.integers(min_value=1, max_value=200), st.floats(-1e6, 1e6), st.data())
-def test_constant_scores_refute_nothing(m, value, data) -> None:
-    included = np.array(data.draw(st.lists(st.booleans(), min_size=m, max_size=m)))
-    assert audit_one_run(np.full(m, value), included, delta=1e-5).epsilon == 0.0
+@settings(max_examples=12, deadline=None)
+@given(st.integers(min_value=1, max_value=40), st.floats(-1e6, 1e6))
+def test_constant_scores_refute_epsilon_zero_with_probability_at_most_significance(m, value) -> None:
+    # equal scores say nothing: the audit may refute epsilon = 0 only by the luck of the coins (all
+    # heads, say), in at most 5 % of the 2^m equally likely coin outcomes. The bound depends on the
+    # number of members alone (any order gives the same, see above), so the exact probability over
+    # the coins is a sum over that number.
+    from scipy.stats import binom
+
+    refuted = 0.0
+    for members in range(m + 1):
+        included = np.arange(m) < members
+        if audit_one_run(np.full(m, value), included).epsilon > 0:
+            refuted += binom.pmf(members, m, 0.5)
+    assert refuted <= 0.05
 
 
 @settings(max_examples=60, deadline=None)
