@@ -54,14 +54,13 @@ RuntimeError: one optimizer step clipped the samples of 2 Poisson batches (4 + 6
 
 from __future__ import annotations
 
-import weakref
 from functools import partial
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from dpnotebook.privacy.draws import Draw, draws_in
+from dpnotebook.privacy.draws import Draw, DrawMarker, draws_in
 
 __all__ = ["SampledBatches"]
 
@@ -90,7 +89,7 @@ class SampledBatches:
         self.counts: list[int] = []
         self.draws: list[Draw | None] = []
         self.tied = False
-        self._loader: Any = None  # a weak reference to the tied loader
+        self._marker: DrawMarker | None = None  # the tied loader's (a small object: the model may be pickled)
         self._pending: set[Draw] = set()  # marks a backward pass went through, not clipped yet
         self._clipped: set[Draw] = set()  # marks of the rows clipped into this logical step
 
@@ -101,16 +100,15 @@ class SampledBatches:
         pass goes through are recorded too, so that :meth:`check` decides by provenance.
         """
         data_loader.batch_listeners.append(self.drawn)
-        self._loader = weakref.ref(data_loader)
+        self._marker = data_loader.draws
         self.tied = True
         if module is not None:
             module.register_forward_hook(self._forward, with_kwargs=True)
 
     def drawn(self, examples: int) -> None:
         """A batch of ``examples`` examples was handed to the training loop."""
-        loader = self._loader() if self._loader is not None else None
         self.counts.append(int(examples))
-        self.draws.append(loader.draws.last if loader is not None else None)
+        self.draws.append(self._marker.last if self._marker is not None else None)
 
     def _forward(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
         """Forward hook: when the output's gradient flows back, its inputs' marks are recorded."""

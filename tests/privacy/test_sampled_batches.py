@@ -265,3 +265,15 @@ def test_pieces_of_the_batch_carry_its_mark() -> None:
             _backward(model, piece)
             optimizer.step()
     assert optimizer.last_step_stats.virtual_steps == 3
+
+
+def test_the_model_can_still_be_saved_whole() -> None:
+    import io
+
+    model, optimizer, loader = _full_batches("hooks")
+    for batch in loader:
+        _backward(model, batch)
+        optimizer.step()
+    buffer = io.BytesIO()
+    torch.save(model, buffer)  # the forward hook that records draws pickles with it
+    assert buffer.tell() > 0
