@@ -33,7 +33,14 @@ import numpy as np
 from scipy.optimize import brentq
 from scipy.stats import binom
 
-__all__ = ["one_run_p_value", "one_run_epsilon", "OneRunAudit", "audit_one_run", "default_guesses"]
+__all__ = [
+    "one_run_p_value",
+    "one_run_epsilon",
+    "OneRunAudit",
+    "audit_one_run",
+    "default_guesses",
+    "tie_safe_guesses",
+]
 
 
 def _count(name: str, value: int, low: int, high: int | None = None) -> int:
@@ -115,6 +122,33 @@ def one_run_epsilon(
     return float(brentq(excess, high / 2 if high > 1 else 0.0, high, xtol=1e-6))
 
 
+def tie_safe_guesses(scores: np.ndarray, k_in: int, k_out: int) -> tuple[np.ndarray, np.ndarray]:
+    """Masks of the canaries guessed "in" (about the ``k_in`` highest scores) and "out" (the ``k_out`` lowest).
+
+    The guesses must depend on the scores alone: the bound assumes each guess is a function of
+    the training run's output. Breaking a tie by position would let the order in which the
+    canaries are listed (members first, say) decide guesses, and an information-free attack
+    would "refute" epsilon (issue #28: 1,000 equal scores listed members first gave
+    epsilon >= 4.57). So a cut never splits a group of equal scores: "in" is every canary
+    scoring at least the ``k_in``-th highest score, "out" every one scoring at most the
+    ``k_out``-th lowest, and a group that both would claim (all scores equal, say) is abstained
+    on. Without ties these are exactly the ``k_in`` highest and ``k_out`` lowest; with ties
+    there may be more guesses, never a guess that depends on the order of ``scores``.
+
+    >>> guess_in, guess_out = tie_safe_guesses(np.array([3.0, 2.0, 2.0, 1.0, 0.0]), 2, 1)
+    >>> guess_in.tolist(), guess_out.tolist()        # 2.0 straddles the 2nd highest: guessed whole
+    ([True, True, True, False, False], [False, False, False, False, True])
+    >>> [int(m.sum()) for m in tie_safe_guesses(np.zeros(1000), 300, 300)]   # all tied: no guess at all
+    [0, 0]
+    """
+    s = np.asarray(scores, dtype=float)
+    descending = np.sort(s)[::-1]
+    guess_in = s >= descending[k_in - 1] if k_in else np.zeros(s.size, dtype=bool)
+    guess_out = s <= descending[s.size - k_out] if k_out else np.zeros(s.size, dtype=bool)
+    both = guess_in & guess_out  # one tie group that both cuts reach: abstain on it
+    return guess_in & ~both, guess_out & ~both
+
+
 def default_guesses(canaries: int) -> list[tuple[int, int]]:
     """The ``(k+, k-)`` tried when none are given: ``k+`` = 1%, 2%, 5%, 10%, 20%, 30% of the canaries,
     with ``k- = 0`` and ``k- = k+`` (at most 12 pairs).
@@ -134,7 +168,8 @@ class OneRunAudit:
     Attributes:
         epsilon: the empirical lower bound on epsilon (holds with probability ``1 - significance``).
         canaries: m.
-        guesses_in, guesses_out: ``k+`` and ``k-`` of the bound reported.
+        guesses_in, guesses_out: the "in" and "out" guesses of the bound reported: ``k+`` and ``k-``, or
+            more where a group of equal scores straddles the cut (guessed whole, see :func:`tie_safe_guesses`).
         correct: right guesses among them.
         delta, significance: as given.
         tried: how many ``(k+, k-)`` pairs were tried (the Bonferroni factor).
@@ -178,7 +213,9 @@ def audit_one_run(
             drawn independently with probability 1/2 (:func:`~dpnotebook.audit.canaries.draw_inclusion`).
         delta: the delta of the claim tested (the accountant's delta).
         significance: the chance that the bound is wrong, shared out over the pairs tried.
-        guesses: ``k+`` or ``(k+, k-)`` pairs to try (default :func:`default_guesses`).
+        guesses: ``k+`` or ``(k+, k-)`` pairs to try (default :func:`default_guesses`). Ties are never
+            broken by position: equal scores are guessed together (:func:`tie_safe_guesses`),
+            so the bound holds for any order of the canaries and any ties.
 
     >>> rng = np.random.default_rng(0)
     >>> included = rng.random(1000) < 0.5
@@ -186,6 +223,8 @@ def audit_one_run(
     0.0
     >>> audit_one_run(np.where(included, 1.0, 0.0) + rng.random(1000), included).epsilon > 3
     True
+    >>> audit_one_run(np.zeros(1000), np.arange(1000) < 500).epsilon         # all tied, members listed first
+    0.0
     """
     s = np.asarray(scores, dtype=float).reshape(-1)
     inc = np.asarray(included).reshape(-1)
@@ -205,13 +244,13 @@ def audit_one_run(
                 f"1 <= k+ + k- <= {m}."
             )
     alpha = _check_significance(significance) / len(pairs)
-    order = np.argsort(-s, kind="stable")  # highest score first
-    ranked = inc[order]
     best = None
     for k_in, k_out in pairs:
-        right = int(ranked[:k_in].sum()) + (int((~ranked[m - k_out :]).sum()) if k_out else 0)
-        eps = one_run_epsilon(canaries=m, guesses=k_in + k_out, correct=right, delta=delta, significance=alpha)
+        guess_in, guess_out = tie_safe_guesses(s, k_in, k_out)
+        right = int(inc[guess_in].sum()) + int((~inc[guess_out]).sum())
+        made_in, made_out = int(guess_in.sum()), int(guess_out.sum())
+        eps = one_run_epsilon(canaries=m, guesses=made_in + made_out, correct=right, delta=delta, significance=alpha)
         if best is None or eps > best.epsilon:
-            best = OneRunAudit(eps, m, k_in, k_out, right, _check_delta(delta), significance, len(pairs))
+            best = OneRunAudit(eps, m, made_in, made_out, right, _check_delta(delta), significance, len(pairs))
     assert best is not None
     return best

@@ -29,15 +29,11 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 from torch.utils.data.dataloader import default_collate
 
 from dpnotebook.privacy.arguments import check_positive_int, check_sample_rate
+from dpnotebook.privacy.draws import DrawMarker
 from dpnotebook.privacy.noise import secure_uniform
 from dpnotebook.privacy.schedule import steps_per_epoch
 
-__all__ = [
-    "PoissonBatchSampler",
-    "DPDataLoader",
-    "EmptyBatchCollate",
-    "split_batch",
-]
+__all__ = ["PoissonBatchSampler", "DPDataLoader", "EmptyBatchCollate", "split_batch"]
 
 Collate = Callable[[list], Any]
 
@@ -155,6 +151,8 @@ class DPDataLoader(DataLoader):
         batch_listeners: functions called with the number of examples of each batch
             handed out (``make_private`` adds the optimizer's, which checks that each
             step clips the examples of exactly one batch).
+        draws: a :class:`~dpnotebook.privacy.draws.DrawMarker`: it marks every tensor of a batch handed
+            out with the batch's draw (``draws.last``), so the optimizer can tell where its samples came from.
     """
 
     #: draws the batches (the distributed loader draws each rank's share of them)
@@ -191,9 +189,10 @@ class DPDataLoader(DataLoader):
         self.sample_rate = sampler.sample_rate
         self.expected_batch_size = self.sample_rate * size
         self.batch_listeners: list[Callable[[int], None]] = []
+        self.draws = DrawMarker()
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # torch: its iterator class; ours wraps it
-        """The batches, in order; each one's number of examples goes to every ``batch_listeners`` function.
+        """The batches, in order, marked (``draws``); each one's number of examples goes to every ``batch_listeners``.
 
         Counted when a batch is handed out, not when its indices are drawn: with
         ``num_workers > 0`` the loader draws ahead of the training loop.
@@ -210,6 +209,7 @@ class DPDataLoader(DataLoader):
                     UserWarning,
                     stacklevel=2,
                 )
+            self.draws.mark(batch)
             for listener in self.batch_listeners:
                 listener(examples)
             yield batch

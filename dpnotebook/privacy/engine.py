@@ -186,6 +186,21 @@ class PrivacyEngine(EngineCheckpoints):
             expected_batch_size = data_loader.batch_size or sample_rate * self.dataset_size
         self.sample_rate = sample_rate
         warn_if_noise_drowns_signal(noise_multiplier, expected_batch_size)
+        if distributed:  # one all-gather: every rank sets up the same run, or every rank raises
+            from dpnotebook.privacy.distributed_agreement import check_ranks_agree
+
+            check_ranks_agree(
+                sample_rate=sample_rate,
+                dataset_size=self.dataset_size,
+                steps_per_epoch=len(data_loader),
+                noise_multiplier=noise_multiplier,
+                max_grad_norm=max_grad_norm,
+                clipping=clipping,
+                grad_sample_mode=getattr(module, "grad_sample_mode", None),
+                K=K,
+                loss_reduction=loss_reduction,
+                accountant=type(self.accountant).__name__,
+            )
 
         dp_optimizer = private_optimizer(
             optimizer,

@@ -88,5 +88,5 @@ def private_optimizer(
     dp_optimizer._dp_model = module  # its K is one of a logical step's constants
     claim_parameters(dp_optimizer, unwrap_model(module).parameters())  # the whole model: one DP optimizer per model
     if isinstance(data_loader, DPDataLoader):  # each step must clip the examples of exactly one batch
-        data_loader.batch_listeners.append(dp_optimizer.sampled_batches.drawn)
+        dp_optimizer.sampled_batches.tie(data_loader, module)
     return dp_optimizer

@@ -189,6 +189,7 @@ class DPOptimizer(PrivacyKnobs, OpacusOptimizerContract, WrappedOptimizer):
                 setattr(p, "summed_grad", s.detach())  # Opacus' attribute; torch's Parameter does not declare it
         self._virtual_steps += 1
         self._kept_for_next = False
+        self.sampled_batches.rows_clipped()
         invariants._mark_as_processed(self.grad_samples)
         self._forget_clipped()
 
@@ -284,6 +285,7 @@ class DPOptimizer(PrivacyKnobs, OpacusOptimizerContract, WrappedOptimizer):
         if self._summed is not None and not self._kept_for_next:
             self._reset_accumulation()
         self.original_optimizer.zero_grad(set_to_none=set_to_none)
+        self.sampled_batches.rows_dropped()
         for p in self.params:
             setattr(p, "grad_sample", None)  # (see _release)
             if self._summed is None:

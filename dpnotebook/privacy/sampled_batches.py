@@ -1,22 +1,50 @@
-"""What the Poisson loader sampled since the last step, checked against what the optimizer clipped.
+"""Every clipped sum comes from a batch the DP loader drew for that logical step.
 
-The accountant counts one Poisson-sampled step per ``optimizer.step()``. That
-is only true if the step's clipped sum holds the samples of exactly one
-sampled batch, one per-sample gradient per example:
+The accountant counts one Poisson-sampled step at rate ``q`` per
+``optimizer.step()``. That is only true if the step's clipped sum holds the
+samples of exactly one batch that the optimizer's
+:class:`~dpnotebook.privacy.data_loader.DPDataLoader` drew for it, one
+per-sample gradient per example. Anything else is refused at the step:
 
-* two batches drawn and trained on before one step would share one noise
-  draw and one accountant step, so epsilon would be under-counted;
-* more (or fewer) per-sample norms than examples mean rows are not samples
-  (a collate that emits ``K`` rows per example without ``K``, a wrong
-  ``batch_first``), and one example can move the sum by more than ``C``.
+* **no batch drawn since the last step**: the samples came from elsewhere (a
+  loop over the *original* ``DataLoader`` after ``make_private``, whose fixed
+  batches put each example in one known step: issue #28 measured 2.48 reported
+  against at least 4.38 spent), or ``step()`` was called twice on one batch;
+* **two batches drawn and trained on before one step**: they would share one
+  noise draw and one accountant step;
+* **more (or fewer) per-sample norms than examples**: rows are not samples (a
+  collate that emits ``K`` rows per example without ``K``, a wrong ``batch_first``).
 
-A :class:`~dpnotebook.privacy.data_loader.DPDataLoader` tells its listeners how
-many examples each batch it hands out holds; the optimizer keeps them in a
-:class:`SampledBatches` and calls :meth:`SampledBatches.check` at each step.
+Provenance decides where it can, not a count. The loader tells its optimizer
+every batch it hands out, so a step without one is refused whatever it clipped.
+The loader also marks every tensor of a batch with its
+:class:`~dpnotebook.privacy.draws.Draw`, and the wrapped model records the
+marks of its inputs whenever a backward pass goes through them: a step whose
+samples came from a batch drawn for an earlier step, or by another loader, is
+refused even when the counts agree. Only where the model's inputs carry no mark
+(moved to another device or transformed before the forward pass) does the
+number of examples decide which batch was trained on.
+
+The enforcement is here, in :meth:`SampledBatches.check`, which
+:meth:`DPOptimizer.add_noise <dpnotebook.privacy.optimizer.DPOptimizer.add_noise>`
+calls once per logical step; :meth:`SampledBatches.tie` connects a loader and a
+model to it (``make_private`` does). A batch drawn but not trained on (an
+evaluation pass over the loader, a loop that broke off, a backward pass whose
+gradients ``zero_grad()`` dropped) is forgotten at the next draw's step.
+
+A ``DPOptimizer`` used standalone (no loader tied to it, e.g. built by hand with
+your own sampler) is not checked: its accountant's ``q`` is then *assumed* to be
+the rate at which your own loop Poisson-samples each batch, one batch per step.
 
 >>> batches = SampledBatches()
+>>> batches.check(7)                  # standalone: nothing to compare with
+>>> batches.tied = True               # what tie(loader) sets
 >>> batches.drawn(5)
 >>> batches.check(5)                  # one batch of 5 examples, 5 norms clipped
+>>> batches.check(1)
+Traceback (most recent call last):
+...
+RuntimeError: this optimizer step clipped 1 per-sample gradients, but its DPDataLoader handed out no batch since the last step...
 >>> batches.drawn(4); batches.drawn(6)
 >>> batches.check(10)
 Traceback (most recent call last):
@@ -26,51 +54,164 @@ RuntimeError: one optimizer step clipped the samples of 2 Poisson batches (4 + 6
 
 from __future__ import annotations
 
+from functools import partial
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from dpnotebook.privacy.draws import Draw, DrawMarker, draws_in
+
 __all__ = ["SampledBatches"]
 
 
+def _tensors(output: Any, depth: int = 0) -> list[Tensor]:
+    if isinstance(output, Tensor):
+        return [output]
+    if depth < 4 and isinstance(output, dict):
+        output = list(output.values())
+    if depth < 4 and isinstance(output, (tuple, list)):
+        return [t for value in output for t in _tensors(value, depth + 1)]
+    return []
+
+
 class SampledBatches:
-    """The example counts of the batches a Poisson loader handed out since the last step."""
+    """What a tied DP loader handed out since the last step, and which of its batches were trained on.
+
+    Attributes:
+        counts: the examples of each batch handed out since the last step, in order.
+        draws: the :class:`~dpnotebook.privacy.draws.Draw` of each of them (``None`` unknown).
+        tied: whether a :class:`~dpnotebook.privacy.data_loader.DPDataLoader` reports to it
+            (only then does :meth:`check` refuse anything).
+    """
 
     def __init__(self) -> None:
         self.counts: list[int] = []
+        self.draws: list[Draw | None] = []
+        self.tied = False
+        self._marker: DrawMarker | None = None  # the tied loader's (a small object: the model may be pickled)
+        self._pending: set[Draw] = set()  # marks a backward pass went through, not clipped yet
+        self._clipped: set[Draw] = set()  # marks of the rows clipped into this logical step
+
+    def tie(self, data_loader: Any, module: nn.Module | None = None) -> None:
+        """Have ``data_loader`` (a ``DPDataLoader``) report every batch it hands out; steps are then checked.
+
+        With ``module`` (the wrapped model), the marks of the batches whose outputs a backward
+        pass goes through are recorded too, so that :meth:`check` decides by provenance.
+        """
+        data_loader.batch_listeners.append(self.drawn)
+        self._marker = data_loader.draws
+        self.tied = True
+        if module is not None:
+            module.register_forward_hook(self._forward, with_kwargs=True)
 
     def drawn(self, examples: int) -> None:
         """A batch of ``examples`` examples was handed to the training loop."""
         self.counts.append(int(examples))
+        self.draws.append(self._marker.last if self._marker is not None else None)
+
+    def _forward(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        """Forward hook: when the output's gradient flows back, its inputs' marks are recorded."""
+        if not torch.is_grad_enabled():
+            return
+        marks = draws_in((args, kwargs))
+        if not marks:
+            return
+        for tensor in _tensors(output):
+            if tensor.requires_grad:
+                tensor.register_hook(partial(self._backward, frozenset(marks)))
+
+    def _backward(self, marks: frozenset[Draw], grad: Tensor) -> None:
+        self._pending |= marks
+
+    def rows_clipped(self) -> None:
+        """The optimizer clipped the rows of the backward passes so far into the step's sum (``virtual_step``)."""
+        self._clipped |= self._pending
+        self._pending = set()
+
+    def rows_dropped(self) -> None:
+        """The optimizer's ``zero_grad()`` dropped the per-sample gradients not clipped yet."""
+        self._pending = set()
 
     def check(self, clipped: int) -> None:
         """Raise unless the ``clipped`` per-sample norms of this step are the examples of the last batch drawn.
 
         Batches drawn earlier whose samples were not clipped (an evaluation pass
         over the same loader, a loop that broke off) are forgotten. Does nothing
-        when no batch was drawn (the loader is not a Poisson loader of this optimizer).
+        when no loader is tied (a standalone optimizer: see the module docstring).
         """
         counts, self.counts = self.counts, []
+        draws, self.draws = self.draws, []
+        trained, self._clipped = self._clipped, set()
+        if not self.tied:
+            return
         if not counts:
+            raise RuntimeError(
+                f"this optimizer step clipped {clipped} per-sample gradients, but its DPDataLoader handed out "
+                "no batch since the last step: the samples were not drawn for this step. The accountant "
+                "counts each step as a Poisson sample at rate q, so epsilon would be under-counted. Likely "
+                "causes: a loop over the original DataLoader after make_private (its fixed batches put every "
+                "example in a known step), or optimizer.step() called twice for one batch. Fix: iterate over "
+                "the data loader that make_private returned, and call optimizer.step() once per batch it yields."
+            )
+        if trained:  # the batches are known by their marks: provenance decides
+            foreign = trained - set(draws)
+            if foreign:
+                shown = ", ".join(f"batch {d.number} of loader {d.loader}" for d in sorted(foreign))
+                raise RuntimeError(
+                    f"this optimizer step clipped the samples of a batch that its DPDataLoader did not hand out "
+                    f"since the last step ({shown}; it handed out {_describe(draws)}): a batch drawn for an "
+                    "earlier step, or by another loader. Each Poisson batch must be trained on in the one step "
+                    "it was drawn for, or the accountant's q does not describe the run. Fix: train each step "
+                    "on the batch that the loader make_private returned has just handed out, once."
+                )
+            used = [i for i, d in enumerate(draws) if d in trained]
+            if len(used) > 1:
+                _several_batches([counts[i] for i in used])
+            if used[0] != len(draws) - 1:
+                raise RuntimeError(
+                    f"this optimizer step clipped the samples of {_describe(draws[used[0] : used[0] + 1])}, but its "
+                    f"DPDataLoader has handed out {len(draws) - 1 - used[0]} more since: a step must train on the "
+                    "last batch drawn. Fix: call optimizer.step() for each batch before drawing the next one."
+                )
+            if clipped != counts[-1]:
+                _rows_not_examples(clipped, counts[-1])
             return
         total = 0
-        for used in range(1, len(counts) + 1):  # the shortest run of last batches that the norms cover
-            total += counts[-used]
+        for used_batches in range(1, len(counts) + 1):  # the shortest run of last batches that the norms cover
+            total += counts[-used_batches]
             if total >= clipped:
                 break
-        if total == clipped and used == 1:
+        if total == clipped and used_batches == 1:
             return
         if total == clipped:
-            shown = " + ".join(str(c) for c in counts[-used:])
-            raise RuntimeError(
-                f"one optimizer step clipped the samples of {used} Poisson batches ({shown} examples), but "
-                "noise is drawn and the accountant counts a step once per optimizer.step(): epsilon would be "
-                "under-counted. Fix: call optimizer.step() after each batch; to train on a batch too large "
-                "for memory, split that ONE batch with BatchMemoryManager (or split_batch + virtual_step)."
-            )
-        raise RuntimeError(
-            f"this step clipped {clipped} per-sample gradients, but the Poisson loader sampled {counts[-1]} "
-            "examples for it: the rows that were clipped are not the examples. Likely causes: a collate "
-            "that emits K rows per example while K was not passed (make_private(K=...)), batch_first that "
-            "does not say where the batch dimension is, a model that adds or drops rows, or two forward "
-            "passes of the batch before one backward (Opacus sums them into one row per example; dpnotebook "
-            "keeps each pass's rows and refuses, since two rows of one example would each be clipped to C: "
-            "make one forward pass give one row per example (a module that takes both inputs), or step "
-            "after each pass)."
-        )
+            _several_batches(counts[-used_batches:])
+        _rows_not_examples(clipped, counts[-1])
+
+
+def _describe(draws: list[Draw | None]) -> str:
+    return ", ".join(f"batch {d.number} of loader {d.loader}" if d else "a batch" for d in draws)
+
+
+def _several_batches(counts: list[int]) -> None:
+    shown = " + ".join(str(c) for c in counts)
+    raise RuntimeError(
+        f"one optimizer step clipped the samples of {len(counts)} Poisson batches ({shown} examples), but "
+        "noise is drawn and the accountant counts a step once per optimizer.step(): epsilon would be "
+        "under-counted. Fix: call optimizer.step() after each batch; to train on a batch too large "
+        "for memory, split that ONE batch with BatchMemoryManager (or split_batch + virtual_step)."
+    )
+
+
+def _rows_not_examples(clipped: int, examples: int) -> None:
+    raise RuntimeError(
+        f"this step clipped {clipped} per-sample gradients, but the Poisson loader sampled {examples} "
+        "examples for it: the rows that were clipped are not the examples. Likely causes: a collate "
+        "that emits K rows per example while K was not passed (make_private(K=...)), batch_first that "
+        "does not say where the batch dimension is, a model that adds or drops rows, a batch that the "
+        "loader did not draw (another DataLoader), or two forward "
+        "passes of the batch before one backward (Opacus sums them into one row per example; dpnotebook "
+        "keeps each pass's rows and refuses, since two rows of one example would each be clipped to C: "
+        "make one forward pass give one row per example (a module that takes both inputs), or step "
+        "after each pass)."
+    )

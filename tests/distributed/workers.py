@@ -305,3 +305,45 @@ def cuda_zero_gradient_noise(rank: int, world_size: int, steps: int, sigma: floa
             optimizer.step()
             grads.append(model.weight.grad.detach().flatten().cpu())
     return {"grads": torch.stack(grads[:steps]), "expected_batch_size": optimizer.expected_batch_size}
+
+
+def uneven_ranks(rank: int, world_size: int, settings: list[dict[str, Any]], steps: int = 6) -> dict[str, Any]:
+    """Issue #28.5: each rank calls make_private with ``settings[rank]`` (a per-rank loader's batch size, ...).
+
+    Returns the refusal (if any), else this rank's epsilon, q and final parameters after ``steps`` steps.
+    """
+    mine = dict(settings[rank])
+    batch_size = mine.pop("batch_size", 6)
+    accountant = mine.pop("accountant", "rdp")
+    model = DPDDP(mlp())
+    engine = PrivacyEngine(accountant=accountant, secure_mode=False)
+    kwargs: dict[str, Any] = {"noise_multiplier": 1.0, "max_grad_norm": 0.3, **mine}
+    try:
+        model, optimizer, loader = engine.make_private(
+            module=model,
+            optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
+            data_loader=DataLoader(dataset(), batch_size=batch_size),
+            sampling_generator=torch.Generator().manual_seed(0),
+            noise_generator=torch.Generator().manual_seed(1),
+            **kwargs,
+        )
+    except ValueError as error:
+        return {"refused": str(error)}
+    while len(engine.accountant) < steps:
+        for x, y in loader:
+            optimizer.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            optimizer.step()
+            if len(engine.accountant) == steps:
+                break
+    return {
+        "refused": "",
+        "epsilon": engine.get_epsilon(1e-5),
+        "sample_rate": engine.sample_rate,
+        "params": [p.detach().clone() for p in model.parameters()],
+    }
+
+
+def uneven_scenarios(rank: int, world_size: int, scenarios: list[tuple[list[dict[str, Any]], int]]) -> list[Any]:
+    """:func:`uneven_ranks` for each ``(settings by rank, steps)``, one after the other in one process group."""
+    return [uneven_ranks(rank, world_size, settings, steps) for settings, steps in scenarios]
