@@ -110,10 +110,10 @@ def test_make_private_twice_on_one_model_is_refused(mode: str) -> None:
     """On main: two optimizers over the two halves moved the step by sqrt(2) C and the accountant counted 2 steps."""
     model = tiny_model()
     engine = PrivacyEngine(secure_mode=False)
-    wrapped, first, _ = private(model, engine=engine, params=model[0].parameters(), mode=mode)
+    wrapped, first, loader = private(model, engine=engine, params=model[0].parameters(), mode=mode)
     with pytest.raises(RuntimeError, match=r"already has a DP optimizer.*one DP optimizer over all the parameters"):
         private(wrapped, engine=engine, params=model[2].parameters(), mode=mode)
-    x, y = batch()
+    x, y = next(iter(loader))  # a batch the DP loader drew for this step
     first.zero_grad()
     F.cross_entropy(wrapped(x), y).backward()
     first.step()
