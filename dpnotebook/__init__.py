@@ -12,6 +12,7 @@ loaded on first use, so ``import dpnotebook`` stays quick; the widgets live in
 from importlib import import_module
 from typing import Any
 
+from dpnotebook.device import default_device
 from dpnotebook.errors import GradSampleError, GradSamplerMismatch, UnsupportedModuleError
 from dpnotebook.fixers import fix
 from dpnotebook.grad_sample import GradSampleModule, register_grad_sampler
@@ -41,6 +42,7 @@ __all__ = [
     "available_modes",
     "validate",
     "fix",
+    "default_device",
     "DPRNN",
     "DPLSTM",
     "DPGRU",
