@@ -71,3 +71,16 @@ def test_bad_settings(data: TensorDataset) -> None:
         RunSetting(batch_size=0)
     with pytest.raises(ValueError, match="batch_size=400 is invalid for 300"):
         train_run(RunSetting(batch_size=400, num_classes=2), data, data)
+
+
+def test_device_argument_moves_the_run(data: TensorDataset) -> None:
+    setting = RunSetting(epsilon=2.0, batch_size=30, epochs=2, num_classes=2)
+    default = train_run(setting, data, data, seed=3)
+    on_cpu = train_run(setting, data, data, seed=3, device="cpu")
+    assert (on_cpu.accuracy, on_cpu.clipped_sum_norm, on_cpu.noise_norm) == (
+        default.accuracy,
+        default.clipped_sum_norm,
+        default.noise_norm,
+    )
+    with pytest.raises((NotImplementedError, RuntimeError)):  # "meta" holds no data: the run really goes there
+        train_run(setting, data, data, seed=3, device="meta", model_fn=lambda s, d: torch.nn.Linear(d, 2))
