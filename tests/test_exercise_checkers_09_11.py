@@ -119,7 +119,7 @@ def test_10_right_and_the_ratio() -> None:
 def _fine_tune():  # type: ignore[no-untyped-def]
     from types import SimpleNamespace
 
-    return SimpleNamespace(noise_multiplier=2.5, steps=120, setting=SimpleNamespace(batch_size=64, delta=1e-5))
+    return SimpleNamespace(noise_multiplier=6.75, steps=110, setting=SimpleNamespace(batch_size=64, delta=1e-5))
 
 
 def _eleven_answers():  # type: ignore[no-untyped-def]
@@ -127,12 +127,12 @@ def _eleven_answers():  # type: ignore[no-untyped-def]
     from dpnotebook.privacy.schedule import steps_for_epochs, steps_per_epoch
 
     steps_pre = steps_for_epochs(20, steps_per_epoch(64 / 716))
-    pre = compute_epsilon(noise_multiplier=1.0, sample_rate=64 / 716, steps=steps_pre, delta=1e-5)
-    ft = compute_epsilon(noise_multiplier=2.5, sample_rate=64 / 722, steps=120, delta=1e-5)
+    pre = compute_epsilon(noise_multiplier=4.0, sample_rate=64 / 716, steps=steps_pre, delta=1e-5)
+    ft = compute_epsilon(noise_multiplier=6.75, sample_rate=64 / 722, steps=110, delta=1e-5)
     acc = create_accountant("pld")
-    acc.step(noise_multiplier=1.0, sample_rate=64 / 716, num_steps=steps_pre)
-    acc.step(noise_multiplier=2.5, sample_rate=64 / 722, num_steps=120)
-    wrong_q = compute_epsilon(noise_multiplier=1.0, sample_rate=64 / 1438, steps=steps_pre, delta=1e-5)
+    acc.step(noise_multiplier=4.0, sample_rate=64 / 716, num_steps=steps_pre)
+    acc.step(noise_multiplier=6.75, sample_rate=64 / 722, num_steps=110)
+    wrong_q = compute_epsilon(noise_multiplier=4.0, sample_rate=64 / 1438, steps=steps_pre, delta=1e-5)
     return pre, ft, acc.get_epsilon(1e-5), wrong_q
 
 

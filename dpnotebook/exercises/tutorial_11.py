@@ -2,7 +2,7 @@
 
 ``11.not_public``: what the pipeline would spend if the "public" digits were private data too. The
 student computes three numbers: ``epsilon_pretrain``, the ε of pretraining the digits 0–4 with DP-SGD
-(σ = 1, expected batch 64, 20 epochs); ``epsilon_disjoint``, the ε of the whole pipeline (that
+(σ = 4, expected batch 64, 20 epochs); ``epsilon_disjoint``, the ε of the whole pipeline (that
 pretraining, then the notebook's private fine-tune) when each person's data lies in only one of the two
 parts — parallel composition, the larger of the two; and ``epsilon_same_people``, when every person has
 data in both parts — sequential composition, both phases in one accountant. The hints name the usual
@@ -28,7 +28,7 @@ from dpnotebook.exercises.core import ExerciseFailed, NotYetSolved, is_stub, reg
 
 __all__ = ["check_not_public"]
 
-SIGMA_PRE, BATCH_PRE, EPOCHS_PRE, DELTA = 1.0, 64, 20, 1e-5
+SIGMA_PRE, BATCH_PRE, EPOCHS_PRE, DELTA = 4.0, 64, 20, 1e-5
 
 
 def _pretraining(n_public: int) -> tuple[float, int]:
