@@ -63,6 +63,25 @@ def test_every_tutorial_is_rendered_with_its_outputs(html: Path, notebook: Path)
 
 
 @pytest.mark.parametrize("notebook", TUTORIALS, ids=lambda p: p.name)
+def test_cells_tagged_remove_cell_are_not_on_the_page(html: Path, notebook: Path) -> None:
+    """Assertion cells (tag ``remove-cell``) run under nbval but stay off the site; the cells around them show."""
+    text = _text(page(html, f"tutorials/{notebook.stem}.html"))
+    nb = json.loads(notebook.read_text(encoding="utf-8"))
+    shown, hidden = [], []
+    for cell in nb["cells"]:
+        if cell["cell_type"] != "code":
+            continue
+        source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+        lines = [line.strip() for line in source.splitlines() if line.strip() and not line.strip().startswith("#")]
+        if lines:
+            (hidden if "remove-cell" in cell["metadata"].get("tags", []) else shown).append(lines[0])
+    for line in hidden:
+        if not any(line in visible for visible in shown):  # a line a visible cell also holds proves nothing
+            assert line not in text, f"{notebook.name}: a cell tagged remove-cell is on the page: {line!r}"
+    assert all(line in text for line in shown[:3]), f"{notebook.name}: the visible cells are missing"
+
+
+@pytest.mark.parametrize("notebook", TUTORIALS, ids=lambda p: p.name)
 def test_widget_state_comes_with_the_widget_manager(html: Path, notebook: Path) -> None:
     from ipywidgets.embed import DEFAULT_EMBED_REQUIREJS_URL
 

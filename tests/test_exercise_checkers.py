@@ -93,10 +93,22 @@ def test_norm_without_materialising_hints() -> None:
 def test_per_sample_norms_hints() -> None:
     oracle = {"w": torch.randn(8, 3, 2, dtype=torch.float64), "b": torch.randn(8, 3, dtype=torch.float64)}
     norms = torch.cat([g.flatten(1) for g in oracle.values()], dim=1).norm(dim=1)
-    assert judge("01.per_sample_norms", norms, largest=int(norms.argmax()), oracle=oracle).solved
+    C = float(norms.sort().values[3:5].mean())  # between the 4th and 5th norm: 4 are clipped
+    factors = (C / norms).clamp(max=1.0)
+    context = {"oracle": oracle, "C": C}
+    verdict = judge("01.per_sample_norms", norms, factors=factors, **context)
+    assert verdict.solved and "shrinks 4 of 8" in verdict.hint, verdict.hint
     added = sum(g.flatten(1).norm(dim=1) for g in oracle.values())
-    assert "adds the parameters' norms" in judge("01.per_sample_norms", added, largest=0, oracle=oracle).hint
-    assert judge("01.per_sample_norms", ..., largest=..., oracle=oracle).status is Status.NOT_YET
+    assert "adds the parameters' norms" in judge("01.per_sample_norms", added, factors=factors, **context).hint
+    assert "squared norms" in judge("01.per_sample_norms", norms**2, factors=factors, **context).hint
+    per_parameter = torch.stack([g.flatten(1).norm(dim=1) for g in oracle.values()])
+    assert "WHOLE gradient" in judge("01.per_sample_norms", per_parameter, factors=factors, **context).hint
+    assert "above 1" in judge("01.per_sample_norms", norms, factors=C / norms, **context).hint
+    assert "upside down" in judge("01.per_sample_norms", norms, factors=norms / C, **context).hint
+    assert "min(its norm, C)" in judge("01.per_sample_norms", norms, factors=factors * 0.5, **context).hint
+    assert judge("01.per_sample_norms", ..., factors=..., **context).status is Status.NOT_YET
+    for hint in (judge("01.per_sample_norms", added, factors=factors, **context).hint,):
+        assert "cat(" not in hint and "norm(dim" not in hint  # the hints name the idea, never the code
 
 
 def test_clipping_bound_hints() -> None:
@@ -127,19 +139,40 @@ def test_sigma_for_budget_hints() -> None:
 def test_epsilon_any_k_hints() -> None:
     from dpnotebook.privacy import compute_epsilon
 
-    right = compute_epsilon(noise_multiplier=1.2, sample_rate=128 / 1438, steps=275, delta=1e-5)
-    context = {"expected_epsilon": right, "expected_steps": 275}
-    assert judge("05.epsilon_any_K", right, steps=275, **context).solved
-    assert "runs took 275" in judge("05.epsilon_any_K", right, steps=25 * 1438 // 128, **context).hint
-    assert judge("05.epsilon_any_K", ..., steps=..., **context).status is Status.NOT_YET
+    def eps(q: float, steps: int) -> float:
+        return compute_epsilon(noise_multiplier=1.2, sample_rate=q, steps=steps, delta=1e-5)
+
+    right, q = eps(128 / 1438, 550), 128 / 1438
+    verdict = judge("05.epsilon_any_K", right, steps=550)
+    assert verdict.solved and "K appears nowhere" in verdict.hint
+    # the shortcut of issue #29: the ε the runs above spent (engine.get_epsilon) is not the answer
+    assert "spent in 25 epochs" in judge("05.epsilon_any_K", eps(q, 275), steps=550).hint
+    assert "what the runs above took" in judge("05.epsilon_any_K", right, steps=275).hint
+    assert "add no step" in judge("05.epsilon_any_K", right, steps=16 * 550).hint
+    assert "len(loader) = 11" in judge("05.epsilon_any_K", right, steps=50 * 1438 // 128).hint
+    assert "loose one" in judge("05.epsilon_any_K", 2 * eps(q, 275), steps=550).hint
+    assert "counts samples, not rows" in judge("05.epsilon_any_K", eps(4 * q, 550), steps=550).hint
+    assert judge("05.epsilon_any_K", ..., steps=...).status is Status.NOT_YET
+    assert judge("05.epsilon_any_K", ..., steps=550).status is Status.NOT_YET
 
 
 def test_embedding_bag_modes_hints() -> None:
+    from dpnotebook.compare import compare_modes
+
     bag = nn.Sequential(nn.EmbeddingBag(20, 4, mode="mean"), nn.Linear(4, 3))
     context = {"model": bag, "inputs": torch.randint(0, 20, (4, 5)), "targets": torch.randint(0, 3, (4,))}
-    assert judge("06.embedding_bag_modes", {"hooks", "functorch", "ghost"}, **context).solved
-    assert "'ew' does not" in judge("06.embedding_bag_modes", {"hooks", "functorch", "ghost", "ew"}, **context).hint
-    assert "norms" in judge("06.embedding_bag_modes", {"hooks", "functorch"}, **context).hint
+    rows = {r.mode: r for r in compare_modes(bag, context["inputs"], context["targets"], repeats=1)}
+    works = {m for m, r in rows.items() if r.agrees and m != "oracle"}
+    refusals = {m: r.error for m, r in rows.items() if not r.agrees}
+    assert judge("06.embedding_bag_modes", works, refusals=refusals, **context).solved
+    # guessing mode by mode learns only how many are misplaced, never which (issue #29's shortcut)
+    for guess in (works | {"ew"}, works - {"ghost"}, {"hooks"}):
+        hint = judge("06.embedding_bag_modes", guess, refusals={}, **context).hint
+        assert "on the wrong side" in hint and not any(repr(m) in hint for m in rows), hint
+    assert judge("06.embedding_bag_modes", works, refusals=None, **context).status is Status.NOT_YET
+    made_up = {m: "it cannot do bags" for m in refusals}
+    assert "not the start of the error" in judge("06.embedding_bag_modes", works, refusals=made_up, **context).hint
+    assert "one entry per mode" in judge("06.embedding_bag_modes", works, refusals={}, **context).hint
 
 
 def test_fix_gru_and_smaller_budget_hints() -> None:

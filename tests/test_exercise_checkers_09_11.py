@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from dpnotebook.exercises import Status, judge
-from dpnotebook.grad_sample.samplers.lora import lora_grad_sampler
 from dpnotebook.privacy import get_noise_multiplier
 from dpnotebook.privacy.clipping import clip_and_sum
 
@@ -69,85 +68,91 @@ def test_09_right() -> None:
     assert judge("09.per_layer_privatize", stub).status is Status.NOT_YET
 
 
-# -- 10.noise_on_average --------------------------------------------------------------
-def on_average(transform=lambda sigma, C, B, N: sigma * C / B, epochs_used=None):
-    def fn(batch_size, *, epsilon, epochs, C, N, delta):
-        sigma = get_noise_multiplier(
-            target_epsilon=epsilon, target_delta=delta, sample_rate=batch_size / N, epochs=epochs_used or epochs
-        )
+# -- 10.noise_on_average ---------------------------------------------------------------
+def at_fixed_steps(transform=lambda sigma, C, B, N: sigma * C / B, as_epochs=False, one_epoch=False):
+    def fn(batch_size, *, epsilon, steps, C, N, delta):
+        length = {"epochs": 1} if one_epoch else {"epochs": steps} if as_epochs else {"steps": steps}
+        sigma = get_noise_multiplier(target_epsilon=epsilon, target_delta=delta, sample_rate=batch_size / N, **length)
         return transform(sigma, C, batch_size, N)
 
     return fn
 
 
+def _ratio(fn, **setting):  # type: ignore[no-untyped-def]
+    return fn(64, **setting) / fn(256, **setting)
+
+
+QUESTION = {"epsilon": 1.0, "steps": 180, "C": 1.0, "N": 1438, "delta": 1e-5}
+
+
 @pytest.mark.parametrize(
     "answer, hint",
     [
-        (on_average(lambda s, C, B, N: s * C), "divide by the batch size"),
-        (on_average(lambda s, C, B, N: s / B), "sigma * C / B"),
-        (on_average(lambda s, C, B, N: s * C / N), "you divided by N"),
-        (on_average(epochs_used=1), "calibrated for one epoch"),
-        (on_average(lambda s, C, B, N: 3 * s * C / B), "expected sigma*C/B"),
+        (at_fixed_steps(lambda s, C, B, N: s * C), "divide by the batch size"),
+        (at_fixed_steps(lambda s, C, B, N: s / B), "sigma * C / B"),
+        (at_fixed_steps(lambda s, C, B, N: s * C / N), "you divided by N"),
+        (at_fixed_steps(as_epochs=True), "calibrated for `steps` EPOCHS"),
+        (at_fixed_steps(one_epoch=True), "calibrated for one epoch"),
+        (at_fixed_steps(lambda s, C, B, N: 1.5 * s * C / B), "expected sigma*C/B"),
     ],
 )
 def test_10_mistakes(answer, hint) -> None:  # type: ignore[no-untyped-def]
-    verdict = judge("10.noise_on_average", answer)
+    verdict = judge("10.noise_on_average", answer, advantage=1.0)
     assert verdict.status is Status.WRONG and hint in verdict.hint, verdict.hint
 
 
-def test_10_right() -> None:
-    verdict = judge("10.noise_on_average", on_average())
-    assert verdict.solved and "B = 256" in verdict.hint
+def test_10_right_and_the_ratio() -> None:
+    right = at_fixed_steps()
+    ratio = _ratio(right, **QUESTION)
+    verdict = judge("10.noise_on_average", right, advantage=ratio)
+    assert verdict.solved and "B = 256" not in verdict.hint  # the message does not announce a batch size
+    assert "other way round" in judge("10.noise_on_average", right, advantage=1 / ratio).hint
+    at_epochs = (get_noise_multiplier(target_epsilon=1.0, target_delta=1e-5, sample_rate=64 / 1438, epochs=8) / 64) / (
+        get_noise_multiplier(target_epsilon=1.0, target_delta=1e-5, sample_rate=256 / 1438, epochs=8) / 256
+    )
+    assert "ratio at 8 EPOCHS" in judge("10.noise_on_average", right, advantage=at_epochs).hint
+    assert judge("10.noise_on_average", right, advantage=...).status is Status.NOT_YET
     assert judge("10.noise_on_average", stub).status is Status.NOT_YET
 
 
-# -- 11.lora_sampler ------------------------------------------------------------------
-def scaled(factor):  # type: ignore[no-untyped-def]
-    def fn(layer, activations, backprops, K):
-        return {p: g * factor(layer, K) for p, g in lora_grad_sampler(layer, activations, backprops, K).items()}
+# -- 11.not_public ----------------------------------------------------------------------
+def _fine_tune():  # type: ignore[no-untyped-def]
+    from types import SimpleNamespace
 
-    return fn
-
-
-def with_frozen(layer, activations, backprops, K):  # type: ignore[no-untyped-def]
-    out = lora_grad_sampler(layer, activations, backprops, K)
-    out[layer.weight] = torch.zeros(1)
-    return out
+    return SimpleNamespace(noise_multiplier=6.75, steps=110, setting=SimpleNamespace(batch_size=64, delta=1e-5))
 
 
-def transposed(layer, activations, backprops, K):  # type: ignore[no-untyped-def]
-    out = lora_grad_sampler(layer, activations, backprops, K)
-    return {p: g.transpose(1, 2) for p, g in out.items()}
+def _eleven_answers():  # type: ignore[no-untyped-def]
+    from dpnotebook.privacy import compute_epsilon, create_accountant
+    from dpnotebook.privacy.schedule import steps_for_epochs, steps_per_epoch
+
+    steps_pre = steps_for_epochs(20, steps_per_epoch(64 / 716))
+    pre = compute_epsilon(noise_multiplier=4.0, sample_rate=64 / 716, steps=steps_pre, delta=1e-5)
+    ft = compute_epsilon(noise_multiplier=6.75, sample_rate=64 / 722, steps=110, delta=1e-5)
+    acc = create_accountant("pld")
+    acc.step(noise_multiplier=4.0, sample_rate=64 / 716, num_steps=steps_pre)
+    acc.step(noise_multiplier=6.75, sample_rate=64 / 722, num_steps=110)
+    wrong_q = compute_epsilon(noise_multiplier=4.0, sample_rate=64 / 1438, steps=steps_pre, delta=1e-5)
+    return pre, ft, acc.get_epsilon(1e-5), wrong_q
 
 
-def only_a(layer, activations, backprops, K):  # type: ignore[no-untyped-def]
-    return {layer.lora_A: lora_grad_sampler(layer, activations, backprops, K)[layer.lora_A]}
-
-
-def last_position_only(layer, activations, backprops, K):  # type: ignore[no-untyped-def]
-    if activations[0].dim() == 2:
-        return lora_grad_sampler(layer, activations, backprops, K)
-    return lora_grad_sampler(layer, [activations[0][:, -1]], backprops[:, -1], K)
-
-
-@pytest.mark.parametrize(
-    "answer, hint",
-    [
-        (scaled(lambda layer, K: 1 / layer.scale), "off by the factor alpha / r"),
-        (scaled(lambda layer, K: layer.scale), "factor alpha / r = 2.5 twice"),
-        (scaled(lambda layer, K: K), "K = 3 times too large"),
-        (scaled(lambda layer, K: 1 / K), "divided by K twice"),
-        (with_frozen, "are frozen"),
-        (transposed, "shape"),
-        (only_a, "no entry for layer.lora_B"),
-        (last_position_only, "with a position dim) differs from the oracle"),
-    ],
-)
-def test_11_mistakes(answer, hint) -> None:  # type: ignore[no-untyped-def]
-    verdict = judge("11.lora_sampler", answer)
-    assert verdict.status is Status.WRONG and hint in verdict.hint, verdict.hint
-
-
-def test_11_right() -> None:
-    assert judge("11.lora_sampler", lora_grad_sampler).solved
-    assert judge("11.lora_sampler", stub).status is Status.NOT_YET
+def test_11_right_and_mistakes() -> None:
+    pre, ft, same, wrong_q = _eleven_answers()
+    context = {"fine_tune": _fine_tune(), "n_public": 716, "n_private": 722}
+    assert pre > ft and same < pre + ft  # the setting makes every hint below distinguishable
+    verdict = judge("11.not_public", (pre, max(pre, ft), same), **context)
+    assert verdict.solved, verdict.hint
+    cases = {
+        "adds the two ε's": (pre, pre + ft, same),
+        "protected by pretraining's ε alone": (pre, ft, same),
+        "that is the disjoint case": (pre, max(pre, ft), max(pre, ft)),
+        "valid bound but a loose one": (pre, max(pre, ft), pre + ft),
+        "not the whole training set": (wrong_q, max(pre, ft), same),
+        "one accountant, a step call per phase": (pre, max(pre, ft), same * 1.2),
+    }
+    for hint, answer in cases.items():
+        verdict = judge("11.not_public", answer, **context)
+        assert verdict.status is Status.WRONG and hint in verdict.hint, (hint, verdict.hint)
+    assert judge("11.not_public", (pre, ..., ...), **context).status is Status.NOT_YET
+    assert judge("11.not_public", (..., ..., ...), **context).status is Status.NOT_YET
+    assert "tuple" in judge("11.not_public", pre, **context).hint

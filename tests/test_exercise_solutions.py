@@ -12,6 +12,7 @@ import pytest
 from dpnotebook.exercises.notebooks import exercise_cells, problems, read_notebook, solutions_path, solved
 
 TUTORIALS = Path(__file__).resolve().parents[1] / "tutorials"
+SOLUTIONS = Path(__file__).resolve().parents[1] / "solutions"  # outside tutorials/, which Binder opens
 NOTEBOOKS = sorted(TUTORIALS.glob("*.ipynb"))
 WITH_EXERCISES = [nb for nb in NOTEBOOKS if exercise_cells(read_notebook(nb))]
 
@@ -35,7 +36,7 @@ def test_every_tutorial_has_an_exercise(notebook: Path) -> None:
 
 def test_every_solutions_file_has_its_notebook() -> None:
     stems = {nb.stem for nb in NOTEBOOKS}
-    orphans = [p.name for p in sorted((TUTORIALS / "solutions").glob("*.py")) if p.stem not in stems]
+    orphans = [p.name for p in sorted(SOLUTIONS.glob("*.py")) if p.stem not in stems]
     assert orphans == [], f"solution files without a notebook of the same name: {orphans}"
 
 
@@ -51,4 +52,9 @@ def test_solved_notebook_passes_its_checks(notebook: Path, tmp_path: Path) -> No
     )
     for exercise_id in exercise_cells(result):
         assert f"✓ {exercise_id}: solved" in outputs, f"{notebook.name}: no check of {exercise_id} printed solved"
-    assert solutions_path(notebook).exists()
+    assert solutions_path(notebook) == SOLUTIONS / f"{notebook.stem}.py" and solutions_path(notebook).exists()
+
+
+def test_no_solutions_in_the_student_folder() -> None:
+    leaked = sorted(p.relative_to(TUTORIALS).as_posix() for p in TUTORIALS.rglob("*.py"))
+    assert leaked == [], f"solutions belong in {SOLUTIONS}, not beside the notebooks Binder opens: {leaked}"

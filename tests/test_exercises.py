@@ -94,9 +94,10 @@ def _notebook(folder: Path, stored_output: str, solution: str | None) -> Path:
             "outputs": [{"output_type": "stream", "name": "stdout", "text": stored_output}],
         },
     ]
-    path = folder / "99_demo.ipynb"
+    (folder / "tutorials").mkdir(exist_ok=True)
+    path = folder / "tutorials" / "99_demo.ipynb"
     path.write_text(json.dumps({"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
-    if solution is not None:
+    if solution is not None:  # the solutions folder sits beside tutorials/, outside the student set
         (folder / "solutions").mkdir(exist_ok=True)
         (folder / "solutions" / "99_demo.py").write_text(f"# %% exercise 99.square\n{solution}\n")
     return path
@@ -116,14 +117,45 @@ def test_student_set_problems(tmp_path: Path) -> None:
 
 def test_commands(tmp_path: Path, capsys) -> None:
     _notebook(tmp_path, "✗ 99.square: not yet solved — write square(x)\n", "def square(x):\n    return x * x")
-    main(["solve", str(tmp_path), str(tmp_path / "solved")])
+    tutorials = tmp_path / "tutorials"
+    main(["solve", str(tutorials), str(tmp_path / "solved")])
     assert "return x * x" in (tmp_path / "solved" / "99_demo.ipynb").read_text()
-    main(["student", str(tmp_path), str(tmp_path / "student")])
+    main(["student", str(tutorials), str(tmp_path / "student")])
     assert "NotImplementedError" in (tmp_path / "student" / "99_demo.ipynb").read_text()
     (tmp_path / "solutions" / "99_demo.py").write_text("nothing\n")
     with pytest.raises(SystemExit):
-        main(["student", str(tmp_path)])
+        main(["student", str(tutorials)])
     assert "has no block" in capsys.readouterr().err
+
+
+def test_solutions_folder_can_be_named(tmp_path: Path) -> None:
+    _notebook(tmp_path, "✗ 99.square: not yet solved — write square(x)\n", "def square(x):\n    return x * x")
+    (tmp_path / "solutions").rename(tmp_path / "elsewhere")
+    tutorials = tmp_path / "tutorials"
+    with pytest.raises(SystemExit):  # not beside tutorials/ any more
+        main(["solve", str(tutorials), str(tmp_path / "solved")])
+    main(["solve", str(tutorials), str(tmp_path / "solved"), "--solutions", str(tmp_path / "elsewhere")])
+    assert "return x * x" in (tmp_path / "solved" / "99_demo.ipynb").read_text()
+
+
+def test_student_clear_outputs(tmp_path: Path, capsys) -> None:
+    stored = "✗ 99.square: not yet solved — write square(x)\n"
+    _notebook(tmp_path, stored, "def square(x):\n    return x * x")
+    tutorials = tmp_path / "tutorials"
+    main(["student", str(tutorials), str(tmp_path / "plain")])
+    plain = json.loads((tmp_path / "plain" / "99_demo.ipynb").read_text())
+    assert plain["cells"][2]["outputs"][0]["text"] == stored  # a plain copy keeps the outputs
+    main(["student", str(tutorials), str(tmp_path / "cleared"), "--clear-outputs"])
+    assert "without outputs" in capsys.readouterr().out
+    cleared = json.loads((tmp_path / "cleared" / "99_demo.ipynb").read_text())
+    code = [c for c in cleared["cells"] if c["cell_type"] == "code"]
+    assert [c["outputs"] for c in code] == [[], []] and [c["execution_count"] for c in code] == [None, None]
+    assert "NotImplementedError" in code[0]["source"]  # still the student's stub
+    committed = json.loads((tutorials / "99_demo.ipynb").read_text())
+    assert committed["cells"][2]["outputs"][0]["text"] == stored  # the committed notebook is left as it was
+    with pytest.raises(SystemExit):  # nowhere to write the cleared copy
+        main(["student", str(tutorials), "--clear-outputs"])
+    assert "needs OUT_DIR" in capsys.readouterr().err
 
 
 def test_partly_done_answer_is_not_yet(monkeypatch) -> None:

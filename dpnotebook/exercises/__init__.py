@@ -6,9 +6,10 @@ True
 
 Checkers live in ``dpnotebook.exercises.tutorial_NN`` (one module per tutorial) and are
 imported the first time :func:`check` meets an id starting with ``NN``. The lecturer's
-commands: ``python -m dpnotebook.exercises solve tutorials/ OUT_DIR`` (the solution set) and
-``python -m dpnotebook.exercises student tutorials/ [OUT_DIR]`` (validate, and copy, the
-student set).
+commands: ``python -m dpnotebook.exercises solve tutorials/ OUT_DIR`` (the solution set, from
+``solutions/`` beside ``tutorials/``) and ``python -m dpnotebook.exercises student tutorials/
+[OUT_DIR] [--clear-outputs]`` (validate, and copy, the student set; without outputs with
+``--clear-outputs``).
 """
 
 from dpnotebook.exercises.core import (

@@ -3,9 +3,10 @@
 In a tutorial an exercise is a code cell tagged ``exercise`` whose metadata holds its
 ``exercise_id``; its source is the stub the student completes, and a later cell calls
 ``dpnotebook.exercises.check("<id>", ...)``. The committed notebooks are the **student
-set**. The solutions live in ``tutorials/solutions/<notebook stem>.py``, one block per
-exercise, each introduced by a line ``# %% exercise <id>``; a block's code replaces the
-tagged cell's source to make the **solution set**.
+set**. The solutions live outside the students' folder, in ``solutions/<notebook stem>.py``
+beside ``tutorials/`` (Binder opens ``tutorials/``, so a student does not meet them), one
+block per exercise, each introduced by a line ``# %% exercise <id>``; a block's code
+replaces the tagged cell's source to make the **solution set**.
 
 >>> text = '''# Solutions to 99_demo
 ... # %% exercise 99.first
@@ -56,9 +57,28 @@ def parse_solutions(text: str) -> dict[str, str]:
     return {key: "\n".join(lines).strip("\n") for key, lines in blocks.items()}
 
 
-def solutions_path(notebook: Path) -> Path:
-    """Where ``notebook``'s solutions live: ``solutions/<stem>.py`` next to it."""
-    return Path(notebook).parent / "solutions" / f"{Path(notebook).stem}.py"
+def default_solutions_dir(tutorials: Path) -> Path:
+    """Where the solutions of the notebooks in ``tutorials`` live by default: ``solutions/`` beside that folder.
+
+    >>> default_solutions_dir(Path("course/tutorials")).as_posix()
+    'course/solutions'
+    """
+    return Path(tutorials).parent / "solutions"
+
+
+def solutions_path(notebook: Path, solutions_dir: Path | None = None) -> Path:
+    """Where ``notebook``'s solutions live: ``<solutions_dir>/<stem>.py``.
+
+    Args:
+        notebook: The student notebook, e.g. ``tutorials/02_write_a_grad_sampler.ipynb``.
+        solutions_dir: The solutions folder; by default :func:`default_solutions_dir` of the
+            notebook's folder (``solutions/`` beside ``tutorials/``).
+
+    >>> solutions_path(Path("tutorials/02_x.ipynb")).as_posix()
+    'solutions/02_x.py'
+    """
+    folder = default_solutions_dir(Path(notebook).parent) if solutions_dir is None else Path(solutions_dir)
+    return folder / f"{Path(notebook).stem}.py"
 
 
 def read_notebook(path: Path) -> dict[str, Any]:
@@ -115,11 +135,11 @@ def _output_text(cell: dict[str, Any]) -> str:
     return "".join(parts)
 
 
-def problems(notebook_path: Path) -> list[str]:
+def problems(notebook_path: Path, solutions_dir: Path | None = None) -> list[str]:
     """Everything wrong with a student notebook and its solutions file; empty when all is well.
 
-    Checked: every tagged cell has a solution block and every block a tagged cell; ids start
-    with the notebook's number; each exercise has a check cell after it whose stored output
+    ``solutions_dir`` is passed to :func:`solutions_path`. Checked: every tagged cell has a
+    solution block and every block a tagged cell; ids start with the notebook's number; each exercise has a check cell after it whose stored output
     says "not yet solved"; a solution differs from its stub.
     """
     notebook_path = Path(notebook_path)
@@ -128,7 +148,7 @@ def problems(notebook_path: Path) -> list[str]:
         cells = exercise_cells(notebook)
     except ValueError as err:
         return [f"{notebook_path.name}: {err}"]
-    path = solutions_path(notebook_path)
+    path = solutions_path(notebook_path, solutions_dir)
     blocks = parse_solutions(path.read_text(encoding="utf-8")) if path.exists() else {}
     found = []
     for exercise_id in sorted(set(cells) - set(blocks)):
@@ -155,8 +175,10 @@ def problems(notebook_path: Path) -> list[str]:
     return found
 
 
-def solved(notebook_path: Path) -> dict[str, Any]:
+def solved(notebook_path: Path, solutions_dir: Path | None = None) -> dict[str, Any]:
     """The notebook with every tagged cell's source replaced by its solution, all outputs cleared.
+
+    ``solutions_dir`` is passed to :func:`solutions_path`.
 
     Raises:
         ValueError: the notebook and its solutions file do not match (see :func:`problems`).
@@ -166,7 +188,7 @@ def solved(notebook_path: Path) -> dict[str, Any]:
     cells = exercise_cells(notebook)
     if not cells:
         return notebook
-    path = solutions_path(notebook_path)
+    path = solutions_path(notebook_path, solutions_dir)
     blocks = parse_solutions(path.read_text(encoding="utf-8")) if path.exists() else {}
     if set(cells) != set(blocks):
         raise ValueError(
@@ -175,6 +197,24 @@ def solved(notebook_path: Path) -> dict[str, Any]:
         )
     for exercise_id, index in cells.items():
         notebook["cells"][index]["source"] = blocks[exercise_id] + "\n"
+    return without_outputs(notebook)
+
+
+def without_outputs(notebook: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``notebook`` with every code cell's outputs and execution count cleared, and no stored widget state.
+
+    The student set handed out this way keeps every "predict first" prompt unspoiled.
+
+    >>> cell = {"cell_type": "code", "source": "1", "outputs": [{"text": "1"}], "execution_count": 3, "metadata": {}}
+    >>> nb = {"cells": [cell], "metadata": {"widgets": {"state": {}}}}
+    >>> cleared = without_outputs(nb)
+    >>> cleared["cells"][0]["outputs"], cleared["cells"][0]["execution_count"], "widgets" in cleared["metadata"]
+    ([], None, False)
+    >>> nb["cells"][0]["outputs"]  # the original is untouched
+    [{'text': '1'}]
+    """
+    notebook = copy.deepcopy(notebook)
+    notebook.get("metadata", {}).pop("widgets", None)
     for cell in notebook["cells"]:
         if cell["cell_type"] == "code":
             cell["outputs"], cell["execution_count"] = [], None

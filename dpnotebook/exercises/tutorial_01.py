@@ -92,37 +92,78 @@ def check_norms(linear_weight_norms: Callable[[Tensor, Tensor], Tensor]) -> str:
     return "‖g aᵀ‖ = ‖g‖‖a‖ and the Gram form agree with the gradients' norms; no [B, out, in] tensor was built"
 
 
+def _clip_factors(norms: Tensor, C: float) -> Tensor:
+    return (C / norms).clamp(max=1.0)
+
+
 @register_check(
     "01.per_sample_norms",
-    todo="flatten each oracle gradient to [8, -1], concatenate along dim 1, take .norm(dim=1); then argmax",
+    todo="compute norms (one number per sample: the length of its whole gradient, every parameter together) "
+    "and factors (the factor clipping at C multiplies each sample's gradient by)",
 )
-def check_per_sample_norms(norms: Tensor, largest: int, oracle: dict[str, Tensor]) -> str:
-    """The 8 per-sample norms from the oracle's gradients and the index of the largest, against the library."""
+def check_per_sample_norms(norms: Tensor, factors: Tensor, oracle: dict[str, Tensor], C: float) -> str:
+    """The 8 per-sample norms from the oracle's gradients and the clipping factors at ``C``, against the library.
+
+    The hints name the usual slips (squared norms, the parameters' norms added or kept apart, a factor
+    above 1, the factor upside down) without giving the code.
+
+    >>> import torch
+    >>> oracle = {"w": torch.tensor([[3.0, 0.0], [0.3, 0.0]]), "b": torch.tensor([[4.0], [0.4]])}
+    >>> check_per_sample_norms(torch.tensor([5.0, 0.5]), torch.tensor([0.2, 1.0]), oracle, C=1.0)
+    'the norms match dpnotebook.privacy.per_sample_norms; clipping at C = 1 shrinks 1 of 2 samples and leaves 1 as they are'
+    """
     from dpnotebook.privacy import per_sample_norms
 
-    want = per_sample_norms(list(oracle.values()))
-    require(
-        isinstance(norms, Tensor) and norms.shape == want.shape,
-        f"norms should be a tensor of shape {list(want.shape)}, one norm per sample",
-    )
-    if torch.allclose(norms.double(), want.double().square(), rtol=1e-5):
-        raise ExerciseFailed("those are squared norms: take the square root (or use .norm(dim=1))")
-    if torch.allclose(
-        norms.double(),
-        torch.stack([g.flatten(1).norm(dim=1) for g in oracle.values()]).sum(0).to(norms.device, torch.float64),
-        rtol=1e-5,
-    ):
+    want = per_sample_norms(list(oracle.values())).double()
+    B = want.shape[0]
+    require(isinstance(norms, Tensor), f"norms should be a tensor of {B} numbers, got {type(norms).__name__}")
+    per_parameter = torch.stack([g.flatten(1).norm(dim=1) for g in oracle.values()]).double().cpu()
+    if norms.shape in {per_parameter.shape, per_parameter.T.shape} and norms.numel() != B:
         raise ExerciseFailed(
-            "that adds the parameters' norms; the norm of the whole gradient is the norm of all "
-            "parameters concatenated: torch.cat([g.flatten(1) for g in ...], dim=1).norm(dim=1)"
+            f"norms has shape {list(norms.shape)}: one norm per parameter and sample. DP-SGD clips each "
+            f"sample's WHOLE gradient, all parameters together as one long vector: {B} numbers"
         )
     require(
-        torch.allclose(norms.double(), want.double(), rtol=1e-5),
-        "the norms differ from dpnotebook.privacy.per_sample_norms: flatten every parameter's gradient per "
-        "sample, concatenate along dim 1, then take the norm of each row",
+        norms.shape == want.shape,
+        f"norms should hold one number per sample, shape [{B}]; got {list(norms.shape)}",
+    )
+    got = norms.detach().double().cpu()
+    want = want.cpu()
+    if torch.allclose(got, want.square(), rtol=1e-5):
+        raise ExerciseFailed("those are squared norms: a norm is the square root of the sum of squares")
+    if torch.allclose(got, per_parameter.sum(0), rtol=1e-5):
+        raise ExerciseFailed(
+            "that adds the parameters' norms; the length of one long vector made of all the parameters is not "
+            "the sum of the pieces' lengths (Pythagoras: the squares add up, not the lengths)"
+        )
+    require(
+        torch.allclose(got, want, rtol=1e-5),
+        "the norms differ from dpnotebook.privacy.per_sample_norms: each sample's norm is the length of its "
+        "gradient with every parameter's entries in one vector",
     )
     require(
-        largest == int(want.argmax()),
-        f"largest = {largest!r}, but sample {int(want.argmax())} has the largest norm: int(norms.argmax())",
+        isinstance(factors, Tensor) and factors.shape == want.shape,
+        f"factors should be a tensor of shape [{B}], one factor per sample"
+        + ("" if isinstance(factors, Tensor) else f"; got {type(factors).__name__}"),
     )
-    return f"the norms match dpnotebook.privacy.per_sample_norms; sample {largest} has the largest"
+    f = factors.detach().double().cpu()
+    right = _clip_factors(want, C)
+    if torch.allclose(f, want / C, rtol=1e-5) or torch.allclose(f, (want / C).clamp(max=1.0), rtol=1e-5):
+        raise ExerciseFailed(
+            "the factor is upside down: a gradient of norm n, multiplied by the factor, must come out with norm "
+            "at most C"
+        )
+    if bool((f > 1 + 1e-9).any()):
+        raise ExerciseFailed(
+            "some factors are above 1, so they would make a short gradient longer: clipping only shrinks "
+            "the gradients whose norm exceeds C and leaves the others as they are"
+        )
+    require(
+        torch.allclose(f, right, rtol=1e-5),
+        f"the factors differ: after clipping, a sample's gradient has norm min(its norm, C) with C = {C:g}",
+    )
+    shrunk = int((right < 1).sum())
+    return (
+        f"the norms match dpnotebook.privacy.per_sample_norms; clipping at C = {C:g} shrinks {shrunk} of {B} "
+        f"samples and leaves {B - shrunk} as they are"
+    )

@@ -1,23 +1,27 @@
-"""Checks of tutorial 05 (augmentation multiplicity): ε does not depend on K.
+"""Checks of tutorial 05 (augmentation multiplicity): the ε of a run nobody has trained yet.
 
-The answer is the ε the student computed with :func:`dpnotebook.compute_epsilon` from σ, q and
-the number of steps; the check compares it with what the run's own accountant reports, and
-recognises the usual slips (steps counted from the dataset size, a sample rate multiplied by K).
+The question: the K = 4 runs, rerun with K = 16 copies and for 50 epochs instead of 25 (same σ, same
+sample rate). The answer is the number of steps that run takes and the ε it would spend, computed
+before training; ``engine.get_epsilon`` of the runs above gives the ε of 25 epochs, not this one.
+The check recognises the usual slips: the 25-epoch ε copied, steps or sample rate multiplied by K,
+steps counted from the dataset size, ε doubled for twice the epochs.
 
 >>> from dpnotebook.exercises import judge
 >>> from dpnotebook.privacy import compute_epsilon
->>> wrong = compute_epsilon(noise_multiplier=1.2, sample_rate=4 * 128 / 1438, steps=275, delta=1e-5)
->>> judge("05.epsilon_any_K", wrong, steps=275, expected_epsilon=7.5, expected_steps=275).hint
+>>> judge("05.epsilon_any_K", compute_epsilon(noise_multiplier=1.2, sample_rate=4 * 128 / 1438,
+...       steps=550, delta=1e-5), steps=550).hint
 'that is the ε of a sample rate K·128/1438: the accountant counts samples, not rows, so q = 128/1438 whatever K is'
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from dpnotebook.exercises.core import ExerciseFailed, NotYetSolved, is_stub, register_check, require
 
 SIGMA, BATCH, N, DELTA = 1.2, 128, 1438, 1e-5
+EPOCHS, RUN_EPOCHS, K = 50, 25, 16
 
 
 def _epsilon(sample_rate: float, steps: int) -> float:
@@ -26,32 +30,65 @@ def _epsilon(sample_rate: float, steps: int) -> float:
     return compute_epsilon(noise_multiplier=SIGMA, sample_rate=sample_rate, steps=steps, delta=DELTA)
 
 
+def _per_epoch() -> int:
+    from dpnotebook.privacy.schedule import steps_per_epoch
+
+    return steps_per_epoch(BATCH / N)
+
+
 @register_check(
     "05.epsilon_any_K",
-    todo="count the steps the runs took (epochs × len(loader)), then compute_epsilon with sigma 1.2 and q = 128/1438",
+    todo=f"count the steps a run of {EPOCHS} epochs with K = {K} takes, then compute the ε it would spend",
 )
-def check_epsilon_any_k(my_epsilon: Any, steps: Any, expected_epsilon: float, expected_steps: int) -> str:
-    """``my_epsilon`` equals the runs' ε (``expected_epsilon``), from ``expected_steps`` steps at q = 128/1438."""
+def check_epsilon_any_k(my_epsilon: Any, steps: Any) -> str:
+    """``steps`` and ``my_epsilon`` of the K = 16, 50-epoch run, computed from σ, q and the steps alone."""
+    per_epoch = _per_epoch()
+    want_steps = EPOCHS * per_epoch
     if is_stub(steps):
-        raise NotYetSolved("count the steps first: 25 epochs of len(loader) batches")
+        raise NotYetSolved(f"count the steps first: {EPOCHS} epochs of len(loader) batches")
     require(isinstance(steps, int), f"steps = {steps!r}: it should be a whole number of steps")
-    if steps != expected_steps:
+    if steps == RUN_EPOCHS * per_epoch:
         raise ExerciseFailed(
-            f"steps = {steps}, but the runs took {expected_steps}: a Poisson loader runs "
-            "len(loader) batches per epoch, whatever K is; 25 epochs are 25 * len(loader)"
+            f"{steps} steps is what the runs above took ({RUN_EPOCHS} epochs); the question is {EPOCHS}"
         )
-    require(
-        isinstance(my_epsilon, float), f"my_epsilon = {my_epsilon!r}: it should be the number compute_epsilon gives"
-    )
-    for K in (2, 4):
-        if abs(my_epsilon - _epsilon(K * BATCH / N, steps)) < 1e-9:
+    if steps in (K * want_steps, 4 * want_steps):
+        raise ExerciseFailed(
+            "the K copies of a sample are rows of the SAME batch: they add no step. One step per batch of "
+            "the Poisson loader, len(loader) batches per epoch"
+        )
+    if steps in (EPOCHS * N // BATCH, math.ceil(EPOCHS * N / BATCH)):
+        raise ExerciseFailed(
+            f"{steps} is {EPOCHS}·N/B: a Poisson loader runs len(loader) = {per_epoch} batches per epoch, so count "
+            "from that"
+        )
+    require(steps == want_steps, f"steps = {steps}: the run takes {EPOCHS} epochs of len(loader) batches each")
+    if is_stub(my_epsilon):
+        raise NotYetSolved("steps is right; now compute the ε of that run with dpnotebook.compute_epsilon")
+    require(isinstance(my_epsilon, float), f"my_epsilon = {my_epsilon!r}: it should be a number (a float)")
+    run_epsilon = _epsilon(BATCH / N, RUN_EPOCHS * per_epoch)
+    if abs(my_epsilon - run_epsilon) < 1e-6:
+        raise ExerciseFailed(
+            f"{my_epsilon:.2f} is what the runs above spent in {RUN_EPOCHS} epochs (engine.get_epsilon); "
+            f"this run is twice as long"
+        )
+    if abs(my_epsilon - 2 * run_epsilon) < 1e-6:
+        raise ExerciseFailed(
+            "twice the ε of 25 epochs is a valid bound (composition adds ε's) but a loose one: the accountant "
+            "composes the steps far more tightly. Ask it for the whole run"
+        )
+    for k in (2, 4):  # K = 16 times q is above 1: compute_epsilon refuses it with its own message
+        if abs(my_epsilon - _epsilon(k * BATCH / N, steps)) < 1e-9:
             raise ExerciseFailed(
                 f"that is the ε of a sample rate K·{BATCH}/{N}: the accountant counts samples, not "
                 f"rows, so q = {BATCH}/{N} whatever K is"
             )
+    want = _epsilon(BATCH / N, steps)
     require(
-        abs(my_epsilon - expected_epsilon) < 1e-6,
-        f"my_epsilon = {my_epsilon:.4f}, the runs spent "
-        f"{expected_epsilon:.4f}: use noise_multiplier={SIGMA}, sample_rate={BATCH}/{N}, steps={steps}, delta={DELTA}",
+        abs(my_epsilon - want) < 1e-6,
+        f"my_epsilon = {my_epsilon:.4f} is not the ε of {steps} steps of the subsampled Gaussian mechanism with "
+        f"σ = {SIGMA} and q = {BATCH}/{N} at δ = {DELTA:g} (PLD accountant)",
     )
-    return f"ε = {my_epsilon:.2f} from σ, q and {steps} steps alone: the same for K = 1 and K = 4"
+    return (
+        f"{steps} steps, ε = {my_epsilon:.2f}: K appears nowhere, and twice the epochs cost less than twice "
+        f"the ε ({run_epsilon:.2f} for {RUN_EPOCHS})"
+    )

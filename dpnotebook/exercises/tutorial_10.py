@@ -1,48 +1,59 @@
 """Checkers for tutorial 10 (tuning at a fixed budget).
 
-``10.noise_on_average``: the student's ``noise_std_on_average(batch_size, *, epsilon,
-epochs, C, N, delta)`` must give ``sigma * C / B`` with ``sigma`` from the accountant
-(:func:`~dpnotebook.privacy.calibration.get_noise_multiplier` at ``q = B / N`` for the
-steps ``epochs`` epochs of a Poisson loader run); compared for a few settings.
+``10.noise_on_average``: the notebook compares batch sizes at a fixed number of *epochs*, where a larger
+batch also means fewer steps. The exercise holds the number of *steps* fixed instead. The student's
+``noise_std_at_fixed_steps(batch_size, *, epsilon, steps, C, N, delta)`` must give ``sigma * C / B`` with
+``sigma`` from the accountant (:func:`~dpnotebook.privacy.calibration.get_noise_multiplier` at ``q = B / N``
+for exactly ``steps`` steps), compared for a few settings; ``advantage`` is how many times noisier the
+average is at ``B = 64`` than at ``B = 256`` at ε = 1, 180 steps. The success message does not give away
+what the student should conclude.
 
 >>> from dpnotebook.privacy import get_noise_multiplier
->>> def solution(batch_size, *, epsilon, epochs, C, N, delta):
+>>> def solution(batch_size, *, epsilon, steps, C, N, delta):
 ...     sigma = get_noise_multiplier(target_epsilon=epsilon, target_delta=delta, sample_rate=batch_size / N,
-...                                  epochs=epochs)
+...                                  steps=steps)
 ...     return sigma * C / batch_size
->>> check_noise_on_average(solution)                              # doctest: +ELLIPSIS
-'sigma*C/B matches the accountant...'
+>>> check_noise_on_average(solution, advantage=solution(64, epsilon=1.0, steps=180, C=1.0, N=N, delta=DELTA)
+...                        / solution(256, epsilon=1.0, steps=180, C=1.0, N=N, delta=DELTA))  # doctest: +ELLIPSIS
+'sigma*C/B at a fixed number of steps matches the accountant, and so does your ratio...'
 """
 
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Any, Callable
 
-from dpnotebook.exercises.core import ExerciseFailed, register_check, require
+from dpnotebook.exercises.core import ExerciseFailed, NotYetSolved, is_stub, register_check, require
 from dpnotebook.privacy.calibration import get_noise_multiplier
 
 __all__ = ["check_noise_on_average"]
 
 N, DELTA = 1438, 1e-5
-CASES = [(64, 2.0, 5, 0.5), (256, 1.0, 8, 1.0), (16, 4.0, 3, 2.0)]  # B, epsilon, epochs, C
+CASES = [(64, 2.0, 60, 0.5), (256, 1.0, 40, 1.0), (16, 4.0, 100, 2.0)]  # B, epsilon, steps, C
+QUESTION = (1.0, 180, 1.0)  # epsilon, steps, C of the ratio std(B = 64) / std(B = 256)
 
 
-def _sigma(B: int, epsilon: float, epochs: float) -> float:
-    return get_noise_multiplier(target_epsilon=epsilon, target_delta=DELTA, sample_rate=B / N, epochs=epochs)
+def _sigma(B: int, epsilon: float, steps: int | None = None, epochs: float | None = None) -> float:
+    return get_noise_multiplier(
+        target_epsilon=epsilon, target_delta=DELTA, sample_rate=B / N, steps=steps, epochs=epochs
+    )
+
+
+def _std(B: int, epsilon: float, steps: int, C: float) -> float:
+    return _sigma(B, epsilon, steps=steps) * C / B
 
 
 @register_check(
     "10.noise_on_average",
-    todo="write noise_std_on_average: sigma from get_noise_multiplier at q = B / N for the epochs, then sigma * C / B",
+    todo="write noise_std_at_fixed_steps(batch_size, *, epsilon, steps, C, N, delta); then compute advantage",
 )
-def check_noise_on_average(noise_std_on_average: Callable) -> str:
-    """Compare with ``sigma * C / B`` for three settings, and name the common mistakes."""
-    for B, epsilon, epochs, C in CASES:
-        got = noise_std_on_average(B, epsilon=epsilon, epochs=epochs, C=C, N=N, delta=DELTA)
+def check_noise_on_average(noise_std_at_fixed_steps: Callable, advantage: Any = None) -> str:
+    """Compare with ``sigma * C / B`` for three settings, then the ratio; name the common mistakes."""
+    for B, epsilon, steps, C in CASES:
+        got = noise_std_at_fixed_steps(B, epsilon=epsilon, steps=steps, C=C, N=N, delta=DELTA)
         require(isinstance(got, (int, float)) or hasattr(got, "item"), f"return a number, got {type(got).__name__}")
         got = float(got)
-        sigma = _sigma(B, epsilon, epochs)
+        sigma = _sigma(B, epsilon, steps=steps)
         want = sigma * C / B
         if math.isclose(got, want, rel_tol=0.02):
             continue
@@ -51,8 +62,13 @@ def check_noise_on_average(noise_std_on_average: Callable) -> str:
             "that is sigma / B: the noise std on the sum is sigma * C, so on the average sigma * C / B": sigma / B,
             "that is sigma itself: the noise on the average is sigma * C / B": sigma,
             "you divided by N: the sum is divided by the expected batch size B = q * N": sigma * C / N,
-            "sigma looks calibrated for one epoch: pass epochs= (or the steps that many epochs run)": _sigma(
-                B, epsilon, 1
+            "sigma looks calibrated for `steps` EPOCHS: pass steps=steps to get_noise_multiplier, not epochs=": _sigma(
+                B, epsilon, epochs=steps
+            )
+            * C
+            / B,
+            "sigma looks calibrated for one epoch: the run takes `steps` steps, pass steps=steps": _sigma(
+                B, epsilon, epochs=1
             )
             * C
             / B,
@@ -61,8 +77,24 @@ def check_noise_on_average(noise_std_on_average: Callable) -> str:
             if math.isclose(got, value, rel_tol=0.02):
                 raise ExerciseFailed(hint)
         raise ExerciseFailed(
-            f"for B={B}, epsilon={epsilon}, {epochs} epochs, C={C}: got {got:.4g}, expected sigma*C/B = {want:.4g} "
-            f"(sigma = {sigma:.3f} from get_noise_multiplier with sample_rate=B/N)"
+            f"for B={B}, epsilon={epsilon}, {steps} steps, C={C}: got {got:.4g}, expected sigma*C/B = {want:.4g} "
+            f"(sigma = {sigma:.3f} from get_noise_multiplier with sample_rate=B/N and steps={steps})"
         )
-    best = min((16, 64, 256), key=lambda B: _sigma(B, 1.0, 8) * 1.0 / B)
-    return f"sigma*C/B matches the accountant; at epsilon = 1, 8 epochs, B = {best} gives the least noisy average"
+    if is_stub(advantage):
+        raise NotYetSolved("the function is right; now compute advantage = std at B = 64 / std at B = 256")
+    require(isinstance(advantage, (int, float)), f"advantage should be a number, got {type(advantage).__name__}")
+    epsilon, steps, C = QUESTION
+    want_ratio = _std(64, epsilon, steps, C) / _std(256, epsilon, steps, C)
+    if math.isclose(advantage, 1 / want_ratio, rel_tol=0.01):
+        raise ExerciseFailed(
+            "that is std(256) / std(64), the other way round: divide the B = 64 noise by the B = 256 one"
+        )
+    at_epochs = (_sigma(64, epsilon, epochs=8) / 64) / (_sigma(256, epsilon, epochs=8) / 256)
+    if math.isclose(advantage, at_epochs, rel_tol=0.01):
+        raise ExerciseFailed("that is the ratio at 8 EPOCHS (fewer steps for B = 256); here both runs take 180 steps")
+    require(
+        math.isclose(advantage, want_ratio, rel_tol=0.01),
+        f"advantage = {advantage:.4g}: divide noise_std_at_fixed_steps(64, ...) by noise_std_at_fixed_steps(256, ...) "
+        f"at epsilon = {epsilon:g}, {steps} steps, C = {C:g}",
+    )
+    return f"sigma*C/B at a fixed number of steps matches the accountant, and so does your ratio ({advantage:.2f})"

@@ -1,87 +1,127 @@
 """Checkers for tutorial 11 (public pretraining, private training).
 
-``11.lora_sampler``: the student's grad sampler for
-:class:`~dpnotebook.layers.lora.LoRALinear`, ``fn(layer, activations, backprops, K)``,
-is compared with the float64 oracle :func:`dpnotebook.testing.reference_grad_samples`
-for ``K`` in 1 and 3, with and without a sequence dimension.
+``11.not_public``: what the pipeline would spend if the "public" digits were private data too. The
+student computes three numbers: ``epsilon_pretrain``, the ε of pretraining the digits 0–4 with DP-SGD
+(σ = 4, expected batch 64, 20 epochs); ``epsilon_disjoint``, the ε of the whole pipeline (that
+pretraining, then the notebook's private fine-tune) when each person's data lies in only one of the two
+parts — parallel composition, the larger of the two; and ``epsilon_same_people``, when every person has
+data in both parts — sequential composition, both phases in one accountant. The hints name the usual
+slips (ε's added, the wrong kind of composition, the wrong sample rate).
 
->>> from dpnotebook.grad_sample.samplers.lora import lora_grad_sampler
->>> check_lora_sampler(lora_grad_sampler)
-'matches the float64 oracle for K = 1 and 3, with and without positions'
+>>> from types import SimpleNamespace
+>>> fine_tune = SimpleNamespace(noise_multiplier=2.0, steps=100, setting=SimpleNamespace(batch_size=64, delta=1e-5))
+>>> from dpnotebook.privacy import compute_epsilon
+>>> pre, _ = _pretraining(716)
+>>> ft = compute_epsilon(noise_multiplier=2.0, sample_rate=64 / 722, steps=100, delta=1e-5)
+>>> check_not_public((pre, pre + ft, pre + ft), fine_tune=fine_tune, n_public=716, n_private=722)
+Traceback (most recent call last):
+...
+dpnotebook.exercises.core.ExerciseFailed: epsilon_disjoint adds the two ε's; but a person in only one part ...
 """
 
 from __future__ import annotations
 
-from typing import Callable
+import math
+from typing import Any
 
-import torch
-from torch import Tensor
+from dpnotebook.exercises.core import ExerciseFailed, NotYetSolved, is_stub, register_check, require
 
-from dpnotebook.exercises.core import ExerciseFailed, register_check, require
-from dpnotebook.layers.lora import LoRALinear
-from dpnotebook.testing import reference_grad_samples
+__all__ = ["check_not_public"]
 
-__all__ = ["check_lora_sampler"]
+SIGMA_PRE, BATCH_PRE, EPOCHS_PRE, DELTA = 4.0, 64, 20, 1e-5
 
 
-def _layer() -> LoRALinear:
-    layer = LoRALinear(5, 4, rank=2, alpha=5.0, generator=torch.Generator().manual_seed(0)).to(torch.float64)
-    with torch.no_grad():  # a non-zero B, so that A's gradient is not zero
-        layer.lora_B.normal_(generator=torch.Generator().manual_seed(1))
-    return layer
+def _pretraining(n_public: int) -> tuple[float, int]:
+    """The ε and the steps of DP pretraining on the public part."""
+    from dpnotebook.privacy import compute_epsilon
+    from dpnotebook.privacy.schedule import steps_for_epochs, steps_per_epoch
+
+    q = BATCH_PRE / n_public
+    steps = steps_for_epochs(EPOCHS_PRE, steps_per_epoch(q))
+    return compute_epsilon(noise_multiplier=SIGMA_PRE, sample_rate=q, steps=steps, delta=DELTA), steps
 
 
-def _ratio(got: Tensor, want: Tensor) -> float:
-    return float((got.detach() * want).sum() / (want * want).sum())
+def _close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=2e-3)
 
 
 @register_check(
-    "11.lora_sampler",
-    todo="write my_lora_sampler(layer, activations, backprops, K) returning "
-    "{layer.lora_A: [B, r, in], layer.lora_B: [B, out, r]}",
+    "11.not_public",
+    todo="compute epsilon_pretrain, epsilon_disjoint and epsilon_same_people (one accountant for two phases)",
 )
-def check_lora_sampler(my_lora_sampler: Callable) -> str:
-    """Run the student's sampler on recorded activations and backprops; compare with the oracle."""
-    for K, positions in ((1, ()), (3, ()), (3, (2,))):
-        layer = _layer()
-        g = torch.Generator().manual_seed(10 * K + len(positions))
-        x = torch.randn(4 * K, *positions, 5, generator=g, dtype=torch.float64)
-        backprops = torch.randn(4 * K, *positions, 4, generator=g, dtype=torch.float64)
-        # the oracle's loss sum(output * target) has exactly these backprops: one row at a time, in float64
-        want = reference_grad_samples(layer, [x], target=backprops, K=K)
-        got = my_lora_sampler(layer, [x], backprops, K)
-        require(isinstance(got, dict), f"return a dict {{parameter: per-sample gradient}}, got {type(got).__name__}")
-        extra = [n for n, p in layer.named_parameters() if not p.requires_grad and any(q is p for q in got)]
-        require(not extra, f"{extra} are frozen: return per-sample gradients only for lora_A and lora_B")
-        for name in ("lora_A", "lora_B"):
-            p = getattr(layer, name)
-            require(p in got, f"no entry for layer.{name}: key the dict by the parameter itself, layer.{name}")
-            mine, ref = got[p], want[name]
-            require(
-                isinstance(mine, Tensor) and tuple(mine.shape) == tuple(ref.shape),
-                f"layer.{name}: shape {tuple(mine.shape) if isinstance(mine, Tensor) else type(mine).__name__}, "
-                f"expected [B, *{name}.shape] = {tuple(ref.shape)} (B = rows / K = {x.shape[0] // K})",
-            )
-            if torch.allclose(mine.to(torch.float64), ref, rtol=1e-6, atol=1e-9):
-                continue
-            ratio = _ratio(mine.to(torch.float64), ref)
-            where = f"layer.{name} (K={K}{', with a position dim' if positions else ''})"
-            if abs(ratio * layer.scale - 1) < 1e-3:
-                raise ExerciseFailed(
-                    f"{where} is off by the factor alpha / r = {layer.scale:g}: multiply by layer.scale"
-                )
-            if abs(ratio - layer.scale) < 1e-3:
-                raise ExerciseFailed(f"{where} has the factor alpha / r = {layer.scale:g} twice")
-            if K > 1 and abs(ratio - K) < 1e-3:
-                raise ExerciseFailed(
-                    f"{where} is K = {K} times too large: a sample's gradient is the MEAN over its "
-                    "K rows, divide the sum by K"
-                )
-            if K > 1 and abs(ratio * K - 1) < 1e-3:
-                raise ExerciseFailed(f"{where} is divided by K twice")
-            raise ExerciseFailed(
-                f"{where} differs from the oracle (largest error {float((mine.detach() - ref).abs().max()):.3g}); "
-                "dL/dB = s * sum_t g_t (A x_t)^T and dL/dA = s * sum_t (B^T g_t) x_t^T, summed over a sample's "
-                "rows and positions, divided by K"
-            )
-    return "matches the float64 oracle for K = 1 and 3, with and without positions"
+def check_not_public(answer: Any, fine_tune: Any, n_public: int, n_private: int) -> str:
+    """``answer = (epsilon_pretrain, epsilon_disjoint, epsilon_same_people)`` against the accountant."""
+    from dpnotebook.privacy import compute_epsilon, create_accountant
+
+    require(
+        isinstance(answer, tuple) and len(answer) == 3,
+        "the check takes the tuple (epsilon_pretrain, epsilon_disjoint, epsilon_same_people)",
+    )
+    pre, disjoint, same = answer
+    q_ft = fine_tune.setting.batch_size / n_private
+    eps_ft = compute_epsilon(
+        noise_multiplier=fine_tune.noise_multiplier, sample_rate=q_ft, steps=fine_tune.steps, delta=DELTA
+    )
+    want_pre, steps_pre = _pretraining(n_public)
+    if is_stub(pre):
+        raise NotYetSolved("start with epsilon_pretrain: compute_epsilon for the pretraining run")
+    require(isinstance(pre, float), f"epsilon_pretrain = {pre!r}: it should be a number (a float)")
+    if _close(
+        pre,
+        compute_epsilon(
+            noise_multiplier=SIGMA_PRE, sample_rate=BATCH_PRE / (n_public + n_private), steps=steps_pre, delta=DELTA
+        ),
+    ):
+        raise ExerciseFailed(
+            f"q is the chance that one public digit is in a batch: {BATCH_PRE} / {n_public} (the public part), "
+            "not the whole training set"
+        )
+    require(
+        _close(pre, want_pre),
+        f"epsilon_pretrain = {pre:.4g} is not the ε of {EPOCHS_PRE} epochs at σ = {SIGMA_PRE:g} and "
+        f"q = {BATCH_PRE}/{n_public}: a Poisson loader runs steps_per_epoch(q) steps per epoch",
+    )
+    if is_stub(disjoint):
+        raise NotYetSolved("epsilon_pretrain is right; now epsilon_disjoint")
+    require(isinstance(disjoint, float), f"epsilon_disjoint = {disjoint!r}: it should be a number (a float)")
+    if _close(disjoint, pre + eps_ft):
+        raise ExerciseFailed(
+            "epsilon_disjoint adds the two ε's; but a person in only one part is touched by only one phase "
+            "(the other phase sees none of their data, and using the first phase's model is post-processing). "
+            "Which person is protected least?"
+        )
+    if _close(disjoint, eps_ft) and eps_ft < want_pre:
+        raise ExerciseFailed(
+            f"{eps_ft:.2f} protects the people in the private part; the people in the pretraining part "
+            "are protected by pretraining's ε alone"
+        )
+    require(
+        _close(disjoint, max(want_pre, eps_ft)),
+        "epsilon_disjoint: each person is in one part, so their ε is that of the one phase that sees them; "
+        "the pipeline's guarantee is the worst over all people",
+    )
+    if is_stub(same):
+        raise NotYetSolved("epsilon_disjoint is right; now epsilon_same_people")
+    require(isinstance(same, float), f"epsilon_same_people = {same!r}: it should be a number (a float)")
+    accountant = create_accountant("pld")
+    accountant.step(noise_multiplier=SIGMA_PRE, sample_rate=BATCH_PRE / n_public, num_steps=steps_pre)
+    accountant.step(noise_multiplier=fine_tune.noise_multiplier, sample_rate=q_ft, num_steps=fine_tune.steps)
+    want_same = accountant.get_epsilon(DELTA)
+    if _close(same, disjoint):
+        raise ExerciseFailed(
+            "that is the disjoint case; when the same person is in both parts, both phases see them: compose them"
+        )
+    if _close(same, pre + eps_ft) and not _close(same, want_same):
+        raise ExerciseFailed(
+            "adding the two ε's is a valid bound but a loose one: let one accountant compose both phases "
+            "(create_accountant('pld'), one .step(...) per phase with its σ, q and steps, then .get_epsilon)"
+        )
+    require(
+        _close(same, want_same),
+        f"epsilon_same_people = {same:.4g}: one accountant, a step call per phase (pretraining: σ = {SIGMA_PRE:g}, "
+        f"q = {BATCH_PRE}/{n_public}; fine-tune: the σ, q and steps of results['last'][0]), at δ = {DELTA:g}",
+    )
+    return (
+        f"pretraining alone ε = {pre:.2f}; disjoint people ε = {disjoint:.2f}; the same people ε = {same:.2f} "
+        f"(not {pre + eps_ft:.2f})"
+    )

@@ -73,6 +73,7 @@ def train_run(
     *,
     seed: int = 0,
     model_fn: Callable[[RunSetting, int], nn.Module] | None = None,
+    device: torch.device | str | None = None,
 ) -> RunResult:
     """Train one model with ``setting`` (privately or not) and measure its test accuracy.
 
@@ -85,6 +86,9 @@ def train_run(
         model_fn: ``model_fn(setting, in_features)`` builds the model (default: :class:`~dpnotebook.models.MLP`);
             it runs under the seed. It may hand back a model built elsewhere (a pretrained one):
             that model is trained in place. Only parameters with ``requires_grad`` are trained.
+        device: where to train (e.g. :func:`dpnotebook.default_device`); by default the model's device.
+            The tensors and the model move there; the noise is drawn there, from a generator seeded
+            with ``seed + 1`` (so a run on a GPU draws other noise than the same run on the CPU).
 
     Returns:
         A :class:`RunResult`.
@@ -99,6 +103,10 @@ def train_run(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = (model_fn or _default_model)(setting, in_features)
+    if device is not None:
+        model.to(device)
+    where = next((p.device for p in model.parameters()), torch.device("cpu"))
+    x, y = x.to(where), y.to(where)
     sigma = 0.0
     if setting.epsilon is not None:
         sigma = get_noise_multiplier(
@@ -121,7 +129,7 @@ def train_run(
             noise_multiplier=sigma,
             max_grad_norm=setting.max_grad_norm,
             expected_batch_size=q * n,
-            generator=torch.Generator().manual_seed(seed + 1),
+            generator=torch.Generator(device=where).manual_seed(seed + 1),
         )
     batches = PoissonBatchSampler(n, sample_rate=q, steps=steps, generator=torch.Generator().manual_seed(seed + 2))
     signal = noise = 0.0
@@ -151,7 +159,9 @@ def train_run(
             else math.inf
         )
     d = sum(p.numel() for p in params)
-    return RunResult(setting, seed, _accuracy(model, *_tensors(test)), epsilon, sigma, steps, seconds, d, signal, noise)
+    x_test, y_test = _tensors(test)
+    accuracy = _accuracy(model, x_test.to(where), y_test.to(where))
+    return RunResult(setting, seed, accuracy, epsilon, sigma, steps, seconds, d, signal, noise)
 
 
 def _default_model(setting: RunSetting, in_features: int) -> nn.Module:
@@ -166,8 +176,9 @@ def sweep(
     seeds: Sequence[int] = (0, 1, 2),
     model_fn: Callable[[RunSetting, int], nn.Module] | None = None,
     progress: bool | None = None,
+    device: torch.device | str | None = None,
 ) -> list[RunResult]:
-    """:func:`train_run` for every setting and seed, in that order.
+    """:func:`train_run` for every setting and seed, in that order, on ``device``.
 
     Args:
         settings: the runs' settings.
@@ -179,12 +190,13 @@ def sweep(
             (the default) shows it only when stderr is a terminal
             (:func:`~dpnotebook.privacy.training.show_progress`), so that a notebook's stored
             output stays clean. Pass ``True`` for a bar in a notebook.
+        device: where every run trains, as in :func:`train_run`.
     """
     jobs = [(s, seed) for s in settings for seed in seeds]
     results = []
     with tqdm(total=len(jobs), desc="sweep", unit="run", disable=not show_progress(progress), leave=False) as bar:
         for s, seed in jobs:
-            result = train_run(s, train, test, seed=seed, model_fn=model_fn)
+            result = train_run(s, train, test, seed=seed, model_fn=model_fn, device=device)
             results.append(result)
             bar.update(1)
             bar.set_postfix(accuracy=f"{result.accuracy:.1%}", ε=f"{result.epsilon:.3g}", refresh=False)

@@ -86,3 +86,16 @@ def test_sweep_shows_progress_only_when_asked_or_on_a_terminal(data: TensorDatas
     assert "/1 [" in capsys.readouterr().err
     sweep(settings, data, data, seeds=[0], progress=False)
     assert capsys.readouterr().err == ""
+
+
+def test_device_argument_moves_the_run(data: TensorDataset) -> None:
+    setting = RunSetting(epsilon=2.0, batch_size=30, epochs=2, num_classes=2)
+    default = train_run(setting, data, data, seed=3)
+    on_cpu = train_run(setting, data, data, seed=3, device="cpu")
+    assert (on_cpu.accuracy, on_cpu.clipped_sum_norm, on_cpu.noise_norm) == (
+        default.accuracy,
+        default.clipped_sum_norm,
+        default.noise_norm,
+    )
+    with pytest.raises((NotImplementedError, RuntimeError)):  # "meta" holds no data: the run really goes there
+        train_run(setting, data, data, seed=3, device="meta", model_fn=lambda s, d: torch.nn.Linear(d, 2))

@@ -2,8 +2,10 @@
 # (python -m dpnotebook.exercises solve tutorials/ OUT_DIR).
 
 # %% exercise 01.per_sample_norms
-norms = torch.cat([g.flatten(1) for g in oracle.values()], dim=1).norm(dim=1)
-largest = int(norms.argmax())
+C = 2.7
+norms = torch.cat([g.flatten(1) for g in oracle.values()], dim=1).norm(dim=1)   # all parameters in one vector
+factors = (C / norms).clamp(max=1.0)                                           # shrink only, never stretch
+print("norms:", [round(n, 2) for n in norms.tolist()], "| clipped:", int((factors < 1).sum()), "of 8")
 
 # %% exercise 01.norm_without_materialising
 def linear_weight_norms(a, g):

@@ -2,7 +2,6 @@
 # (python -m dpnotebook.exercises solve tutorials/ OUT_DIR).
 
 # %% exercise 00.smaller_budget
-# NBVAL_IGNORE_OUTPUT
 torch.manual_seed(0)
 model2 = SmallCNN().to(device)
 engine2 = PrivacyEngine(accountant="pld")
