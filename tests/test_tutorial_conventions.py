@@ -16,9 +16,6 @@ from pathlib import Path
 import pytest
 
 TUTORIALS = sorted((Path(__file__).resolve().parents[1] / "tutorials").glob("*.ipynb"))
-# Notebooks another change is converting: listed here until it lands, then the last test asks to drop them.
-CONVERTING = {"08_what_epsilon_means"}
-CHECKED = [nb for nb in TUTORIALS if nb.stem not in CONVERTING]
 _ASSERT = re.compile(r"^\s*assert\b", re.M)
 
 
@@ -44,7 +41,7 @@ def _violations(notebook: Path) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("notebook", CHECKED, ids=lambda p: p.stem)
+@pytest.mark.parametrize("notebook", TUTORIALS, ids=lambda p: p.stem)
 def test_tutorial_follows_the_conventions(notebook: Path) -> None:
     assert _violations(notebook) == []
 
@@ -55,10 +52,3 @@ def test_the_checker_sees_a_violation(tmp_path: Path) -> None:
     path.write_text(json.dumps({"cells": cells}))
     assert len(_violations(path)) == 3
 
-
-@pytest.mark.parametrize("stem", sorted(CONVERTING))
-def test_notebooks_being_converted_still_need_their_exemption(stem: str) -> None:
-    notebook = next((nb for nb in TUTORIALS if nb.stem == stem), None)
-    assert notebook is not None and _violations(notebook), (
-        f"{stem} follows the conventions now: remove it from CONVERTING"
-    )
