@@ -36,6 +36,7 @@ from typing import Mapping, Sequence
 import torch
 from torch import Tensor
 
+from dpnotebook.grad_sample.engine.precision import full_precision
 from dpnotebook.grad_sample.samplers.sample_rows import flat_rows
 from dpnotebook.privacy.arguments import check_choice, check_max_grad_norm
 from dpnotebook.privacy.layer_bounds import check_layer_bounds, layer_bound_list, total_bound
@@ -60,6 +61,7 @@ GradSamples = Sequence[Tensor] | Mapping[str, Tensor]
 
 def _as_list(grad_samples: GradSamples) -> list[Tensor]:
     values = list(grad_samples.values()) if isinstance(grad_samples, Mapping) else list(grad_samples)
+    values = [full_precision(g) for g in values]  # a bf16/fp16 norm can come out too small: clip in float32
     if not values:
         raise ValueError("grad_samples is empty: pass one [B, *shape] tensor per parameter.")
     rows = {g.shape[0] for g in values}

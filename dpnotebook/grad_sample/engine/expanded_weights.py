@@ -19,8 +19,8 @@ What we add on top, so that "ew" means the same as the other modes:
   their per-row gradients row by row (row ``i`` of one pass to row ``i`` of the other);
 - what ExpandedWeights cannot do (``batch_first=False``, empty batches, a
   function it has no rule for, a layer that sees other rows than the input, a
-  module reached by two paths, a ``PackedSequence``) raises an error naming the
-  mode to use instead.
+  module reached by two paths, a ``PackedSequence``, a forward pass inside
+  ``torch.autocast``) raises an error naming the mode to use instead.
 """
 
 from __future__ import annotations
@@ -68,6 +68,22 @@ def _refuse_shared_modules(module: nn.Module) -> None:
                 "the second one. Fix: use grad_sample_mode='functorch' (it replays the whole model per sample)."
             )
         seen[id(m)] = name
+
+
+def _refuse_autocast() -> None:
+    """Raise inside ``torch.autocast``: ExpandedWeights' rules call the layer functions past autocast's casts.
+
+    Its ``F.linear`` then receives a bfloat16 input and a float32 weight and fails with a dtype
+    error that does not say why; this says why and which modes work.
+    """
+    on = [device for device in ("cpu", "cuda") if torch.is_autocast_enabled(device)]
+    if on:
+        raise GradSampleError(
+            f"grad_sample_mode='ew' cannot run inside torch.autocast (on for {on}): PyTorch's ExpandedWeights "
+            "rules call the layer functions outside autocast's casts, so a layer receives a bfloat16/float16 "
+            "input with a float32 weight. Fix: use grad_sample_mode='hooks', 'ghost' or 'functorch', which "
+            "train under autocast with per-sample gradients in float32, or run the forward pass outside autocast."
+        )
 
 
 class GradSampleModuleExpandedWeights(OuterWrapper):
@@ -133,6 +149,7 @@ class GradSampleModuleExpandedWeights(OuterWrapper):
         from torch.nn.utils._per_sample_grad import call_for_per_sample_grads  # private API, lazily
 
         refuse_packed(args, kwargs, "ew", self._module)
+        _refuse_autocast()
         rows = self._rows(args)
         self._passes = []  # left over only by a backward pass that failed
         self._set_aside_earlier_samples()
