@@ -47,6 +47,7 @@ __all__ = [
     "per_layer_norms",
     "per_sample_norms",
     "clip_factors",
+    "nonfinite_mask",
     "layer_thresholds",
     "clip_and_sum",
 ]
@@ -106,8 +107,8 @@ def clip_factors(norms: Tensor, max_grad_norm: float) -> Tensor:
     """
     max_grad_norm = check_max_grad_norm(max_grad_norm)
     factors = (max_grad_norm / (norms + EPS)).clamp(max=1.0)
-    finite = torch.isfinite(norms)
-    if not bool(finite.all()):
+    finite = nonfinite_mask(norms)
+    if finite is not None:
         from dpnotebook.errors import PrivacyWarning
 
         bad = ~finite if finite.dim() < 2 else (~finite).any(0)  # per-layer norms are [L, B]
@@ -120,6 +121,24 @@ def clip_factors(norms: Tensor, max_grad_norm: float) -> Tensor:
         )
         factors = torch.where(finite, factors, torch.zeros_like(factors))
     return factors
+
+
+def nonfinite_mask(norms: Tensor) -> Tensor | None:
+    """``None`` if every norm is finite, else ``isfinite(norms)``.
+
+    Norms are never negative, so they are all finite exactly when their sum is (or
+    the sum overflowed, and the elementwise check then says so): one reduction and
+    one synchronisation for the usual case, instead of the four kernels of
+    ``isfinite`` and an ``all``.
+
+    >>> import torch
+    >>> nonfinite_mask(torch.tensor([1.0, 2.0])) is None, nonfinite_mask(torch.tensor([1.0, float("nan")]))
+    (True, tensor([ True, False]))
+    """
+    if math.isfinite(float(norms.sum())):
+        return None
+    finite = torch.isfinite(norms)
+    return None if bool(finite.all()) else finite
 
 
 def _zero_nonfinite(g: Tensor, keep: Tensor) -> Tensor:
@@ -194,19 +213,19 @@ def clip_and_sum(
     grads = _as_list(grad_samples)
     layer_norms = per_layer_norms(grads)
     norms = layer_norms.norm(dim=0)
-    finite = torch.isfinite(norms)
-    if not bool(finite.all()):  # a sample with a non-finite norm adds nothing: zero its rows, not only its factor
+    finite = nonfinite_mask(norms)
+    if finite is not None:  # a sample with a non-finite norm adds nothing: zero its rows, not only its factor
         grads = [_zero_nonfinite(g, finite) for g in grads]
     if clipping == "flat":
         factors = clip_factors(norms, max_grad_norm)
         clipped = factors < 1
         summed = [torch.tensordot(factors.to(g.dtype), g, dims=1) for g in grads]
     else:
-        safe = torch.where(finite, layer_norms, norms)
+        safe = layer_norms if finite is None else torch.where(finite, layer_norms, norms)
         factors = torch.stack([clip_factors(n, c) for n, c in zip(safe, layer_bound_list(bounds, len(grads)))])
         clipped = (factors < 1).any(dim=0)
         summed = [torch.tensordot(f.to(g.dtype), g, dims=1) for f, g in zip(factors, grads)]
-    fraction = clipped.float().mean().item() if clipped.numel() else 0.0
+    fraction = int(clipped.sum()) / clipped.numel() if clipped.numel() else 0.0
     return ClipResult(
         summed=summed,
         sensitivity=max_grad_norm,

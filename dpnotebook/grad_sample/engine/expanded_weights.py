@@ -226,13 +226,15 @@ class GradSampleModuleExpandedWeights(OuterWrapper):
         """Per-row gradients -> per-sample means; fill ``p.grad``; append to earlier samples."""
         B = rows // self.K
         self._zero_padding_rows(rows)
-        for p in self._module.parameters():
-            per_row = getattr(p, "grad_sample", None)
-            if per_row is None or per_row.shape[0] != rows:
-                continue
-            grad = per_row.sum(0) / (rows if self.loss_reduction == "mean" else 1)
+        sampled = [p for p in self._module.parameters() if getattr(p, "grad_sample", None) is not None]
+        sampled = [p for p in sampled if getattr(p, "grad_sample").shape[0] == rows]
+        grads = [getattr(p, "grad_sample").sum(0) for p in sampled]
+        if grads and self.loss_reduction == "mean":
+            torch._foreach_div_(grads, float(rows))  # one kernel on a GPU
+        for p, grad in zip(sampled, grads):
+            per_row = getattr(p, "grad_sample")
             p.grad = grad if p.grad is None else p.grad + grad
-            samples = per_row.reshape(B, self.K, *p.shape).mean(1)
+            samples = per_row.reshape(B, self.K, *p.shape).mean(1) if self.K > 1 else per_row
             earlier = self._earlier.pop(id(p), None)
             if earlier is not None and not self.allow_accumulation:
                 raise GradSampleError(
