@@ -10,7 +10,7 @@ PIP := $(PY) -m pip install --quiet --constraint constraints.txt
 STAMP := $(VENV)/.installed
 LAB_STAMP := $(VENV)/.installed-lab
 
-.PHONY: install lab lint test docs bench badges clean
+.PHONY: install lab lint test test-gpu docs bench badges clean
 
 # torch goes in first, pinned by constraints.txt, so that no later resolution pulls another (CUDA) build.
 $(STAMP): pyproject.toml constraints.txt
@@ -42,6 +42,16 @@ lint: $(STAMP)
 
 test: lint
 	$(PY) -m pytest
+
+# The GPU test path (docs/guarantees.md): samplers, modes, the DP step, the sensitivity grid, the accountant,
+# the widgets' state, mixed precision and the distributed tests (NCCL where two GPUs exist) with CUDA as the
+# default device, and the tutorials under nbval. Without a CUDA GPU every test is skipped, with one line saying so.
+# The CPU wheel pinned by constraints.txt sees no GPU: install a CUDA build of torch 2.13 first.
+GPU_TESTS := tests/test_samplers.py tests/test_reference_forms.py tests/test_modes.py tests/test_grad_sample_module.py \
+	tests/test_ghost.py tests/test_mixed_precision.py tests/test_device_option.py tests/privacy tests/audit/test_grid.py \
+	tests/widgets tests/distributed tutorials
+test-gpu: $(STAMP)
+	$(PY) -m pytest --device cuda $(GPU_TESTS)
 
 # The same build runs once in `make test` (tests/test_docs.py), into a temporary folder.
 docs: $(STAMP)

@@ -6,6 +6,7 @@ Examples::
     python -m dpnotebook.benchmarks --compare-opacus --json out.json
     python -m dpnotebook.benchmarks --models MLP --batch 128 --modes ghost hooks --kinds dpsgd
     python -m dpnotebook.benchmarks --report out.json            # the tables again
+    python -m dpnotebook.benchmarks --profile-ops                # aten ops per DP step, dpnotebook and Opacus
 
 Every configuration runs in its own process (peak RSS is its own); its steps are
 timed alternately with the non-private step on the same rows, and the table
@@ -23,6 +24,7 @@ import time
 import torch
 
 from dpnotebook.benchmarks.models import MODELS
+from dpnotebook.benchmarks.profile_ops import PROFILE_BATCH, profile_table
 from dpnotebook.benchmarks.report import multiplicity_table, opacus_table, results_table
 from dpnotebook.benchmarks.steps import MODES
 from dpnotebook.benchmarks.suite import KINDS, child_main, plan, run_in_subprocess
@@ -75,6 +77,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="preset: every model at B=128, hooks and ghost, K in {1,16} on SampleConvNet",
     )
+    p.add_argument(
+        "--profile-ops",
+        action="store_true",
+        help="count the aten operations (GPU kernel launches) of one DP step, every mode, next to Opacus 1.6",
+    )
+    p.add_argument("--profile-batch", type=int, default=PROFILE_BATCH, help="B of --profile-ops (default 16)")
     p.add_argument("--json", metavar="PATH", help="write all rows and the settings as JSON")
     p.add_argument("--report", metavar="PATH", help="print the tables of an earlier --json file and exit")
     p.add_argument("--child", help=argparse.SUPPRESS)
@@ -111,6 +119,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.report:
         with open(args.report) as f:
             print_tables(json.load(f)["rows"])
+        return 0
+    if args.profile_ops:
+        torch.set_num_threads(args.threads)
+        print(f"aten operations per DP step (B={args.profile_batch}, CPU profiler; dpnotebook / Opacus 1.6)")
+        print(profile_table(args.models, args.modes, batch=args.profile_batch))
         return 0
     configs = plan(args.models, args.batch, modes=args.modes, kinds=args.kinds, ks=[], opacus=args.compare_opacus)
     configs += [

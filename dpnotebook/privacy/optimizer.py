@@ -47,7 +47,7 @@ from dpnotebook.privacy.noise import draw_noise, warn_insecure_noise_once
 from dpnotebook.privacy.sampled_batches import SampledBatches
 from dpnotebook.privacy.step_constants import PrivacyKnobs, StepConstants
 from dpnotebook.privacy import step_invariants as invariants  # each invariant of the step, in one place
-from dpnotebook.privacy.step_stats import StepStats, total_norm
+from dpnotebook.privacy.step_stats import StepStats, total_norms
 from dpnotebook.privacy.wrapped_optimizer import WrappedOptimizer
 
 __all__ = ["DPOptimizer"]
@@ -245,7 +245,7 @@ class DPOptimizer(PrivacyKnobs, OpacusOptimizerContract, WrappedOptimizer):
     ) -> tuple[list[Tensor], float, float]:
         """``(clipped sum + noise, ||clipped sum||, ||noise||)``; the distributed optimizer all-reduces here."""
         noises = draw_noise(params, std, self.generator, self.secure_mode)
-        signal_norm, noise_norm = total_norm(summed), total_norm(noises)  # before they are added up
+        signal_norm, noise_norm = total_norms(summed, noises)  # before they are added up
         torch._foreach_add_(noises, [s.detach() for s in summed])
         return noises, signal_norm, noise_norm
 

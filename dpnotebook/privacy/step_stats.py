@@ -15,12 +15,13 @@ so they are not private: show them to a student, never publish them.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-__all__ = ["StepStats", "total_norm"]
+__all__ = ["StepStats", "total_norm", "total_norms"]
 
 
 @dataclass
@@ -73,7 +74,7 @@ class StepStats:
             clipped_sum_norm, noise_norm: the norms of the clipped sum and of the noise.
             virtual_steps: the number of pieces.
         """
-        per_sample = torch.cat(norms) if norms else torch.empty(0)
+        per_sample = norms[0] if len(norms) == 1 else torch.cat(norms) if norms else torch.empty(0)
         n = int(per_sample.numel())
         return cls(
             batch_size=n,
@@ -89,12 +90,29 @@ class StepStats:
         )
 
 
+def total_norms(first: list[Tensor], second: list[Tensor]) -> tuple[float, float]:
+    """:func:`total_norm` of two lists at once: one ``_foreach_norm`` (one kernel on a GPU) and one synchronisation.
+
+    >>> total_norms([torch.tensor([3.0]), torch.tensor([[4.0]])], [torch.tensor([1.0])]), total_norms([], [])
+    ((5.0, 1.0), (0.0, 0.0))
+    """
+    norms = _tensor_norms([*first, *second])
+    return math.sqrt(math.fsum(n * n for n in norms[: len(first)])), math.sqrt(
+        math.fsum(n * n for n in norms[len(first) :])
+    )
+
+
+def _tensor_norms(tensors: list[Tensor]) -> list[float]:
+    """Each tensor's L2 norm, on the host: one ``_foreach_norm``, one ``stack``, one synchronisation."""
+    if not tensors:
+        return []
+    return torch.stack(torch._foreach_norm([t.detach() for t in tensors])).tolist()
+
+
 def total_norm(tensors: list[Tensor]) -> float:
     """The L2 norm of all ``tensors`` taken together (no squared copies, one synchronisation).
 
     >>> total_norm([torch.tensor([3.0]), torch.tensor([[4.0]])]), total_norm([])
     (5.0, 0.0)
     """
-    if not tensors:
-        return 0.0
-    return float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm([t.detach() for t in tensors]))))
+    return math.sqrt(math.fsum(n * n for n in _tensor_norms(tensors)))

@@ -13,6 +13,8 @@
   samplers (:mod:`dpnotebook.grad_sample.samplers` fills it);
 * :mod:`~dpnotebook.grad_sample.engine.functorch_fallback`: a layer call replayed
   with ``torch.func`` (the fallback of layers without a sampler, and functorch mode);
+* :mod:`~dpnotebook.grad_sample.engine.precision`: the mixed-precision contract (recorded
+  activations and backprops read in float32, per-sample work with autocast off);
 * the modes ``"ew"`` (:mod:`~dpnotebook.grad_sample.engine.expanded_weights`) and
   Opacus' ``"no_op"`` (:mod:`~dpnotebook.grad_sample.engine.gsm_no_op`), both
   :class:`~dpnotebook.grad_sample.engine.outer_wrapper.OuterWrapper`\ s;

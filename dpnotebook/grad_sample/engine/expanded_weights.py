@@ -19,8 +19,8 @@ What we add on top, so that "ew" means the same as the other modes:
   their per-row gradients row by row (row ``i`` of one pass to row ``i`` of the other);
 - what ExpandedWeights cannot do (``batch_first=False``, empty batches, a
   function it has no rule for, a layer that sees other rows than the input, a
-  module reached by two paths, a ``PackedSequence``) raises an error naming the
-  mode to use instead.
+  module reached by two paths, a ``PackedSequence``, a forward pass inside
+  ``torch.autocast``) raises an error naming the mode to use instead.
 """
 
 from __future__ import annotations
@@ -69,6 +69,22 @@ def _refuse_shared_modules(module: nn.Module) -> None:
                 "the second one. Fix: use grad_sample_mode='functorch' (it replays the whole model per sample)."
             )
         seen[id(m)] = name
+
+
+def _refuse_autocast() -> None:
+    """Raise inside ``torch.autocast``: ExpandedWeights' rules call the layer functions past autocast's casts.
+
+    Its ``F.linear`` then receives a bfloat16 input and a float32 weight and fails with a dtype
+    error that does not say why; this says why and which modes work.
+    """
+    on = [device for device in ("cpu", "cuda") if torch.is_autocast_enabled(device)]
+    if on:
+        raise GradSampleError(
+            f"grad_sample_mode='ew' cannot run inside torch.autocast (on for {on}): PyTorch's ExpandedWeights "
+            "rules call the layer functions outside autocast's casts, so a layer receives a bfloat16/float16 "
+            "input with a float32 weight. Fix: use grad_sample_mode='hooks', 'ghost' or 'functorch', which "
+            "train under autocast with per-sample gradients in float32, or run the forward pass outside autocast."
+        )
 
 
 class GradSampleModuleExpandedWeights(OuterWrapper):
@@ -134,6 +150,7 @@ class GradSampleModuleExpandedWeights(OuterWrapper):
         from torch.nn.utils._per_sample_grad import call_for_per_sample_grads  # private API, lazily
 
         refuse_packed(args, kwargs, "ew", self._module)
+        _refuse_autocast()
         rows = self._rows(args)
         self._passes = []  # left over only by a backward pass that failed
         self._set_aside_earlier_samples()
@@ -210,13 +227,15 @@ class GradSampleModuleExpandedWeights(OuterWrapper):
         """Per-row gradients -> per-sample means; fill ``p.grad``; append to earlier samples."""
         B = rows // self.K
         self._zero_padding_rows(rows)
-        for p in self._module.parameters():
-            per_row = getattr(p, "grad_sample", None)
-            if per_row is None or per_row.shape[0] != rows:
-                continue
-            grad = per_row.sum(0) / (rows if self.loss_reduction == "mean" else 1)
+        sampled = [p for p in self._module.parameters() if getattr(p, "grad_sample", None) is not None]
+        sampled = [p for p in sampled if getattr(p, "grad_sample").shape[0] == rows]
+        grads = [getattr(p, "grad_sample").sum(0) for p in sampled]
+        if grads and self.loss_reduction == "mean":
+            torch._foreach_div_(grads, float(rows))  # one kernel on a GPU
+        for p, grad in zip(sampled, grads):
+            per_row = getattr(p, "grad_sample")
             p.grad = grad if p.grad is None else p.grad + grad
-            samples = per_row.reshape(B, self.K, *p.shape).mean(1)
+            samples = per_row.reshape(B, self.K, *p.shape).mean(1) if self.K > 1 else per_row
             earlier = self._earlier.pop(id(p), None)
             if earlier is not None and not self.allow_accumulation:
                 raise GradSampleError(

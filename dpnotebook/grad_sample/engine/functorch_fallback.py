@@ -28,6 +28,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from dpnotebook.errors import GradSampleError
 from dpnotebook.grad_sample.engine.packed import refuse_packed
+from dpnotebook.grad_sample.engine.precision import full_precision
 
 _PAUSED = [0]
 
@@ -169,6 +170,7 @@ def fallback_grad_samples(
     fixed.update(dict(module.named_buffers()))
 
     leaves, spec = tree_flatten((call.args, call.kwargs))
+    leaves = [full_precision(x) for x in leaves]  # recorded under autocast: replayed in float32
     in_dims = [bd if isinstance(x, Tensor) and x.dim() > bd and x.shape[bd] == rows else None for x in leaves]
     batched = [_split_rows(x, bd, B, K) if d is not None else x for x, d in zip(leaves, in_dims)]
     used = [(i, g) for i, g in zip(call.out_index, grads) if g is not None]
@@ -181,7 +183,7 @@ def fallback_grad_samples(
                 "(dpnotebook.register_grad_sampler) or use its DP replacement."
             )
     out_pos = [i for i, _ in used]
-    out_grads = [_split_rows(g, bd, B, K) for _, g in used]
+    out_grads = [_split_rows(full_precision(g), bd, B, K) for _, g in used]
 
     def sample_loss(params: dict, xs: list, gs: list) -> Tensor:
         args, kwargs = tree_unflatten(xs, spec)

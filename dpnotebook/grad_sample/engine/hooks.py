@@ -27,6 +27,7 @@ from dpnotebook.grad_sample.engine.functorch_fallback import (
     loss_scale,
 )
 from dpnotebook.grad_sample.engine.outside_use import alias_parameters, restore_parameters
+from dpnotebook.grad_sample.engine.precision import autocast_off, full_precision
 from dpnotebook.grad_sample.engine.registry import SamplerEntry
 
 
@@ -85,6 +86,9 @@ def bound_arguments(module: nn.Module, args: tuple, kwargs: dict) -> list[Any]:
 
 
 def to_batch_first(x: Any, batch_dim: int) -> Any:
+    """A recorded activation or backprop as per-sample work reads it: batch first, and in float32 if it was
+    recorded in a reduced type under autocast (:mod:`~dpnotebook.grad_sample.engine.precision`)."""
+    x = full_precision(x)
     if batch_dim == 0 or not isinstance(x, Tensor) or x.dim() < 2:
         return x
     return x.movedim(batch_dim, 0)
@@ -223,12 +227,15 @@ class LayerHooks:
         if call.released:
             raise second_backward_error(call, "hooks")
         K, scale = owner.K, loss_scale(owner.loss_reduction, call.rows)
-        if entry is None:
-            found = fallback_grad_samples(call, list(grads), K, scale, owner.replay_chunk)
-        elif grads[0] is None:
+        backprops = grads[0]
+        if entry is not None and backprops is None:
             return
-        else:
-            found = sampler_grad_samples(entry, call, grads[0], K, scale)
+        with autocast_off():  # a backward() inside torch.autocast: the per-sample work stays float32
+            if entry is None:
+                found = fallback_grad_samples(call, list(grads), K, scale, owner.replay_chunk)
+            else:
+                assert backprops is not None  # returned above
+                found = sampler_grad_samples(entry, call, backprops, K, scale)
         call.release()
         for p, g in found.items():
             owner._store.add(p, g.detach(), call.forward_id)

@@ -11,4 +11,6 @@ fast form against the reference form and the float64 oracle.
   batched product into such a buffer;
 * :mod:`~dpnotebook.grad_sample.fast.conv`: convolution weight gradients by im2col, a
   grouped call or ``vmap``, in chunks of samples.
+* :mod:`~dpnotebook.grad_sample.fast.device`: which of these choices a device gets: the
+  rules measured on a CPU decide only CPU runs; a GPU gets its own (unmeasured) rule.
 """

@@ -44,6 +44,7 @@ from typing import Callable, cast
 import torch
 from torch import Tensor, nn
 
+from dpnotebook.grad_sample.fast.device import ACCELERATOR_CONV_METHOD, scratch_bytes, tuned_here
 from dpnotebook.grad_sample.samplers.conv_ops import (
     conv_weight_grad_grouped,
     conv_weight_grad_per_sample,
@@ -107,7 +108,9 @@ def set_conv_method(policy: str) -> None:
 def conv_method(layer: nn.modules.conv._ConvNd, x: Tensor, g: Tensor, K: int) -> str:
     """``"unfold"``, ``"grouped"`` or ``"vmap"``: how this layer's per-sample gradients are formed.
 
-    By default a rule on shapes, measured on a 2-core CPU over the benchmark models' layers:
+    On a tensor that is not on the CPU, :data:`~dpnotebook.grad_sample.fast.device.ACCELERATOR_CONV_METHOD`
+    (the rule below was measured on a CPU; the GPU's is unmeasured, see :mod:`~dpnotebook.grad_sample.fast.device`).
+    On the CPU, by default a rule on shapes, measured on a 2-core CPU over the benchmark models' layers:
     im2col (``"unfold"``) for a ``Conv2d`` without groups whose output has at most
     :data:`UNFOLD_MAX_POSITIONS` positions per channel or whose input has at most
     :data:`UNFOLD_MAX_IN_CHANNELS` channels (deep layers of small images, stems), the
@@ -129,6 +132,8 @@ def conv_method(layer: nn.modules.conv._ConvNd, x: Tensor, g: Tensor, K: int) ->
     if _policy in methods:
         return _policy
     if _policy != "timed":
+        if not tuned_here(x):  # the thresholds below were measured on a CPU (fast/device.py)
+            return ACCELERATOR_CONV_METHOD
         positions = math.prod(g.shape[2:])
         few = positions <= UNFOLD_MAX_POSITIONS or layer.in_channels <= UNFOLD_MAX_IN_CHANNELS
         return "unfold" if "unfold" in methods and few else "grouped"
@@ -215,7 +220,7 @@ def conv_per_sample_grads(
         per_sample = K * math.prod(g.shape[2:]) * (weight // layer.out_channels) + weight
     else:
         per_sample = K * (math.prod(x.shape[1:]) + math.prod(g.shape[1:])) + weight
-    budget = max(CHUNK_BYTES // K, MIN_CHUNK_BYTES)
+    budget = scratch_bytes(max(CHUNK_BYTES // K, MIN_CHUNK_BYTES), x)
     step = max(1, min(B, budget // max(1, per_sample * x.element_size())))
     flat = out.view(B, layer.out_channels, -1)
     work = None

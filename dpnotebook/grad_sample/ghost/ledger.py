@@ -38,6 +38,7 @@ import torch
 from torch import Tensor, nn
 
 from dpnotebook.errors import GradSampleError
+from dpnotebook.grad_sample.engine.precision import autocast_off
 from dpnotebook.grad_sample.ghost.groups import GhostCall, GhostGroup, GhostHandler, MaterialisedGroup, materialise
 
 Grads = dict[nn.Parameter, Tensor]
@@ -84,6 +85,7 @@ class GhostLedger:
         """Keep ``call`` of ``module`` in forward pass ``forward_id`` (its backprops come later)."""
         self.pending.setdefault(forward_id, {}).setdefault(module, []).append(call)
 
+    @autocast_off()  # per-sample work in float32 even inside torch.autocast (engine.precision)
     def received(self, call: GhostCall) -> None:
         """``call`` received (more) backprops: settle it if its handler says so, and rebuild the groups."""
         self._groups = None
@@ -186,6 +188,7 @@ class GhostLedger:
         """The number of samples B in all the forward passes of ``layout``."""
         return sum(n for _, n in layout)
 
+    @autocast_off()
     def sq_norms(self, sampled: MaterialisedGroup, layout: list[tuple[int, int]]) -> Grads:
         """Every sample's squared gradient norm for each parameter: ``{p: [B]}`` (``sampled`` aligned to ``layout``)."""
         B = self.num_samples(layout)
@@ -205,6 +208,7 @@ class GhostLedger:
             out[p] = out[p] + sq if p in out else sq
         return out
 
+    @autocast_off()
     def weighted_sums(
         self, weights: Tensor | Grads, sampled: MaterialisedGroup, layout: list[tuple[int, int]]
     ) -> Grads:

@@ -26,6 +26,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from dpnotebook.grad_sample.fast.device import scratch_bytes
+
 #: Largest scratch buffer (bytes) a direct norm computation fills at once; bigger batches go in chunks.
 CHUNK_BYTES = 32 * 2**20
 #: A Gram norm below ``GRAM_TRUST * eps * (in + out)`` times its cancellation-free bound
@@ -59,8 +61,9 @@ def linear_strategy(n: int, d_in: int, d_out: int) -> str:
     return "gram" if n * n * (d_in + d_out) < n * d_in * d_out else "direct"
 
 
-def _chunk(B: int, per_sample: int, itemsize: int) -> int:
-    return max(1, min(B, CHUNK_BYTES // max(1, per_sample * itemsize)))
+def _chunk(B: int, per_sample: int, like: Tensor) -> int:
+    budget = scratch_bytes(CHUNK_BYTES, like)  # measured on a CPU; larger on a GPU (fast/device.py)
+    return max(1, min(B, budget // max(1, per_sample * like.element_size())))
 
 
 def linear_sq_norms(A: Tensor, G: Tensor, *, strategy: str | None = None) -> Tensor:
@@ -80,12 +83,12 @@ def linear_sq_norms(A: Tensor, G: Tensor, *, strategy: str | None = None) -> Ten
         return A.flatten(1).pow(2).sum(1) * G.flatten(1).pow(2).sum(1)
     out = A.new_empty(B)
     if strategy == "gram":
-        step = _chunk(B, 2 * n * n, A.element_size())
+        step = _chunk(B, 2 * n * n, A)
         for s in range(0, B, step):
             a, g = A[s : s + step], G[s : s + step]
             out[s : s + step] = (torch.bmm(a, a.transpose(1, 2)) * torch.bmm(g, g.transpose(1, 2))).sum((1, 2))
         return guard_gram(A, G, out)
-    step = _chunk(B, d_in * d_out, A.element_size())
+    step = _chunk(B, d_in * d_out, A)
     scratch = A.new_empty(step, d_out, d_in)
     for s in range(0, B, step):
         a, g = A[s : s + step], G[s : s + step]
@@ -107,7 +110,7 @@ def shared_gram_sq_norms(As: list[Tensor], G: Tensor) -> list[Tensor]:
     """
     B, n = G.shape[:2]
     out = [G.new_empty(B) for _ in As]
-    step = _chunk(B, (1 + len(As)) * n * n, G.element_size())
+    step = _chunk(B, (1 + len(As)) * n * n, G)
     for s in range(0, B, step):
         g = G[s : s + step]
         gg = torch.bmm(g, g.transpose(1, 2))

@@ -53,7 +53,8 @@ def sum_rows(t: Tensor, K: int, keep: int) -> Tensor:
     """
     split = t.dim() - keep
     middle = K * math.prod(t.shape[1:split])
-    return t.reshape(t.shape[0] // K, middle, *t.shape[split:]).sum(1) / K
+    summed = t.reshape(t.shape[0] // K, middle, *t.shape[split:]).sum(1)
+    return summed / K if K > 1 else summed
 
 
 def affine_reference_grads(

@@ -1,0 +1,77 @@
+"""The repository's pytest options: ``--device cpu`` (the default) or ``--device cuda`` (``make test-gpu``).
+
+With ``--device cuda`` every test runs with CUDA as the default device
+(:class:`tests.device.TestDevice`); doctests, whose expected output is the CPU's,
+are deselected, and the notebooks choose their device themselves. On a machine
+without a CUDA GPU every test is skipped, and the run ends with one line that
+says so: nothing passes silently on the CPU in the GPU's place.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.device import DEVICES, TestDevice, no_gpu_reason
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--device",
+        choices=DEVICES,
+        default="cpu",
+        help="where the tests run: cpu (default) or cuda (every test skipped, with one line, if there is no GPU)",
+    )
+
+
+def _gpu_wanted(config: pytest.Config) -> bool:
+    return config.getoption("device") == "cuda"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if _gpu_wanted(config) and no_gpu_reason() is None:
+        context = TestDevice("cuda")
+        context.__enter__()
+        config.stash[_CONTEXT] = context
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    context = config.stash.get(_CONTEXT, None)
+    if context is not None:
+        context.__exit__(None, None, None)
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    if not _gpu_wanted(config):
+        return None
+    reason = no_gpu_reason()
+    if reason:
+        return f"device: cuda requested, {reason}"
+    import torch
+
+    return f"device: cuda ({torch.cuda.get_device_name()}, {torch.cuda.device_count()} GPU(s))"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not _gpu_wanted(config):
+        return
+    doctests = [item for item in items if isinstance(item, pytest.DoctestItem)]
+    if doctests:  # their expected output is the CPU's (no device='cuda:0' in it)
+        config.hook.pytest_deselected(items=doctests)
+        items[:] = [item for item in items if not isinstance(item, pytest.DoctestItem)]
+    reason = no_gpu_reason()
+    if reason:
+        skip = pytest.mark.skip(reason=f"--device cuda: {reason}")
+        for item in items:
+            item.add_marker(skip)
+        config.stash[_SKIPPED] = (len(items), reason)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    skipped = config.stash.get(_SKIPPED, None)
+    if skipped is not None:
+        count, reason = skipped
+        terminalreporter.write_line(f"--device cuda: all {count} tests SKIPPED, none ran: {reason}", yellow=True)
+
+
+_CONTEXT = pytest.StashKey[TestDevice]()
+_SKIPPED = pytest.StashKey[tuple[int, str]]()
