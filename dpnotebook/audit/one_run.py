@@ -39,7 +39,7 @@ __all__ = [
     "OneRunAudit",
     "audit_one_run",
     "default_guesses",
-    "tie_safe_guesses",
+    "worst_case_correct",
 ]
 
 
@@ -122,31 +122,40 @@ def one_run_epsilon(
     return float(brentq(excess, high / 2 if high > 1 else 0.0, high, xtol=1e-6))
 
 
-def tie_safe_guesses(scores: np.ndarray, k_in: int, k_out: int) -> tuple[np.ndarray, np.ndarray]:
-    """Masks of the canaries guessed "in" (about the ``k_in`` highest scores) and "out" (the ``k_out`` lowest).
+def worst_case_correct(scores: np.ndarray, included: np.ndarray, k_in: int, k_out: int) -> int:
+    """Right guesses of "in" for the ``k_in`` highest scores and "out" for the ``k_out`` lowest, ties broken worst.
 
-    The guesses must depend on the scores alone: the bound assumes each guess is a function of
-    the training run's output. Breaking a tie by position would let the order in which the
-    canaries are listed (members first, say) decide guesses, and an information-free attack
-    would "refute" epsilon (issue #28: 1,000 equal scores listed members first gave
-    epsilon >= 4.57). So a cut never splits a group of equal scores: "in" is every canary
-    scoring at least the ``k_in``-th highest score, "out" every one scoring at most the
-    ``k_out``-th lowest, and a group that both would claim (all scores equal, say) is abstained
-    on. Without ties these are exactly the ``k_in`` highest and ``k_out`` lowest; with ties
-    there may be more guesses, never a guess that depends on the order of ``scores``.
+    The bound assumes each guess is a function of the training run's output, and exactly
+    ``k_in + k_out`` guesses (Steinke et al. need ``||T'||_1 <= r`` almost surely). Where a group of
+    equal scores straddles a cut, *which* of its canaries are guessed is not a function of the
+    output: breaking the tie by position would let the order in which the canaries are listed
+    decide (issue #28: 1,000 equal scores listed members first gave epsilon >= 4.57). So the
+    count is conservative: inside a straddling group, the guesses are taken to land on the wrong
+    canaries first (non-members for "in", members for "out"). Every tie-breaking, by position or
+    by independent coins, is right at least this often, so the bound computed from this count
+    holds for any order of the canaries and any ties; without ties it is the plain count.
 
-    >>> guess_in, guess_out = tie_safe_guesses(np.array([3.0, 2.0, 2.0, 1.0, 0.0]), 2, 1)
-    >>> guess_in.tolist(), guess_out.tolist()        # 2.0 straddles the 2nd highest: guessed whole
-    ([True, True, True, False, False], [False, False, False, False, True])
-    >>> [int(m.sum()) for m in tie_safe_guesses(np.zeros(1000), 300, 300)]   # all tied: no guess at all
-    [0, 0]
+    >>> worst_case_correct(np.array([3.0, 2.0, 2.0, 1.0, 0.0]), np.array([True, True, False, False, False]), 2, 1)
+    2
+    >>> worst_case_correct(np.zeros(1000), np.arange(1000) < 500, 300, 300)   # all tied: nothing is known
+    0
     """
     s = np.asarray(scores, dtype=float)
-    descending = np.sort(s)[::-1]
-    guess_in = s >= descending[k_in - 1] if k_in else np.zeros(s.size, dtype=bool)
-    guess_out = s <= descending[s.size - k_out] if k_out else np.zeros(s.size, dtype=bool)
-    both = guess_in & guess_out  # one tie group that both cuts reach: abstain on it
-    return guess_in & ~both, guess_out & ~both
+    inc = np.asarray(included, dtype=bool)
+    m = s.size
+    order = np.argsort(-s, kind="stable")
+    ranked, members = s[order], inc[order]
+    starts = np.flatnonzero(np.r_[True, ranked[1:] != ranked[:-1]])
+    ends = np.r_[starts[1:], m]
+    correct = 0
+    for lo, hi in zip(starts.tolist(), ends.tolist()):
+        a = int(members[lo:hi].sum())  # members in this tie group
+        b = (hi - lo) - a  # non-members
+        j_in = max(0, min(hi, k_in) - lo)  # slots of the "in" cut inside the group
+        j_out = max(0, hi - max(lo, m - k_out))  # slots of the "out" cut inside the group
+        right_in = max(0, j_in - b)  # "in" guesses land on non-members first
+        correct += right_in + max(0, j_out - (a - right_in))  # "out" guesses on the members left
+    return correct
 
 
 def default_guesses(canaries: int) -> list[tuple[int, int]]:
@@ -169,7 +178,7 @@ class OneRunAudit:
         epsilon: the empirical lower bound on epsilon (holds with probability ``1 - significance``).
         canaries: m.
         guesses_in, guesses_out: the "in" and "out" guesses of the bound reported: ``k+`` and ``k-``, or
-            more where a group of equal scores straddles the cut (guessed whole, see :func:`tie_safe_guesses`).
+            always (a tie that straddles the cut is counted at its worst, see :func:`worst_case_correct`).
         correct: right guesses among them.
         delta, significance: as given.
         tried: how many ``(k+, k-)`` pairs were tried (the Bonferroni factor).
@@ -214,8 +223,8 @@ def audit_one_run(
         delta: the delta of the claim tested (the accountant's delta).
         significance: the chance that the bound is wrong, shared out over the pairs tried.
         guesses: ``k+`` or ``(k+, k-)`` pairs to try (default :func:`default_guesses`). Ties are never
-            broken by position: equal scores are guessed together (:func:`tie_safe_guesses`),
-            so the bound holds for any order of the canaries and any ties.
+            broken by position: a tie that straddles a cut is counted at its worst
+            (:func:`worst_case_correct`), so the bound holds for any order of the canaries and any ties.
 
     >>> rng = np.random.default_rng(0)
     >>> included = rng.random(1000) < 0.5
@@ -246,11 +255,9 @@ def audit_one_run(
     alpha = _check_significance(significance) / len(pairs)
     best = None
     for k_in, k_out in pairs:
-        guess_in, guess_out = tie_safe_guesses(s, k_in, k_out)
-        right = int(inc[guess_in].sum()) + int((~inc[guess_out]).sum())
-        made_in, made_out = int(guess_in.sum()), int(guess_out.sum())
-        eps = one_run_epsilon(canaries=m, guesses=made_in + made_out, correct=right, delta=delta, significance=alpha)
+        right = worst_case_correct(s, inc, k_in, k_out)
+        eps = one_run_epsilon(canaries=m, guesses=k_in + k_out, correct=right, delta=delta, significance=alpha)
         if best is None or eps > best.epsilon:
-            best = OneRunAudit(eps, m, made_in, made_out, right, _check_delta(delta), significance, len(pairs))
+            best = OneRunAudit(eps, m, k_in, k_out, right, _check_delta(delta), significance, len(pairs))
     assert best is not None
     return best
