@@ -17,7 +17,7 @@
   activations and backprops read in float32, per-sample work with autocast off);
 * the modes ``"ew"`` (:mod:`~dpnotebook.grad_sample.engine.expanded_weights`) and
   Opacus' ``"no_op"`` (:mod:`~dpnotebook.grad_sample.engine.gsm_no_op`), both
-  :class:`~dpnotebook.grad_sample.engine.outer_wrapper.OuterWrapper`\ s;
+  :class:`~dpnotebook.grad_sample.engine.outer_wrapper.OuterWrapper` classes;
 * the refusals that keep rows right: :mod:`~dpnotebook.grad_sample.engine.batch_rows`,
   :mod:`~dpnotebook.grad_sample.engine.output_batch_dim`,
   :mod:`~dpnotebook.grad_sample.engine.outside_use`,
