@@ -51,4 +51,3 @@ def test_the_checker_sees_a_violation(tmp_path: Path) -> None:
     path = tmp_path / "99_demo.ipynb"
     path.write_text(json.dumps({"cells": cells}))
     assert len(_violations(path)) == 3
-
