@@ -175,7 +175,8 @@ def gaussian_rdp(alpha: float | np.ndarray, *, noise_multiplier: float) -> float
     """Rényi DP of the Gaussian mechanism at order ``alpha > 1``: ``alpha / (2 sigma^2)``.
 
     ``sigma`` is the noise std in units of the L2 sensitivity (DP-SGD's noise multiplier).
-    Mironov (2017), Proposition 7; composing ``k`` such mechanisms adds their RDP, ``k alpha / (2 sigma^2)``.
+    Mironov (2017), among its basic mechanisms. Composing ``k`` such mechanisms adds their RDP:
+    ``k alpha / (2 sigma^2)``.
 
     Args:
         alpha: the Rényi order(s), each > 1.
