@@ -72,7 +72,7 @@ def _exact(epsilon, delta, sensitivity):
         (_guarded(lambda e, d, s: math.sqrt(2 * math.log(1.25 / d)) / e), "multiply by it"),
         (_guarded(lambda e, d, s: s**2 * math.sqrt(2 * math.log(1.25 / d)) / e), "not Δ²"),
         (_guarded(_exact), "exact analysis allows"),  # the accountant's σ: a library call is not the answer
-        (_guarded(lambda e, d, s: 3.0), "Theorem A.1 asks for"),
+        (_guarded(lambda e, d, s: 3.0), "not the smallest σ Theorem A.1 allows"),
         (lambda e, d, s: s * math.sqrt(2 * math.log(1.25 / d)) / e, "proved only for 0 < ε < 1"),
         (lambda e, d, s: _classic(e, d, s) if e < 1 else 0.1 * s, "proved only for 0 < ε < 1"),
         (lambda e, d, s: _classic(e, d, s) if e != 10.0 else math.sqrt(2 * math.log(1.25 / d)) / e, "really fails"),

@@ -139,7 +139,7 @@ def check_classic_sigma(classic_sigma: Callable[[float, float, float], float]) -
                 sensitivity * math.sqrt(2 * math.log(1 / delta)) / epsilon,
                 "you used ln(1/δ); the theorem has ln(1.25/δ)",
             ),
-            (sensitivity * 2 * log_term / epsilon, "the square root is missing: σ = Δ · sqrt(2 ln(1.25/δ)) / ε"),
+            (sensitivity * 2 * log_term / epsilon, "the square root is missing: c is the square root of 2 ln(1.25/δ)"),
             (sensitivity * math.sqrt(log_term) / epsilon, "the factor 2 under the square root is missing"),
             (sensitivity * math.sqrt(2 * log_term) * epsilon, "σ grows as ε shrinks: divide by ε, do not multiply"),
             (math.sqrt(2 * log_term) / epsilon, "σ scales with the sensitivity Δ: multiply by it"),
@@ -155,7 +155,9 @@ def check_classic_sigma(classic_sigma: Callable[[float, float, float], float]) -
                 f"accountants compute); the exercise asks for the classic bound of Theorem A.1, {right / exact:.2f}× "
                 "larger: write its formula"
             )
-        raise ExerciseFailed(f"{call} = {got:.4g}; Theorem A.1 asks for σ = Δ · sqrt(2 ln(1.25/δ)) / ε")
+        raise ExerciseFailed(
+            f"{call} = {got:.4g}, not the smallest σ Theorem A.1 allows: σ = c Δ / ε, with c at its limit"
+        )
     for epsilon in (1.0, 2.0, 10.0, 0.0, -0.5):
         try:
             got = classic_sigma(epsilon, 1e-5, 1.0)
@@ -225,9 +227,9 @@ def check_rdp_epsilon(rdp_epsilon: Callable[[int, float, float], float]) -> str:
         integer = min(_rdp_classic(k, sigma, delta, a) for a in range(2, 257))
         if _close(got, integer, rel=1e-4):
             raise ExerciseFailed(
-                f"{call} = {got:.5g} is the minimum over integer orders; the best order "
-                f"α = 1 + σ sqrt(2 ln(1/δ) / k) = {1 + sigma * math.sqrt(2 * math.log(1 / delta) / k):.3f} is not "
-                "an integer: minimise over every real α > 1 (set the derivative in α to zero)"
+                f"{call} = {got:.5g} is the minimum over integer orders; the best order here is "
+                f"α = {1 + sigma * math.sqrt(2 * math.log(1 / delta) / k):.3f}, not an integer: minimise over every "
+                "real α > 1 (set the derivative in α to zero)"
             )
         if _tighter_conversions(k, sigma, delta, got):
             raise ExerciseFailed(
