@@ -69,6 +69,27 @@ def test_bad_ids_are_the_authors_error() -> None:
         check("98.nothing_here", 1)
 
 
+def test_a_lettered_tutorial_has_its_own_ids(tmp_path: Path) -> None:
+    """'03b' sorts between 03 and 04: its ids, check calls and notebook name carry the letter."""
+    from dpnotebook.exercises.core import tutorial_prefix
+    from dpnotebook.exercises.notebooks import check_cells
+
+    assert tutorial_prefix("03b.rr_epsilon") == "03b" and tutorial_prefix("03.clipping_bound") == "03"
+    for bad in ("03B.x", "03bb.x", "3b.x"):
+        with pytest.raises(ValueError, match="not an exercise id"):
+            register_check(bad)
+    with pytest.raises(ValueError, match="tutorial_98z.py"):
+        check("98z.nothing_here", 1)
+    notebook = {"cells": [{"cell_type": "code", "source": 'check("03b.rr_epsilon", rr_epsilon)'}]}
+    assert check_cells(notebook) == {"03b.rr_epsilon": [0]}
+    path = _notebook(tmp_path, "✗ 99.square: not yet solved — write square(x)\n", "def square(x):\n    return x")
+    assert problems(path) == []
+    lettered = path.with_name("99b_demo.ipynb")
+    path.rename(lettered)
+    (tmp_path / "solutions" / "99_demo.py").rename(tmp_path / "solutions" / "99b_demo.py")
+    assert any("does not start with the notebook's number" in p for p in problems(lettered))
+
+
 def test_parse_solutions_stops_at_other_cells_and_refuses_duplicates() -> None:
     text = "header\n# %% exercise 99.a\nx = 1\n\n# %%\nignored\n# %% exercise 99.b\ny = 2\n"
     assert parse_solutions(text) == {"99.a": "x = 1", "99.b": "y = 2"}

@@ -1,7 +1,8 @@
 """Checking a tutorial exercise: the registry of checkers and the verdict a student sees.
 
 A checker is a function registered under an exercise id such as ``"02.linear_einsum"``
-(the tutorial's two-digit number, a dot, a name). It receives the student's answer and
+(the tutorial's number, a dot, a name; the number is two digits, with a letter for a tutorial
+slotted between two others, as ``"03b"``). It receives the student's answer and
 any context the notebook passes, compares the answer with the library or an oracle, and
 either returns (solved; optionally with a sentence to print) or raises
 :class:`ExerciseFailed` with a hint that names the common mistake.
@@ -51,7 +52,7 @@ from typing import Any, Callable
 ENVIRONMENT_VARIABLE = "DPNOTEBOOK_EXERCISES"
 """Set to ``"solutions"`` to make every verdict but *solved* raise ``AssertionError``."""
 
-_ID = re.compile(r"^(\d\d)\.[A-Za-z_][A-Za-z0-9_.]*$")
+_ID = re.compile(r"^(\d\d[a-z]?)\.[A-Za-z_][A-Za-z0-9_.]*$")
 _DEFAULT_TODO = "replace the stub in the exercise cell with your answer, run that cell, then this one"
 
 
@@ -120,19 +121,28 @@ _CHECKS: dict[str, _Check] = {}
 def _validated_id(exercise_id: str) -> str:
     if not isinstance(exercise_id, str) or not _ID.match(exercise_id):
         raise ValueError(
-            f"exercise_id={exercise_id!r} is not an exercise id. Fix: use the tutorial's two-digit number, "
-            "a dot and a name, e.g. '02.linear_einsum'."
+            f"exercise_id={exercise_id!r} is not an exercise id. Fix: use the tutorial's two-digit number "
+            "(and its letter, if it has one), a dot and a name, e.g. '02.linear_einsum' or '03b.rr_epsilon'."
         )
     return exercise_id
+
+
+def tutorial_prefix(exercise_id: str) -> str:
+    """The tutorial an exercise belongs to: the part of its id before the dot.
+
+    >>> tutorial_prefix("02.linear_einsum"), tutorial_prefix("03b.rr_epsilon")
+    ('02', '03b')
+    """
+    return _validated_id(exercise_id).split(".", 1)[0]
 
 
 def register_check(exercise_id: str, todo: str = _DEFAULT_TODO) -> Callable[[Callable], Callable]:
     """Decorator registering a checker for ``exercise_id``.
 
     Args:
-        exercise_id: ``"NN.name"``; ``NN`` is the tutorial's number. :func:`check` imports
-            ``dpnotebook.exercises.tutorial_NN`` the first time it meets an id with that
-            prefix, so a new tutorial's checkers need only that module.
+        exercise_id: ``"NN.name"``; ``NN`` is the tutorial's number (``"03b"`` for a tutorial
+            with a letter). :func:`check` imports ``dpnotebook.exercises.tutorial_NN`` the first
+            time it meets an id with that prefix, so a new tutorial's checkers need only that module.
         todo: What the student should do while the answer is still the stub.
 
     Returns:
@@ -190,7 +200,7 @@ def is_stub(value: Any) -> bool:
 def _lookup(exercise_id: str) -> _Check:
     _validated_id(exercise_id)
     if exercise_id not in _CHECKS:
-        module = f"dpnotebook.exercises.tutorial_{exercise_id[:2]}"
+        module = f"dpnotebook.exercises.tutorial_{tutorial_prefix(exercise_id)}"
         try:
             import_module(module)
         except ModuleNotFoundError as err:
@@ -199,7 +209,7 @@ def _lookup(exercise_id: str) -> _Check:
     if exercise_id not in _CHECKS:
         raise ValueError(
             f"exercise_id={exercise_id!r} has no registered checker. Fix: define it with "
-            f"@register_check({exercise_id!r}) in dpnotebook/exercises/tutorial_{exercise_id[:2]}.py."
+            f"@register_check({exercise_id!r}) in dpnotebook/exercises/tutorial_{tutorial_prefix(exercise_id)}.py."
         )
     return _CHECKS[exercise_id]
 

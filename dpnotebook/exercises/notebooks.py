@@ -29,11 +29,11 @@ import re
 from pathlib import Path
 from typing import Any
 
-from dpnotebook.exercises.core import ENVIRONMENT_VARIABLE, Status
+from dpnotebook.exercises.core import ENVIRONMENT_VARIABLE, Status, tutorial_prefix
 
 TAG = "exercise"
 _BLOCK = re.compile(r"^# %% exercise\s+(\S+)\s*$")
-_CHECK_CALL = re.compile(r"""\bcheck\(\s*["'](\d\d\.[A-Za-z0-9_.]+)["']""")
+_CHECK_CALL = re.compile(r"""\bcheck\(\s*["'](\d\d[a-z]?\.[A-Za-z0-9_.]+)["']""")
 
 
 def parse_solutions(text: str) -> dict[str, str]:
@@ -159,7 +159,7 @@ def problems(notebook_path: Path, solutions_dir: Path | None = None) -> list[str
         found.append(f"{path}: block {exercise_id!r} has no cell tagged {TAG!r} in {notebook_path.name}")
     checks = check_cells(notebook)
     for exercise_id, index in cells.items():
-        if not notebook_path.name.startswith(exercise_id[:2]):
+        if not notebook_path.name.startswith(tutorial_prefix(exercise_id) + "_"):
             found.append(f"{notebook_path.name}: exercise id {exercise_id!r} does not start with the notebook's number")
         later = [i for i in checks.get(exercise_id, []) if i > index]
         if not later:

@@ -11,6 +11,8 @@ One concept per module:
 * :mod:`~dpnotebook.privacy.batch_memory`: Opacus' :class:`BatchMemoryManager`;
 * :mod:`~dpnotebook.privacy.accounting`: epsilon from Google's ``dp_accounting``;
 * :mod:`~dpnotebook.privacy.calibration`: the noise multiplier a privacy budget allows;
+* :mod:`~dpnotebook.privacy.mechanisms`: the textbook mechanisms (randomized response, Laplace,
+  Gaussian), amplification by subsampling and the Gaussian's RDP, for computing privacy by hand;
 * :mod:`~dpnotebook.privacy.engine`: :class:`PrivacyEngine` and ``make_private``;
 * :mod:`~dpnotebook.privacy.distributed`, :mod:`~dpnotebook.privacy.distributed_sampler`,
   :mod:`~dpnotebook.privacy.distributed_launch`: DP-SGD on several processes (``DPDDP``);
