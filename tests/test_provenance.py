@@ -242,3 +242,15 @@ def test_functorch_mode_runs_no_probe() -> None:
     model.register_forward_hook(lambda m, a, o: calls.append(1))
     dpnotebook.wrap_model(model, "functorch")(torch.randn(4, 3)).sum().backward()
     assert len(calls) == 2  # the forward pass and its replay in the backward pass
+
+
+def test_equal_infinities_and_nans_are_equal_rows() -> None:
+    """A layer's output may hold -inf (masked scores): the same -inf in both passes has not moved."""
+    from dpnotebook.grad_sample.engine.provenance import _row_gaps
+
+    a = torch.tensor([[float("-inf"), float("nan"), 1.0], [2.0, 3.0, 4.0], [float("inf"), 0.0, 0.0]])
+    b = a.clone()
+    b[1, 0] = 2.5
+    b[2, 0] = 0.0
+    assert _row_gaps(a, b, 0).tolist() == [0.0, 0.5, float("inf")]
+    assert _row_gaps(a.t(), b.t(), 1).tolist() == [0.0, 0.5, float("inf")]

@@ -146,20 +146,38 @@ def _tolerance(x: Tensor) -> float:
     """What float kernels may round differently between two batches: ``sqrt(eps)`` of the tensor's scale."""
     if not x.is_floating_point() or not x.numel():
         return 0.0
-    finite = x.detach().abs().nan_to_num(0.0, posinf=0.0, neginf=0.0)
-    return math.sqrt(torch.finfo(x.dtype).eps) * float(finite.max())
+    scale = float(x.detach().abs().amax())
+    if not math.isfinite(scale):  # rare (masked scores): the scale of the finite entries
+        scale = float(x.detach().abs().nan_to_num(0.0, posinf=0.0, neginf=0.0).amax())
+    return math.sqrt(torch.finfo(x.dtype).eps) * scale
+
+
+def _row_max(d: Tensor, bd: int) -> Tensor:
+    """The largest entry of ``d`` in each row of ``bd``, as float64 ``[rows]``."""
+    others = [i for i in range(d.dim()) if i != bd]
+    if not others:
+        return d.to(torch.float64)
+    if not d.numel():
+        return torch.zeros(d.shape[bd], dtype=torch.float64)
+    return d.amax(dim=others).to(torch.float64)
 
 
 def _row_gaps(a: Tensor, b: Tensor, bd: int) -> Tensor:
-    """``|a - b|``'s largest entry in each row of ``bd`` (equal infinities and NaNs count as equal)."""
-    a, b = a.detach().movedim(bd, 0), b.detach().movedim(bd, 0)
-    if a.is_floating_point():
-        same = (a == b) | (a.isnan() & b.isnan())
-        d = torch.where(same, torch.zeros((), dtype=a.dtype, device=a.device), (a - b).abs()).nan_to_num(math.inf)
-    else:
-        d = (a != b).to(torch.float32) * math.inf
-    d = d.reshape(a.shape[0], -1).to(torch.float64)
-    return d.amax(1) if d.shape[1] else torch.zeros(a.shape[0], dtype=torch.float64)
+    """``|a - b|``'s largest entry in each row of ``bd`` (equal infinities and NaNs count as equal; others: inf)."""
+    a, b = a.detach(), b.detach()
+    if not a.is_floating_point():
+        return _row_max((a != b).to(torch.float32), bd) * math.inf
+    gaps = _row_max((a - b).abs(), bd)
+    bad = ~torch.isfinite(gaps)
+    if bool(bad.any()):  # inf - inf or a NaN somewhere in those rows: compare them entry by entry
+        rows = torch.nonzero(bad).flatten().to(a.device)
+        ra, rb = a.index_select(bd, rows), b.index_select(bd, rows)
+        same = (ra == rb) | (ra.isnan() & rb.isnan())
+        d = torch.where(same, torch.zeros((), dtype=a.dtype, device=a.device), (ra - rb).abs()).nan_to_num(
+            math.inf, posinf=math.inf
+        )
+        gaps[rows.cpu()] = _row_max(d, bd).cpu()
+    return gaps
 
 
 def _moved_rows(gaps: Tensor, keep: set[int], tol: float) -> list[int]:
@@ -225,8 +243,6 @@ def _forward_check(layers: list[ProbeLayer], rec: _Recorder, rows: int, B: int, 
     """
     seen = [0] * len(layers)
     j_rows = set(range(j * K, (j + 1) * K))
-    source = torch.arange(rows)
-    source[j * K : (j + 1) * K] = torch.arange(k * K, (k + 1) * K)
 
     def compare(i: int, ins: list, outs: list) -> None:
         path, module, bd = layers[i]
@@ -243,10 +259,10 @@ def _forward_check(layers: list[ProbeLayer], rec: _Recorder, rows: int, B: int, 
             for t, (a, b) in enumerate(zip(now, before)):
                 if not (_rows_of(a, rows, bd) and _rows_of(b, rows, bd)) or a.shape != b.shape:
                     continue
-                if side == "input" and bool((_row_gaps(a, b, bd) == 0).all()):
+                if side == "input" and torch.equal(a, b):
                     continue
                 tol = _tolerance(b)
-                gaps = _row_gaps(a, b.index_select(bd, source.to(b.device)), bd)
+                gaps = _row_gaps(a, b, bd)  # sample j's rows are compared with sample k's below
                 moved = _moved_rows(gaps, j_rows, tol)
                 if moved:
                     what = (
@@ -254,7 +270,7 @@ def _forward_check(layers: list[ProbeLayer], rec: _Recorder, rows: int, B: int, 
                         f"in its {side} {t} (rows {moved[:8]} moved by up to {float(gaps[moved].max()):.3g})"
                     )
                     raise _refusal(path, module, what, rows, B, K)
-                gap = float(gaps[sorted(j_rows)].max())
+                gap = float(_row_gaps(_sample_rows(a, bd, j, K), _sample_rows(b, bd, k, K), bd).max())
                 if gap > tol:
                     what = (
                         f"Replacing sample {j}'s input rows with sample {k}'s did not make rows "
@@ -278,7 +294,7 @@ def _backward_check(layers: list[ProbeLayer], rec: _Recorder, grads: tuple, rows
         path, module, bd = layers[i]
         if g is None or not _rows_of(g, rows, bd):
             continue
-        moved = _moved_rows(_row_gaps(g, torch.zeros_like(g), bd), keep, _tolerance(g))
+        moved = _moved_rows(_row_max(g.detach().abs(), bd).nan_to_num(math.inf, posinf=math.inf), keep, _tolerance(g))
         if moved:
             what = (
                 f"A gradient on sample {j}'s rows of the model's output alone reached rows {moved[:8]} "
