@@ -5,8 +5,10 @@ is put together that has broken DP libraries before: a registered sampler
 (``mlp``, ``conv``, ``seq_linear``, ``embedding``, ``norms``), the ``torch.func``
 fallback (``fallback``), DP recurrent and attention layers (``lstm``,
 ``attention``), tied and shared modules (``tied``, ``shared_parent``), a
-parameter used outside its layer (``outside_use``) and a model that runs
-time-major inside while its input is batch-first (``time_major``).
+parameter used outside its layer (``outside_use``), a model that runs
+time-major inside while its input is batch-first (``time_major``) and a T5-style
+relative-position bias whose ``T`` query positions equal the batch's rows
+(``relative_bias``, audited with neighbours that keep the batch size).
 
 A sequence family's sample is ``[T, ...]`` and its output ``[T, classes]``; in
 the time-major layout (``batch_first=False``) rows are in dim 1 of both.
@@ -29,7 +31,7 @@ from torch import Tensor, nn
 
 from dpnotebook.layers import DPLSTM, DPMultiheadAttention
 
-__all__ = ["Family", "FAMILIES"]
+__all__ = ["Family", "FAMILIES", "RelativeBias"]
 
 T = 5  # positions of a sequence sample
 
@@ -46,6 +48,9 @@ class Family:
         sequence: rows may be in dim 1 (``batch_first=False``) as well.
         vocab: ids are drawn from ``range(vocab)`` (``0`` for float inputs).
         out_batch_first: the output keeps rows in dim 0 in either layout.
+        same_size_neighbours: the neighbour of a batch keeps every sample and sets the
+            removed one's loss weight to 0 (its targets), so that the batch size, which
+            a coincidence of counts may depend on, does not change.
     """
 
     name: str
@@ -55,6 +60,7 @@ class Family:
     sequence: bool = False
     vocab: int = 0
     out_batch_first: bool = False
+    same_size_neighbours: bool = False
 
     @property
     def layouts(self) -> tuple[bool, ...]:
@@ -156,6 +162,38 @@ class _LastStep(nn.Module):
         return self.head(h[:, -1] if self.batch_first else h[-1])
 
 
+class RelativeBias(nn.Module):
+    """T5-style self-attention: a relative-position bias table looked up with a ``[T, T]`` bucket matrix.
+
+    The bias (``nn.Embedding(buckets, heads)`` of the ``[T, T]`` relative distances,
+    ``[H, T, T]``) is computed once and broadcast over the batch, as in Hugging Face
+    T5. Its rows are the ``T`` query positions; when ``T`` equals the batch's ``B*K``
+    rows no count can tell them from samples (:mod:`~dpnotebook.grad_sample.engine.provenance`
+    proves them instead).
+
+    >>> RelativeBias()(torch.randint(0, 11, (3, 4))).shape
+    torch.Size([3, 4, 3])
+    """
+
+    def __init__(self, vocab: int = 11, d: int = 8, heads: int = 2, buckets: int = 7, classes: int = 3) -> None:
+        super().__init__()
+        self.heads, self.buckets = heads, buckets
+        self.emb = nn.Embedding(vocab, d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.rel = nn.Embedding(buckets, heads)
+        self.out = nn.Linear(d, classes)
+
+    def forward(self, idx: Tensor) -> Tensor:
+        B, T = idx.shape
+        q, k, v = self.qkv(self.emb(idx)).view(B, T, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+        pos = torch.arange(T, device=idx.device)
+        half = self.buckets // 2
+        buckets = (pos[None, :] - pos[:, None]).clamp(-half, half) + half  # [T, T] relative distances
+        bias = self.rel(buckets).permute(2, 0, 1)  # [H, T, T], shared by the batch
+        scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5 + bias
+        return self.out((scores.softmax(-1) @ v).transpose(1, 2).reshape(B, T, -1))
+
+
 def _conv(batch_first: bool) -> nn.Module:
     return nn.Sequential(nn.Conv2d(1, 4, 3), nn.GroupNorm(2, 4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 4 * 4, 3))
 
@@ -183,5 +221,7 @@ FAMILIES: dict[str, Family] = {
         Family("outside_use", lambda bf: _OutsideUse(), (6,), (3,)),
         Family("time_major", lambda bf: _TimeMajorInside(), (T,), (T, 3), vocab=11),
         Family("last_step", _LastStep, (T, 6), (3,), sequence=True, out_batch_first=True),
+        # T = 4 = the audit's samples: at K = 1 the batch's rows equal the query positions
+        Family("relative_bias", lambda bf: RelativeBias(), (4,), (4, 3), vocab=11, same_size_neighbours=True),
     ]
 }

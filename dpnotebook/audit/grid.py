@@ -96,6 +96,16 @@ class Outcome:
 #: ``(a mode, a set of modes or None for all, families, layout or None for both, passes or None, error types, message pattern, why)``.
 REFUSALS: list[tuple] = [
     (
+        {"hooks", "ghost", "ew"},
+        {"relative_bias"},
+        None,
+        None,
+        (Exception,),
+        r"rows",
+        "the relative-position bias's rows are query positions: the provenance probe refuses it at B*K = T "
+        "(the row count at B*K != T); functorch replays each sample whole",
+    ),
+    (
         "ew",
         None,
         False,
@@ -186,6 +196,10 @@ def grid(
 ) -> Iterator[GridPoint]:
     """Every point of the grid (a record only where it means something: cancelling copies need ``K > 1``).
 
+    A family audited with neighbours that keep the batch size (``same_size_neighbours``) is
+    audited with ``loss_reduction="sum"`` only: with ``"mean"`` the neighbour's loss is still
+    divided by every row, while the float64 definition divides each sample's by its own rows.
+
     A name that is not a registered mode, a family of :data:`~dpnotebook.audit.families.FAMILIES`
     or a record of :data:`~dpnotebook.audit.records.RECORDS` is a ``ValueError`` listing the
     valid ones (not a grid of points that all fail):
@@ -208,6 +222,8 @@ def grid(
                     if record == "cancelling_copies" and K == 1:
                         continue
                     for loss_reduction, clipping in SETTINGS:
+                        if loss_reduction == "mean" and fam.same_size_neighbours:
+                            continue  # the definition takes each sample alone: its mean is over its own rows
                         for batch_first in fam.layouts:
                             for passes in (1, 2):
                                 yield GridPoint(

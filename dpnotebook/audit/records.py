@@ -124,11 +124,22 @@ class AuditCase:
         return self.family.make(batch_first)
 
     def batch(self, indices: list[int], *, K: int, batch_first: bool) -> tuple[Tensor, Tensor]:
-        """``(inputs, targets)`` of the samples in ``indices``: ``K`` rows each, sample-major."""
+        """``(inputs, targets)`` of the samples in ``indices``: ``K`` rows each, sample-major.
+
+        A family with ``same_size_neighbours`` keeps every sample in the batch and
+        zeroes the targets (so the loss and its gradient) of those not in ``indices``.
+        """
         if K > MAX_K:
             raise ValueError(f"K={K} is more than the {MAX_K} copies a case prepares.")
-        targets = _rows(self.targets, indices, K, batch_first or self.family.out_batch_first)
-        return _rows(self.inputs, indices, K, batch_first), targets
+        targets = self.targets
+        if self.family.same_size_neighbours:
+            weights = torch.zeros(self.num_samples, dtype=targets.dtype)
+            weights[indices] = 1
+            targets = targets * weights.view(-1, *[1] * (targets.dim() - 1))
+            indices = list(range(self.num_samples))
+        return _rows(self.inputs, indices, K, batch_first), _rows(
+            targets, indices, K, batch_first or self.family.out_batch_first
+        )
 
     def loss(
         self, *, loss_reduction: str, batch_first: bool, K: int, passes: int = 1

@@ -18,7 +18,9 @@
 * the modes ``"ew"`` (:mod:`~dpnotebook.grad_sample.engine.expanded_weights`) and
   Opacus' ``"no_op"`` (:mod:`~dpnotebook.grad_sample.engine.gsm_no_op`), both
   :class:`~dpnotebook.grad_sample.engine.outer_wrapper.OuterWrapper` classes;
-* the refusals that keep rows right: :mod:`~dpnotebook.grad_sample.engine.batch_rows`,
+* the refusals that keep rows right: :mod:`~dpnotebook.grad_sample.engine.provenance`
+  (the one-time proof that every layer's rows are the samples),
+  :mod:`~dpnotebook.grad_sample.engine.batch_rows`,
   :mod:`~dpnotebook.grad_sample.engine.output_batch_dim`,
   :mod:`~dpnotebook.grad_sample.engine.outside_use`,
   :mod:`~dpnotebook.grad_sample.engine.ownership`,

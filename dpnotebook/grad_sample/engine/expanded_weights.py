@@ -39,6 +39,7 @@ from dpnotebook.grad_sample.engine.accumulation import carry_processed
 from dpnotebook.grad_sample.engine.module import check_k, check_loss_reduction
 from dpnotebook.grad_sample.engine.outer_wrapper import OuterWrapper
 from dpnotebook.grad_sample.engine.packed import refuse_packed
+from dpnotebook.grad_sample.engine.provenance import layers_with_parameters, probe_rows
 from dpnotebook.validation import Problem, raise_if_problems, validate
 
 
@@ -136,6 +137,7 @@ class GradSampleModuleExpandedWeights(OuterWrapper):
         self._earlier: dict[int, Tensor] = {}
         self._passes: list[int] = []  # rows of each forward pass the running backward pass has reached
         self._has_rnn = any(isinstance(m, nn.RNNBase) for m in module.modules())
+        self._rows_proof: str | None = None  # what the provenance probe has shown so far
 
     @classmethod
     def validate(cls, module: nn.Module, *, strict: bool = False) -> list[Problem]:
@@ -152,6 +154,8 @@ class GradSampleModuleExpandedWeights(OuterWrapper):
         refuse_packed(args, kwargs, "ew", self._module)
         _refuse_autocast()
         rows = self._rows(args)
+        if self._rows_proof != "proven":
+            self._prove_rows(args, kwargs)
         self._passes = []  # left over only by a backward pass that failed
         self._set_aside_earlier_samples()
         try:
@@ -180,6 +184,21 @@ class GradSampleModuleExpandedWeights(OuterWrapper):
         if leaves:
             register_multi_grad_hook(leaves, lambda grads: self._queue_finish(rows), mode="any")
         return out
+
+    def _prove_rows(self, args: tuple, kwargs: dict) -> None:
+        """The provenance probe (:mod:`~dpnotebook.grad_sample.engine.provenance`) on every layer with parameters."""
+        with _plain_rnn_kernels(self._has_rnn):
+            found = probe_rows(
+                self._module,
+                layers_with_parameters(self._module),
+                args,
+                kwargs,
+                K=self.K,
+                batch_dim=0,
+                backward_proven=self._rows_proof == "backward only",
+            )
+        if found != "nothing to prove":
+            self._rows_proof = found
 
     def _rows(self, args: tuple) -> int:
         first = next((a for a in args if isinstance(a, Tensor)), None)

@@ -20,10 +20,11 @@ from torch.utils._pytree import tree_flatten
 
 from dpnotebook.errors import GradSampleError
 from dpnotebook.grad_sample.engine.batch_rows import count_rows
-from dpnotebook.grad_sample.engine.functorch_fallback import check_replay_chunk
+from dpnotebook.grad_sample.engine.functorch_fallback import capture_is_paused, check_replay_chunk
 from dpnotebook.grad_sample.engine.hooks import LayerHooks
 from dpnotebook.grad_sample.engine.outside_use import outside_use
 from dpnotebook.grad_sample.engine.ownership import check_not_wrapped
+from dpnotebook.grad_sample.engine.provenance import ProbeLayer, probe_rows
 from dpnotebook.grad_sample.engine.registry import GradSamplerView, SamplerEntry
 from dpnotebook.grad_sample.engine.units import plan_units
 from dpnotebook.grad_sample.engine.wrap_arguments import LOSS_REDUCTIONS, check_k, check_loss_reduction  # noqa: F401  (also imported from here)
@@ -62,6 +63,8 @@ class GradSampleModule(nn.Module):
     """
 
     grad_sample_mode = "hooks"  # which checks of dpnotebook.validate apply
+    #: run the provenance probe (:mod:`~dpnotebook.grad_sample.engine.provenance`) until it has proven the rows
+    probes_rows = True
     #: Opacus' name for the sampler registry, as a dict view (:class:`~dpnotebook.grad_sample.engine.registry.GradSamplerView`)
     GRAD_SAMPLERS = GradSamplerView()
 
@@ -97,6 +100,7 @@ class GradSampleModule(nn.Module):
         self._rows_seen: tuple[str, int] | None = None
         self._rows_input: int | None = None
         self._in_forward = False
+        self._rows_proof: str | None = None  # what the provenance probe has shown so far
         self._store = GradSampleStore(self)
         self._hooks: LayerHooks | None = None
         self.add_hooks()
@@ -173,6 +177,8 @@ class GradSampleModule(nn.Module):
             self._rows_input = first.shape[0 if self.batch_first else 1]
         else:  # a 1-d input may be an EmbeddingBag's flat indices: not counted
             self._rows_input = count_rows(args, kwargs, batch_first=self.batch_first, min_dim=2)
+        if self._rows_proof != "proven" and self.probes_rows:
+            self._prove_rows(args, kwargs)
         self._in_forward = True
         try:
             output = self._forward(*args, **kwargs)
@@ -181,6 +187,31 @@ class GradSampleModule(nn.Module):
         if self._hooks is not None and self._hooks.watched and self.hooks_enabled and torch.is_grad_enabled():
             self._refuse_outside_use(output, self._hooks.watched)
         return output
+
+    def _prove_rows(self, args: tuple, kwargs: dict) -> None:
+        """Run the provenance probe on this batch, on a forward pass with gradients, until it has proven the rows."""
+        if self._hooks is None or not self.hooks_enabled or not torch.is_grad_enabled() or capture_is_paused():
+            return
+        found = probe_rows(
+            self._module,
+            self._probe_layers(),
+            args,
+            kwargs,
+            K=self.K,
+            batch_dim=0 if self.batch_first else 1,
+            backward_proven=self._rows_proof == "backward only",
+        )
+        if found != "nothing to prove":
+            self._rows_proof = found
+
+    def _probe_layers(self) -> list[ProbeLayer]:
+        """``(path, module, batch dim)`` of every unit whose rows the probe must prove to be samples."""
+        assert self._hooks is not None  # only called with the hooks installed
+        return [
+            (path, m, self._hooks._batch_dim(m, entry))
+            for path, m, entry in self._hooks.units
+            if any(p.requires_grad for p in m.parameters(recurse=entry is None))
+        ]
 
     def _refuse_outside_use(self, output: Any, watched: dict[int, nn.Parameter]) -> None:
         """Raise if a sampled layer's parameter is also used outside that layer (see :mod:`.outside_use`)."""

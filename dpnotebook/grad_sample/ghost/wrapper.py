@@ -209,6 +209,11 @@ class GhostGradSampleModule(GradSampleModule):
             return None
         return Tap.apply(output, sink, *saved.values())
 
+    def _probe_layers(self) -> list:
+        """The hooks engine's units and the ghosted layers: every layer whose rows must be samples."""
+        ghosted = [(path, m, self._batch_dim(m)) for path, m, _, _ in self._ghost_units]
+        return ghosted + super()._probe_layers()
+
     def _batch_dim(self, m: nn.Module) -> int:
         return 0 if getattr(m, "_dpn_batch_first", False) or self.batch_first else 1
 

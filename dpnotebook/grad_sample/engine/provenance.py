@@ -1,0 +1,406 @@
+"""The provenance probe: row ``i`` of every hooked layer depends on sample ``i`` alone, proven, not counted.
+
+Hooks, ghost and ew mode form sample ``i``'s gradient from rows ``i*K .. i*K+K-1``
+of each layer's input and of the gradient of its output. Counting rows cannot
+tell whether those rows belong to the samples: a T5-style relative-position bias
+(an ``nn.Embedding`` looked up with a ``[T, T]`` bucket matrix and broadcast over
+the batch) has ``T`` rows, the *query positions*, and when ``B*K == T`` the count
+matches. So, once per wrapped model, before its first forward pass with
+gradients that holds two samples, the wrapper runs this probe on the real batch
+(every module in eval mode so that dropout does not make passes differ, the RNG
+state restored, the inputs cloned):
+
+(a) **forward substitution**: the inputs are rebuilt with sample ``j``'s ``K`` rows
+    replaced by sample ``k``'s (``k = 0``, ``j`` the first sample whose inputs differ
+    from it: every input tensor whose batch dim holds ``B*K`` rows). Every hooked
+    layer's input and output rows of the other samples must be unchanged, and
+    sample ``j``'s rows must now equal sample ``k``'s original rows. This catches
+    position tables, samples mixed in the forward pass (``x - x.mean(0)``),
+    time-major internals and heads taken for rows.
+(b) **backward support**: a random cotangent on sample ``j``'s rows of the model's
+    output alone (its batch dim found as functorch mode finds it,
+    :func:`~dpnotebook.grad_sample.engine.output_batch_dim.output_batch_dims`) is
+    propagated back; every hooked layer's output gradient must be zero outside
+    sample ``j``'s rows. This catches a layer whose rows are identical across
+    samples (so that (a) sees nothing) but whose backprops are positions.
+
+A batch that cannot prove anything postpones the proof: with one sample
+(``B = 1``, whatever ``K``) every row belongs to it and the per-sample gradient is
+the batch gradient, so nothing can be wrong; with two samples or more but all
+inputs identical, (b) runs and (a) waits for a batch with two different samples.
+Inputs without a tensor of two dims or more holding the batch (1-d ids,
+``EmbeddingBag``'s flat indices with offsets, a ``PackedSequence``) cannot be
+substituted and are not probed: the row-count check is all that applies there.
+
+>>> import torch
+>>> from torch import nn
+>>> model = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2))
+>>> layers = [(path, m, 0) for path, m in zip(["model.0", "model.1"], model)]
+>>> probe_rows(model, layers, (torch.randn(6, 3),), {}, K=2, batch_dim=0)
+'proven'
+>>> class Centred(nn.Module):          # mixes samples: x - x.mean(0)
+...     def __init__(self):
+...         super().__init__()
+...         self.fc = nn.Linear(3, 2)
+...     def forward(self, x):
+...         return self.fc(x - x.mean(0))
+>>> m = Centred()
+>>> probe_rows(m, [("model.fc", m.fc, 0)], (torch.randn(4, 3),), {}, K=1, batch_dim=0)
+Traceback (most recent call last):
+...
+dpnotebook.errors.GradSampleError: model.fc (Linear): its rows are not the samples. Replacing sample 1's input rows with sample 0's changed the rows of other samples in its input 0 (rows [0, 2, 3] moved by up to ...
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any, Iterator
+
+import torch
+from torch import Tensor, nn
+from torch.nn.utils.rnn import PackedSequence
+from torch.utils._pytree import tree_flatten, tree_map
+
+from dpnotebook.errors import GradSampleError
+from dpnotebook.grad_sample.engine.batch_rows import count_rows
+from dpnotebook.grad_sample.engine.functorch_fallback import capture_paused
+from dpnotebook.grad_sample.engine.output_batch_dim import output_batch_dims
+
+__all__ = ["probe_rows", "layers_with_parameters", "ProbeLayer", "FIX"]
+
+#: ``(path, module, batch dim of its input and output)`` for each hooked layer.
+ProbeLayer = tuple[str, nn.Module, int]
+
+#: What to do about a layer whose rows are not the samples (every refusal of the probe ends with it).
+FIX = (
+    "Fix: look position tables up per row (position_ids = arange(T).expand(B, T); a relative-position "
+    "bias computed per sample, [B, H, T, T]) so that every layer sees one row per sample in its batch dim, "
+    "or use grad_sample_mode='functorch', which replays each sample alone."
+)
+
+
+def layers_with_parameters(module: nn.Module, batch_dim: int = 0, root: str = "model") -> list[ProbeLayer]:
+    """Every module holding trainable parameters of its own, as ``(path, module, batch_dim)``: ew mode's layers.
+
+    >>> from torch import nn
+    >>> [(p, type(m).__name__, bd) for p, m, bd in layers_with_parameters(nn.Sequential(nn.Linear(2, 2), nn.ReLU()))]
+    [('model.0', 'Linear', 0)]
+    """
+    return [
+        (f"{root}.{name}" if name else root, m, batch_dim)
+        for name, m in module.named_modules()
+        if any(p.requires_grad for p in m.parameters(recurse=False))
+    ]
+
+
+@contextlib.contextmanager
+def _probing(model: nn.Module) -> Iterator[None]:
+    """Every module in eval mode, the RNG state saved and restored, the wrapper's recording paused."""
+    modes = [(m, m.training) for m in model.modules()]
+    devices = sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
+    try:
+        with torch.random.fork_rng(devices=devices), capture_paused():
+            model.eval()
+            yield
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
+def _leaves(obj: Any) -> list[Any]:
+    return [obj] if isinstance(obj, Tensor) else tree_flatten(obj)[0]
+
+
+def _rows_of(x: Any, rows: int, bd: int) -> bool:
+    return isinstance(x, Tensor) and x.dim() > bd and x.shape[bd] == rows
+
+
+def _substitute(tree: Any, rows: int, bd: int, j: int, k: int, K: int) -> Any:
+    """``tree`` with every tensor of ``rows`` rows in ``bd`` cloned, and sample ``j``'s rows replaced by ``k``'s."""
+    index = torch.arange(rows)
+    index[j * K : (j + 1) * K] = torch.arange(k * K, (k + 1) * K)
+
+    def swap(x: Any) -> Any:
+        if not _rows_of(x, rows, bd):
+            return x.clone() if isinstance(x, Tensor) else x
+        return x.index_select(bd, index.to(x.device))
+
+    return tree_map(swap, tree)
+
+
+def _sample_rows(x: Tensor, bd: int, i: int, K: int) -> Tensor:
+    return x.narrow(bd, i * K, K)
+
+
+def _first_different(args: tuple, kwargs: dict, rows: int, bd: int, B: int, K: int) -> int | None:
+    """The first sample ``j >= 1`` whose input rows differ from sample 0's, or ``None``."""
+    inputs = [x for x in _leaves((args, kwargs)) if _rows_of(x, rows, bd)]
+    for j in range(1, B):
+        if any(not torch.equal(_sample_rows(x, bd, j, K), _sample_rows(x, bd, 0, K)) for x in inputs):
+            return j
+    return None
+
+
+def _tolerance(x: Tensor) -> float:
+    """What float kernels may round differently between two batches: ``sqrt(eps)`` of the tensor's scale."""
+    if not x.is_floating_point() or not x.numel():
+        return 0.0
+    scale = float(x.detach().abs().amax())
+    if not math.isfinite(scale):  # rare (masked scores): the scale of the finite entries
+        scale = float(x.detach().abs().nan_to_num(0.0, posinf=0.0, neginf=0.0).amax())
+    return math.sqrt(torch.finfo(x.dtype).eps) * scale
+
+
+def _row_max(d: Tensor, bd: int) -> Tensor:
+    """The largest entry of ``d`` in each row of ``bd``, as float64 ``[rows]``."""
+    others = [i for i in range(d.dim()) if i != bd]
+    if not others:
+        return d.to(torch.float64)
+    if not d.numel():
+        return torch.zeros(d.shape[bd], dtype=torch.float64)
+    return d.amax(dim=others).to(torch.float64)
+
+
+def _row_gaps(a: Tensor, b: Tensor, bd: int) -> Tensor:
+    """``|a - b|``'s largest entry in each row of ``bd`` (equal infinities and NaNs count as equal; others: inf)."""
+    a, b = a.detach(), b.detach()
+    if not a.is_floating_point():
+        return _row_max((a != b).to(torch.float32), bd) * math.inf
+    gaps = _row_max((a - b).abs(), bd)
+    bad = ~torch.isfinite(gaps)
+    if bool(bad.any()):  # inf - inf or a NaN somewhere in those rows: compare them entry by entry
+        rows = torch.nonzero(bad).flatten().to(a.device)
+        ra, rb = a.index_select(bd, rows), b.index_select(bd, rows)
+        same = (ra == rb) | (ra.isnan() & rb.isnan())
+        d = torch.where(same, torch.zeros((), dtype=a.dtype, device=a.device), (ra - rb).abs()).nan_to_num(
+            math.inf, posinf=math.inf
+        )
+        gaps[rows.cpu()] = _row_max(d, bd).cpu()
+    return gaps
+
+
+def _moved_rows(gaps: Tensor, keep: set[int], tol: float) -> list[int]:
+    """The rows outside ``keep`` whose gap is over ``tol``."""
+    return [r for r in torch.nonzero(gaps > tol).flatten().tolist() if r not in keep]
+
+
+def _copies(leaves: list) -> list[Tensor | None]:
+    """Detached copies: the model may change a tensor in place after the layer (``ReLU(inplace=True)``)."""
+    return [x.detach().clone() if isinstance(x, Tensor) else None for x in leaves]
+
+
+class _Recorder:
+    """Forward hooks on the probed layers: copies of each call's tensors, and its outputs that carry gradients.
+
+    In the substituted pass (``compare`` set) each call is compared as it comes, and nothing is kept.
+    """
+
+    def __init__(self, layers: list[ProbeLayer]) -> None:
+        self.layers = layers
+        self.calls: list[list[tuple[list, list]]] = [[] for _ in layers]
+        self.live: list[tuple[int, int, int, Tensor]] = []  # (layer, call, output leaf, the output itself)
+        self.compare: Any = None
+        self.paused = False  # while output_batch_dims runs the model on one row more
+        self.handles = [m.register_forward_hook(self._hook(i), with_kwargs=True) for i, (_, m, _) in enumerate(layers)]
+
+    def _hook(self, i: int) -> Any:
+        def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+            if self.paused:
+                return
+            ins, outs = _leaves((args, kwargs)), _leaves(output)
+            if self.compare is not None:
+                self.compare(i, [x if isinstance(x, Tensor) else None for x in ins], outs)
+                return
+            n = len(self.calls[i])
+            self.calls[i].append((_copies(ins), _copies(outs)))
+            self.live += [(i, n, o, x) for o, x in enumerate(outs) if isinstance(x, Tensor) and x.requires_grad]
+
+        return hook
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+def _refusal(path: str, module: nn.Module, what: str, rows: int, B: int, K: int) -> GradSampleError:
+    return GradSampleError(
+        f"{path} ({type(module).__name__}): its rows are not the samples. {what}. Its batch dim holds "
+        f"{rows} rows, as many as the input's B*K = {B}*{K}, but they belong to something else (positions "
+        f"of a table broadcast over the batch, such as a relative-position bias looked up with a [T, T] "
+        f"matrix when T = B*K, or rows mixed across samples), so its per-sample gradients would not be per "
+        f"sample and clipping them would not bound what one sample contributes. {FIX}"
+    )
+
+
+def _forward_check(layers: list[ProbeLayer], rec: _Recorder, rows: int, B: int, K: int, j: int, k: int) -> Any:
+    """The comparison run on each layer call of the substituted pass (raises at the first layer that fails).
+
+    Sample ``j``'s rows of every tensor must now equal sample ``k``'s rows before, and
+    the other rows must not move. An *input* that did not change at all is skipped:
+    it does not depend on the samples (an attention mask of ``[T, T]`` at ``T = B*K``),
+    and what the layer makes of it shows in its output and its gradients.
+    """
+    seen = [0] * len(layers)
+    j_rows = set(range(j * K, (j + 1) * K))
+
+    def compare(i: int, ins: list, outs: list) -> None:
+        path, module, bd = layers[i]
+        n = seen[i]
+        seen[i] += 1
+        if n >= len(rec.calls[i]):
+            what = (
+                f"It ran {n + 1} times with sample {j}'s inputs replaced by sample {k}'s and "
+                f"{len(rec.calls[i])} times on the batch itself, so the probe cannot compare its rows"
+            )
+            raise _refusal(path, module, what, rows, B, K)
+        before_ins, before_outs = rec.calls[i][n]
+        for side, now, before in (("input", ins, before_ins), ("output", outs, before_outs)):
+            for t, (a, b) in enumerate(zip(now, before)):
+                if not (_rows_of(a, rows, bd) and _rows_of(b, rows, bd)) or a.shape != b.shape:
+                    continue
+                if side == "input" and torch.equal(a, b):
+                    continue
+                tol = _tolerance(b)
+                gaps = _row_gaps(a, b, bd)  # sample j's rows are compared with sample k's below
+                moved = _moved_rows(gaps, j_rows, tol)
+                if moved:
+                    what = (
+                        f"Replacing sample {j}'s input rows with sample {k}'s changed the rows of other samples "
+                        f"in its {side} {t} (rows {moved[:8]} moved by up to {float(gaps[moved].max()):.3g})"
+                    )
+                    raise _refusal(path, module, what, rows, B, K)
+                gap = float(_row_gaps(_sample_rows(a, bd, j, K), _sample_rows(b, bd, k, K), bd).max())
+                if gap > tol:
+                    what = (
+                        f"Replacing sample {j}'s input rows with sample {k}'s did not make rows "
+                        f"{sorted(j_rows)} of its {side} {t} equal sample {k}'s rows (they differ by {gap:.3g}: "
+                        "they do not follow the sample)"
+                    )
+                    raise _refusal(path, module, what, rows, B, K)
+
+    return compare
+
+
+def _backward_check(layers: list[ProbeLayer], rec: _Recorder, grads: tuple, rows: int, B: int, K: int, j: int) -> None:
+    """Every layer's output gradient is zero outside sample ``j``'s rows (the cotangent was on ``j`` alone).
+
+    ``grads[n]`` is the gradient of ``rec.live[n]``'s output (``None``: not reached). An output
+    changed in place after the layer (``ReLU(inplace=True)``) has the gradient of its changed
+    version, zero wherever the original's is and maybe elsewhere too: the check is no weaker.
+    """
+    keep = set(range(j * K, (j + 1) * K))
+    for (i, _, o, _), g in zip(rec.live, grads):
+        path, module, bd = layers[i]
+        if g is None or not _rows_of(g, rows, bd):
+            continue
+        moved = _moved_rows(_row_max(g.detach().abs(), bd).nan_to_num(math.inf, posinf=math.inf), keep, _tolerance(g))
+        if moved:
+            what = (
+                f"A gradient on sample {j}'s rows of the model's output alone reached rows {moved[:8]} "
+                f"of its output {o}, which belong to other samples"
+            )
+            raise _refusal(path, module, what, rows, B, K)
+
+
+def _cotangents(
+    model: nn.Module, args: tuple, kwargs: dict, output: Any, rows: int, bd: int, j: int, K: int
+) -> tuple[list[Tensor], list[Tensor]]:
+    """The model's output tensors that carry a batch, and random cotangents on sample ``j``'s rows of each."""
+    leaves = _leaves(output)
+    out_index = [
+        i for i, x in enumerate(leaves) if isinstance(x, Tensor) and x.requires_grad and rows in tuple(x.shape)
+    ]
+    if not out_index:
+        return [], []
+    try:
+        dims = output_batch_dims(model, args, kwargs, output, out_index, rows=rows, batch_dim=bd)
+    except GradSampleError:  # several dims of B*K rows that one more row does not tell apart: both get the cotangent
+        dims = [
+            bd if leaves[i].dim() > bd and leaves[i].shape[bd] == rows else list(leaves[i].shape).index(rows)
+            for i in out_index
+        ]
+    gen = torch.Generator().manual_seed(0)
+    outs, cots = [], []
+    for i, d in zip(out_index, dims):
+        y = leaves[i]
+        cot = torch.zeros_like(y)
+        part = _sample_rows(cot, d, j, K)
+        part.copy_(torch.randn(part.shape, generator=gen, dtype=torch.float64).to(part))
+        outs.append(y)
+        cots.append(cot)
+    return outs, cots
+
+
+def probe_rows(
+    model: nn.Module,
+    layers: list[ProbeLayer],
+    args: tuple,
+    kwargs: dict,
+    *,
+    K: int,
+    batch_dim: int,
+    backward_proven: bool = False,
+) -> str:
+    """Prove, on one batch, that every layer in ``layers`` sees sample ``i`` alone in its rows of sample ``i``.
+
+    Runs ``model`` on a clone of the inputs, propagates one gradient back, and runs
+    it again with one sample's rows replaced by another's (see the module
+    docstring). ``model``'s modules are put back in their training modes and the
+    RNG state is restored; nothing is recorded by the wrapper meanwhile.
+
+    Args:
+        model: the plain model.
+        layers: ``(path, module, batch dim)`` of each layer whose rows must be samples.
+        args, kwargs: the forward pass's inputs (not modified).
+        K: rows per sample.
+        batch_dim: the inputs' batch dim (0 for ``batch_first``, else 1).
+        backward_proven: an earlier batch already passed the backward check; when
+            this one cannot run the forward check either (all samples identical),
+            nothing is run.
+
+    Returns:
+        ``"proven"`` (both checks ran and passed), ``"backward only"`` (two
+        samples or more, all inputs identical: only (b) could run) or
+        ``"nothing to prove"`` (one sample, or no input tensor of two dims or
+        more holding the batch).
+
+    Raises:
+        GradSampleError: a layer whose rows do not follow the samples, naming it, what was seen and the fix.
+    """
+    leaves = _leaves((args, kwargs))
+    if any(isinstance(x, PackedSequence) for x in leaves):
+        return "nothing to prove"
+    rows = count_rows(args, kwargs, batch_first=batch_dim == 0, min_dim=2)
+    if not rows or rows % K or rows // K < 2:
+        return "nothing to prove"
+    B, k = rows // K, 0
+    j = _first_different(args, kwargs, rows, batch_dim, B, K)
+    if j is None and backward_proven:
+        return "backward only"
+    rec = _Recorder(layers)
+    try:
+        with _probing(model):
+            jb = 1 if j is None else j
+            same_args, same_kwargs = (
+                _substitute(args, rows, batch_dim, 0, 0, K),
+                _substitute(kwargs, rows, batch_dim, 0, 0, K),
+            )
+            with torch.enable_grad():
+                output = model(*same_args, **same_kwargs)
+                rec.paused = True
+                outs, cots = _cotangents(model, same_args, same_kwargs, output, rows, batch_dim, jb, K)
+                rec.paused = False
+                reached = [x for *_, x in rec.live]
+                grads = torch.autograd.grad(outs, reached, cots, allow_unused=True) if outs and reached else ()
+            del output, outs, cots
+            _backward_check(layers, rec, grads, rows, B, K, jb)
+            rec.live, grads = [], ()
+            if j is None:
+                return "backward only"
+            rec.compare = _forward_check(layers, rec, rows, B, K, j, k)
+            with torch.no_grad():
+                model(*_substitute(args, rows, batch_dim, j, k, K), **_substitute(kwargs, rows, batch_dim, j, k, K))
+    finally:
+        rec.remove()
+    return "proven"

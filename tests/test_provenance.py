@@ -1,0 +1,256 @@
+"""Per-sample rows are proven, not counted: the provenance probe (issue #28, item 7).
+
+The regression: a T5-style relative-position bias at ``B*K == T`` passed the row count, and one
+example moved the step by 1.39-1.42 C in hooks, ghost and ew mode. It is measured here with
+neighbours that keep the batch size (the removed example's loss weight set to 0), so that no
+count check can refuse it.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+import dpnotebook
+from dpnotebook.audit import audit_sensitivity
+from dpnotebook.audit.families import RelativeBias
+from dpnotebook.errors import GradSampleError
+from dpnotebook.grad_sample.engine.module import GradSampleModule
+from dpnotebook.grad_sample.engine.provenance import probe_rows
+from dpnotebook.layers import DPMultiheadAttention
+
+REFUSED = r"model\.rel \(Embedding\): its rows are not the samples\..*grad_sample_mode='functorch'"
+
+
+def _same_size_audit(mode: str, B: int, K: int, T: int = 4):
+    """The sensitivity audit of the T5-style replica at ``B`` samples of ``K`` rows and ``T`` positions.
+
+    A neighbour keeps all ``B`` samples and zeroes the removed one's targets (its loss weight).
+    """
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randint(0, 11, (B, 1, T), generator=gen).expand(B, K, T).reshape(B * K, T)
+    t = 10 * torch.randn(B * K, T, 3, generator=gen, dtype=torch.float64)
+
+    def batch(indices: list[int]) -> tuple[Tensor, Tensor]:
+        w = torch.zeros(B, dtype=torch.float64)
+        w[indices] = 1
+        return x, t * w.repeat_interleave(K)[:, None, None]
+
+    torch.manual_seed(0)
+    return audit_sensitivity(
+        RelativeBias().double(),
+        batch=batch,
+        loss=lambda m, b: (m(b[0]) * b[1]).sum(),
+        num_samples=B,
+        mode=mode,
+        K=K,
+        loss_reduction="sum",
+        max_grad_norm=0.01,
+    )
+
+
+@pytest.mark.parametrize("B,K", [(4, 1), (2, 2)], ids=["B=T", "BK=T"])
+@pytest.mark.parametrize("mode", ["hooks", "ghost", "ew"])
+def test_relative_position_bias_at_b_equal_t_is_refused(mode: str, B: int, K: int) -> None:
+    """Failed on 3c3f8c6: no error, and one sample moved the step by 1.39 C (B = T) or 1.41 C (B*K = T)."""
+    with pytest.raises(GradSampleError, match=REFUSED):
+        _same_size_audit(mode, B, K)
+
+
+@pytest.mark.parametrize("B,K", [(4, 1), (2, 2)], ids=["B=T", "BK=T"])
+def test_relative_position_bias_is_right_in_functorch_mode(B: int, K: int) -> None:
+    report = _same_size_audit("functorch", B, K)
+    assert report.ok() and report.reference_gap < 1e-9
+
+
+def test_without_the_probe_the_same_audit_finds_the_violation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The audit above is adversarial: with the probe switched off, the row count lets the replica through."""
+    monkeypatch.setattr(GradSampleModule, "probes_rows", False)
+    report = _same_size_audit("hooks", 4, 1)
+    assert 1.3 < report.max_ratio < 1.5 and report.reference_gap > 0.1
+
+
+# -- what each half of the probe catches ---------------------------------------------------
+def _layers(model: nn.Module, *names: str) -> list:
+    return [(f"model.{n}", model.get_submodule(n), 0) for n in names]
+
+
+def test_a_zero_initialised_bias_table_is_caught_by_the_backward_check() -> None:
+    """Every row of the bias is 0, so replacing a sample changes nothing; the gradients are positions."""
+    model = RelativeBias()
+    nn.init.zeros_(model.rel.weight)
+    x = torch.randint(0, 11, (4, 4), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(
+        GradSampleError, match=r"model\.rel .*A gradient on sample 1's rows of the model's output alone"
+    ):
+        probe_rows(model, _layers(model, "emb", "qkv", "rel", "out"), (x,), {}, K=1, batch_dim=0)
+
+
+class _Centred(nn.Module):
+    """Mixes samples in the forward pass; every gradient of a sample's output stays on its rows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc(x - x.mean(0))
+
+
+def test_samples_mixed_in_the_forward_pass_are_caught_by_the_substitution() -> None:
+    model = _Centred()
+    with pytest.raises(
+        GradSampleError, match=r"model\.fc \(Linear\).*changed the rows of other samples in its input 0"
+    ):
+        probe_rows(model, _layers(model, "fc"), (torch.randn(4, 3),), {}, K=1, batch_dim=0)
+
+
+class _PositionTable(nn.Module):
+    """BERT-style: a position table looked up once with ``arange(T)`` and broadcast over the batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(11, 6)
+        self.pos = nn.Embedding(8, 6)
+        self.out = nn.Linear(6, 3)
+
+    def forward(self, idx: Tensor) -> Tensor:
+        return self.out(self.tok(idx) + self.pos(torch.arange(idx.shape[1])))
+
+
+class _TimeMajor(nn.Module):
+    """Runs time-major inside a batch-first model: at B = T every layer sees T rows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(11, 6)
+        self.out = nn.Linear(6, 3)
+
+    def forward(self, idx: Tensor) -> Tensor:
+        return self.out(torch.tanh(self.emb(idx.t()))).transpose(0, 1)
+
+
+@pytest.mark.parametrize("mode", ["hooks", "ghost", "ew"])
+@pytest.mark.parametrize(
+    "make,path", [(_PositionTable, r"model\.pos \(Embedding\)"), (_TimeMajor, r"model\.emb \(Embedding\)")]
+)
+def test_rows_that_are_positions_are_refused_when_the_counts_agree(mode: str, make: type, path: str) -> None:
+    wrapped = dpnotebook.wrap_model(make(), mode)
+    x = torch.randint(1, 11, (5, 5), generator=torch.Generator().manual_seed(0))  # B = T = 5
+    with pytest.raises(GradSampleError, match=path + r": its rows are not the samples.*position_ids"):
+        wrapped(x)
+
+
+def test_the_message_names_the_layer_what_was_seen_and_the_fix() -> None:
+    wrapped = dpnotebook.wrap_model(RelativeBias(), "hooks")
+    with pytest.raises(GradSampleError) as err:
+        wrapped(torch.randint(0, 11, (4, 4), generator=torch.Generator().manual_seed(0)))
+    assert str(err.value) == (
+        "model.rel (Embedding): its rows are not the samples. A gradient on sample 1's rows of the model's "
+        "output alone reached rows [0, 2, 3] of its output 0, which belong to other samples. Its batch dim "
+        "holds 4 rows, as many as the input's B*K = 4*1, but they belong to something else (positions of a "
+        "table broadcast over the batch, such as a relative-position bias looked up with a [T, T] matrix when "
+        "T = B*K, or rows mixed across samples), so its per-sample gradients would not be per sample and "
+        "clipping them would not bound what one sample contributes. Fix: look position tables up per row "
+        "(position_ids = arange(T).expand(B, T); a relative-position bias computed per sample, [B, H, T, T]) "
+        "so that every layer sees one row per sample in its batch dim, or use grad_sample_mode='functorch', "
+        "which replays each sample alone."
+    )
+
+
+# -- what it accepts, and what it costs ------------------------------------------------------
+class _Attention(nn.Module):
+    """A causal ``[T, T]`` mask passed to an attention layer: at B = T its rows look like the batch's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(11, 8)
+        self.attn = DPMultiheadAttention(8, 2, batch_first=True)
+        self.cls = nn.Parameter(torch.randn(1, 1, 8))
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, idx: Tensor) -> Tensor:
+        T = idx.shape[1]
+        mask = torch.triu(torch.full((T, T), float("-inf")), 1)
+        h = self.emb(idx)
+        h = self.attn(h, h, h, attn_mask=mask, need_weights=False)[0]
+        return self.head(h + self.cls)
+
+
+@pytest.mark.parametrize("mode", ["hooks", "ghost"])
+def test_a_shared_mask_and_a_class_token_at_b_equal_t_are_accepted(mode: str) -> None:
+    """A mask shared by all samples is no row of theirs; the per-sample gradients match functorch mode."""
+    x = torch.randint(1, 11, (4, 4), generator=torch.Generator().manual_seed(0))
+    t = torch.randn(4, 4, 3, generator=torch.Generator().manual_seed(1))
+    torch.manual_seed(0)
+    model = _Attention()
+    report = audit_sensitivity(
+        model,
+        batch=lambda idx: (x[idx], t[idx]),
+        loss=lambda m, b: (m(b[0]) * b[1]).sum(),
+        num_samples=4,
+        mode=mode,
+        loss_reduction="sum",
+        max_grad_norm=0.01,
+    )
+    assert report.ok() and report.reference_gap < 1e-4
+    assert probe_rows(model, _layers(model, "emb", "attn", "head"), (x,), {}, K=1, batch_dim=0) == "proven"
+
+
+def test_a_batch_that_cannot_prove_anything_postpones_the_proof() -> None:
+    """One sample: nothing can be wrong. Identical samples: only the backward check. Then one proof, once."""
+    model = nn.Sequential(nn.Embedding(11, 4), nn.Linear(4, 2))
+    calls: list[int] = []
+    model[1].register_forward_hook(lambda m, a, o: calls.append(o.shape[0]))
+    wrapped = dpnotebook.wrap_model(model, "hooks", K=2)
+    same = torch.full((6, 3), 3)
+
+    def forward(x: Tensor) -> int:
+        calls.clear()
+        wrapped(x).sum().backward()
+        wrapped.zero_grad()
+        return len(calls)
+
+    assert forward(same[:2]) == 1 and wrapped._rows_proof is None  # B = 1, K = 2: nothing to prove
+    assert forward(same) == 2 and wrapped._rows_proof == "backward only"  # B = 3 identical: pass (b) + the real one
+    assert forward(same) == 1  # still identical: (b) is not run again
+    different = same.clone()
+    different[4:] = 5
+    assert forward(different) == 3 and wrapped._rows_proof == "proven"  # (a) and (b), then the real pass
+    assert forward(different) == 1  # proven: never again
+
+
+def test_the_probe_leaves_training_mode_rng_and_inputs_as_they_were() -> None:
+    model = nn.Sequential(nn.Linear(3, 8), nn.Dropout(0.5), nn.Linear(8, 2))
+    model[0].eval()  # a submodule deliberately in eval mode stays so
+    plain = dpnotebook.testing.clean_copy(model)
+    wrapped = dpnotebook.wrap_model(model, "hooks")
+    x = torch.randn(4, 3)
+    kept = x.clone()
+    torch.manual_seed(3)
+    out = wrapped(x)
+    torch.manual_seed(3)
+    assert torch.equal(out, plain(x))  # the same dropout mask: the probe used no random numbers
+    assert torch.equal(x, kept) and wrapped._rows_proof == "proven"
+    assert model.training and model[1].training and not model[0].training
+
+
+def test_functorch_mode_runs_no_probe() -> None:
+    model = nn.Linear(3, 2)
+    calls: list[int] = []
+    model.register_forward_hook(lambda m, a, o: calls.append(1))
+    dpnotebook.wrap_model(model, "functorch")(torch.randn(4, 3)).sum().backward()
+    assert len(calls) == 2  # the forward pass and its replay in the backward pass
+
+
+def test_equal_infinities_and_nans_are_equal_rows() -> None:
+    """A layer's output may hold -inf (masked scores): the same -inf in both passes has not moved."""
+    from dpnotebook.grad_sample.engine.provenance import _row_gaps
+
+    a = torch.tensor([[float("-inf"), float("nan"), 1.0], [2.0, 3.0, 4.0], [float("inf"), 0.0, 0.0]])
+    b = a.clone()
+    b[1, 0] = 2.5
+    b[2, 0] = 0.0
+    assert _row_gaps(a, b, 0).tolist() == [0.0, 0.5, float("inf")]
+    assert _row_gaps(a.t(), b.t(), 1).tolist() == [0.0, 0.5, float("inf")]
