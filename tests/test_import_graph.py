@@ -1,4 +1,4 @@
-"""Dependencies run one way (no import cycle among dpnotebook's modules), and no module grows far past ~300 lines.
+"""Dependencies run one way (no import cycle among dpnotebook's modules), and no module grows past 500 lines.
 
 Every ``import`` statement counts, including those inside functions (a lazy
 import that closes a cycle still ties the two modules together). A package's
@@ -90,11 +90,13 @@ def test_no_import_cycle_in_the_package() -> None:
     assert cycles(graph) == [], "import cycles (each line: modules that import each other, directly or not)"
 
 
-#: "Modules under ~300 lines".
-MAX_LINES = 300
+#: Size follows the concept, not a cap (issue #32): 300 lines decided where files ended, so the limit is
+#: now a sign of two concepts in one file, not a target. The largest module, the row-provenance probe,
+#: is one concept in about 400 lines.
+MAX_LINES = 500
 
 
-def test_no_module_is_over_300_lines() -> None:
+def test_no_module_is_over_500_lines() -> None:
     long = {
         name: n
         for name, path in modules().items()
