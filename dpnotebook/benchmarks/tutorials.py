@@ -2,8 +2,9 @@
 
 ``python -m dpnotebook.benchmarks.tutorials [tutorials/*.ipynb]``
 
-Each notebook's code cells run top to bottom in a fresh Python process (as a
-kernel would run them, without the kernel's own ~60 MB); we report the wall
+Each notebook's code cells run top to bottom in a fresh Python process, in an IPython
+shell (so ``display(..., display_id=True)`` and magics behave as in a kernel, without the
+kernel's own ~60 MB); a cell that raises stops the run with its traceback. We report the wall
 time and the process's peak resident memory (``VmHWM``), against the budgets
 the tutorials promise: 60 s each, 5 minutes together, 1.5 GB (Binder gives 2 GB).
 """
@@ -21,12 +22,13 @@ BUDGET_SECONDS, BUDGET_TOTAL_SECONDS, BUDGET_MB = 60.0, 300.0, 1536.0
 
 _CHILD = """
 import json, sys, time
+from IPython.core.interactiveshell import InteractiveShell
 code = json.load(open(sys.argv[1]))
+shell = InteractiveShell.instance()
 start = time.perf_counter()
-namespace = {"__name__": "__main__"}
 for cell in code["cells"]:
     if cell["cell_type"] == "code":
-        exec(compile("".join(cell["source"]), sys.argv[1], "exec"), namespace)
+        shell.run_cell("".join(cell["source"]), silent=True).raise_error()
 seconds = time.perf_counter() - start
 peak = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:")) / 1024
 print(json.dumps({"seconds": seconds, "peak_mb": peak}))
@@ -36,7 +38,9 @@ print(json.dumps({"seconds": seconds, "peak_mb": peak}))
 def measure(notebook: Path) -> dict:
     """Run ``notebook``'s code cells in a new process; its seconds and peak MB."""
     start = time.perf_counter()
-    out = subprocess.run([sys.executable, "-c", _CHILD, str(notebook)], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", _CHILD, str(notebook)], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"{notebook} failed outside a kernel:\n{out.stderr[-3000:]}")
     result = json.loads(out.stdout.strip().splitlines()[-1])
     result["process_seconds"] = time.perf_counter() - start
     return result
