@@ -282,10 +282,11 @@ class DPOptimizer(PrivacyKnobs, OpacusOptimizerContract, WrappedOptimizer):
         :meth:`step` completes. A sum formed by a bare :meth:`clip_and_accumulate` is
         dropped, as Opacus drops it.
         """
-        if self._summed is not None and not self._kept_for_next:
+        sum_dropped = self._summed is not None and not self._kept_for_next
+        if sum_dropped:
             self._reset_accumulation()
         self.original_optimizer.zero_grad(set_to_none=set_to_none)
-        self.sampled_batches.rows_dropped()
+        self.sampled_batches.rows_dropped(clipped_too=sum_dropped)
         for p in self.params:
             setattr(p, "grad_sample", None)  # (see _release)
             if self._summed is None:

@@ -129,9 +129,15 @@ class SampledBatches:
         self._clipped |= self._pending
         self._pending = set()
 
-    def rows_dropped(self) -> None:
-        """The optimizer's ``zero_grad()`` dropped the per-sample gradients not clipped yet."""
+    def rows_dropped(self, *, clipped_too: bool = False) -> None:
+        """The optimizer's ``zero_grad()`` dropped the per-sample gradients not clipped yet.
+
+        With ``clipped_too``, it also dropped the logical step's clipped sum (a bare
+        ``clip_and_accumulate()`` before ``zero_grad()``), so those rows are no longer in the step.
+        """
         self._pending = set()
+        if clipped_too:
+            self._clipped = set()
 
     def check(self, clipped: int) -> None:
         """Raise unless the ``clipped`` per-sample norms of this step are the examples of the last batch drawn.

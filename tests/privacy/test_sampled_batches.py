@@ -257,6 +257,19 @@ def test_gradients_dropped_by_zero_grad_or_never_computed_do_not_count() -> None
         optimizer.step()
 
 
+def test_a_sum_dropped_by_zero_grad_does_not_count_either() -> None:
+    """Opacus-style: clip_and_accumulate() then zero_grad() drops the sum, and its rows with it."""
+    model, optimizer, loader = _full_batches()
+    dropped = next(iter(loader))
+    _backward(model, dropped)
+    optimizer.clip_and_accumulate()
+    optimizer.zero_grad()  # the sum is gone: those rows are no longer in any step
+    batch = next(iter(loader))
+    _backward(model, batch)
+    optimizer.step()  # one batch in the step: not refused as two
+    assert optimizer.last_step_stats.batch_size == 12
+
+
 def test_pieces_of_the_batch_carry_its_mark() -> None:
     model, optimizer, loader = _full_batches()
     with BatchMemoryManager(data_loader=loader, max_physical_batch_size=5, optimizer=optimizer) as pieces:
