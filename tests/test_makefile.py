@@ -24,7 +24,12 @@ def project(tmp_path: Path) -> Path:
 
 
 def dry_run(project: Path, target: str) -> list[str]:
-    done = subprocess.run(["make", "-n", target], cwd=project, capture_output=True, text=True, check=True)
+    # run as if from a shell even inside `make test`: a parent make's MAKEFLAGS/MAKELEVEL would make this
+    # one print "make[1]: Entering/Leaving directory" lines among the commands
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKEOVERRIDES")}
+    done = subprocess.run(
+        ["make", "--no-print-directory", "-n", target], cwd=project, env=env, capture_output=True, text=True, check=True
+    )
     return done.stdout.splitlines()
 
 
