@@ -16,7 +16,7 @@ with ``torch.nn`` or with Opacus' own DP layers.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -238,37 +238,41 @@ def _hf(kind: str) -> nn.Module:
     import transformers
 
     transformers.logging.set_verbosity_error()
-    d, common = HF_HIDDEN, dict(vocab_size=HF_VOCAB, use_cache=False)
+    d, V = HF_HIDDEN, HF_VOCAB
+    config: Any  # one of transformers' configuration classes
     if kind == "BERT":
-        c = transformers.BertConfig(
+        config = transformers.BertConfig(
             hidden_size=d, num_hidden_layers=2, num_attention_heads=4, intermediate_size=2 * d,
             max_position_embeddings=SEQ_LEN, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-            num_labels=NUM_CLASSES, **common,
+            vocab_size=V,
         )  # fmt: skip
-        return PerSamplePositions(transformers.BertForSequenceClassification(c))
+        config.num_labels = NUM_CLASSES  # a PretrainedConfig keyword its stub does not declare
+        return PerSamplePositions(transformers.BertForSequenceClassification(config))
     if kind == "DistilBERT":
-        c = transformers.DistilBertConfig(
+        config = transformers.DistilBertConfig(
             dim=d, n_layers=2, n_heads=4, hidden_dim=2 * d, max_position_embeddings=SEQ_LEN, dropout=0.0,
-            attention_dropout=0.0, seq_classif_dropout=0.0, num_labels=NUM_CLASSES, **common,
+            attention_dropout=0.0, seq_classif_dropout=0.0, vocab_size=V,
         )  # fmt: skip
-        return PerSamplePositions(transformers.DistilBertForSequenceClassification(c))
+        config.num_labels = NUM_CLASSES  # a PretrainedConfig keyword its stub does not declare
+        return PerSamplePositions(transformers.DistilBertForSequenceClassification(config))
     if kind == "GPT2":
-        c = transformers.GPT2Config(
+        config = transformers.GPT2Config(
             n_embd=d, n_layer=2, n_head=4, n_positions=SEQ_LEN, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-            **common,
+            vocab_size=V, use_cache=False,
         )  # fmt: skip
-        return PerSamplePositions(transformers.GPT2LMHeadModel(c))
+        return PerSamplePositions(transformers.GPT2LMHeadModel(config))
     if kind == "T5":
-        c = transformers.T5Config(
+        config = transformers.T5Config(
             d_model=d, d_kv=d // 4, d_ff=2 * d, num_layers=2, num_decoder_layers=2, num_heads=4, dropout_rate=0.0,
-            decoder_start_token_id=0, pad_token_id=0, **common,
+            pad_token_id=0, vocab_size=V, use_cache=False,
         )  # fmt: skip
-        return PerSamplePositions(transformers.T5ForConditionalGeneration(c), seq2seq=True)
-    c = transformers.LlamaConfig(
+        config.decoder_start_token_id = 0  # a PretrainedConfig keyword its stub does not declare
+        return PerSamplePositions(transformers.T5ForConditionalGeneration(config), seq2seq=True)
+    config = transformers.LlamaConfig(
         hidden_size=d, intermediate_size=2 * d, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
-        max_position_embeddings=SEQ_LEN, **common,
+        max_position_embeddings=SEQ_LEN, vocab_size=V, use_cache=False,
     )  # fmt: skip
-    return PerSamplePositions(transformers.LlamaForCausalLM(c))
+    return PerSamplePositions(transformers.LlamaForCausalLM(config))
 
 
 def _hf_tokens(targets: str) -> Callable[[int, torch.Generator], tuple[Tensor, Tensor]]:
