@@ -35,10 +35,11 @@ CHUNK_BYTES = 32 * 2**20
 #: rounding (at most ``eps * (in + out)`` of the bound) moves it by at most ``1 / GRAM_TRUST``.
 GRAM_TRUST = 100.0
 #: What one per-sample gradient entry costs beyond its multiply-adds, in multiply-adds: writing it, reading it
-#: back for its norm and for the weighted sum (memory-bound passes). Fitted on a CPU, one thread, B = 32:
-#: ``[n, in, out]`` = ``[64, 128, 128]``, ``[64, 128, 256]``, ``[128, 128, 512]``, ``[16, 128, 128]``,
-#: ``[64, 512, 512]`` (see :func:`settle_pays`).
-SETTLE_PASSES = 40
+#: back for its norm and for the weighted sum (memory-bound passes). Fitted on a CPU, one thread, B = 32, with
+#: the two real paths (see :func:`settle_pays`): ``[n, in, out]`` = ``[64, 128, 1000]`` (``n^2 (in + out)`` is
+#: 36 times ``in * out``) and ``[64, 128, 512]`` (40) were faster settled, ``[64, 192, 768]`` (27),
+#: ``[64, 384, 384]`` (21) and ``[64, 512, 512]`` (16) faster on the Gram path.
+SETTLE_PASSES = 30
 
 __all__ = [
     "linear_strategy",
