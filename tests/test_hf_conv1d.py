@@ -81,3 +81,16 @@ def test_the_auditor_finds_each_sample_moves_the_sum_by_at_most_C(mode: str, rec
         )
         assert report.ok(), (K, report)
         assert report.reference_gap < 1e-4 * max(1.0, report.max_ratio), (K, report.reference_gap)
+
+
+def test_a_library_version_whose_layer_cannot_be_imported_is_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ours fails to import (a transformers without Conv1D): lookups go on, without that sampler."""
+    import sys
+
+    from dpnotebook.grad_sample.engine import registry
+
+    monkeypatch.setitem(registry.OPTIONAL_SAMPLERS, "json", "dpnotebook.no_such_module")  # json is imported
+    monkeypatch.setattr(registry, "_UNLOADABLE", set())
+    assert "json" in sys.modules
+    assert find_grad_sampler(nn.Linear(2, 2)) is not None
+    assert registry._UNLOADABLE == {"dpnotebook.no_such_module"}

@@ -160,11 +160,21 @@ def unregister_grad_sampler(layer_type: type[nn.Module]) -> None:
 OPTIONAL_SAMPLERS = {"transformers.pytorch_utils": "dpnotebook.grad_sample.samplers.hf_conv1d"}
 
 
+_UNLOADABLE: set[str] = set()
+
+
 def load_optional_samplers() -> None:
-    """Register the samplers of the optional libraries' layers whose modules are imported (see :data:`OPTIONAL_SAMPLERS`)."""
+    """Register the samplers of the optional libraries' layers whose modules are imported (see :data:`OPTIONAL_SAMPLERS`).
+
+    A version of the library whose layer ours cannot import (renamed, moved) is skipped once and for all:
+    its layers then have no sampler and are replayed with ``torch.func``, exactly but slower.
+    """
     for theirs, ours in OPTIONAL_SAMPLERS.items():
-        if theirs in sys.modules and ours not in sys.modules:
-            importlib.import_module(ours)
+        if theirs in sys.modules and ours not in sys.modules and ours not in _UNLOADABLE:
+            try:
+                importlib.import_module(ours)
+            except ImportError:
+                _UNLOADABLE.add(ours)
 
 
 def find_grad_sampler(module: nn.Module) -> SamplerEntry | None:
