@@ -46,6 +46,7 @@ TRANSFORMERS = {
     "kinds": ["dpsgd"],
     "ks": [1],
     "threads": 1,
+    "rival": True,
 }
 
 
@@ -91,7 +92,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--transformers",
         action="store_true",
         help="preset: the Hugging Face transformers (BERT, DistilBERT, GPT-2, T5, Llama; T=64, hidden 128) and "
-        "TextTransformer at B=32, DP-SGD in hooks and ghost mode, 1 thread",
+        "TextTransformer at B=32, DP-SGD in hooks and ghost mode, 1 thread, --rival",
     )
     p.add_argument(
         "--profile-ops",
@@ -99,6 +100,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="count the aten operations (GPU kernel launches) of one DP step, every mode, next to Opacus 1.6",
     )
     p.add_argument("--profile-batch", type=int, default=PROFILE_BATCH, help="B of --profile-ops (default 16)")
+    p.add_argument(
+        "--rival",
+        action="store_true",
+        help="each ghost configuration also times hooks mode in the same process, round by round",
+    )
     p.add_argument("--json", metavar="PATH", help="write all rows and the settings as JSON")
     p.add_argument("--report", metavar="PATH", help="print the tables of an earlier --json file and exit")
     p.add_argument("--child", help=argparse.SUPPRESS)
@@ -156,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
             k_modes=args.k_modes,
         )
     ]
-    settings = {k: getattr(args, k) for k in ("steps", "warmup", "threads", "device", "min_seconds", "max_steps")}
+    keys = ("steps", "warmup", "threads", "device", "min_seconds", "max_steps", "rival")
+    settings = {k: getattr(args, k) for k in keys}
     print(f"{len(configs)} configurations, each in its own process ({settings})", file=sys.stderr)
     rows, start = [], time.time()
     for i, cfg in enumerate(configs, 1):
