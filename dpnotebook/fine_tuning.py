@@ -114,6 +114,15 @@ def replace_conv1d(model: nn.Module) -> list[str]:
 
     Returns:
         The qualified names of the replaced layers (empty for a model without ``Conv1D``).
+
+    >>> from dpnotebook.models import tiny_gpt2
+    >>> model = tiny_gpt2(10, length=4, width=8, layers=1)
+    >>> tokens = torch.tensor([[1, 2, 3, 4]])
+    >>> before = model(tokens)
+    >>> [name.rsplit(".", 2)[-2:] for name in replace_conv1d(model)]
+    [['attn', 'c_attn'], ['attn', 'c_proj'], ['mlp', 'c_fc'], ['mlp', 'c_proj']]
+    >>> model.model.transformer.h[0].mlp.c_fc, torch.allclose(model(tokens), before, atol=1e-6)
+    (Linear(in_features=8, out_features=32, bias=True), True)
     """
     conv1d = _conv1d_type()
     if conv1d is None:
