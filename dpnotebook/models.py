@@ -134,8 +134,8 @@ class LanguageModelLogits(nn.Module):
         self.model = model
 
     def forward(self, tokens: Tensor) -> Tensor:
-        positions = torch.arange(tokens.shape[1], device=tokens.device).expand(tokens.shape[0], -1)
-        logits: Tensor = self.model(input_ids=tokens, position_ids=positions).logits
+        rows = torch.arange(tokens.shape[1], device=tokens.device).expand(tokens.shape[0], -1)  # per-row positions
+        logits: Tensor = self.model(input_ids=tokens, position_ids=rows).logits
         return logits
 
 

@@ -210,3 +210,23 @@ def test_perplexity_of_a_uniform_guess_is_the_vocabulary_size() -> None:
 
     data = make_template_text("private", 10, length=5)
     assert perplexity(Uniform(), DataLoader(data, batch_size=4)) == pytest.approx(V)
+
+
+def test_tiny_gpt2_without_transformers_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "transformers", None)  # as if it were not installed
+    with pytest.raises(ImportError, match="tiny_gpt2 needs the transformers package: pip install transformers"):
+        tiny_gpt2(10, length=4)
+
+
+def test_language_model_logits_gives_each_row_its_positions() -> None:
+    seen = []
+
+    class Recorder(nn.Module):
+        def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> object:
+            seen.append(position_ids)
+            return type("Out", (), {"logits": input_ids.float()[..., None]})()
+
+    out = LanguageModelLogits(Recorder())(torch.zeros(3, 5, dtype=torch.long))
+    assert out.shape == (3, 5, 1) and seen[0].shape == (3, 5) and seen[0][2].tolist() == [0, 1, 2, 3, 4]
