@@ -134,9 +134,13 @@ class LanguageModelLogits(nn.Module):
         self.model = model
 
     def forward(self, tokens: Tensor) -> Tensor:
-        rows = torch.arange(tokens.shape[1], device=tokens.device).expand(tokens.shape[0], -1)  # per-row positions
-        logits: Tensor = self.model(input_ids=tokens, position_ids=rows).logits
+        logits: Tensor = self.model(input_ids=tokens, position_ids=_row_positions(tokens)).logits
         return logits
+
+
+def _row_positions(tokens: Tensor) -> Tensor:
+    """``[B, T]`` position ids, ``arange(T)`` in every row (a view: no copy per row)."""
+    return torch.arange(tokens.shape[1], device=tokens.device).expand(tokens.shape[0], -1)
 
 
 def tiny_gpt2(
