@@ -38,6 +38,7 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
+from dpnotebook.grad_sample.engine.accumulation import grad_sample_rows  # p.grad_sample, tensor or list
 from dpnotebook.grad_sample.engine.module import LOSS_REDUCTIONS  # one definition for wrappers and optimizers
 from dpnotebook.privacy.arguments import check_choice, check_positive_number
 from dpnotebook.privacy.clipping import CLIPPING_MODES, clip_and_sum
@@ -133,9 +134,12 @@ class DPOptimizer(PrivacyKnobs, OpacusOptimizerContract, WrappedOptimizer):
         self._kept_for_next = False  # the running sum is a virtual step's: zero_grad keeps it
 
     def _grad_samples(self) -> list[Tensor] | None:
-        """Each parameter's ``grad_sample`` (zeros for one the batch did not reach); ``None`` if there are none."""
+        """Each parameter's ``grad_sample`` rows, every backward pass's (zeros for one the batch did not reach).
+
+        ``None`` if there are none.
+        """
         params = self.params
-        found = [getattr(p, "grad_sample", None) for p in params]
+        found = [grad_sample_rows(p) for p in params]
         present = [g for g in found if g is not None]
         if not present:
             if any(p.grad is not None and bool(p.grad.any()) for p in params):
@@ -190,7 +194,7 @@ class DPOptimizer(PrivacyKnobs, OpacusOptimizerContract, WrappedOptimizer):
         self._virtual_steps += 1
         self._kept_for_next = False
         self.sampled_batches.rows_clipped()
-        invariants._mark_as_processed(self.grad_samples)
+        invariants.mark_clipped(params)
         self._forget_clipped()
 
     def virtual_step(self) -> None:

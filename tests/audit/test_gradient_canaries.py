@@ -77,6 +77,28 @@ def test_random_direction_canaries_are_clipped_like_a_sample():
     assert abs(scores[1]) < 0.2  # another random direction: nearly orthogonal, not 1
 
 
+def test_canaries_are_written_into_every_backward_pass_of_a_list_grad_sample():
+    """Two backward passes before one step (``p.grad_sample`` a list): ids number the rows of all passes in order."""
+    model = dpnotebook.wrap_model(nn.Linear(4, 2), "hooks")
+    weight, bias = model._module.weight, model._module.bias
+    canaries = GradientCanaries.dirac(weight, [0, 5], np.array([True, True]), gradient_norm=3.0)
+    opt = DPOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), noise_multiplier=0.0, max_grad_norm=2.0, expected_batch_size=5
+    )
+    canaries.attach(opt)
+    x = torch.tensor([0.0, 0.0, 1.0, 1.0])  # the ordinary rows reach neither canary coordinate (w[0, 0], w[1, 1])
+    model(x.repeat(2, 1)).sum().backward()
+    model(x.repeat(3, 1)).sum().backward()
+    canaries.inject(torch.tensor([1, -1, -1, -1, 0]))  # canary 1: row 0 (first pass); canary 0: row 4 (second)
+    first, second = weight.grad_sample
+    assert first[0].flatten().tolist() == [0, 0, 0, 0, 0, 3.0, 0, 0]
+    assert second[2].flatten().tolist() == [3.0, 0, 0, 0, 0, 0, 0, 0]
+    assert bias.grad_sample[0][0].abs().sum() == 0 and bias.grad_sample[1][2].abs().sum() == 0
+    assert first[1].abs().sum() > 0 and second[0].abs().sum() > 0  # ordinary rows untouched
+    opt.step()
+    assert canaries.scores("sum").tolist() == pytest.approx([1.0, 1.0], abs=1e-5)  # each clipped to C once
+
+
 def test_unreached_coordinates_are_those_of_blank_inputs():
     x = torch.tensor([[0.0, 1.0, 0.0], [0.0, 2.0, 0.0]])
     assert unreached_coordinates(torch.zeros(2, 3), x).tolist() == [0, 2, 3, 5]
