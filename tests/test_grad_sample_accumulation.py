@@ -227,3 +227,19 @@ def test_the_sensitivity_bound_holds_over_two_backward_passes(mode: str, record:
     assert report.ok(), report.table()
     assert report.max_ratio <= 1.0 + 1e-5
     assert report.reference_gap < 1e-4
+
+
+def test_the_ghost_optimizer_counts_one_iteration_as_opacus_ghost_clipping_does() -> None:
+    """Its scaling must not depend on which layers the hooks engine happens to hold lists for."""
+    from dpnotebook.privacy.ghost_optimizer import GhostDPOptimizer
+
+    model = nn.Sequential(nn.Linear(3, 4), Gain(), nn.Linear(4, 2))
+    wrapped = wrap_model(model, "ghost", loss_reduction="sum")
+    wrapped.allow_grad_accumulation()
+    opt = GhostDPOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), noise_multiplier=0.0, max_grad_norm=1.0, expected_batch_size=2
+    )
+    for x in batches()[:2]:
+        wrapped(x).pow(2).sum().backward()
+    assert len(grad_sample_parts(model[1].gain)) == 2
+    assert opt.accumulated_iterations == 1

@@ -210,7 +210,8 @@ class GradientCanaries:
             raise RuntimeError("the DP step left no gradient on the canaries' parameter: was it in the optimizer?")
         scale = 1.0 / optimizer.max_grad_norm  # type: ignore[attr-defined]
         if optimizer.loss_reduction == "mean":  # type: ignore[attr-defined]
-            scale *= optimizer.expected_batch_size  # type: ignore[attr-defined]
+            # what the step divided by: the expected batch times the backward passes held (1 under Poisson)
+            scale *= optimizer.expected_batch_size * optimizer.accumulated_iterations  # type: ignore[attr-defined]
         self.projections.append(self._project(grad.detach().reshape(-1).cpu()) * scale)
 
     def inject(self, canary_ids: Tensor) -> None:

@@ -5,7 +5,8 @@ One step of DP-SGD, in the order this class does it:
 1. **clip** every sample's gradient ``p.grad_sample[i]`` to norm ``<= C`` (``max_grad_norm``);
 2. **accumulate**: sum the clipped gradients over the batch (and over virtual steps);
 3. **add noise** ``N(0, (sigma * C)^2)`` to the sum, once per logical batch;
-4. **scale** by ``1 / expected_batch_size`` (for ``loss_reduction="mean"``);
+4. **scale** by ``1 / (expected_batch_size * passes)`` for ``loss_reduction="mean"``, ``passes`` being the
+   backward passes ``p.grad_sample`` holds (``accumulated_iterations``, as in Opacus; 1 under Poisson sampling);
 5. write the result into ``p.grad`` and let the wrapped optimizer take its step.
 
 A logical batch too large for memory can be fed in physical pieces: call
@@ -219,6 +220,7 @@ class DPOptimizer(PrivacyKnobs, OpacusOptimizerContract, WrappedOptimizer):
     def _finish_batch(self) -> None:
         """:meth:`add_noise`'s work, under a name an Opacus-style subclass does not override."""
         self.clip_and_accumulate()  # the last piece; its p.grad_sample stay until zero_grad, as in Opacus
+        passes = self.accumulated_iterations  # backward passes the last piece held (1 under Poisson sampling)
         params = self.params
         invariants.check_no_raw_gradients(self.param_groups, params, invariants.models_holding(params, self._dp_model))
         self.sampled_batches.check(sum(int(n.shape[0]) for n in self._norms))
@@ -228,7 +230,7 @@ class DPOptimizer(PrivacyKnobs, OpacusOptimizerContract, WrappedOptimizer):
             self._insecure_unchosen = not warn_insecure_noise_once()
         noises, signal_norm, noise_norm = self._noisy_sum(summed, params, std)
         if self.loss_reduction == "mean":
-            torch._foreach_div_(noises, float(self.expected_batch_size))
+            torch._foreach_div_(noises, float(self.expected_batch_size * passes))  # as Opacus' scale_grad
         for p, grad in zip(params, noises):
             p.grad = grad
         invariants.mark_noised(noises)
