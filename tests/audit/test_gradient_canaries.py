@@ -8,6 +8,8 @@ than C or sampled otherwise would fail here.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -97,6 +99,30 @@ def test_canaries_are_written_into_every_backward_pass_of_a_list_grad_sample():
     assert first[1].abs().sum() > 0 and second[0].abs().sum() > 0  # ordinary rows untouched
     opt.step()
     assert canaries.scores("sum").tolist() == pytest.approx([1.0, 1.0], abs=1e-5)  # each clipped to C once
+
+
+def test_audited_digits_run_trains_on_the_device_it_is_given(device):
+    """Issue #31: the run trains on ``device`` (the session's: the GPU under ``pytest --device cuda``)."""
+    tiny = dict(noise_multiplier=1.0, members=60, canaries=20, gradient_canaries=10, epochs=2, batch_size=32)
+    seen = []
+    real = nn.Linear.forward
+    try:
+        nn.Linear.forward = lambda self, x: (seen.append(x.device.type), real(self, x))[1]
+        run = audited_digits_run(device=device, **tiny)
+    finally:
+        nn.Linear.forward = real
+    assert seen and device.type in seen  # the training steps ran there
+    assert all(p.device.type == "cpu" for p in run.model.parameters())  # handed back for the attacks
+    assert run.steps > 0 and math.isfinite(run.epsilon)
+    if device.type == "cpu":  # the device argument changes nothing else: the default run's numbers exactly
+        default = audited_digits_run(**tiny)
+        assert np.array_equal(run.canary_scores, default.canary_scores) and run.epsilon == default.epsilon
+        assert np.array_equal(run.gradient_canaries.scores("sum"), default.gradient_canaries.scores("sum"))
+
+
+def test_audited_digits_run_refuses_a_device_before_training():
+    with pytest.raises(ValueError, match=r"device='gpu' is not a device.*default_device\(\)"):
+        audited_digits_run(noise_multiplier=1.0, members=50, canaries=10, epochs=1, device="gpu")
 
 
 def test_unreached_coordinates_are_those_of_blank_inputs():
