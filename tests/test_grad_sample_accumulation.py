@@ -243,3 +243,20 @@ def test_the_ghost_optimizer_counts_one_iteration_as_opacus_ghost_clipping_does(
         wrapped(x).pow(2).sum().backward()
     assert len(grad_sample_parts(model[1].gain)) == 2
     assert opt.accumulated_iterations == 1
+
+
+def test_a_list_set_by_hand_in_no_op_mode_is_clipped_row_by_row() -> None:
+    """``no_op``: the user sets ``p.grad_sample``; a list (Opacus' form) is read like the engine's."""
+    model = nn.Linear(3, 1, bias=False)
+    wrapped = wrap_model(model, "no_op", loss_reduction="sum")
+    opt = DPOptimizer(
+        torch.optim.SGD(model.parameters(), lr=1.0),
+        noise_multiplier=0.0,
+        max_grad_norm=1.0,
+        expected_batch_size=3,
+        loss_reduction="sum",
+    )
+    wrapped(torch.randn(3, 3)).sum().backward()
+    model.weight.grad_sample = [torch.tensor([[[3.0, 0, 0]]]), torch.tensor([[[0, 0.5, 0]], [[0, 0, 4.0]]])]
+    opt.add_noise()
+    torch.testing.assert_close(model.weight.grad, torch.tensor([[1.0, 0.5, 1.0]]))  # each row clipped to norm <= 1
