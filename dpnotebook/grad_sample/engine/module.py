@@ -144,7 +144,10 @@ class GradSampleModule(nn.Module):
         self.hooks_enabled = True
 
     def allow_grad_accumulation(self) -> None:
-        """A second forward/backward before ``zero_grad`` appends its samples to ``grad_sample``."""
+        """A second forward/backward before ``zero_grad`` adds its samples: ``grad_sample`` becomes a list.
+
+        One tensor per backward pass, as in Opacus (:mod:`~dpnotebook.grad_sample.engine.accumulation`).
+        """
         self._store.allow_accumulation = True
 
     def forbid_grad_accumulation(self) -> None:

@@ -48,6 +48,7 @@ import torch
 from torch import Tensor, nn
 
 from dpnotebook.errors import GradSampleError
+from dpnotebook.grad_sample.engine.accumulation import grad_sample_rows
 from dpnotebook.grad_sample.engine.functorch_fallback import LayerCall, capture_is_paused, detach_tree, loss_scale
 from dpnotebook.grad_sample.samplers import conv_norm, linear_norm, materialised_norm, rnn_norm  # noqa: F401  (register the norm samplers)
 from dpnotebook.grad_sample.ghost.groups import GhostCall, GhostHandler, MaterialisedGroup
@@ -244,7 +245,7 @@ class GhostGradSampleModule(GradSampleModule):
             params = [
                 p for _, m, entry in self._hooks.units for p in m.parameters(recurse=entry is None) if p.requires_grad
             ]
-        sampled = MaterialisedGroup({p: g for p in params if (g := getattr(p, "grad_sample", None)) is not None})
+        sampled = MaterialisedGroup({p: g for p in params if (g := grad_sample_rows(p)) is not None})
         blocks = {p: self._store.blocks(p) for p in sampled.grads}
         layout = self._ledger.layout(blocks, self._store._name)
         return self._ledger.align(sampled, blocks, layout), layout
