@@ -1,14 +1,19 @@
-"""``python -m dpnotebook.benchmarks.zoo`` runs on the smallest settings and prints every mode (no timing is asserted)."""
+"""``python -m dpnotebook.benchmarks.zoo`` runs on the smallest settings and prints every mode (no timing is
+asserted); the snippets of ``docs/real-models.md`` run as they are."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 
 import dpnotebook
 from dpnotebook.benchmarks.zoo import ZOO, build
 from dpnotebook.benchmarks.zoo.__main__ import main, zoo_table
+from tests.test_doc_snippets import ROOT, snippets
 
 
 def test_cli_prints_a_row_per_mode_and_opacus_figure(capsys: pytest.CaptureFixture[str]) -> None:
@@ -49,3 +54,16 @@ def test_bad_arguments_are_refused_with_the_fix(capsys: pytest.CaptureFixture[st
         ValueError, match=re.escape(f"model='resnet18' is not in the zoo; choose one of {sorted(ZOO)}.")
     ):
         build("resnet18")
+
+
+@pytest.mark.parametrize("heading", ["The model zoo", "Adding support for a new layer"])
+def test_the_real_models_page_snippets_run(heading: str) -> None:
+    code = snippets("docs/real-models.md")[heading]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, f"docs/real-models.md section {heading!r} fails:\n{done.stderr[-3000:]}"
+    if heading == "The model zoo":
+        assert str(sorted(ZOO)) in done.stdout
+    else:  # the checker's table, then the new layer's sampler among the units
+        assert "registered sampler (channel_scale_grad_sampler)" in done.stdout
+        assert "('model.1', 'channel_scale_grad_sampler')" in done.stdout
