@@ -148,6 +148,7 @@ class BroadcastTracker(TorchFunctionMode):
         self._batched: dict[int, Any] = {}
         self._deps: dict[int, tuple[Any, Deps]] = {}
         self._params: dict[int, nn.Parameter] = {}
+        self._unit_params: dict[int, nn.Parameter] = {}  # those of units called on batch-free inputs
         self._stack: list[str] = []
         self._depth = 0
         self._handles: list[Any] = []
@@ -194,7 +195,10 @@ class BroadcastTracker(TorchFunctionMode):
         """Track one forward pass of the model on ``args``/``kwargs`` (inputs of ``rows`` rows in the batch dim)."""
         owner = self.owner
         model, bd, rows = owner._module, 0 if owner.batch_first else 1, owner._rows_input
-        self._params = {id(p): p for p in model.parameters() if p.requires_grad}
+        # the parameters no unit handles (a container's): those of a unit are its sampler's business, or
+        # enter the tracking as the output of its call on batch-free inputs (see _leave)
+        in_units = {id(p) for m in units for p in m.parameters()}
+        self._params = {id(p): p for p in model.parameters() if p.requires_grad and id(p) not in in_units}
         for x in tree_flatten((args, kwargs))[0]:
             if isinstance(x, Tensor) and x.dim() > bd and x.shape[bd] == rows:
                 self._batched[id(x)] = weakref.ref(x)
@@ -235,7 +239,9 @@ class BroadcastTracker(TorchFunctionMode):
         leaves = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, Tensor)]
         if batch_free:
             deps = frozenset().union(*(self.deps(x) for x in leaves))
-            deps |= {id(p) for p in module.parameters() if id(p) in self._params}
+            own = {id(p): p for p in module.parameters() if p.requires_grad}
+            self._unit_params.update(own)
+            deps |= own.keys()
             self._mark_tree(output, False, deps)
         else:
             self._mark_tree(output, True, frozenset())
@@ -286,7 +292,7 @@ class BroadcastTracker(TorchFunctionMode):
             site = f"{self._stack[-1] if self._stack else 'model'}: {getattr(func, '__name__', func)}"
             self.sites.add(site)
             for _, d in free:
-                self.captured.update((i, self._params[i]) for i in d)
+                self.captured.update((i, self._params[i] if i in self._params else self._unit_params[i]) for i in d)
             swap = {id(t): rows_view for t, rows_view, _ in subs}
             args, kwargs = _replace(args, swap), _replace(kwargs, swap)
             out = func(*args, **kwargs)
@@ -351,7 +357,7 @@ class BroadcastTracker(TorchFunctionMode):
         return None
 
     def _unrecognised(self, func: Any, free: list[tuple[Tensor, Deps]]) -> None:
-        names = {id(p): n for n, p in self.owner._module.named_parameters(prefix="model")}
+        names = {id(p): n for n, p in self.owner._module.named_parameters(prefix="model", remove_duplicate=False)}
         params = sorted(names[i] for _, d in free for i in d if i in names)
         where = self._stack[-1] if self._stack else "model"
         op = getattr(func, "__name__", str(func))

@@ -66,6 +66,8 @@ class GradSampleModule(nn.Module):
     grad_sample_mode = "hooks"  # which checks of dpnotebook.validate apply
     #: run the provenance probe (:mod:`~dpnotebook.grad_sample.engine.provenance`) until it has proven the rows
     probes_rows = True
+    #: find where batch-free tensors meet the batch (:mod:`~dpnotebook.grad_sample.engine.broadcast`)
+    tracks_broadcasts = True
     #: Opacus' name for the sampler registry, as a dict view (:class:`~dpnotebook.grad_sample.engine.registry.GradSamplerView`)
     GRAD_SAMPLERS = GradSamplerView()
 
@@ -199,7 +201,7 @@ class GradSampleModule(nn.Module):
         recording = (
             self._hooks is not None and self.hooks_enabled and torch.is_grad_enabled() and not capture_is_paused()
         )
-        if not tracker.discovered and recording and self.probes_rows:
+        if not tracker.discovered and recording and self.tracks_broadcasts:
             self._discover(args, kwargs)
         if self._rows_proof != "proven" and self.probes_rows:
             self._prove_rows(args, kwargs)
