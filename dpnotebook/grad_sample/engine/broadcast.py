@@ -14,7 +14,8 @@ with the part of ``f``'s cotangent that comes from sample ``i``'s rows.
 :class:`BroadcastTracker` finds those meeting points with a
 :class:`torch.overrides.TorchFunctionMode` during the wrapper's forward pass. It
 knows which tensors depend on the input's rows by data flow, not by counting:
-the input tensors holding the batch are *batched*; an op with a batched operand
+the input tensors are *batched* (all of them: a mask or flat ids passed in are
+data too); an op with a batched operand
 gives batched results; anything else (parameters, buffers, ``arange``, ids
 computed from them) is batch-free, with the set of trainable parameters it
 depends on. Inside a unit (a layer with a registered sampler, or a ``torch.func``
@@ -103,7 +104,7 @@ _IN_PLACE |= {Tensor.__iadd__, Tensor.__isub__, Tensor.__imul__, Tensor.__itrued
 Deps = frozenset  # ids of the trainable parameters a batch-free tensor depends on
 
 
-def _tensors(args: tuple, kwargs: dict | None) -> Iterator[Tensor]:
+def _tensors(args: tuple | list, kwargs: dict | None) -> Iterator[Tensor]:
     """The tensors among a call's arguments (one level of lists and tuples: ``torch.cat``'s)."""
     for a in (*args, *(kwargs.values() if kwargs else ())):
         if isinstance(a, Tensor):
@@ -192,15 +193,14 @@ class BroadcastTracker(TorchFunctionMode):
     # -- entering and leaving a forward pass -------------------------------------
     @contextlib.contextmanager
     def tracking(self, args: tuple, kwargs: dict, units: list[nn.Module]) -> Iterator[None]:
-        """Track one forward pass of the model on ``args``/``kwargs`` (inputs of ``rows`` rows in the batch dim)."""
-        owner = self.owner
-        model, bd, rows = owner._module, 0 if owner.batch_first else 1, owner._rows_input
+        """Track one forward pass of the model on ``args``/``kwargs``: every tensor among them is batched."""
+        model = self.owner._module
         # the parameters no unit handles (a container's): those of a unit are its sampler's business, or
         # enter the tracking as the output of its call on batch-free inputs (see _leave)
         in_units = {id(p) for m in units for p in m.parameters()}
         self._params = {id(p): p for p in model.parameters() if p.requires_grad and id(p) not in in_units}
-        for x in tree_flatten((args, kwargs))[0]:
-            if isinstance(x, Tensor) and x.dim() > bd and x.shape[bd] == rows:
+        for x in tree_flatten((args, kwargs))[0]:  # every input tensor is data (a mask, flat ids, packed rows)
+            if isinstance(x, Tensor):
                 self._batched[id(x)] = weakref.ref(x)
         unit_ids = {id(m) for m in units}
         for path, m in model.named_modules(prefix="model"):

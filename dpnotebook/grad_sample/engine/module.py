@@ -230,11 +230,11 @@ class GradSampleModule(nn.Module):
         if self._rows_input is None:  # nothing holds the batch where the tracker can see it: as before
             tracker.containers_fallback = containers
         else:
-            cloned = tree_map(lambda x: x.clone() if isinstance(x, Tensor) else x, (args, kwargs))
+            a, kw = tree_map(lambda x: x.clone() if isinstance(x, Tensor) else x, (args, kwargs))
             tracker.discovering = True
             try:
-                with probing(self._module), torch.no_grad(), tracker.tracking(*cloned, self._unit_modules()):
-                    self._module(*cloned[0], **cloned[1])
+                with probing(self._module), torch.no_grad(), tracker.tracking(a, kw, self._unit_modules()):
+                    self._module(*a, **kw)
             finally:
                 tracker.discovering = False
             modules = dict(self._module.named_modules(prefix="model"))
