@@ -22,7 +22,7 @@ def test_cli_prints_a_row_per_mode_and_opacus_figure(capsys: pytest.CaptureFixtu
     for mode in dpnotebook.available_modes():  # ResNet runs in every mode: error, no fallback in the layer-wise ones
         assert re.search(rf"^resnet +{mode} +\d\.\de-\d\d  \d+( whole)? +[\d.]+ +[\d.]+ +[\d.]+$", out, re.M), out
     assert re.search(r"^resnet +x[\d.]+ \((hooks|functorch|ew|ghost)\)", out, re.M), out
-    assert "B=2, 1 timed steps" in out
+    assert "B=2, median of 1 timed pairs" in out
 
 
 def test_table_shows_refusals_and_whole_model_units() -> None:
@@ -49,7 +49,7 @@ def test_table_shows_refusals_and_whole_model_units() -> None:
 def test_bad_arguments_are_refused_with_the_fix(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["--batch", "0"])
-    assert "--batch=0 --steps=10 --warmup=2: use batch, steps >= 1, warmup >= 0." in capsys.readouterr().err
+    assert "--batch=0 --steps=20 --warmup=2: use batch, steps >= 1, warmup >= 0." in capsys.readouterr().err
     with pytest.raises(
         ValueError, match=re.escape(f"model='resnet18' is not in the zoo; choose one of {sorted(ZOO)}.")
     ):
