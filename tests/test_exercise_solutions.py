@@ -40,6 +40,7 @@ def test_every_solutions_file_has_its_notebook() -> None:
     assert orphans == [], f"solution files without a notebook of the same name: {orphans}"
 
 
+@pytest.mark.slow  # executes every solved notebook
 @pytest.mark.parametrize("notebook", WITH_EXERCISES, ids=lambda p: p.stem)
 def test_solved_notebook_passes_its_checks(notebook: Path, tmp_path: Path) -> None:
     from dpnotebook.exercises.notebooks import execute, write_notebook

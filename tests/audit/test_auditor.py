@@ -156,6 +156,7 @@ def test_virtual_steps_keep_the_bound(mode: str, family: str) -> None:
     assert report.ok() and report.reference_gap < 1e-6, report.table()
 
 
+@pytest.mark.slow  # runs an audit grid
 def test_the_command_line_prints_a_summary(capsys) -> None:
     from dpnotebook.audit.__main__ import main
 
@@ -193,6 +194,7 @@ def test_the_command_lines_help_lists_the_modes_and_families() -> None:
     assert "one of: " + ", ".join(sorted(FAMILIES)) in text
 
 
+@pytest.mark.slow  # runs an audit grid
 def test_the_command_line_runs_a_small_grid_with_its_progress_bar() -> None:
     result = _cli("--mode", "hooks", "--family", "norms", "--progress")
     assert result.returncode == 0, result.stdout + result.stderr
