@@ -63,6 +63,7 @@ def _overfit(x, y, steps=300):
     return model
 
 
+@pytest.mark.slow  # trains and attacks several models
 def test_loss_attack_finds_members_of_a_memorising_model():
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(80, 10, generator=g), torch.randint(0, 2, (80,), generator=g)  # random labels
@@ -73,6 +74,7 @@ def test_loss_attack_finds_members_of_a_memorising_model():
     assert model.training  # example_losses restored train mode
 
 
+@pytest.mark.slow  # trains and attacks several models
 def test_calibrated_attack_subtracts_the_reference_loss():
     g = torch.Generator().manual_seed(1)
     x, y = torch.randn(60, 10, generator=g), torch.randint(0, 2, (60,), generator=g)
