@@ -2,7 +2,7 @@
 
 The ``slow`` marker (registered in ``pyproject.toml``) is what ``make test-fast`` (``pytest -m "not slow"``)
 leaves out. It is set here, in one place, on what cannot carry a decorator: every notebook cell that
-nbval collects from ``tutorials/``, and every test in :data:`SLOW_FOLDERS`. Single slow tests elsewhere
+nbval collects from ``tutorials/``, and every test in ``tests.slow.SLOW_FOLDERS``. Single slow tests elsewhere
 carry ``@pytest.mark.slow`` themselves. ``tests/test_quick_loop.py`` checks that the quick loop
 collects none of them.
 
@@ -15,11 +15,10 @@ says so: nothing passes silently on the CPU in the GPU's place.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from tests.device import DEVICES, TestDevice, no_gpu_reason
+from tests.slow import is_slow
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -57,33 +56,6 @@ def pytest_report_header(config: pytest.Config) -> str | None:
     import torch
 
     return f"device: cuda ({torch.cuda.get_device_name()}, {torch.cuda.device_count()} GPU(s))"
-
-
-#: Folders (relative to the repository root) whose every test is slow, and why.
-SLOW_FOLDERS: dict[str, str] = {
-    "tests/browser": "a real browser (Playwright) renders the tutorials",
-    "tests/distributed": "each launch starts processes (run_on_ranks)",
-}
-
-
-def is_slow(item: pytest.Item, root: Path) -> bool:
-    """Whether ``item`` is slow by where it lives: a tutorial's cell under nbval, or a test in a slow folder.
-
-    Args:
-        item: A collected test.
-        root: The repository root (``config.rootpath``).
-
-    Returns:
-        True for an item of a notebook (``*.ipynb``) or of a module inside one of :data:`SLOW_FOLDERS`.
-    """
-    path = Path(item.path)
-    if path.suffix == ".ipynb":
-        return True
-    try:
-        relative = path.resolve().relative_to(root.resolve()).as_posix()
-    except ValueError:  # a test outside the repository
-        return False
-    return any(relative.startswith(folder + "/") for folder in SLOW_FOLDERS)
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker

@@ -1,6 +1,6 @@
 """The quick loop (``make test-fast``: ``pytest -m "not slow"``) cannot silently start running the slow tests.
 
-The root ``conftest.py`` marks every notebook cell (nbval) and every test in its ``SLOW_FOLDERS``
+The root ``conftest.py`` marks every notebook cell (nbval) and every test in ``tests.slow.SLOW_FOLDERS``
 ``slow``; single slow tests elsewhere carry ``@pytest.mark.slow``. Here a separate pytest collects
 with ``-m "not slow"`` and must find none of them; and every test module that starts processes
 (the distributed launcher), a browser or a Sphinx build must be in a slow folder or carry the mark.
@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import SLOW_FOLDERS
+from tests.slow import SLOW_FOLDERS
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "tutorials").glob("*.ipynb"))
@@ -49,15 +49,16 @@ def marked_slow(path: Path) -> set[str]:
     tests = {
         node.name: node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name.startswith("test")
     }
-    if "pytestmark = pytest.mark.slow" in path.read_text():
-        return set(tests)
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and ast.unparse(node) == "pytestmark = pytest.mark.slow":
+            return set(tests)
     return {
         name for name, node in tests.items() if any(ast.unparse(d) == "pytest.mark.slow" for d in node.decorator_list)
     }
 
 
 def test_the_quick_loop_collects_no_notebook_cell_no_slow_folder_and_no_test_marked_slow() -> None:
-    files = sorted(p for p in (ROOT / "tests").rglob("test_*.py") if "pytest.mark.slow" in p.read_text())
+    files = sorted(p for p in (ROOT / "tests").rglob("test_*.py") if marked_slow(p))
     assert files, "no test module carries @pytest.mark.slow"
     slow = {(p, name) for p in files for name in marked_slow(p)}
     done = collect("-m", "not slow", "tutorials", *SLOW_FOLDERS, *(str(p.relative_to(ROOT)) for p in files))
