@@ -11,8 +11,8 @@ import pytest
 
 from dpnotebook.exercises.notebooks import exercise_cells, problems, read_notebook, solutions_path, solved
 
-TUTORIALS = Path(__file__).resolve().parents[1] / "tutorials"
-SOLUTIONS = Path(__file__).resolve().parents[1] / "solutions"  # outside tutorials/, which Binder opens
+TUTORIALS = Path(__file__).resolve().parents[2] / "tutorials"
+SOLUTIONS = Path(__file__).resolve().parents[2] / "solutions"  # outside tutorials/, which Binder opens
 NOTEBOOKS = sorted(TUTORIALS.glob("*.ipynb"))
 WITH_EXERCISES = [nb for nb in NOTEBOOKS if exercise_cells(read_notebook(nb))]
 
