@@ -119,6 +119,7 @@ def test_refusals_are_checked_both_ways() -> None:
     assert expected_refusal(allowed) is None and matches(run_point(allowed)) is None
 
 
+@pytest.mark.slow  # runs twelve grid points
 def test_summary_counts_points() -> None:
     outcomes = [run_point(p) for p in grid(modes=["functorch"], families=["norms"], records=["duplicated"])]
     text = summarise(outcomes)
@@ -173,6 +174,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow  # a fresh interpreter per command line
 @pytest.mark.parametrize(
     ("option", "value", "valid"),
     [("--mode", "bogus", lambda: available_modes()), ("--family", "linear", lambda: sorted(FAMILIES))],
@@ -186,6 +188,7 @@ def test_the_command_line_refuses_an_unknown_name_and_lists_the_valid_ones(optio
     assert "Traceback" not in result.stderr and "break the promise" not in result.stdout
 
 
+@pytest.mark.slow  # a fresh interpreter per command line
 def test_the_command_lines_help_lists_the_modes_and_families() -> None:
     result = _cli("--help")
     assert result.returncode == 0

@@ -153,6 +153,7 @@ def test_our_roc_equals_scikit_learns_ties_included(seed: int) -> None:
     assert roc.auc == pytest.approx(roc_auc_score(labels, scores), abs=1e-12)
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_the_auditor_imports_without_the_lab_extra() -> None:
     """What justifies keeping audit.roc: dpnotebook.audit runs with scikit-learn, matplotlib, ipywidgets absent."""
     import subprocess
