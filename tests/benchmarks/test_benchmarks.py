@@ -14,6 +14,7 @@ from dpnotebook.benchmarks.steps import make_step
 from dpnotebook.benchmarks.suite import Config, measure, plan
 
 
+@pytest.mark.slow  # the benchmark command line, end to end
 def test_cli_runs_one_tiny_configuration_and_writes_json(tmp_path, capsys) -> None:
     out = tmp_path / "bench.json"
     argv = [
@@ -142,6 +143,7 @@ def test_the_results_table_prints_the_reference_each_ratio_uses() -> None:
     assert "timed in the same process" in table.splitlines()[-1]
 
 
+@pytest.mark.slow  # times steps in fresh processes
 def test_memory_benchmark_measures_every_k_in_its_own_processes() -> None:
     from dpnotebook.benchmarks.memory import run, summary
 
