@@ -14,6 +14,7 @@ import pytest
 SLOW_FOLDERS: dict[str, str] = {
     "tests/browser": "a real browser (Playwright) renders the tutorials",
     "tests/distributed": "each launch starts processes (run_on_ranks)",
+    "tests/zoo": "every real architecture, mode and K against the float64 oracle (about 75 s on 2 cores)",
 }
 
 

@@ -9,6 +9,9 @@ from types import ModuleType
 
 import pytest
 
+# runs the example three times (about 20 s on 2 cores): the quick loop leaves it out, as the digits example
+pytestmark = pytest.mark.slow
+
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "fine_tune_transformer.py"
 TINY = ["--public-size", "300", "--private-size", "200", "--length", "8", "--width", "16", "--layers", "1",
         "--pretrain-epochs", "3", "--epochs", "5", "--batch-size", "32", "--lr", "2e-2", "--no-progress"]  # fmt: skip
