@@ -152,6 +152,7 @@ class GradSampleModule(nn.Module):
         if self._hooks is not None:
             self._hooks.remove()
             self._hooks = None
+        self._broadcast.remove()
         self._store.unwatch()
 
     def disable_hooks(self) -> None:
