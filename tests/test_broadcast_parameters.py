@@ -331,5 +331,32 @@ def test_sensitivity_audit_on_adversarial_records(kind: str, mode: str) -> None:
 def test_ew_mode_still_refuses_and_names_the_mode_to_use() -> None:
     from dpnotebook.grad_sample.engine.expanded_weights import GradSampleModuleExpandedWeights
 
-    with pytest.raises(GradSampleError, match="functorch|hooks"):
+    with pytest.raises(GradSampleError, match=r"grad_sample_mode='ew': .*Fix: use grad_sample_mode='hooks' or 'ghost'"):
         GradSampleModuleExpandedWeights(_hf("bert"))(*_inputs("bert", 3)).sum().backward()
+
+
+class TwoPaths(nn.Module):
+    """Meets the batch in a mul on the first forward pass, in a matmul when ``late`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, 4)
+        self.w = nn.Parameter(torch.randn(4, 4))
+        self.late = False
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.fc(x)
+        return h @ self.w if self.late else h * self.w[0]
+
+
+def test_an_unrecognised_use_the_discovery_did_not_see_is_refused_by_name() -> None:
+    model = TwoPaths()
+    wrapped = GradSampleModule(model)
+    wrapped(torch.randn(4, 3)).sum().backward()
+    assert ("model.w", "broadcast") in wrapped.units
+    wrapped.zero_grad()
+    model.late = True
+    with pytest.raises(
+        GradSampleError, match=r"model\.w meet\(s\) the batch in matmul inside model, .*register_grad_sampler"
+    ):
+        wrapped(torch.randn(4, 3))

@@ -152,7 +152,11 @@ class BroadcastTracker(TorchFunctionMode):
         self._unit_params: dict[int, nn.Parameter] = {}  # those of units called on batch-free inputs
         self._stack: list[str] = []
         self._depth = 0
+        self._suspended = False
         self._handles: list[Any] = []
+        self._installed: tuple | None = None
+        self._free: list[tuple[int, nn.Parameter]] = []
+        self._tracking = False
         self._unit_calls: list[bool] = []
 
     # -- which tensors hold the batch ------------------------------------------
@@ -178,6 +182,8 @@ class BroadcastTracker(TorchFunctionMode):
         """Whether a unit's call has no batched input (its rows are not samples): only while tracking."""
         if not self.active:
             return False
+        if any(self.is_batched(x) for x in _tensors(args, kwargs)):  # the usual call, told cheaply
+            return False
         leaves = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, Tensor)]
         return bool(leaves) and not any(self.is_batched(x) for x in leaves)
 
@@ -188,20 +194,42 @@ class BroadcastTracker(TorchFunctionMode):
 
     @property
     def active(self) -> bool:
-        return bool(self._handles)
+        return self._tracking
 
     # -- entering and leaving a forward pass -------------------------------------
     @contextlib.contextmanager
     def tracking(self, args: tuple, kwargs: dict, units: list[nn.Module]) -> Iterator[None]:
         """Track one forward pass of the model on ``args``/``kwargs``: every tensor among them is batched."""
-        model = self.owner._module
-        # the parameters no unit handles (a container's): those of a unit are its sampler's business, or
-        # enter the tracking as the output of its call on batch-free inputs (see _leave)
-        in_units = {id(p) for m in units for p in m.parameters()}
-        self._params = {id(p): p for p in model.parameters() if p.requires_grad and id(p) not in in_units}
+        self._install(units)
+        self._params = {i: p for i, p in self._free if p.requires_grad}
         for x in tree_flatten((args, kwargs))[0]:  # every input tensor is data (a mask, flat ids, packed rows)
             if isinstance(x, Tensor):
                 self._batched[id(x)] = weakref.ref(x)
+        self._tracking = True
+        try:
+            with self:
+                try:
+                    yield
+                finally:
+                    if self._suspended:  # the forward raised inside a unit: the mode goes back for __exit__
+                        torch._C._push_on_torch_function_stack(self)
+                        self._suspended = False
+        finally:
+            self._tracking = False
+            self._stack, self._depth, self._unit_calls = [], 0, []
+            self._batched, self._deps = {}, {}
+
+    def _install(self, units: list[nn.Module]) -> None:
+        """Hooks on every module of the model (kept between forward passes while the units stay the same)."""
+        model = self.owner._module
+        key = (tuple(id(m) for m in units), sum(1 for _ in model.modules()))
+        if key == self._installed:
+            return
+        self.remove()
+        # the parameters no unit handles (a container's): those of a unit are its sampler's business, or
+        # enter the tracking as the output of its call on batch-free inputs (see _leave)
+        in_units = {id(p) for m in units for p in m.parameters()}
+        self._free = [(id(p), p) for p in model.parameters() if id(p) not in in_units]
         unit_ids = {id(m) for m in units}
         for path, m in model.named_modules(prefix="model"):
             unit = id(m) in unit_ids
@@ -209,35 +237,43 @@ class BroadcastTracker(TorchFunctionMode):
             self._handles.append(
                 m.register_forward_hook(partial(self._leave, unit), with_kwargs=True, always_call=True)
             )
-        try:
-            with self:
-                yield
-        finally:
-            for h in self._handles:
-                h.remove()
-            self._handles, self._stack, self._depth, self._unit_calls = [], [], 0, []
-            self._batched, self._deps = {}, {}
+        self._installed = key
+
+    def remove(self) -> None:
+        """Remove the hooks of :meth:`_install` (the wrapper's ``remove_hooks`` calls it)."""
+        for h in self._handles:
+            h.remove()
+        self._handles, self._installed = [], None
 
     def _enter(self, path: str, unit: bool, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        if not self._tracking:
+            return
         self._stack.append(path)
         if unit:
             batch_free = self.batch_free_call(args, kwargs)
             self._unit_calls.append(batch_free)
             self._depth += 1
+            if self._depth == 1 and torch._C._len_torch_function_stack() and self._suspend():
+                self._suspended = True  # a unit's ops are its own business: not intercepted (the time it saves)
             if self.discovering:
                 (self.batch_free_units if batch_free else self.batched_units).add(id(module))
 
     def _leave(self, unit: bool, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        if not self._tracking:
+            return
         if self._stack:
             self._stack.pop()
         if not unit or not self._unit_calls:
             return
         self._depth -= 1
+        if self._depth == 0 and self._suspended:
+            torch._C._push_on_torch_function_stack(self)
+            self._suspended = False
         batch_free = self._unit_calls.pop()
         if output is None:
             return
-        leaves = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, Tensor)]
         if batch_free:
+            leaves = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, Tensor)]
             deps = frozenset().union(*(self.deps(x) for x in leaves))
             own = {id(p): p for p in module.parameters() if p.requires_grad}
             self._unit_params.update(own)
@@ -245,6 +281,14 @@ class BroadcastTracker(TorchFunctionMode):
             self._mark_tree(output, False, deps)
         else:
             self._mark_tree(output, True, frozenset())
+
+    def _suspend(self) -> bool:
+        """Take this mode off the top of the torch-function mode stack, if it is there."""
+        top = torch._C._pop_torch_function_stack()
+        if top is not self:
+            torch._C._push_on_torch_function_stack(top)
+            return False
+        return True
 
     def _mark_tree(self, output: Any, batched: bool, deps: Deps) -> None:
         for x in tree_flatten(output)[0]:

@@ -169,8 +169,10 @@ class GradSampleModuleExpandedWeights(OuterWrapper):
                 raise GradSampleError(
                     f"grad_sample_mode='ew': a layer saw {seen.group(1)} rows in dim 0 where the input has "
                     f"{seen.group(2)} (B*K): ExpandedWeights needs every layer to see the batch in dim 0 (does the "
-                    "model run time-major inside?). Fix: use grad_sample_mode='functorch', which replays the whole "
-                    "model per sample, or keep the batch in dim 0 of every layer's input."
+                    "model run time-major inside, or look a position table up once for the whole batch?). Fix: use "
+                    "grad_sample_mode='hooks' or 'ghost', which take a table broadcast over the batch where it "
+                    "meets the batch, or 'functorch', which replays the whole model per sample; or keep the batch "
+                    "in dim 0 of every layer's input."
                 ) from err
             found = re.search(r"cannot handle function (\S+)", str(err))
             if not found:

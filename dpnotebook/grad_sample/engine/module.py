@@ -152,6 +152,7 @@ class GradSampleModule(nn.Module):
         if self._hooks is not None:
             self._hooks.remove()
             self._hooks = None
+        self._broadcast.remove()
         self._store.unwatch()
 
     def disable_hooks(self) -> None:
@@ -243,10 +244,13 @@ class GradSampleModule(nn.Module):
             modules = dict(self._module.named_modules(prefix="model"))
             for where, _, params in tracker.bad:
                 tracker.fallback_at.add(id(modules[smallest_holder(where, params)]))
-            tracker.enabled = bool(tracker.sites or tracker.batch_free_units or tracker.bad)
         if tracker.fallback_at or tracker.containers_fallback or tracker.mixed_units:
             self.remove_hooks()
             self.add_hooks()
+        if self._rows_input is not None:  # on from now on where something meets the batch, or may (a container's)
+            in_units = {id(p) for m in self._unit_modules() for p in m.parameters()}
+            free = any(p.requires_grad and id(p) not in in_units for p in self._module.parameters())
+            tracker.enabled = bool(tracker.sites or tracker.batch_free_units or free)
 
     def _prove_rows(self, args: tuple, kwargs: dict) -> None:
         """Run the provenance probe on this batch, on a forward pass with gradients, until it has proven the rows."""
