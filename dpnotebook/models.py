@@ -121,12 +121,13 @@ class SequenceClassifier(nn.Module):
 class LanguageModelLogits(nn.Module):
     """``tokens [B, T] -> logits [B, T, vocab]`` for a Hugging Face causal language model (e.g. ``GPT2LMHeadModel``).
 
-    The model is called with per-row ``position_ids`` (``arange(T)`` expanded to ``[B, T]``): hooks
-    and ghost mode refuse a trained position table looked up once and broadcast over the batch
-    (its per-sample gradients would not be per sample); functorch mode does not need them.
+    The model is called as a user would call it, ``model(input_ids=tokens)``: its position table,
+    looked up once with ``[1, T]`` ids and broadcast over the batch, gets per-sample gradients in
+    every mode (hooks and ghost mode follow it to where it meets the batch,
+    :mod:`dpnotebook.grad_sample.engine.broadcast`).
 
     Args:
-        model: called as ``model(input_ids=tokens, position_ids=...)``; its output has ``.logits``.
+        model: called as ``model(input_ids=tokens)``; its output has ``.logits``.
     """
 
     def __init__(self, model: nn.Module) -> None:
@@ -134,13 +135,8 @@ class LanguageModelLogits(nn.Module):
         self.model = model
 
     def forward(self, tokens: Tensor) -> Tensor:
-        logits: Tensor = self.model(input_ids=tokens, position_ids=_row_positions(tokens)).logits
+        logits: Tensor = self.model(input_ids=tokens).logits
         return logits
-
-
-def _row_positions(tokens: Tensor) -> Tensor:
-    """``[B, T]`` position ids, ``arange(T)`` in every row (a view: no copy per row)."""
-    return torch.arange(tokens.shape[1], device=tokens.device).expand(tokens.shape[0], -1)
 
 
 def tiny_gpt2(

@@ -220,13 +220,32 @@ def test_tiny_gpt2_without_transformers_says_what_to_install(monkeypatch: pytest
         tiny_gpt2(10, length=4)
 
 
-def test_language_model_logits_gives_each_row_its_positions() -> None:
+def test_language_model_logits_calls_the_model_as_a_user_would() -> None:
     seen = []
 
     class Recorder(nn.Module):
-        def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> object:
-            seen.append(position_ids)
-            return type("Out", (), {"logits": input_ids.float()[..., None]})()
+        def forward(self, **kwargs: torch.Tensor) -> object:
+            seen.append(kwargs)
+            return type("Out", (), {"logits": kwargs["input_ids"].float()[..., None]})()
 
     out = LanguageModelLogits(Recorder())(torch.zeros(3, 5, dtype=torch.long))
-    assert out.shape == (3, 5, 1) and seen[0].shape == (3, 5) and seen[0][2].tolist() == [0, 1, 2, 3, 4]
+    assert out.shape == (3, 5, 1) and list(seen[0]) == ["input_ids"]
+
+
+def test_a_trained_gpt2_position_table_gets_per_sample_gradients_as_called() -> None:
+    """No per-row position_ids: the table looked up once for the batch is followed to where it meets it."""
+    from dpnotebook import wrap_model
+
+    model = tiny_gpt2(12, length=6, width=8, layers=1).double()
+    reference = copy.deepcopy(model)
+    tokens = torch.randint(0, 12, (3, 6), generator=torch.Generator().manual_seed(0))
+    wrapped = wrap_model(model, "hooks")  # loss_reduction="mean": grad_sample[i] is sample i's own gradient
+    token_cross_entropy(wrapped(tokens), tokens).backward()
+    table = model.model.transformer.wpe.weight
+    reference_table = reference.model.transformer.wpe.weight
+    assert table.grad_sample.shape == (3, *table.shape)
+    for i in range(3):
+        reference.zero_grad()
+        token_cross_entropy(reference(tokens[i : i + 1]), tokens[i : i + 1]).backward()
+        assert reference_table.grad is not None and reference_table.grad.abs().sum() > 0
+        torch.testing.assert_close(table.grad_sample[i], reference_table.grad, rtol=1e-9, atol=1e-12)
