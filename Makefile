@@ -10,7 +10,7 @@ PIP := $(PY) -m pip install --quiet --constraint constraints.txt
 STAMP := $(VENV)/.installed
 LAB_STAMP := $(VENV)/.installed-lab
 
-.PHONY: install lab lint test test-gpu docs bench badges clean
+.PHONY: install lab lint test test-fast test-gpu docs bench badges clean
 
 # torch goes in first, pinned by constraints.txt, so that no later resolution pulls another (CUDA) build.
 $(STAMP): pyproject.toml constraints.txt
@@ -43,13 +43,21 @@ lint: $(STAMP)
 test: lint
 	$(PY) -m pytest
 
+# The quick loop while developing (README, "While you work"): ruff, then every unit test and doctest without the
+# tests marked slow (-m "not slow": the tutorials under nbval, the Sphinx build, the browser, the distributed and
+# benchmark tests, the exercise solutions; conftest.py and pyproject.toml say which). No mypy (`make lint`).
+# `make test` stays the whole suite, and what CI runs.
+test-fast: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m pytest -m "not slow"
+
 # The GPU test path (docs/guarantees.md): samplers, modes, the DP step, the sensitivity grid, the accountant,
 # the widgets' state, mixed precision and the distributed tests (NCCL where two GPUs exist) with CUDA as the
 # default device, and the tutorials under nbval. Without a CUDA GPU every test is skipped, with one line saying so.
 # The CPU wheel pinned by constraints.txt sees no GPU: install a CUDA build of torch 2.13 first.
-GPU_TESTS := tests/test_samplers.py tests/test_reference_forms.py tests/test_modes.py tests/test_grad_sample_module.py \
-	tests/test_ghost.py tests/test_mixed_precision.py tests/test_device_option.py tests/privacy tests/audit/test_grid.py \
-	tests/widgets tests/distributed tutorials
+GPU_TESTS := tests/grad_sample/samplers tests/test_modes.py tests/grad_sample/engine/test_grad_sample_module.py \
+	tests/grad_sample/ghost/test_ghost.py tests/grad_sample/engine/test_mixed_precision.py tests/test_device_option.py \
+	tests/privacy tests/audit/test_grid.py tests/widgets tests/distributed tutorials
 test-gpu: $(STAMP)
 	$(PY) -m pytest --device cuda $(GPU_TESTS)
 

@@ -1,6 +1,12 @@
-"""The repository's pytest options: ``--device cpu`` (the default) or ``--device cuda`` (``make test-gpu``).
+"""The repository's pytest options and markers: ``--device``, and the ``slow`` marker of the quick loop.
 
-With ``--device cuda`` every test runs with CUDA as the default device
+The ``slow`` marker (registered in ``pyproject.toml``) is what ``make test-fast`` (``pytest -m "not slow"``)
+leaves out. It is set here, in one place, on what cannot carry a decorator: every notebook cell that
+nbval collects from ``tutorials/``, and every test in ``tests.slow.SLOW_FOLDERS``. Single slow tests elsewhere
+carry ``@pytest.mark.slow`` themselves. ``tests/test_quick_loop.py`` checks that the quick loop
+collects none of them.
+
+``--device cpu`` (the default) or ``--device cuda`` (``make test-gpu``): with ``--device cuda`` every test runs with CUDA as the default device
 (:class:`tests.device.TestDevice`); doctests, whose expected output is the CPU's,
 are deselected, and the notebooks choose their device themselves. On a machine
 without a CUDA GPU every test is skipped, and the run ends with one line that
@@ -12,6 +18,7 @@ from __future__ import annotations
 import pytest
 
 from tests.device import DEVICES, TestDevice, no_gpu_reason
+from tests.slow import is_slow
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -51,7 +58,11 @@ def pytest_report_header(config: pytest.Config) -> str | None:
     return f"device: cuda ({torch.cuda.get_device_name()}, {torch.cuda.device_count()} GPU(s))"
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if is_slow(item, config.rootpath):
+            item.add_marker(pytest.mark.slow)
     if not _gpu_wanted(config):
         return
     doctests = [item for item in items if isinstance(item, pytest.DoctestItem)]

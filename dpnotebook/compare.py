@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from dpnotebook.grad_sample.engine.accumulation import grad_sample_rows
 from dpnotebook.grad_sample.samplers.sample_rows import flat_rows
 from dpnotebook.modes import available_modes, wrap_model
 from dpnotebook.testing import clean_copy, reference_grad_samples
@@ -62,9 +63,7 @@ def median_seconds(fn: Callable[[], object], repeats: int = 5) -> float:
 
 def mode_result(wrapped: nn.Module, model: nn.Module) -> dict[str, Tensor | None] | Tensor:
     """What a mode computed after backward: ``{name: grad_sample}``, or ``[B]`` norms for a norms-only mode."""
-    grads: dict[str, Tensor | None] = {
-        n: getattr(p, "grad_sample", None) for n, p in model.named_parameters() if p.requires_grad
-    }
+    grads: dict[str, Tensor | None] = {n: grad_sample_rows(p) for n, p in model.named_parameters() if p.requires_grad}
     per_sample_norms: Callable[[], Tensor] | None = getattr(wrapped, "per_sample_norms", None)
     if any(g is None for g in grads.values()) and per_sample_norms is not None:
         return per_sample_norms()

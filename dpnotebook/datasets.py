@@ -16,7 +16,17 @@ from typing import Callable
 import torch
 from torch.utils.data import TensorDataset
 
-__all__ = ["load_digits_tensors", "split_tensors", "split_by_classes", "make_order_task", "random_shift"]
+__all__ = [
+    "load_digits_tensors",
+    "split_tensors",
+    "split_by_classes",
+    "make_order_task",
+    "random_shift",
+    "TEXT_VOCABULARY",
+    "TEXT_STYLES",
+    "make_template_text",
+    "decode_text",
+]
 
 
 def split_tensors(
@@ -157,3 +167,94 @@ def random_shift(max_shift: int = 1, *, seed: int = 0) -> Callable[[torch.Tensor
         return out
 
     return shift
+
+
+#: The words of :func:`make_template_text`, one token id each (``"."`` ends a sentence).
+TEXT_VOCABULARY: tuple[str, ...] = (
+    ".", "the", "a", "my", "to", "in", "at", "with", "and",
+    "cat", "dog", "bird", "fox", "ball", "stick", "tree", "park", "river", "garden",
+    "sees", "chases", "finds", "runs", "sleeps", "small", "big", "red", "quick",
+    # words of the "private" style only: names, a clinic, a diary's verbs
+    "anna", "ben", "carla", "doctor", "clinic", "pills", "visited", "took", "called", "today",
+)  # fmt: skip
+
+_SLOTS = {
+    "animal": ("cat", "dog", "bird", "fox"),
+    "thing": ("ball", "stick", "tree"),
+    "place": ("park", "river", "garden"),
+    "verb": ("sees", "chases", "finds"),
+    "adj": ("small", "big", "red", "quick"),
+    "name": ("anna", "ben", "carla"),
+    "past": ("visited", "called"),
+}
+
+#: The sentence templates of each style; ``{slot}`` is filled from a word list.
+TEXT_STYLES: dict[str, tuple[str, ...]] = {
+    "public": (
+        "the {animal} {verb} the {thing} .",
+        "a {adj} {animal} runs to the {place} .",
+        "the {animal} sleeps in the {place} .",
+    ),
+    "private": (
+        "{name} {past} the doctor today .",
+        "{name} took my pills at the clinic .",
+        "my {adj} {animal} sleeps with {name} .",
+    ),
+}
+
+
+def make_template_text(style: str, n: int, *, length: int = 16, seed: int = 0) -> TensorDataset:
+    """Generated text for a language model: ``n`` blocks of ``length`` tokens from a style's sentence templates.
+
+    Sentences are drawn from :data:`TEXT_STYLES` ``[style]`` (templates and slot words uniformly at
+    random), written one after the other, and cut into blocks of ``length + 1`` tokens. The
+    ``"public"`` style talks about animals in a park; the ``"private"`` one is a shifted
+    distribution: other templates, and names, a clinic and verbs that public text never uses
+    (they share the vocabulary :data:`TEXT_VOCABULARY`, so one model reads both). Each block is
+    one record: the unit of privacy when the private style is trained with DP-SGD.
+
+    Args:
+        style: a key of :data:`TEXT_STYLES` (``"public"`` or ``"private"``).
+        n: number of blocks (records).
+        length: tokens per block that the model reads (at least 1).
+        seed: seeds the draws.
+
+    Returns:
+        ``TensorDataset`` of ``(inputs [length], targets [length])`` int64: a block and the same block
+        shifted by one token (the next word to predict at each position).
+
+    >>> data = make_template_text("private", 3, length=6)
+    >>> inputs, targets = data[0]
+    >>> inputs.shape, torch.equal(inputs[1:], targets[:-1])
+    (torch.Size([6]), True)
+    >>> decode_text(make_template_text("public", 1, length=8)[0][0])
+    'the fox sleeps in the garden . the'
+    """
+    if style not in TEXT_STYLES:
+        raise ValueError(f"style={style!r} is invalid: use one of {sorted(TEXT_STYLES)}.")
+    for name, value in (("n", n), ("length", length)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r} is invalid: it must be an int >= 1.")
+    index = {w: i for i, w in enumerate(TEXT_VOCABULARY)}
+    g = torch.Generator().manual_seed(seed)
+
+    def pick(words: tuple[str, ...]) -> str:
+        return words[int(torch.randint(len(words), (1,), generator=g))]
+
+    templates = TEXT_STYLES[style]
+    needed = n * (length + 1)
+    stream: list[int] = []
+    while len(stream) < needed:
+        words = pick(templates).split()
+        stream.extend(index[pick(_SLOTS[w[1:-1]]) if w.startswith("{") else w] for w in words)
+    blocks = torch.tensor(stream[:needed]).view(n, length + 1)
+    return TensorDataset(blocks[:, :-1].contiguous(), blocks[:, 1:].contiguous())
+
+
+def decode_text(tokens: torch.Tensor) -> str:
+    """The words of a 1-d tensor of token ids of :data:`TEXT_VOCABULARY`, space-separated.
+
+    >>> decode_text(torch.tensor([1, 9, 22, 0]))
+    'the cat runs .'
+    """
+    return " ".join(TEXT_VOCABULARY[int(t)] for t in tokens)

@@ -12,7 +12,17 @@ more of the signal. :func:`prepare_fine_tuning` gives the usual choices:
 * ``"lora"``: a new head, and low-rank adapters (:class:`~dpnotebook.layers.lora.LoRALinear`)
   on the body's linear layers, whose weights stay frozen.
 
-The head is the model's last ``nn.Linear`` (in ``named_modules`` order).
+The head is the model's last ``nn.Linear`` (in ``named_modules`` order). With
+``num_classes=None`` the pretrained head is kept (a language model's output layer):
+trained under ``"last"``, frozen with the body under ``"lora"``.
+
+Hugging Face GPT-2 computes its attention and MLP projections with
+``transformers.pytorch_utils.Conv1D`` (``y = x W + b``, ``W`` of shape ``[in, out]``):
+``"lora"`` first replaces each by the ``nn.Linear`` that computes the same
+(:func:`replace_conv1d`), then adapts it. For a language model,
+:class:`~dpnotebook.models.LanguageModelLogits` turns a Hugging Face causal LM into
+``tokens -> logits`` (:func:`~dpnotebook.models.tiny_gpt2` builds a small one),
+:func:`token_cross_entropy` is its loss and :func:`perplexity` its score.
 
 >>> import torch
 >>> from dpnotebook.models import MLP
@@ -25,14 +35,27 @@ The head is the model's last ``nn.Linear`` (in ``named_modules`` order).
 from __future__ import annotations
 
 import copy
-from typing import Callable
+import math
+import sys
+from typing import Any, Callable, cast
 
 import torch
-from torch import nn
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.data import DataLoader
 
 from dpnotebook.layers.lora import add_lora
+from dpnotebook.privacy.engine_inputs import unwrap_model
 
-__all__ = ["FINE_TUNING", "prepare_fine_tuning", "trained_parameters"]
+__all__ = [
+    "FINE_TUNING",
+    "prepare_fine_tuning",
+    "trained_parameters",
+    "replace_conv1d",
+    "linear_from_conv1d",
+    "token_cross_entropy",
+    "perplexity",
+]
 
 #: The ways :func:`prepare_fine_tuning` knows.
 FINE_TUNING = ("scratch", "all", "last", "lora")
@@ -50,15 +73,84 @@ def _head_name(model: nn.Module) -> str:
     return names[-1]
 
 
+def _conv1d_type() -> type[nn.Module] | None:
+    # Only a model built by transformers holds a Conv1D, and then transformers is imported already.
+    module = sys.modules.get("transformers.pytorch_utils")
+    return getattr(module, "Conv1D", None)
+
+
+def linear_from_conv1d(layer: nn.Module) -> nn.Linear:
+    """The ``nn.Linear`` that computes what a ``transformers`` ``Conv1D`` computes (its weight transposed).
+
+    ``Conv1D(nf, nx)`` holds ``weight`` ``[nx, nf]`` (in, out) and returns ``x @ weight + bias``;
+    the ``nn.Linear(nx, nf)`` returned holds ``weight.T`` (a copy) and the same bias.
+
+    Raises:
+        TypeError: ``layer`` is not a ``transformers.pytorch_utils.Conv1D``.
+    """
+    conv1d = _conv1d_type()
+    if conv1d is None or not isinstance(layer, conv1d):
+        raise TypeError(
+            f"layer={type(layer).__name__} is invalid: linear_from_conv1d takes a transformers.pytorch_utils.Conv1D."
+        )
+    weight = cast(Tensor, layer.weight)
+    bias = cast("Tensor | None", layer.bias)
+    linear = nn.Linear(weight.shape[0], weight.shape[1], bias=bias is not None)
+    linear.to(device=weight.device, dtype=weight.dtype)
+    with torch.no_grad():
+        linear.weight.copy_(weight.T)
+        if bias is not None:
+            linear.bias.copy_(bias)
+    linear.weight.requires_grad_(weight.requires_grad)
+    if bias is not None:
+        linear.bias.requires_grad_(bias.requires_grad)
+    return linear
+
+
+def replace_conv1d(model: nn.Module) -> list[str]:
+    """Replace, in place, every ``transformers`` ``Conv1D`` of ``model`` by :func:`linear_from_conv1d`'s ``nn.Linear``.
+
+    The model computes the same function afterwards; its state-dict holds the transposed weights.
+
+    Returns:
+        The qualified names of the replaced layers (empty for a model without ``Conv1D``).
+
+    >>> from dpnotebook.models import tiny_gpt2
+    >>> model = tiny_gpt2(10, length=4, width=8, layers=1)
+    >>> tokens = torch.tensor([[1, 2, 3, 4]])
+    >>> before = model(tokens)
+    >>> [name.rsplit(".", 2)[-2:] for name in replace_conv1d(model)]
+    [['attn', 'c_attn'], ['attn', 'c_proj'], ['mlp', 'c_fc'], ['mlp', 'c_proj']]
+    >>> model.model.transformer.h[0].mlp.c_fc, torch.allclose(model(tokens), before, atol=1e-6)
+    (Linear(in_features=8, out_features=32, bias=True), True)
+    """
+    conv1d = _conv1d_type()
+    if conv1d is None:
+        return []
+    names = [n for n, m in model.named_modules() if isinstance(m, conv1d) and n]
+    for name in names:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, linear_from_conv1d(getattr(parent, child)))
+    return names
+
+
 def prepare_fine_tuning(
-    pretrained: nn.Module, how: str, *, num_classes: int, rank: int = 4, alpha: float | None = None, seed: int = 0
+    pretrained: nn.Module,
+    how: str,
+    *,
+    num_classes: int | None,
+    rank: int = 4,
+    alpha: float | None = None,
+    seed: int = 0,
 ) -> nn.Module:
     """A copy of ``pretrained`` set up for fine-tuning ``how`` (see the module docstring); ``pretrained`` is not changed.
 
     Args:
-        pretrained: a classifier whose last ``nn.Linear`` is its head.
+        pretrained: a model whose last ``nn.Linear`` is its head (after :func:`replace_conv1d` for ``"lora"``).
         how: one of :data:`FINE_TUNING`.
-        num_classes: the new head's outputs.
+        num_classes: the new head's outputs; ``None`` keeps the pretrained head (trained under ``"last"``,
+            ``"all"`` and ``"scratch"``, frozen under ``"lora"``).
         rank: the adapters' rank (``"lora"``).
         alpha: the adapters' scale numerator (default ``rank``).
         seed: seeds the new head (and the adapters, or the whole model for ``"scratch"``).
@@ -68,7 +160,13 @@ def prepare_fine_tuning(
     """
     if how not in FINE_TUNING:
         raise ValueError(f"how={how!r} is invalid; use one of {FINE_TUNING}.")
+    if num_classes is not None and (
+        isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1
+    ):
+        raise ValueError(f"num_classes={num_classes!r} is invalid: use an int >= 1, or None to keep the head.")
     model = copy.deepcopy(pretrained)
+    if how == "lora":
+        replace_conv1d(model)
     head = _head_name(model)
     parent_name, _, child = head.rpartition(".")
     parent = model.get_submodule(parent_name) if parent_name else model
@@ -80,12 +178,47 @@ def prepare_fine_tuning(
                 reset: Callable[[], None] | None = getattr(m, "reset_parameters", None)
                 if reset is not None:
                     reset()
-        new_head = nn.Linear(old.in_features, num_classes, bias=old.bias is not None)
-    new_head.to(device=old.weight.device, dtype=old.weight.dtype)
+        new_head = None if num_classes is None else nn.Linear(old.in_features, num_classes, bias=old.bias is not None)
     for p in model.parameters():
         p.requires_grad_(how in ("scratch", "all"))
     if how == "lora":
         body = [n for n, m in model.named_modules() if type(m) is nn.Linear and n and n != head]
         add_lora(model, rank=rank, alpha=alpha, seed=seed, names=body)
-    setattr(parent, child, new_head)
+    if new_head is not None:
+        new_head.to(device=old.weight.device, dtype=old.weight.dtype)
+        setattr(parent, child, new_head)
+    elif how == "last":
+        old.requires_grad_(True)
     return model
+
+
+def token_cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
+    """The mean next-token cross-entropy over a batch: ``logits [B, T, V]``, ``targets [B, T]``.
+
+    Every row has ``T`` tokens, so this is the mean over rows of each row's mean token loss:
+    a ``loss_reduction="mean"`` loss for :class:`~dpnotebook.privacy.engine.PrivacyEngine`.
+
+    >>> logits = torch.zeros(2, 3, 5)                 # uniform over 5 words
+    >>> round(token_cross_entropy(logits, torch.zeros(2, 3, dtype=torch.long)).item(), 4) == round(math.log(5), 4)
+    True
+    """
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+@torch.no_grad()
+def perplexity(model: nn.Module, data_loader: DataLoader[Any]) -> float:
+    """``exp`` of the mean next-token cross-entropy of ``model`` (unwrapped, in eval mode) on ``(tokens, targets)``.
+
+    A model that spreads its guess evenly over ``V`` words scores ``V``; a perfect one scores 1.
+    """
+    plain = unwrap_model(model)
+    was_training = plain.training
+    plain.eval()
+    device = next((p.device for p in plain.parameters()), torch.device("cpu"))
+    total, count = 0.0, 0
+    for tokens, targets in data_loader:
+        tokens, targets = tokens.to(device), targets.to(device)
+        total += F.cross_entropy(plain(tokens).flatten(0, 1), targets.flatten(), reduction="sum").item()
+        count += targets.numel()
+    plain.train(was_training)
+    return math.exp(total / count) if count else float("nan")

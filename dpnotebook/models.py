@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-__all__ = ["SmallCNN", "MLP", "SequenceClassifier"]
+__all__ = ["SmallCNN", "MLP", "SequenceClassifier", "LanguageModelLogits", "tiny_gpt2"]
 
 
 class SmallCNN(nn.Module):
@@ -116,3 +116,71 @@ class SequenceClassifier(nn.Module):
         # position table is its own and per-sample gradients can see it
         steps = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens)
         return self.head(self.encoder(h + self.positions(steps)).mean(dim=1))
+
+
+class LanguageModelLogits(nn.Module):
+    """``tokens [B, T] -> logits [B, T, vocab]`` for a Hugging Face causal language model (e.g. ``GPT2LMHeadModel``).
+
+    The model is called as a user would call it, ``model(input_ids=tokens)``: its position table,
+    looked up once with ``[1, T]`` ids and broadcast over the batch, gets per-sample gradients in
+    every mode (hooks and ghost mode follow it to where it meets the batch,
+    :mod:`dpnotebook.grad_sample.engine.broadcast`).
+
+    Args:
+        model: called as ``model(input_ids=tokens)``; its output has ``.logits``.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        logits: Tensor = self.model(input_ids=tokens).logits
+        return logits
+
+
+def tiny_gpt2(
+    vocab_size: int, *, length: int, width: int = 32, layers: int = 2, heads: int = 2, seed: int = 0
+) -> LanguageModelLogits:
+    """A small, freshly initialised Hugging Face ``GPT2LMHeadModel`` (no download), as :class:`LanguageModelLogits`.
+
+    GPT-2's structure at toy size: token and position tables, pre-norm blocks whose attention and
+    MLP projections are ``transformers`` ``Conv1D`` layers, and an output layer tied to the token
+    table. Dropout is off, so every grad-sample mode (functorch included) can replay the forward.
+
+    Args:
+        vocab_size: words in the vocabulary.
+        length: the longest sequence (the position table's size).
+        width: the embedding width (a multiple of ``heads``).
+        layers: transformer blocks.
+        heads: attention heads.
+        seed: seeds the initialisation.
+
+    Raises:
+        ImportError: ``transformers`` is not installed.
+
+    >>> model = tiny_gpt2(10, length=6, width=8, layers=1)
+    >>> model(torch.zeros(3, 6, dtype=torch.long)).shape
+    torch.Size([3, 6, 10])
+    """
+    try:
+        from transformers import GPT2Config, GPT2LMHeadModel
+    except ImportError as error:
+        raise ImportError(
+            "tiny_gpt2 needs the transformers package: pip install transformers (or dpnotebook[lab])."
+        ) from error
+    config = GPT2Config(
+        vocab_size=vocab_size,
+        n_positions=length,
+        n_embd=width,
+        n_layer=layers,
+        n_head=heads,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return LanguageModelLogits(GPT2LMHeadModel(config))

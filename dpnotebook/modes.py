@@ -70,6 +70,7 @@ class FunctorchGradSampleModule(GradSampleModule):
 
     grad_sample_mode = "functorch"
     probes_rows = False  # the replay sees one sample at a time: its rows cannot be another's
+    tracks_broadcasts = False  # ... and it replays the whole model: every parameter is in it
 
     def _plan(self) -> list:
         return plan_units(self._module, whole_model=True)

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from dpnotebook.errors import GradSamplerMismatch
+from dpnotebook.grad_sample.engine.accumulation import grad_sample_rows
 from dpnotebook.mode_registry import Unwrappable
 
 if TYPE_CHECKING:
@@ -217,8 +218,8 @@ def wrapped_grad_samples(
     if loss_reduction == "mean":
         loss = loss / target.shape[0 if batch_first else 1]
     loss.backward()
-    # p.grad_sample: set by the wrapper's backward (not an attribute torch knows)
-    result: dict[str, Tensor] = {n: getattr(p, "grad_sample") for n, p in module.named_parameters() if p.requires_grad}
+    # p.grad_sample: set by the wrapper's backward (not an attribute torch knows), a tensor or one per backward pass
+    result = {n: cast(Tensor, grad_sample_rows(p)) for n, p in module.named_parameters() if p.requires_grad}
     cast(Unwrappable, wrapped).to_standard_module()  # every mode's wrapper has it
     return result
 

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from tests.device import no_gpu_reason
@@ -21,6 +22,7 @@ def test_tensors_are_made_on_the_session_device(device: torch.device) -> None:
     assert torch.equal(seeded.cpu(), torch.randn(3, generator=torch.Generator().manual_seed(0), device="cpu"))
 
 
+@pytest.mark.slow  # runs pytest in a subprocess
 def test_device_cuda_runs_on_the_gpu_or_skips_everything_with_one_line() -> None:
     run = subprocess.run(
         [

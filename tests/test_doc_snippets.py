@@ -51,6 +51,7 @@ def test_the_readme_snippets_are_known() -> None:
     assert {"Per-sample gradients in five lines", "Write your own grad sampler", "Train privately"} <= set(snippets())
 
 
+@pytest.mark.slow  # each snippet in a fresh interpreter; 'Train privately' trains
 @pytest.mark.parametrize("heading", [h for h in snippets() if h not in FRAGMENTS])
 def test_a_readme_snippet_runs_as_it_is(heading: str) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}

@@ -38,6 +38,7 @@ def page(html: Path, name: str) -> str:
     return (html / name).read_text(encoding="utf-8")
 
 
+@pytest.mark.slow  # the Sphinx build
 def test_the_site_has_its_sections(html: Path) -> None:
     index = page(html, "docs/index.html")
     for target in ("getting-started.html", "concepts/index.html", "tutorials.html", "api/index.html"):
@@ -45,6 +46,7 @@ def test_the_site_has_its_sections(html: Path) -> None:
     assert "url=docs/index.html" in page(html, "index.html")  # the top-level redirect
 
 
+@pytest.mark.slow  # the Sphinx build
 @pytest.mark.parametrize("notebook", TUTORIALS, ids=lambda p: p.name)
 def test_every_tutorial_is_rendered_with_its_outputs(html: Path, notebook: Path) -> None:
     text = page(html, f"tutorials/{notebook.stem}.html")
@@ -62,6 +64,7 @@ def test_every_tutorial_is_rendered_with_its_outputs(html: Path, notebook: Path)
         assert first_line in _text(text), f"{notebook.name}: stored output {first_line!r} is not on the page"
 
 
+@pytest.mark.slow  # the Sphinx build
 @pytest.mark.parametrize("notebook", TUTORIALS, ids=lambda p: p.name)
 def test_cells_tagged_remove_cell_are_not_on_the_page(html: Path, notebook: Path) -> None:
     """Assertion cells (tag ``remove-cell``) run under nbval but stay off the site; the cells around them show."""
@@ -81,6 +84,7 @@ def test_cells_tagged_remove_cell_are_not_on_the_page(html: Path, notebook: Path
     assert all(line in text for line in shown[:3]), f"{notebook.name}: the visible cells are missing"
 
 
+@pytest.mark.slow  # the Sphinx build
 @pytest.mark.parametrize("notebook", TUTORIALS, ids=lambda p: p.name)
 def test_widget_state_comes_with_the_widget_manager(html: Path, notebook: Path) -> None:
     from ipywidgets.embed import DEFAULT_EMBED_REQUIREJS_URL
@@ -99,6 +103,7 @@ def test_widget_state_comes_with_the_widget_manager(html: Path, notebook: Path) 
         assert not manager, "the widget manager is loaded on a page without widget state"
 
 
+@pytest.mark.slow  # the Sphinx build
 def test_capability_table_is_generated_from_the_code(html: Path) -> None:
     from dpnotebook.capabilities import FEATURES
     from dpnotebook.modes import available_modes
@@ -111,6 +116,7 @@ def test_capability_table_is_generated_from_the_code(html: Path) -> None:
         assert feature in _text(text), feature
 
 
+@pytest.mark.slow  # the Sphinx build
 def test_every_public_name_has_an_api_entry(html: Path) -> None:
     sys.path.insert(0, str(ROOT / "docs" / "_ext"))
     try:
@@ -132,6 +138,7 @@ def _text(page_html: str) -> str:
     return html_module.unescape(re.sub(r"<[^>]+>", "", page_html))
 
 
+@pytest.mark.slow  # the Sphinx build
 def test_mathjax_is_part_of_the_site(html: Path) -> None:
     """Formulas render offline: every page with math loads MathJax from the site's own _static, not a CDN."""
     text = page(html, "docs/concepts/accounting.html")
@@ -144,6 +151,7 @@ def test_mathjax_is_part_of_the_site(html: Path) -> None:
         assert not re.search(r'<script[^>]*src="https?://[^"]*mathjax', page(html, name), re.I), name
 
 
+@pytest.mark.slow  # the Sphinx build
 def test_the_tutorials_page_says_what_needs_a_network_and_a_kernel(html: Path) -> None:
     text = " ".join(_text(page(html, "docs/tutorials.html")).split())
     assert "The formulas render offline" in text
@@ -151,6 +159,7 @@ def test_the_tutorials_page_says_what_needs_a_network_and_a_kernel(html: Path) -
     assert "Sliders that recompute need a running kernel" in text
 
 
+@pytest.mark.slow  # the Sphinx build
 def test_formulas_render_in_a_browser_without_network(html: Path) -> None:
     """Headless Chromium, every http(s) request refused: MathJax from _static typesets the page's formulas.
 

@@ -15,6 +15,7 @@ def load_example():
     return module
 
 
+@pytest.mark.slow  # trains the digits example end to end (30 epochs)
 def test_train_digits_reaches_85_percent_at_epsilon_8(capsys):
     pytest.importorskip("sklearn")
     import torch

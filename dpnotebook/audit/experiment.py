@@ -40,6 +40,7 @@ from dpnotebook.audit.gradient_canaries import GradientCanaries, unreached_coord
 from dpnotebook.audit.membership import example_losses, loss_threshold_attack
 from dpnotebook.audit.one_run import OneRunAudit, audit_one_run
 from dpnotebook.audit.roc import AttackROC
+from dpnotebook.device import check_device
 
 __all__ = ["AuditedRun", "audited_digits_run", "random_image_canaries"]
 
@@ -139,6 +140,7 @@ def audited_digits_run(
     hidden: int = 256,
     significance: float = 0.05,
     seed: int = 0,
+    device: torch.device | str = "cpu",
 ) -> AuditedRun:
     """Train on ``members`` digits plus the included canaries, then attack and audit.
 
@@ -159,6 +161,14 @@ def audited_digits_run(
         hidden: the MLP's hidden width.
         significance: the audit's chance of being wrong.
         seed: seeds the model, the coins, the batches and the noise.
+        device: where the model trains (e.g. :func:`dpnotebook.default_device`); the data, the
+            coins and the batches are drawn on the CPU either way, and the attacks and audits
+            run on the CPU after training. The noise comes from a generator on ``device``, so a
+            GPU run repeats itself but does not repeat the CPU run's numbers.
+
+    Raises:
+        ValueError: an invalid argument (both ``target_epsilon`` and ``noise_multiplier``,
+            too many ``members`` or ``gradient_canaries``, a ``device`` this machine lacks).
     """
     from dpnotebook.datasets import load_digits_tensors
     from dpnotebook.models import MLP
@@ -166,6 +176,7 @@ def audited_digits_run(
 
     if target_epsilon is not None and noise_multiplier is not None:
         raise ValueError("both target_epsilon and noise_multiplier given: pass one (or neither for plain SGD).")
+    device = check_device(device)
     train, _ = load_digits_tensors()
     x_all, y_all = train.tensors
     if 2 * members > len(x_all):
@@ -210,6 +221,7 @@ def audited_digits_run(
     else:
         ids = torch.full((len(y_train),), -1, dtype=torch.long)
     data = TensorDataset(x_train, y_train, ids)
+    mlp.to(device)
     optimizer: torch.optim.Optimizer
     if private:
         optimizer = torch.optim.SGD(model.parameters(), lr=2.0 if lr is None else lr)
@@ -227,7 +239,7 @@ def audited_digits_run(
             optimizer=optimizer,
             data_loader=loader,
             max_grad_norm=max_grad_norm,
-            noise_generator=torch.Generator().manual_seed(seed + 4),
+            noise_generator=torch.Generator(device=device).manual_seed(seed + 4),
         )
         if target_epsilon is not None:
             made = engine.make_private_with_epsilon(
@@ -246,7 +258,7 @@ def audited_digits_run(
         for xb, yb, ib in loader:
             optimizer.zero_grad()
             if len(yb):
-                nn.functional.cross_entropy(model(xb), yb).backward()
+                nn.functional.cross_entropy(model(xb.to(device)), yb.to(device)).backward()
                 if grad_canaries is not None:
                     grad_canaries.inject(ib)
             optimizer.step()
@@ -255,7 +267,7 @@ def audited_digits_run(
         sample_rate, steps = float(engine.sample_rate), sum(n for _, _, n in engine.accountant.history)
     if private and sigma > 0:
         epsilon = engine.get_epsilon(delta)
-    plain = unwrap_model(model) if private else model
+    plain = (unwrap_model(model) if private else model).cpu()  # the attacks and audits run on the CPU
     plain.eval()
     scores = -example_losses(plain, x_can, y_can).numpy()
     return AuditedRun(

@@ -50,6 +50,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from dpnotebook.grad_sample.engine.accumulation import grad_sample_parts
+
 __all__ = ["GradientCanaries", "unreached_coordinates", "SCORES"]
 
 SCORES = ("sum", "steps")
@@ -208,7 +210,8 @@ class GradientCanaries:
             raise RuntimeError("the DP step left no gradient on the canaries' parameter: was it in the optimizer?")
         scale = 1.0 / optimizer.max_grad_norm  # type: ignore[attr-defined]
         if optimizer.loss_reduction == "mean":  # type: ignore[attr-defined]
-            scale *= optimizer.expected_batch_size  # type: ignore[attr-defined]
+            # what the step divided by: the expected batch times the backward passes held (1 under Poisson)
+            scale *= optimizer.expected_batch_size * optimizer.accumulated_iterations  # type: ignore[attr-defined]
         self.projections.append(self._project(grad.detach().reshape(-1).cpu()) * scale)
 
     def inject(self, canary_ids: Tensor) -> None:
@@ -222,10 +225,11 @@ class GradientCanaries:
         """
         ids = canary_ids.reshape(-1).long().cpu()
         rows = (ids >= 0).nonzero().reshape(-1)
-        gs = getattr(self.parameter, "grad_sample", None)
-        if gs is None or gs.shape[0] != ids.numel():
+        parts = grad_sample_parts(self.parameter)  # one tensor per backward pass since zero_grad
+        held = sum(g.shape[0] for g in parts)
+        if not parts or held != ids.numel():
             raise RuntimeError(
-                f"the canaries' parameter has grad_sample of shape {None if gs is None else tuple(gs.shape)} for "
+                f"the canaries' parameter has grad_sample of {held if parts else None} rows for "
                 f"{ids.numel()} rows: call inject after backward(), with a model wrapped in a mode that forms "
                 "per-sample gradients (hooks, functorch or ew; ghost mode never forms them)."
             )
@@ -236,17 +240,18 @@ class GradientCanaries:
             raise ValueError(f"canary id {int(which.max())} in the batch, but there are {self.count} canaries.")
         if not bool(torch.from_numpy(self.included)[which].all()):
             raise ValueError("a canary left out by its coin is in the batch: put only included canaries in the data.")
-        flat = gs.reshape(gs.shape[0], -1)
-        flat[rows] = 0
-        if self.coordinates is not None:
-            flat[rows, self.coordinates[which].to(flat.device)] = self.gradient_norm
-        else:
-            assert self.directions is not None
-            flat[rows] = (self.gradient_norm * self.directions[which]).to(flat)
+        for gs, at, here in _row_slices(parts, rows):  # written in place into each backward pass's tensor
+            flat = gs.reshape(gs.shape[0], -1)
+            flat[at] = 0
+            if self.coordinates is not None:
+                flat[at, self.coordinates[which[here]].to(flat.device)] = self.gradient_norm
+            else:
+                assert self.directions is not None
+                flat[at] = (self.gradient_norm * self.directions[which[here]]).to(flat)
         for p in self._others:
-            other = getattr(p, "grad_sample", None)
-            if other is not None and p is not self.parameter:
-                other[rows] = 0
+            if p is not self.parameter:
+                for other, at, _ in _row_slices(grad_sample_parts(p), rows):
+                    other[at] = 0
 
     def scores(self, kind: str = "sum") -> np.ndarray:
         """One score per canary, higher when it looks trained on (see the module's docstring).
@@ -271,3 +276,14 @@ class GradientCanaries:
         # log(1 - q + q exp(a)) computed stably for large a
         a = (z - 0.5) / sigma**2
         return np.logaddexp(math.log1p(-q) if q < 1 else -np.inf, math.log(q) + a).sum(0)
+
+
+def _row_slices(parts: list[Tensor], rows: Tensor) -> list[tuple[Tensor, Tensor, Tensor]]:
+    """``(tensor, its rows among rows, their places in rows)`` for each tensor of a list ``grad_sample``."""
+    out, start = [], 0
+    for g in parts:
+        here = ((rows >= start) & (rows < start + g.shape[0])).nonzero().reshape(-1)
+        if here.numel():
+            out.append((g, (rows[here] - start).to(g.device), here))
+        start += g.shape[0]
+    return out

@@ -96,14 +96,15 @@ class Outcome:
 #: ``(a mode, a set of modes or None for all, families, layout or None for both, passes or None, error types, message pattern, why)``.
 REFUSALS: list[tuple] = [
     (
-        {"hooks", "ghost", "ew"},
+        "ew",
         {"relative_bias"},
         None,
         None,
         (Exception,),
         r"rows",
         "the relative-position bias's rows are query positions: the provenance probe refuses it at B*K = T "
-        "(the row count at B*K != T); functorch replays each sample whole",
+        "(the row count at B*K != T); hooks and ghost mode know the bias is batch-free and capture it where "
+        "it meets the batch (grad_sample.engine.broadcast); functorch replays each sample whole",
     ),
     (
         "ew",

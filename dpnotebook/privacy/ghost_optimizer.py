@@ -57,6 +57,11 @@ class GhostDPOptimizer(DPOptimizer):
             )
         return owners
 
+    @property
+    def accumulated_iterations(self) -> int:
+        """1, as Opacus' ghost-clipping optimizer: its model keeps norms, not a list of backward passes."""
+        return 1
+
     def _clip_and_sum(self) -> tuple[list[Tensor], Tensor, int] | None:
         """``(clipped sums in self.params order, per-sample norms, number clipped)``, or ``None`` for no samples."""
         params = self.params

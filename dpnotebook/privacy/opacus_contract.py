@@ -31,6 +31,8 @@ from typing import Any, Callable, Protocol
 
 from torch import Tensor, nn
 
+from dpnotebook.grad_sample.engine.accumulation import grad_sample_parts, grad_sample_rows
+
 
 class _DPOptimizerState(Protocol):
     """What the contract reads: the state of the DP optimizer it is a base of."""
@@ -51,9 +53,32 @@ class OpacusOptimizerContract:
 
     @property
     def grad_samples(self: _DPOptimizerState) -> list[Tensor]:
-        """The ``grad_sample`` of each parameter that has one (Opacus' ``optimizer.grad_samples``)."""
-        found = [getattr(p, "grad_sample", None) for p in self.params]  # the wrapper's attribute, not torch's
+        """The ``grad_sample`` of each parameter that has one, every backward pass's rows in one tensor.
+
+        Opacus' ``optimizer.grad_samples``: a list ``p.grad_sample`` (several backward passes
+        before one step) is concatenated, as its ``_get_flat_grad_sample`` does.
+        """
+        found = [grad_sample_rows(p) for p in self.params]
         return [g for g in found if g is not None]
+
+    def _get_flat_grad_sample(self, p: Tensor) -> Tensor:
+        """``p.grad_sample`` as one tensor, the backward passes' rows concatenated (Opacus' method, same name).
+
+        Raises:
+            ValueError: ``p`` has no per-sample gradients (as in Opacus).
+        """
+        if not hasattr(p, "grad_sample"):
+            raise ValueError(
+                "Per sample gradient not found: the parameter has no grad_sample. Fix: wrap the model "
+                "(PrivacyEngine.make_private or dpnotebook.wrap_model) before the forward pass."
+            )
+        rows = grad_sample_rows(p)
+        if rows is None:
+            raise ValueError(
+                "Per sample gradient is not initialized: p.grad_sample is None (no backward pass since "
+                "zero_grad, or the parameter is not used by the forward pass)."
+            )
+        return rows
 
     def attach_step_hook(self: _DPOptimizerState, hook: Callable[[Any], None]) -> None:
         """Call ``hook(optimizer)`` after every step (Opacus' method; the privacy engine steps its accountant so)."""
@@ -64,9 +89,21 @@ class OpacusOptimizerContract:
         self._skip_next_step = do_skip
 
     @property
-    def accumulated_iterations(self) -> int:
-        """1: dpnotebook refuses two Poisson batches before one step (the accountant counts one per step)."""
-        return 1
+    def accumulated_iterations(self: _DPOptimizerState) -> int:
+        """How many backward passes ``p.grad_sample`` holds (Opacus' property): its list's length, 1 for a tensor.
+
+        Under Poisson sampling it is 1 at every step: two batches before one step are refused.
+
+        Raises:
+            ValueError: the parameters hold different numbers of backward passes (as in Opacus).
+        """
+        counts = {len(grad_sample_parts(p)) for p in self.params if getattr(p, "grad_sample", None) is not None}
+        if len(counts) > 1:
+            raise ValueError(
+                f"Number of accumulated steps is inconsistent across parameters: {sorted(counts)} backward "
+                "passes. Some parameters were not reached by every backward pass since zero_grad()."
+            )
+        return counts.pop() if counts else 1
 
     def pre_step(self: _DPOptimizerState, closure: Callable[[], Any] | None = None) -> bool:
         """Opacus' ``pre_step``: everything of a step but the wrapped optimizer's own ``step()``.

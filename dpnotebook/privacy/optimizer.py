@@ -5,7 +5,8 @@ One step of DP-SGD, in the order this class does it:
 1. **clip** every sample's gradient ``p.grad_sample[i]`` to norm ``<= C`` (``max_grad_norm``);
 2. **accumulate**: sum the clipped gradients over the batch (and over virtual steps);
 3. **add noise** ``N(0, (sigma * C)^2)`` to the sum, once per logical batch;
-4. **scale** by ``1 / expected_batch_size`` (for ``loss_reduction="mean"``);
+4. **scale** by ``1 / (expected_batch_size * passes)`` for ``loss_reduction="mean"``, ``passes`` being the
+   backward passes ``p.grad_sample`` holds (``accumulated_iterations``, as in Opacus; 1 under Poisson sampling);
 5. write the result into ``p.grad`` and let the wrapped optimizer take its step.
 
 A logical batch too large for memory can be fed in physical pieces: call
@@ -38,6 +39,7 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
+from dpnotebook.grad_sample.engine.accumulation import grad_sample_rows  # p.grad_sample, tensor or list
 from dpnotebook.grad_sample.engine.module import LOSS_REDUCTIONS  # one definition for wrappers and optimizers
 from dpnotebook.privacy.arguments import check_choice, check_positive_number
 from dpnotebook.privacy.clipping import CLIPPING_MODES, clip_and_sum
@@ -133,9 +135,12 @@ class DPOptimizer(PrivacyKnobs, OpacusOptimizerContract, WrappedOptimizer):
         self._kept_for_next = False  # the running sum is a virtual step's: zero_grad keeps it
 
     def _grad_samples(self) -> list[Tensor] | None:
-        """Each parameter's ``grad_sample`` (zeros for one the batch did not reach); ``None`` if there are none."""
+        """Each parameter's ``grad_sample`` rows, every backward pass's (zeros for one the batch did not reach).
+
+        ``None`` if there are none.
+        """
         params = self.params
-        found = [getattr(p, "grad_sample", None) for p in params]
+        found = [grad_sample_rows(p) for p in params]
         present = [g for g in found if g is not None]
         if not present:
             if any(p.grad is not None and bool(p.grad.any()) for p in params):
@@ -190,7 +195,7 @@ class DPOptimizer(PrivacyKnobs, OpacusOptimizerContract, WrappedOptimizer):
         self._virtual_steps += 1
         self._kept_for_next = False
         self.sampled_batches.rows_clipped()
-        invariants._mark_as_processed(self.grad_samples)
+        invariants.mark_clipped(params)
         self._forget_clipped()
 
     def virtual_step(self) -> None:
@@ -215,6 +220,7 @@ class DPOptimizer(PrivacyKnobs, OpacusOptimizerContract, WrappedOptimizer):
     def _finish_batch(self) -> None:
         """:meth:`add_noise`'s work, under a name an Opacus-style subclass does not override."""
         self.clip_and_accumulate()  # the last piece; its p.grad_sample stay until zero_grad, as in Opacus
+        passes = self.accumulated_iterations  # backward passes the last piece held (1 under Poisson sampling)
         params = self.params
         invariants.check_no_raw_gradients(self.param_groups, params, invariants.models_holding(params, self._dp_model))
         self.sampled_batches.check(sum(int(n.shape[0]) for n in self._norms))
@@ -224,7 +230,7 @@ class DPOptimizer(PrivacyKnobs, OpacusOptimizerContract, WrappedOptimizer):
             self._insecure_unchosen = not warn_insecure_noise_once()
         noises, signal_norm, noise_norm = self._noisy_sum(summed, params, std)
         if self.loss_reduction == "mean":
-            torch._foreach_div_(noises, float(self.expected_batch_size))
+            torch._foreach_div_(noises, float(self.expected_batch_size * passes))  # as Opacus' scale_grad
         for p, grad in zip(params, noises):
             p.grad = grad
         invariants.mark_noised(noises)

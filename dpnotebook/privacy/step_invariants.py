@@ -48,6 +48,7 @@ __all__ = [
     "mark_noised",
     "parameter_names",
     "models_holding",
+    "mark_clipped",
     "_mark_as_processed",
     "_check_processed_flag",
 ]
@@ -77,6 +78,14 @@ def _check_processed_flag(obj: Tensor | list[Tensor]) -> None:
     for x in obj if isinstance(obj, list) else [obj]:
         if hasattr(x, "_processed"):
             raise ValueError(MISSING_ZERO_GRAD.format(what="p.grad_sample was already clipped by a step"))
+
+
+def mark_clipped(params: Iterable[nn.Parameter]) -> None:
+    """Mark every tensor of each ``p.grad_sample`` (one per backward pass) as clipped by a step."""
+    for p in params:
+        sample = getattr(p, "grad_sample", None)  # the wrapper's attribute: a tensor or a list of them
+        if sample is not None:
+            _mark_as_processed(sample)
 
 
 def parameter_names(params: Iterable[nn.Parameter], models: Iterable[nn.Module] = ()) -> dict[int, str]:

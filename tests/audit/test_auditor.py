@@ -119,6 +119,7 @@ def test_refusals_are_checked_both_ways() -> None:
     assert expected_refusal(allowed) is None and matches(run_point(allowed)) is None
 
 
+@pytest.mark.slow  # runs twelve grid points
 def test_summary_counts_points() -> None:
     outcomes = [run_point(p) for p in grid(modes=["functorch"], families=["norms"], records=["duplicated"])]
     text = summarise(outcomes)
@@ -156,6 +157,7 @@ def test_virtual_steps_keep_the_bound(mode: str, family: str) -> None:
     assert report.ok() and report.reference_gap < 1e-6, report.table()
 
 
+@pytest.mark.slow  # runs an audit grid
 def test_the_command_line_prints_a_summary(capsys) -> None:
     from dpnotebook.audit.__main__ import main
 
@@ -172,6 +174,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow  # a fresh interpreter per command line
 @pytest.mark.parametrize(
     ("option", "value", "valid"),
     [("--mode", "bogus", lambda: available_modes()), ("--family", "linear", lambda: sorted(FAMILIES))],
@@ -185,6 +188,7 @@ def test_the_command_line_refuses_an_unknown_name_and_lists_the_valid_ones(optio
     assert "Traceback" not in result.stderr and "break the promise" not in result.stdout
 
 
+@pytest.mark.slow  # a fresh interpreter per command line
 def test_the_command_lines_help_lists_the_modes_and_families() -> None:
     result = _cli("--help")
     assert result.returncode == 0
@@ -193,6 +197,7 @@ def test_the_command_lines_help_lists_the_modes_and_families() -> None:
     assert "one of: " + ", ".join(sorted(FAMILIES)) in text
 
 
+@pytest.mark.slow  # runs an audit grid
 def test_the_command_line_runs_a_small_grid_with_its_progress_bar() -> None:
     result = _cli("--mode", "hooks", "--family", "norms", "--progress")
     assert result.returncode == 0, result.stdout + result.stderr

@@ -8,6 +8,8 @@ than C or sampled otherwise would fail here.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -75,6 +77,52 @@ def test_random_direction_canaries_are_clipped_like_a_sample():
     scores = canaries.scores("sum")
     assert scores[0] == pytest.approx(1.0, abs=1e-5)  # norm 10 clipped to C, read back in units of C
     assert abs(scores[1]) < 0.2  # another random direction: nearly orthogonal, not 1
+
+
+def test_canaries_are_written_into_every_backward_pass_of_a_list_grad_sample():
+    """Two backward passes before one step (``p.grad_sample`` a list): ids number the rows of all passes in order."""
+    model = dpnotebook.wrap_model(nn.Linear(4, 2), "hooks")
+    weight, bias = model._module.weight, model._module.bias
+    canaries = GradientCanaries.dirac(weight, [0, 5], np.array([True, True]), gradient_norm=3.0)
+    opt = DPOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), noise_multiplier=0.0, max_grad_norm=2.0, expected_batch_size=5
+    )
+    canaries.attach(opt)
+    x = torch.tensor([0.0, 0.0, 1.0, 1.0])  # the ordinary rows reach neither canary coordinate (w[0, 0], w[1, 1])
+    model(x.repeat(2, 1)).sum().backward()
+    model(x.repeat(3, 1)).sum().backward()
+    canaries.inject(torch.tensor([1, -1, -1, -1, 0]))  # canary 1: row 0 (first pass); canary 0: row 4 (second)
+    first, second = weight.grad_sample
+    assert first[0].flatten().tolist() == [0, 0, 0, 0, 0, 3.0, 0, 0]
+    assert second[2].flatten().tolist() == [3.0, 0, 0, 0, 0, 0, 0, 0]
+    assert bias.grad_sample[0][0].abs().sum() == 0 and bias.grad_sample[1][2].abs().sum() == 0
+    assert first[1].abs().sum() > 0 and second[0].abs().sum() > 0  # ordinary rows untouched
+    opt.step()
+    assert canaries.scores("sum").tolist() == pytest.approx([1.0, 1.0], abs=1e-5)  # each clipped to C once
+
+
+def test_audited_digits_run_trains_on_the_device_it_is_given(device):
+    """Issue #31: the run trains on ``device`` (the session's: the GPU under ``pytest --device cuda``)."""
+    tiny = dict(noise_multiplier=1.0, members=60, canaries=20, gradient_canaries=10, epochs=2, batch_size=32)
+    seen = []
+    real = nn.Linear.forward
+    try:
+        nn.Linear.forward = lambda self, x: (seen.append(x.device.type), real(self, x))[1]
+        run = audited_digits_run(device=device, **tiny)
+    finally:
+        nn.Linear.forward = real
+    assert seen and device.type in seen  # the training steps ran there
+    assert all(p.device.type == "cpu" for p in run.model.parameters())  # handed back for the attacks
+    assert run.steps > 0 and math.isfinite(run.epsilon)
+    if device.type == "cpu":  # the device argument changes nothing else: the default run's numbers exactly
+        default = audited_digits_run(**tiny)
+        assert np.array_equal(run.canary_scores, default.canary_scores) and run.epsilon == default.epsilon
+        assert np.array_equal(run.gradient_canaries.scores("sum"), default.gradient_canaries.scores("sum"))
+
+
+def test_audited_digits_run_refuses_a_device_before_training():
+    with pytest.raises(ValueError, match=r"device='gpu' is not a device.*default_device\(\)"):
+        audited_digits_run(noise_multiplier=1.0, members=50, canaries=10, epochs=1, device="gpu")
 
 
 def test_unreached_coordinates_are_those_of_blank_inputs():

@@ -14,6 +14,9 @@ from dpnotebook.audit.families import FAMILIES
 from dpnotebook.audit.grid import grid, matches, run_point
 from dpnotebook.modes import available_modes
 
+#: The whole grid takes minutes (functorch on conv alone about a minute): `make test` runs it, the quick loop not.
+pytestmark = pytest.mark.slow
+
 PAIRS = [(mode, family) for mode in available_modes() for family in FAMILIES]
 
 #: In float32 a saturated softmax (attention on inputs x1000 or x1e4) makes a sample's own gradient depend on

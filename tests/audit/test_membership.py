@@ -63,6 +63,7 @@ def _overfit(x, y, steps=300):
     return model
 
 
+@pytest.mark.slow  # trains and attacks several models
 def test_loss_attack_finds_members_of_a_memorising_model():
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(80, 10, generator=g), torch.randint(0, 2, (80,), generator=g)  # random labels
@@ -73,6 +74,7 @@ def test_loss_attack_finds_members_of_a_memorising_model():
     assert model.training  # example_losses restored train mode
 
 
+@pytest.mark.slow  # trains and attacks several models
 def test_calibrated_attack_subtracts_the_reference_loss():
     g = torch.Generator().manual_seed(1)
     x, y = torch.randn(60, 10, generator=g), torch.randint(0, 2, (60,), generator=g)
@@ -151,6 +153,7 @@ def test_our_roc_equals_scikit_learns_ties_included(seed: int) -> None:
     assert roc.auc == pytest.approx(roc_auc_score(labels, scores), abs=1e-12)
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_the_auditor_imports_without_the_lab_extra() -> None:
     """What justifies keeping audit.roc: dpnotebook.audit runs with scikit-learn, matplotlib, ipywidgets absent."""
     import subprocess

@@ -55,6 +55,7 @@ def test_epsilon_is_the_root_of_the_p_value():
     assert one_run_epsilon(canaries=1000, guesses=200, correct=100) == 0.0
 
 
+@pytest.mark.slow  # many Monte-Carlo runs
 @pytest.mark.parametrize("sigma", [0.5, 1.0, 2.0])
 def test_gaussian_mechanism_bound_never_exceeds_the_true_epsilon(sigma):
     true_eps = gaussian_epsilon(1 / sigma, DELTA)
@@ -69,6 +70,7 @@ def test_gaussian_mechanism_bound_never_exceeds_the_true_epsilon(sigma):
     assert np.median(bounds) > 0.1 * true_eps  # the audit sees the mechanism at all
 
 
+@pytest.mark.slow  # many Monte-Carlo runs
 @pytest.mark.parametrize("sigma, q, steps", [(0.6, 0.5, 4), (1.0, 0.1, 100), (2.0, 0.5, 20)])
 def test_dp_sgd_gradient_canaries_bound_never_exceeds_the_accountant(sigma, q, steps):
     accountant_eps = compute_epsilon(noise_multiplier=sigma, sample_rate=q, steps=steps, delta=DELTA)

@@ -46,6 +46,7 @@ def test_the_suite_options_plan_the_suite_configurations() -> None:
     assert all(c.batch == 128 for c in configs if c.model != "SampleConvNet")
 
 
+@pytest.mark.slow  # exports two git revisions and times them, in fresh processes
 @pytest.mark.skipif(shutil.which("git") is None or not (REPO / ".git").exists(), reason="needs the git checkout")
 def test_head_against_head_on_one_tiny_configuration(tmp_path, capsys) -> None:
     out = tmp_path / "revisions.json"

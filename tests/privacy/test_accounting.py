@@ -165,6 +165,7 @@ def _optimistic_pld_epsilon(sigma: float, q: float, steps: int, interval: float)
     return one.self_compose(steps).get_epsilon_for_delta(1e-5)
 
 
+@pytest.mark.slow  # PLD at tiny sigmas: the longest accounting tests
 @pytest.mark.parametrize("sigma,q,steps", [(1e-3, 0.5, 10), (1e-3, 0.5, 1000), (0.1, 0.5, 1000)])
 def test_pld_with_a_tiny_sigma_fits_in_2gb_and_stays_an_upper_bound(sigma, q, steps):
     eps, message = _capped_epsilon(sigma, q, steps)
@@ -183,6 +184,7 @@ def test_pld_in_typical_settings_keeps_its_interval_and_warns_not(recwarn):
     assert not [w for w in recwarn if "PLD accounting" in str(w.message)]
 
 
+@pytest.mark.slow  # PLD at tiny sigmas: the longest accounting tests
 def test_noise_calibration_with_a_large_target_goes_through_small_sigmas():
     sigma = get_noise_multiplier(target_epsilon=2e4, target_delta=1e-5, sample_rate=0.5, steps=10)
     assert compute_epsilon(noise_multiplier=sigma, sample_rate=0.5, steps=10, delta=1e-5) <= 2e4

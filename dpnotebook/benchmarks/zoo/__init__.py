@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 #: Token vocabulary, sequence length, classes and image side of every zoo batch.
-VOCAB, SEQ_LEN, NUM_CLASSES, IMAGE = 32, 6, 3, 16
+VOCAB, SEQ_LEN, NUM_CLASSES, IMAGE = 32, 6, 3, 12
 
 Batch = Callable[..., tuple[tuple[Tensor, ...], Tensor]]
 
@@ -255,20 +255,21 @@ class BasicBlock(nn.Module):
 class ResNet(nn.Module):
     """torchvision's ``ResNet`` with one ``BasicBlock`` per stage (``widths`` per stage).
 
-    >>> ResNet()(torch.zeros(2, 3, 16, 16)).shape
+    >>> ResNet()(torch.zeros(2, 3, 12, 12)).shape
     torch.Size([2, 3])
     """
 
-    def __init__(self, widths: tuple[int, int, int, int] = (8, 8, 16, 16), num_classes: int = NUM_CLASSES) -> None:
+    def __init__(self, widths: tuple[int, int, int, int] = (4, 4, 8, 8), num_classes: int = NUM_CLASSES) -> None:
         super().__init__()
         self.conv1 = nn.Conv2d(3, widths[0], 7, 2, 3, bias=False)
         self.bn1 = nn.BatchNorm2d(widths[0])
         self.relu = nn.ReLU(inplace=True)
         self.maxpool = nn.MaxPool2d(3, 2, 1)
-        c = widths[0]
-        for i, (w, s) in enumerate(zip(widths, (1, 2, 2, 2)), 1):
-            setattr(self, f"layer{i}", nn.Sequential(BasicBlock(c, w, s)))
+        stages, c = [], widths[0]
+        for w, s in zip(widths, (1, 2, 2, 2)):
+            stages.append(nn.Sequential(BasicBlock(c, w, s)))
             c = w
+        self.layer1, self.layer2, self.layer3, self.layer4 = stages
         self.avgpool = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(c, num_classes)
 
@@ -322,7 +323,7 @@ class Encoder(nn.Module):
 class VisionTransformer(nn.Module):
     """torchvision's ``VisionTransformer``: patch convolution, class token on the root module, encoder, head.
 
-    >>> VisionTransformer()(torch.zeros(2, 3, 16, 16)).shape
+    >>> VisionTransformer()(torch.zeros(2, 3, 12, 12)).shape
     torch.Size([2, 3])
     """
 
@@ -400,7 +401,7 @@ class ConvNeXt(nn.Module):
     ``layer_scale`` is 0.5 rather than torchvision's 1e-6, so that the blocks'
     gradients are not negligible in the comparisons.
 
-    >>> ConvNeXt()(torch.zeros(2, 3, 16, 16)).shape
+    >>> ConvNeXt()(torch.zeros(2, 3, 12, 12)).shape
     torch.Size([2, 3])
     """
 
@@ -453,7 +454,7 @@ def build(name: str, *, seed: int = 0, dtype: torch.dtype = torch.float32) -> Zo
         ValueError: ``name`` is not in the zoo (the message lists the zoo).
 
     >>> build("resnet").model.layer1[0].bn1
-    BatchNorm2d(8, eps=1e-05, momentum=0.1, affine=True...)
+    BatchNorm2d(4, eps=1e-05, momentum=0.1, affine=True...)
     """
     if name not in ZOO:
         raise ValueError(f"model={name!r} is not in the zoo; choose one of {sorted(ZOO)}.")

@@ -2,11 +2,19 @@
 
 ``p.grad_sample`` collects what every unit contributes in one backward pass.
 Within one forward pass, contributions add up (a layer called twice, tied
-weights). A later forward pass brings new samples: before ``zero_grad`` they
-are appended (concatenated along the sample dim) or refused, as the wrapper says.
-Rows are kept in forward-pass order whatever order backward delivers them in
-(with two forward passes before one backward, it can reach them in a different
-order for each layer): :meth:`GradSampleStore.blocks` lists them.
+weights, a second backward pass through the same graph). Before ``zero_grad``,
+a later backward pass that brings new samples makes ``p.grad_sample`` a list
+with one tensor per backward pass, as in Opacus (its ``promote_current_grad_sample``);
+the samples of a forward pass stay in one tensor, one row per sample, whichever
+backward pass reaches them. A second forward pass reached by the same backward
+pass adds its rows to that pass's tensor, in forward-pass order whatever order
+backward delivers them in. :meth:`GradSampleStore.blocks` lists every block of
+rows in the order of :func:`grad_sample_rows`.
+
+Everything that reads ``p.grad_sample`` reads it through :func:`grad_sample_rows`
+(all rows as one tensor, Opacus' ``_get_flat_grad_sample``) or
+:func:`grad_sample_parts` (the tensors, one per backward pass), so both forms are
+handled in one place.
 
 Rows a DP step already clipped carry the step's mark (``_processed``,
 :mod:`~dpnotebook.privacy.step_invariants`); a gradient added to them keeps it
@@ -15,16 +23,86 @@ Rows a DP step already clipped carry the step's mark (``_processed``,
 At the end of every backward pass, each parameter that received a ``.grad``
 must also have received per-sample gradients, or we raise: a silently missing
 ``grad_sample`` would make DP-SGD clip the wrong thing.
+
+>>> import torch
+>>> from torch import nn
+>>> from dpnotebook import GradSampleModule
+>>> model = GradSampleModule(nn.Linear(3, 1), loss_reduction="sum")
+>>> for rows in (2, 5):                      # two backward passes before one step
+...     model(torch.randn(rows, 3)).sum().backward()
+>>> [tuple(g.shape) for g in model.weight.grad_sample]
+[(2, 1, 3), (5, 1, 3)]
+>>> grad_sample_rows(model.weight).shape
+torch.Size([7, 1, 3])
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Union
 
 import torch
 from torch import Tensor, nn
 
 from dpnotebook.errors import GradSampleError
+
+#: What ``p.grad_sample`` holds: one tensor, or (after several backward passes) one tensor per pass.
+GradSample = Union[Tensor, list[Tensor]]
+
+__all__ = ["GradSample", "GradSampleStore", "carry_processed", "grad_sample_parts", "grad_sample_rows"]
+
+
+def grad_sample_parts(p: Tensor) -> list[Tensor]:
+    """``p.grad_sample`` as a list of tensors, one per backward pass (``[]`` when there is none).
+
+    Raises:
+        TypeError: ``p.grad_sample`` is neither a tensor nor a list of tensors.
+
+    >>> import torch
+    >>> p = torch.nn.Parameter(torch.zeros(2))
+    >>> grad_sample_parts(p), len(grad_sample_parts(p)) == 0
+    ([], True)
+    >>> p.grad_sample = [torch.ones(3, 2), torch.ones(1, 2)]
+    >>> [tuple(g.shape) for g in grad_sample_parts(p)]
+    [(3, 2), (1, 2)]
+    """
+    found = getattr(p, "grad_sample", None)  # the wrapper's attribute: torch's Parameter does not declare it
+    if found is None:
+        return []
+    if isinstance(found, Tensor):
+        return [found]
+    if isinstance(found, (list, tuple)) and all(isinstance(g, Tensor) for g in found):
+        return list(found)
+    raise TypeError(
+        f"p.grad_sample is {type(found).__name__}, not a tensor or a list of tensors (one per backward "
+        "pass): it was set by hand to something else. Fix: set p.grad_sample to a [B, *p.shape] tensor."
+    )
+
+
+def grad_sample_rows(p: Tensor) -> Tensor | None:
+    """All of ``p.grad_sample``'s rows as one tensor (the backward passes' tensors concatenated), or ``None``.
+
+    The one accessor the DP optimizer, the ghost wrapper, the audits and the widgets read
+    per-sample gradients through (Opacus' ``DPOptimizer._get_flat_grad_sample``).
+
+    Raises:
+        TypeError: ``p.grad_sample`` is neither a tensor nor a list of tensors.
+        GradSampleError: ``p.grad_sample`` is an empty list.
+
+    >>> import torch
+    >>> p = torch.nn.Parameter(torch.zeros(2))
+    >>> p.grad_sample = [torch.ones(3, 2), torch.zeros(1, 2)]
+    >>> grad_sample_rows(p).sum(1).tolist()
+    [2.0, 2.0, 2.0, 0.0]
+    """
+    parts = grad_sample_parts(p)
+    if not parts:
+        if getattr(p, "grad_sample", None) is not None:
+            raise GradSampleError(
+                "p.grad_sample is an empty list: no backward pass left per-sample gradients in it. "
+                "Fix: set p.grad_sample to None (or call zero_grad()) instead of an empty list."
+            )
+        return None
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 def carry_processed(prev: Tensor, new: Tensor) -> Tensor:
@@ -32,6 +110,10 @@ def carry_processed(prev: Tensor, new: Tensor) -> Tensor:
     if hasattr(prev, "_processed"):
         setattr(new, "_processed", True)  # an attribute torch's Tensor does not declare
     return new
+
+
+#: One tensor of ``p.grad_sample``: the backward pass that started it and its ``(forward_id, samples)`` blocks.
+_Part = tuple[int, list[tuple[int, int]]]
 
 
 class GradSampleStore:
@@ -44,7 +126,8 @@ class GradSampleStore:
     def __init__(self, owner: Any) -> None:
         self.owner = owner
         self.allow_accumulation = True
-        self._blocks: dict[int, list[tuple[int, int]]] = {}
+        self._parts: dict[int, list[_Part]] = {}
+        self._backward = 0  # counts the backward passes that reached the store (the end-of-backward check)
         self._graded: set[int] = set()
         self._sampled: set[int] = set()
         self._handles: dict[int, Any] = {}
@@ -71,25 +154,42 @@ class GradSampleStore:
     def add(self, p: nn.Parameter, g: Tensor, forward_id: int) -> None:
         """Add one unit's per-sample gradients ``g`` (``[B, *p.shape]``) to ``p.grad_sample``.
 
-        Gradients of the same forward pass add up; another forward pass's are
-        inserted as a new block of rows, blocks sorted by ``forward_id``.
+        Gradients of a forward pass already held add up in its rows, whichever tensor holds them.
+        Another forward pass's rows are inserted into this backward pass's tensor (blocks
+        sorted by ``forward_id``), or start a new tensor of the list if this backward
+        pass has none yet.
         """
-        # ``grad_sample`` is the wrapper's attribute: torch's Parameter does not declare it
-        prev: Tensor | None = getattr(p, "grad_sample", None)
-        blocks = self._blocks.get(id(p)) if prev is not None else None
-        if prev is None or not blocks:
-            setattr(p, "grad_sample", g)
-            self._blocks[id(p)] = [(forward_id, g.shape[0])]
-        elif blocks[-1][0] == forward_id and len(blocks) == 1:  # the usual case: one forward pass
-            setattr(p, "grad_sample", carry_processed(prev, prev + g))
+        tensors = grad_sample_parts(p)
+        parts = self._parts.get(id(p), []) if tensors else []
+        if tensors and [sum(n for _, n in blocks) for _, blocks in parts] != [t.shape[0] for t in tensors]:
+            raise GradSampleError(
+                f"{self._name(p)}: p.grad_sample holds {[t.shape[0] for t in tensors]} rows, not the rows the "
+                "wrapper's backward passes left in it: it was replaced by hand between backward passes, so "
+                "the rows can no longer be told apart by sample. Fix: call zero_grad() before the next "
+                "backward pass, or change p.grad_sample only after the last one."
+            )
+        if not parts:
+            tensors, parts = [g], [(self._backward, [(forward_id, g.shape[0])])]
         else:
-            setattr(p, "grad_sample", carry_processed(prev, self._merge(p, prev, blocks, g, forward_id)))
+            at = next((i for i, (_, blocks) in enumerate(parts) if any(f == forward_id for f, _ in blocks)), None)
+            if at is None and parts[-1][0] != self._backward:  # a new backward pass with new samples
+                self._refuse_accumulation(p)
+                tensors, parts = [*tensors, g], [*parts, (self._backward, [(forward_id, g.shape[0])])]
+            else:
+                at = len(parts) - 1 if at is None else at
+                merged = self._merge(p, tensors[at], parts[at][1], g, forward_id)
+                tensors[at] = carry_processed(tensors[at], merged)
+        self._parts[id(p)] = parts
+        setattr(p, "grad_sample", tensors[0] if len(tensors) == 1 else tensors)
         self._sampled.add(id(p))
         self._queue_check()
 
     def _merge(
         self, p: nn.Parameter, prev: Tensor, blocks: list[tuple[int, int]], g: Tensor, forward_id: int
     ) -> Tensor:
+        """``prev`` (rows in ``blocks``) with ``g`` added to its forward pass's rows, or inserted as a new block."""
+        if len(blocks) == 1 and blocks[0][0] == forward_id and blocks[0][1] == g.shape[0]:
+            return prev + g  # the usual case: one forward pass
         start = 0
         for i, (fid, n) in enumerate(blocks):
             if fid == forward_id:
@@ -104,17 +204,20 @@ class GradSampleStore:
             start += n
         else:
             i = len(blocks)
+        self._refuse_accumulation(p)
+        blocks.insert(i, (forward_id, g.shape[0]))
+        return torch.cat([prev[:start], g, prev[start:]])
+
+    def _refuse_accumulation(self, p: nn.Parameter) -> None:
         if not self.allow_accumulation:
             raise GradSampleError(
                 f"{self._name(p)} already holds grad_sample from an earlier batch and gradient "
                 "accumulation is forbidden. Call zero_grad() (on the model or the DP optimizer) "
                 "before the next forward/backward, or call allow_grad_accumulation()."
             )
-        blocks.insert(i, (forward_id, g.shape[0]))
-        return torch.cat([prev[:start], g, prev[start:]])
 
     def blocks(self, p: nn.Parameter) -> list[tuple[int, int]]:
-        """``(forward_id, number of samples)`` of each block of rows of ``p.grad_sample``, in row order.
+        """``(forward_id, number of samples)`` of each block of rows of :func:`grad_sample_rows`, in row order.
 
         >>> import torch
         >>> from torch import nn
@@ -124,7 +227,9 @@ class GradSampleStore:
         >>> model._store.blocks(model.weight)
         [(1, 2), (2, 5)]
         """
-        return list(self._blocks.get(id(p), [])) if getattr(p, "grad_sample", None) is not None else []
+        if getattr(p, "grad_sample", None) is None:
+            return []
+        return [block for _, blocks in self._parts.get(id(p), []) for block in blocks]
 
     def clear(self, *, delete: bool = False) -> None:
         """Forget all per-sample gradients (``delete`` removes the attribute itself)."""
@@ -134,7 +239,7 @@ class GradSampleStore:
                     del p.grad_sample
             else:
                 setattr(p, "grad_sample", None)
-        self._blocks.clear()
+        self._parts.clear()
 
     def _name(self, p: nn.Parameter) -> str:
         for name, q in self._module.named_parameters():
@@ -155,6 +260,7 @@ class GradSampleStore:
     def _check(self) -> None:
         missing_ids = self._graded - self._sampled
         self._check_queued = False
+        self._backward += 1
         self._graded, self._sampled = set(), set()
         if not missing_ids:
             return

@@ -35,7 +35,7 @@ from torch.autograd.graph import register_multi_grad_hook
 from torch.utils._pytree import tree_flatten
 
 from dpnotebook.errors import GradSampleError
-from dpnotebook.grad_sample.engine.accumulation import carry_processed
+from dpnotebook.grad_sample.engine.accumulation import GradSample, grad_sample_rows
 from dpnotebook.grad_sample.engine.module import check_k, check_loss_reduction
 from dpnotebook.grad_sample.engine.outer_wrapper import OuterWrapper
 from dpnotebook.grad_sample.engine.packed import refuse_packed
@@ -134,7 +134,7 @@ class GradSampleModuleExpandedWeights(OuterWrapper):
         self.K = K
         self.hooks_enabled = True
         self.allow_accumulation = True
-        self._earlier: dict[int, Tensor] = {}
+        self._earlier: dict[int, GradSample] = {}
         self._passes: list[int] = []  # rows of each forward pass the running backward pass has reached
         self._has_rnn = any(isinstance(m, nn.RNNBase) for m in module.modules())
         self._rows_proof: str | None = None  # what the provenance probe has shown so far
@@ -169,8 +169,10 @@ class GradSampleModuleExpandedWeights(OuterWrapper):
                 raise GradSampleError(
                     f"grad_sample_mode='ew': a layer saw {seen.group(1)} rows in dim 0 where the input has "
                     f"{seen.group(2)} (B*K): ExpandedWeights needs every layer to see the batch in dim 0 (does the "
-                    "model run time-major inside?). Fix: use grad_sample_mode='functorch', which replays the whole "
-                    "model per sample, or keep the batch in dim 0 of every layer's input."
+                    "model run time-major inside, or look a position table up once for the whole batch?). Fix: use "
+                    "grad_sample_mode='hooks' or 'ghost', which take a table broadcast over the batch where it "
+                    "meets the batch, or 'functorch', which replays the whole model per sample; or keep the batch "
+                    "in dim 0 of every layer's input."
                 ) from err
             found = re.search(r"cannot handle function (\S+)", str(err))
             if not found:
@@ -227,7 +229,22 @@ class GradSampleModuleExpandedWeights(OuterWrapper):
         """Called once per forward pass that the backward pass reaches; the first one queues the finish."""
         self._passes.append(rows)
         if len(self._passes) == 1:
+            self._refuse_second_backward()
             torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
+
+    def _refuse_second_backward(self) -> None:
+        """A backward pass through a forward pass that an earlier backward pass already finished.
+
+        ExpandedWeights adds the new rows to ``p.grad_sample``, which is a list once several
+        backward passes are held: refused with the fix rather than left to fail inside torch.
+        """
+        if any(isinstance(getattr(p, "grad_sample", None), list) for p in self._module.parameters()):
+            raise GradSampleError(
+                "grad_sample_mode='ew': a second backward pass through the same forward pass (retain_graph) "
+                "while p.grad_sample holds several backward passes: ExpandedWeights cannot add the new rows "
+                "to the right pass. Fix: run a forward pass before each backward pass, or use "
+                "grad_sample_mode='hooks' or 'functorch', which add them to the forward pass's rows."
+            )
 
     def _finish_backward(self) -> None:
         passes, self._passes = self._passes, []
@@ -247,7 +264,7 @@ class GradSampleModuleExpandedWeights(OuterWrapper):
         B = rows // self.K
         self._zero_padding_rows(rows)
         sampled = [p for p in self._module.parameters() if getattr(p, "grad_sample", None) is not None]
-        sampled = [p for p in sampled if getattr(p, "grad_sample").shape[0] == rows]
+        sampled = [p for p in sampled if grad_sample_rows(p).shape[0] == rows]  # type: ignore[union-attr]
         grads = [getattr(p, "grad_sample").sum(0) for p in sampled]
         if grads and self.loss_reduction == "mean":
             torch._foreach_div_(grads, float(rows))  # one kernel on a GPU
@@ -261,7 +278,8 @@ class GradSampleModuleExpandedWeights(OuterWrapper):
                     "grad_sample from an earlier batch is still there and accumulation is "
                     "forbidden: call zero_grad() first, or allow_grad_accumulation()."
                 )
-            merged = samples if earlier is None else carry_processed(earlier, torch.cat([earlier, samples]))
+            # one tensor per backward pass, as the hooks engine's store keeps them (accumulation.py)
+            merged = samples if earlier is None else [*(earlier if isinstance(earlier, list) else [earlier]), samples]
             setattr(p, "grad_sample", merged)
 
     def _zero_padding_rows(self, rows: int) -> None:

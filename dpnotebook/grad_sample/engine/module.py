@@ -16,15 +16,16 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_map
 
 from dpnotebook.errors import GradSampleError
 from dpnotebook.grad_sample.engine.batch_rows import count_rows
+from dpnotebook.grad_sample.engine.broadcast import BroadcastTracker, smallest_holder
 from dpnotebook.grad_sample.engine.functorch_fallback import capture_is_paused, check_replay_chunk
 from dpnotebook.grad_sample.engine.hooks import LayerHooks
 from dpnotebook.grad_sample.engine.outside_use import outside_use
 from dpnotebook.grad_sample.engine.ownership import check_not_wrapped
-from dpnotebook.grad_sample.engine.provenance import ProbeLayer, probe_rows
+from dpnotebook.grad_sample.engine.provenance import ProbeLayer, probe_rows, probing
 from dpnotebook.grad_sample.engine.registry import GradSamplerView, SamplerEntry
 from dpnotebook.grad_sample.engine.units import plan_units
 from dpnotebook.grad_sample.engine.wrap_arguments import LOSS_REDUCTIONS, check_k, check_loss_reduction  # noqa: F401  (also imported from here)
@@ -65,6 +66,8 @@ class GradSampleModule(nn.Module):
     grad_sample_mode = "hooks"  # which checks of dpnotebook.validate apply
     #: run the provenance probe (:mod:`~dpnotebook.grad_sample.engine.provenance`) until it has proven the rows
     probes_rows = True
+    #: find where batch-free tensors meet the batch (:mod:`~dpnotebook.grad_sample.engine.broadcast`)
+    tracks_broadcasts = True
     #: Opacus' name for the sampler registry, as a dict view (:class:`~dpnotebook.grad_sample.engine.registry.GradSamplerView`)
     GRAD_SAMPLERS = GradSamplerView()
 
@@ -103,6 +106,7 @@ class GradSampleModule(nn.Module):
         self._rows_proof: str | None = None  # what the provenance probe has shown so far
         self._store = GradSampleStore(self)
         self._hooks: LayerHooks | None = None
+        self._broadcast = BroadcastTracker(self)
         self.add_hooks()
 
     # -- what users of the Opacus API know ---------------------------------
@@ -119,8 +123,22 @@ class GradSampleModule(nn.Module):
         """``True`` when :meth:`validate` finds no problem."""
         return not cls.validate(module, strict=False)
 
+    def _all_units(self) -> list[tuple[str, nn.Module, SamplerEntry | None]]:
+        """Every unit: containers' own parameters left to the meeting points (see :mod:`.broadcast`)."""
+        tracker = self._broadcast
+        return plan_units(
+            self._module,
+            force_functorch=self.force_functorch,
+            containers="torch.func" if self.force_functorch or tracker.containers_fallback else "broadcast",
+            fallback_at=frozenset(tracker.fallback_at),
+        )
+
     def _plan(self) -> list[tuple[str, nn.Module, SamplerEntry | None]]:
-        return plan_units(self._module, force_functorch=self.force_functorch)
+        return self._all_units()
+
+    def _unit_modules(self) -> list[nn.Module]:
+        """The modules whose ops are their own units' business (the tracker does not look inside them)."""
+        return [m for _, m, _ in self._hooks.units] if self._hooks is not None else []
 
     def add_hooks(self) -> None:
         """Install the hooks (done by the constructor)."""
@@ -134,6 +152,7 @@ class GradSampleModule(nn.Module):
         if self._hooks is not None:
             self._hooks.remove()
             self._hooks = None
+        self._broadcast.remove()
         self._store.unwatch()
 
     def disable_hooks(self) -> None:
@@ -144,7 +163,10 @@ class GradSampleModule(nn.Module):
         self.hooks_enabled = True
 
     def allow_grad_accumulation(self) -> None:
-        """A second forward/backward before ``zero_grad`` appends its samples to ``grad_sample``."""
+        """A second forward/backward before ``zero_grad`` adds its samples: ``grad_sample`` becomes a list.
+
+        One tensor per backward pass, as in Opacus (:mod:`~dpnotebook.grad_sample.engine.accumulation`).
+        """
         self._store.allow_accumulation = True
 
     def forbid_grad_accumulation(self) -> None:
@@ -166,7 +188,9 @@ class GradSampleModule(nn.Module):
     def units(self) -> list[tuple[str, str]]:
         """``(path, how)`` for each unit: the sampler's name or ``"torch.func"``."""
         plan = self._hooks.units if self._hooks is not None else self._plan()
-        return [(p, e.name if e is not None else "torch.func") for p, _, e in plan]
+        captured = self._broadcast.captured
+        broadcast = [(n, "broadcast") for n, p in self._module.named_parameters(prefix="model") if id(p) in captured]
+        return [(p, e.name if e is not None else "torch.func") for p, _, e in plan] + broadcast
 
     # -- the forward pass ----------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -177,16 +201,56 @@ class GradSampleModule(nn.Module):
             self._rows_input = first.shape[0 if self.batch_first else 1]
         else:  # a 1-d input may be an EmbeddingBag's flat indices: not counted
             self._rows_input = count_rows(args, kwargs, batch_first=self.batch_first, min_dim=2)
+        tracker = self._broadcast
+        recording = (
+            self._hooks is not None and self.hooks_enabled and torch.is_grad_enabled() and not capture_is_paused()
+        )
+        if not tracker.discovered and recording and self.tracks_broadcasts:
+            self._discover(args, kwargs)
         if self._rows_proof != "proven" and self.probes_rows:
             self._prove_rows(args, kwargs)
         self._in_forward = True
         try:
-            output = self._forward(*args, **kwargs)
+            if tracker.enabled and recording:
+                with tracker.tracking(args, kwargs, self._unit_modules()):
+                    output = self._forward(*args, **kwargs)
+            else:
+                output = self._forward(*args, **kwargs)
         finally:
             self._in_forward = False
         if self._hooks is not None and self._hooks.watched and self.hooks_enabled and torch.is_grad_enabled():
             self._refuse_outside_use(output, self._hooks.watched)
         return output
+
+    def _discover(self, args: tuple, kwargs: dict) -> None:
+        """Run the model once with the tracker (see :mod:`.broadcast`): find where batch-free parameters meet
+        the batch, make the smallest module holding an unrecognised meeting a ``torch.func`` unit."""
+        tracker = self._broadcast
+        tracker.discovered = True
+        containers = any(
+            any(p.requires_grad for p in m.parameters(recurse=False)) and any(True for _ in m.children())
+            for m in self._module.modules()
+        )
+        if self._rows_input is None:  # nothing holds the batch where the tracker can see it: as before
+            tracker.containers_fallback = containers
+        else:
+            a, kw = tree_map(lambda x: x.clone() if isinstance(x, Tensor) else x, (args, kwargs))
+            tracker.discovering = True
+            try:
+                with probing(self._module), torch.no_grad(), tracker.tracking(a, kw, self._unit_modules()):
+                    self._module(*a, **kw)
+            finally:
+                tracker.discovering = False
+            modules = dict(self._module.named_modules(prefix="model"))
+            for where, _, params in tracker.bad:
+                tracker.fallback_at.add(id(modules[smallest_holder(where, params)]))
+        if tracker.fallback_at or tracker.containers_fallback or tracker.mixed_units:
+            self.remove_hooks()
+            self.add_hooks()
+        if self._rows_input is not None:  # on from now on where something meets the batch, or may (a container's)
+            in_units = {id(p) for m in self._unit_modules() for p in m.parameters()}
+            free = any(p.requires_grad and id(p) not in in_units for p in self._module.parameters())
+            tracker.enabled = bool(tracker.sites or tracker.batch_free_units or free)
 
     def _prove_rows(self, args: tuple, kwargs: dict) -> None:
         """Run the provenance probe on this batch, on a forward pass with gradients, until it has proven the rows."""
@@ -200,6 +264,8 @@ class GradSampleModule(nn.Module):
             K=self.K,
             batch_dim=0 if self.batch_first else 1,
             backward_proven=self._rows_proof == "backward only",
+            tracker=self._broadcast if self._broadcast.enabled else None,
+            units=self._unit_modules(),
         )
         if found != "nothing to prove":
             self._rows_proof = found

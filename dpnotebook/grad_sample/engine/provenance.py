@@ -67,7 +67,7 @@ from dpnotebook.grad_sample.engine.batch_rows import count_rows
 from dpnotebook.grad_sample.engine.functorch_fallback import capture_paused
 from dpnotebook.grad_sample.engine.output_batch_dim import output_batch_dims
 
-__all__ = ["probe_rows", "layers_with_parameters", "ProbeLayer", "FIX"]
+__all__ = ["probe_rows", "probing", "layers_with_parameters", "ProbeLayer", "FIX"]
 
 #: ``(path, module, batch dim of its input and output)`` for each hooked layer.
 ProbeLayer = tuple[str, nn.Module, int]
@@ -95,7 +95,7 @@ def layers_with_parameters(module: nn.Module, batch_dim: int = 0, root: str = "m
 
 
 @contextlib.contextmanager
-def _probing(model: nn.Module) -> Iterator[None]:
+def probing(model: nn.Module) -> Iterator[None]:
     """Every module in eval mode, the RNG state saved and restored, the wrapper's recording paused."""
     modes = [(m, m.training) for m in model.modules()]
     devices = sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
@@ -196,8 +196,10 @@ class _Recorder:
     In the substituted pass (``compare`` set) each call is compared as it comes, and nothing is kept.
     """
 
-    def __init__(self, layers: list[ProbeLayer]) -> None:
+    def __init__(self, layers: list[ProbeLayer], tracker: Any = None) -> None:
         self.layers = layers
+        self.tracker = tracker
+        self.sites: dict[str, int] = {}  # meeting points of batch-free tensors with the batch: probed as layers
         self.calls: list[list[tuple[list, list]]] = [[] for _ in layers]
         self.live: list[tuple[int, int, int, Tensor]] = []  # (layer, call, output leaf, the output itself)
         self.compare: Any = None
@@ -206,17 +208,29 @@ class _Recorder:
 
     def _hook(self, i: int) -> Any:
         def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
-            if self.paused:
-                return
-            ins, outs = _leaves((args, kwargs)), _leaves(output)
-            if self.compare is not None:
-                self.compare(i, [x if isinstance(x, Tensor) else None for x in ins], outs)
-                return
-            n = len(self.calls[i])
-            self.calls[i].append((_copies(ins), _copies(outs)))
-            self.live += [(i, n, o, x) for o, x in enumerate(outs) if isinstance(x, Tensor) and x.requires_grad]
+            if self.paused or (self.tracker is not None and self.tracker.batch_free_call(args, kwargs)):
+                return  # a call on batch-free inputs has no rows of samples: its meeting points are probed
+            self.seen(i, _leaves((args, kwargs)), _leaves(output))
 
         return hook
+
+    def seen(self, i: int, ins: list, outs: list) -> None:
+        if self.compare is not None:
+            self.compare(i, [x if isinstance(x, Tensor) else None for x in ins], outs)
+            return
+        n = len(self.calls[i])
+        self.calls[i].append((_copies(ins), _copies(outs)))
+        self.live += [(i, n, o, x) for o, x in enumerate(outs) if isinstance(x, Tensor) and x.requires_grad]
+
+    def meeting(self, site: str, model: nn.Module, out: Tensor, bd: int) -> None:
+        """The result of an op where a batch-free tensor met the batch: probed as a layer's output."""
+        if self.paused:
+            return
+        if site not in self.sites:
+            self.sites[site] = len(self.layers)
+            self.layers.append((f"the meeting point {site}", model, bd))
+            self.calls.append([])
+        self.seen(self.sites[site], [], [out])
 
     def remove(self) -> None:
         for h in self.handles:
@@ -341,6 +355,8 @@ def probe_rows(
     K: int,
     batch_dim: int,
     backward_proven: bool = False,
+    tracker: Any = None,
+    units: list[nn.Module] | None = None,
 ) -> str:
     """Prove, on one batch, that every layer in ``layers`` sees sample ``i`` alone in its rows of sample ``i``.
 
@@ -358,6 +374,10 @@ def probe_rows(
         backward_proven: an earlier batch already passed the backward check; when
             this one cannot run the forward check either (all samples identical),
             nothing is run.
+        tracker: the wrapper's :class:`~dpnotebook.grad_sample.engine.broadcast.BroadcastTracker`, when the
+            model has batch-free tensors meeting the batch: the passes run under it, calls of ``layers`` on
+            batch-free inputs are skipped, and the result of every meeting point is checked as a layer's output.
+        units: the modules the tracker treats as units (with ``tracker``).
 
     Returns:
         ``"proven"`` (both checks ran and passed), ``"backward only"`` (two
@@ -378,16 +398,26 @@ def probe_rows(
     j = _first_different(args, kwargs, rows, batch_dim, B, K)
     if j is None and backward_proven:
         return "backward only"
-    rec = _Recorder(layers)
+    layers = list(layers)
+    rec = _Recorder(layers, tracker)
+
+    def run(a: tuple, kw: dict) -> Any:
+        if tracker is None:
+            return model(*a, **kw)
+        with tracker.tracking(a, kw, units or []):
+            return model(*a, **kw)
+
+    if tracker is not None:
+        tracker.probe = lambda site, m, out: rec.meeting(site, m, out, batch_dim)
     try:
-        with _probing(model):
+        with probing(model):
             jb = 1 if j is None else j
             same_args, same_kwargs = (
                 _substitute(args, rows, batch_dim, 0, 0, K),
                 _substitute(kwargs, rows, batch_dim, 0, 0, K),
             )
             with torch.enable_grad():
-                output = model(*same_args, **same_kwargs)
+                output = run(same_args, same_kwargs)
                 rec.paused = True
                 outs, cots = _cotangents(model, same_args, same_kwargs, output, rows, batch_dim, jb, K)
                 rec.paused = False
@@ -400,7 +430,9 @@ def probe_rows(
                 return "backward only"
             rec.compare = _forward_check(layers, rec, rows, B, K, j, k)
             with torch.no_grad():
-                model(*_substitute(args, rows, batch_dim, j, k, K), **_substitute(kwargs, rows, batch_dim, j, k, K))
+                run(_substitute(args, rows, batch_dim, j, k, K), _substitute(kwargs, rows, batch_dim, j, k, K))
     finally:
         rec.remove()
+        if tracker is not None:
+            tracker.probe = None
     return "proven"

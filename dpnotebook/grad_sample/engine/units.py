@@ -9,7 +9,13 @@ from dpnotebook.grad_sample.engine.registry import SamplerEntry, find_grad_sampl
 
 
 def plan_units(
-    module: nn.Module, *, force_functorch: bool = False, whole_model: bool = False, root: str = "model"
+    module: nn.Module,
+    *,
+    force_functorch: bool = False,
+    whole_model: bool = False,
+    root: str = "model",
+    containers: str = "torch.func",
+    fallback_at: frozenset[int] = frozenset(),
 ) -> list[tuple[str, nn.Module, SamplerEntry | None]]:
     """Split ``module`` into units, each computed by one sampler or by the torch.func fallback.
 
@@ -19,6 +25,13 @@ def plan_units(
     with ``_dpn_grad_samples_from_children = True`` (``dpnotebook.layers.DPLSTM``)
     is skipped and its children are visited: they hold the same Parameter objects
     and their samplers compute the per-sample gradients (unless ``force_functorch``).
+    A *container* (parameters of its own, no sampler, and child modules: a ViT
+    holding a class token, a ConvNeXt block holding a layer scale) is a
+    ``torch.func`` unit with ``containers="torch.func"``; with
+    ``containers="broadcast"`` its children are visited and its own parameters
+    are left to the meeting points of :mod:`~dpnotebook.grad_sample.engine.broadcast`,
+    except for the modules in ``fallback_at`` (ids), which are ``torch.func``
+    units whatever they hold (an unrecognised use found by the discovery).
     A module reachable by several paths (``self.a = nn.Sequential(shared, ...)``,
     ``self.b = nn.Sequential(shared, ...)``) is one unit, under its first path: its
     hook records every call, and the calls' gradients add up.
@@ -30,6 +43,13 @@ def plan_units(
     >>> from torch import nn
     >>> [(p, e.name if e else "torch.func") for p, _, e in plan_units(nn.Sequential(nn.Linear(2, 2), nn.PReLU()))]
     [('model.0', 'linear_grad_sampler'), ('model.1', 'torch.func')]
+    >>> import torch
+    >>> holder = nn.Sequential(nn.Linear(2, 2))
+    >>> holder.scale = nn.Parameter(torch.ones(2))
+    >>> [(p, e.name if e else "torch.func") for p, _, e in plan_units(holder)]
+    [('model', 'torch.func')]
+    >>> [(p, e.name if e else "torch.func") for p, _, e in plan_units(holder, containers="broadcast")]
+    [('model.0', 'linear_grad_sampler')]
     """
     if whole_model:
         return [(root, module, None)]
@@ -44,9 +64,12 @@ def plan_units(
         has_own = any(True for _ in m.parameters(recurse=False))
         if entry is None and not force_functorch and getattr(m, "_dpn_grad_samples_from_children", False):
             has_own = False  # e.g. DPLSTM: submodules that share its parameters compute their grad_sample
+        container = has_own and containers == "broadcast" and any(True for _ in m.children())
+        if id(m) in fallback_at:
+            entry, has_own, container = None, True, False
         if entry is not None and has_own:
             units.append((path, m, entry))
-        elif has_own:
+        elif has_own and not container:
             units.append((path, m, None))
             for name, sub in m.named_modules(prefix=path):
                 if sub is not m and seen.setdefault(id(sub), name) != name:

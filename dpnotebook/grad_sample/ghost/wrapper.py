@@ -48,6 +48,7 @@ import torch
 from torch import Tensor, nn
 
 from dpnotebook.errors import GradSampleError
+from dpnotebook.grad_sample.engine.accumulation import grad_sample_rows
 from dpnotebook.grad_sample.engine.functorch_fallback import LayerCall, capture_is_paused, detach_tree, loss_scale
 from dpnotebook.grad_sample.samplers import conv_norm, linear_norm, materialised_norm, rnn_norm  # noqa: F401  (register the norm samplers)
 from dpnotebook.grad_sample.ghost.groups import GhostCall, GhostHandler, MaterialisedGroup
@@ -56,7 +57,7 @@ from dpnotebook.grad_sample.ghost.registry import ghost_handler
 from dpnotebook.grad_sample.ghost.stale_records import StaleRecordsGuard, check_inputs_unchanged, input_versions
 from dpnotebook.grad_sample.ghost.tap import GhostStore, Tap, grad_mark
 from dpnotebook.grad_sample.engine.hooks import second_backward_error, to_batch_first
-from dpnotebook.grad_sample.engine.module import GradSampleModule, plan_units
+from dpnotebook.grad_sample.engine.module import GradSampleModule
 from dpnotebook.grad_sample.engine.registry import SamplerEntry
 from dpnotebook.validation import Problem, raise_if_problems, validate
 
@@ -92,11 +93,12 @@ class GhostGradSampleModule(GradSampleModule):
 
     # -- planning: which layers are ghosted, which go to the hooks engine -------------
     def _split_plan(self) -> tuple[list[tuple[str, nn.Module, SamplerEntry | None, GhostHandler]], list]:
-        units = plan_units(self._module)
+        units = self._all_units()
         owners = Counter(id(p) for _, m, e in units for p in set(m.parameters(recurse=e is None)))
         ghost, hooks = [], []
+        mixed = self._broadcast.mixed_units  # called on batch-free and on batched inputs: hooks engine
         for path, m, entry in units:
-            handler = ghost_handler(m) if entry is not None else None
+            handler = ghost_handler(m) if entry is not None and id(m) not in mixed else None
             exclusive = all(owners[id(p)] == 1 for p in m.parameters(recurse=False))
             if handler is not None and exclusive:
                 ghost.append((path, m, entry, handler))
@@ -106,6 +108,9 @@ class GhostGradSampleModule(GradSampleModule):
 
     def _plan(self) -> list:
         return self._split_plan()[1]
+
+    def _unit_modules(self) -> list[nn.Module]:
+        return super()._unit_modules() + [m for _, m, _, _ in getattr(self, "_ghost_units", [])]
 
     def add_hooks(self) -> None:
         """Install the hooks engine's hooks and the ghost taps (done by the constructor)."""
@@ -164,7 +169,7 @@ class GhostGradSampleModule(GradSampleModule):
             self._held = []
 
     def _detach_params(self, m: nn.Module, args: tuple, kwargs: dict) -> None:
-        if not self._active(m):
+        if not self._active(m) or self._broadcast.batch_free_call(args, kwargs):  # batch-free: meeting points
             self._swapped.setdefault(id(m), []).append({})
             return
         saved = {n: p for n, p in m._parameters.items() if p is not None and p.requires_grad}
@@ -244,7 +249,9 @@ class GhostGradSampleModule(GradSampleModule):
             params = [
                 p for _, m, entry in self._hooks.units for p in m.parameters(recurse=entry is None) if p.requires_grad
             ]
-        sampled = MaterialisedGroup({p: g for p in params if (g := getattr(p, "grad_sample", None)) is not None})
+            listed = {id(p) for p in params}
+            params += [p for p in self._broadcast.captured.values() if p.requires_grad and id(p) not in listed]
+        sampled = MaterialisedGroup({p: g for p in params if (g := grad_sample_rows(p)) is not None})
         blocks = {p: self._store.blocks(p) for p in sampled.grads}
         layout = self._ledger.layout(blocks, self._store._name)
         return self._ledger.align(sampled, blocks, layout), layout

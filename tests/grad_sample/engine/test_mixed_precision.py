@@ -148,6 +148,7 @@ SENSITIVITY_FAMILIES = {
 }
 
 
+@pytest.mark.slow  # the sensitivity audit on adversarial records, for every mode and dtype
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 @pytest.mark.parametrize("mode", MODES)
 def test_sensitivity_under_autocast_on_adversarial_records(mode: str, dtype, device) -> None:

@@ -11,8 +11,8 @@ import pytest
 
 from dpnotebook.exercises.notebooks import exercise_cells, problems, read_notebook, solutions_path, solved
 
-TUTORIALS = Path(__file__).resolve().parents[1] / "tutorials"
-SOLUTIONS = Path(__file__).resolve().parents[1] / "solutions"  # outside tutorials/, which Binder opens
+TUTORIALS = Path(__file__).resolve().parents[2] / "tutorials"
+SOLUTIONS = Path(__file__).resolve().parents[2] / "solutions"  # outside tutorials/, which Binder opens
 NOTEBOOKS = sorted(TUTORIALS.glob("*.ipynb"))
 WITH_EXERCISES = [nb for nb in NOTEBOOKS if exercise_cells(read_notebook(nb))]
 
@@ -40,6 +40,7 @@ def test_every_solutions_file_has_its_notebook() -> None:
     assert orphans == [], f"solution files without a notebook of the same name: {orphans}"
 
 
+@pytest.mark.slow  # executes every solved notebook
 @pytest.mark.parametrize("notebook", WITH_EXERCISES, ids=lambda p: p.stem)
 def test_solved_notebook_passes_its_checks(notebook: Path, tmp_path: Path) -> None:
     from dpnotebook.exercises.notebooks import execute, write_notebook

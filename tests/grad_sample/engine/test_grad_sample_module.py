@@ -162,8 +162,9 @@ def test_second_backward_appends_samples_unless_forbidden() -> None:
     wrapped(torch.randn(3, 6)).sum().backward()
     first = model[0].weight.grad_sample.clone()
     wrapped(torch.randn(2, 6)).sum().backward()
-    assert model[0].weight.grad_sample.shape[0] == 5
-    assert torch.equal(model[0].weight.grad_sample[:3], first)
+    parts = model[0].weight.grad_sample  # one tensor per backward pass, as in Opacus
+    assert isinstance(parts, list) and [g.shape[0] for g in parts] == [3, 2]
+    assert torch.equal(parts[0], first)
     wrapped.zero_grad()
     assert model[0].weight.grad_sample is None and model[0].weight.grad is None
     wrapped.forbid_grad_accumulation()
@@ -271,7 +272,9 @@ def test_parameter_used_outside_its_module_is_an_error() -> None:
         wrapped(torch.randn(4, 3)).sum().backward()
 
 
-def test_bare_parameter_in_a_parent_is_computed_by_torch_func() -> None:
+def test_bare_parameter_in_a_parent_meets_the_batch_as_a_broadcast() -> None:
+    """Held by the container that also holds a sampled layer: captured where it meets the batch (issue #30)."""
+
     class Scaled(nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -285,9 +288,9 @@ def test_bare_parameter_in_a_parent_is_computed_by_torch_func() -> None:
     x = torch.randn(4, 3, dtype=torch.float64)
     ref = reference_grad_samples(model, [x], K=2)
     wrapped = GradSampleModule(model, K=2, loss_reduction="sum")
-    assert wrapped.units == [("model", "torch.func")]
     target = torch.randn(4, 2, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     (wrapped(x) * target).sum().backward()
+    assert wrapped.units == [("model.fc", "linear_grad_sampler"), ("model.scale", "broadcast")]
     for n, p in model.named_parameters():
         torch.testing.assert_close(p.grad_sample, ref[n], rtol=1e-10, atol=1e-12)
 
@@ -387,7 +390,9 @@ def test_wrapping_a_model_twice_is_refused_and_copies_drop_stale_hooks() -> None
     GradSampleModule(model)  # free again
 
 
-def test_a_layer_shared_by_all_samples_is_refused_with_both_causes_named() -> None:
+def test_a_position_table_looked_up_with_arange_is_a_broadcast() -> None:
+    """Refused until issue #30 (its 5 rows are not the 3 samples'); now its per-row cotangents are captured."""
+
     class Positions(nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -397,8 +402,15 @@ def test_a_layer_shared_by_all_samples_is_refused_with_both_causes_named() -> No
         def forward(self, tokens: torch.Tensor) -> torch.Tensor:
             return self.embed(tokens) + self.positions(torch.arange(tokens.shape[1]))
 
-    with pytest.raises(GradSampleError, match=r"(?s)model.positions.*shared by all samples.*arange\(T\).expand"):
-        GradSampleModule(Positions())(torch.randint(0, 9, (3, 5)))
+    model = Positions().double()
+    tokens = torch.randint(0, 9, (3, 5), generator=torch.Generator().manual_seed(0))
+    target = torch.randn(3, 5, 4, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    ref = reference_grad_samples(model, [tokens], target=target)
+    wrapped = GradSampleModule(model, loss_reduction="sum")
+    (wrapped(tokens) * target).sum().backward()
+    assert ("model.positions.weight", "broadcast") in wrapped.units
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad_sample, ref[n], rtol=1e-10, atol=1e-12)
 
 
 def test_activations_are_let_go_once_a_layers_per_sample_gradients_are_taken(monkeypatch) -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from dpnotebook.grad_sample.moved import MOVED
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("old", sorted(MOVED))

@@ -14,6 +14,7 @@ from dpnotebook.benchmarks.steps import make_step
 from dpnotebook.benchmarks.suite import Config, measure, plan
 
 
+@pytest.mark.slow  # the benchmark command line, end to end
 def test_cli_runs_one_tiny_configuration_and_writes_json(tmp_path, capsys) -> None:
     out = tmp_path / "bench.json"
     argv = [
@@ -100,8 +101,6 @@ def test_every_transformer_builds_and_its_steps_run(name: str) -> None:
     out = model(x)
     assert x.shape == (2, 64) and out.shape[0] == 2 and out.shape[1:] in {(10,), (1000, 64)}
     make_step(name, "nonprivate", batch=2)()
-    if name == "T5":  # its relative attention bias: refused in hooks and ghost mode until issue #30's item 2
-        return
     for what in ("dpsgd_hooks", "dpsgd_ghost"):
         make_step(name, what, batch=2)()
 
@@ -169,6 +168,7 @@ def test_the_results_table_prints_the_reference_each_ratio_uses() -> None:
     assert "timed in the same process" in table.splitlines()[-1]
 
 
+@pytest.mark.slow  # times steps in fresh processes
 def test_memory_benchmark_measures_every_k_in_its_own_processes() -> None:
     from dpnotebook.benchmarks.memory import run, summary
 

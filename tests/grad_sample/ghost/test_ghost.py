@@ -258,7 +258,7 @@ class Temperature(nn.Module):
 def test_zero_dim_parameter(K: int) -> None:
     """A scalar parameter left to torch.func joins the norms and the clipped sum (also with no samples)."""
     wrapped = check(Temperature(), torch.randn(3 * K, 3), K=K)
-    assert dict(wrapped.units)["model"] == "torch.func"
+    assert dict(wrapped.units)["model.t"] == "broadcast"  # met the batch in fc(x) / t (issue #30)
     check(Temperature(), torch.randn(0, 3), K=K)
 
 
@@ -373,8 +373,8 @@ def test_settled_layers_let_go_of_their_inputs_during_backward() -> None:
     loss.backward(retain_graph=True)  # the graph stays alive: only the ledger could still hold the input
     del loss
     gc.collect()
-    # the first forward pass also runs the provenance probe's two passes: no input of any pass is kept
-    assert len(seen) == 3 and all(ref() is None for ref in seen)
+    # the first forward pass also runs the discovery and the provenance probe's two passes: none is kept
+    assert len(seen) == 4 and all(ref() is None for ref in seen)
     assert wrapped.per_sample_norms().shape == (4,)
     wrapped.zero_grad()
     loss = wrapped(torch.randn(4, 1, 6, 6)).sum()

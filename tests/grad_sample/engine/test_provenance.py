@@ -51,22 +51,24 @@ def _same_size_audit(mode: str, B: int, K: int, T: int = 4):
 
 
 @pytest.mark.parametrize("B,K", [(4, 1), (2, 2)], ids=["B=T", "BK=T"])
-@pytest.mark.parametrize("mode", ["hooks", "ghost", "ew"])
-def test_relative_position_bias_at_b_equal_t_is_refused(mode: str, B: int, K: int) -> None:
+def test_relative_position_bias_at_b_equal_t_is_refused_in_ew_mode(B: int, K: int) -> None:
     """Failed on 3c3f8c6: no error, and one sample moved the step by 1.39 C (B = T) or 1.41 C (B*K = T)."""
     with pytest.raises(GradSampleError, match=REFUSED):
-        _same_size_audit(mode, B, K)
+        _same_size_audit("ew", B, K)
 
 
 @pytest.mark.parametrize("B,K", [(4, 1), (2, 2)], ids=["B=T", "BK=T"])
-def test_relative_position_bias_is_right_in_functorch_mode(B: int, K: int) -> None:
-    report = _same_size_audit("functorch", B, K)
+@pytest.mark.parametrize("mode", ["functorch", "hooks", "ghost"])
+def test_relative_position_bias_is_right_in_functorch_hooks_and_ghost_mode(mode: str, B: int, K: int) -> None:
+    """Hooks and ghost mode refused it until issue #30; the bias is now known to be batch-free (tracked)."""
+    report = _same_size_audit(mode, B, K)
     assert report.ok() and report.reference_gap < 1e-9
 
 
-def test_without_the_probe_the_same_audit_finds_the_violation(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The audit above is adversarial: with the probe switched off, the row count lets the replica through."""
+def test_without_the_probe_and_the_tracker_the_same_audit_finds_the_violation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The audit above is adversarial: with the probe and the tracker switched off, the row count lets it through."""
     monkeypatch.setattr(GradSampleModule, "probes_rows", False)
+    monkeypatch.setattr(GradSampleModule, "tracks_broadcasts", False)
     report = _same_size_audit("hooks", 4, 1)
     assert 1.3 < report.max_ratio < 1.5 and report.reference_gap > 0.1
 
@@ -131,9 +133,12 @@ class _TimeMajor(nn.Module):
         return self.out(torch.tanh(self.emb(idx.t()))).transpose(0, 1)
 
 
-@pytest.mark.parametrize("mode", ["hooks", "ghost", "ew"])
 @pytest.mark.parametrize(
-    "make,path", [(_PositionTable, r"model\.pos \(Embedding\)"), (_TimeMajor, r"model\.emb \(Embedding\)")]
+    "mode,make,path",
+    [
+        ("ew", _PositionTable, r"model\.pos \(Embedding\)"),
+        *[(mode, _TimeMajor, r"model\.emb \(Embedding\)") for mode in ("hooks", "ghost", "ew")],
+    ],
 )
 def test_rows_that_are_positions_are_refused_when_the_counts_agree(mode: str, make: type, path: str) -> None:
     wrapped = dpnotebook.wrap_model(make(), mode)
@@ -142,8 +147,26 @@ def test_rows_that_are_positions_are_refused_when_the_counts_agree(mode: str, ma
         wrapped(x)
 
 
+@pytest.mark.parametrize("mode", ["hooks", "ghost"])
+def test_a_position_table_at_b_equal_t_is_a_broadcast_in_hooks_and_ghost_mode(mode: str) -> None:
+    """Refused until issue #30: its ids come from arange(T), so the tracker knows its rows are positions."""
+    x = torch.randint(1, 11, (5, 5), generator=torch.Generator().manual_seed(0))  # B = T = 5
+    t = torch.randn(5, 5, 3, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    torch.manual_seed(0)
+    report = audit_sensitivity(
+        _PositionTable().double(),
+        batch=lambda idx: (x[idx], t[idx]),
+        loss=lambda m, b: (m(b[0]) * b[1]).sum(),
+        num_samples=5,
+        mode=mode,
+        loss_reduction="sum",
+        max_grad_norm=0.01,
+    )
+    assert report.ok() and report.reference_gap < 1e-9
+
+
 def test_the_message_names_the_layer_what_was_seen_and_the_fix() -> None:
-    wrapped = dpnotebook.wrap_model(RelativeBias(), "hooks")
+    wrapped = dpnotebook.wrap_model(RelativeBias(), "ew")
     with pytest.raises(GradSampleError) as err:
         wrapped(torch.randint(0, 11, (4, 4), generator=torch.Generator().manual_seed(0)))
     assert str(err.value) == (
@@ -212,7 +235,8 @@ def test_a_batch_that_cannot_prove_anything_postpones_the_proof() -> None:
         wrapped.zero_grad()
         return len(calls)
 
-    assert forward(same[:2]) == 1 and wrapped._rows_proof is None  # B = 1, K = 2: nothing to prove
+    # B = 1, K = 2: nothing to prove (the one extra pass is the tracker's discovery, on the first forward only)
+    assert forward(same[:2]) == 2 and wrapped._rows_proof is None
     assert forward(same) == 2 and wrapped._rows_proof == "backward only"  # B = 3 identical: pass (b) + the real one
     assert forward(same) == 1  # still identical: (b) is not run again
     different = same.clone()

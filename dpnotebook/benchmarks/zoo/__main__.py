@@ -1,0 +1,304 @@
+"""``python -m dpnotebook.benchmarks.zoo``: the zoo table, every zoo model in every mode, next to Opacus 1.6.
+
+Per model and mode (:func:`dpnotebook.available_modes`):
+
+* **error**: the largest ``|got - oracle| / max |oracle|`` of a float32 run against
+  the float64 oracle (:func:`~dpnotebook.benchmarks.zoo.check.check_zoo_model`:
+  per-sample gradients, or ghost mode's norms and clipped sums), or the refusal;
+* **fallback**: how many ``torch.func`` units the wrapper runs, and ``whole``
+  when one of them is the whole model;
+* **DP / plain**: a full DP-SGD step (per-sample gradients or norms, clipping,
+  noise, update; on the model after ``dpnotebook.fix``) over a plain SGD step of
+  the model as built, timed alternately in this process: the median over the
+  pairs of one DP step and the plain step right after it. The steps of these
+  tiny models take milliseconds and the load of a shared machine changes
+  within seconds; the ratio of neighbouring steps cancels most of it, where
+  the ratio of two medians or two minima taken over the whole run does not.
+  The DP and plain columns are the medians.
+
+Then Opacus 1.6 (``--opacus``): its best mode, among those whose per-sample
+gradients match the oracle (``1e-6`` relative, float64; its ghost mode forms
+none, so it is timed but not checked), on the model after ``dpnotebook.fix`` for
+functorch mode (BatchNorm to the same GroupNorm) and Opacus' ``ModuleValidator.fix``
+(its own ``DPMultiheadAttention``), or why none runs.
+
+Examples::
+
+    python -m dpnotebook.benchmarks.zoo                          # every model and mode, B=16
+    python -m dpnotebook.benchmarks.zoo --opacus --steps 20
+    python -m dpnotebook.benchmarks.zoo --models vit bert --modes hooks ghost --batch 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import sys
+import time
+import warnings
+from typing import Any, Callable
+
+import torch
+from torch import Tensor, nn
+
+import dpnotebook
+from dpnotebook.benchmarks.settings import CLIP, LR, SIGMA
+from dpnotebook.benchmarks.zoo import ZOO, build
+from dpnotebook.benchmarks.zoo.check import check_zoo_model, prepared
+from dpnotebook.mode_registry import optimizer_class
+from dpnotebook.testing import clean_copy, dot_loss, random_target, reference_grad_samples
+
+Step = Callable[[], None]
+#: Opacus 1.6's modes (its own names), and the relative error above which its gradients count as wrong.
+OPACUS_MODES, OPACUS_TOL = ("hooks", "functorch", "ew", "ghost"), 1e-6
+
+
+def first_line(e: BaseException, width: int = 90) -> str:
+    """``Type: message`` cut to its first sentence and ``width`` characters."""
+    text = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    text = text.split(". ")[0]
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def time_side_by_side(dp: Step, plain: Step, *, steps: int, warmup: int) -> tuple[float, float, float]:
+    """``(median ms of dp, median ms of plain, median of the ratios dp/plain of each pair)``, run alternately."""
+    for _ in range(warmup):
+        dp()
+        plain()
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(steps):
+        for step, out in ((dp, times[0]), (plain, times[1])):
+            start = time.perf_counter()
+            step()
+            out.append((time.perf_counter() - start) * 1e3)
+    ratios = [d / p for d, p in zip(*times)]
+    return statistics.median(times[0]), statistics.median(times[1]), statistics.median(ratios)
+
+
+def plain_step(name: str, batch: int) -> Step:
+    """A plain SGD step of zoo model ``name`` as built, on ``batch`` rows."""
+    model, make_batch, loss = build(name)
+    inputs, targets = make_batch(batch)
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        loss(model(*inputs), targets).backward()
+        opt.step()
+
+    return step
+
+
+def dp_step(name: str, mode: str, batch: int) -> Step:
+    """A DP-SGD step of zoo model ``name`` after ``dpnotebook.fix``, in ``mode``, with the mode's optimizer."""
+    model = prepared(name, mode, dtype=torch.float32)
+    _, make_batch, loss = build(name)
+    inputs, targets = make_batch(batch)
+    wrapped = dpnotebook.wrap_model(model, mode)
+    opt = optimizer_class(mode)(
+        torch.optim.SGD(wrapped.parameters(), lr=LR),
+        noise_multiplier=SIGMA,
+        max_grad_norm=CLIP,
+        expected_batch_size=batch,
+        secure_mode=False,  # a benchmark: PyTorch's generator, said so (no warning)
+    )
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        loss(wrapped(*inputs), targets).backward()
+        opt.step()
+
+    return step
+
+
+class _RowLoss(nn.Module):
+    """The zoo loss as an Opacus criterion: its ghost mode sets ``reduction = "none"`` and wants one loss per row."""
+
+    def __init__(self, loss: Callable[[Tensor, Tensor], Tensor]) -> None:
+        super().__init__()
+        self.loss, self.reduction = loss, "mean"
+
+    def forward(self, output: Tensor, targets: Tensor) -> Tensor:
+        if self.reduction == "mean":
+            return self.loss(output, targets)
+        rows = [self.loss(output[i : i + 1], targets[i : i + 1]) for i in range(output.shape[0])]
+        per_row = torch.stack(rows)
+        return per_row if self.reduction == "none" else per_row.sum()
+
+
+def _opacus_model(name: str, dtype: torch.dtype) -> nn.Module:
+    from opacus.validators import ModuleValidator
+
+    # BatchNorm becomes dpnotebook's GroupNorm (at least two channels per group: Opacus' own choice, one per
+    # group here, fails on the tiny ResNet's 1x1 maps); then Opacus' fix (its DPMultiheadAttention)
+    model = dpnotebook.fix(build(name).model, mode="functorch")
+    return ModuleValidator.fix(model).to(dtype)  # its new layers are made in float32
+
+
+def opacus_error(name: str, mode: str, rows: int = 3) -> float:
+    """Opacus' per-sample gradients of ``name`` in ``mode`` (float64) against the oracle, relative."""
+    from opacus.grad_sample.utils import wrap_model
+
+    model = _opacus_model(name, torch.float64)
+    inputs, _ = build(name).batch(rows, seed=1)
+    inputs = tuple(x.double() if x.is_floating_point() else x for x in inputs)
+    target = random_target(model, inputs)
+    ref = reference_grad_samples(model, inputs, target=target)
+    copy_ = clean_copy(model)
+    wrapped = wrap_model(copy_, grad_sample_mode=mode, batch_first=True, loss_reduction="sum")
+    dot_loss(wrapped(*inputs), target).backward()
+    scale = max(r.abs().max().item() for r in ref.values())
+    err = 0.0
+    for n, p in copy_.named_parameters():
+        got = getattr(p, "grad_sample", None)
+        if got is None or got.shape != ref[n].shape:
+            shape = None if got is None else list(got.shape)
+            raise AssertionError(f"wrong grad_sample shape {shape} for {n}, not {list(ref[n].shape)}")
+        err = max(err, (got - ref[n]).abs().max().item())
+    return err / scale
+
+
+def opacus_dp_step(name: str, mode: str, batch: int) -> Step:
+    """Opacus 1.6's DP-SGD step (``make_private``, fixed-size batches) of zoo model ``name`` in ``mode``."""
+    from opacus import PrivacyEngine
+    from torch.utils.data import DataLoader, TensorDataset
+
+    model = _opacus_model(name, torch.float32)
+    _, make_batch, loss = build(name)
+    inputs, targets = make_batch(batch)
+    loader = DataLoader(TensorDataset(*inputs, targets), batch_size=batch)
+    criterion = _RowLoss(loss)
+    made = PrivacyEngine().make_private(
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=LR),
+        data_loader=loader,
+        noise_multiplier=SIGMA,
+        max_grad_norm=CLIP,
+        poisson_sampling=False,
+        grad_sample_mode=mode,
+        **({"criterion": criterion} if mode == "ghost" else {}),
+    )
+    wrapped, opt = made[0], made[1]
+    crit: Any = made[2] if mode == "ghost" else criterion
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        crit(wrapped(*inputs), targets).backward()
+        opt.step()
+
+    return step
+
+
+def opacus_figure(name: str, batch: int, *, steps: int, warmup: int) -> str:
+    """Opacus' best DP step over the plain step (``"x3.10 (hooks)"``, or ``"none runs"``), then what went
+    wrong in each mode that did not run or did not match the oracle."""
+    warnings.filterwarnings("ignore", module="opacus")
+    best: tuple[float, str] | None = None
+    failures = []
+    for mode in OPACUS_MODES:
+        try:
+            if mode != "ghost":
+                err = opacus_error(name, mode)
+                if not err <= OPACUS_TOL:
+                    failures.append(f"{mode}: wrong (error {err:.1e})")
+                    continue
+            step = opacus_dp_step(name, mode, batch)
+            step()
+            ratio = time_side_by_side(step, plain_step(name, batch), steps=steps, warmup=warmup)[2]
+        except Exception as e:  # noqa: BLE001 - every failure is the figure
+            failures.append(f"{mode}: {first_line(e, 60)}")
+            continue
+        if best is None or ratio < best[0]:
+            best = (ratio, mode)
+    shown = f"x{best[0]:.2f} ({best[1]})" if best is not None else "none runs"
+    return "; ".join([shown, *failures])
+
+
+def zoo_rows(
+    models: list[str], modes: list[str], *, batch: int, steps: int, warmup: int, opacus: bool, log: Any = None
+) -> list[dict]:
+    """One row per model and mode (with the model's Opacus figure when ``opacus``), as plain dicts."""
+    rows = []
+    for name in models:
+        figure = opacus_figure(name, batch, steps=steps, warmup=warmup) if opacus else ""
+        for mode in modes:
+            row: dict[str, Any] = {"model": name, "mode": mode, "opacus": figure}
+            try:
+                check = check_zoo_model(name, mode, dtype=torch.float32)
+                row.update(err=check.max_rel_err, fallback=len(check.fallback), whole=check.whole_model)
+                dp, plain, ratio = time_side_by_side(
+                    dp_step(name, mode, batch), plain_step(name, batch), steps=steps, warmup=warmup
+                )
+                row.update(dp_ms=dp, plain_ms=plain, ratio=ratio)
+            except Exception as e:  # noqa: BLE001 - a refusal is a result of the table
+                row["refused"] = first_line(e)
+            rows.append(row)
+            if log is not None:
+                shown = row.get("refused") or f"x{row['ratio']:.2f}"
+                print(f"{name} {mode}: {shown}", file=log, flush=True)
+    return rows
+
+
+def zoo_table(rows: list[dict]) -> str:
+    """The rows as a fixed-width table, then each model's Opacus figure when the rows hold one."""
+    head = f"{'model':<11}{'mode':<10}{'error':>9}  {'fallback':<10}{'DP ms':>8}{'plain ms':>9}{'DP/plain':>9}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        if "refused" in r:
+            lines.append(f"{r['model']:<11}{r['mode']:<10}refused: {r['refused']}")
+            continue
+        fallback = f"{r['fallback']}{' whole' if r['whole'] else ''}"
+        lines.append(
+            f"{r['model']:<11}{r['mode']:<10}{r['err']:>9.1e}  {fallback:<10}{r['dp_ms']:>8.1f}"
+            f"{r['plain_ms']:>9.1f}{r['ratio']:>9.2f}"
+        )
+    figures = {r["model"]: r["opacus"] for r in rows if r.get("opacus")}
+    if figures:
+        lines += ["", "Opacus 1.6: DP/plain of its best mode that matches the oracle; the modes that fail, and why:"]
+        lines += [f"{model:<11}{figure}" for model, figure in figures.items()]
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m dpnotebook.benchmarks.zoo", description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", nargs="+", choices=list(ZOO), default=list(ZOO))
+    p.add_argument("--modes", nargs="+", choices=dpnotebook.available_modes(), default=dpnotebook.available_modes())
+    p.add_argument("--batch", type=int, default=16, help="rows per timed step (default 16)")
+    p.add_argument("--steps", type=int, default=20, help="timed pairs of steps (default 20)")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
+    p.add_argument("--opacus", action="store_true", help="add Opacus 1.6's best mode (needs the opacus extra)")
+    args = p.parse_args(argv)
+    if args.batch < 1 or args.steps < 1 or args.warmup < 0:
+        p.error(
+            f"--batch={args.batch} --steps={args.steps} --warmup={args.warmup}: use batch, steps >= 1, warmup >= 0."
+        )
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    rows = zoo_rows(
+        args.models,
+        args.modes,
+        batch=args.batch,
+        steps=args.steps,
+        warmup=args.warmup,
+        opacus=args.opacus,
+        log=sys.stderr,
+    )
+    print(
+        f"zoo table: B={args.batch}, median of {args.steps} timed pairs after {args.warmup} warm-up, "
+        f"{args.threads} thread(s), torch {torch.__version__}, {platform.machine()}, "
+        f"error of float32 against the float64 oracle at B=3"
+    )
+    print(zoo_table(rows))
+    return 0
+
+
+__all__ = ["zoo_rows", "zoo_table", "main", "opacus_figure", "time_side_by_side"]
+
+if __name__ == "__main__":
+    sys.exit(main())
