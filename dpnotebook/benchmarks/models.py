@@ -205,18 +205,18 @@ MODELS: dict[str, BenchModel] = {
 HF_VOCAB, HF_HIDDEN = 1000, 128
 
 
-class PerSamplePositions(nn.Module):
-    """A Hugging Face model called on token ids with per-sample ``position_ids``; logits ready for cross-entropy.
+class TokenLogits(nn.Module):
+    """A Hugging Face model called on token ids as a user calls it; logits ready for cross-entropy.
 
-    Hooks and ghost mode used to refuse a position table looked up once with ``[1, T]``
-    ids and broadcast over the batch (issue #30, since handled); the per-sample ids
-    ``arange(T).expand(B, T)`` passed here keep the measured work the same as in the
-    figures of ``docs/performance.md``, which were taken before. A language model's logits ``[B, T, V]`` come back as
-    ``[B, V, T]``, so that ``F.cross_entropy(logits, tokens)`` is the mean over every position.
+    No ``position_ids`` are passed: the position table is looked up once with ``[1, T]`` ids and
+    broadcast over the batch, and hooks and ghost mode follow it to where it meets the batch
+    (:mod:`dpnotebook.grad_sample.engine.broadcast`), so the benchmark times that path too.
+    A language model's logits ``[B, T, V]`` come back as ``[B, V, T]``, so that
+    ``F.cross_entropy(logits, tokens)`` is the mean over every position.
 
     Args:
         hf: the Hugging Face model.
-        seq2seq: an encoder-decoder (T5): the decoder reads the tokens shifted right; no position ids.
+        seq2seq: an encoder-decoder (T5): the decoder reads the tokens shifted right.
     """
 
     def __init__(self, hf: nn.Module, seq2seq: bool = False) -> None:
@@ -224,13 +224,11 @@ class PerSamplePositions(nn.Module):
         self.hf, self.seq2seq = hf, seq2seq
 
     def forward(self, tokens: Tensor) -> Tensor:
-        B, T = tokens.shape
         if self.seq2seq:
-            decoder = torch.cat([tokens.new_zeros(B, 1), tokens[:, :-1]], 1)
+            decoder = torch.cat([tokens.new_zeros(tokens.shape[0], 1), tokens[:, :-1]], 1)
             logits = self.hf(input_ids=tokens, decoder_input_ids=decoder).logits
         else:
-            positions = torch.arange(T, device=tokens.device).expand(B, T)
-            logits = self.hf(input_ids=tokens, position_ids=positions).logits
+            logits = self.hf(input_ids=tokens).logits
         return logits.transpose(1, 2) if logits.dim() == 3 else logits
 
 
@@ -248,32 +246,32 @@ def _hf(kind: str) -> nn.Module:
             vocab_size=V,
         )  # fmt: skip
         config.num_labels = NUM_CLASSES  # a PretrainedConfig keyword its stub does not declare
-        return PerSamplePositions(transformers.BertForSequenceClassification(config))
+        return TokenLogits(transformers.BertForSequenceClassification(config))
     if kind == "DistilBERT":
         config = transformers.DistilBertConfig(
             dim=d, n_layers=2, n_heads=4, hidden_dim=2 * d, max_position_embeddings=SEQ_LEN, dropout=0.0,
             attention_dropout=0.0, seq_classif_dropout=0.0, vocab_size=V,
         )  # fmt: skip
         config.num_labels = NUM_CLASSES  # a PretrainedConfig keyword its stub does not declare
-        return PerSamplePositions(transformers.DistilBertForSequenceClassification(config))
+        return TokenLogits(transformers.DistilBertForSequenceClassification(config))
     if kind == "GPT2":
         config = transformers.GPT2Config(
             n_embd=d, n_layer=2, n_head=4, n_positions=SEQ_LEN, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
             vocab_size=V, use_cache=False,
         )  # fmt: skip
-        return PerSamplePositions(transformers.GPT2LMHeadModel(config))
+        return TokenLogits(transformers.GPT2LMHeadModel(config))
     if kind == "T5":
         config = transformers.T5Config(
             d_model=d, d_kv=d // 4, d_ff=2 * d, num_layers=2, num_decoder_layers=2, num_heads=4, dropout_rate=0.0,
             pad_token_id=0, vocab_size=V, use_cache=False,
         )  # fmt: skip
         config.decoder_start_token_id = 0  # a PretrainedConfig keyword its stub does not declare
-        return PerSamplePositions(transformers.T5ForConditionalGeneration(config), seq2seq=True)
+        return TokenLogits(transformers.T5ForConditionalGeneration(config), seq2seq=True)
     config = transformers.LlamaConfig(
         hidden_size=d, intermediate_size=2 * d, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
         max_position_embeddings=SEQ_LEN, vocab_size=V, use_cache=False,
     )  # fmt: skip
-    return PerSamplePositions(transformers.LlamaForCausalLM(config))
+    return TokenLogits(transformers.LlamaForCausalLM(config))
 
 
 def _hf_tokens(targets: str) -> Callable[[int, torch.Generator], tuple[Tensor, Tensor]]:
@@ -325,7 +323,7 @@ __all__ = [
     "SmallResNetGN",
     "MODELS",
     "TRANSFORMER_MODELS",
-    "PerSamplePositions",
+    "TokenLogits",
     "build",
     "BenchModel",
 ]
