@@ -7,6 +7,7 @@ Examples::
     python -m dpnotebook.benchmarks --models MLP --batch 128 --modes ghost hooks --kinds dpsgd
     python -m dpnotebook.benchmarks --report out.json            # the tables again
     python -m dpnotebook.benchmarks --profile-ops                # aten ops per DP step, dpnotebook and Opacus
+    python -m dpnotebook.benchmarks --transformers               # ghost vs hooks on BERT, GPT-2, Llama, ... (1 thread)
 
 Every configuration runs in its own process (peak RSS is its own); its steps are
 timed alternately with the non-private step on the same rows, and the table
@@ -23,9 +24,9 @@ import time
 
 import torch
 
-from dpnotebook.benchmarks.models import MODELS
+from dpnotebook.benchmarks.models import MODELS, TRANSFORMER_MODELS
 from dpnotebook.benchmarks.profile_ops import PROFILE_BATCH, profile_table
-from dpnotebook.benchmarks.report import multiplicity_table, opacus_table, results_table
+from dpnotebook.benchmarks.report import ghost_hooks_table, multiplicity_table, opacus_table, results_table
 from dpnotebook.benchmarks.steps import MODES
 from dpnotebook.benchmarks.suite import KINDS, child_main, plan, run_in_subprocess
 
@@ -37,11 +38,21 @@ QUICK = {
     "ks": [1, 16],
     "k_models": ["SampleConvNet"],
 }
+#: ``--transformers``: the Hugging Face transformers and the text transformer, ghost against hooks, one thread.
+TRANSFORMERS = {
+    "models": [*TRANSFORMER_MODELS, "TextTransformer"],
+    "batch": [32],
+    "modes": ["hooks", "ghost"],
+    "kinds": ["dpsgd"],
+    "ks": [1],
+    "threads": 1,
+    "rival": True,
+}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m dpnotebook.benchmarks", description=__doc__.split("\n\n")[0])
-    p.add_argument("--models", nargs="+", choices=sorted(MODELS), default=list(MODELS))
+    p.add_argument("--models", nargs="+", choices=sorted({*MODELS, *TRANSFORMER_MODELS}), default=list(MODELS))
     p.add_argument("--batch", nargs="+", type=int, default=[32, 128], help="samples per batch B (default 32 128)")
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     p.add_argument(
@@ -78,17 +89,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="preset: every model at B=128, hooks and ghost, K in {1,16} on SampleConvNet",
     )
     p.add_argument(
+        "--transformers",
+        action="store_true",
+        help="preset: the Hugging Face transformers (BERT, DistilBERT, GPT-2, T5, Llama; T=64, hidden 128) and "
+        "TextTransformer at B=32, DP-SGD in hooks and ghost mode, 1 thread, --rival",
+    )
+    p.add_argument(
         "--profile-ops",
         action="store_true",
         help="count the aten operations (GPU kernel launches) of one DP step, every mode, next to Opacus 1.6",
     )
     p.add_argument("--profile-batch", type=int, default=PROFILE_BATCH, help="B of --profile-ops (default 16)")
+    p.add_argument(
+        "--rival",
+        action="store_true",
+        help="each ghost configuration also times hooks mode in the same process, round by round",
+    )
     p.add_argument("--json", metavar="PATH", help="write all rows and the settings as JSON")
     p.add_argument("--report", metavar="PATH", help="print the tables of an earlier --json file and exit")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.quick:
-        for key, value in QUICK.items():
+    for preset, values in ((args.quick, QUICK), (args.transformers, TRANSFORMERS)):
+        for key, value in values.items() if preset else ():
             setattr(args, key, value)
     if args.steps < 1 or args.warmup < 0:
         p.error(f"--steps={args.steps} and --warmup={args.warmup}: use --steps >= 1 and --warmup >= 0.")
@@ -109,6 +131,8 @@ def print_tables(rows: list[dict]) -> None:
         print("\n" + opacus_table(rows))
     if any(r["K"] > 1 for r in rows):
         print("\n" + multiplicity_table(rows))
+    if any(r["what"] == "dpsgd_ghost" for r in rows) and any(r["what"] == "dpsgd_hooks" for r in rows):
+        print("\n" + ghost_hooks_table(rows))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -138,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
             k_modes=args.k_modes,
         )
     ]
-    settings = {k: getattr(args, k) for k in ("steps", "warmup", "threads", "device", "min_seconds", "max_steps")}
+    keys = ("steps", "warmup", "threads", "device", "min_seconds", "max_steps", "rival")
+    settings = {k: getattr(args, k) for k in keys}
     print(f"{len(configs)} configurations, each in its own process ({settings})", file=sys.stderr)
     rows, start = [], time.time()
     for i, cfg in enumerate(configs, 1):

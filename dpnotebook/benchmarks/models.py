@@ -16,7 +16,7 @@ with ``torch.nn`` or with Opacus' own DP layers.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -199,21 +199,120 @@ MODELS: dict[str, BenchModel] = {
 }
 
 
+# ---------------------------------------------------------------- Hugging Face transformers at CPU-realistic shapes
+
+#: Vocabulary of the Hugging Face benchmark models (their LM heads are ``HF_VOCAB x HF_HIDDEN``).
+HF_VOCAB, HF_HIDDEN = 1000, 128
+
+
+class PerSamplePositions(nn.Module):
+    """A Hugging Face model called on token ids with per-sample ``position_ids``; logits ready for cross-entropy.
+
+    Hooks and ghost mode refuse a position table looked up once with ``[1, T]`` ids
+    and broadcast over the batch (issue #30); per-sample ids ``arange(T).expand(B, T)``
+    are what a user passes today. A language model's logits ``[B, T, V]`` come back as
+    ``[B, V, T]``, so that ``F.cross_entropy(logits, tokens)`` is the mean over every position.
+
+    Args:
+        hf: the Hugging Face model.
+        seq2seq: an encoder-decoder (T5): the decoder reads the tokens shifted right; no position ids.
+    """
+
+    def __init__(self, hf: nn.Module, seq2seq: bool = False) -> None:
+        super().__init__()
+        self.hf, self.seq2seq = hf, seq2seq
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        B, T = tokens.shape
+        if self.seq2seq:
+            decoder = torch.cat([tokens.new_zeros(B, 1), tokens[:, :-1]], 1)
+            logits = self.hf(input_ids=tokens, decoder_input_ids=decoder).logits
+        else:
+            positions = torch.arange(T, device=tokens.device).expand(B, T)
+            logits = self.hf(input_ids=tokens, position_ids=positions).logits
+        return logits.transpose(1, 2) if logits.dim() == 3 else logits
+
+
+def _hf(kind: str) -> nn.Module:
+    """Two layers, hidden ``HF_HIDDEN``, 4 heads, feed-forward ``2 * HF_HIDDEN``, no dropout, default attention."""
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    d, V = HF_HIDDEN, HF_VOCAB
+    config: Any  # one of transformers' configuration classes
+    if kind == "BERT":
+        config = transformers.BertConfig(
+            hidden_size=d, num_hidden_layers=2, num_attention_heads=4, intermediate_size=2 * d,
+            max_position_embeddings=SEQ_LEN, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+            vocab_size=V,
+        )  # fmt: skip
+        config.num_labels = NUM_CLASSES  # a PretrainedConfig keyword its stub does not declare
+        return PerSamplePositions(transformers.BertForSequenceClassification(config))
+    if kind == "DistilBERT":
+        config = transformers.DistilBertConfig(
+            dim=d, n_layers=2, n_heads=4, hidden_dim=2 * d, max_position_embeddings=SEQ_LEN, dropout=0.0,
+            attention_dropout=0.0, seq_classif_dropout=0.0, vocab_size=V,
+        )  # fmt: skip
+        config.num_labels = NUM_CLASSES  # a PretrainedConfig keyword its stub does not declare
+        return PerSamplePositions(transformers.DistilBertForSequenceClassification(config))
+    if kind == "GPT2":
+        config = transformers.GPT2Config(
+            n_embd=d, n_layer=2, n_head=4, n_positions=SEQ_LEN, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+            vocab_size=V, use_cache=False,
+        )  # fmt: skip
+        return PerSamplePositions(transformers.GPT2LMHeadModel(config))
+    if kind == "T5":
+        config = transformers.T5Config(
+            d_model=d, d_kv=d // 4, d_ff=2 * d, num_layers=2, num_decoder_layers=2, num_heads=4, dropout_rate=0.0,
+            pad_token_id=0, vocab_size=V, use_cache=False,
+        )  # fmt: skip
+        config.decoder_start_token_id = 0  # a PretrainedConfig keyword its stub does not declare
+        return PerSamplePositions(transformers.T5ForConditionalGeneration(config), seq2seq=True)
+    config = transformers.LlamaConfig(
+        hidden_size=d, intermediate_size=2 * d, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+        max_position_embeddings=SEQ_LEN, vocab_size=V, use_cache=False,
+    )  # fmt: skip
+    return PerSamplePositions(transformers.LlamaForCausalLM(config))
+
+
+def _hf_tokens(targets: str) -> Callable[[int, torch.Generator], tuple[Tensor, Tensor]]:
+    def data(rows: int, gen: torch.Generator) -> tuple[Tensor, Tensor]:
+        tokens = torch.randint(0, HF_VOCAB, (rows, SEQ_LEN), generator=gen)
+        if targets == "class":
+            return tokens, torch.randint(0, NUM_CLASSES, (rows,), generator=gen)
+        return tokens, torch.randint(0, HF_VOCAB, (rows, SEQ_LEN), generator=gen)  # next tokens, every position
+
+    return data
+
+
+#: The zoo's Hugging Face transformers (:mod:`dpnotebook.benchmarks.zoo`) at CPU-realistic shapes: T = 64,
+#: hidden 128, two layers, vocabulary 1000 (the zoo's builders are test-sized: T = 6, hidden 16). Every
+#: flavour is the same model. ``python -m dpnotebook.benchmarks --transformers`` runs them with ghost and hooks.
+TRANSFORMER_MODELS: dict[str, BenchModel] = {
+    "BERT": BenchModel(lambda f: _hf("BERT"), _hf_tokens("class")),
+    "DistilBERT": BenchModel(lambda f: _hf("DistilBERT"), _hf_tokens("class")),
+    "GPT2": BenchModel(lambda f: _hf("GPT2"), _hf_tokens("tokens")),
+    "T5": BenchModel(lambda f: _hf("T5"), _hf_tokens("tokens")),
+    "Llama": BenchModel(lambda f: _hf("Llama"), _hf_tokens("tokens")),
+}
+
+
 def build(name: str, batch: int, *, K: int = 1, flavour: str = "dp", seed: int = 0) -> tuple[nn.Module, Tensor, Tensor]:
     """``(model, inputs, targets)`` for ``batch * K`` rows of the benchmark model ``name``.
 
     Args:
-        name: a key of :data:`MODELS`.
+        name: a key of :data:`MODELS` or :data:`TRANSFORMER_MODELS`.
         batch: samples B.
         K: rows per sample (augmentation multiplicity); the batch holds ``B*K`` rows.
         flavour: ``"dp"``, ``"native"`` or ``"opacus"`` (see :class:`BenchModel`).
         seed: seeds the weights and the data.
     """
-    if name not in MODELS:
-        raise ValueError(f"model={name!r} is unknown; choose one of {sorted(MODELS)}.")
+    known = {**MODELS, **TRANSFORMER_MODELS}
+    if name not in known:
+        raise ValueError(f"model={name!r} is unknown; choose one of {sorted(known)}.")
     torch.manual_seed(seed)
-    model = MODELS[name].make(flavour)
-    x, y = MODELS[name].data(batch * K, torch.Generator().manual_seed(seed))
+    model = known[name].make(flavour)
+    x, y = known[name].data(batch * K, torch.Generator().manual_seed(seed))
     return model, x, y
 
 
@@ -224,6 +323,8 @@ __all__ = [
     "LSTMClassifier",
     "SmallResNetGN",
     "MODELS",
+    "TRANSFORMER_MODELS",
+    "PerSamplePositions",
     "build",
     "BenchModel",
 ]

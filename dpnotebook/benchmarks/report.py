@@ -113,4 +113,36 @@ def multiplicity_table(rows: Iterable[Row]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["results_table", "opacus_table", "multiplicity_table"]
+def ghost_hooks_table(rows: Iterable[Row], kind: str = "dpsgd") -> str:
+    """Ghost and hooks mode side by side for each model, B and K: each step's time, its ratio to the
+    non-private step timed in its own process, and ghost's ratio over hooks' (by medians, and by minima);
+    with ``--rival``, also ghost's median over that of hooks mode timed in the ghost row's own process.
+
+    >>> rows = [{"model": "M", "batch": 8, "K": 1, "what": w, "median_ms": t, "min_ms": t, "ratio": r,
+    ...          "ratio_min": r, "ref_median_ms": 10.0} for w, t, r in [("dpsgd_hooks", 20.0, 2.0),
+    ...                                                             ("dpsgd_ghost", 15.0, 1.5)]]
+    >>> print(ghost_hooks_table(rows).splitlines()[2])
+    | M | 8 | 1 | 20.0 (×2.00) | 15.0 (×1.50) | 0.75 | 0.75 |  |
+    """
+    index = _index(rows)
+    lines = [
+        "| model | B | K | hooks ms (× non-private) | ghost ms (× non-private) | ghost / hooks (medians) | "
+        "ghost / hooks (minima) | ghost / hooks (same process, medians) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for m, b, k in sorted({(m, b, k) for (m, b, k, w) in index}):
+        hooks, ghost = index.get((m, b, k, f"{kind}_hooks")), index.get((m, b, k, f"{kind}_ghost"))
+        if hooks is None or ghost is None:
+            continue
+        mins = [g.get("ratio_min") for g in (ghost, hooks)]
+        by_min = _f(mins[0] / mins[1], 2) if mins[0] is not None and mins[1] else ""
+        same = _f(ghost["median_ms"] / ghost["rival_median_ms"], 2) if ghost.get("rival_median_ms") else ""
+        lines.append(
+            f"| {m} | {b} | {k} | {_f(hooks['median_ms'])} (×{_f(hooks['ratio'], 2)}) | "
+            f"{_f(ghost['median_ms'])} (×{_f(ghost['ratio'], 2)}) | {ghost['ratio'] / hooks['ratio']:.2f} | {by_min} | "
+            f"{same} |"
+        )
+    return "\n".join(lines)
+
+
+__all__ = ["results_table", "opacus_table", "multiplicity_table", "ghost_hooks_table"]

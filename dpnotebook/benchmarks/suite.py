@@ -106,12 +106,15 @@ def measure(
     threads: int = 2,
     min_seconds: float = 0.0,
     max_steps: int = 200,
+    rival: bool = False,
 ) -> dict:
     """Run one configuration in this process: its time, its ratio to the non-private step, its memory.
 
     ``rss0_mb`` is the resident memory once the model and data are built;
     ``peak_mb`` the peak during the warm-up steps (read before the reference
     model is built), so ``peak_mb - rss0_mb`` is what the step itself needs.
+    With ``rival``, a ghost configuration also times the same configuration in hooks mode in
+    each round (``rival_median_ms``, ``rival_min_ms``): the two modes under the same load.
     Then rounds, each timing one reference step and one step of the
     configuration: at least ``steps`` of them, and more until the rounds have
     taken ``min_seconds`` (at most ``max_steps``). A 10 ms step timed ten times
@@ -132,15 +135,22 @@ def measure(
     times: list[float] = []  # ms per step
     refs: list[float] = []
     ref = None if cfg.what == "nonprivate" else make_step(cfg.model, "nonprivate", cfg.batch, cfg.K, device)
-    if ref is not None:
+    rival_what = cfg.what.replace("_ghost", "_hooks") if rival and cfg.what.endswith("_ghost") else None
+    other = make_step(cfg.model, rival_what, cfg.batch, cfg.K, device) if rival_what else None
+    others: list[float] = []
+    for extra in [e for e in (ref, other) if e is not None]:
         for _ in range(max(1, warmup - 1)):
-            timed(ref)
+            timed(extra)
     started = time.perf_counter()
     while len(times) < steps or (time.perf_counter() - started < min_seconds and len(times) < max_steps):
         if ref is not None:
             refs.append(timed(ref))
+        if other is not None:
+            others.append(timed(other))
         times.append(timed(step))
     result.update(median_ms=statistics.median(times), min_ms=min(times), n=len(times))
+    if others:
+        result.update(rival=rival_what, rival_median_ms=statistics.median(others), rival_min_ms=min(others))
     result["ref_median_ms"] = statistics.median(refs) if refs else result["median_ms"]
     result["ratio"] = result["median_ms"] / result["ref_median_ms"]
     result["ratio_min"] = result["min_ms"] / (min(refs) if refs else result["min_ms"])  # less sensitive to load spikes

@@ -30,7 +30,9 @@ dpnotebook then averages each group of ``K`` per-row gradients itself.
 
 from __future__ import annotations
 
+import importlib
 import inspect
+import sys
 from collections.abc import MutableMapping
 from dataclasses import dataclass
 from typing import Callable, Iterator
@@ -153,6 +155,28 @@ def unregister_grad_sampler(layer_type: type[nn.Module]) -> None:
     _SAMPLERS.pop(layer_type, None)
 
 
+#: ``{module of an optional library: our module that registers samplers for its layers}``; ours is
+#: imported by :func:`load_optional_samplers` once theirs is (a model holding such a layer has imported it).
+OPTIONAL_SAMPLERS = {"transformers.pytorch_utils": "dpnotebook.grad_sample.samplers.hf_conv1d"}
+
+
+_UNLOADABLE: set[str] = set()
+
+
+def load_optional_samplers() -> None:
+    """Register the samplers of the optional libraries' layers whose modules are imported (see :data:`OPTIONAL_SAMPLERS`).
+
+    A version of the library whose layer ours cannot import (renamed, moved) is skipped once and for all:
+    its layers then have no sampler and are replayed with ``torch.func``, exactly but slower.
+    """
+    for theirs, ours in OPTIONAL_SAMPLERS.items():
+        if theirs in sys.modules and ours not in sys.modules and ours not in _UNLOADABLE:
+            try:
+                importlib.import_module(ours)
+            except ImportError:
+                _UNLOADABLE.add(ours)
+
+
 def find_grad_sampler(module: nn.Module) -> SamplerEntry | None:
     """The sampler for ``module``'s type, or ``None``.
 
@@ -160,6 +184,7 @@ def find_grad_sampler(module: nn.Module) -> SamplerEntry | None:
     sampler is only inherited while ``forward`` is inherited too: a subclass
     that computes something else must register its own sampler.
     """
+    load_optional_samplers()
     cls = type(module)
     if cls in _SAMPLERS:
         return _SAMPLERS[cls]

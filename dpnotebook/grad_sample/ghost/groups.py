@@ -24,10 +24,13 @@ Groups that hold per-sample gradients (convolutions, norm layers) add up over
 calls, so ghost mode makes them call by call, as each call's backprops arrive,
 and lets go of that call's inputs and backprops (:attr:`GhostHandler.materialises`).
 A linear or recurrent layer over long sequences (or many copies ``K``) is
-settled the same way when its per-sample gradients are the smaller record
-(:attr:`GhostHandler.settles`): there the direct norm forms them anyway, and
-keeping them makes the clipped sum one small product instead of a second pass
-over the activations and backprops.
+settled the same way when forming its per-sample gradients is the cheaper whole
+path (:attr:`GhostHandler.settles`; for a linear layer
+:func:`~dpnotebook.grad_sample.samplers.linear_map_norms.settle_pays`): the Gram
+path's norms cost ``n^2 (in + out)`` per sample and its clipped sum then still
+costs a product over the activations and backprops as large as forming the
+per-sample gradients, whereas kept per-sample gradients make the clipped sum
+one small product.
 """
 
 from __future__ import annotations
@@ -185,9 +188,9 @@ class GhostHandler(NamedTuple):
             over calls; so ghost mode makes one per call as soon as the call's backprops arrive and lets
             go of the call's inputs and backprops (memory then grows with B, not with the B*K rows).
         settles: for a layer that does not always materialise, ``settles(module, call, K)`` says whether
-            this call's per-sample gradients are smaller than its inputs and backprops (the cost rule of
-            :func:`~dpnotebook.grad_sample.samplers.linear_map_norms.linear_strategy`); if so the call is settled
-            as above, with the layer's registered grad sampler.
+            forming this call's per-sample gradients is the cheaper path to its norms and clipped sum (the
+            cost rule of :func:`~dpnotebook.grad_sample.samplers.linear_map_norms.settle_pays`); if so the call
+            is settled as above, with the layer's registered grad sampler.
     """
 
     make_group: GroupMaker

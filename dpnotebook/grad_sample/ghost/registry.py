@@ -41,6 +41,7 @@ from typing import Callable, TypeVar, cast
 import torch  # noqa: F401  (used by the doctest)
 from torch import nn
 
+from dpnotebook.grad_sample.engine.registry import load_optional_samplers
 from dpnotebook.grad_sample.ghost.groups import GhostCall, GhostGroup, GhostHandler
 
 _NORM_SAMPLERS: dict[type, GhostHandler] = {}
@@ -100,6 +101,7 @@ def ghost_handler(module: nn.Module) -> GhostHandler | None:
     >>> ghost_handler(nn.BatchNorm1d(3)) is None
     True
     """
+    load_optional_samplers()
     if isinstance(module, nn.Embedding) and module.max_norm is not None:
         return None  # max_norm renormalises the weight in place during the forward
     for cls in type(module).__mro__:

@@ -34,9 +34,16 @@ CHUNK_BYTES = 32 * 2**20
 #: ``(sum_t ||a_t|| ||g_t||)^2`` is recomputed directly in float64 (:func:`guard_gram`). Above it,
 #: rounding (at most ``eps * (in + out)`` of the bound) moves it by at most ``1 / GRAM_TRUST``.
 GRAM_TRUST = 100.0
+#: What one per-sample gradient entry costs beyond its multiply-adds, in multiply-adds: writing it, reading it
+#: back for its norm and for the weighted sum (memory-bound passes). Fitted on a CPU, one thread, B = 32, with
+#: the two real paths (see :func:`settle_pays`): ``[n, in, out]`` = ``[64, 128, 1000]`` (``n^2 (in + out)`` is
+#: 36 times ``in * out``) and ``[64, 128, 512]`` (40) were faster settled, ``[64, 192, 768]`` (27),
+#: ``[64, 384, 384]`` (21) and ``[64, 512, 512]`` (16) faster on the Gram path.
+SETTLE_PASSES = 30
 
 __all__ = [
     "linear_strategy",
+    "settle_pays",
     "linear_sq_norms",
     "linear_weighted_sum",
     "shared_gram_sq_norms",
@@ -47,6 +54,7 @@ __all__ = [
     "guard_gram",
     "CHUNK_BYTES",
     "GRAM_TRUST",
+    "SETTLE_PASSES",
 ]
 
 
@@ -59,6 +67,32 @@ def linear_strategy(n: int, d_in: int, d_out: int) -> str:
     if n <= 1:
         return "outer"
     return "gram" if n * n * (d_in + d_out) < n * d_in * d_out else "direct"
+
+
+def settle_pays(n: int, d_in: int, d_out: int) -> bool:
+    """Whether forming the per-sample gradients (and keeping them) is the cheaper *whole* path for a linear map.
+
+    The clipped sum needs the norms and then the weighted sum. Two paths:
+
+    * **Gram**: ``n^2 (in + out)`` for the norms, then the weighted sum, one matrix product over all
+      rows: ``n * in * out`` per sample;
+    * **settled**: form ``G_b^T A_b`` (``n * in * out``), then its norm and the weighted sum read it
+      back: ``SETTLE_PASSES * in * out`` (memory-bound passes, see :data:`SETTLE_PASSES`).
+
+    Both pay ``n * in * out``, so the settled path wins when ``n^2 (in + out) > SETTLE_PASSES * in * out``,
+    and whenever the direct norm is the cheaper norm (:func:`linear_strategy`): that forms the
+    per-sample gradients anyway. Comparing the norms alone leaves out that the Gram path still owes a
+    product as large as the per-sample gradients, and kept the Gram path for sequence layers of a
+    transformer (``n = 64``, ``128 -> 256``) where it costs 1.4x the settled path.
+
+    >>> settle_pays(64, 128, 256), settle_pays(16, 128, 128), settle_pays(1024, 128, 384)
+    (True, False, True)
+    >>> linear_strategy(64, 128, 256)           # the norms alone would have kept the Gram path
+    'gram'
+    """
+    if n <= 1:
+        return False
+    return n * n * (d_in + d_out) > SETTLE_PASSES * d_in * d_out or linear_strategy(n, d_in, d_out) == "direct"
 
 
 def _chunk(B: int, per_sample: int, like: Tensor) -> int:

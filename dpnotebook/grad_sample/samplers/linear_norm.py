@@ -42,6 +42,7 @@ from dpnotebook.grad_sample.samplers.linear_map_norms import (
     linear_sq_norms,
     linear_strategy,
     linear_weighted_sum,
+    settle_pays,
 )
 from dpnotebook.grad_sample.ghost.registry import register_norm_sampler
 from dpnotebook.layers.attention_units import InProjection
@@ -126,10 +127,11 @@ class LinearGroup(GhostGroup):
 
 
 def linear_settles(module: nn.Module, call: GhostCall, K: int) -> bool:
-    """Whether a call's per-sample gradients are the cheaper way to its norms (``"direct"``), so it is settled.
+    """Whether forming a call's per-sample gradients is the cheaper way to its norms *and* clipped sum,
+    so it is settled (:func:`~dpnotebook.grad_sample.samplers.linear_map_norms.settle_pays`).
 
-    That is when a sample's ``n = K * positions`` rows of inputs and backprops
-    outweigh its ``[out, in]`` gradient: long sequences, or many copies.
+    That is when a sample's ``n = K * positions`` rows make the Gram matrices
+    dearer than the passes over its ``[out, in]`` gradient: long sequences, or many copies.
 
     >>> import torch
     >>> from dpnotebook.grad_sample.engine.functorch_fallback import LayerCall
@@ -142,7 +144,7 @@ def linear_settles(module: nn.Module, call: GhostCall, K: int) -> bool:
     if x.dim() < 3 or g is None:
         return False
     n = K * int(torch.Size(x.shape[1:-1]).numel())
-    return linear_strategy(n, x.shape[-1], g.shape[-1]) == "direct"
+    return settle_pays(n, x.shape[-1], g.shape[-1])
 
 
 def _disjoint(windows: list[tuple[int, int]]) -> bool:

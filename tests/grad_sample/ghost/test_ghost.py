@@ -19,7 +19,7 @@ from dpnotebook import GradSampleError
 from dpnotebook.benchmarks.models import SampleConvNet, SmallResNetGN, TextTransformer
 from dpnotebook.grad_sample.ghost.wrapper import GhostGradSampleModule
 from dpnotebook.grad_sample.fast.conv import _methods, conv_per_sample_grads
-from dpnotebook.grad_sample.samplers.linear_map_norms import linear_sq_norms
+from dpnotebook.grad_sample.samplers.linear_map_norms import linear_sq_norms, linear_strategy, settle_pays
 from dpnotebook.layers import DPGRU, DPLSTM, DPMultiheadAttention
 from dpnotebook.privacy.clipping import clip_and_sum, clip_factors, layer_thresholds
 from dpnotebook.privacy.ghost_optimizer import GhostDPOptimizer
@@ -400,6 +400,17 @@ def test_linear_over_long_sequences_is_settled_during_backward(K: int) -> None:
     settled = K == 4
     assert _released(wrapped) == {"model.0": [settled], "model.2": [settled]}
     assert set(wrapped.strategies().values()) == ({"materialised (direct)"} if settled else {"ghost gram"})
+
+
+def test_transformer_shaped_linear_is_settled_where_its_norms_alone_would_pick_gram() -> None:
+    """T=64 positions through 128 -> 256 (a transformer's feed-forward): the Gram norms cost less than the
+    direct norms, but the Gram path then owes the weighted sum, a product as large as the per-sample
+    gradients (settle_pays)."""
+    assert linear_strategy(64, 128, 256) == "gram" and settle_pays(64, 128, 256)
+    model = nn.Sequential(nn.Linear(128, 256), nn.Tanh(), nn.Linear(256, 2))
+    wrapped = check(model, torch.randn(3, 64, 128))
+    assert wrapped.strategies()["model.0"] == "materialised (direct)"
+    assert _released(wrapped)["model.0"] == [True]
 
 
 class TwoLengths(nn.Module):
