@@ -15,7 +15,7 @@ from dpnotebook.audit.records import MAX_K, RECORDS, AuditCase, _apply_record
 from dpnotebook.benchmarks.zoo import Logits, gpt2
 from dpnotebook.grad_sample.engine.registry import find_grad_sampler
 from dpnotebook.testing import check_grad_sampler
-from tests.test_ghost import _released, check
+from tests.grad_sample.ghost.test_ghost import _released, check
 
 
 def _mlp(T: int) -> nn.Module:
