@@ -56,7 +56,7 @@ def test_bad_arguments_are_refused_with_the_fix(capsys: pytest.CaptureFixture[st
         build("resnet18")
 
 
-@pytest.mark.parametrize("heading", ["The model zoo", "Adding support for a new layer"])
+@pytest.mark.parametrize("heading", ["The model zoo", "Adding support for a new layer", "A channels-first LayerNorm"])
 def test_the_real_models_page_snippets_run(heading: str) -> None:
     code = snippets("docs/real-models.md")[heading]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
@@ -64,6 +64,8 @@ def test_the_real_models_page_snippets_run(heading: str) -> None:
     assert done.returncode == 0, f"docs/real-models.md section {heading!r} fails:\n{done.stderr[-3000:]}"
     if heading == "The model zoo":
         assert str(sorted(ZOO)) in done.stdout
+    elif heading == "A channels-first LayerNorm":  # the checker's table: the registered sampler, then torch.func
+        assert "registered sampler (channels_first_layer_norm_grad_sampler)" in done.stdout, done.stdout
     else:  # the checker's table, then the new layer's sampler among the units
         assert "registered sampler (channel_scale_grad_sampler)" in done.stdout
         assert "('model.1', 'channel_scale_grad_sampler')" in done.stdout

@@ -14,7 +14,8 @@ itself is not a dependency):
 ``resnet``      torchvision's ResNet: BatchNorm (``fix`` makes it GroupNorm), ``out += identity``
 ``vit``         torchvision's ViT: class token on the root, position embedding on the encoder,
                 ``nn.MultiheadAttention`` (``fix`` makes it ``DPMultiheadAttention``)
-``convnext``    torchvision's ConvNeXt: channels-last ``LayerNorm2d``, ``[C, 1, 1]`` layer scale,
+``convnext``    torchvision's ConvNeXt: channels-last ``LayerNorm2d`` (its samplers registered here, as a
+                user would: ``docs/real-models.md``), ``[C, 1, 1]`` layer scale,
                 depthwise 7x7 convolution
 ==============  ==========================================================================
 
@@ -41,6 +42,11 @@ from typing import Any, Callable, NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from dpnotebook.grad_sample.engine.registry import register_grad_sampler
+from dpnotebook.grad_sample.ghost.groups import materialise
+from dpnotebook.grad_sample.ghost.registry import register_norm_sampler
+from dpnotebook.grad_sample.samplers.layer_norm import channels_first_layer_norm_grad_sampler
 
 #: Token vocabulary, sequence length, classes and image side of every zoo batch.
 VOCAB, SEQ_LEN, NUM_CLASSES, IMAGE = 32, 6, 3, 12
@@ -359,6 +365,12 @@ class LayerNorm2d(nn.LayerNorm):
         x = x.permute(0, 2, 3, 1)
         x = F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
         return x.permute(0, 3, 1, 2)
+
+
+# What a user does for their own channels-first LayerNorm (docs/real-models.md): our formula, registered for the class
+# (its forward is overridden, so nn.LayerNorm's samplers do not apply). Ghost mode materialises it like nn.LayerNorm.
+register_grad_sampler(LayerNorm2d)(channels_first_layer_norm_grad_sampler)
+register_norm_sampler(LayerNorm2d, materialises=True)(materialise)
 
 
 class Permute(nn.Module):

@@ -157,7 +157,11 @@ def unregister_grad_sampler(layer_type: type[nn.Module]) -> None:
 
 #: ``{module of an optional library: our module that registers samplers for its layers}``; ours is
 #: imported by :func:`load_optional_samplers` once theirs is (a model holding such a layer has imported it).
-OPTIONAL_SAMPLERS = {"transformers.pytorch_utils": "dpnotebook.grad_sample.samplers.hf_conv1d"}
+OPTIONAL_SAMPLERS = {
+    "transformers.pytorch_utils": "dpnotebook.grad_sample.samplers.hf_conv1d",
+    "transformers.models.t5.modeling_t5": "dpnotebook.grad_sample.samplers.hf_rms_norm",
+    "transformers.models.llama.modeling_llama": "dpnotebook.grad_sample.samplers.hf_rms_norm",
+}
 
 
 _UNLOADABLE: set[str] = set()
