@@ -49,7 +49,7 @@ test: lint
 # `make test` stays the whole suite, and what CI runs.
 test-fast: $(STAMP)
 	$(PY) -m ruff check .
-	$(PY) -m pytest -m "not slow"
+	$(PY) -m pytest -m "not slow" -n auto
 
 # The GPU test path (docs/guarantees.md): samplers, modes, the DP step, the sensitivity grid, the accountant,
 # the widgets' state, mixed precision and the distributed tests (NCCL where two GPUs exist) with CUDA as the

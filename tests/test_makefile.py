@@ -63,5 +63,5 @@ def test_each_install_has_its_own_stamp_and_runs_once(project: Path, target: str
 def test_make_test_fast_is_the_quick_loop_and_make_test_the_whole_suite(project: Path) -> None:
     fast = dry_run(project, "test-fast")
     assert any('-e ".[dev]"' in line for line in fast), fast
-    assert fast[-2:] == [".venv/bin/python -m ruff check .", '.venv/bin/python -m pytest -m "not slow"'], fast
+    assert fast[-2:] == [".venv/bin/python -m ruff check .", '.venv/bin/python -m pytest -m "not slow" -n auto'], fast
     assert dry_run(project, "test")[-1] == ".venv/bin/python -m pytest", "make test runs every test, slow ones too"

@@ -174,7 +174,7 @@ def test_ew_names_a_layer_that_sees_other_rows_than_the_input() -> None:
         GradSampleError,
         match=(
             r"^grad_sample_mode='ew': a layer saw 5 rows in dim 0 where the input has 4 \(B\*K\).*"
-            r"Fix: use grad_sample_mode='functorch'"
+            r"Fix: use grad_sample_mode='hooks' or 'ghost'.*or 'functorch', which replays the whole model per sample"
         ),
     ):
         wrapped(torch.randn(4, 5, 3))
