@@ -117,7 +117,9 @@ def test_measure_in_process_and_errors_become_rows() -> None:
     capped = measure(Config("MLP", 2, 1, "gsm_ghost"), steps=2, warmup=0, threads=1, min_seconds=60, max_steps=7)
     assert capped["n"] == 7
     timed = measure(Config("MLP", 2, 1, "gsm_ghost"), steps=2, warmup=0, threads=1, min_seconds=0.2, max_steps=10**6)
-    assert timed["n"] > 2 and (timed["median_ms"] + timed["ref_median_ms"]) * timed["n"] >= 0.5 * 200
+    # medians times n: a few slow steps on a loaded machine (the quick loop runs two workers) can take much
+    # of the 200 ms, so only a quarter of it is asserted
+    assert timed["n"] > 2 and (timed["median_ms"] + timed["ref_median_ms"]) * timed["n"] >= 0.25 * 200
     with pytest.raises(ValueError, match="configuration 'dpsgd_jax' is unknown"):
         make_step("MLP", "dpsgd_jax", 2)
     bad = {"model": "MLP", "batch": 2, "K": 1, "what": "dpsgd_jax", "error": "ValueError: unknown"}
