@@ -14,8 +14,9 @@ if a mode ever returned wrong numbers (the tests assert that never happens).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn

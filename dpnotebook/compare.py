@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping
 
 import torch
 import torch.nn.functional as F

@@ -160,5 +160,5 @@ def _ew(module: nn.Module, **kwargs: Any) -> nn.Module:
     return GradSampleModuleExpandedWeights(module, **kwargs)
 
 
-from dpnotebook.grad_sample.ghost import mode as ghost_mode  # noqa: E402,F401  (registers "ghost"; its wrapper is imported on first use)
 from dpnotebook.grad_sample.engine import gsm_no_op  # noqa: E402,F401  (registers Opacus' "no_op", unlisted)
+from dpnotebook.grad_sample.ghost import mode as ghost_mode  # noqa: E402,F401  (registers "ghost"; its wrapper is imported on first use)

@@ -15,8 +15,9 @@ True
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Sequence, cast, overload
+from typing import TYPE_CHECKING, cast, overload
 
 import torch
 from torch import Tensor, nn

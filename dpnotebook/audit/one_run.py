@@ -26,8 +26,8 @@ tried) in :func:`audit_one_run`. jax_privacy's ``auditing`` module computes the 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 from scipy.optimize import brentq

@@ -19,7 +19,8 @@ gap between ``S(D)`` and ``S_ref(D)`` (:attr:`~dpnotebook.audit.sensitivity.Sens
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor, nn

@@ -39,8 +39,9 @@ sample  ||S(D) - S(D\\{s})|| / C  parameter moved most
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn

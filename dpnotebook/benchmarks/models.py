@@ -15,8 +15,8 @@ with ``torch.nn`` or with Opacus' own DP layers.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn.functional as F

@@ -18,7 +18,8 @@ A configuration is named by what it runs:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, cast
+from collections.abc import Callable
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.nn.functional as F

@@ -45,9 +45,10 @@ from __future__ import annotations
 import enum
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import import_module
-from typing import Any, Callable
+from typing import Any
 
 ENVIRONMENT_VARIABLE = "DPNOTEBOOK_EXERCISES"
 """Set to ``"solutions"`` to make every verdict but *solved* raise ``AssertionError``."""

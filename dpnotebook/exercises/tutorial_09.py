@@ -18,7 +18,7 @@ expected_batch_size, generator)`` is compared with the library's per-layer
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor

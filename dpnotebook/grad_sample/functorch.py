@@ -23,8 +23,8 @@ True
 
 from __future__ import annotations
 
-from typing import Any, Callable
-
+from collections.abc import Callable
+from typing import Any
 
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap

@@ -170,7 +170,7 @@ class DPMultiheadAttention(nn.Module):
         if name in shared and "_units_made" in self.__dict__:
             reshare(self, self._links())  # a parameter object was replaced (e.g. load_state_dict(assign=True))
 
-    def _apply(self, fn: Any, recurse: bool = True) -> "DPMultiheadAttention":
+    def _apply(self, fn: Any, recurse: bool = True) -> DPMultiheadAttention:
         out = super()._apply(fn, recurse)
         reshare(self, self._links())
         return out

@@ -14,7 +14,7 @@ operations follow PyTorch's own CPU kernels, so outputs agree to rounding.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor

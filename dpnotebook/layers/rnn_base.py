@@ -119,7 +119,7 @@ class DPRNNBase(nn.Module):
         if name in self.__dict__.get("_flat_weights_names", ()) and "gate_projections" in self._modules:
             reshare(self, self._links())  # a parameter object was replaced
 
-    def _apply(self, fn: Any, recurse: bool = True) -> "DPRNNBase":
+    def _apply(self, fn: Any, recurse: bool = True) -> DPRNNBase:
         out = super()._apply(fn, recurse)
         reshare(self, self._links())
         return out

@@ -32,7 +32,8 @@ import contextlib
 import functools
 import logging
 import warnings
-from typing import Any, Callable, ClassVar, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any, ClassVar
 
 import dp_accounting
 

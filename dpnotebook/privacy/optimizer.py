@@ -33,7 +33,8 @@ piece, adds it to the running sum and frees its per-sample gradients. The next
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -41,14 +42,14 @@ from torch.optim import Optimizer
 
 from dpnotebook.grad_sample.engine.accumulation import grad_sample_rows  # p.grad_sample, tensor or list
 from dpnotebook.grad_sample.engine.module import LOSS_REDUCTIONS  # one definition for wrappers and optimizers
+from dpnotebook.privacy import step_invariants as invariants  # each invariant of the step, in one place
 from dpnotebook.privacy.arguments import check_choice, check_positive_number
 from dpnotebook.privacy.clipping import CLIPPING_MODES, clip_and_sum
-from dpnotebook.privacy.opacus_contract import OpacusOptimizerContract
 from dpnotebook.privacy.layer_bounds import check_layer_bounds
 from dpnotebook.privacy.noise import draw_noise, warn_insecure_noise_once
+from dpnotebook.privacy.opacus_contract import OpacusOptimizerContract
 from dpnotebook.privacy.sampled_batches import SampledBatches
 from dpnotebook.privacy.step_constants import PrivacyKnobs, StepConstants
-from dpnotebook.privacy import step_invariants as invariants  # each invariant of the step, in one place
 from dpnotebook.privacy.step_stats import StepStats, total_norms
 from dpnotebook.privacy.wrapped_optimizer import WrappedOptimizer
 

@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-
 from torch import nn
 
 from dpnotebook.privacy.noise import draw_noise, gaussian_noise, secure_normal, secure_uniform

@@ -36,7 +36,8 @@ torch.Size([])
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F

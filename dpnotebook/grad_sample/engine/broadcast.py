@@ -66,9 +66,10 @@ from __future__ import annotations
 
 import contextlib
 import weakref
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 from torch import Tensor, nn

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap

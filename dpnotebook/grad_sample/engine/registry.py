@@ -31,9 +31,8 @@ dpnotebook then averages each group of ``K`` per-row gradients itself.
 from __future__ import annotations
 
 import inspect
-from collections.abc import MutableMapping
+from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 from torch import Tensor, nn
 

@@ -31,8 +31,8 @@ used them. It then
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
-from typing import Callable
 
 import torch
 from torch import Tensor, nn

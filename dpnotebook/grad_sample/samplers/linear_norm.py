@@ -26,7 +26,6 @@ from typing import cast
 import torch
 from torch import Tensor, nn
 
-from dpnotebook.grad_sample.samplers.sample_rows import group_rows
 from dpnotebook.grad_sample.ghost.groups import (
     GhostCall,
     GhostGroup,
@@ -36,6 +35,7 @@ from dpnotebook.grad_sample.ghost.groups import (
     keep_rows,
     materialise,
 )
+from dpnotebook.grad_sample.ghost.registry import register_norm_sampler
 from dpnotebook.grad_sample.samplers.linear_map_norms import (
     embedding_sq_norms,
     embedding_weighted_sum,
@@ -43,7 +43,7 @@ from dpnotebook.grad_sample.samplers.linear_map_norms import (
     linear_strategy,
     linear_weighted_sum,
 )
-from dpnotebook.grad_sample.ghost.registry import register_norm_sampler
+from dpnotebook.grad_sample.samplers.sample_rows import group_rows
 from dpnotebook.layers.attention_units import InProjection
 
 

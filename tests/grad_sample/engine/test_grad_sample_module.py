@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import dpnotebook
-from dpnotebook.benchmarks.models import SampleConvNet
 from dpnotebook import GradSampleError, GradSampleModule, UnsupportedModuleError, register_grad_sampler
+from dpnotebook.benchmarks.models import SampleConvNet
 from dpnotebook.grad_sample import unregister_grad_sampler
 from dpnotebook.testing import reference_grad_samples
 

@@ -17,8 +17,8 @@ from torch import nn
 import dpnotebook
 from dpnotebook import GradSampleError
 from dpnotebook.benchmarks.models import SampleConvNet, SmallResNetGN, TextTransformer
-from dpnotebook.grad_sample.ghost.wrapper import GhostGradSampleModule
 from dpnotebook.grad_sample.fast.conv import _methods, conv_per_sample_grads
+from dpnotebook.grad_sample.ghost.wrapper import GhostGradSampleModule
 from dpnotebook.grad_sample.samplers.linear_map_norms import linear_sq_norms
 from dpnotebook.layers import DPGRU, DPLSTM, DPMultiheadAttention
 from dpnotebook.privacy.clipping import clip_and_sum, clip_factors, layer_thresholds
