@@ -212,7 +212,7 @@ class PLDAccountant(Accountant):
         interval = self.value_discretization_interval
         points = [pld_grid_points(sigma, q, interval) for sigma, q, _ in history]  # about 1 ms each
         single = max(points)
-        composed = sum(p * composition_widening(q, n) for p, (_, q, n) in zip(points, history))
+        composed = sum(p * composition_widening(q, n) for p, (_, q, n) in zip(points, history, strict=True))
         scale = max(1.0, single / self.MAX_POINTS, composed / self.MAX_COMPOSED_POINTS)
         if scale > 1.0:
             wider = interval * scale

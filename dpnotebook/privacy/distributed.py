@@ -174,7 +174,7 @@ class _AllReduceMixin(_DPOptimizerBase):
             for members in groups.values():
                 flat = _flatten_dense_tensors([tensors[i] for i in members])
                 dist.all_reduce(flat)
-                for i, t in zip(members, _unflatten_dense_tensors(flat, [tensors[i] for i in members])):
+                for i, t in zip(members, _unflatten_dense_tensors(flat, [tensors[i] for i in members]), strict=True):
                     reduced[i] = t
             dist.all_reduce(status)
         except RuntimeError as error:

@@ -21,6 +21,7 @@ calls, and norms do not add up.
 
 from __future__ import annotations
 
+import itertools
 from typing import cast
 
 import torch
@@ -147,7 +148,7 @@ def linear_settles(module: nn.Module, call: GhostCall, K: int) -> bool:
 
 def _disjoint(windows: list[tuple[int, int]]) -> bool:
     spans = sorted(windows)
-    return all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+    return all(a[1] <= b[0] for a, b in itertools.pairwise(spans))
 
 
 @register_norm_sampler(nn.Linear, InProjection, settles=linear_settles)
