@@ -786,7 +786,7 @@ class NotebookDriver:
             move(handle)
             changed: dict = {}
 
-            def follows() -> bool:
+            def follows(changed: dict = changed, before: dict = before) -> bool:  # bound: this move's
                 now = state()
                 changed.update(now=now, keys=[k for k in now if now[k] != before[k]])
                 return len(changed["keys"]) == len(now)

@@ -147,7 +147,7 @@ def test_accumulated_iterations_refuses_parameters_reached_by_different_passes()
     model[2].weight.grad_sample = None
     wrapped(batches()[1]).sum().backward()
     with pytest.raises(ValueError, match=r"inconsistent across parameters: \[1, 2\]"):
-        opt.accumulated_iterations
+        _ = opt.accumulated_iterations
 
 
 def test_the_flat_accessors_and_their_errors() -> None:

@@ -67,7 +67,7 @@ def check(model, *inputs, K=1, reduction="mean", C=None, clipping="flat", batch_
     scale = max(1.0, float(oracle.norms.max()) if oracle.norms.numel() else 1.0)
     torch.testing.assert_close(norms, oracle.norms, rtol=TOL, atol=TOL * scale)
     for n, s in zip(names, oracle.summed, strict=True):
-        torch.testing.assert_close(sums[n], s, rtol=TOL, atol=TOL * scale, msg=lambda m: f"{n}: {m}")
+        torch.testing.assert_close(sums[n], s, rtol=TOL, atol=TOL * scale, msg=lambda m, n=n: f"{n}: {m}")
     return wrapped
 
 

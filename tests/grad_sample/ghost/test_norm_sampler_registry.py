@@ -53,9 +53,10 @@ def test_a_registered_norm_sampler_keeps_the_bound_and_matches_the_definition(re
         * torch.tensor([1.0, 1e2, 1e4, 1.0, 1e-3]).repeat_interleave(K)[:, None]
     )
     y = torch.randn(5 * K, 2, dtype=torch.float64)
-    rows = lambda idx: (
-        torch.cat([torch.arange(i * K, i * K + K) for i in idx]).long() if len(idx) else torch.zeros(0).long()
-    )
+
+    def rows(idx: list[int]) -> Tensor:
+        return torch.cat([torch.arange(i * K, i * K + K) for i in idx]).long() if len(idx) else torch.zeros(0).long()
+
     report = audit_sensitivity(
         _model(),
         batch=lambda idx: (x[rows(idx)], y[rows(idx)]),
