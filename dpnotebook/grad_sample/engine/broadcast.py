@@ -471,7 +471,7 @@ def smallest_holder(op_path: str, param_paths: list[str]) -> str:
     """
     parts = [op_path.split(".")] + [p.split(".")[:-1] for p in param_paths]
     common = []
-    for level in zip(*parts, strict=True):
+    for level in zip(*parts, strict=False):  # the common prefix: it ends with the shortest path
         if any(x != level[0] for x in level):
             break
         common.append(level[0])
