@@ -168,7 +168,7 @@ def secure_steps(rank: int, world_size: int) -> list[torch.Tensor]:
         noise_multiplier=1.0,
         max_grad_norm=1.0,
     )
-    for _, (x, y) in zip(range(3), loader, strict=True):
+    for _, (x, y) in zip(range(3), loader, strict=False):  # the first three batches
         optimizer.zero_grad()
         F.cross_entropy(model(x), y).backward()
         optimizer.step()
