@@ -33,7 +33,8 @@ ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 lab: $(LAB_STAMP)
 	$(VENV)/bin/jupyter lab --notebook-dir=tutorials $(ALLOW_ROOT)
 
-# pyflakes rules (unused imports, undefined names) and the formatter, configured in pyproject.toml [tool.ruff];
+# ruff's rules (pyflakes, bugbear with zip(strict=), import order, pyupgrade, unused noqa; docs/getting-started.md,
+# "Lint and types") and the formatter, configured in pyproject.toml [tool.ruff];
 # the type checker over the whole package, configured in [tool.mypy] (its version pinned in constraints.txt)
 lint: $(STAMP)
 	$(PY) -m ruff check .

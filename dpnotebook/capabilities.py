@@ -14,8 +14,9 @@ if a mode ever returned wrong numbers (the tests assert that never happens).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
@@ -149,7 +150,7 @@ def _run(mode: str, build: Callable[[], tuple[nn.Module, tuple, dict]]) -> Cell:
         wrapped = wrap_model(model, mode, loss_reduction="sum", **kwargs)
         (wrapped(*inputs) * target).sum().backward()
         got = mode_result(wrapped, model)
-    except Exception as err:  # the refusal itself is what the table reports
+    except Exception as err:  # noqa: BLE001 - the refusal itself is what the table reports
         problems = getattr(err, "problems", None)
         reason = f"{problems[0].module_type}: {problems[0].fix}" if problems else str(err).splitlines()[0]
         return Cell("no", f"{type(err).__name__}: {reason}")

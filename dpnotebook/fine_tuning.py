@@ -37,7 +37,8 @@ from __future__ import annotations
 import copy
 import math
 import sys
-from typing import Any, Callable, cast
+from collections.abc import Callable
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F

@@ -32,7 +32,8 @@ from __future__ import annotations
 import copy
 import inspect
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from torch import Tensor, nn
 

@@ -21,7 +21,8 @@ ValueError: mode='hook' is unknown; choose one of ['ew', 'functorch', 'ghost', '
 from __future__ import annotations
 
 import importlib
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 from torch import nn
 

@@ -125,7 +125,7 @@ class FunctorchGradSampleModule(GradSampleModule):
         if not rows or not out_index:
             return []
         dims = output_batch_dims(module, args, kwargs, output, out_index, rows=rows, batch_dim=bd)
-        return [(i, -1 if leaves[i].dim() <= bd else d) for i, d in zip(out_index, dims) if d != bd]
+        return [(i, -1 if leaves[i].dim() <= bd else d) for i, d in zip(out_index, dims, strict=True) if d != bd]
 
 
 def _move_batch(output: Any, moves: list[tuple[int, int]], batch_dim: int, back: bool = False) -> Any:
@@ -160,5 +160,5 @@ def _ew(module: nn.Module, **kwargs: Any) -> nn.Module:
     return GradSampleModuleExpandedWeights(module, **kwargs)
 
 
-from dpnotebook.grad_sample.ghost import mode as ghost_mode  # noqa: E402,F401  (registers "ghost"; its wrapper is imported on first use)
 from dpnotebook.grad_sample.engine import gsm_no_op  # noqa: E402,F401  (registers Opacus' "no_op", unlisted)
+from dpnotebook.grad_sample.ghost import mode as ghost_mode  # noqa: E402,F401  (registers "ghost"; its wrapper is imported on first use)

@@ -22,7 +22,8 @@ everything but the optimizer (and a ``lambda``, which cannot be saved), so
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 __all__ = [
     "ExponentialNoise",

@@ -15,8 +15,9 @@ True
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Sequence, cast, overload
+from typing import TYPE_CHECKING, cast, overload
 
 import torch
 from torch import Tensor, nn
@@ -134,7 +135,7 @@ def reference_grad_samples(
     for r in range(rows):
         loss = loss_fn(model(*split(inputs, r)), target.narrow(bd, r, 1))
         grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
-        for (n, _), g in zip(named, grads):
+        for (n, _), g in zip(named, grads, strict=True):
             if g is not None:
                 out[n][r // K] += g / K
     return out

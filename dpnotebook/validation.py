@@ -19,8 +19,9 @@ repairs what it can.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable, TypeGuard, overload
+from typing import TypeGuard, overload
 
 import torch
 from torch import nn
@@ -52,7 +53,7 @@ class Problem:
 
 
 Check = Callable[[nn.Module], "tuple[str, str] | None"]
-_CHECKS: list[tuple[Check, "frozenset[str] | None"]] = []
+_CHECKS: list[tuple[Check, frozenset[str] | None]] = []
 
 
 @overload

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
 
 import nbformat
 import pytest
+import tomllib
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version

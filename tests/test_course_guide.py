@@ -1,6 +1,7 @@
 """docs/course-guide.md stays true of the tutorials: every notebook has its row with its exercise ids and
 its measured figures, the 90-minute lab fills exactly 90 minutes, and every lesson fits in its 90."""
 
+import itertools
 import re
 from pathlib import Path
 
@@ -54,7 +55,7 @@ def test_the_lab_fills_ninety_minutes_in_order() -> None:
     slots = [row[0] for row in _rows(_section("A 90-minute lab"))]
     bounds = [tuple(int(x) for x in re.split("[–-]", slot)) for slot in slots]
     assert bounds[0][0] == 0 and bounds[-1][1] == 90, slots
-    assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:])), f"the lab's slots leave gaps or overlap: {slots}"
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(bounds)), f"the lab's slots leave gaps or overlap: {slots}"
     covered = " ".join(row[1] for row in _rows(_section("A 90-minute lab")))
     assert "03b" in covered, "the lab must define DP and show an attack: 03b belongs in it (issue #29)"
 

@@ -61,8 +61,8 @@ from sphinx.application import Sphinx
 from sphinx.pycode import ModuleAnalyzer
 from sphinx.transforms.post_transforms import SphinxPostTransform
 from sphinx.util import logging
-from sphinx.util.logging import WarningStreamHandler
 from sphinx.util.docutils import SphinxDirective
+from sphinx.util.logging import WarningStreamHandler
 from sphinx.util.nodes import make_refnode, nested_parse_with_titles
 
 logger = logging.getLogger(__name__)
@@ -296,7 +296,7 @@ class CapabilitiesDirective(SphinxDirective):
     """``.. dpn-capabilities::``: run every feature in every mode now, and show the result."""
 
     def run(self) -> list[nodes.Node]:
-        from dpnotebook.capabilities import Cell, CapabilityRow, capability_markdown, capability_table
+        from dpnotebook.capabilities import CapabilityRow, Cell, capability_markdown, capability_table
 
         self.env.dpn_always_read = getattr(self.env, "dpn_always_read", set()) | {self.env.docname}
         rows = capability_table()

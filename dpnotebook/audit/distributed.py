@@ -16,7 +16,6 @@ ratios stay below 1.
 
 from __future__ import annotations
 
-
 import torch
 import torch.distributed as dist
 from torch import nn

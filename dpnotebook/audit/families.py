@@ -22,8 +22,8 @@ the time-major layout (``batch_first=False``) rows are in dim 1 of both.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn.functional as F

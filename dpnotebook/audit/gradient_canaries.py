@@ -44,7 +44,7 @@ more than ``C`` shows at once.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch

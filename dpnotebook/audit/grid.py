@@ -23,8 +23,8 @@ clipping scheduler inside ``BatchMemoryManager``) is audited per mode by
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Iterable, Iterator
 
 import torch
 

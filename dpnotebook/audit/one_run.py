@@ -26,8 +26,8 @@ tried) in :func:`audit_one_run`. jax_privacy's ``auditing`` module computes the 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 from scipy.optimize import brentq
@@ -148,7 +148,7 @@ def worst_case_correct(scores: np.ndarray, included: np.ndarray, k_in: int, k_ou
     starts = np.flatnonzero(np.r_[True, ranked[1:] != ranked[:-1]])
     ends = np.r_[starts[1:], m]
     correct = 0
-    for lo, hi in zip(starts.tolist(), ends.tolist()):
+    for lo, hi in zip(starts.tolist(), ends.tolist(), strict=True):
         a = int(members[lo:hi].sum())  # members in this tie group
         b = (hi - lo) - a  # non-members
         j_in = max(0, min(hi, k_in) - lo)  # slots of the "in" cut inside the group

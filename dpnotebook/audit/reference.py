@@ -19,7 +19,8 @@ gap between ``S(D)`` and ``S_ref(D)`` (:attr:`~dpnotebook.audit.sensitivity.Sens
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -70,7 +71,7 @@ def reference_clipped_sum(
     for i in range(num_samples):
         value = loss(plain, _to64(batch([i])))
         grads = torch.autograd.grad(value, params, allow_unused=True)
-        for rows, p, g in zip(per_sample, params, grads):
+        for rows, p, g in zip(per_sample, params, grads, strict=True):
             g = torch.zeros_like(p) if g is None else g
             rows.append(g / K if loss_reduction == "sum" else g)
     if not num_samples:

@@ -39,8 +39,9 @@ sample  ||S(D) - S(D\\{s})|| / C  parameter moved most
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -109,7 +110,7 @@ class SensitivityReport:
         s = self.setting
         head = " ".join(f"{k}={v}" for k, v in s.items())
         lines = [f"sensitivity audit: {head}", "sample  ||S(D) - S(D\\{s})|| / C  parameter moved most"]
-        for i, (r, name) in enumerate(zip(self.ratios, self.movers)):
+        for i, (r, name) in enumerate(zip(self.ratios, self.movers, strict=True)):
             mark = "  <- over C" if not r <= 1 + TOLERANCE else ""
             lines.append(f"{i:>6}  {r:>22.6f}  {name}{mark}")
         if self.nonfinite:
@@ -189,7 +190,7 @@ def measure(
     report.nonfinite = not all(bool(torch.isfinite(s).all()) for s in full)
     for s in everyone:
         without = clipped_sum(wrapped, optimizer, loss, batches_of([i for i in everyone if i != s]))
-        parts = [(a - b).norm() for a, b in zip(full, without)]
+        parts = [(a - b).norm() for a, b in zip(full, without, strict=True)]
         total = float(torch.stack(parts).norm()) if parts else 0.0
         finite = math.isfinite(total)
         report.nonfinite |= not finite
@@ -199,7 +200,7 @@ def measure(
     as_wrapper(wrapped).to_standard_module()
     if reference:
         ref = reference_clipped_sum(model, loss=loss, num_samples=num_samples, **definition)
-        gap = torch.stack([(a - b).norm() for a, b in zip(full, ref)]).norm() if ref else torch.tensor(0.0)
+        gap = torch.stack([(a - b).norm() for a, b in zip(full, ref, strict=True)]).norm() if ref else torch.tensor(0.0)
         report.reference_gap = float(gap) / C
     return report
 

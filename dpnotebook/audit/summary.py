@@ -10,7 +10,7 @@ hooks          12       12        0       0  1.000000
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Iterable
+from collections.abc import Iterable
 
 from dpnotebook.audit.grid import Outcome, matches
 

@@ -15,8 +15,9 @@ with ``torch.nn`` or with Opacus' own DP layers.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -133,7 +134,7 @@ class SmallResNetGN(nn.Module):
         super().__init__()
         self.stem = nn.Sequential(nn.Conv2d(3, widths[0], 3, 1, 1, bias=False), nn.GroupNorm(8, widths[0]), nn.ReLU())
         blocks, c = [], widths[0]
-        for w, s in zip(widths, (1, 2, 2)):
+        for w, s in zip(widths, (1, 2, 2), strict=True):
             blocks.append(BasicBlock(c, w, s))
             c = w
         self.blocks = nn.Sequential(*blocks)

@@ -7,7 +7,7 @@ never depends on it.
 from __future__ import annotations
 
 import warnings
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F

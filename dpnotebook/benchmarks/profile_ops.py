@@ -28,8 +28,9 @@ does to the number of launches.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from torch.profiler import ProfilerActivity, profile
 

@@ -14,7 +14,7 @@ even when the ``nonprivate`` row, measured in another process, says 143.6 ms.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 Row = dict
 

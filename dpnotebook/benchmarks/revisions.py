@@ -39,9 +39,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -63,7 +63,7 @@ def compare(a_ms: list[float], b_ms: list[float]) -> dict[str, float | bool]:
     """
     if not a_ms or len(a_ms) != len(b_ms):
         raise ValueError(f"need one time per round on each side, got {len(a_ms)} and {len(b_ms)}")
-    per_round = [b / a for a, b in zip(a_ms, b_ms)]
+    per_round = [b / a for a, b in zip(a_ms, b_ms, strict=True)]
     lo, hi = min(per_round), max(per_round)
     median_a, median_b = statistics.median(a_ms), statistics.median(b_ms)
     return {

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -62,7 +62,7 @@ def compare(
         wrapped = GradSampleModule(DPLSTM(input_size, hidden, num_layers, batch_first=True))
         runs["DPLSTM (hooks, per-sample grads)"] = _fwd_bwd(wrapped, x)
     best = {name: float("inf") for name in runs}
-    for name, run in runs.items():
+    for run in runs.values():
         run()  # warm-up
     for _ in range(repeats):
         for name, run in runs.items():

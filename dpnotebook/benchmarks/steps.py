@@ -18,7 +18,8 @@ A configuration is named by what it runs:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, cast
+from collections.abc import Callable
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.nn.functional as F
@@ -125,9 +126,9 @@ def _naive(model: nn.Module, x: Tensor, y: Tensor, batch: int, K: int) -> Step:
             grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
             norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
             factor = (CLIP / (norm + 1e-6)).clamp(max=1.0)
-            for t, g in zip(total, grads):
+            for t, g in zip(total, grads, strict=True):
                 t.add_(g * factor)
-        for p, t in zip(params, total):
+        for p, t in zip(params, total, strict=True):
             p.grad = (t + torch.randn_like(t) * (SIGMA * CLIP)) / batch
         opt.step()
 

@@ -18,8 +18,8 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
-from typing import Callable, Iterable
 
 import torch
 

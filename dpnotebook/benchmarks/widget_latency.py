@@ -31,7 +31,8 @@ import json
 import os
 import statistics
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import matplotlib
 

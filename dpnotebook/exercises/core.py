@@ -45,9 +45,10 @@ from __future__ import annotations
 import enum
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import import_module
-from typing import Any, Callable
+from typing import Any
 
 ENVIRONMENT_VARIABLE = "DPNOTEBOOK_EXERCISES"
 """Set to ``"solutions"`` to make every verdict but *solved* raise ``AssertionError``."""
@@ -247,7 +248,7 @@ def judge(exercise_id: str, answer: Any, **context: Any) -> Verdict:
         return Verdict(exercise_id, Status.WRONG, err.hint)
     except NotYetSolved as err:
         return Verdict(exercise_id, Status.NOT_YET, err.hint)
-    except Exception as err:  # the student's code raised: show them what, never a traceback
+    except Exception as err:  # noqa: BLE001 - the student's code raised: show them what, never a traceback
         if _not_implemented(err):
             return Verdict(exercise_id, Status.NOT_YET, registered.todo)
         first_line = (str(err).strip().splitlines() or [""])[0]

@@ -17,7 +17,7 @@ watches every tensor the answer creates: one as large as the ``B`` gradients mea
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor

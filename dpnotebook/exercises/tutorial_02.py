@@ -13,7 +13,8 @@ True
 
 from __future__ import annotations
 
-from typing import Callable, cast
+from collections.abc import Callable
+from typing import cast
 
 import torch
 from torch import Tensor, nn

@@ -11,7 +11,7 @@ per-sample gradients and on generated ones, with several fractions, and compares
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 from torch import Tensor

@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from dpnotebook.exercises.core import ExerciseFailed, register_check, require
 

@@ -18,7 +18,7 @@ expected_batch_size, generator)`` is compared with the library's per-layer
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -44,7 +44,7 @@ def _grads(big: int = 0) -> list[Tensor]:
 
 
 def _close(got: list[Tensor], want: list[Tensor]) -> bool:
-    return all(torch.allclose(a.to(torch.float64), b, rtol=1e-6, atol=1e-9) for a, b in zip(got, want))
+    return all(torch.allclose(a.to(torch.float64), b, rtol=1e-6, atol=1e-9) for a, b in zip(got, want, strict=True))
 
 
 def _call(fn: Callable, grads: list[Tensor], sigma: float, seed: int) -> list[Tensor]:
@@ -61,7 +61,7 @@ def _call(fn: Callable, grads: list[Tensor], sigma: float, seed: int) -> list[Te
         f"return a list with one tensor per parameter ({len(grads)} here), in the order of grads",
     )
     assert out is not None  # require raised otherwise
-    for o, g in zip(out, grads):
+    for o, g in zip(out, grads, strict=True):
         require(
             isinstance(o, Tensor) and tuple(o.shape) == tuple(g.shape[1:]),
             f"each result must have the parameter's shape {tuple(g.shape[1:])}, without the batch dim "

@@ -21,7 +21,8 @@ what the student should conclude.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from dpnotebook.exercises.core import ExerciseFailed, NotYetSolved, is_stub, register_check, require
 from dpnotebook.privacy.calibration import get_noise_multiplier

@@ -23,8 +23,8 @@ True
 
 from __future__ import annotations
 
-from typing import Any, Callable
-
+from collections.abc import Callable
+from typing import Any
 
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
@@ -47,7 +47,7 @@ def make_functional(
         values = tuple(p.detach() for p in values)
 
     def fmodel(new_params: tuple[Tensor, ...], *args: Any, **kwargs: Any) -> Any:
-        return functional_call(mod, dict(zip(names, new_params)), args, kwargs)
+        return functional_call(mod, dict(zip(names, new_params, strict=True)), args, kwargs)
 
     return fmodel, values
 
@@ -84,4 +84,4 @@ def ft_compute_per_sample_gradient(
     if x.is_floating_point() and x.dtype != backprops.dtype:
         x = x.to(backprops.dtype)
     compute: Callable[..., tuple[Tensor, ...]] = getattr(layer, "ft_compute_sample_grad")  # set by prepare_layer
-    return dict(zip(params, compute(tuple(params), x, backprops)))
+    return dict(zip(params, compute(tuple(params), x, backprops), strict=True))

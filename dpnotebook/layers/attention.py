@@ -170,7 +170,7 @@ class DPMultiheadAttention(nn.Module):
         if name in shared and "_units_made" in self.__dict__:
             reshare(self, self._links())  # a parameter object was replaced (e.g. load_state_dict(assign=True))
 
-    def _apply(self, fn: Any, recurse: bool = True) -> "DPMultiheadAttention":
+    def _apply(self, fn: Any, recurse: bool = True) -> DPMultiheadAttention:
         out = super()._apply(fn, recurse)
         reshare(self, self._links())
         return out
@@ -182,7 +182,7 @@ class DPMultiheadAttention(nn.Module):
         rows = [(0, E), (E, 2 * E), (2 * E, 3 * E)]
         if not self._qkv_same_embed_dim:
             units = (self.q_in_proj, self.k_in_proj, self.v_in_proj)
-            return tuple(u(x, (0, E), r) for u, x, r in zip(units, (query, key, value), rows))
+            return tuple(u(x, (0, E), r) for u, x, r in zip(units, (query, key, value), rows, strict=True))
         if query is key and key is value:
             return self.in_proj(query, (0, 3 * E), (0, 3 * E)).chunk(3, -1)
         q = self.in_proj(query, rows[0], rows[0])

@@ -90,7 +90,7 @@ class LoRALinear(nn.Module):
     @classmethod
     def from_linear(
         cls, linear: nn.Linear, *, rank: int, alpha: float | None = None, generator: torch.Generator | None = None
-    ) -> "LoRALinear":
+    ) -> LoRALinear:
         """A ``LoRALinear`` whose frozen weight and bias are copies of ``linear``'s (its output is ``linear``'s).
 
         Raises:

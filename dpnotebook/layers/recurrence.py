@@ -14,7 +14,7 @@ operations follow PyTorch's own CPU kernels, so outputs agree to rounding.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -98,7 +98,7 @@ def run_direction(
     for t in order:
         new = step(inputs[t], state, w_hh_t, b_hh)
         if mask is not None:
-            new = tuple(torch.where(mask[t], n, s) for n, s in zip(new, state))
+            new = tuple(torch.where(mask[t], n, s) for n, s in zip(new, state, strict=True))
         state = new
         hidden[t] = state[0]
     return torch.stack(hidden, 1).transpose(0, 1), state

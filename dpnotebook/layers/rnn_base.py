@@ -112,14 +112,15 @@ class DPRNNBase(nn.Module):
 
     def _links(self) -> list[tuple[GateProjection, dict[str, str]]]:
         slots = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
-        return [(self._unit(k), dict(zip(slots, names))) for k, names in enumerate(self._all_weights)]
+        # strict=False: without biases a unit has only the two weights, and the bias slots stay unlinked
+        return [(self._unit(k), dict(zip(slots, names, strict=False))) for k, names in enumerate(self._all_weights)]
 
     def __setattr__(self, name: str, value: Any) -> None:
         super().__setattr__(name, value)
         if name in self.__dict__.get("_flat_weights_names", ()) and "gate_projections" in self._modules:
             reshare(self, self._links())  # a parameter object was replaced
 
-    def _apply(self, fn: Any, recurse: bool = True) -> "DPRNNBase":
+    def _apply(self, fn: Any, recurse: bool = True) -> DPRNNBase:
         out = super()._apply(fn, recurse)
         reshare(self, self._links())
         return out
@@ -209,7 +210,7 @@ class DPRNNBase(nn.Module):
                 states, final = run_direction(self.mode, gx, start, unit.weight_hh, b_hh, reverse=d == 1, mask=mask)
                 record.h0, record.states = start[0].detach(), states.detach().transpose(0, 1)  # [B, T, H]
                 outputs.append(states)
-                for kept, f in zip(finals, final):
+                for kept, f in zip(finals, final, strict=True):
                     kept.append(f)
             x = outputs[0] if D == 1 else torch.cat(outputs, 2)
             if self.dropout and self.training and layer < self.num_layers - 1:

@@ -14,9 +14,9 @@ True
 from __future__ import annotations
 
 from dpnotebook.errors import UnsupportedOptionError
+from dpnotebook.optimizers.optimizer import DPOptimizer
 from dpnotebook.privacy.distributed import DistributedDPOptimizer
 from dpnotebook.privacy.ghost_optimizer import GhostDPOptimizer
-from dpnotebook.optimizers.optimizer import DPOptimizer
 
 __all__ = [
     "DPOptimizer",

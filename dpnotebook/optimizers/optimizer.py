@@ -59,15 +59,15 @@ class DPOptimizer(_CoreDPOptimizer):
         """``p.grad = p.summed_grad + N(0, (noise_multiplier * max_grad_norm)^2)``; override for other noise."""
         std = self.noise_multiplier * self.max_grad_norm
         params = self.params
-        for p, noise in zip(params, draw_noise(params, std, self.generator, self.secure_mode)):
+        for p, noise in zip(params, draw_noise(params, std, self.generator, self.secure_mode), strict=True):
             p.grad = _summed_grad(p) + noise
 
     def _noisy_sum(
         self, summed: list[Tensor], params: list[nn.Parameter], std: float
     ) -> tuple[list[Tensor], float, float]:
-        for p, s in zip(params, summed):
+        for p, s in zip(params, summed, strict=True):
             setattr(p, "summed_grad", s.detach())  # (see _summed_grad); clip_and_accumulate set it too
         self.add_noise()
         grads = [cast(Tensor, p.grad) for p in params]  # add_noise's contract: it sets every p.grad
-        noise_norm = total_norm([g - s for g, s in zip(grads, summed)])
+        noise_norm = total_norm([g - s for g, s in zip(grads, summed, strict=True)])
         return grads, total_norm(summed), noise_norm

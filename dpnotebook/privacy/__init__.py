@@ -33,6 +33,7 @@ from dpnotebook.privacy.accounting import (
     compute_epsilon,
     create_accountant,
 )
+from dpnotebook.privacy.augmult import AugmultCollate, augmult_data_loader
 from dpnotebook.privacy.batch_memory import BatchMemoryManager
 from dpnotebook.privacy.calibration import get_noise_multiplier
 from dpnotebook.privacy.clipping import (
@@ -44,7 +45,6 @@ from dpnotebook.privacy.clipping import (
     per_layer_norms,
     per_sample_norms,
 )
-from dpnotebook.privacy.augmult import AugmultCollate, augmult_data_loader
 from dpnotebook.privacy.data_loader import DPDataLoader, PoissonBatchSampler, split_batch
 from dpnotebook.privacy.distributed_sampler import DistributedDPDataLoader  # from_data_loader(distributed=True)
 from dpnotebook.privacy.engine import PrivacyEngine, unwrap_model

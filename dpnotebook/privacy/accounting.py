@@ -32,7 +32,8 @@ import contextlib
 import functools
 import logging
 import warnings
-from typing import Any, Callable, ClassVar, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any, ClassVar
 
 import dp_accounting
 
@@ -211,7 +212,7 @@ class PLDAccountant(Accountant):
         interval = self.value_discretization_interval
         points = [pld_grid_points(sigma, q, interval) for sigma, q, _ in history]  # about 1 ms each
         single = max(points)
-        composed = sum(p * composition_widening(q, n) for p, (_, q, n) in zip(points, history))
+        composed = sum(p * composition_widening(q, n) for p, (_, q, n) in zip(points, history, strict=True))
         scale = max(1.0, single / self.MAX_POINTS, composed / self.MAX_COMPOSED_POINTS)
         if scale > 1.0:
             wider = interval * scale

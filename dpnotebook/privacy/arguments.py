@@ -15,7 +15,8 @@ from __future__ import annotations
 import math
 import numbers
 import warnings
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 __all__ = [
     "check_noise_multiplier",

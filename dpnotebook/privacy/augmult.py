@@ -17,7 +17,8 @@ while the model sees ``B*K`` rows.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset

@@ -28,15 +28,16 @@ on the last piece adds the noise once and updates the model.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from types import TracebackType
-from typing import Any, Iterator
+from typing import Any
 
 from torch.utils.data import DataLoader
 
+import dpnotebook.privacy.optimizer
 from dpnotebook.privacy.arguments import check_positive_int
 from dpnotebook.privacy.augmult import loader_k
 from dpnotebook.privacy.data_loader import split_batch
-import dpnotebook.privacy.optimizer
 from dpnotebook.privacy.optimizer import DPOptimizer
 
 __all__ = ["BatchMemoryManager"]

@@ -18,7 +18,7 @@ It is for comparison only: report the tighter ε.
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from collections.abc import Iterable
 
 
 def subsampled_gaussian_rdp(noise_multiplier: float, sample_rate: float, alpha: int) -> float:

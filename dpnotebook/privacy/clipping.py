@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -222,9 +222,11 @@ def clip_and_sum(
         summed = [torch.tensordot(factors.to(g.dtype), g, dims=1) for g in grads]
     else:
         safe = layer_norms if finite is None else torch.where(finite, layer_norms, norms)
-        factors = torch.stack([clip_factors(n, c) for n, c in zip(safe, layer_bound_list(bounds, len(grads)))])
+        factors = torch.stack(
+            [clip_factors(n, c) for n, c in zip(safe, layer_bound_list(bounds, len(grads)), strict=True)]
+        )
         clipped = (factors < 1).any(dim=0)
-        summed = [torch.tensordot(f.to(g.dtype), g, dims=1) for f, g in zip(factors, grads)]
+        summed = [torch.tensordot(f.to(g.dtype), g, dims=1) for f, g in zip(factors, grads, strict=True)]
     fraction = int(clipped.sum()) / clipped.numel() if clipped.numel() else 0.0
     return ClipResult(
         summed=summed,

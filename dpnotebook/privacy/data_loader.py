@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import warnings
 from collections import deque
-from typing import Any, Callable, Iterator, Mapping, Sized, cast
+from collections.abc import Callable, Iterator, Mapping, Sized
+from typing import Any, cast
 
 import torch
 from torch import Tensor

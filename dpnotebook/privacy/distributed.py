@@ -36,8 +36,9 @@ False
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Iterator, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.distributed as dist
@@ -45,8 +46,8 @@ from torch import Tensor, nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.nn.parallel import DistributedDataParallel
 
-from dpnotebook.privacy.noise import draw_noise
 from dpnotebook.privacy.ghost_optimizer import GhostDPOptimizer
+from dpnotebook.privacy.noise import draw_noise
 from dpnotebook.privacy.optimizer import DPOptimizer
 from dpnotebook.privacy.step_stats import total_norm
 
@@ -173,7 +174,7 @@ class _AllReduceMixin(_DPOptimizerBase):
             for members in groups.values():
                 flat = _flatten_dense_tensors([tensors[i] for i in members])
                 dist.all_reduce(flat)
-                for i, t in zip(members, _unflatten_dense_tensors(flat, [tensors[i] for i in members])):
+                for i, t in zip(members, _unflatten_dense_tensors(flat, [tensors[i] for i in members]), strict=True):
                     reduced[i] = t
             dist.all_reduce(status)
         except RuntimeError as error:

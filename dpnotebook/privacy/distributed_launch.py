@@ -18,8 +18,9 @@ import socket
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -75,7 +76,7 @@ def _rank_main(
             timeout=datetime.timedelta(seconds=timeout_s),
         )
         outcome.value = fn(rank, world_size, *args)
-    except BaseException as error:  # reported to the caller, who decides
+    except BaseException as error:  # noqa: BLE001 - reported to the caller, who decides
         outcome.error = f"{type(error).__name__}: {error}"
         outcome.traceback = traceback.format_exc()
     finally:

@@ -31,7 +31,8 @@ How the uniforms are drawn:
 
 from __future__ import annotations
 
-from typing import Iterator, cast
+from collections.abc import Iterator
+from typing import cast
 
 import torch
 import torch.distributed as dist
@@ -129,7 +130,7 @@ class DistributedDPDataLoader(DPDataLoader):
 
     batch_sampler_class = DistributedPoissonBatchSampler
 
-    def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003 - DPDataLoader's
+    def __init__(self, *args, **kwargs) -> None:  # *args, **kwargs: DPDataLoader's
         super().__init__(*args, **kwargs)
         # DPDataLoader built its batch sampler from batch_sampler_class
         sampler = cast(DistributedPoissonBatchSampler, self.batch_sampler)

@@ -17,7 +17,8 @@ rather than by counting, which batch the samples of an optimizer step came from.
 from __future__ import annotations
 
 import itertools
-from typing import Any, Mapping, NamedTuple
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 from torch import Tensor
 

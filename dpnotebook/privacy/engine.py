@@ -21,7 +21,8 @@ It is Opacus' API: an Opacus script changes only its import.
 
 from __future__ import annotations
 
-from typing import Any, Sized, cast
+from collections.abc import Sized
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -30,19 +31,17 @@ from torch.utils.data import DataLoader
 
 from dpnotebook.grad_sample.engine.module import check_k
 from dpnotebook.modes import wrap_model as wrap_in_mode
+from dpnotebook.privacy import engine_compat
 from dpnotebook.privacy.accounting import create_accountant
-from dpnotebook.privacy.calibration import get_noise_multiplier, warn_if_noise_drowns_signal
 from dpnotebook.privacy.arguments import (
     check_choice,
     check_delta,
     check_noise_multiplier,
 )
-from dpnotebook.privacy.clipping import CLIPPING_MODES
 from dpnotebook.privacy.augmult import loader_k
+from dpnotebook.privacy.calibration import get_noise_multiplier, warn_if_noise_drowns_signal
+from dpnotebook.privacy.clipping import CLIPPING_MODES
 from dpnotebook.privacy.data_loader import DPDataLoader
-from dpnotebook.privacy.layer_bounds import check_layer_bounds
-from dpnotebook.privacy.replaced_sampling import warn_replaced_sampling
-from dpnotebook.privacy import engine_compat
 from dpnotebook.privacy.engine_checkpoints import EngineCheckpoints
 from dpnotebook.privacy.engine_inputs import (
     check_optimizer_params,
@@ -52,7 +51,9 @@ from dpnotebook.privacy.engine_inputs import (
     warn_not_poisson,
 )
 from dpnotebook.privacy.engine_optimizer import private_optimizer
+from dpnotebook.privacy.layer_bounds import check_layer_bounds
 from dpnotebook.privacy.optimizer import LOSS_REDUCTIONS, DPOptimizer
+from dpnotebook.privacy.replaced_sampling import warn_replaced_sampling
 from dpnotebook.privacy.step_invariants import check_unowned
 
 __all__ = ["PrivacyEngine", "unwrap_model", "is_wrapped", "sample_rate_of"]

@@ -83,8 +83,8 @@ class GhostDPOptimizer(DPOptimizer):
             clipped = int((factors < 1).sum())
         else:
             bounds = layer_bound_list(self.max_grad_norms or self.max_grad_norm, len(params))
-            factors = torch.stack([clip_factors(n, c) for n, c in zip(layer_sq.sqrt(), bounds)])
-            weights = dict(zip(params, factors))
+            factors = torch.stack([clip_factors(n, c) for n, c in zip(layer_sq.sqrt(), bounds, strict=True)])
+            weights = dict(zip(params, factors, strict=True))
             clipped = int((factors < 1).any(0).sum())
         sums = model.weighted_sums(weights)
         return [sums[p] if p in sums else torch.zeros_like(p) for p in params], norms, clipped

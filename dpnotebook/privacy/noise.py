@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 import os
 import warnings
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor

@@ -27,7 +27,8 @@ False
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from torch import Tensor, nn
 

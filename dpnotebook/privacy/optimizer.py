@@ -33,7 +33,8 @@ piece, adds it to the running sum and frees its per-sample gradients. The next
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -41,14 +42,14 @@ from torch.optim import Optimizer
 
 from dpnotebook.grad_sample.engine.accumulation import grad_sample_rows  # p.grad_sample, tensor or list
 from dpnotebook.grad_sample.engine.module import LOSS_REDUCTIONS  # one definition for wrappers and optimizers
+from dpnotebook.privacy import step_invariants as invariants  # each invariant of the step, in one place
 from dpnotebook.privacy.arguments import check_choice, check_positive_number
 from dpnotebook.privacy.clipping import CLIPPING_MODES, clip_and_sum
-from dpnotebook.privacy.opacus_contract import OpacusOptimizerContract
 from dpnotebook.privacy.layer_bounds import check_layer_bounds
 from dpnotebook.privacy.noise import draw_noise, warn_insecure_noise_once
+from dpnotebook.privacy.opacus_contract import OpacusOptimizerContract
 from dpnotebook.privacy.sampled_batches import SampledBatches
 from dpnotebook.privacy.step_constants import PrivacyKnobs, StepConstants
-from dpnotebook.privacy import step_invariants as invariants  # each invariant of the step, in one place
 from dpnotebook.privacy.step_stats import StepStats, total_norms
 from dpnotebook.privacy.wrapped_optimizer import WrappedOptimizer
 
@@ -151,7 +152,7 @@ class DPOptimizer(PrivacyKnobs, OpacusOptimizerContract, WrappedOptimizer):
                 )
             return None
         rows = present[0].shape[0]
-        return [g if g is not None else p.new_zeros((rows, *p.shape)) for p, g in zip(params, found)]
+        return [g if g is not None else p.new_zeros((rows, *p.shape)) for p, g in zip(params, found, strict=True)]
 
     def _clip_and_sum(self) -> tuple[list[Tensor], Tensor, int] | None:
         """``(clipped sums in self.params order, per-sample norms, number clipped)``, or ``None`` for no samples."""
@@ -187,10 +188,12 @@ class DPOptimizer(PrivacyKnobs, OpacusOptimizerContract, WrappedOptimizer):
         self._constants = constants  # read at the first piece clipped without an error
         if result is not None:
             summed, norms, clipped = result
-            self._summed = summed if self._summed is None else [s + r for s, r in zip(self._summed, summed)]
+            self._summed = (
+                summed if self._summed is None else [s + r for s, r in zip(self._summed, summed, strict=True)]
+            )
             self._norms.append(norms.detach())
             self._num_clipped += clipped
-            for p, s in zip(params, self._summed):
+            for p, s in zip(params, self._summed, strict=True):
                 setattr(p, "summed_grad", s.detach())  # Opacus' attribute; torch's Parameter does not declare it
         self._virtual_steps += 1
         self._kept_for_next = False
@@ -231,7 +234,7 @@ class DPOptimizer(PrivacyKnobs, OpacusOptimizerContract, WrappedOptimizer):
         noises, signal_norm, noise_norm = self._noisy_sum(summed, params, std)
         if self.loss_reduction == "mean":
             torch._foreach_div_(noises, float(self.expected_batch_size * passes))  # as Opacus' scale_grad
-        for p, grad in zip(params, noises):
+        for p, grad in zip(params, noises, strict=True):
             p.grad = grad
         invariants.mark_noised(noises)
         self.last_step_stats = StepStats.of_batch(

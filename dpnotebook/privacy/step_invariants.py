@@ -36,7 +36,8 @@ from __future__ import annotations
 import functools
 import gc
 import weakref
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from torch import Tensor, nn
 

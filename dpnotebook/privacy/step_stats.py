@@ -64,7 +64,7 @@ class StepStats:
         clipped_sum_norm: float,
         noise_norm: float,
         virtual_steps: int,
-    ) -> "StepStats":
+    ) -> StepStats:
         """The statistics of a logical batch from the per-sample norms of its physical pieces.
 
         Args:

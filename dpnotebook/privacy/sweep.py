@@ -33,8 +33,8 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Hashable, Iterable, Sequence
 
 import torch
 import torch.nn.functional as F

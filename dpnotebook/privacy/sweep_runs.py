@@ -68,7 +68,7 @@ class RunSetting:
         """Whether the run clips and adds noise."""
         return self.epsilon is not None or self.noise_multiplier is not None
 
-    def with_(self, **changes: Any) -> "RunSetting":
+    def with_(self, **changes: Any) -> RunSetting:
         """A copy with some fields changed."""
         return replace(self, **changes)
 

@@ -19,7 +19,8 @@ so the non-private baseline runs the very same code.
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn

@@ -28,7 +28,7 @@ Identity()
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from torch import nn
 

@@ -14,7 +14,8 @@ running loop (scripts, tests) or with ``delay=0`` the call runs at once.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["Debouncer"]
 

@@ -18,7 +18,8 @@ import base64
 import functools
 import html
 import traceback
-from typing import Any, Callable, Generic, TypeVar
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
 
 import ipywidgets
 import traitlets

@@ -15,7 +15,8 @@ dpnotebook.widgets.WidgetValueError: max_grad_norm=0.0 is invalid: it must be a 
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Sequence, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import traitlets
 

@@ -32,7 +32,9 @@ def _copy(x: Tensor, k: int, kind: str, strength: float, seed: int) -> Tensor:
     # shift: roll each image by a random whole number of pixels in the last two dims
     s = int(round(strength))
     shifts = torch.randint(-s, s + 1, (x.shape[0], 2), generator=gen)
-    return torch.stack([torch.roll(img, (int(a), int(b)), dims=(-2, -1)) for img, (a, b) in zip(x, shifts)])
+    return torch.stack(
+        [torch.roll(img, (int(a), int(b)), dims=(-2, -1)) for img, (a, b) in zip(x, shifts, strict=True)]
+    )
 
 
 def augment_copies(x: Tensor, K: int, *, kind: str = "noise", strength: float = 0.5, seed: int = 0) -> Tensor:

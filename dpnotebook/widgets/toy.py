@@ -13,8 +13,8 @@ torch.Size([8, 1, 2])
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import torch
 from torch import Tensor, nn

@@ -13,8 +13,8 @@ from torch import Tensor, nn
 
 import dpnotebook
 from dpnotebook.audit import audit_sensitivity
-from dpnotebook.audit.grid import GridPoint, expected_refusal, grid, matches, run_point
 from dpnotebook.audit.families import FAMILIES
+from dpnotebook.audit.grid import GridPoint, expected_refusal, grid, matches, run_point
 from dpnotebook.audit.records import RECORDS, audit_case
 from dpnotebook.audit.summary import summarise
 from dpnotebook.grad_sample.engine.registry import unregister_grad_sampler

@@ -57,7 +57,7 @@ def _clipped_sums(loop: str, weight_of_target: float, mode: str) -> list[torch.T
 def test_over_the_dp_loader_the_neighbour_moves_only_sampled_steps_by_at_most_c(mode: str) -> None:
     with_target = _clipped_sums("dp", 1.0, mode)
     without = _clipped_sums("dp", 0.0, mode)
-    ratios = [float((a - b).norm()) / C for a, b in zip(with_target, without)]
+    ratios = [float((a - b).norm()) / C for a, b in zip(with_target, without, strict=True)]
     assert max(ratios) <= 1 + 1e-9
     assert 0 < sum(r > 1e-12 for r in ratios) < len(ratios)  # the steps that sampled it, not all of them
 

@@ -202,4 +202,4 @@ def test_the_opacus_side_of_the_comparison_runs_on_every_model(name: str, what: 
     if kind == "gsm":  # Opacus' per-sample gradients sit on the parameters
         assert all(p.grad_sample.shape == (3, *p.shape) for p in model.parameters() if p.requires_grad)
     else:  # make_private's step moved every parameter
-        assert all(not torch.equal(b, p) for b, p in zip(before, model.parameters()))
+        assert all(not torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True))

@@ -28,9 +28,10 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 __all__ = [
     "REPO",
@@ -212,7 +213,7 @@ class LabServer:
             cmd.append("--allow-root")  # CI containers run as root
         self.work_dir.mkdir(parents=True, exist_ok=True)
         env = self._environment()
-        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self._log = open(self.log_path, "wb")  # closed in stop()
         self.proc = subprocess.Popen(
             cmd,
             cwd=self.root_dir,
@@ -785,7 +786,7 @@ class NotebookDriver:
             move(handle)
             changed: dict = {}
 
-            def follows() -> bool:
+            def follows(changed: dict = changed, before: dict = before) -> bool:  # bound: this move's
                 now = state()
                 changed.update(now=now, keys=[k for k in now if now[k] != before[k]])
                 return len(changed["keys"]) == len(now)

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
-
 from browserlab import CHROMIUM_ARGS, SKIPPED, TUTORIALS, LabServer, NotebookDriver, find_chromium, tutorial_bytes
 
 

@@ -25,10 +25,10 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from browserlab import SCREENSHOTS, NotebookDriver, find_widget_output, wait_for
-from conftest import browser_session, notebook7_missing
 from explorer_cells import FIGURES_JS, IMPORTS, SLIDER_CELL, explorer_cell_indices, explorer_notebook, figure_problem
+
+from conftest import browser_session, notebook7_missing
 
 RUN_TIMEOUT_S = 240
 

@@ -21,7 +21,6 @@ import os
 import sys
 
 import pytest
-
 from browserlab import SCREENSHOTS, TUTORIALS, NotebookDriver, find_widget_output, tutorial_bytes
 
 NOTEBOOKS = sorted(p.name for p in TUTORIALS.glob("*.ipynb"))

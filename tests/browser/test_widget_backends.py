@@ -16,7 +16,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from browserlab import SCREENSHOTS, NotebookDriver, find_widget_output, wait_for
 from explorer_cells import FIGURES_JS, IMPORTS, SLIDER_CELL, explorer_cell_indices, explorer_notebook, figure_problem
 

@@ -8,7 +8,7 @@ Single-threaded, as the privacy tests: the models are tiny.
 from __future__ import annotations
 
 import warnings
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 import torch

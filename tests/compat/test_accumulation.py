@@ -63,7 +63,7 @@ def test_grad_sample_accumulation_as_in_opacus(mode: str) -> None:
     assert d["frozen_without_grad_sample"] and o["frozen_without_grad_sample"]
     assert d["types"] == o["types"] == {"list"}
     assert d["shapes"] == o["shapes"] and all(len(s) == PASSES and s[0][0] == BATCH for s in d["shapes"])
-    for a, b in zip(d["parts"], o["parts"]):
+    for a, b in zip(d["parts"], o["parts"], strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
     reference = full_data_gradient()  # the per-sample gradients average to the full-data gradient
     torch.testing.assert_close(d["mean_rows"], reference, rtol=1e-3, atol=1e-5)

@@ -26,7 +26,7 @@ def test_the_loaders_seeded_generator_is_honoured() -> None:
     for name in LIBRARIES:
         DPDataLoader = lib(name, "data_loader").DPDataLoader
 
-        def seeded(seed: int) -> list[int]:
+        def seeded(seed: int, DPDataLoader: type = DPDataLoader) -> list[int]:  # this library's, bound now
             plain = DataLoader(dataset(), batch_size=16, generator=torch.Generator().manual_seed(seed))
             return batch_sizes(DPDataLoader.from_data_loader(plain))
 

@@ -55,7 +55,7 @@ def test_ghost_criterion_path_keeps_the_bound(family: str, K: int, loss_reductio
         case = audit_case(family, record)
         report = audit_sensitivity(
             case.model(True),
-            batch=lambda idx: case.batch(idx, K=K, batch_first=True),
+            batch=lambda idx, case=case: case.batch(idx, K=K, batch_first=True),
             loss=criterion_loss(loss_reduction),
             num_samples=case.num_samples,
             mode="ghost",

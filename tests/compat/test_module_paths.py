@@ -76,7 +76,7 @@ def test_make_functional_and_prepare_layer_match_opacus() -> None:
         functorch.prepare_layer(fresh)
         results[library] = (fmodel(params, x), fresh.ft_compute_sample_grad(params, x, backprops))
     torch.testing.assert_close(results["dpnotebook"][0], results["opacus"][0])
-    for ours, theirs in zip(results["dpnotebook"][1], results["opacus"][1]):
+    for ours, theirs in zip(results["dpnotebook"][1], results["opacus"][1], strict=True):
         assert ours.shape == theirs.shape
         torch.testing.assert_close(ours, theirs)
 
@@ -122,7 +122,7 @@ def no_op_script(library: str) -> tuple[nn.Module, list[torch.Size]]:
     for x, y in train_loader:
         optimizer.zero_grad()
         params = tuple(model._module.parameters())
-        for p, g in zip(params, per_sample(params, x, y)):
+        for p, g in zip(params, per_sample(params, x, y), strict=True):
             p.grad_sample = g.detach()
         shapes.append(params[0].grad_sample.shape)
         optimizer.step()

@@ -70,7 +70,7 @@ def test_registered_validator_and_fixer() -> None:
         validators = lib(name, "validators")
 
         @validators.register_module_validator(Doubler)
-        def no_doubler(module: nn.Module) -> list:
+        def no_doubler(module: nn.Module, name: str = name) -> list:  # this library's errors, bound now
             return [lib(name, "validators.errors").ShouldReplaceModuleError("no Doubler")]
 
         @validators.register_module_fixer([Doubler])

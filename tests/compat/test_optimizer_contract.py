@@ -122,7 +122,7 @@ def test_clip_and_accumulate_summed_grad_and_grad_sample_until_zero_grad_as_in_o
     runs = {name: _kept_state(name) for name in LIBRARIES}
     o, d = runs["opacus"], runs["dpnotebook"]
     for key in ("after_clip", "summed_after_step"):
-        for a, b in zip(d[key], o[key]):
+        for a, b in zip(d[key], o[key], strict=True):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
     assert d["grad_sample_after_step"] == o["grad_sample_after_step"] == [(16, 8, 5), (16, 8), (16, 3, 8), (16, 3)]
     assert d["cleared"] and o["cleared"]

@@ -72,7 +72,7 @@ def test_per_layer_bounds_keep_the_sensitivity(mode: str) -> None:
         bounds = [0.02 * (i + 1) for i, p in enumerate(model.parameters()) if p.requires_grad]
         report = audit_sensitivity(
             model,
-            batch=lambda idx: case.batch(idx, K=2, batch_first=True),
+            batch=lambda idx, case=case: case.batch(idx, K=2, batch_first=True),
             loss=case.loss(loss_reduction="mean", batch_first=True, K=2),
             num_samples=case.num_samples,
             mode=mode,

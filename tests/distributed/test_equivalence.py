@@ -41,14 +41,16 @@ def test_two_ranks_match_one_process_on_the_union(outcomes, index) -> None:
     ranks = [outcome.value[index] for outcome in outcomes]
     for rank in ranks:
         assert rank["steps"] == single["steps"] > 0  # the accountant counts logical steps once
-        for p, q in zip(rank["params"], ranks[0]["params"]):
+        for p, q in zip(rank["params"], ranks[0]["params"], strict=True):
             assert torch.equal(p, q)  # the ranks stay in sync, bit for bit
-    union = [a + b for a, b in zip(ranks[0]["sizes"], ranks[1]["sizes"])]
+    union = [a + b for a, b in zip(ranks[0]["sizes"], ranks[1]["sizes"], strict=True)]
     assert union == single["sizes"]  # the same examples were sampled
     assert ranks[0]["global"] == union[-1]
-    for p, q in zip(ranks[0]["params"], single["params"]):
+    for p, q in zip(ranks[0]["params"], single["params"], strict=True):
         torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-12)  # float64: only the summation order differs
-    moved = sum(float((p - q.detach()).abs().max()) for p, q in zip(ranks[0]["params"], workers.mlp().parameters()))
+    moved = sum(
+        float((p - q.detach()).abs().max()) for p, q in zip(ranks[0]["params"], workers.mlp().parameters(), strict=True)
+    )
     assert moved > 1e-3  # training did change the weights
 
 
@@ -61,5 +63,5 @@ def test_empty_batches_happened_on_some_rank(outcomes) -> None:
 
 def test_seeded_runs_repeat(outcomes) -> None:
     first, again = (outcomes[0].value[CASES.index(case)] for case in (CASES[-2], CASES[-1]))
-    for p, q in zip(first["params"], again["params"]):
+    for p, q in zip(first["params"], again["params"], strict=True):
         assert torch.equal(p, q)

@@ -71,8 +71,8 @@ def test_one_sample_moves_the_all_reduced_sum_by_at_most_C(results, index) -> No
 
 def test_secure_mode_runs_per_rank_and_the_ranks_agree(results) -> None:
     a, b = (r["secure_steps"] for r in results)
-    assert all(torch.equal(p, q) for p, q in zip(a, b))
-    assert not all(torch.equal(p, q.detach()) for p, q in zip(a, workers.mlp().parameters()))
+    assert all(torch.equal(p, q) for p, q in zip(a, b, strict=True))
+    assert not all(torch.equal(p, q.detach()) for p, q in zip(a, workers.mlp().parameters(), strict=True))
 
 
 def test_ddp_does_not_all_reduce_the_gradients_again(results) -> None:

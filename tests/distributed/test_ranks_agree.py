@@ -52,7 +52,7 @@ def test_a_mismatch_is_refused_on_every_rank_naming_ranks_and_values(outcomes, i
     if not named:  # the ranks agree: they train, report the same epsilon and stay identical
         assert [r["refused"] for r in results] == ["", ""]
         assert results[0]["epsilon"] == results[1]["epsilon"]
-        assert all(torch.equal(p, q) for p, q in zip(results[0]["params"], results[1]["params"]))
+        assert all(torch.equal(p, q) for p, q in zip(results[0]["params"], results[1]["params"], strict=True))
         return
     refusals = [r["refused"] for r in results]
     assert refusals[0] == refusals[1] and "called make_private with different settings" in refusals[0]

@@ -89,7 +89,7 @@ def test_a_group_of_one_is_one_process(group_of_one) -> None:
             opt.zero_grad()
             F.cross_entropy(m(x), y).backward()
             opt.step()
-    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), plain.parameters()))
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), plain.parameters(), strict=True))
     assert loader.expected_batch_size == loader.local_expected_batch_size == 6.0
 
 

@@ -38,7 +38,7 @@ def privatize(
                 torch.normal(0.0, std(sigma, C), s.shape, generator=generator, dtype=s.dtype) for s in reversed(summed)
             ][::-1]
         d = divisor(expected_batch_size, B)
-        return [s / d + z if noise_after else (s + z) / d for s, z in zip(summed, noises)]
+        return [s / d + z if noise_after else (s + z) / d for s, z in zip(summed, noises, strict=True)]
 
     return fn
 

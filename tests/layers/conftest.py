@@ -1,6 +1,6 @@
 """These tests use tiny tensors: one thread is faster, and immune to a machine busy with other work."""
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 import torch

@@ -116,7 +116,7 @@ def test_packed_gradients_match_native() -> None:
     for model in (native, dp):
         out, (h, c) = model(packed)
         (out.data.square().sum() + h.sum() + c.sum()).backward()
-    for (n, p), q in zip(native.named_parameters(), dp.parameters()):
+    for (n, p), q in zip(native.named_parameters(), dp.parameters(), strict=True):
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-10, atol=1e-12, msg=n)
 
 
@@ -176,8 +176,8 @@ def test_parameter_objects_stay_shared_with_the_units() -> None:
     def shared(m: DPLSTM) -> bool:
         return all(
             getattr(unit, slot) is getattr(m, name)
-            for unit, names in zip(m.gate_projections, m._all_weights)
-            for slot, name in zip(("weight_ih", "weight_hh", "bias_ih", "bias_hh"), names)
+            for unit, names in zip(m.gate_projections, m._all_weights, strict=True)
+            for slot, name in zip(("weight_ih", "weight_hh", "bias_ih", "bias_hh"), names, strict=False)  # no biases: 2
         )
 
     native, dp = pair("lstm", num_layers=2, bidirectional=True)

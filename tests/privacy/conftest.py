@@ -1,7 +1,7 @@
 """Privacy tests run single-threaded: the models are tiny, and on a busy 2-core
 machine thread synchronisation costs more than it saves. Restored afterwards."""
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 import torch

@@ -27,7 +27,7 @@ def clipped_per_sample(grads: list[torch.Tensor], factors: torch.Tensor) -> list
     """Each sample's clipped gradient, in float64, from the factors ([B] or [L, B])."""
     if factors.dim() == 1:
         factors = factors.expand(len(grads), -1)
-    return [g.double() * f.double().view(-1, *[1] * (g.dim() - 1)) for g, f in zip(grads, factors)]
+    return [g.double() * f.double().view(-1, *[1] * (g.dim() - 1)) for g, f in zip(grads, factors, strict=True)]
 
 
 @settings(max_examples=60, deadline=None)
@@ -78,9 +78,9 @@ def test_clipped_sum_equals_manual_float64(clipping):
         else:
             bound = C / math.sqrt(len(sample))
             factors = [min(1.0, bound / (float(s.norm()) + 1e-6)) for s in sample]
-        for e, s, f in zip(expected, sample, factors):
+        for e, s, f in zip(expected, sample, factors, strict=True):
             e += f * s
-    for got, want in zip(result.summed, expected):
+    for got, want in zip(result.summed, expected, strict=True):
         torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
 
 
@@ -132,6 +132,6 @@ def test_a_non_finite_norm_gets_factor_zero_and_adds_nothing(clipping: str, bad:
     with pytest.warns(PrivacyWarning, match=r"1 sample\(s\) of 4 have a NaN or infinite gradient norm"):
         result = clip_and_sum(g, max_grad_norm=0.5, clipping=clipping)
     without = clip_and_sum([x[[0, 1, 3]] for x in g], max_grad_norm=0.5, clipping=clipping)
-    for a, b in zip(result.summed, without.summed):
+    for a, b in zip(result.summed, without.summed, strict=True):
         torch.testing.assert_close(a, b)
     assert bool((result.factors[..., 2] == 0).all())  # [B] for flat, [L, B] for per-layer

@@ -136,7 +136,7 @@ def test_checkpoint_round_trip(tmp_path):
     extra = engine2.load_checkpoint(path=path, module=model2, optimizer=opt2)
     assert extra == {"epoch": 1}
     assert engine2.accountant.history == engine.accountant.history
-    for p, q in zip(model.parameters(), model2.parameters()):
+    for p, q in zip(model.parameters(), model2.parameters(), strict=True):
         assert torch.equal(p, q)
     assert torch.equal(opt2.state_dict()["state"][0]["exp_avg"], opt.state_dict()["state"][0]["exp_avg"])
     plain = toy_model()  # the saved weights load into the plain model too

@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-
 from torch import nn
 
 from dpnotebook.privacy.noise import draw_noise, gaussian_noise, secure_normal, secure_uniform
@@ -62,7 +61,7 @@ def test_seeded_noise_repeats_whatever_the_thread_count_and_has_the_right_std() 
     finally:
         torch.set_num_threads(threads)
     assert [t.shape for t in draws[0]] == [p.shape for p in params]
-    assert all(torch.equal(x, y) for other in draws[1:] for x, y in zip(draws[0], other))
+    assert all(torch.equal(x, y) for other in draws[1:] for x, y in zip(draws[0], other, strict=True))
     flat = torch.cat([t.flatten() for t in draws[0]])
     assert abs(float(flat.std()) - 3.0) < 0.05 and abs(float(flat.mean())) < 0.05
 
@@ -73,4 +72,4 @@ def test_draw_noise_matches_gaussian_noise_per_parameter():
     got = draw_noise(params, 2.0, torch.Generator().manual_seed(3))
     g = torch.Generator().manual_seed(3)
     want = [gaussian_noise(p.shape, std=2.0, generator=g) for p in params]
-    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))

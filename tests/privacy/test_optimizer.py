@@ -48,7 +48,7 @@ def test_no_noise_no_clipping_equals_plain_sgd(mode, reduction):
     opt.step()
     F.cross_entropy(plain(x), y, reduction=reduction).backward()
     plain_opt.step()
-    for p, q in zip(model.parameters(), plain.parameters()):
+    for p, q in zip(model.parameters(), plain.parameters(), strict=True):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
     assert opt.last_step_stats.fraction_clipped == 0.0
 
@@ -81,7 +81,7 @@ def test_zero_dim_parameter_equals_plain_sgd(mode):
     for m, o in ((model, opt), (plain, plain_opt)):
         F.cross_entropy(m(x), y).backward()
         o.step()
-    for p, q in zip(model.parameters(), plain.parameters()):
+    for p, q in zip(model.parameters(), plain.parameters(), strict=True):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
     assert opt.last_step_stats.per_sample_norms.shape == (len(x),)
 
@@ -95,7 +95,7 @@ def test_empty_batch_moves_parameters_by_noise_only(forward):
         F.cross_entropy(model(x), y, reduction="sum").backward()
     opt.step()
     gen = torch.Generator().manual_seed(0)
-    for p, b in zip(model.parameters(), before):
+    for p, b in zip(model.parameters(), before, strict=True):
         noise = gaussian_noise(p.shape, std=1.3 * 0.7, generator=gen)
         torch.testing.assert_close(p.detach(), b - 0.5 * noise / 8)
     stats = opt.last_step_stats
@@ -126,7 +126,7 @@ def test_k_identical_copies_give_the_k1_update(mode):
     opt1.step()
     opt4.step()
     assert opt1.last_step_stats.fraction_clipped == 1.0  # C=0.1 clips: the test covers clipping
-    for p, q in zip(model1.parameters(), model4.parameters()):
+    for p, q in zip(model1.parameters(), model4.parameters(), strict=True):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
 
 
@@ -141,7 +141,7 @@ def test_virtual_steps_equal_one_big_step():
         F.cross_entropy(small(xb), yb).backward()
         small_opt.virtual_step()
     small_opt.step()
-    for p, q in zip(big.parameters(), small.parameters()):
+    for p, q in zip(big.parameters(), small.parameters(), strict=True):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
     assert small_opt.last_step_stats.virtual_steps == 5
     torch.testing.assert_close(small_opt.last_step_stats.per_sample_norms, big_opt.last_step_stats.per_sample_norms)
@@ -166,7 +166,7 @@ def test_batch_memory_manager_equals_one_big_step():
                     opt.step()
             assert opt.last_step_stats.virtual_steps > 1
         results.append([p.detach().clone() for p in model.parameters()])
-    for p, q in zip(*results):
+    for p, q in zip(*results, strict=True):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
 
 

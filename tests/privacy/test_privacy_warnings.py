@@ -11,8 +11,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import dpnotebook.privacy.noise as noise
 from dpnotebook.errors import PrivacyWarning
-from dpnotebook.privacy import DPOptimizer, PrivacyEngine
 from dpnotebook.grad_sample import GradSampleModule
+from dpnotebook.privacy import DPOptimizer, PrivacyEngine
 
 
 def _loader() -> DataLoader:

@@ -226,7 +226,7 @@ def test_a_batch_drawn_for_an_earlier_step_is_refused_although_the_counts_agree(
 def test_a_batch_of_another_dp_loader_is_refused_although_the_counts_agree() -> None:
     model, optimizer, loader = _full_batches()
     _, _, other = _full_batches()
-    for _, foreign in zip(loader, other):
+    for _, foreign in zip(loader, other, strict=True):
         _backward(model, foreign)
         with pytest.raises(RuntimeError, match="or by another loader"):
             optimizer.step()

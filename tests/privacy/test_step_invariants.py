@@ -71,7 +71,7 @@ def test_a_parameter_frozen_between_backward_and_step_is_refused_by_name(mode: s
     model[0].weight.requires_grad_(False)
     with pytest.raises(RuntimeError, match=r"requires_grad=False but holds a \.grad.*Fix: freeze parameters before"):
         opt.step()
-    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))  # nothing moved
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before, strict=True))  # nothing moved
 
 
 def test_the_frozen_parameter_is_named_by_its_path() -> None:

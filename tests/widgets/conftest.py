@@ -6,10 +6,10 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import matplotlib.pyplot as plt  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
+import matplotlib.pyplot as plt
+import pytest
+import torch
+from torch import nn
 
 
 @pytest.fixture

@@ -68,7 +68,7 @@ def test_selected_attack_is_highlighted_with_its_bound(explorer):
 
 
 def test_simulated_attacks_follow_the_gaussian_curve():
-    for sigma, attack in zip((0.5, 1.0, 2.0), simulated_attacks(canaries=4000).values()):
+    for sigma, attack in zip((0.5, 1.0, 2.0), simulated_attacks(canaries=4000).values(), strict=True):
         assert attack.roc.auc == pytest.approx(
             norm.cdf(1 / sigma / math.sqrt(2)), abs=0.03
         )  # AUC of N(mu, 1) vs N(0, 1)

@@ -24,7 +24,7 @@ def test_modes_agree_and_failures_are_listed(explorer):
     for mode, diff in s.differences.items():
         assert diff < 1e-5, mode
     for mode, error in s.errors.items():  # e.g. "ew" while it is being written
-        assert error in explorer.table.value.replace("&#x27;", "'")
+        assert error in explorer.table.value.replace("&#x27;", "'"), mode
     assert "reference" in explorer.table.value
 
 

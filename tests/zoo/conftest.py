@@ -3,7 +3,7 @@ for each other make a 12x12 float64 convolution 50x slower than one thread."""
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 import torch

@@ -14,7 +14,8 @@ each order; ``get_privacy_spent`` is its RDP-to-(ε, δ) conversion
 
 from __future__ import annotations
 
-from typing import Sequence, cast
+from collections.abc import Sequence
+from typing import cast
 
 import dp_accounting
 import numpy as np

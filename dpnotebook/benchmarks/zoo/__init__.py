@@ -37,7 +37,8 @@ torch.Size([])
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -88,7 +89,7 @@ class Logits(nn.Module):
         self.keys = keys
 
     def forward(self, *inputs: Tensor) -> Tensor:
-        return self.hf(**dict(zip(self.keys, inputs))).logits
+        return self.hf(**dict(zip(self.keys, inputs, strict=True))).logits
 
 
 def _classify(output: Tensor, targets: Tensor) -> Tensor:
@@ -272,7 +273,7 @@ class ResNet(nn.Module):
         self.relu = nn.ReLU(inplace=True)
         self.maxpool = nn.MaxPool2d(3, 2, 1)
         stages, c = [], widths[0]
-        for w, s in zip(widths, (1, 2, 2, 2)):
+        for w, s in zip(widths, (1, 2, 2, 2), strict=True):
             stages.append(nn.Sequential(BasicBlock(c, w, s)))
             c = w
         self.layer1, self.layer2, self.layer3, self.layer4 = stages

@@ -37,7 +37,8 @@ import statistics
 import sys
 import time
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -72,7 +73,7 @@ def time_side_by_side(dp: Step, plain: Step, *, steps: int, warmup: int) -> tupl
             start = time.perf_counter()
             step()
             out.append((time.perf_counter() - start) * 1e3)
-    ratios = [d / p for d, p in zip(*times)]
+    ratios = [d / p for d, p in zip(*times, strict=True)]
     return statistics.median(times[0]), statistics.median(times[1]), statistics.median(ratios)
 
 

@@ -150,7 +150,7 @@ def _clipped_sum_error(wrapped: Any, named: list[tuple[str, nn.Parameter]], ref:
     sums = wrapped.weighted_sums(clip_factors(norms, C))
     scale = float(oracle.norms.max())
     err = (norms - oracle.norms).abs().max().item()
-    for (n, p), want in zip(named, oracle.summed):
+    for (_, p), want in zip(named, oracle.summed, strict=True):
         got = sums.get(p, torch.zeros_like(p)).double()
         err = max(err, (got - want).abs().max().item())
     return err / scale

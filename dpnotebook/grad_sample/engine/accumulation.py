@@ -38,7 +38,7 @@ torch.Size([7, 1, 3])
 
 from __future__ import annotations
 
-from typing import Any, Union
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -46,7 +46,7 @@ from torch import Tensor, nn
 from dpnotebook.errors import GradSampleError
 
 #: What ``p.grad_sample`` holds: one tensor, or (after several backward passes) one tensor per pass.
-GradSample = Union[Tensor, list[Tensor]]
+GradSample = Tensor | list[Tensor]
 
 __all__ = ["GradSample", "GradSampleStore", "carry_processed", "grad_sample_parts", "grad_sample_rows"]
 
@@ -191,7 +191,7 @@ class GradSampleStore:
         if len(blocks) == 1 and blocks[0][0] == forward_id and blocks[0][1] == g.shape[0]:
             return prev + g  # the usual case: one forward pass
         start = 0
-        for i, (fid, n) in enumerate(blocks):
+        for i, (fid, n) in enumerate(blocks):  # noqa: B007 - i is the insertion point after the loop
             if fid == forward_id:
                 if n != g.shape[0]:
                     raise GradSampleError(

@@ -66,9 +66,10 @@ from __future__ import annotations
 
 import contextlib
 import weakref
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -442,7 +443,7 @@ class BroadcastTracker(TorchFunctionMode):
             grads = torch.autograd.grad(
                 f, params, per_sample, retain_graph=True, allow_unused=True, is_grads_batched=True
             )
-        for p, gp in zip(params, grads):
+        for p, gp in zip(params, grads, strict=True):
             if gp is not None:
                 owner._store.add(p, gp.detach(), cap.forward_id)
 
@@ -470,7 +471,7 @@ def smallest_holder(op_path: str, param_paths: list[str]) -> str:
     """
     parts = [op_path.split(".")] + [p.split(".")[:-1] for p in param_paths]
     common = []
-    for level in zip(*parts):
+    for level in zip(*parts, strict=False):  # the common prefix: it ends with the shortest path
         if any(x != level[0] for x in level):
             break
         common.append(level[0])

@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import contextlib
 import re
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -268,7 +269,7 @@ class GradSampleModuleExpandedWeights(OuterWrapper):
         grads = [getattr(p, "grad_sample").sum(0) for p in sampled]
         if grads and self.loss_reduction == "mean":
             torch._foreach_div_(grads, float(rows))  # one kernel on a GPU
-        for p, grad in zip(sampled, grads):
+        for p, grad in zip(sampled, grads, strict=True):
             per_row = getattr(p, "grad_sample")
             p.grad = grad if p.grad is None else p.grad + grad
             samples = per_row.reshape(B, self.K, *p.shape).mean(1) if self.K > 1 else per_row

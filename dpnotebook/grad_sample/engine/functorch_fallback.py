@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
@@ -172,8 +173,8 @@ def fallback_grad_samples(
     leaves, spec = tree_flatten((call.args, call.kwargs))
     leaves = [full_precision(x) for x in leaves]  # recorded under autocast: replayed in float32
     in_dims = [bd if isinstance(x, Tensor) and x.dim() > bd and x.shape[bd] == rows else None for x in leaves]
-    batched = [_split_rows(x, bd, B, K) if d is not None else x for x, d in zip(leaves, in_dims)]
-    used = [(i, g) for i, g in zip(call.out_index, grads) if g is not None]
+    batched = [_split_rows(x, bd, B, K) if d is not None else x for x, d in zip(leaves, in_dims, strict=True)]
+    used = [(i, g) for i, g in zip(call.out_index, grads, strict=True) if g is not None]
     for i, g in used:
         if g.dim() <= bd or g.shape[bd] != rows:
             raise GradSampleError(
@@ -188,7 +189,7 @@ def fallback_grad_samples(
     def sample_loss(params: dict, xs: list, gs: list) -> Tensor:
         args, kwargs = tree_unflatten(xs, spec)
         out, _ = tree_flatten(call_keeping_parameters(module, {**params, **fixed}, args, kwargs))
-        return sum((out[i] * g).sum() for i, g in zip(out_pos, gs))
+        return sum((out[i] * g).sum() for i, g in zip(out_pos, gs, strict=True))
 
     try:
         with capture_paused(), replaying(call), warnings.catch_warnings():

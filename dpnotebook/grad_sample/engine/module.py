@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from torch.utils._pytree import tree_flatten, tree_map
 
 from dpnotebook.errors import GradSampleError
+from dpnotebook.grad_sample.engine.accumulation import GradSampleStore
 from dpnotebook.grad_sample.engine.batch_rows import count_rows
 from dpnotebook.grad_sample.engine.broadcast import BroadcastTracker, smallest_holder
 from dpnotebook.grad_sample.engine.functorch_fallback import capture_is_paused, check_replay_chunk
@@ -28,8 +29,7 @@ from dpnotebook.grad_sample.engine.ownership import check_not_wrapped
 from dpnotebook.grad_sample.engine.provenance import ProbeLayer, probe_rows, probing
 from dpnotebook.grad_sample.engine.registry import GradSamplerView, SamplerEntry
 from dpnotebook.grad_sample.engine.units import plan_units
-from dpnotebook.grad_sample.engine.wrap_arguments import LOSS_REDUCTIONS, check_k, check_loss_reduction  # noqa: F401  (also imported from here)
-from dpnotebook.grad_sample.engine.accumulation import GradSampleStore
+from dpnotebook.grad_sample.engine.wrap_arguments import LOSS_REDUCTIONS, check_k, check_loss_reduction
 from dpnotebook.validation import Problem, raise_if_problems, validate
 
 

@@ -77,14 +77,14 @@ def output_batch_dims(
     candidates = [[d for d, n in enumerate(t.shape) if n == rows] for t in outputs]
     if all(len(c) == 1 for c in candidates):
         return [c[0] for c in candidates]
-    for t, c in zip(outputs, candidates):
+    for t, c in zip(outputs, candidates, strict=True):
         if not c:
             raise _no_batch_dim(t, rows, batch_dim)
     with torch.no_grad(), capture_paused():
         probe = model(*_one_row_more(args, rows, batch_dim), **_one_row_more(kwargs, rows, batch_dim))
     probes = tree_flatten(probe)[0]
     dims = []
-    for i, t, c in zip(out_index, outputs, candidates):
+    for i, t, c in zip(out_index, outputs, candidates, strict=True):
         p = probes[i] if i < len(probes) and isinstance(probes[i], Tensor) else t
         grew = [
             d

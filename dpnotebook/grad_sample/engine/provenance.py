@@ -55,7 +55,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -270,7 +271,7 @@ def _forward_check(layers: list[ProbeLayer], rec: _Recorder, rows: int, B: int, 
             raise _refusal(path, module, what, rows, B, K)
         before_ins, before_outs = rec.calls[i][n]
         for side, now, before in (("input", ins, before_ins), ("output", outs, before_outs)):
-            for t, (a, b) in enumerate(zip(now, before)):
+            for t, (a, b) in enumerate(zip(now, before, strict=True)):
                 if not (_rows_of(a, rows, bd) and _rows_of(b, rows, bd)) or a.shape != b.shape:
                     continue
                 if side == "input" and torch.equal(a, b):
@@ -299,12 +300,15 @@ def _forward_check(layers: list[ProbeLayer], rec: _Recorder, rows: int, B: int, 
 def _backward_check(layers: list[ProbeLayer], rec: _Recorder, grads: tuple, rows: int, B: int, K: int, j: int) -> None:
     """Every layer's output gradient is zero outside sample ``j``'s rows (the cotangent was on ``j`` alone).
 
-    ``grads[n]`` is the gradient of ``rec.live[n]``'s output (``None``: not reached). An output
+    ``grads[n]`` is the gradient of ``rec.live[n]``'s output (``None``: not reached); an empty
+    ``grads`` (no output was differentiated) leaves nothing to check. An output
     changed in place after the layer (``ReLU(inplace=True)``) has the gradient of its changed
     version, zero wherever the original's is and maybe elsewhere too: the check is no weaker.
     """
+    if not grads:
+        return  # no output to differentiate (or no layer reached): nothing to check
     keep = set(range(j * K, (j + 1) * K))
-    for (i, _, o, _), g in zip(rec.live, grads):
+    for (i, _, o, _), g in zip(rec.live, grads, strict=True):
         path, module, bd = layers[i]
         if g is None or not _rows_of(g, rows, bd):
             continue
@@ -336,7 +340,7 @@ def _cotangents(
         ]
     gen = torch.Generator().manual_seed(0)
     outs, cots = [], []
-    for i, d in zip(out_index, dims):
+    for i, d in zip(out_index, dims, strict=True):
         y = leaves[i]
         cot = torch.zeros_like(y)
         part = _sample_rows(cot, d, j, K)

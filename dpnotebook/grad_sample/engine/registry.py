@@ -33,9 +33,8 @@ from __future__ import annotations
 import importlib
 import inspect
 import sys
-from collections.abc import MutableMapping
+from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 from torch import Tensor, nn
 

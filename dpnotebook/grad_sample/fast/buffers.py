@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import sys
 import weakref
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
@@ -35,7 +35,7 @@ from torch import Tensor, nn
 #: Smaller results are simply allocated (the allocator recycles small blocks itself).
 MIN_BYTES = 2**20
 
-_KEPT: "weakref.WeakKeyDictionary[nn.Module, dict[str, Tensor]]" = weakref.WeakKeyDictionary()
+_KEPT: weakref.WeakKeyDictionary[nn.Module, dict[str, Tensor]] = weakref.WeakKeyDictionary()
 
 
 #: Whether this PyTorch tells how many tensors share a storage (a private function; without

@@ -39,7 +39,8 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from typing import Callable, cast
+from collections.abc import Callable
+from typing import cast
 
 import torch
 from torch import Tensor, nn

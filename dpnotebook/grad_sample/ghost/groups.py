@@ -35,17 +35,18 @@ one small product.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, NamedTuple, Protocol, cast
+from typing import NamedTuple, Protocol, cast
 
 import torch
 from torch import Tensor, nn
 
 from dpnotebook.errors import GradSampleError
-from dpnotebook.grad_sample.samplers.sample_rows import flat_rows
 from dpnotebook.grad_sample.engine.functorch_fallback import LayerCall
 from dpnotebook.grad_sample.engine.hooks import bound_arguments, sampler_grad_samples, to_batch_first
 from dpnotebook.grad_sample.engine.registry import find_grad_sampler
+from dpnotebook.grad_sample.samplers.sample_rows import flat_rows
 
 Grads = dict[nn.Parameter, Tensor]
 
@@ -144,7 +145,7 @@ class MaterialisedGroup(GhostGroup):
     def drop(self, keep: Tensor) -> None:
         self.grads = {p: keep_rows(g, keep) for p, g in self.grads.items()}
 
-    def absorb(self, other: "MaterialisedGroup") -> None:
+    def absorb(self, other: MaterialisedGroup) -> None:
         """Add the per-sample gradients of ``other`` (another call of the layer, same samples) into these.
 
         >>> w = nn.Parameter(torch.zeros(2))
@@ -196,13 +197,13 @@ class GhostHandler(NamedTuple):
     make_group: GroupMaker
     outside: tuple[str, ...] = ()
     materialises: bool = False
-    settles: Callable[[nn.Module, "GhostCall", int], bool] | None = None
+    settles: Callable[[nn.Module, GhostCall, int], bool] | None = None
 
     def settles_call(self, module: nn.Module, call: GhostCall, K: int) -> bool:
         """Whether ``call`` is settled (made into per-sample gradients) as soon as its backprops arrive."""
         return self.materialises or (self.settles is not None and self.settles(module, call, K))
 
-    def settled_group(self, module: nn.Module, call: GhostCall, K: int, scratch: Scratch) -> "MaterialisedGroup":
+    def settled_group(self, module: nn.Module, call: GhostCall, K: int, scratch: Scratch) -> MaterialisedGroup:
         """The per-sample gradients of one settled call."""
         if self.materialises:
             return cast(MaterialisedGroup, self.make_group(module, [call], K, scratch))  # it materialises

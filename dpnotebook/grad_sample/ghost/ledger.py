@@ -31,8 +31,8 @@ used them. It then
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
-from typing import Callable
 
 import torch
 from torch import Tensor, nn
@@ -149,7 +149,7 @@ class GhostLedger:
             GradSampleError: a block of ``p.grad_sample`` and the records of its forward pass disagree on B.
         """
         groups = self.groups()
-        passes = dict(zip(self._fids, (B for B, _ in groups)))
+        passes = dict(zip(self._fids, (B for B, _ in groups), strict=True))
         for p, held in blocks.items():
             for fid, n in held:
                 if passes.setdefault(fid, n) != n:
@@ -180,7 +180,7 @@ class GhostLedger:
     def _passes(self, layout: list[tuple[int, int]]) -> list[tuple[int, dict[nn.Module, GhostGroup]]]:
         """``(samples, groups)`` of each forward pass of ``layout`` (no groups: it reached no ghosted layer)."""
         groups = self.groups()
-        made = dict(zip(self._fids, (m for _, m in groups)))
+        made = dict(zip(self._fids, (m for _, m in groups), strict=True))
         return [(n, made.get(fid, {})) for fid, n in layout]
 
     @staticmethod

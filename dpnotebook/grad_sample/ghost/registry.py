@@ -36,7 +36,8 @@ True
 
 from __future__ import annotations
 
-from typing import Callable, TypeVar, cast
+from collections.abc import Callable
+from typing import TypeVar, cast
 
 import torch  # noqa: F401  (used by the doctest)
 from torch import nn

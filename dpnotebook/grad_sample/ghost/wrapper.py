@@ -50,15 +50,15 @@ from torch import Tensor, nn
 from dpnotebook.errors import GradSampleError
 from dpnotebook.grad_sample.engine.accumulation import grad_sample_rows
 from dpnotebook.grad_sample.engine.functorch_fallback import LayerCall, capture_is_paused, detach_tree, loss_scale
-from dpnotebook.grad_sample.samplers import conv_norm, linear_norm, materialised_norm, rnn_norm  # noqa: F401  (register the norm samplers)
+from dpnotebook.grad_sample.engine.hooks import second_backward_error, to_batch_first
+from dpnotebook.grad_sample.engine.module import GradSampleModule
+from dpnotebook.grad_sample.engine.registry import SamplerEntry
 from dpnotebook.grad_sample.ghost.groups import GhostCall, GhostHandler, MaterialisedGroup
 from dpnotebook.grad_sample.ghost.ledger import GhostLedger
 from dpnotebook.grad_sample.ghost.registry import ghost_handler
 from dpnotebook.grad_sample.ghost.stale_records import StaleRecordsGuard, check_inputs_unchanged, input_versions
 from dpnotebook.grad_sample.ghost.tap import GhostStore, Tap, grad_mark
-from dpnotebook.grad_sample.engine.hooks import second_backward_error, to_batch_first
-from dpnotebook.grad_sample.engine.module import GradSampleModule
-from dpnotebook.grad_sample.engine.registry import SamplerEntry
+from dpnotebook.grad_sample.samplers import conv_norm, linear_norm, materialised_norm, rnn_norm  # noqa: F401  (register the norm samplers)
 from dpnotebook.validation import Problem, raise_if_problems, validate
 
 Grads = dict[nn.Parameter, Tensor]

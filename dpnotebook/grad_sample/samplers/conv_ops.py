@@ -24,7 +24,7 @@ def _explicit_padding(layer: nn.modules.conv._ConvNd) -> list[int]:
     if layer.padding == "valid":
         return [0, 0] * len(layer.kernel_size)
     pads: list[int] = []
-    for k, d, p in reversed(list(zip(layer.kernel_size, layer.dilation, _as_tuple(layer)))):
+    for k, d, p in reversed(list(zip(layer.kernel_size, layer.dilation, _as_tuple(layer), strict=True))):
         if layer.padding == "same":
             total = d * (k - 1)
             pads += [total // 2, total - total // 2]
@@ -50,7 +50,7 @@ def unfold_patches(x: Tensor, layer: nn.modules.conv._ConvNd) -> Tensor:
     """
     mode = "constant" if layer.padding_mode == "zeros" else layer.padding_mode
     x = F.pad(x, _explicit_padding(layer), mode=mode)
-    for i, (k, s, d) in enumerate(zip(layer.kernel_size, layer.stride, layer.dilation)):
+    for i, (k, s, d) in enumerate(zip(layer.kernel_size, layer.stride, layer.dilation, strict=True)):
         x = x.unfold(2 + i, d * (k - 1) + 1, s)  # window of span d*(k-1)+1, appended last
         if d > 1:
             x = x[..., ::d]

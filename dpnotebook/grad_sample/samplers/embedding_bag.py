@@ -19,8 +19,8 @@ from typing import cast
 import torch
 from torch import Tensor, nn
 
-from dpnotebook.grad_sample.samplers.embedding import scatter_rows
 from dpnotebook.grad_sample.engine.registry import register_grad_sampler
+from dpnotebook.grad_sample.samplers.embedding import scatter_rows
 
 
 def bag_of_each_index(

@@ -32,7 +32,8 @@ import ast
 import importlib
 import inspect
 import textwrap
-from typing import Callable, cast
+from collections.abc import Callable
+from typing import cast
 
 import torch
 from torch import Tensor, nn

@@ -148,10 +148,10 @@ def shared_gram_sq_norms(As: list[Tensor], G: Tensor) -> list[Tensor]:
     for s in range(0, B, step):
         g = G[s : s + step]
         gg = torch.bmm(g, g.transpose(1, 2))
-        for o, A in zip(out, As):
+        for o, A in zip(out, As, strict=True):
             a = A[s : s + step]
             o[s : s + step] = (torch.bmm(a, a.transpose(1, 2)) * gg).sum((1, 2))
-    return [guard_gram(A, G, o) for A, o in zip(As, out)]
+    return [guard_gram(A, G, o) for A, o in zip(As, out, strict=True)]
 
 
 def guard_gram(A: Tensor, G: Tensor, sq: Tensor) -> Tensor:

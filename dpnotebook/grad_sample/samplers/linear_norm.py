@@ -21,12 +21,12 @@ calls, and norms do not add up.
 
 from __future__ import annotations
 
+import itertools
 from typing import cast
 
 import torch
 from torch import Tensor, nn
 
-from dpnotebook.grad_sample.samplers.sample_rows import group_rows
 from dpnotebook.grad_sample.ghost.groups import (
     GhostCall,
     GhostGroup,
@@ -36,6 +36,7 @@ from dpnotebook.grad_sample.ghost.groups import (
     keep_rows,
     materialise,
 )
+from dpnotebook.grad_sample.ghost.registry import register_norm_sampler
 from dpnotebook.grad_sample.samplers.linear_map_norms import (
     embedding_sq_norms,
     embedding_weighted_sum,
@@ -44,7 +45,7 @@ from dpnotebook.grad_sample.samplers.linear_map_norms import (
     linear_weighted_sum,
     settle_pays,
 )
-from dpnotebook.grad_sample.ghost.registry import register_norm_sampler
+from dpnotebook.grad_sample.samplers.sample_rows import group_rows
 from dpnotebook.layers.attention_units import InProjection
 
 
@@ -149,7 +150,7 @@ def linear_settles(module: nn.Module, call: GhostCall, K: int) -> bool:
 
 def _disjoint(windows: list[tuple[int, int]]) -> bool:
     spans = sorted(windows)
-    return all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+    return all(a[1] <= b[0] for a, b in itertools.pairwise(spans))
 
 
 @register_norm_sampler(nn.Linear, InProjection, settles=linear_settles)

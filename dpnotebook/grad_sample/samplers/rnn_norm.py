@@ -15,9 +15,9 @@ import torch
 from torch import Tensor, nn
 
 from dpnotebook.grad_sample.ghost.groups import GhostCall, GhostGroup, Grads, Scratch
-from dpnotebook.grad_sample.samplers.linear_norm import LinearPiece, linear_piece
-from dpnotebook.grad_sample.samplers.linear_map_norms import linear_strategy, shared_gram_pays, shared_gram_sq_norms
 from dpnotebook.grad_sample.ghost.registry import register_norm_sampler
+from dpnotebook.grad_sample.samplers.linear_map_norms import linear_strategy, shared_gram_pays, shared_gram_sq_norms
+from dpnotebook.grad_sample.samplers.linear_norm import LinearPiece, linear_piece
 from dpnotebook.layers.gate_projection import GateProjection
 
 

@@ -9,7 +9,7 @@ sampler ever builds ``B*K`` per-row gradients.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 from torch import Tensor, nn
 

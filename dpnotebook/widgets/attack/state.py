@@ -26,8 +26,9 @@ from __future__ import annotations
 import functools
 import math
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 import traitlets
@@ -36,7 +37,6 @@ from scipy.stats import norm
 from dpnotebook.audit.roc import AttackROC
 from dpnotebook.audit.tradeoff import dp_tpr_bound, gaussian_epsilon, gaussian_tpr
 from dpnotebook.privacy.arguments import check_delta, check_noise_multiplier
-
 from dpnotebook.widgets._validate import library_check, one_of, refuse
 
 if TYPE_CHECKING:

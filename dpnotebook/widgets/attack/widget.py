@@ -11,7 +11,8 @@ True
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import ipywidgets
 import numpy as np

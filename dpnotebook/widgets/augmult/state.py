@@ -20,9 +20,9 @@ dpnotebook.widgets.WidgetValueError: K=0 is invalid: K is the number of augmente
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable
 
 import numpy as np
 import traitlets

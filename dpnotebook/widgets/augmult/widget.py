@@ -11,7 +11,8 @@ True
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import ipywidgets
 from torch import Tensor, nn

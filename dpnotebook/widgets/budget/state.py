@@ -27,9 +27,9 @@ import numpy as np
 import traitlets
 
 from dpnotebook.privacy.accounting import available_accountants, compute_epsilon
+from dpnotebook.privacy.arguments import check_choice, check_delta, check_epsilon, check_noise_multiplier
 from dpnotebook.privacy.calibration import get_noise_multiplier
 from dpnotebook.privacy.schedule import steps_for_epochs, steps_per_epoch
-from dpnotebook.privacy.arguments import check_choice, check_delta, check_epsilon, check_noise_multiplier
 from dpnotebook.widgets._validate import int_at_least, library_check, refuse
 
 __all__ = ["BudgetResult", "BudgetState"]

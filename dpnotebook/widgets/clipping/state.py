@@ -18,8 +18,8 @@ dpnotebook.widgets.WidgetValueError: max_grad_norm=-1.0 is invalid: it must be a
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 import numpy as np
 import torch

@@ -13,7 +13,8 @@ dpnotebook.widgets.WidgetValueError: max_grad_norm=0.0 is invalid: it must be a 
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import ipywidgets
 import numpy as np

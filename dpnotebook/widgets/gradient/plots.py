@@ -116,7 +116,7 @@ class NormArtists:
 def draw_layer_norms(ax: Axes, names: list[str], norms: np.ndarray, *, layer: int, sample: int) -> NormArtists:
     """Per-sample gradient norm (log y) against sample index, one line per layer ``norms[L, B]``."""
     x = np.arange(norms.shape[1])
-    lines = [ax.plot(x, n, marker=".", lw=1, label=name)[0] for name, n in zip(names, norms)]
+    lines = [ax.plot(x, n, marker=".", lw=1, label=name)[0] for name, n in zip(names, norms, strict=True)]
     sample_line = ax.axvline(sample, color="k", lw=1, ls=":")
     (marker,) = ax.plot([sample], [norms[layer, sample]], "o", ms=10, mfc="none", mec="k", mew=2)
     ax.set_yscale("log")
@@ -130,7 +130,7 @@ def draw_layer_norms(ax: Axes, names: list[str], norms: np.ndarray, *, layer: in
 
 def update_layer_norms(art: NormArtists, norms: np.ndarray, *, layer: int, sample: int) -> None:
     """Highlight ``layer``, mark ``sample``, and show ``norms`` (e.g. of another mode)."""
-    for i, (line, n) in enumerate(zip(art.lines, norms)):
+    for i, (line, n) in enumerate(zip(art.lines, norms, strict=True)):
         line.set_ydata(n)
         line.set_linewidth(2.5 if i == layer else 0.8)
         line.set_alpha(1.0 if i == layer else 0.35)

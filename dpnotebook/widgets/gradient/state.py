@@ -17,7 +17,7 @@ dpnotebook.widgets.WidgetValueError: sample=9 is invalid: it must be an integer 
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch  # noqa: F401  (the doctests use it)

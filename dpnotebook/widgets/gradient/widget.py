@@ -16,7 +16,8 @@ True
 from __future__ import annotations
 
 import html
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import ipywidgets
 from torch import Tensor, nn

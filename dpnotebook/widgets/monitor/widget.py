@@ -85,7 +85,7 @@ class TrainingMonitor(Explorer[MonitorState]):
                 target=s.target_epsilon if name == "epsilon" else None,
                 xlabel="step" if i >= 2 else "",
             )
-            for i, (ax, (name, title)) in enumerate(zip(axes, METRICS.items()))
+            for i, (ax, (name, title)) in enumerate(zip(axes, METRICS.items(), strict=True))
         }
 
     def _update(self) -> None:

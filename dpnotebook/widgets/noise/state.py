@@ -18,8 +18,8 @@ dpnotebook.widgets.WidgetValueError: batch_size=64 is invalid: it must be an int
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 import numpy as np
 import torch

@@ -49,7 +49,7 @@ def test_three_backward_passes_leave_a_list_of_each_pass_rows(mode: str) -> None
     for name, p in model.named_parameters():
         assert isinstance(p.grad_sample, list)
         assert [tuple(g.shape) for g in p.grad_sample] == [(len(x), *p.shape) for x in xs]
-        for got, ref in zip(p.grad_sample, alone):
+        for got, ref in zip(p.grad_sample, alone, strict=True):
             torch.testing.assert_close(got, ref[name])
         assert torch.equal(grad_sample_rows(p), torch.cat(p.grad_sample))
     wrapped.zero_grad()
@@ -112,7 +112,7 @@ def test_a_dp_step_over_the_list_is_the_clipped_sum_of_every_row(mode: str) -> N
     assert opt.accumulated_iterations == 3 and [g.shape[0] for g in opt.grad_samples] == [8] * 4
     expected = clip_and_sum(rows, max_grad_norm=0.1).summed
     opt.add_noise()
-    for p, want in zip(params, expected):
+    for p, want in zip(params, expected, strict=True):
         torch.testing.assert_close(p.grad, want)
     assert opt.last_step_stats is not None and opt.last_step_stats.batch_size == 8
 
@@ -147,7 +147,7 @@ def test_accumulated_iterations_refuses_parameters_reached_by_different_passes()
     model[2].weight.grad_sample = None
     wrapped(batches()[1]).sum().backward()
     with pytest.raises(ValueError, match=r"inconsistent across parameters: \[1, 2\]"):
-        opt.accumulated_iterations
+        _ = opt.accumulated_iterations
 
 
 def test_the_flat_accessors_and_their_errors() -> None:

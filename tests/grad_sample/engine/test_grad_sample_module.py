@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import dpnotebook
-from dpnotebook.benchmarks.models import SampleConvNet
 from dpnotebook import GradSampleError, GradSampleModule, UnsupportedModuleError, register_grad_sampler
+from dpnotebook.benchmarks.models import SampleConvNet
 from dpnotebook.grad_sample import unregister_grad_sampler
 from dpnotebook.testing import reference_grad_samples
 
@@ -83,7 +83,7 @@ def test_composite_models_match_oracle(name: str, mode: str, K: int, reduction: 
     F.cross_entropy(plain(x), y, reduction=reduction).backward()
     wrapped = dpnotebook.wrap_model(model, mode, K=K, loss_reduction=reduction)
     F.cross_entropy(wrapped(x), y, reduction=reduction).backward()
-    for (n, p), q in zip(model.named_parameters(), plain.parameters()):
+    for (n, p), q in zip(model.named_parameters(), plain.parameters(), strict=True):
         assert p.grad_sample.shape == (B, *p.shape)
         torch.testing.assert_close(p.grad_sample, ref[n], rtol=1e-10, atol=1e-12)
         if mode == "ew":  # rebuilt from per-row gradients: equal up to roundoff
@@ -101,7 +101,7 @@ def test_memory_free_k_average_is_the_mean_of_copies() -> None:
     F.cross_entropy(g1(x), y).backward()
     g4 = GradSampleModule(copy.deepcopy(model), K=4)
     F.cross_entropy(g4(x.repeat_interleave(4, 0)), y.repeat_interleave(4)).backward()
-    for p1, p4 in zip(g1.parameters(), g4.parameters()):
+    for p1, p4 in zip(g1.parameters(), g4.parameters(), strict=True):
         torch.testing.assert_close(p1.grad_sample, p4.grad_sample)
 
 

@@ -15,8 +15,8 @@ from torch.nn.utils.rnn import pack_sequence
 
 from dpnotebook import GradSampleError, GradSampleModule
 from dpnotebook.grad_sample.engine.batch_rows import count_rows
-from dpnotebook.grad_sample.ghost.wrapper import GhostGradSampleModule
 from dpnotebook.grad_sample.engine.module import plan_units
+from dpnotebook.grad_sample.ghost.wrapper import GhostGradSampleModule
 from dpnotebook.privacy.optimizer import DPOptimizer
 from dpnotebook.testing import reference_grad_samples
 
@@ -42,7 +42,7 @@ def sensitivity(wrapped: nn.Module, x: torch.Tensor, y: torch.Tensor, s: int, ba
     keep = [i for i in range(x.shape[batch_dim]) if i != s]
     full = clipped_sum(wrapped, x, y)
     less = clipped_sum(wrapped, x.index_select(batch_dim, torch.tensor(keep)), y[keep])
-    return torch.sqrt(sum(((a - b) ** 2).sum() for a, b in zip(full, less))).item() / C
+    return torch.sqrt(sum(((a - b) ** 2).sum() for a, b in zip(full, less, strict=True))).item() / C
 
 
 # -- count_rows ----------------------------------------------------------------------------------

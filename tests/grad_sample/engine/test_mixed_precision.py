@@ -114,7 +114,7 @@ def _update(family: str, mode: str, dtype, C: float, device: torch.device) -> to
     loss.backward()
     before = [p.detach().clone() for p in model.parameters()]
     opt.step()
-    return torch.cat([(b - p.detach()).flatten() for b, p in zip(before, model.parameters())])
+    return torch.cat([(b - p.detach()).flatten() for b, p in zip(before, model.parameters(), strict=True)])
 
 
 def _plain_gradient(family: str, dtype, device: torch.device) -> torch.Tensor:

@@ -17,8 +17,8 @@ from torch import nn
 import dpnotebook
 from dpnotebook import GradSampleError
 from dpnotebook.benchmarks.models import SampleConvNet, SmallResNetGN, TextTransformer
-from dpnotebook.grad_sample.ghost.wrapper import GhostGradSampleModule
 from dpnotebook.grad_sample.fast.conv import _methods, conv_per_sample_grads
+from dpnotebook.grad_sample.ghost.wrapper import GhostGradSampleModule
 from dpnotebook.grad_sample.samplers.linear_map_norms import linear_sq_norms, linear_strategy, settle_pays
 from dpnotebook.layers import DPGRU, DPLSTM, DPMultiheadAttention
 from dpnotebook.privacy.clipping import clip_and_sum, clip_factors, layer_thresholds
@@ -46,7 +46,7 @@ def ghost_results(model, inputs, target, *, K, reduction, C, clipping="flat", ba
         weights = clip_factors(norms, C)
     else:
         factors = clip_factors(layer_sq.sqrt(), layer_thresholds(C, len(named)))
-        weights = {p: f for (_, p), f in zip(named, factors)}
+        weights = {p: f for (_, p), f in zip(named, factors, strict=True)}
     sums = wrapped.weighted_sums(weights)
     return norms, {n: sums.get(p, torch.zeros_like(p)) for n, p in named}, wrapped
 
@@ -66,8 +66,8 @@ def check(model, *inputs, K=1, reduction="mean", C=None, clipping="flat", batch_
     )
     scale = max(1.0, float(oracle.norms.max()) if oracle.norms.numel() else 1.0)
     torch.testing.assert_close(norms, oracle.norms, rtol=TOL, atol=TOL * scale)
-    for n, s in zip(names, oracle.summed):
-        torch.testing.assert_close(sums[n], s, rtol=TOL, atol=TOL * scale, msg=lambda m: f"{n}: {m}")
+    for n, s in zip(names, oracle.summed, strict=True):
+        torch.testing.assert_close(sums[n], s, rtol=TOL, atol=TOL * scale, msg=lambda m, n=n: f"{n}: {m}")
     return wrapped
 
 
@@ -563,10 +563,10 @@ def test_ghost_optimizer_matches_oracle_with_virtual_steps(clipping: str) -> Non
     C = 0.5
     names = [n for n, _ in model.named_parameters()]
     expected = None
-    for x, t in zip(batches, targets):
+    for x, t in zip(batches, targets, strict=True):
         ref = reference_grad_samples(model, [x], target=t)
         summed = clip_and_sum([ref[n] for n in names], max_grad_norm=C, clipping=clipping).summed
-        expected = summed if expected is None else [a + b for a, b in zip(expected, summed)]
+        expected = summed if expected is None else [a + b for a, b in zip(expected, summed, strict=True)]
     ghost = copy.deepcopy(model)
     wrapped = dpnotebook.wrap_model(ghost, "ghost", loss_reduction="sum")
     opt = GhostDPOptimizer(
@@ -578,10 +578,10 @@ def test_ghost_optimizer_matches_oracle_with_virtual_steps(clipping: str) -> Non
         clipping=clipping,
     )
     before = [p.detach().clone() for p in ghost.parameters()]
-    for x, t in zip(batches, targets):
+    for x, t in zip(batches, targets, strict=True):
         dot_loss(wrapped(x), t).backward()
         opt.virtual_step() if x is batches[0] else opt.step()
-    for b, p, e in zip(before, ghost.parameters(), expected):
+    for b, p, e in zip(before, ghost.parameters(), expected, strict=True):
         torch.testing.assert_close(b - p.detach(), e, rtol=1e-10, atol=1e-12)
     assert opt.last_step_stats.batch_size == 5 and opt.last_step_stats.virtual_steps == 2
 

@@ -47,7 +47,7 @@ def sensitivity(model: nn.Module, forward, B: int, *, C: float, K: int = 1) -> f
         mask = torch.ones(B)
         mask[s] = 0.0
         less = clipped_sum(model, forward, mask, C=C, K=K)
-        diff = torch.sqrt(sum((a - b).pow(2).sum() for a, b in zip(full, less)))
+        diff = torch.sqrt(sum((a - b).pow(2).sum() for a, b in zip(full, less, strict=True)))
         worst = max(worst, float(diff) / C)
     return worst
 
@@ -126,7 +126,7 @@ def test_a_sample_with_a_non_finite_norm_adds_nothing(bad: float, clipping: str)
             opt.step()
         return [p.grad.clone() for p in m.parameters()]
 
-    for got, want in zip(step(x), step(x[1:])):
+    for got, want in zip(step(x), step(x[1:]), strict=True):
         assert torch.isfinite(got).all()
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
@@ -148,7 +148,7 @@ def two_pass_sum(model: nn.Module, xs: list[torch.Tensor], scales: list[float], 
         expected_batch_size=1,
         loss_reduction="sum",
     )
-    sum(wrapped(x).sum() * s for x, s in zip(xs, scales)).backward()
+    sum(wrapped(x).sum() * s for x, s in zip(xs, scales, strict=True)).backward()
     opt.step()
     return [p.grad.clone() for p in model.parameters()]
 
@@ -163,9 +163,9 @@ def test_two_forward_passes_one_backward_with_a_hooks_layer(K: int, swap: bool) 
     both = two_pass_sum(model, xs, scales, K, C=0.1)
     alone = two_pass_sum(model, [real], [1.0], K, C=0.1)  # the zero-loss sample must change nothing
     neither = two_pass_sum(model, xs, [0.0, 0.0], K, C=0.1)
-    for got, want in zip(both, alone):
+    for got, want in zip(both, alone, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
-    diff = torch.sqrt(sum((a - b).pow(2).sum() for a, b in zip(both, neither)))
+    diff = torch.sqrt(sum((a - b).pow(2).sum() for a, b in zip(both, neither, strict=True)))
     assert float(diff) <= 0.1 * SLACK
 
 

@@ -9,9 +9,9 @@ from torch import Tensor, nn
 import dpnotebook
 from dpnotebook.audit import audit_sensitivity
 from dpnotebook.grad_sample import register_norm_sampler, unregister_norm_sampler
+from dpnotebook.grad_sample.engine.registry import unregister_grad_sampler
 from dpnotebook.grad_sample.ghost.groups import materialise
 from dpnotebook.grad_sample.ghost.registry import ghost_handler, norm_sampler_types
-from dpnotebook.grad_sample.engine.registry import unregister_grad_sampler
 
 
 class Scale(nn.Module):
@@ -53,9 +53,10 @@ def test_a_registered_norm_sampler_keeps_the_bound_and_matches_the_definition(re
         * torch.tensor([1.0, 1e2, 1e4, 1.0, 1e-3]).repeat_interleave(K)[:, None]
     )
     y = torch.randn(5 * K, 2, dtype=torch.float64)
-    rows = lambda idx: (
-        torch.cat([torch.arange(i * K, i * K + K) for i in idx]).long() if len(idx) else torch.zeros(0).long()
-    )  # noqa: E731
+
+    def rows(idx: list[int]) -> Tensor:
+        return torch.cat([torch.arange(i * K, i * K + K) for i in idx]).long() if len(idx) else torch.zeros(0).long()
+
     report = audit_sensitivity(
         _model(),
         batch=lambda idx: (x[rows(idx)], y[rows(idx)]),
