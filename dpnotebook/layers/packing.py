@@ -8,6 +8,8 @@ every sample, and *freeze* the state of a sample whose sequence has ended:
 never used, so its gates receive a zero gradient and add nothing to any
 per-sample gradient. The reverse direction starts from ``h0`` and stays frozen
 until it reaches each sample's last element, exactly as the packed computation.
+When all sequences have the same length there is nothing to freeze: ``mask`` is
+``None`` and the layer may run its fused recurrence.
 
 >>> import torch
 >>> from torch.nn.utils.rnn import pack_sequence
@@ -15,6 +17,8 @@ until it reaches each sample's last element, exactly as the packed computation.
 >>> padded = pad_packed(seq)
 >>> padded.x.shape, padded.mask[:, :, 0].T.tolist()
 (torch.Size([3, 2, 2]), [[True, False, False], [True, True, True]])
+>>> pad_packed(pack_sequence([torch.ones(3, 2), torch.ones(3, 2)])).mask is None
+True
 >>> torch.equal(repack(padded.x, seq, padded).data, seq.data)
 True
 """
@@ -34,12 +38,13 @@ class PaddedBatch:
 
     Attributes:
         x: the padded input (zeros after each sequence's end).
-        mask: ``[T, B, 1]``, ``True`` where time ``t`` lies within sample ``b``'s sequence.
+        mask: ``[T, B, 1]``, ``True`` where time ``t`` lies within sample ``b``'s sequence;
+            ``None`` when every sequence has all ``T`` steps.
         time_index, batch_index: for each row of the packed ``data``, its place in ``x``.
     """
 
     x: Tensor
-    mask: Tensor
+    mask: Tensor | None
     time_index: Tensor
     batch_index: Tensor
 
@@ -59,7 +64,8 @@ def pad_packed(seq: PackedSequence) -> PaddedBatch:
     mask = (torch.arange(T).unsqueeze(1) < lengths).unsqueeze(-1)
     time_index, batch_index = time_index.to(data.device), batch_index.to(data.device)
     x = data.new_zeros(T, B, *data.shape[1:]).index_put((time_index, batch_index), data)
-    return PaddedBatch(x, mask.to(data.device), time_index, batch_index)
+    full = bool(mask.all())  # on the CPU: batch_sizes always is
+    return PaddedBatch(x, None if full else mask.to(data.device), time_index, batch_index)
 
 
 def repack(out: Tensor, like: PackedSequence, padded: PaddedBatch) -> PackedSequence:

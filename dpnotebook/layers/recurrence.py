@@ -1,9 +1,16 @@
-"""One recurrent step of each cell, and the loop over time for one direction.
+"""One recurrent step of each cell, the loop over time for one direction, and its fused twin.
 
 Each step receives ``gx_t``, the input half of the gate pre-activations
 (precomputed for all steps by :class:`~dpnotebook.layers.gate_projection.GateProjection`),
 and adds the hidden half ``h_{t-1} W_hh^T``. The formulas and the order of the
 operations follow PyTorch's own CPU kernels, so outputs agree to rounding.
+
+:func:`run_direction` is that loop, written out in Python: the formula to read.
+:func:`run_fused` computes the same thing with PyTorch's fused RNN operator
+(cuDNN on a GPU): it feeds ``gx`` to the operator as its *input*, with an
+identity input weight, so the operator's gates are ``gx_t I + h_{t-1} W_hh^T``
+and the gradient it returns to ``gx`` is exactly ``g_t = dL/dgates_t``, what the
+grad samplers need. :func:`choose_recurrence` decides which one runs.
 
 >>> import torch
 >>> gx = torch.zeros(3, 2, 4)                      # T=3 steps, B=2, one RNN gate of size H=4
@@ -15,6 +22,7 @@ operations follow PyTorch's own CPU kernels, so outputs agree to rounding.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import lru_cache
 
 import torch
 from torch import Tensor
@@ -104,4 +112,91 @@ def run_direction(
     return torch.stack(hidden, 1).transpose(0, 1), state
 
 
-__all__ = ["run_direction", "STEPS", "lstm_step", "gru_step", "rnn_tanh_step", "rnn_relu_step"]
+RECURRENCES = ("auto", "fused", "loop")
+
+
+def choose_recurrence(setting: str, gx: Tensor, mask: Tensor | None) -> str:
+    """``"fused"`` or ``"loop"``: which of :func:`run_fused` and :func:`run_direction` runs (decided here only).
+
+    ``setting`` is the layer's ``recurrence`` attribute. ``"auto"`` fuses on a GPU
+    with cuDNN enabled (one kernel per layer and direction instead of a handful per
+    time step); on the CPU the loop is faster, because the fused operator spends
+    a ``G x G`` matrix product on the identity weight. ``"fused"`` fuses wherever
+    it can, ``"loop"`` never does. The loop runs whatever the setting for a packed
+    batch with unequal lengths (``mask``: the fused operator cannot freeze a
+    sample's state) and under ``torch.func`` transforms (``vmap`` has no rule for
+    the fused operator). cuDNN's RNN backward cannot be differentiated again: for
+    a double backward on a GPU use ``recurrence="loop"``, as ``nn.LSTM`` needs
+    ``torch.backends.cudnn.flags(enabled=False)``.
+
+    >>> gx = torch.zeros(3, 2, 4)
+    >>> choose_recurrence("auto", gx, None), choose_recurrence("fused", gx, None)
+    ('loop', 'fused')
+    >>> choose_recurrence("fused", gx, torch.ones(3, 2, 1, dtype=torch.bool))
+    'loop'
+    """
+    if setting not in RECURRENCES:
+        raise ValueError(f"recurrence={setting!r} is not one of {RECURRENCES}; 'auto' (the default) picks for you.")
+    if setting == "loop" or mask is not None or torch._C._are_functorch_transforms_active():
+        return "loop"
+    if setting == "auto" and not (gx.is_cuda and torch.backends.cudnn.enabled):
+        return "loop"
+    return "fused"
+
+
+@lru_cache(maxsize=16)
+def _constant(kind: str, size: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """The identity input weight (``"eye"``) or the zero input bias (``"zeros"``), made once per size."""
+    with torch.inference_mode(False):  # an inference tensor could not be saved for a later backward
+        return (
+            torch.eye(size, dtype=dtype, device=device)
+            if kind == "eye"
+            else torch.zeros(size, dtype=dtype, device=device)
+        )
+
+
+def run_fused(
+    mode: str, gx: Tensor, state: State, w_hh: Tensor, b_hh: Tensor | None, *, reverse: bool = False
+) -> tuple[Tensor, State]:
+    """:func:`run_direction` (without ``mask``) by PyTorch's fused RNN operator: same arguments, same results.
+
+    The operator gets ``gx`` as its input and an identity input weight; for GRU
+    also ``b_hh``, which belongs inside the candidate gate ``r * (h W_hn^T + b_hn)``.
+    The reverse direction runs the operator on ``gx`` flipped in time.
+
+    >>> gx, h0, w = torch.randn(3, 2, 12), torch.randn(2, 4), torch.randn(12, 4)
+    >>> fused, (h,) = run_fused("GRU", gx, (h0,), w, torch.ones(12), reverse=True)
+    >>> loop, (h_loop,) = run_direction("GRU", gx, (h0,), w, torch.ones(12), reverse=True)
+    >>> torch.allclose(fused, loop, atol=1e-6), torch.allclose(h, h_loop, atol=1e-6)
+    (True, True)
+    """
+    G = gx.shape[-1]
+    params = [_constant("eye", G, gx.dtype, gx.device), w_hh]
+    if b_hh is not None:  # GRU only: the other cells have b_hh in gx already
+        params += [_constant("zeros", G, gx.dtype, gx.device), b_hh]
+    xs = gx.transpose(0, 1)  # the batch-major tensor gx is a view of: its gradient comes back batch-major
+    xs = xs.flip(1) if reverse else xs
+    hx = tuple(s.unsqueeze(0) for s in state)
+    op = getattr(torch._VF, mode.lower())
+    # train=True: cuDNN keeps what its backward needs (there is no dropout inside one layer)
+    if mode == "LSTM":
+        out, h, c = op(xs, hx, params, b_hh is not None, 1, 0.0, True, False, True)
+        final: State = (h[0], c[0])
+    else:
+        out, h = op(xs, hx[0], params, b_hh is not None, 1, 0.0, True, False, True)
+        final = (h[0],)
+    out = out.flip(1) if reverse else out
+    return out.transpose(0, 1), final
+
+
+__all__ = [
+    "run_direction",
+    "run_fused",
+    "choose_recurrence",
+    "RECURRENCES",
+    "STEPS",
+    "lstm_step",
+    "gru_step",
+    "rnn_tanh_step",
+    "rnn_relu_step",
+]

@@ -28,7 +28,7 @@ from torch.nn.utils.rnn import PackedSequence
 
 from dpnotebook.layers.gate_projection import GateProjection, HiddenRecord
 from dpnotebook.layers.packing import PaddedBatch, pad_packed, repack
-from dpnotebook.layers.recurrence import run_direction
+from dpnotebook.layers.recurrence import choose_recurrence, run_direction, run_fused
 from dpnotebook.layers.shared import reshare
 
 GATES = {"RNN_TANH": 1, "RNN_RELU": 1, "LSTM": 4, "GRU": 3}
@@ -43,6 +43,9 @@ class DPRNNBase(nn.Module):
     """
 
     _dpn_grad_samples_from_children = True  # hooks mode: the GateProjections hold the samplers
+    #: ``"auto"``, ``"fused"`` or ``"loop"``: how the recurrence runs (see
+    #: :func:`~dpnotebook.layers.recurrence.choose_recurrence`); set it on a layer to override.
+    recurrence: str = "auto"
 
     def __init__(
         self,
@@ -207,7 +210,10 @@ class DPRNNBase(nn.Module):
                 gx = unit(x.transpose(0, 1).contiguous(), record).transpose(0, 1)  # [T, B, G] view of [B, T, G]
                 start = tuple(s[k] for s in state)
                 b_hh = unit.bias_hh if self.mode == "GRU" else None
-                states, final = run_direction(self.mode, gx, start, unit.weight_hh, b_hh, reverse=d == 1, mask=mask)
+                if choose_recurrence(self.recurrence, gx, mask) == "fused":
+                    states, final = run_fused(self.mode, gx, start, unit.weight_hh, b_hh, reverse=d == 1)
+                else:
+                    states, final = run_direction(self.mode, gx, start, unit.weight_hh, b_hh, reverse=d == 1, mask=mask)
                 record.h0, record.states = start[0].detach(), states.detach().transpose(0, 1)  # [B, T, H]
                 outputs.append(states)
                 for kept, f in zip(finals, final, strict=True):
