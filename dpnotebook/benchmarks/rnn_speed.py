@@ -1,28 +1,52 @@
-"""Time DPLSTM against nn.LSTM, side by side: ``python -m dpnotebook.benchmarks.rnn_speed``.
+"""Time DPLSTM against nn.LSTM, side by side: ``python -m dpnotebook.benchmarks.rnn_speed [--device cuda]``.
 
-Both layers get the same weights and the same input; each measurement is one
-forward and backward pass (no per-sample gradients: the DP layer's cost as a
-plain layer). The runs alternate so that a busy machine slows both alike, and
-the fastest of several runs is reported (on a machine busy with other work,
-fewer ``--threads`` give steadier figures). With ``--hooks`` it also times DPLSTM
-wrapped in hooks mode (per-sample gradients included).
+Two tables, each for both recurrences of the DP layer (``loop``: the Python
+loop over time; ``fused``: PyTorch's fused RNN operator, cuDNN on a GPU; see
+:func:`~dpnotebook.layers.recurrence.choose_recurrence`, which picks one for
+``"auto"``):
 
->>> from dpnotebook.benchmarks.rnn_speed import compare
+* the layer: one forward and backward pass of ``nn.LSTM`` and of ``DPLSTM`` with
+  the same weights and input (no per-sample gradients: the DP layer's cost as a
+  plain layer);
+* the benchmark suite's ``LSTMClassifier`` step: the non-private step with
+  ``nn.LSTM``, the same with ``DPLSTM`` ("DPLSTM without privacy"), and the DP-SGD
+  step in hooks and ghost mode, each as a ratio to the non-private ``nn.LSTM`` step.
+
+The runs alternate so that a busy machine slows all alike, and the fastest of
+several runs is reported (on a busy machine fewer ``--threads`` give steadier figures).
+
 >>> times = compare(batch=4, steps=3, input_size=2, hidden=3, repeats=2)
 >>> sorted(times)
-['DPLSTM', 'nn.LSTM']
+['DPLSTM fused', 'DPLSTM loop', 'nn.LSTM']
 """
 
 from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import nn
 
-from dpnotebook.layers import DPLSTM
+from dpnotebook.layers import DPLSTM, DPRNNBase
+from dpnotebook.layers.recurrence import RECURRENCES
+
+RUNS = ("loop", "fused")
+
+
+@contextmanager
+def recurrence(setting: str) -> Iterator[None]:
+    """Every DP recurrent layer runs its recurrence as ``setting`` says (``"auto"``, ``"fused"``, ``"loop"``)."""
+    if setting not in RECURRENCES:
+        raise ValueError(f"recurrence={setting!r} is not one of {RECURRENCES}.")
+    before = DPRNNBase.recurrence
+    DPRNNBase.recurrence = setting
+    try:
+        yield
+    finally:
+        DPRNNBase.recurrence = before
 
 
 def _fwd_bwd(model: nn.Module, x: torch.Tensor) -> Callable[[], None]:
@@ -34,6 +58,22 @@ def _fwd_bwd(model: nn.Module, x: torch.Tensor) -> Callable[[], None]:
     return run
 
 
+def _best(runs: dict[str, Callable[[], None]], repeats: int, device: str) -> dict[str, float]:
+    """Fastest time in seconds of each run, the runs alternating (after one warm-up run each)."""
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    best = {name: float("inf") for name in runs}
+    for run in runs.values():
+        run()
+    for _ in range(repeats):
+        for name, run in runs.items():
+            sync()
+            start = time.perf_counter()
+            run()
+            sync()
+            best[name] = min(best[name], time.perf_counter() - start)
+    return best
+
+
 def compare(
     batch: int = 128,
     steps: int = 64,
@@ -41,35 +81,46 @@ def compare(
     hidden: int = 128,
     num_layers: int = 1,
     repeats: int = 10,
-    hooks: bool = False,
+    device: str = "cpu",
 ) -> dict[str, float]:
-    """Fastest forward+backward time in seconds of each contender.
+    """Fastest forward+backward time in seconds of ``nn.LSTM`` and of ``DPLSTM`` with each recurrence.
 
     Args:
         batch, steps, input_size, hidden, num_layers: the problem size.
         repeats: timed runs per contender (after one warm-up run each).
-        hooks: also time DPLSTM in hooks mode (per-sample gradients).
+        device: where to run (``"cpu"``, ``"cuda"``).
     """
     torch.manual_seed(0)
-    native = nn.LSTM(input_size, hidden, num_layers, batch_first=True)
-    dp = DPLSTM(input_size, hidden, num_layers, batch_first=True)
-    dp.load_state_dict(native.state_dict())
-    x = torch.randn(batch, steps, input_size)
-    runs = {"nn.LSTM": _fwd_bwd(native, x), "DPLSTM": _fwd_bwd(dp, x)}
-    if hooks:
-        from dpnotebook import GradSampleModule
+    native = nn.LSTM(input_size, hidden, num_layers, batch_first=True).to(device)
+    x = torch.randn(batch, steps, input_size, device=device)
+    runs = {"nn.LSTM": _fwd_bwd(native, x)}
+    for setting in RUNS:
+        dp = DPLSTM(input_size, hidden, num_layers, batch_first=True).to(device)
+        dp.load_state_dict(native.state_dict())
+        dp.recurrence = setting
+        runs[f"DPLSTM {setting}"] = _fwd_bwd(dp, x)
+    return _best(runs, repeats, device)
 
-        wrapped = GradSampleModule(DPLSTM(input_size, hidden, num_layers, batch_first=True))
-        runs["DPLSTM (hooks, per-sample grads)"] = _fwd_bwd(wrapped, x)
-    best = {name: float("inf") for name in runs}
-    for run in runs.values():
-        run()  # warm-up
-    for _ in range(repeats):
-        for name, run in runs.items():
-            start = time.perf_counter()
-            run()
-            best[name] = min(best[name], time.perf_counter() - start)
-    return best
+
+def compare_steps(batch: int = 128, repeats: int = 10, device: str = "cpu") -> dict[str, float]:
+    """Fastest time in seconds of the suite's ``LSTMClassifier`` steps, for each recurrence of the DP layer.
+
+    Keys: ``nonprivate`` (``nn.LSTM``), and ``<what> <recurrence>`` for ``what`` in
+    ``nonprivate_dplayers``, ``dpsgd_hooks``, ``dpsgd_ghost``.
+    """
+    from dpnotebook.benchmarks.steps import make_step
+
+    runs = {"nonprivate": make_step("LSTMClassifier", "nonprivate", batch, device=device)}
+    for setting in RUNS:
+        for what in ("nonprivate_dplayers", "dpsgd_hooks", "dpsgd_ghost"):
+            step = make_step("LSTMClassifier", what, batch, device=device)
+
+            def run(step: Callable[[], None] = step, setting: str = setting) -> None:
+                with recurrence(setting):
+                    step()
+
+            runs[f"{what} {setting}"] = run
+    return _best(runs, repeats, device)
 
 
 def main() -> None:
@@ -80,19 +131,34 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--num-layers", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--hooks", action="store_true", help="also time hooks mode (per-sample gradients)")
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    parser.add_argument("--no-steps", action="store_true", help="time the layer only, not the LSTMClassifier steps")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    times = compare(args.batch, args.steps, args.input_size, args.hidden, args.num_layers, args.repeats, args.hooks)
+    where = f"{args.device}" + (f", {torch.get_num_threads()} threads" if args.device == "cpu" else "")
+    x = torch.zeros(1, device=args.device)
+    auto = "fused" if x.is_cuda and torch.backends.cudnn.enabled else "loop"
+    print(f"device: {where}" + (f" ({torch.cuda.get_device_name()})" if x.is_cuda else "") + f"; auto = {auto}")
+    times = compare(args.batch, args.steps, args.input_size, args.hidden, args.num_layers, args.repeats, args.device)
     print(
-        f"forward+backward, B={args.batch} T={args.steps} input={args.input_size} hidden={args.hidden} "
-        f"layers={args.num_layers}, {torch.get_num_threads()} threads, best of {args.repeats}:"
+        f"layer forward+backward, B={args.batch} T={args.steps} input={args.input_size} hidden={args.hidden} "
+        f"layers={args.num_layers}, best of {args.repeats}:"
     )
     base = times["nn.LSTM"]
     for name, t in times.items():
-        print(f"  {name:<34} {t * 1e3:8.1f} ms   {t / base:5.2f} x nn.LSTM")
+        print(f"  {name:<34} {t * 1e3:8.2f} ms   {t / base:5.2f} x nn.LSTM")
+    if args.no_steps:
+        return
+    steps = compare_steps(args.batch, args.repeats, args.device)
+    base = steps["nonprivate"]
+    print(f"LSTMClassifier step (T=64, hidden 128), B={args.batch}, best of {args.repeats}; ratio to nn.LSTM's step:")
+    print(f"  {'':<22}" + "".join(f"{s:>22}" for s in RUNS))
+    print(f"  {'nonprivate nn.LSTM':<22}{base * 1e3:14.2f} ms  1.00 x")
+    for what in ("nonprivate_dplayers", "dpsgd_hooks", "dpsgd_ghost"):
+        cells = "".join(f"{steps[f'{what} {s}'] * 1e3:14.2f} ms {steps[f'{what} {s}'] / base:5.2f} x" for s in RUNS)
+        print(f"  {what:<22}{cells}")
 
 
 if __name__ == "__main__":
