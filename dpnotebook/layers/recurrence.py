@@ -21,6 +21,7 @@ grad samplers need. :func:`choose_recurrence` decides which one runs.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from functools import lru_cache
 
@@ -179,12 +180,17 @@ def run_fused(
     hx = tuple(s.unsqueeze(0) for s in state)
     op = getattr(torch._VF, mode.lower())
     # train=True: cuDNN keeps what its backward needs (there is no dropout inside one layer)
-    if mode == "LSTM":
-        out, h, c = op(xs, hx, params, b_hh is not None, 1, 0.0, True, False, True)
-        final: State = (h[0], c[0])
-    else:
-        out, h = op(xs, hx[0], params, b_hh is not None, 1, 0.0, True, False, True)
-        final = (h[0],)
+    args = (len(params) == 4, 1, 0.0, True, False, True)
+    with warnings.catch_warnings():
+        # cuDNN wants its weights in one buffer; ours are the identity and the layer's own W_hh, which it
+        # copies together on every call (G x (G + H) numbers, cheap next to the recurrence): a known cost.
+        warnings.filterwarnings("ignore", message="RNN module weights are not part of single contiguous chunk")
+        if mode == "LSTM":
+            out, h, c = op(xs, hx, params, *args)
+            final: State = (h[0], c[0])
+        else:
+            out, h = op(xs, hx[0], params, *args)
+            final = (h[0],)
     out = out.flip(1) if reverse else out
     return out.transpose(0, 1), final
 
