@@ -7,6 +7,7 @@ in every mode, to float64 rounding; the choice between them is made in one place
 from __future__ import annotations
 
 import itertools
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -112,9 +113,13 @@ def test_ghost_norms_agree(kind: str, K: int) -> None:
 
 
 def test_the_choice_is_made_in_one_place() -> None:
-    gx = torch.zeros(3, 2, 8)
+    gx = torch.zeros(3, 2, 8, device="cpu")
     mask = torch.ones(3, 2, 1, dtype=torch.bool)
     assert choose_recurrence("auto", gx, None) == "loop"  # on the CPU the loop is faster
+    on_gpu = SimpleNamespace(is_cuda=True)  # stands in for a CUDA tensor: only .is_cuda is read
+    assert choose_recurrence("auto", on_gpu, None) == "fused"  # type: ignore[arg-type]
+    with torch.backends.cudnn.flags(enabled=False):
+        assert choose_recurrence("auto", on_gpu, None) == "loop"  # type: ignore[arg-type]
     assert choose_recurrence("fused", gx, None) == "fused"
     assert choose_recurrence("loop", gx, None) == "loop"
     assert choose_recurrence("fused", gx, mask) == "loop"  # unequal lengths: states must freeze
