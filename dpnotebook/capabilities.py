@@ -26,7 +26,7 @@ from dpnotebook.modes import available_modes, wrap_model
 from dpnotebook.testing import random_target, reference_grad_samples
 
 if TYPE_CHECKING:
-    from dpnotebook.layers.rnn_base import DPRNNBase
+    from dpnotebook.layers import DPRNNBase
 
 __all__ = ["Cell", "CapabilityRow", "capability_table", "capability_markdown", "FEATURES"]
 

@@ -10,7 +10,6 @@ exception: a frozen linear layer with a trainable low-rank adapter, for private 
 
 from dpnotebook.layers.attention import DPMultiheadAttention
 from dpnotebook.layers.lora import LoRALinear, add_lora
-from dpnotebook.layers.rnn import DPGRU, DPLSTM, DPRNN
-from dpnotebook.layers.rnn_base import DPRNNBase
+from dpnotebook.layers.rnn import DPGRU, DPLSTM, DPRNN, DPRNNBase
 
 __all__ = ["DPRNN", "DPLSTM", "DPGRU", "DPRNNBase", "DPMultiheadAttention", "LoRALinear", "add_lora"]

@@ -89,7 +89,7 @@ def run_direction(
         b_hh: hidden bias, used here by GRU only (the others fold it into ``gx``).
         reverse: run from the last time step to the first.
         mask: ``[T, B, 1]`` bool; where ``False`` the state is carried over unchanged
-            (a packed sequence that has ended, see :mod:`dpnotebook.layers.packing`).
+            (a packed sequence that has ended, see :mod:`dpnotebook.layers.rnn`).
 
     Returns:
         ``(states, final)``: the hidden state after each step ``[T, B, H]`` in time

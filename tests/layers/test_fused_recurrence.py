@@ -140,10 +140,10 @@ def test_a_layer_with_a_bad_setting_says_so() -> None:
 def test_packed_batches_fuse_only_when_all_lengths_are_equal(monkeypatch) -> None:
     calls: list[str] = []
     real_fused, real_loop = recurrence.run_fused, recurrence.run_direction
-    import dpnotebook.layers.rnn_base as rnn_base
+    import dpnotebook.layers.rnn as rnn_module
 
-    monkeypatch.setattr(rnn_base, "run_fused", lambda *a, **k: calls.append("fused") or real_fused(*a, **k))
-    monkeypatch.setattr(rnn_base, "run_direction", lambda *a, **k: calls.append("loop") or real_loop(*a, **k))
+    monkeypatch.setattr(rnn_module, "run_fused", lambda *a, **k: calls.append("fused") or real_fused(*a, **k))
+    monkeypatch.setattr(rnn_module, "run_direction", lambda *a, **k: calls.append("loop") or real_loop(*a, **k))
     loop, fused = _both("lstm", bidirectional=True)
     for lengths, expected in (([3, 3], "fused"), ([1, 3], "loop")):
         seq = pack_sequence([torch.randn(n, 3, dtype=torch.float64) for n in lengths], enforce_sorted=False)
