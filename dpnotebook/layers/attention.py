@@ -30,6 +30,9 @@ from torch import Tensor, nn
 from dpnotebook.layers.attention_units import AppendBias, InProjection, OutProjection
 from dpnotebook.layers.shared import SharedParameters, reshare
 
+#: the parameters the projection units share (re-pointed when one is replaced)
+_SHARED = ("in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight", "in_proj_bias", "bias_k", "bias_v")
+
 
 def float_mask(mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
     """A boolean mask (``True`` = may not attend) as an additive float mask; float masks pass through.
@@ -158,16 +161,7 @@ class DPMultiheadAttention(nn.Module):
 
     def __setattr__(self, name: str, value: Any) -> None:
         super().__setattr__(name, value)
-        shared = (
-            "in_proj_weight",
-            "q_proj_weight",
-            "k_proj_weight",
-            "v_proj_weight",
-            "in_proj_bias",
-            "bias_k",
-            "bias_v",
-        )
-        if name in shared and "_units_made" in self.__dict__:
+        if name in _SHARED and "_units_made" in self.__dict__:
             reshare(self, self._links())  # a parameter object was replaced (e.g. load_state_dict(assign=True))
 
     def _apply(self, fn: Any, recurse: bool = True) -> DPMultiheadAttention:

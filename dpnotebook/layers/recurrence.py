@@ -195,14 +195,4 @@ def run_fused(
     return out.transpose(0, 1), final
 
 
-__all__ = [
-    "run_direction",
-    "run_fused",
-    "choose_recurrence",
-    "RECURRENCES",
-    "STEPS",
-    "lstm_step",
-    "gru_step",
-    "rnn_tanh_step",
-    "rnn_relu_step",
-]
+__all__ = ["run_direction", "run_fused", "choose_recurrence", "RECURRENCES", "STEPS"]
