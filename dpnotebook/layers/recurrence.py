@@ -179,8 +179,8 @@ def run_fused(
     xs = xs.flip(1) if reverse else xs
     hx = tuple(s.unsqueeze(0) for s in state)
     op = getattr(torch._VF, mode.lower())
-    # train=True: cuDNN keeps what its backward needs (there is no dropout inside one layer)
-    args = (len(params) == 4, 1, 0.0, True, False, True)
+    # train: cuDNN keeps what its backward needs, whatever the module's mode (no dropout inside one layer)
+    args = (len(params) == 4, 1, 0.0, torch.is_grad_enabled(), False, True)
     with warnings.catch_warnings():
         # cuDNN wants its weights in one buffer; ours are the identity and the layer's own W_hh, which it
         # copies together on every call (G x (G + H) numbers, cheap next to the recurrence): a known cost.
