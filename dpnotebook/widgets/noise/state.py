@@ -167,7 +167,9 @@ class NoiseState(traitlets.HasTraits):
                     std=sigma * c,
                     generator=torch.Generator().manual_seed(self.seed + j),
                     dtype=torch.float64,
-                ).cpu().numpy()
+                )
+                .cpu()
+                .numpy()
                 for j in range(self.draws)
             ]
         )
