@@ -58,7 +58,7 @@ test-fast: $(STAMP)
 # The CPU wheel pinned by constraints.txt sees no GPU: install a CUDA build of torch 2.13 first.
 GPU_TESTS := tests/grad_sample/samplers tests/test_modes.py tests/grad_sample/engine/test_grad_sample_module.py \
 	tests/grad_sample/ghost/test_ghost.py tests/grad_sample/engine/test_mixed_precision.py tests/test_device_option.py \
-	tests/privacy tests/audit/test_grid.py tests/widgets tests/distributed tutorials
+	tests/privacy tests/audit/test_grid.py tests/widgets tests/layers tests/distributed tutorials
 test-gpu: $(STAMP)
 	$(PY) -m pytest --device cuda $(GPU_TESTS)
 

@@ -13,6 +13,11 @@ it (a CPU generator cannot fill a CUDA tensor).
 ...     plain, seeded = torch.ones(2), torch.randn(2, generator=torch.Generator().manual_seed(0))
 >>> plain.device.type, seeded.device.type
 ('meta', 'meta')
+>>> with TestDevice("meta"):
+...     seed = torch.empty((), dtype=torch.int64).random_(generator=torch.Generator().manual_seed(0))
+>>> seed.device.type
+'meta'
+
 """
 
 from __future__ import annotations
@@ -29,15 +34,34 @@ DEVICES = ("cpu", "cuda")
 
 
 class TestDevice(DeviceContext):
-    """A default device for tensor factories; a draw from a CPU generator is made on the CPU and moved."""
+    """A default device for tensor factories; a draw from a CPU generator is made on the CPU and moved.
+
+    The same holds for a draw *into* or *from* a device tensor with a CPU generator
+    (``t.random_(generator=g)``, as ``DataLoader`` draws its base seed, or
+    ``torch.bernoulli(p, generator=g)``): it runs on the generator's device and the result
+    is copied back.
+    """
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
+        generator = kwargs.get("generator")
         if func in _device_constructors() and kwargs.get("device") is None:
-            generator = kwargs.get("generator")
             if generator is not None and generator.device.type != self.device.type:
                 return func(*args, **kwargs).to(self.device)  # the CPU run's numbers, on the device
             kwargs["device"] = self.device
+            return func(*args, **kwargs)
+        if generator is not None and args and isinstance(args[0], torch.Tensor):
+            target = args[0]
+            if target.device.type != generator.device.type:
+                in_place = getattr(func, "__name__", "").endswith("_")  # random_, uniform_, bernoulli_: overwritten
+                first = torch.empty(target.shape, dtype=target.dtype, device=generator.device) if in_place else target
+                moved = [a.to(generator.device) if isinstance(a, torch.Tensor) else a for a in (first, *args[1:])]
+                result = func(*moved, **kwargs)
+                if in_place:  # write the draw back
+                    with torch.no_grad():
+                        target.copy_(moved[0])
+                    return target
+                return result.to(target.device) if isinstance(result, torch.Tensor) else result
         return func(*args, **kwargs)
 
 

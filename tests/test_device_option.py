@@ -37,7 +37,7 @@ def test_device_cuda_runs_on_the_gpu_or_skips_everything_with_one_line() -> None
             f"{Path(__file__).name}::test_tensors_are_made_on_the_session_device",
         ],
         cwd=ROOT / "tests",
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))},
         capture_output=True,
         text=True,
         timeout=300,

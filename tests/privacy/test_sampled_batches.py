@@ -12,7 +12,8 @@ from dpnotebook.privacy import BatchMemoryManager, PrivacyEngine
 
 
 def _private(collate=None, num_workers: int = 0, K: int = 1):
-    data = TensorDataset(torch.randn(60, 3), torch.randn(60, 1))
+    # the data stays on the CPU, as for worker processes it must (a forked worker cannot use CUDA)
+    data = TensorDataset(torch.randn(60, 3, device="cpu"), torch.randn(60, 1, device="cpu"))
     model = nn.Linear(3, 1)
     loader = DataLoader(data, batch_size=12, collate_fn=collate, num_workers=num_workers)
     return PrivacyEngine(secure_mode=False).make_private(
@@ -27,7 +28,7 @@ def _private(collate=None, num_workers: int = 0, K: int = 1):
 
 
 def _backward(model: nn.Module, batch) -> None:
-    x, y = batch
+    x, y = (t.to(next(model.parameters()).device) for t in batch)
     nn.functional.mse_loss(model(x), y).backward()
 
 

@@ -90,9 +90,9 @@ def test_sweep_shows_progress_only_when_asked_or_on_a_terminal(data: TensorDatas
 
 def test_device_argument_moves_the_run(data: TensorDataset) -> None:
     setting = RunSetting(epsilon=2.0, batch_size=30, epochs=2, num_classes=2)
-    default = train_run(setting, data, data, seed=3)
-    on_cpu = train_run(setting, data, data, seed=3, device="cpu")
-    assert (on_cpu.accuracy, on_cpu.clipped_sum_norm, on_cpu.noise_norm) == (
+    default = train_run(setting, data, data, seed=3)  # on the device the model is made on
+    moved = train_run(setting, data, data, seed=3, device=data.tensors[0].device.type)
+    assert (moved.accuracy, moved.clipped_sum_norm, moved.noise_norm) == (
         default.accuracy,
         default.clipped_sum_norm,
         default.noise_norm,

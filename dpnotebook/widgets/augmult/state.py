@@ -71,7 +71,7 @@ def _stats(
     for k in range(1, k_max + 1):
         ga = compute_grad_samples(model, seeds[0](x, k), y, loss_fn, K=k)
         gb = compute_grad_samples(model, seeds[1](x, k), y, loss_fn, K=k)
-        n = per_sample_norms(ga).double().numpy()
+        n = per_sample_norms(ga).double().cpu().numpy()
         diff = flatten_grad_samples(ga).double() - flatten_grad_samples(gb).double()
         norms.append(n)
         mean_norm.append(n.mean())

@@ -80,8 +80,8 @@ def clipping_stats(grad_samples: Mapping[str, Tensor], max_grad_norm: float, cli
     """Clip ``grad_samples`` with :func:`~dpnotebook.privacy.clipping.clip_and_sum` and measure the bias."""
     result = clip_and_sum(grad_samples, max_grad_norm=max_grad_norm, clipping=clipping)
     batch = result.batch_size
-    mean = flatten_grad_samples(grad_samples).double().mean(0).numpy()
-    clipped_mean = torch.cat([s.flatten() for s in result.summed]).double().numpy() / batch
+    mean = flatten_grad_samples(grad_samples).double().mean(0).cpu().numpy()
+    clipped_mean = torch.cat([s.flatten() for s in result.summed]).double().cpu().numpy() / batch
     norm_mean = float(np.linalg.norm(mean))
     threshold = max_grad_norm if clipping == "flat" else layer_thresholds(max_grad_norm, len(grad_samples))
     return ClippingStats(
@@ -92,8 +92,8 @@ def clipping_stats(grad_samples: Mapping[str, Tensor], max_grad_norm: float, cli
         clipped_mean=clipped_mean,
         cosine=_cosine(clipped_mean, mean),
         norm_ratio=float(np.linalg.norm(clipped_mean)) / norm_mean if norm_mean > 0 else float("nan"),
-        norms=result.norms.double().numpy(),
-        factors=result.factors.double().numpy(),
+        norms=result.norms.double().cpu().numpy(),
+        factors=result.factors.double().cpu().numpy(),
         layer_threshold=threshold,
     )
 

@@ -39,7 +39,7 @@ def clipped_vectors(grad_samples: Mapping[str, Tensor], stats: ClippingStats) ->
     for i, g in enumerate(grad_samples.values()):
         f = factors if factors.dim() == 1 else factors[i]
         parts.append(flat_rows(g).double() * f[:, None])
-    return torch.cat(parts, dim=1).numpy()
+    return torch.cat(parts, dim=1).cpu().numpy()
 
 
 class ClippingExplorer(Explorer[ClippingState]):
@@ -84,7 +84,7 @@ class ClippingExplorer(Explorer[ClippingState]):
                 toy = toy if toy is not None else make_toy()
                 grad_samples = toy.grad_samples()
         state = ClippingState(grad_samples, max_grad_norm=max_grad_norm, clipping=clipping)
-        self._vectors = flatten_grad_samples(state.grad_samples).double().numpy()
+        self._vectors = flatten_grad_samples(state.grad_samples).double().cpu().numpy()
         two_d = state.is_2d
         super().__init__(state, figsize=(12.0, 3.6) if two_d else (9.0, 3.4), backend=backend)
 
@@ -107,7 +107,7 @@ class ClippingExplorer(Explorer[ClippingState]):
         if s.num_layers > 1:
             from dpnotebook.privacy.clipping import per_layer_norms
 
-            layer_norms = per_layer_norms(s.grad_samples).double().numpy()
+            layer_norms = per_layer_norms(s.grad_samples).double().cpu().numpy()
         self.hist = plots.draw_norm_histogram(axes[-2], s.norms, max_grad_norm=s.max_grad_norm, layer_norms=layer_norms)
         self.curves = plots.draw_bias_curves(axes[-1], s.curves(), max_grad_norm=s.max_grad_norm)
         self._curve_mode = s.clipping

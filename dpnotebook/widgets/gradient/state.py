@@ -144,12 +144,12 @@ class GradientState(traitlets.HasTraits):
     def layer_norms(self) -> np.ndarray:
         """Norms ``[L, B]`` of each sample's gradient per layer, in the current mode (cached)."""
         if self.mode not in self._norms:
-            self._norms[self.mode] = per_layer_norms(self.grads[self.mode]).double().numpy()
+            self._norms[self.mode] = per_layer_norms(self.grads[self.mode]).double().cpu().numpy()
         return self._norms[self.mode]
 
     def gradient(self) -> np.ndarray:
         """The selected sample's gradient of the selected layer, shaped like the parameter."""
-        return self.grads[self.mode][self.layer][self.sample].double().numpy()
+        return self.grads[self.mode][self.layer][self.sample].double().cpu().numpy()
 
     def comparison_rows(self) -> list[tuple[str, str]]:
         """``(mode, "max |difference| vs reference" or the error)`` for each mode."""

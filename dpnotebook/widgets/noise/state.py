@@ -112,7 +112,7 @@ class NoiseState(traitlets.HasTraits):
         self._cache: dict[tuple[int, float], tuple[np.ndarray, np.ndarray, float]] = {}
         flat = flatten_grad_samples(self.pool).double()
         self.dim = flat.shape[1]
-        self.basis = projection_basis(flat.mean(0).numpy(), seed=seed)
+        self.basis = projection_basis(flat.mean(0).cpu().numpy(), seed=seed)
         if max_grad_norm is None:
             max_grad_norm = float(flat.norm(dim=1).median()) or 1.0
         super().__init__(
@@ -152,8 +152,8 @@ class NoiseState(traitlets.HasTraits):
     def _clip(self, batch_size: int) -> tuple[np.ndarray, np.ndarray, float]:
         batch = {k: v[:batch_size] for k, v in self.pool.items()}
         result = clip_and_sum(batch, max_grad_norm=self.max_grad_norm)
-        summed = torch.cat([s.flatten() for s in result.summed]).double().numpy()
-        true_mean = flatten_grad_samples(batch).double().mean(0).numpy()
+        summed = torch.cat([s.flatten() for s in result.summed]).double().cpu().numpy()
+        true_mean = flatten_grad_samples(batch).double().mean(0).cpu().numpy()
         return summed, true_mean, result.fraction_clipped
 
     def view(self) -> NoiseView:
@@ -167,7 +167,9 @@ class NoiseState(traitlets.HasTraits):
                     std=sigma * c,
                     generator=torch.Generator().manual_seed(self.seed + j),
                     dtype=torch.float64,
-                ).numpy()
+                )
+                .cpu()
+                .numpy()
                 for j in range(self.draws)
             ]
         )

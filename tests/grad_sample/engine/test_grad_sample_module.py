@@ -88,8 +88,10 @@ def test_composite_models_match_oracle(name: str, mode: str, K: int, reduction: 
         torch.testing.assert_close(p.grad_sample, ref[n], rtol=1e-10, atol=1e-12)
         if mode == "ew":  # rebuilt from per-row gradients: equal up to roundoff
             torch.testing.assert_close(p.grad, q.grad, rtol=1e-12, atol=1e-14)
-        else:
+        elif p.grad.device.type == "cpu":
             assert torch.equal(p.grad, q.grad), "p.grad must stay what plain PyTorch computes"
+        else:  # CUDA's float64 convolution gradients are not deterministic: two plain runs differ at 1e-16
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-12, atol=1e-14)
 
 
 def test_memory_free_k_average_is_the_mean_of_copies() -> None:

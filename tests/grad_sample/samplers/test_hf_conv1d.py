@@ -12,6 +12,7 @@ import dpnotebook
 from dpnotebook.audit import audit_sensitivity
 from dpnotebook.audit.families import Family
 from dpnotebook.audit.records import MAX_K, RECORDS, AuditCase, _apply_record
+from dpnotebook.audit.sensitivity import FLOAT32_TOLERANCE, TOLERANCE
 from dpnotebook.benchmarks.zoo import Logits, gpt2
 from dpnotebook.grad_sample.engine.registry import find_grad_sampler
 from dpnotebook.testing import check_grad_sampler
@@ -65,7 +66,9 @@ SEQ = Family("conv1d", lambda bf: nn.Sequential(Conv1D(6, 8), nn.Tanh(), Conv1D(
 
 @pytest.mark.parametrize("mode", ["hooks", "ghost"])
 @pytest.mark.parametrize("record", RECORDS)
-def test_the_auditor_finds_each_sample_moves_the_sum_by_at_most_C(mode: str, record: str) -> None:
+def test_the_auditor_finds_each_sample_moves_the_sum_by_at_most_C(mode: str, record: str, device) -> None:
+    # float32 on CUDA rounds with the batch's composition (docs/guarantees.md, "On a GPU")
+    tolerance = TOLERANCE if device.type == "cpu" else FLOAT32_TOLERANCE
     gen = torch.Generator().manual_seed(0)
     x, t = SEQ.data(4, MAX_K, gen)
     case = AuditCase(SEQ, record, *_apply_record(record, SEQ, x, t, gen))
@@ -79,7 +82,7 @@ def test_the_auditor_finds_each_sample_moves_the_sum_by_at_most_C(mode: str, rec
             K=K,
             max_grad_norm=1.0,
         )
-        assert report.ok(), (K, report)
+        assert report.ok(tolerance), (K, report)
         assert report.reference_gap < 1e-4 * max(1.0, report.max_ratio), (K, report.reference_gap)
 
 
