@@ -19,7 +19,7 @@ from typing import Any
 
 from torch import nn
 
-from dpnotebook.grad_sample.engine.registry import register_grad_sampler
+from dpnotebook.grad_sample._registry import register_grad_sampler
 from dpnotebook.modes import wrap_model as _wrap_in_mode
 
 

@@ -19,7 +19,7 @@ state restored, the inputs cloned):
     time-major internals and heads taken for rows.
 (b) **backward support**: a random cotangent on sample ``j``'s rows of the model's
     output alone (its batch dim found as functorch mode finds it,
-    :func:`~dpnotebook.grad_sample.engine.output_batch_dim.output_batch_dims`) is
+    :func:`~dpnotebook.grad_sample._engine.calls.output_batch_dims`) is
     propagated back; every hooked layer's output gradient must be zero outside
     sample ``j``'s rows. This catches a layer whose rows are identical across
     samples (so that (a) sees nothing) but whose backprops are positions.
@@ -64,9 +64,7 @@ from torch.nn.utils.rnn import PackedSequence
 from torch.utils._pytree import tree_flatten, tree_map
 
 from dpnotebook.errors import GradSampleError
-from dpnotebook.grad_sample.engine.batch_rows import count_rows
-from dpnotebook.grad_sample.engine.functorch_fallback import capture_paused
-from dpnotebook.grad_sample.engine.output_batch_dim import output_batch_dims
+from dpnotebook.grad_sample._engine.calls import capture_paused, count_rows, output_batch_dims
 
 __all__ = ["probe_rows", "probing", "layers_with_parameters", "ProbeLayer", "FIX"]
 
@@ -378,7 +376,7 @@ def probe_rows(
         backward_proven: an earlier batch already passed the backward check; when
             this one cannot run the forward check either (all samples identical),
             nothing is run.
-        tracker: the wrapper's :class:`~dpnotebook.grad_sample.engine.broadcast.BroadcastTracker`, when the
+        tracker: the wrapper's :class:`~dpnotebook.grad_sample._engine.broadcast.BroadcastTracker`, when the
             model has batch-free tensors meeting the batch: the passes run under it, calls of ``layers`` on
             batch-free inputs are skipped, and the result of every meeting point is checked as a layer's output.
         units: the modules the tracker treats as units (with ``tracker``).

@@ -36,11 +36,12 @@ from torch.autograd.graph import register_multi_grad_hook
 from torch.utils._pytree import tree_flatten
 
 from dpnotebook.errors import GradSampleError
-from dpnotebook.grad_sample.engine.accumulation import GradSample, grad_sample_rows
-from dpnotebook.grad_sample.engine.module import check_k, check_loss_reduction
-from dpnotebook.grad_sample.engine.outer_wrapper import OuterWrapper
-from dpnotebook.grad_sample.engine.packed import refuse_packed
-from dpnotebook.grad_sample.engine.provenance import layers_with_parameters, probe_rows
+from dpnotebook.grad_sample._engine.accumulation import GradSample, grad_sample_rows
+from dpnotebook.grad_sample._engine.calls import refuse_packed
+from dpnotebook.grad_sample._engine.hooks import check_k, check_loss_reduction
+from dpnotebook.grad_sample._engine.no_op import OuterWrapper
+from dpnotebook.grad_sample._engine.provenance import layers_with_parameters, probe_rows
+from dpnotebook.modes import register_mode
 from dpnotebook.validation import Problem, raise_if_problems, validate
 
 
@@ -89,6 +90,7 @@ def _refuse_autocast() -> None:
         )
 
 
+@register_mode("ew")
 class GradSampleModuleExpandedWeights(OuterWrapper):
     """Per-sample gradients through PyTorch's ExpandedWeights.
 
@@ -189,7 +191,7 @@ class GradSampleModuleExpandedWeights(OuterWrapper):
         return out
 
     def _prove_rows(self, args: tuple, kwargs: dict) -> None:
-        """The provenance probe (:mod:`~dpnotebook.grad_sample.engine.provenance`) on every layer with parameters."""
+        """The provenance probe (:mod:`~dpnotebook.grad_sample._engine.provenance`) on every layer with parameters."""
         with _plain_rnn_kernels(self._has_rnn):
             found = probe_rows(
                 self._module,

@@ -40,7 +40,7 @@ with a container's own parameter, ``x[:, 0] = f``) is *unrecognised*: on the
 first forward pass the tracker runs once on its own (the *discovery*, every
 module in eval mode, no gradients) and the smallest module holding both the
 op and the parameters becomes a ``torch.func`` unit, as before. The provenance
-probe (:mod:`~dpnotebook.grad_sample.engine.provenance`) then checks every
+probe (:mod:`~dpnotebook.grad_sample._engine.provenance`) then checks every
 meeting point's result as it checks a layer's output: its rows must follow the
 samples.
 
@@ -77,7 +77,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
 from dpnotebook.errors import GradSampleError
-from dpnotebook.grad_sample.engine.functorch_fallback import capture_is_paused, loss_scale
+from dpnotebook.grad_sample._engine.calls import capture_is_paused, loss_scale
 
 #: Broadcasting ops where a batch-free tensor may meet the batch: ``f`` is replaced by ``f_rows`` there.
 ELEMENTWISE = frozenset(
