@@ -105,7 +105,7 @@ _IN_PLACE |= {Tensor.__iadd__, Tensor.__isub__, Tensor.__imul__, Tensor.__itrued
 Deps = frozenset  # ids of the trainable parameters a batch-free tensor depends on
 
 
-def _tensors(args: tuple | list, kwargs: dict | None) -> Iterator[Tensor]:
+def _tensors(args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any] | None) -> Iterator[Tensor]:
     """The tensors among a call's arguments (one level of lists and tuples: ``torch.cat``'s)."""
     for a in (*args, *(kwargs.values() if kwargs else ())):
         if isinstance(a, Tensor):
@@ -119,7 +119,7 @@ class Capture:
     """One meeting point in one forward pass: ``f`` (batch-free) replaced by ``f_rows`` in a recognised op."""
 
     f: Tensor
-    deps: Deps
+    deps: Deps[Any]
     kind: str  # "expand": f broadcast over the rows; "rows": f has one row per batch row
     bd: int
     rows: int
@@ -148,14 +148,14 @@ class BroadcastTracker(TorchFunctionMode):
         self.bad: list[tuple[str, str, list[str]]] = []  # unrecognised uses: (module path, op, parameter names)
         self.sites: set[str] = set()
         self._batched: dict[int, Any] = {}
-        self._deps: dict[int, tuple[Any, Deps]] = {}
+        self._deps: dict[int, tuple[Any, Deps[Any]]] = {}
         self._params: dict[int, nn.Parameter] = {}
         self._unit_params: dict[int, nn.Parameter] = {}  # those of units called on batch-free inputs
         self._stack: list[str] = []
         self._depth = 0
         self._suspended = False
         self._handles: list[Any] = []
-        self._installed: tuple | None = None
+        self._installed: tuple[Any, ...] | None = None
         self._free: list[tuple[int, nn.Parameter]] = []
         self._tracking = False
         self._unit_calls: list[bool] = []
@@ -165,13 +165,13 @@ class BroadcastTracker(TorchFunctionMode):
         ref = self._batched.get(id(t))
         return ref is not None and ref() is t
 
-    def deps(self, t: Tensor) -> Deps:
+    def deps(self, t: Tensor) -> Deps[Any]:
         found = self._deps.get(id(t))
         if found is not None and found[0]() is t:
             return found[1]
         return frozenset((id(t),)) if id(t) in self._params else frozenset()
 
-    def _mark(self, out: Any, batched: bool, deps: Deps) -> None:
+    def _mark(self, out: Any, batched: bool, deps: Deps[Any]) -> None:
         for t in [out] if isinstance(out, Tensor) else _tensors(out, None) if isinstance(out, (list, tuple)) else ():
             if batched:
                 self._batched[id(t)] = weakref.ref(t)
@@ -179,7 +179,7 @@ class BroadcastTracker(TorchFunctionMode):
             elif deps:
                 self._deps[id(t)] = (weakref.ref(t), deps)
 
-    def batch_free_call(self, args: tuple, kwargs: dict) -> bool:
+    def batch_free_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         """Whether a unit's call has no batched input (its rows are not samples): only while tracking."""
         if not self.active:
             return False
@@ -199,7 +199,7 @@ class BroadcastTracker(TorchFunctionMode):
 
     # -- entering and leaving a forward pass -------------------------------------
     @contextlib.contextmanager
-    def tracking(self, args: tuple, kwargs: dict, units: list[nn.Module]) -> Iterator[None]:
+    def tracking(self, args: tuple[Any, ...], kwargs: dict[str, Any], units: list[nn.Module]) -> Iterator[None]:
         """Track one forward pass of the model on ``args``/``kwargs``: every tensor among them is batched."""
         self._install(units)
         self._params = {i: p for i, p in self._free if p.requires_grad}
@@ -246,7 +246,7 @@ class BroadcastTracker(TorchFunctionMode):
             h.remove()
         self._handles, self._installed = [], None
 
-    def _enter(self, path: str, unit: bool, module: nn.Module, args: tuple, kwargs: dict) -> None:
+    def _enter(self, path: str, unit: bool, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if not self._tracking:
             return
         self._stack.append(path)
@@ -259,7 +259,7 @@ class BroadcastTracker(TorchFunctionMode):
             if self.discovering:
                 (self.batch_free_units if batch_free else self.batched_units).add(id(module))
 
-    def _leave(self, unit: bool, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+    def _leave(self, unit: bool, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
         if not self._tracking:
             return
         if self._stack:
@@ -291,13 +291,15 @@ class BroadcastTracker(TorchFunctionMode):
             return False
         return True
 
-    def _mark_tree(self, output: Any, batched: bool, deps: Deps) -> None:
+    def _mark_tree(self, output: Any, batched: bool, deps: Deps[Any]) -> None:
         for x in tree_flatten(output)[0]:
             if isinstance(x, Tensor):
                 self._mark(x, batched, deps)
 
     # -- every op of the forward pass --------------------------------------------
-    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+    def __torch_function__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
         kwargs = kwargs or {}
         batched, free = False, []
         for t in _tensors(args, kwargs):
@@ -318,7 +320,9 @@ class BroadcastTracker(TorchFunctionMode):
             self._mark(out, False, frozenset().union(*(d for _, d in free)))
         return out
 
-    def _meet(self, func: Any, args: tuple, kwargs: dict, free: list[tuple[Tensor, Deps]]) -> Any:
+    def _meet(
+        self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], free: list[tuple[Tensor, Deps[Any]]]
+    ) -> Any:
         """A batch-free tensor that depends on trainable parameters meets the batch."""
         owner = self.owner
         bd, rows = 0 if owner.batch_first else 1, owner._rows_input
@@ -353,7 +357,7 @@ class BroadcastTracker(TorchFunctionMode):
         return out
 
     def _substitutes(
-        self, func: Any, args: tuple, kwargs: dict, free: list, bd: int, rows: int | None
+        self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], free: list[Any], bd: int, rows: int | None
     ) -> list[tuple[Tensor, Tensor, str]] | None:
         """``(f, f_rows, kind)`` for each batch-free operand, or ``None`` where the op is not recognised."""
         if rows is None:
@@ -401,7 +405,7 @@ class BroadcastTracker(TorchFunctionMode):
             return [(t, t.view(t.shape), "rows") for t, _ in free]
         return None
 
-    def _unrecognised(self, func: Any, free: list[tuple[Tensor, Deps]]) -> None:
+    def _unrecognised(self, func: Any, free: list[tuple[Tensor, Deps[Any]]]) -> None:
         names = {id(p): n for n, p in self.owner._module.named_parameters(prefix="model", remove_duplicate=False)}
         params = sorted(names[i] for _, d in free for i in d if i in names)
         where = self._stack[-1] if self._stack else "model"
@@ -438,7 +442,7 @@ class BroadcastTracker(TorchFunctionMode):
         per_sample = per_sample * (loss_scale(owner.loss_reduction, rows) / K)
         params = [self._params_by_id(i) for i in sorted(cap.deps)]
         if len(params) == 1 and params[0] is f:
-            grads: tuple = (per_sample,)
+            grads: tuple[Any, ...] = (per_sample,)
         else:
             grads = torch.autograd.grad(
                 f, params, per_sample, retain_graph=True, allow_unused=True, is_grads_batched=True

@@ -100,8 +100,8 @@ class LayerCall:
 
     module: nn.Module
     path: str
-    args: tuple
-    kwargs: dict
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
     out_index: list[int]
     batch_dim: int
     rows: int
@@ -202,7 +202,7 @@ def fallback_grad_samples(
     out_pos = [i for i, _ in used]
     out_grads = [_split_rows(full_precision(g), bd, B, K) for _, g in used]
 
-    def sample_loss(params: dict, xs: list, gs: list) -> Tensor:
+    def sample_loss(params: dict[str, Any], xs: list[Any], gs: list[Any]) -> Tensor:
         args, kwargs = tree_unflatten(xs, spec)
         out, _ = tree_flatten(call_keeping_parameters(module, {**params, **fixed}, args, kwargs))
         return sum((out[i] * g).sum() for i, g in zip(out_pos, gs, strict=True))
@@ -235,7 +235,9 @@ def fallback_grad_samples(
     return {p: per_sample[n] * (scale / K) for n, p in trainable.items()}
 
 
-def call_keeping_parameters(module: nn.Module, tensors: dict, args: tuple, kwargs: dict) -> Any:
+def call_keeping_parameters(
+    module: nn.Module, tensors: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
     """``functional_call(module, tensors, args, kwargs)``, and the module's own parameters and buffers after it.
 
     PyTorch's ``functional_call`` does not put back the parameters of a
@@ -299,7 +301,7 @@ def _tensors_in_order(obj: Any) -> Any:
             yield from _tensors_in_order(item)
 
 
-def count_rows(args: tuple, kwargs: dict, *, batch_first: bool, min_dim: int = 1) -> int | None:
+def count_rows(args: tuple[Any, ...], kwargs: dict[str, Any], *, batch_first: bool, min_dim: int = 1) -> int | None:
     """The number of rows of the forward's input: the size of its batch dim, or ``None``.
 
     The first tensor (positional arguments first, then keyword arguments; nested
@@ -345,7 +347,7 @@ def count_rows(args: tuple, kwargs: dict, *, batch_first: bool, min_dim: int = 1
     return None
 
 
-def input_rows(args: tuple, kwargs: dict, batch_dim: int) -> int | None:
+def input_rows(args: tuple[Any, ...], kwargs: dict[str, Any], batch_dim: int) -> int | None:
     """The rows ``B*K`` of the first tensor argument with a ``batch_dim``, or ``None`` when there is none."""
     if args and isinstance(args[0], Tensor) and args[0].dim() > batch_dim:  # the usual call, checked cheaply
         return args[0].shape[batch_dim]
@@ -365,7 +367,14 @@ def _one_row_more(tree: Any, rows: int, batch_dim: int) -> Any:
 
 
 def output_batch_dims(
-    model: nn.Module, args: tuple, kwargs: dict, output: Any, out_index: list[int], *, rows: int, batch_dim: int
+    model: nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    output: Any,
+    out_index: list[int],
+    *,
+    rows: int,
+    batch_dim: int,
 ) -> list[int]:
     """For each output tensor named by ``out_index``, the dim that holds the ``rows`` rows.
 
@@ -421,7 +430,7 @@ def _no_batch_dim(t: Tensor, rows: int, batch_dim: int) -> GradSampleError:
     )
 
 
-def refuse_packed(args: tuple, kwargs: dict, mode: str, model: nn.Module) -> None:
+def refuse_packed(args: tuple[Any, ...], kwargs: dict[str, Any], mode: str, model: nn.Module) -> None:
     """Raise if a ``PackedSequence`` is among ``model``'s arguments: ``mode`` cannot split one per sample."""
     if not kwargs and all(isinstance(a, Tensor) for a in args):  # the usual call, checked cheaply
         return

@@ -190,7 +190,7 @@ class GradSampleModuleExpandedWeights(OuterWrapper):
             register_multi_grad_hook(leaves, lambda grads: self._queue_finish(rows), mode="any")
         return out
 
-    def _prove_rows(self, args: tuple, kwargs: dict) -> None:
+    def _prove_rows(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """The provenance probe (:mod:`~dpnotebook.grad_sample._engine.provenance`) on every layer with parameters."""
         with _plain_rnn_kernels(self._has_rnn):
             found = probe_rows(
@@ -205,7 +205,7 @@ class GradSampleModuleExpandedWeights(OuterWrapper):
         if found != "nothing to prove":
             self._rows_proof = found
 
-    def _rows(self, args: tuple) -> int:
+    def _rows(self, args: tuple[Any, ...]) -> int:
         first = next((a for a in args if isinstance(a, Tensor)), None)
         if first is None or first.dim() == 0:
             raise ValueError("grad_sample_mode='ew' needs a tensor input with the batch in dim 0.")

@@ -47,7 +47,7 @@ class FunctorchGradSampleModule(GradSampleModule):
     probes_rows = False  # the replay sees one sample at a time: its rows cannot be another's
     tracks_broadcasts = False  # ... and it replays the whole model: every parameter is in it
 
-    def _plan(self) -> list:
+    def _plan(self) -> list[Any]:
         return plan_units(self._module, whole_model=True)
 
     def add_hooks(self) -> None:
@@ -74,7 +74,7 @@ class FunctorchGradSampleModule(GradSampleModule):
     def _batch_dim(self) -> int:
         return 0 if self.batch_first else 1
 
-    def _batch_to_input_dim(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
+    def _batch_to_input_dim(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
         """Forward hook: move each output tensor's batch dim to the input's (undone in :meth:`_forward`).
 
         The replay of a forward pass (in the backward pass, one sample at a time) moves the same dims.
@@ -92,7 +92,9 @@ class FunctorchGradSampleModule(GradSampleModule):
             return None
         return _move_batch(output, moves, self._batch_dim) if moves else None
 
-    def _find_moves(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> list[tuple[int, int]]:
+    def _find_moves(
+        self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
+    ) -> list[tuple[int, int]]:
         bd = self._batch_dim
         rows = input_rows(args, kwargs, bd)
         leaves = [output] if isinstance(output, torch.Tensor) else tree_flatten(output)[0]

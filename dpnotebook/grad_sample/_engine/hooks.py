@@ -227,7 +227,7 @@ class GradSampleModule(nn.Module):
             self._refuse_outside_use(output, self._hooks.watched)
         return output
 
-    def _discover(self, args: tuple, kwargs: dict) -> None:
+    def _discover(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Run the model once with the tracker (see :mod:`.broadcast`): find where batch-free parameters meet
         the batch, make the smallest module holding an unrecognised meeting a ``torch.func`` unit."""
         tracker = self._broadcast
@@ -257,7 +257,7 @@ class GradSampleModule(nn.Module):
             free = any(p.requires_grad and id(p) not in in_units for p in self._module.parameters())
             tracker.enabled = bool(tracker.sites or tracker.batch_free_units or free)
 
-    def _prove_rows(self, args: tuple, kwargs: dict) -> None:
+    def _prove_rows(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Run the provenance probe on this batch, on a forward pass with gradients, until it has proven the rows."""
         if self._hooks is None or not self.hooks_enabled or not torch.is_grad_enabled() or capture_is_paused():
             return

@@ -87,7 +87,7 @@ def _positional_arity(module: nn.Module) -> int:
     return -1 if function is None else _method_arity(function)
 
 
-def bound_arguments(module: nn.Module, args: tuple, kwargs: dict) -> list[Any]:
+def bound_arguments(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
     """The forward's arguments in signature order, defaults filled in (``activations``).
 
     >>> from torch import nn
@@ -174,7 +174,7 @@ class LayerHooks:
         # torch.func units, nor of DP layers whose children hold the samplers (DPLSTM runs its recurrence on its
         # children's parameters outside their forward, and their samplers account for it)
         self.watched: dict[int, nn.Parameter] = {}
-        self._swapped: dict[int, list[list]] = {}
+        self._swapped: dict[int, list[list[Any]]] = {}
         shared = [m for m in owner._module.modules() if getattr(m, "_dpn_grad_samples_from_children", False)]
         inside_shared = {id(s) for m in shared for s in m.modules()}
         self._unwatched = frozenset(id(p) for _, m, e in units if e is None for p in m.parameters())
@@ -194,13 +194,13 @@ class LayerHooks:
             h.remove()
         self.handles.clear()
 
-    def _alias(self, subtree: list[nn.Module], module: nn.Module, args: tuple) -> None:
+    def _alias(self, subtree: list[nn.Module], module: nn.Module, args: tuple[Any, ...]) -> None:
         owner = self.owner
         active = owner.hooks_enabled and owner._in_forward and torch.is_grad_enabled() and not capture_is_paused()
         swapped = alias_parameters(subtree, self.watched, self._unwatched) if active else []
         self._swapped.setdefault(id(module), []).append(swapped)
 
-    def _restore(self, module: nn.Module, args: tuple, output: Any) -> None:
+    def _restore(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
         stack = self._swapped.get(id(module))
         if stack:
             restore_parameters(stack.pop())
@@ -211,7 +211,13 @@ class LayerHooks:
         return 0 if self.owner.batch_first else 1
 
     def _record(
-        self, path: str, entry: SamplerEntry | None, module: nn.Module, args: tuple, kwargs: dict, output: Any
+        self,
+        path: str,
+        entry: SamplerEntry | None,
+        module: nn.Module,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        output: Any,
     ) -> None:
         owner = self.owner
         if not owner.hooks_enabled or capture_is_paused() or not torch.is_grad_enabled():
@@ -279,7 +285,9 @@ def mark_in_layer(node: Any) -> None:
     node.metadata[_MARK] = True
 
 
-def alias_parameters(modules: Any, watched: dict[int, nn.Parameter], exclude: frozenset = frozenset()) -> list:
+def alias_parameters(
+    modules: Any, watched: dict[int, nn.Parameter], exclude: frozenset[Any] = frozenset()
+) -> list[Any]:
     """Swap the trainable parameters of ``modules`` for marked aliases; return what :func:`restore_parameters` needs.
 
     Each swapped parameter is added to ``watched`` (``id -> parameter``) unless its id is in ``exclude``
@@ -301,7 +309,7 @@ def alias_parameters(modules: Any, watched: dict[int, nn.Parameter], exclude: fr
     return swapped
 
 
-def restore_parameters(swapped: list) -> None:
+def restore_parameters(swapped: list[Any]) -> None:
     """Put back the parameters :func:`alias_parameters` swapped."""
     for module, pairs in swapped:
         for name, p in pairs:
