@@ -1,48 +1,30 @@
 """Batch-free tensors meeting the batch: per-sample gradients of broadcast parameters (hooks and ghost mode).
 
-Some parameters never see the batch's rows inside a layer of their own: a
-position table looked up once with ``[1, T]`` ids (BERT, GPT-2), a T5 relative
-attention bias looked up with ``[T, T]`` bucket ids, a ViT class token
-(``cls.expand(n, -1, -1)`` then ``torch.cat``), a position embedding or a
-ConvNeXt layer scale held by a container (``x + self.pos``, ``self.gamma * y``).
-They are *batch-free*: computed from parameters and buffers only. Where such a
-tensor ``f`` meets the batch, every row ``r`` of the result uses all of ``f``
-(or, for ``f`` with one row per batch row, its row ``r``), so sample ``i``'s
-gradient of the parameters behind ``f`` is the vector-Jacobian product of ``f``
-with the part of ``f``'s cotangent that comes from sample ``i``'s rows.
+Some parameters never see the batch's rows inside a layer of their own: a position table looked up
+with ``[1, T]`` ids (BERT, GPT-2), a T5 relative attention bias, a ViT class token
+(``cls.expand(n, -1, -1)`` then ``torch.cat``), a ConvNeXt layer scale held by a container
+(``self.gamma * y``). They are *batch-free*: computed from parameters and buffers only. Where such a
+tensor ``f`` meets the batch, every row ``r`` of the result uses all of ``f`` (or, for ``f`` with one
+row per batch row, its row ``r``), so sample ``i``'s gradient of the parameters behind ``f`` is the
+vector-Jacobian product of ``f`` with the part of ``f``'s cotangent that comes from sample ``i``'s rows.
 
-:class:`BroadcastTracker` finds those meeting points with a
-:class:`torch.overrides.TorchFunctionMode` during the wrapper's forward pass. It
-knows which tensors depend on the input's rows by data flow, not by counting:
-the input tensors are *batched* (all of them: a mask or flat ids passed in are
-data too); an op with a batched operand
-gives batched results; anything else (parameters, buffers, ``arange``, ids
-computed from them) is batch-free, with the set of trainable parameters it
-depends on. Inside a unit (a layer with a registered sampler, or a ``torch.func``
-unit) its ops are the unit's business; a unit called on batch-free inputs
-only (``position_embeddings(position_ids)``) records no rows: its output is a
-batch-free tensor like any other. Where a batch-free tensor ``f`` that depends
-on trainable parameters meets a batched one in a *recognised* op
-(:data:`ELEMENTWISE`: add, sub, mul, div in their function, method, in-place
-and operator forms; :data:`JOINS`: ``torch.cat``/``stack`` along a non-batch
-dim; :data:`ATTENTION`: ``scaled_dot_product_attention``'s ``attn_mask``, which
-is added to the scores), ``f`` is replaced in that op by ``f_rows``: ``f`` broadcast to the batch
-rows (or ``f`` itself, viewed, when it already has one row per batch row), and a
-tensor hook on ``f_rows`` receives the per-row cotangent. Summed over each
-sample's ``K`` rows (with, for ``f`` of one row per batch row, only the sample's
-own rows kept), it is pushed through ``f``'s batch-free subgraph with
-``torch.autograd.grad(..., is_grads_batched=True)``, or taken as is when ``f``
-is the parameter itself. ``p.grad`` is what PyTorch computes: ``f_rows`` is a
-view of ``f``.
+:class:`BroadcastTracker` finds those meeting points with a :class:`torch.overrides.TorchFunctionMode`
+during the wrapper's forward pass, by data flow, not by counting: the inputs are *batched* (a mask or
+ids passed in too); an op with a batched operand gives batched results; anything else is batch-free,
+with the set of trainable parameters it depends on. Inside a unit, ops are the unit's business (a
+unit called on batch-free inputs only records no rows). Where a batch-free ``f`` that depends on
+trainable parameters meets a batched tensor in a *recognised* op (:data:`ELEMENTWISE`: add, sub, mul,
+div in every form; :data:`JOINS`: ``torch.cat``/``stack`` along a non-batch dim; :data:`ATTENTION`:
+``scaled_dot_product_attention``'s ``attn_mask``), ``f`` is replaced in that op by ``f_rows``, a view
+of ``f`` broadcast to the batch rows, whose tensor hook receives the per-row cotangent. Summed over
+each sample's ``K`` rows, it is pushed through ``f``'s batch-free subgraph with
+``torch.autograd.grad(..., is_grads_batched=True)``. ``p.grad`` is what PyTorch computes.
 
-Anything else where a batch-free trainable tensor meets the batch (a matmul
-with a container's own parameter, ``x[:, 0] = f``) is *unrecognised*: on the
-first forward pass the tracker runs once on its own (the *discovery*, every
-module in eval mode, no gradients) and the smallest module holding both the
-op and the parameters becomes a ``torch.func`` unit, as before. The provenance
-probe (:mod:`~dpnotebook.grad_sample._engine.provenance`) then checks every
-meeting point's result as it checks a layer's output: its rows must follow the
-samples.
+Anything else where a batch-free trainable tensor meets the batch (a matmul with a container's own
+parameter, ``x[:, 0] = f``) is *unrecognised*: on the first forward pass the tracker runs once on its
+own (the *discovery*: eval mode, no gradients) and the smallest module holding both the op and the
+parameters becomes a ``torch.func`` unit. The provenance probe then checks every meeting point's
+result as it checks a layer's output: its rows must follow the samples.
 
 >>> import torch
 >>> from torch import nn

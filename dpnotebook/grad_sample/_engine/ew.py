@@ -42,7 +42,6 @@ from dpnotebook.grad_sample._engine.hooks import check_k, check_loss_reduction
 from dpnotebook.grad_sample._engine.no_op import OuterWrapper
 from dpnotebook.grad_sample._engine.provenance import layers_with_parameters, probe_rows
 from dpnotebook.modes import register_mode
-from dpnotebook.validation import Problem, raise_if_problems, validate
 
 
 @contextlib.contextmanager
@@ -109,6 +108,8 @@ class GradSampleModuleExpandedWeights(OuterWrapper):
     torch.Size([2, 2, 3])
     """
 
+    grad_sample_mode = "ew"
+
     def __init__(
         self,
         module: nn.Module,
@@ -130,7 +131,7 @@ class GradSampleModuleExpandedWeights(OuterWrapper):
         K = check_k(K)
         _refuse_shared_modules(module)
         if strict:
-            raise_if_problems(validate(module, mode="ew"))
+            self.validate(module, strict=True)
         super().__init__(module)
         self.batch_first = True
         self.loss_reduction = loss_reduction
@@ -141,13 +142,6 @@ class GradSampleModuleExpandedWeights(OuterWrapper):
         self._passes: list[int] = []  # rows of each forward pass the running backward pass has reached
         self._has_rnn = any(isinstance(m, nn.RNNBase) for m in module.modules())
         self._rows_proof: str | None = None  # what the provenance probe has shown so far
-
-    @classmethod
-    def validate(cls, module: nn.Module, *, strict: bool = False) -> list[Problem]:
-        problems = validate(module, mode="ew")
-        if strict:
-            raise_if_problems(problems)
-        return problems
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if not self.hooks_enabled or not torch.is_grad_enabled():

@@ -38,9 +38,19 @@ class OuterWrapper(nn.Module):
         module: the model (not copied; :meth:`to_standard_module` returns it).
     """
 
+    grad_sample_mode: str  # which checks of dpnotebook.validate apply
+
     def __init__(self, module: nn.Module) -> None:
         super().__init__()
         self._module = module
+
+    @classmethod
+    def validate(cls, module: nn.Module, *, strict: bool = False) -> list[Problem]:
+        """Problems that stop per-sample gradients in this mode; raise them all at once if ``strict``."""
+        problems = validate(module, mode=cls.grad_sample_mode)
+        if strict:
+            raise_if_problems(problems)
+        return problems
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         super().zero_grad(set_to_none=set_to_none)
@@ -87,13 +97,6 @@ class GradSampleModuleNoOp(OuterWrapper):
         self.loss_reduction = check_loss_reduction(loss_reduction)
         self.K = check_k(K)
         self.hooks_enabled = False
-
-    @classmethod
-    def validate(cls, module: nn.Module, *, strict: bool = False) -> list[Problem]:
-        problems = validate(module, mode="no_op")
-        if strict:
-            raise_if_problems(problems)
-        return problems
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self._module(*args, **kwargs)
