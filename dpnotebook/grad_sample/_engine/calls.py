@@ -336,6 +336,9 @@ def count_rows(args: tuple[Any, ...], kwargs: dict[str, Any], *, batch_first: bo
     2
     """
     bd = 0 if batch_first else 1
+    first = args[0] if args else None
+    if isinstance(first, Tensor) and first.dim() > bd and first.dim() >= min_dim:  # the usual call, cheaply
+        return int(first.shape[bd])
     for obj in (args, kwargs):
         for t in _tensors_in_order(obj):
             if isinstance(t, PackedSequence):
@@ -345,14 +348,6 @@ def count_rows(args: tuple[Any, ...], kwargs: dict[str, Any], *, batch_first: bo
             if t.dim() > bd and t.dim() >= min_dim:
                 return int(t.shape[bd])
     return None
-
-
-def input_rows(args: tuple[Any, ...], kwargs: dict[str, Any], batch_dim: int) -> int | None:
-    """The rows ``B*K`` of the first tensor argument with a ``batch_dim``, or ``None`` when there is none."""
-    if args and isinstance(args[0], Tensor) and args[0].dim() > batch_dim:  # the usual call, checked cheaply
-        return args[0].shape[batch_dim]
-    leaves, _ = tree_flatten((args, kwargs))
-    return next((x.shape[batch_dim] for x in leaves if isinstance(x, Tensor) and x.dim() > batch_dim), None)
 
 
 def _one_row_more(tree: Any, rows: int, batch_dim: int) -> Any:

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from dpnotebook.grad_sample._engine.calls import input_rows, output_batch_dims, refuse_packed, replayed_call
+from dpnotebook.grad_sample._engine.calls import count_rows, output_batch_dims, refuse_packed, replayed_call
 from dpnotebook.grad_sample._engine.hooks import GradSampleModule, plan_units
 from dpnotebook.modes import register_mode
 
@@ -96,7 +96,7 @@ class FunctorchGradSampleModule(GradSampleModule):
         self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
     ) -> list[tuple[int, int]]:
         bd = self._batch_dim
-        rows = input_rows(args, kwargs, bd)
+        rows = count_rows(args, kwargs, batch_first=bd == 0)
         leaves = [output] if isinstance(output, torch.Tensor) else tree_flatten(output)[0]
         out_index = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor) and x.requires_grad]
         if not rows or not out_index:
