@@ -16,7 +16,7 @@ import dpnotebook
 from dpnotebook.audit import audit_sensitivity
 from dpnotebook.audit.families import RelativeBias
 from dpnotebook.errors import GradSampleError
-from dpnotebook.grad_sample._engine.hooks import GradSampleModule
+from dpnotebook.grad_sample import GradSampleModule
 from dpnotebook.grad_sample._engine.provenance import probe_rows
 from dpnotebook.layers import DPMultiheadAttention
 

@@ -13,7 +13,7 @@ from dpnotebook.audit import audit_sensitivity
 from dpnotebook.audit.families import Family
 from dpnotebook.audit.records import MAX_K, RECORDS, AuditCase, _apply_record
 from dpnotebook.benchmarks.zoo import Logits, gpt2
-from dpnotebook.grad_sample._registry import find_grad_sampler
+from dpnotebook.grad_sample import find_grad_sampler
 from dpnotebook.testing import check_grad_sampler
 from tests.grad_sample.ghost.test_ghost import _released, check
 
