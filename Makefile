@@ -56,8 +56,8 @@ test-fast: $(STAMP)
 # the widgets' state, mixed precision and the distributed tests (NCCL where two GPUs exist) with CUDA as the
 # default device, and the tutorials under nbval. Without a CUDA GPU every test is skipped, with one line saying so.
 # The CPU wheel pinned by constraints.txt sees no GPU: install a CUDA build of torch 2.13 first.
-GPU_TESTS := tests/grad_sample/samplers tests/test_modes.py tests/grad_sample/engine/test_grad_sample_module.py \
-	tests/grad_sample/ghost/test_ghost.py tests/grad_sample/engine/test_mixed_precision.py tests/test_device_option.py \
+GPU_TESTS := tests/grad_sample/samplers tests/test_modes.py tests/grad_sample/_engine/test_grad_sample_module.py \
+	tests/grad_sample/ghost/test_ghost.py tests/grad_sample/_engine/test_mixed_precision.py tests/test_device_option.py \
 	tests/privacy tests/audit/test_grid.py tests/widgets tests/layers tests/distributed tutorials
 test-gpu: $(STAMP)
 	$(PY) -m pytest --device cuda $(GPU_TESTS)

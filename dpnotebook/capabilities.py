@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
@@ -50,7 +50,9 @@ def _register_scale_sampler() -> None:
     if find_grad_sampler(_Scale(1)) is None:
 
         @register_grad_sampler(_Scale)
-        def scale_grad_sampler(layer: _Scale, activations: list, backprops: Tensor, K: int) -> dict:
+        def scale_grad_sampler(
+            layer: _Scale, activations: list[Any], backprops: Tensor, K: int
+        ) -> dict[nn.Parameter, Tensor]:
             per_row = activations[0] * backprops
             return {layer.w: per_row.reshape(-1, K, per_row.shape[-1]).sum(1) / K}
 
@@ -79,7 +81,7 @@ def _mlp() -> nn.Module:
     return nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
 
 
-def _features() -> dict[str, Callable[[], tuple[nn.Module, tuple, dict]]]:
+def _features() -> dict[str, Callable[[], tuple[nn.Module, tuple[Any, ...], dict[str, Any]]]]:
     from dpnotebook.layers import DPLSTM, DPMultiheadAttention
 
     g = torch.Generator().manual_seed(0)
@@ -139,7 +141,7 @@ class CapabilityRow:
     cells: dict[str, Cell]
 
 
-def _run(mode: str, build: Callable[[], tuple[nn.Module, tuple, dict]]) -> Cell:
+def _run(mode: str, build: Callable[[], tuple[nn.Module, tuple[Any, ...], dict[str, Any]]]) -> Cell:
     torch.manual_seed(0)
     model, inputs, kwargs = build()
     K, batch_first = kwargs.get("K", 1), kwargs.get("batch_first", True)

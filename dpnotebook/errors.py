@@ -7,6 +7,8 @@ went wrong while computing), so ``except ValueError`` keeps working.
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "UnsupportedModuleError",
     "UnsupportedOptionError",
@@ -34,7 +36,7 @@ class UnsupportedModuleError(ValueError, NotImplementedError):
         problems: one :class:`dpnotebook.validation.Problem` per offending submodule.
     """
 
-    def __init__(self, message: str, problems: list | None = None) -> None:
+    def __init__(self, message: str, problems: list[Any] | None = None) -> None:
         super().__init__(message)
         self.problems = list(problems or [])
 

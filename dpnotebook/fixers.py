@@ -91,7 +91,7 @@ def group_count(channels: int, max_groups: int = 32) -> int:
     return 1
 
 
-def _factory(module: nn.Module) -> dict:
+def _factory(module: nn.Module) -> dict[str, Any]:
     tensor: Tensor | None = next(iter(module.parameters()), None)
     if tensor is None:
         tensor = next(iter(module.buffers()), None)

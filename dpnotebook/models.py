@@ -124,7 +124,7 @@ class LanguageModelLogits(nn.Module):
     The model is called as a user would call it, ``model(input_ids=tokens)``: its position table,
     looked up once with ``[1, T]`` ids and broadcast over the batch, gets per-sample gradients in
     every mode (hooks and ghost mode follow it to where it meets the batch,
-    :mod:`dpnotebook.grad_sample.engine.broadcast`).
+    :mod:`dpnotebook.grad_sample._engine.broadcast`).
 
     Args:
         model: called as ``model(input_ids=tokens)``; its output has ``.logits``.

@@ -1,30 +1,97 @@
-"""The registry of grad-sample modes: how per-sample gradients are computed.
+"""The grad-sample modes: how per-sample gradients are computed, one wrapper class each.
+
+Each mode's wrapper class registers itself here with :func:`register_mode` (a class decorator), so
+this registry names classes and imports none of them; :mod:`dpnotebook.grad_sample` imports every
+mode, and ``import dpnotebook`` fills the table:
+
+* ``hooks``: :class:`~dpnotebook.grad_sample.GradSampleModule`;
+* ``functorch``: :class:`~dpnotebook.grad_sample.FunctorchGradSampleModule`;
+* ``ew``: :class:`~dpnotebook.grad_sample.GradSampleModuleExpandedWeights`;
+* ``ghost``: :class:`~dpnotebook.grad_sample.GhostGradSampleModule` (validates as ``hooks``);
+* ``no_op``: :class:`~dpnotebook.grad_sample.GradSampleModuleNoOp` (not listed by :func:`available_modes`).
+
+A mode that builds on another declares it: ghost mode runs hooks mode's checks in
+:func:`dpnotebook.validate`. The DP optimizer of each mode is the privacy side's business
+(``optimizer_class`` in :mod:`dpnotebook.privacy`), so this registry, which the per-sample-gradient
+code reads, never names the privacy code.
 
 >>> from torch import nn
 >>> import dpnotebook
 >>> type(dpnotebook.wrap_model(nn.Linear(2, 2), "functorch")).__name__
 'FunctorchGradSampleModule'
+>>> mode_class("ghost").__name__, validates_as("ghost")
+('GhostGradSampleModule', 'hooks')
 >>> dpnotebook.wrap_model(nn.Linear(2, 2), "jax")
 Traceback (most recent call last):
 ...
-ValueError: grad_sample_mode='jax' is unknown; choose one of ['ew', 'functorch', ...].
+ValueError: grad_sample_mode='jax' is unknown; choose one of ['ew', 'functorch', 'ghost', 'hooks'].
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
 
-import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from dpnotebook.grad_sample.engine.functorch_fallback import replayed_call
-from dpnotebook.grad_sample.engine.module import GradSampleModule, plan_units
-from dpnotebook.grad_sample.engine.output_batch_dim import input_rows, output_batch_dims
-from dpnotebook.grad_sample.engine.packed import refuse_packed
-from dpnotebook.mode_registry import available_modes, factory, register_mode
+__all__ = ["register_mode", "available_modes", "mode_class", "validates_as", "wrap_model", "Unwrappable"]
 
-__all__ = ["wrap_model", "register_mode", "available_modes", "FunctorchGradSampleModule"]
+W = TypeVar("W", bound=type[nn.Module])
+
+
+class Unwrappable(Protocol):
+    """What every mode's wrapper has beside being an ``nn.Module``."""
+
+    def to_standard_module(self) -> nn.Module:
+        """Remove the wrapper's hooks and return the wrapped module."""
+        ...
+
+
+_MODES: dict[str, type[nn.Module]] = {}
+_VALIDATES_AS: dict[str, str] = {}
+_UNLISTED: set[str] = set()
+
+
+def register_mode(name: str, *, validates_as: str | None = None, listed: bool = True) -> Callable[[W], W]:
+    """Class decorator: ``cls(module, **kwargs)`` wraps a model in mode ``name``.
+
+    Args:
+        name: the mode's name, as passed to :func:`wrap_model` and :func:`dpnotebook.validate`.
+        validates_as: the mode whose checks apply to it (default: ``name`` itself).
+        listed: whether :func:`available_modes` lists it (the audit grid, the capability table and
+            the comparisons run every listed mode). Opacus' ``"no_op"``, which computes nothing, is not.
+    """
+
+    def decorator(cls: W) -> W:
+        _MODES[name] = cls
+        _VALIDATES_AS[name] = validates_as or name
+        if not listed:
+            _UNLISTED.add(name)
+        return cls
+
+    return decorator
+
+
+def available_modes() -> list[str]:
+    """The registered mode names that compute per-sample gradients, sorted."""
+    return sorted(set(_MODES) - _UNLISTED)
+
+
+def mode_class(name: str, argument: str = "grad_sample_mode") -> type[nn.Module]:
+    """The wrapper class of mode ``name``.
+
+    Raises:
+        ValueError: ``name`` is not a registered mode (the message lists the registered ones).
+    """
+    if name not in _MODES:
+        raise ValueError(f"{argument}={name!r} is unknown; choose one of {available_modes()}.")
+    return _MODES[name]
+
+
+def validates_as(name: str, argument: str = "mode") -> str:
+    """The mode whose checks :func:`dpnotebook.validate` runs for mode ``name``."""
+    mode_class(name, argument)
+    return _VALIDATES_AS[name]
 
 
 def wrap_model(module: nn.Module, grad_sample_mode: str = "hooks", **kwargs: Any) -> nn.Module:
@@ -32,133 +99,8 @@ def wrap_model(module: nn.Module, grad_sample_mode: str = "hooks", **kwargs: Any
 
     Args:
         module: the model.
-        grad_sample_mode: a key of the mode registry (:func:`available_modes`).
+        grad_sample_mode: a registered mode (:func:`available_modes`).
         **kwargs: passed to the wrapper (``K``, ``batch_first``, ``loss_reduction``, ``strict``,
             ``replay_chunk``).
     """
-    return factory(grad_sample_mode)(module, **kwargs)
-
-
-class FunctorchGradSampleModule(GradSampleModule):
-    """Per-sample gradients of the whole model at once with ``torch.func``.
-
-    One hook on the model's output; in the backward pass, ``vmap`` over the
-    ``B`` samples of ``grad`` of ``sum_k <model(x[i, k]), backprop[i, k]>``.
-    Memory grows with ``B``, not ``B*K``: with ``K > 1`` the samples are
-    replayed in chunks of at most ``B`` rows (``replay_chunk``, see
-    :class:`GradSampleModule`). Any model that does not mix samples
-    works, recurrent ones and ``batch_first=False`` included, but the forward
-    pass is replayed in the backward pass.
-
-    The input's batch is where ``batch_first`` says; the output's is found
-    (:func:`~dpnotebook.grad_sample.engine.output_batch_dim.output_batch_dims`): a
-    model reading ``[T, B, D]`` may return ``[B, classes]``. A
-    ``PackedSequence`` input is refused (its rows are time steps).
-
-    >>> class LastHidden(nn.Module):       # [T, B, D] in, [B, 2] out
-    ...     def __init__(self):
-    ...         super().__init__()
-    ...         self.lstm, self.fc = nn.LSTM(3, 4), nn.Linear(4, 2)
-    ...     def forward(self, x):
-    ...         hidden, _ = self.lstm(x)[1]
-    ...         return self.fc(hidden[-1])
-    >>> model = wrap_model(LastHidden(), "functorch", batch_first=False, K=2)
-    >>> model(torch.randn(5, 6, 3)).sum().backward()
-    >>> model.fc.weight.grad_sample.shape   # B = 6 rows / K = 2
-    torch.Size([3, 2, 4])
-    """
-
-    grad_sample_mode = "functorch"
-    probes_rows = False  # the replay sees one sample at a time: its rows cannot be another's
-    tracks_broadcasts = False  # ... and it replays the whole model: every parameter is in it
-
-    def _plan(self) -> list:
-        return plan_units(self._module, whole_model=True)
-
-    def add_hooks(self) -> None:
-        if self._hooks is None:
-            self._moves: dict[int, list[tuple[int, int]]] = {}  # forward id -> (output leaf, its batch dim)
-            # runs before the recording hook, which then sees the output's batch where the input's is
-            self._batch_hook = self._module.register_forward_hook(
-                self._batch_to_input_dim, with_kwargs=True, prepend=True
-            )
-        super().add_hooks()
-
-    def remove_hooks(self) -> None:
-        if self._hooks is not None:
-            self._batch_hook.remove()
-        super().remove_hooks()
-
-    def _forward(self, *args: Any, **kwargs: Any) -> Any:
-        refuse_packed(args, kwargs, "functorch", self._module)
-        output = super()._forward(*args, **kwargs)
-        moves = self._moves.get(self._forward_id) if self._moves else None
-        return _move_batch(output, moves, self._batch_dim, back=True) if moves else output
-
-    @property
-    def _batch_dim(self) -> int:
-        return 0 if self.batch_first else 1
-
-    def _batch_to_input_dim(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
-        """Forward hook: move each output tensor's batch dim to the input's (undone in :meth:`_forward`).
-
-        The replay of a forward pass (in the backward pass, one sample at a time) moves the same dims.
-        """
-        call = replayed_call()
-        if call is not None:
-            moves = self._moves.get(call.forward_id)
-        elif self._in_forward and self.hooks_enabled and torch.is_grad_enabled():
-            moves = self._find_moves(module, args, kwargs, output)
-            if moves or self._moves:
-                if len(self._moves) > 64:  # replays come in the backward pass of recent forward passes
-                    self._moves = {i: m for i, m in self._moves.items() if i > self._forward_id - 64}
-                self._moves[self._forward_id] = moves
-        else:
-            return None
-        return _move_batch(output, moves, self._batch_dim) if moves else None
-
-    def _find_moves(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> list[tuple[int, int]]:
-        bd = self._batch_dim
-        rows = input_rows(args, kwargs, bd)
-        leaves = [output] if isinstance(output, torch.Tensor) else tree_flatten(output)[0]
-        out_index = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor) and x.requires_grad]
-        if not rows or not out_index:
-            return []
-        dims = output_batch_dims(module, args, kwargs, output, out_index, rows=rows, batch_dim=bd)
-        return [(i, -1 if leaves[i].dim() <= bd else d) for i, d in zip(out_index, dims, strict=True) if d != bd]
-
-
-def _move_batch(output: Any, moves: list[tuple[int, int]], batch_dim: int, back: bool = False) -> Any:
-    """``output`` with leaf ``i``'s dim ``d`` moved to ``batch_dim`` for each ``(i, d)`` in ``moves`` (or back).
-
-    A 1-d leaf (``[B]`` with the input's batch in dim 1) gets a leading dim of 1 instead (and loses it back).
-    """
-    leaves, spec = tree_flatten(output)
-    for i, d in moves:
-        t = leaves[i]
-        if back:
-            leaves[i] = t.squeeze(0) if d == -1 else t.movedim(batch_dim, d)
-        else:
-            leaves[i] = t.unsqueeze(0) if d == -1 else t.movedim(d, batch_dim)
-    return tree_unflatten(leaves, spec)
-
-
-@register_mode("hooks")
-def _hooks(module: nn.Module, **kwargs: Any) -> nn.Module:
-    return GradSampleModule(module, **kwargs)
-
-
-@register_mode("functorch")
-def _functorch(module: nn.Module, **kwargs: Any) -> nn.Module:
-    return FunctorchGradSampleModule(module, **kwargs)
-
-
-@register_mode("ew")
-def _ew(module: nn.Module, **kwargs: Any) -> nn.Module:
-    from dpnotebook.grad_sample.engine.expanded_weights import GradSampleModuleExpandedWeights
-
-    return GradSampleModuleExpandedWeights(module, **kwargs)
-
-
-from dpnotebook.grad_sample.engine import gsm_no_op  # noqa: E402,F401  (registers Opacus' "no_op", unlisted)
-from dpnotebook.grad_sample.ghost import mode as ghost_mode  # noqa: E402,F401  (registers "ghost"; its wrapper is imported on first use)
+    return mode_class(grad_sample_mode)(module, **kwargs)

@@ -23,8 +23,8 @@ import torch
 from torch import Tensor, nn
 
 from dpnotebook.errors import GradSamplerMismatch
-from dpnotebook.grad_sample.engine.accumulation import grad_sample_rows
-from dpnotebook.mode_registry import Unwrappable
+from dpnotebook.grad_sample._engine.accumulation import grad_sample_rows
+from dpnotebook.modes import Unwrappable
 
 if TYPE_CHECKING:
     from dpnotebook.grad_sample import GradSampleModule
@@ -55,7 +55,7 @@ def random_target(module: nn.Module, inputs: Sequence, seed: int = 0) -> Tensor:
 
 def clean_copy(module: nn.Module) -> nn.Module:
     """A deep copy of ``module`` without the hooks of any dpnotebook wrapper on it."""
-    from dpnotebook.grad_sample.engine.ownership import strip_dpnotebook_hooks
+    from dpnotebook.grad_sample._engine.hooks import strip_dpnotebook_hooks
 
     return strip_dpnotebook_hooks(copy.deepcopy(module))
 

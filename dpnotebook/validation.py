@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from dpnotebook.errors import UnsupportedModuleError
-from dpnotebook.mode_registry import validates_as
+from dpnotebook.modes import validates_as
 
 __all__ = ["Problem", "validate", "register_check", "raise_if_problems"]
 

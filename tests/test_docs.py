@@ -128,6 +128,50 @@ def test_every_public_name_has_an_api_entry(html: Path) -> None:
     assert not missing, f"no API entry for: {missing}"
 
 
+def _dpn_docs() -> object:
+    sys.path.insert(0, str(ROOT / "docs" / "_ext"))
+    try:
+        import dpn_docs
+    finally:
+        sys.path.pop(0)
+    return dpn_docs
+
+
+def test_every_name_of_every_face_is_on_the_one_api_page() -> None:
+    """The reST the ``dpn-api`` directive writes (no Sphinx build): one page, every face's name on it."""
+    import ast
+    import importlib
+    from types import SimpleNamespace
+
+    conf = ast.parse((ROOT / "docs" / "conf.py").read_text(encoding="utf-8"))
+    assigned = {
+        target.id: node.value
+        for node in conf.body
+        if isinstance(node, ast.Assign)
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
+    faces = ast.literal_eval(assigned["FACES"])
+    assert ast.unparse(assigned["dpn_api_pages"]) == "{'docs/api/index': [*FACES, '*']}"
+    assert sorted(p.name for p in (ROOT / "docs" / "api").iterdir()) == ["index.rst"]
+    dpn_docs = _dpn_docs()
+    app = SimpleNamespace(config=SimpleNamespace(dpn_api_pages={"docs/api/index": [*faces, "*"]}), _dpn_api=None)
+    rst = "\n".join(dpn_docs.api_page_rst("docs/api/index", app))  # type: ignore[attr-defined]
+    documented = set(re.findall(r"^\.\. auto\w+:: (\S+)$", rst, re.M))
+    sections = set(re.findall(r"^``([\w.]+)``\n-+$", rst, re.M))
+    homes = {id(o.obj): o.fullname for o in app._dpn_api.objects}
+    missing = []
+    for face in faces:
+        module = importlib.import_module(face)
+        assert face in sections, face
+        for name in module.__all__:
+            obj = getattr(module, name)
+            if homes.get(id(obj), f"{face}.{name}") not in documented:
+                missing.append(f"{face}.{name}")
+    assert len(faces) == 5 and not missing, f"not on the API page: {missing}"
+    assert not app._dpn_api.problems, app._dpn_api.problems
+
+
 def test_the_build_needs_no_network() -> None:
     conf = (ROOT / "docs" / "conf.py").read_text(encoding="utf-8")
     assert "sphinx.ext.intersphinx" not in conf

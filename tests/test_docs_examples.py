@@ -23,7 +23,7 @@ NAMESPACES = [
     "dpnotebook.modes",
     "dpnotebook.compare",
     "dpnotebook.grad_sample",
-    "dpnotebook.grad_sample.engine.registry",
+    "dpnotebook.grad_sample._registry",
     "dpnotebook.capabilities",
     "dpnotebook.fixers",
 ]

@@ -1,38 +1,78 @@
-"""The mode registry carries each mode's optimizer, and make_private builds the one registered."""
+"""The mode registry names wrapper classes; the privacy side pairs each mode with its optimizer."""
 
 from __future__ import annotations
+
+import ast
+from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
-from dpnotebook import mode_registry
-from dpnotebook.grad_sample.engine.module import GradSampleModule
+from dpnotebook import modes
+from dpnotebook.grad_sample import (
+    FunctorchGradSampleModule,
+    GhostGradSampleModule,
+    GradSampleModule,
+    GradSampleModuleExpandedWeights,
+    GradSampleModuleNoOp,
+)
 from dpnotebook.privacy import PrivacyEngine
+from dpnotebook.privacy.ghost_optimizer import MODE_OPTIMIZERS, optimizer_class
 from dpnotebook.privacy.optimizer import DPOptimizer
 
 
 class MarkedOptimizer(DPOptimizer):
-    """A DP optimizer a test mode names."""
+    """A DP optimizer a test mode pairs with."""
 
 
 @pytest.fixture
 def marked_mode():
-    @mode_registry.register_mode("marked", optimizer="tests.test_mode_registry:MarkedOptimizer", listed=False)
-    def _marked(module: nn.Module, **kwargs) -> nn.Module:
-        wrapped = GradSampleModule(module, **kwargs)
-        wrapped.grad_sample_mode = "marked"
-        return wrapped
+    @modes.register_mode("marked", validates_as="hooks", listed=False)
+    class Marked(GradSampleModule):
+        grad_sample_mode = "marked"
 
+    MODE_OPTIMIZERS["marked"] = MarkedOptimizer
     try:
-        yield
+        yield Marked
     finally:
-        for table in (mode_registry._MODES, mode_registry._VALIDATES_AS, mode_registry._OPTIMIZERS):
+        MODE_OPTIMIZERS.pop("marked")
+        for table in (modes._MODES, modes._VALIDATES_AS):
             table.pop("marked", None)
-        mode_registry._UNLISTED.discard("marked")
+        modes._UNLISTED.discard("marked")
 
 
-def test_make_private_builds_the_optimizer_the_mode_registered(marked_mode: None) -> None:
+def test_the_registry_holds_each_mode_class() -> None:
+    expected = {
+        "hooks": GradSampleModule,
+        "functorch": FunctorchGradSampleModule,
+        "ew": GradSampleModuleExpandedWeights,
+        "ghost": GhostGradSampleModule,
+        "no_op": GradSampleModuleNoOp,
+    }
+    assert {name: modes.mode_class(name) for name in expected} == expected
+    assert modes.available_modes() == ["ew", "functorch", "ghost", "hooks"]  # no_op is unlisted
+    assert [modes.validates_as(m) for m in ("ghost", "hooks", "no_op")] == ["hooks", "hooks", "no_op"]
+
+
+def test_the_registry_names_no_optimizer_and_loads_nothing_by_name() -> None:
+    source = Path(modes.__file__).read_text(encoding="utf-8")
+    imported = {
+        node.module if isinstance(node, ast.ImportFrom) else alias.name
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        for alias in node.names
+    }
+    assert not {m for m in imported if m and (m.startswith("dpnotebook") or m == "importlib")}, imported
+
+
+def test_a_registered_mode_wraps_and_validates_as_declared(marked_mode: type) -> None:
+    assert type(modes.wrap_model(nn.Linear(2, 2), "marked")) is marked_mode
+    assert modes.validates_as("marked") == "hooks"
+    assert "marked" not in modes.available_modes()
+
+
+def test_make_private_builds_the_optimizer_paired_with_the_mode(marked_mode: type) -> None:
     model = nn.Linear(3, 2)
     loader = torch.utils.data.DataLoader(
         torch.utils.data.TensorDataset(torch.randn(8, 3), torch.randn(8, 2)), batch_size=4
@@ -52,10 +92,12 @@ def test_make_private_builds_the_optimizer_the_mode_registered(marked_mode: None
     "mode,expected",
     [("hooks", "DPOptimizer"), ("functorch", "DPOptimizer"), ("ew", "DPOptimizer"), ("ghost", "GhostDPOptimizer")],
 )
-def test_every_built_in_mode_names_its_optimizer(mode: str, expected: str) -> None:
-    assert mode_registry.optimizer_class(mode).__name__ == expected
+def test_every_built_in_mode_has_its_optimizer(mode: str, expected: str) -> None:
+    assert optimizer_class(mode).__name__ == expected
 
 
 def test_an_unknown_mode_is_refused_with_the_known_ones() -> None:
     with pytest.raises(ValueError, match=r"grad_sample_mode='hook' is unknown; choose one of \['ew'"):
-        mode_registry.optimizer_class("hook")
+        optimizer_class("hook")
+    with pytest.raises(ValueError, match=r"mode='hook' is unknown; choose one of \['ew'"):
+        modes.validates_as("hook")

@@ -10,7 +10,7 @@ from torch import nn
 
 import dpnotebook
 from dpnotebook import GradSampleError, UnsupportedModuleError
-from dpnotebook.grad_sample.engine.accumulation import grad_sample_rows
+from dpnotebook.grad_sample._engine.accumulation import grad_sample_rows
 from dpnotebook.testing import reference_grad_samples
 
 

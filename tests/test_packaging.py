@@ -31,4 +31,4 @@ def test_the_built_wheel_ships_py_typed(tmp_path: Path) -> None:
     (wheel,) = (tmp_path / "dist").glob("dpnotebook-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert "dpnotebook/py.typed" in names, sorted(n for n in names if not n.endswith(".py"))
-    assert "dpnotebook/grad_sample/engine/module.py" in names  # the subpackages are in it too
+    assert "dpnotebook/grad_sample/_engine/hooks.py" in names  # the subpackages are in it too

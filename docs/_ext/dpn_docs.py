@@ -340,11 +340,8 @@ class ModesDirective(SphinxDirective):
         lines = ["| mode | wrapper | what it does |", "|---|---|---|"]
         for mode in available_modes():
             cls = _mode_wrapper(mode)
-            if cls is None:
-                name, doc = "", "(could not wrap a Linear layer)"
-            else:
-                name = f"{{py:class}}`{cls.__name__} <{cls.__module__}.{cls.__qualname__}>`"
-                doc = (inspect.getdoc(cls) or "").split("\n\n")[0]
+            name = f"{{py:class}}`{cls.__name__} <{cls.__module__}.{cls.__qualname__}>`"
+            doc = (inspect.getdoc(cls) or "").split("\n\n")[0]
             summary = " ".join(doc.split()).replace("|", "\\|")
             lines.append(f"| `{mode}` | {name} | {_rst_literals_to_md(summary)} |")
         container = nodes.section()
@@ -353,18 +350,10 @@ class ModesDirective(SphinxDirective):
         return container.children
 
 
-def _mode_wrapper(mode: str) -> type | None:
-    from torch import nn
+def _mode_wrapper(mode: str) -> type:
+    from dpnotebook.modes import mode_class
 
-    from dpnotebook.modes import wrap_model
-
-    try:
-        wrapper = wrap_model(nn.Linear(2, 2), mode)
-    except Exception:  # noqa: BLE001 - the caller says so
-        return None
-    if hasattr(wrapper, "to_standard_module"):
-        wrapper.to_standard_module()
-    return type(wrapper)
+    return mode_class(mode)
 
 
 class ModeSectionsDirective(SphinxDirective):
@@ -391,8 +380,7 @@ class ModeSectionsDirective(SphinxDirective):
                 self.env.note_dependency(str(path))
                 text = path.read_text()
             else:
-                cls = _mode_wrapper(mode)
-                doc = inspect.getdoc(cls) if cls is not None else None
+                doc = inspect.getdoc(_mode_wrapper(mode))
                 text = f"## `{mode}`\n\n" + _rst_literals_to_md(doc or "(This mode has no description yet.)")
             self.state.nested_parse(StringList(text.splitlines(), source=str(path)), 0, container, match_titles=True)
         return container.children

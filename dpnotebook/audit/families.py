@@ -168,7 +168,7 @@ class RelativeBias(nn.Module):
     The bias (``nn.Embedding(buckets, heads)`` of the ``[T, T]`` relative distances,
     ``[H, T, T]``) is computed once and broadcast over the batch, as in Hugging Face
     T5. Its rows are the ``T`` query positions; when ``T`` equals the batch's ``B*K``
-    rows no count can tell them from samples (:mod:`~dpnotebook.grad_sample.engine.provenance`
+    rows no count can tell them from samples (:mod:`~dpnotebook.grad_sample._engine.provenance`
     proves them instead).
 
     >>> RelativeBias()(torch.randint(0, 11, (3, 4))).shape

@@ -50,7 +50,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from dpnotebook.grad_sample.engine.accumulation import grad_sample_parts
+from dpnotebook.grad_sample._engine.accumulation import grad_sample_parts
 
 __all__ = ["GradientCanaries", "unreached_coordinates", "SCORES"]
 

@@ -104,7 +104,7 @@ REFUSALS: list[tuple] = [
         r"rows",
         "the relative-position bias's rows are query positions: the provenance probe refuses it at B*K = T "
         "(the row count at B*K != T); hooks and ghost mode know the bias is batch-free and capture it where "
-        "it meets the batch (grad_sample.engine.broadcast); functorch replays each sample whole",
+        "it meets the batch (grad_sample._engine.broadcast); functorch replays each sample whole",
     ),
     (
         "ew",

@@ -47,9 +47,9 @@ import torch
 from torch import Tensor, nn
 
 from dpnotebook.audit.reference import LossOf, MakeBatch, reference_clipped_sum
-from dpnotebook.mode_registry import optimizer_class
 from dpnotebook.modes import wrap_model
 from dpnotebook.privacy.engine_inputs import as_wrapper, unwrap_model
+from dpnotebook.privacy.ghost_optimizer import optimizer_class
 from dpnotebook.privacy.layer_bounds import check_layer_bounds, total_bound
 from dpnotebook.testing import clean_copy
 

@@ -39,8 +39,8 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from dpnotebook.audit.sensitivity import SensitivityReport
-from dpnotebook.mode_registry import optimizer_class
 from dpnotebook.modes import wrap_model
+from dpnotebook.privacy.ghost_optimizer import optimizer_class
 
 __all__ = ["Surface", "SURFACES", "audit_surface", "surface_matches"]
 

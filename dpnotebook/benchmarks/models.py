@@ -211,7 +211,7 @@ class TokenLogits(nn.Module):
 
     No ``position_ids`` are passed: the position table is looked up once with ``[1, T]`` ids and
     broadcast over the batch, and hooks and ghost mode follow it to where it meets the batch
-    (:mod:`dpnotebook.grad_sample.engine.broadcast`), so the benchmark times that path too.
+    (:mod:`dpnotebook.grad_sample._engine.broadcast`), so the benchmark times that path too.
     A language model's logits ``[B, T, V]`` come back as ``[B, V, T]``, so that
     ``F.cross_entropy(logits, tokens)`` is the mean over every position.
 

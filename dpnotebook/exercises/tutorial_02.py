@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from dpnotebook.errors import GradSamplerMismatch
 from dpnotebook.exercises.core import ExerciseFailed, register_check, require
-from dpnotebook.grad_sample.engine.registry import find_grad_sampler, register_grad_sampler, unregister_grad_sampler
+from dpnotebook.grad_sample import find_grad_sampler, register_grad_sampler, unregister_grad_sampler
 from dpnotebook.testing import check_grad_sampler
 
 

@@ -1,34 +1,37 @@
-"""Per-sample gradients: the machinery every mode shares, the layer samplers, ghost mode.
+"""Per-sample gradients: the wrappers of every mode, the layer samplers, the registries.
 
-* :mod:`~dpnotebook.grad_sample.engine`: the wrappers, hooks, the store, layer
-  calls and the registry of grad samplers;
-* :mod:`~dpnotebook.grad_sample.samplers`: one small file per layer family (its
-  formula and ``K`` folding), its ghost-mode norm sampler beside it;
-* :mod:`~dpnotebook.grad_sample.ghost`: ghost mode (norms and clipped sums without
-  per-sample gradients) and the open registry of norm samplers;
-* :mod:`~dpnotebook.grad_sample.fast`: what the samplers do for speed, behind one seam.
+The public names are here; the folders behind them are:
 
-Modules of the old flat layout still import from their old paths for one
-release (:mod:`~dpnotebook.grad_sample.moved`).
+* ``_registry``: the registry of per-layer grad samplers (the contract the samplers fill);
+* :mod:`~dpnotebook.grad_sample.samplers`: one small file per layer family (its formula and ``K``
+  folding), its ghost-mode norm sampler beside it; ``fast``: what the samplers do for speed;
+* ``_engine``: the machinery every mode shares (hooks, the store, layer calls and their replay)
+  and one module per mode: ``hooks``, ``functorch``, ``ew``, ``no_op``;
+* ``ghost``: ghost mode (norms and clipped sums without per-sample gradients) and the open
+  registry of norm samplers.
+
+The modes register their wrapper classes in :mod:`dpnotebook.modes`.
 """
 
-from types import ModuleType
-
-from dpnotebook.grad_sample import moved, samplers  # noqa: F401  (importing samplers fills the registry)
-from dpnotebook.grad_sample.engine.gsm_no_op import GradSampleModuleNoOp
-from dpnotebook.grad_sample.engine.module import GradSampleModule, plan_units
-from dpnotebook.grad_sample.engine.registry import (
+from dpnotebook.grad_sample import samplers  # noqa: F401  (importing samplers fills the registry)
+from dpnotebook.grad_sample._engine.ew import GradSampleModuleExpandedWeights
+from dpnotebook.grad_sample._engine.functorch import FunctorchGradSampleModule
+from dpnotebook.grad_sample._engine.hooks import GradSampleModule, plan_units
+from dpnotebook.grad_sample._engine.no_op import GradSampleModuleNoOp
+from dpnotebook.grad_sample._registry import (
     find_grad_sampler,
     register_grad_sampler,
     registered_layer_types,
     unregister_grad_sampler,
 )
 from dpnotebook.grad_sample.ghost.registry import register_norm_sampler, unregister_norm_sampler
-
-moved.install()
+from dpnotebook.grad_sample.ghost.wrapper import GhostGradSampleModule
 
 __all__ = [
     "GradSampleModule",
+    "FunctorchGradSampleModule",
+    "GradSampleModuleExpandedWeights",
+    "GhostGradSampleModule",
     "GradSampleModuleNoOp",
     "plan_units",
     "register_grad_sampler",
@@ -38,12 +41,3 @@ __all__ = [
     "register_norm_sampler",
     "unregister_norm_sampler",
 ]
-
-
-def __getattr__(name: str) -> ModuleType:
-    """The submodules of the old flat layout as attributes (``grad_sample.linear``); they warn."""
-    if f"{__name__}.{name}" in moved.MOVED:
-        module = moved.import_old(f"{__name__}.{name}")
-        globals()[name] = module  # warned once; ``from dpnotebook.grad_sample import x`` looks twice
-        return module
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,7 +1,7 @@
 """``opacus.grad_sample.functorch`` under dpnotebook: ``make_functional`` and ``prepare_layer``.
 
 dpnotebook's own ``torch.func`` per-sample gradients live in
-:mod:`~dpnotebook.grad_sample.engine.functorch_fallback`; these two helpers are the names
+:mod:`~dpnotebook.grad_sample._engine.calls`; these two helpers are the names
 Opacus code imports, written over ``torch.func`` with Opacus' signatures and
 results: ``make_functional(module)`` gives ``(fmodel, params)`` with
 ``fmodel(params, *inputs)``; ``prepare_layer(layer)`` sets

@@ -2,7 +2,7 @@
 
 ``wrap_model`` is :func:`dpnotebook.modes.wrap_model` (Opacus' ``batch_first`` and
 ``loss_reduction`` keywords mean the same); ``get_gsm_class`` gives the class the mode
-registry's wrapper for that mode makes. Opacus' ``register_norm_sampler`` takes a
+registry holds for that mode. Opacus' ``register_norm_sampler`` takes a
 function returning norms; dpnotebook's (:mod:`~dpnotebook.grad_sample.ghost.registry`)
 takes a group maker, so it is not aliased here.
 
@@ -19,7 +19,8 @@ from typing import Any
 
 from torch import nn
 
-from dpnotebook.grad_sample.engine.registry import register_grad_sampler
+from dpnotebook.grad_sample._registry import register_grad_sampler
+from dpnotebook.modes import mode_class
 from dpnotebook.modes import wrap_model as _wrap_in_mode
 
 
@@ -39,7 +40,7 @@ def wrap_model(model: nn.Module, grad_sample_mode: str, *args: Any, **kwargs: An
 
 def get_gsm_class(grad_sample_mode: str) -> type:
     """The wrapper class of ``grad_sample_mode`` (a ``ValueError`` names the registered modes)."""
-    return type(_wrap_in_mode(nn.Linear(1, 1), grad_sample_mode))
+    return mode_class(grad_sample_mode)
 
 
 __all__ = ["wrap_model", "get_gsm_class", "register_grad_sampler"]

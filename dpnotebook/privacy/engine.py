@@ -29,7 +29,7 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
-from dpnotebook.grad_sample.engine.module import check_k
+from dpnotebook.grad_sample._engine.hooks import check_k
 from dpnotebook.modes import wrap_model as wrap_in_mode
 from dpnotebook.privacy import engine_compat
 from dpnotebook.privacy.accounting import create_accountant

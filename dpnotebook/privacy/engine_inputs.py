@@ -10,7 +10,7 @@ from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
 from dpnotebook.errors import PrivacyWarning
-from dpnotebook.grad_sample.engine.module import GradSampleModule
+from dpnotebook.grad_sample._engine.hooks import GradSampleModule
 from dpnotebook.privacy.data_loader import DPDataLoader
 
 __all__ = [

@@ -18,15 +18,15 @@ every batch it draws, so that each step clips the samples of exactly one batch.
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from dpnotebook.mode_registry import optimizer_class as mode_optimizer
 from dpnotebook.privacy.data_loader import DPDataLoader
 from dpnotebook.privacy.engine_inputs import unwrap_model
+from dpnotebook.privacy.ghost_optimizer import optimizer_class as mode_optimizer
 from dpnotebook.privacy.optimizer import DPOptimizer
 from dpnotebook.privacy.step_invariants import claim_parameters
 
@@ -71,8 +71,7 @@ def private_optimizer(
     from dpnotebook.privacy.distributed import distributed_optimizer_class
 
     mode = getattr(module, "grad_sample_mode", None)
-    # every class in the mode registry is a DPOptimizer (the registry returns a bare ``type``)
-    optimizer_class = DPOptimizer if mode is None else cast(type[DPOptimizer], mode_optimizer(mode))
+    optimizer_class = DPOptimizer if mode is None else mode_optimizer(mode)
     if distributed:
         optimizer_class = distributed_optimizer_class(optimizer_class)
     dp_optimizer = optimizer_class(

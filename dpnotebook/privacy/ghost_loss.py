@@ -37,7 +37,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from dpnotebook.grad_sample.engine.module import LOSS_REDUCTIONS
+from dpnotebook.grad_sample._engine.hooks import LOSS_REDUCTIONS
 
 __all__ = ["DPLossFastGradientClipping", "DPTensorFastGradientClipping"]
 

@@ -24,11 +24,12 @@ import torch
 from torch import Tensor, nn
 
 from dpnotebook.grad_sample.ghost.wrapper import GhostGradSampleModule, ghost_owner
+from dpnotebook.modes import mode_class
 from dpnotebook.privacy.clipping import clip_factors
 from dpnotebook.privacy.layer_bounds import layer_bound_list
 from dpnotebook.privacy.optimizer import DPOptimizer
 
-__all__ = ["GhostDPOptimizer"]
+__all__ = ["GhostDPOptimizer", "MODE_OPTIMIZERS", "optimizer_class"]
 
 
 def _owners_of(params: list[nn.Parameter]) -> list[GhostGradSampleModule]:
@@ -99,3 +100,21 @@ class GhostDPOptimizer(DPOptimizer):
         super().zero_grad(set_to_none=set_to_none)
         for model in _owners_of(self.params):
             model.clear_ghost()
+
+
+#: The DP optimizer ``make_private`` builds per grad-sample mode; a mode not in it gets :class:`DPOptimizer`.
+#: The privacy side owns this table, so the mode registry (:mod:`dpnotebook.modes`) never names an optimizer.
+MODE_OPTIMIZERS: dict[str, type[DPOptimizer]] = {"ghost": GhostDPOptimizer}
+
+
+def optimizer_class(mode: str) -> type[DPOptimizer]:
+    """The DP optimizer class ``make_private`` builds for a model wrapped in grad-sample mode ``mode``.
+
+    >>> optimizer_class("ghost").__name__, optimizer_class("hooks").__name__
+    ('GhostDPOptimizer', 'DPOptimizer')
+
+    Raises:
+        ValueError: ``mode`` is not a registered grad-sample mode.
+    """
+    mode_class(mode)  # an unknown mode is refused here, naming the registered ones
+    return MODE_OPTIMIZERS.get(mode, DPOptimizer)

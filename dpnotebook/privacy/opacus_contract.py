@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 from torch import Tensor, nn
 
-from dpnotebook.grad_sample.engine.accumulation import grad_sample_parts, grad_sample_rows
+from dpnotebook.grad_sample._engine.accumulation import grad_sample_parts, grad_sample_rows
 
 
 class _DPOptimizerState(Protocol):

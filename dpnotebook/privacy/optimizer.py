@@ -40,8 +40,8 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
-from dpnotebook.grad_sample.engine.accumulation import grad_sample_rows  # p.grad_sample, tensor or list
-from dpnotebook.grad_sample.engine.module import LOSS_REDUCTIONS  # one definition for wrappers and optimizers
+from dpnotebook.grad_sample._engine.accumulation import grad_sample_rows  # p.grad_sample, tensor or list
+from dpnotebook.grad_sample._engine.hooks import LOSS_REDUCTIONS  # one definition for wrappers and optimizers
 from dpnotebook.privacy import step_invariants as invariants  # each invariant of the step, in one place
 from dpnotebook.privacy.arguments import check_choice, check_positive_number
 from dpnotebook.privacy.clipping import CLIPPING_MODES, clip_and_sum

@@ -47,7 +47,7 @@ def library_check(check: Callable[..., T], *args: Any, **kwargs: Any) -> T:
 
     The widgets then refuse exactly what the training code refuses, with the same message.
 
-    >>> from dpnotebook.grad_sample.engine.module import check_k
+    >>> from dpnotebook.grad_sample._engine.hooks import check_k
     >>> library_check(check_k, 0)
     Traceback (most recent call last):
     ...

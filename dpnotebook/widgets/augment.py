@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from dpnotebook.grad_sample.engine.module import check_k
+from dpnotebook.grad_sample._engine.hooks import check_k
 from dpnotebook.widgets._validate import non_negative, one_of
 
 __all__ = ["augment_copies", "AUGMENTATIONS"]

@@ -17,7 +17,7 @@ from dpnotebook.audit.families import FAMILIES
 from dpnotebook.audit.grid import GridPoint, expected_refusal, grid, matches, run_point
 from dpnotebook.audit.records import RECORDS, audit_case
 from dpnotebook.audit.summary import summarise
-from dpnotebook.grad_sample.engine.registry import unregister_grad_sampler
+from dpnotebook.grad_sample import unregister_grad_sampler
 from dpnotebook.modes import available_modes
 
 ROOT = str(Path(__file__).resolve().parents[2])

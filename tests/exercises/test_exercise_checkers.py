@@ -53,7 +53,7 @@ class Gate(nn.Module):
 
 
 def test_gate_sampler_hints() -> None:
-    from dpnotebook.grad_sample.engine.registry import register_grad_sampler, unregister_grad_sampler
+    from dpnotebook.grad_sample import register_grad_sampler, unregister_grad_sampler
 
     def without_chain_rule(layer, activations, backprops, K):
         x, g = _grouped(activations, backprops, K)
@@ -200,7 +200,7 @@ class LoRALinear(nn.Module):
 
 
 def test_lora_sampler_hints() -> None:
-    from dpnotebook.grad_sample.engine.registry import register_grad_sampler, unregister_grad_sampler
+    from dpnotebook.grad_sample import register_grad_sampler, unregister_grad_sampler
 
     def lora(through_b=True):
         def sampler(layer, activations, backprops, K):

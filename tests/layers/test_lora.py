@@ -73,7 +73,7 @@ class _ScaledLoRA(LoRALinear):
 def test_wrong_sampler_is_caught() -> None:
     """The oracle check can fail: a sampler that forgets the scale alpha / r is refused."""
     from dpnotebook.errors import GradSamplerMismatch
-    from dpnotebook.grad_sample.engine.registry import register_grad_sampler, unregister_grad_sampler
+    from dpnotebook.grad_sample import register_grad_sampler, unregister_grad_sampler
 
     @register_grad_sampler(_ScaledLoRA)
     def forgets_scale(layer, activations, backprops, K):  # type: ignore[no-untyped-def]

@@ -18,9 +18,9 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 from dpnotebook import PrivacyEngine, wrap_model
-from dpnotebook.grad_sample.engine.ownership import wrapper_hooking
-from dpnotebook.mode_registry import optimizer_class
+from dpnotebook.grad_sample._engine.hooks import wrapper_hooking
 from dpnotebook.privacy import BatchMemoryManager, DPOptimizer
+from dpnotebook.privacy.ghost_optimizer import optimizer_class
 from dpnotebook.schedulers import ExponentialGradClip, StepGradClip, StepNoise
 
 MODES = ["hooks", "functorch", "ew", "ghost"]

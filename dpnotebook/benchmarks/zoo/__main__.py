@@ -47,7 +47,7 @@ import dpnotebook
 from dpnotebook.benchmarks.settings import CLIP, LR, SIGMA
 from dpnotebook.benchmarks.zoo import ZOO, build
 from dpnotebook.benchmarks.zoo.check import check_zoo_model, prepared
-from dpnotebook.mode_registry import optimizer_class
+from dpnotebook.privacy.ghost_optimizer import optimizer_class
 from dpnotebook.testing import clean_copy, dot_loss, random_target, reference_grad_samples
 
 Step = Callable[[], None]

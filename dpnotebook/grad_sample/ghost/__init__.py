@@ -10,8 +10,7 @@
 * :mod:`~dpnotebook.grad_sample.ghost.ledger`: a batch's records and what they add
   up to; :mod:`~dpnotebook.grad_sample.ghost.tap`: how a layer's output gradient is
   heard; :mod:`~dpnotebook.grad_sample.ghost.stale_records`: records that went stale
-  (an input changed in place, a step without them), refused;
-  :mod:`~dpnotebook.grad_sample.ghost.mode`: registers mode ``"ghost"``.
+  (an input changed in place, a step without them), refused.
 
 ``from dpnotebook.grad_sample.ghost import GhostGradSampleModule`` (the old module's
 path) still works: the wrapper's names are looked up on first use.

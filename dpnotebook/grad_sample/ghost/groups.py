@@ -43,9 +43,9 @@ import torch
 from torch import Tensor, nn
 
 from dpnotebook.errors import GradSampleError
-from dpnotebook.grad_sample.engine.functorch_fallback import LayerCall
-from dpnotebook.grad_sample.engine.hooks import bound_arguments, sampler_grad_samples, to_batch_first
-from dpnotebook.grad_sample.engine.registry import find_grad_sampler
+from dpnotebook.grad_sample._engine.calls import LayerCall
+from dpnotebook.grad_sample._engine.layer_hooks import bound_arguments, sampler_grad_samples, to_batch_first
+from dpnotebook.grad_sample._registry import find_grad_sampler
 from dpnotebook.grad_sample.samplers.sample_rows import flat_rows
 
 Grads = dict[nn.Parameter, Tensor]

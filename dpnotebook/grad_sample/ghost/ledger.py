@@ -38,7 +38,7 @@ import torch
 from torch import Tensor, nn
 
 from dpnotebook.errors import GradSampleError
-from dpnotebook.grad_sample.engine.precision import autocast_off
+from dpnotebook.grad_sample._engine.precision import autocast_off
 from dpnotebook.grad_sample.ghost.groups import GhostCall, GhostGroup, GhostHandler, MaterialisedGroup, materialise
 
 Grads = dict[nn.Parameter, Tensor]

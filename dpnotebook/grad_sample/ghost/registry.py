@@ -4,7 +4,7 @@ A *norm sampler* tells ghost mode how to get a layer's per-sample gradient
 norms and its clipped sum without the hooks engine: a group maker (see
 :class:`~dpnotebook.grad_sample.ghost.groups.GhostHandler`) registered for the
 layer's type, as a grad sampler is registered for the hooks engine
-(:func:`~dpnotebook.grad_sample.engine.registry.register_grad_sampler`). The built-in
+(:func:`~dpnotebook.grad_sample._registry.register_grad_sampler`). The built-in
 ones live beside the layers they handle (:mod:`~dpnotebook.grad_sample.samplers.linear_norm`,
 :mod:`~dpnotebook.grad_sample.samplers.conv_norm`, :mod:`~dpnotebook.grad_sample.samplers.rnn_norm`,
 :mod:`~dpnotebook.grad_sample.samplers.materialised_norm`). A layer type with none is left
@@ -42,7 +42,7 @@ from typing import TypeVar, cast
 import torch  # noqa: F401  (used by the doctest)
 from torch import nn
 
-from dpnotebook.grad_sample.engine.registry import load_optional_samplers
+from dpnotebook.grad_sample._registry import load_optional_samplers
 from dpnotebook.grad_sample.ghost.groups import GhostCall, GhostGroup, GhostHandler
 
 _NORM_SAMPLERS: dict[type, GhostHandler] = {}

@@ -37,7 +37,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from dpnotebook.errors import GradSampleError
-from dpnotebook.grad_sample.engine.functorch_fallback import LayerCall
+from dpnotebook.grad_sample._engine.calls import LayerCall
 
 __all__ = ["StaleRecordsGuard", "input_versions", "check_inputs_unchanged"]
 

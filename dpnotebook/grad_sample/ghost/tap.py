@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from dpnotebook.grad_sample.engine.accumulation import GradSampleStore
+from dpnotebook.grad_sample._engine.accumulation import GradSampleStore
 
 
 class Tap(torch.autograd.Function):

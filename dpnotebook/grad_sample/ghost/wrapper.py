@@ -48,26 +48,28 @@ import torch
 from torch import Tensor, nn
 
 from dpnotebook.errors import GradSampleError
-from dpnotebook.grad_sample.engine.accumulation import grad_sample_rows
-from dpnotebook.grad_sample.engine.functorch_fallback import LayerCall, capture_is_paused, detach_tree, loss_scale
-from dpnotebook.grad_sample.engine.hooks import second_backward_error, to_batch_first
-from dpnotebook.grad_sample.engine.module import GradSampleModule
-from dpnotebook.grad_sample.engine.registry import SamplerEntry
+from dpnotebook.grad_sample._engine.accumulation import grad_sample_rows
+from dpnotebook.grad_sample._engine.calls import LayerCall, capture_is_paused, detach_tree, loss_scale
+from dpnotebook.grad_sample._engine.hooks import GradSampleModule
+from dpnotebook.grad_sample._engine.layer_hooks import second_backward_error, to_batch_first
+from dpnotebook.grad_sample._registry import SamplerEntry
 from dpnotebook.grad_sample.ghost.groups import GhostCall, GhostHandler, MaterialisedGroup
 from dpnotebook.grad_sample.ghost.ledger import GhostLedger
 from dpnotebook.grad_sample.ghost.registry import ghost_handler
 from dpnotebook.grad_sample.ghost.stale_records import StaleRecordsGuard, check_inputs_unchanged, input_versions
 from dpnotebook.grad_sample.ghost.tap import GhostStore, Tap, grad_mark
 from dpnotebook.grad_sample.samplers import conv_norm, linear_norm, materialised_norm, rnn_norm  # noqa: F401  (register the norm samplers)
+from dpnotebook.modes import register_mode
 from dpnotebook.validation import Problem, raise_if_problems, validate
 
 Grads = dict[nn.Parameter, Tensor]
 
 
+@register_mode("ghost", validates_as="hooks")  # builds on hooks mode: its checks apply
 class GhostGradSampleModule(GradSampleModule):
     """Wraps ``module`` for ghost clipping (see the module docstring).
 
-    Args: as :class:`~dpnotebook.grad_sample.engine.module.GradSampleModule`
+    Args: as :class:`~dpnotebook.grad_sample._engine.hooks.GradSampleModule`
     (``force_functorch`` has no meaning here).
 
     Attributes:

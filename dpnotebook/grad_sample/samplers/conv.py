@@ -27,7 +27,7 @@ from typing import cast
 
 from torch import Tensor, nn
 
-from dpnotebook.grad_sample.engine.registry import register_grad_sampler
+from dpnotebook.grad_sample._registry import register_grad_sampler
 from dpnotebook.grad_sample.fast.buffers import result_buffer
 from dpnotebook.grad_sample.fast.conv import conv_per_sample_grads
 from dpnotebook.grad_sample.samplers.conv_ops import (  # noqa: F401  (their old import path)

@@ -19,7 +19,7 @@ from typing import cast
 import torch
 from torch import Tensor, nn
 
-from dpnotebook.grad_sample.engine.registry import register_grad_sampler
+from dpnotebook.grad_sample._registry import register_grad_sampler
 from dpnotebook.grad_sample.samplers.embedding import scatter_rows
 
 

@@ -12,7 +12,7 @@ per GPT-2 block). Here it gets what ``nn.Linear`` has, transposed:
   one matrix product (:func:`conv1d_group`).
 
 ``transformers`` is not a dependency: this module is imported, and registers
-both, by :func:`~dpnotebook.grad_sample.engine.registry.find_grad_sampler` as
+both, by :func:`~dpnotebook.grad_sample._registry.find_grad_sampler` as
 soon as ``transformers.pytorch_utils`` has been imported (a model holding a
 ``Conv1D`` has imported it).
 
@@ -31,7 +31,7 @@ import torch
 from torch import Tensor, nn
 from transformers.pytorch_utils import Conv1D
 
-from dpnotebook.grad_sample.engine.registry import register_grad_sampler
+from dpnotebook.grad_sample._registry import register_grad_sampler
 from dpnotebook.grad_sample.ghost.groups import GhostCall, GhostGroup, Grads, Scratch
 from dpnotebook.grad_sample.ghost.registry import register_norm_sampler
 from dpnotebook.grad_sample.samplers.linear_map_norms import linear_weighted_sum

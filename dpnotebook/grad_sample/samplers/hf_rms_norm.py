@@ -16,7 +16,7 @@ version that shifts, adds a bias or scales by ``1 + weight``) is not registered:
 its layers stay ``torch.func`` units, exact and slower, and :data:`UNRECOGNISED`
 says why. ``transformers`` is not a dependency: this module is imported, and
 registers both, by
-:func:`~dpnotebook.grad_sample.engine.registry.load_optional_samplers` as soon as
+:func:`~dpnotebook.grad_sample._registry.load_optional_samplers` as soon as
 either model's module has been imported (a model holding such a layer has).
 
 >>> import torch
@@ -38,7 +38,7 @@ from typing import cast
 import torch
 from torch import Tensor, nn
 
-from dpnotebook.grad_sample.engine.registry import register_grad_sampler
+from dpnotebook.grad_sample._registry import register_grad_sampler
 from dpnotebook.grad_sample.ghost.groups import Grads, materialise
 from dpnotebook.grad_sample.ghost.registry import register_norm_sampler
 from dpnotebook.grad_sample.samplers.sample_rows import affine_grads

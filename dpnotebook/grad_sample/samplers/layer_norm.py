@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dpnotebook.grad_sample.engine.registry import register_grad_sampler
+from dpnotebook.grad_sample._registry import register_grad_sampler
 from dpnotebook.grad_sample.samplers.sample_rows import affine_grads
 
 

@@ -135,7 +135,7 @@ def linear_settles(module: nn.Module, call: GhostCall, K: int) -> bool:
     dearer than the passes over its ``[out, in]`` gradient: long sequences, or many copies.
 
     >>> import torch
-    >>> from dpnotebook.grad_sample.engine.functorch_fallback import LayerCall
+    >>> from dpnotebook.grad_sample._engine.calls import LayerCall
     >>> layer = nn.Linear(64, 64)
     >>> call = GhostCall(LayerCall(layer, "l", (torch.zeros(8, 10, 64),), {}, [0], 0, 8, 0), torch.zeros(8, 10, 64))
     >>> linear_settles(layer, call, K=1), linear_settles(layer, call, K=4)   # n = 10 or 40 positions

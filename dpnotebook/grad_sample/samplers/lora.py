@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from dpnotebook.grad_sample.engine.registry import register_grad_sampler
+from dpnotebook.grad_sample._registry import register_grad_sampler
 from dpnotebook.grad_sample.samplers.sample_rows import group_rows, sum_rows
 from dpnotebook.layers.lora import LoRALinear
 

@@ -82,7 +82,7 @@ def gate_settles(unit: GateProjection, call: GhostCall, K: int) -> bool:
     shared Gram matrix, when it pays, keeps the call ghosted.
 
     >>> from dpnotebook.layers import DPLSTM
-    >>> from dpnotebook.grad_sample.engine.functorch_fallback import LayerCall
+    >>> from dpnotebook.grad_sample._engine.calls import LayerCall
     >>> unit = DPLSTM(64, 128).gate_projections[0]
     >>> x, g = torch.zeros(16, 16, 64), torch.zeros(16, 16, 512)   # T = 16 steps
     >>> call = GhostCall(LayerCall(unit, "u", (x, None), {}, [0], 0, 16, 0), g)

@@ -28,7 +28,7 @@ import numpy as np
 import traitlets
 from torch import Tensor, nn
 
-from dpnotebook.grad_sample.engine.module import check_k
+from dpnotebook.grad_sample._engine.hooks import check_k
 from dpnotebook.privacy.arguments import check_max_grad_norm
 from dpnotebook.privacy.clipping import clip_and_sum, per_sample_norms
 from dpnotebook.widgets._validate import int_at_least, library_check, refuse

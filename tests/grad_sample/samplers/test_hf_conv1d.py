@@ -14,7 +14,7 @@ from dpnotebook.audit.families import Family
 from dpnotebook.audit.records import MAX_K, RECORDS, AuditCase, _apply_record
 from dpnotebook.audit.sensitivity import FLOAT32_TOLERANCE, TOLERANCE
 from dpnotebook.benchmarks.zoo import Logits, gpt2
-from dpnotebook.grad_sample.engine.registry import find_grad_sampler
+from dpnotebook.grad_sample import find_grad_sampler
 from dpnotebook.testing import check_grad_sampler
 from tests.grad_sample.ghost.test_ghost import _released, check
 
@@ -90,7 +90,7 @@ def test_a_library_version_whose_layer_cannot_be_imported_is_skipped(monkeypatch
     """Ours fails to import (a transformers without Conv1D): lookups go on, without that sampler."""
     import sys
 
-    from dpnotebook.grad_sample.engine import registry
+    from dpnotebook.grad_sample import _registry as registry
 
     monkeypatch.setitem(registry.OPTIONAL_SAMPLERS, "json", "dpnotebook.no_such_module")  # json is imported
     monkeypatch.setattr(registry, "_UNLOADABLE", set())

@@ -19,7 +19,7 @@ state restored, the inputs cloned):
     time-major internals and heads taken for rows.
 (b) **backward support**: a random cotangent on sample ``j``'s rows of the model's
     output alone (its batch dim found as functorch mode finds it,
-    :func:`~dpnotebook.grad_sample.engine.output_batch_dim.output_batch_dims`) is
+    :func:`~dpnotebook.grad_sample._engine.calls.output_batch_dims`) is
     propagated back; every hooked layer's output gradient must be zero outside
     sample ``j``'s rows. This catches a layer whose rows are identical across
     samples (so that (a) sees nothing) but whose backprops are positions.
@@ -64,9 +64,7 @@ from torch.nn.utils.rnn import PackedSequence
 from torch.utils._pytree import tree_flatten, tree_map
 
 from dpnotebook.errors import GradSampleError
-from dpnotebook.grad_sample.engine.batch_rows import count_rows
-from dpnotebook.grad_sample.engine.functorch_fallback import capture_paused
-from dpnotebook.grad_sample.engine.output_batch_dim import output_batch_dims
+from dpnotebook.grad_sample._engine.calls import capture_paused, count_rows, output_batch_dims
 
 __all__ = ["probe_rows", "probing", "layers_with_parameters", "ProbeLayer", "FIX"]
 
@@ -134,7 +132,7 @@ def _sample_rows(x: Tensor, bd: int, i: int, K: int) -> Tensor:
     return x.narrow(bd, i * K, K)
 
 
-def _first_different(args: tuple, kwargs: dict, rows: int, bd: int, B: int, K: int) -> int | None:
+def _first_different(args: tuple[Any, ...], kwargs: dict[str, Any], rows: int, bd: int, B: int, K: int) -> int | None:
     """The first sample ``j >= 1`` whose input rows differ from sample 0's, or ``None``."""
     inputs = [x for x in _leaves((args, kwargs)) if _rows_of(x, rows, bd)]
     for j in range(1, B):
@@ -186,7 +184,7 @@ def _moved_rows(gaps: Tensor, keep: set[int], tol: float) -> list[int]:
     return [r for r in torch.nonzero(gaps > tol).flatten().tolist() if r not in keep]
 
 
-def _copies(leaves: list) -> list[Tensor | None]:
+def _copies(leaves: list[Any]) -> list[Tensor | None]:
     """Detached copies: the model may change a tensor in place after the layer (``ReLU(inplace=True)``)."""
     return [x.detach().clone() if isinstance(x, Tensor) else None for x in leaves]
 
@@ -201,21 +199,21 @@ class _Recorder:
         self.layers = layers
         self.tracker = tracker
         self.sites: dict[str, int] = {}  # meeting points of batch-free tensors with the batch: probed as layers
-        self.calls: list[list[tuple[list, list]]] = [[] for _ in layers]
+        self.calls: list[list[tuple[list[Any], list[Any]]]] = [[] for _ in layers]
         self.live: list[tuple[int, int, int, Tensor]] = []  # (layer, call, output leaf, the output itself)
         self.compare: Any = None
         self.paused = False  # while output_batch_dims runs the model on one row more
         self.handles = [m.register_forward_hook(self._hook(i), with_kwargs=True) for i, (_, m, _) in enumerate(layers)]
 
     def _hook(self, i: int) -> Any:
-        def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
             if self.paused or (self.tracker is not None and self.tracker.batch_free_call(args, kwargs)):
                 return  # a call on batch-free inputs has no rows of samples: its meeting points are probed
             self.seen(i, _leaves((args, kwargs)), _leaves(output))
 
         return hook
 
-    def seen(self, i: int, ins: list, outs: list) -> None:
+    def seen(self, i: int, ins: list[Any], outs: list[Any]) -> None:
         if self.compare is not None:
             self.compare(i, [x if isinstance(x, Tensor) else None for x in ins], outs)
             return
@@ -259,7 +257,7 @@ def _forward_check(layers: list[ProbeLayer], rec: _Recorder, rows: int, B: int, 
     seen = [0] * len(layers)
     j_rows = set(range(j * K, (j + 1) * K))
 
-    def compare(i: int, ins: list, outs: list) -> None:
+    def compare(i: int, ins: list[Any], outs: list[Any]) -> None:
         path, module, bd = layers[i]
         n = seen[i]
         seen[i] += 1
@@ -297,7 +295,9 @@ def _forward_check(layers: list[ProbeLayer], rec: _Recorder, rows: int, B: int, 
     return compare
 
 
-def _backward_check(layers: list[ProbeLayer], rec: _Recorder, grads: tuple, rows: int, B: int, K: int, j: int) -> None:
+def _backward_check(
+    layers: list[ProbeLayer], rec: _Recorder, grads: tuple[Any, ...], rows: int, B: int, K: int, j: int
+) -> None:
     """Every layer's output gradient is zero outside sample ``j``'s rows (the cotangent was on ``j`` alone).
 
     ``grads[n]`` is the gradient of ``rec.live[n]``'s output (``None``: not reached); an empty
@@ -322,7 +322,7 @@ def _backward_check(layers: list[ProbeLayer], rec: _Recorder, grads: tuple, rows
 
 
 def _cotangents(
-    model: nn.Module, args: tuple, kwargs: dict, output: Any, rows: int, bd: int, j: int, K: int
+    model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any, rows: int, bd: int, j: int, K: int
 ) -> tuple[list[Tensor], list[Tensor]]:
     """The model's output tensors that carry a batch, and random cotangents on sample ``j``'s rows of each."""
     leaves = _leaves(output)
@@ -353,8 +353,8 @@ def _cotangents(
 def probe_rows(
     model: nn.Module,
     layers: list[ProbeLayer],
-    args: tuple,
-    kwargs: dict,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
     *,
     K: int,
     batch_dim: int,
@@ -378,7 +378,7 @@ def probe_rows(
         backward_proven: an earlier batch already passed the backward check; when
             this one cannot run the forward check either (all samples identical),
             nothing is run.
-        tracker: the wrapper's :class:`~dpnotebook.grad_sample.engine.broadcast.BroadcastTracker`, when the
+        tracker: the wrapper's :class:`~dpnotebook.grad_sample._engine.broadcast.BroadcastTracker`, when the
             model has batch-free tensors meeting the batch: the passes run under it, calls of ``layers`` on
             batch-free inputs are skipped, and the result of every meeting point is checked as a layer's output.
         units: the modules the tracker treats as units (with ``tracker``).
@@ -405,7 +405,7 @@ def probe_rows(
     layers = list(layers)
     rec = _Recorder(layers, tracker)
 
-    def run(a: tuple, kw: dict) -> Any:
+    def run(a: tuple[Any, ...], kw: dict[str, Any]) -> Any:
         if tracker is None:
             return model(*a, **kw)
         with tracker.tracking(a, kw, units or []):

@@ -24,9 +24,9 @@ from dpnotebook.audit.families import FAMILIES
 from dpnotebook.audit.records import RECORDS, audit_case
 from dpnotebook.audit.sensitivity import TOLERANCE
 from dpnotebook.errors import GradSampleError
-from dpnotebook.grad_sample.engine.precision import autocast_off, full_precision
-from dpnotebook.mode_registry import optimizer_class
+from dpnotebook.grad_sample._engine.precision import autocast_off, full_precision
 from dpnotebook.privacy.clipping import per_sample_norms
+from dpnotebook.privacy.ghost_optimizer import optimizer_class
 
 MODES = ("hooks", "functorch", "ghost")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}

@@ -1,18 +1,33 @@
-"""Per-sample gradients of any layer that does not mix samples, with ``torch.func``.
+"""A recorded layer call: where its rows are, and its replay with ``torch.func``.
 
-When a layer has no registered sampler, we replay its forward pass for one
-sample at a time inside ``vmap``: for sample ``i`` we take the gradient of
+**Rows.** A forward pass's input carries ``B*K`` rows (:func:`count_rows`); the wrapper compares
+that count with the rows every layer sees. Functorch mode replays the whole model per sample, so it
+also needs the output's batch dim (:func:`output_batch_dims`): a recurrent model reading
+``[T, B, D]`` often returns ``[B, classes]``. When several dims hold ``B*K`` (``[T, B, H]`` with
+``T == B``), the model is run once more on one extra row, and the dim that grew is the batch dim. A
+``PackedSequence`` is refused where its rows would be split (:func:`refuse_packed`): its rows are
+time steps, not samples.
+
+**Replay.** When a layer has no registered sampler, its forward pass is replayed for one sample at
+a time inside ``vmap``: for sample ``i`` we take the gradient of
 
     sum_k < layer(params, x[i, k]), backprop[i, k] >
 
-with respect to the parameters. That is exactly ``sum_k grad loss(row i*K+k)``,
-so dividing by ``K`` gives the augmentation-multiplicity average, and ``vmap``
-over the ``B`` samples never builds ``B*K`` per-row gradients.
+with respect to the parameters. That is exactly ``sum_k grad loss(row i*K+k)``, so dividing by
+``K`` gives the augmentation-multiplicity average, and ``vmap`` over the ``B`` samples never builds
+``B*K`` per-row gradients. With ``K`` rows per sample the replay's activations would be ``K`` times
+those of a plain batch of ``B``, so by default ``vmap`` takes the samples in chunks that hold no
+more rows than ``B`` (:func:`replay_chunk_size`).
 
-The replay keeps its own activations while it runs. With ``K`` rows per sample
-they would be ``K`` times those of a plain batch of ``B``, so by default ``vmap``
-takes the samples in chunks that hold no more rows than ``B`` (see
-:func:`replay_chunk_size`).
+>>> import torch
+>>> count_rows((torch.zeros(13, 7, dtype=torch.long),), {}, batch_first=True)
+13
+>>> class LastStep(nn.Module):      # [T, B, D] in, [B, D] out
+...     def forward(self, x):
+...         return x[-1] * 2
+>>> x = torch.randn(4, 4, 4)       # [B, D] out with D == B: only a second run can tell
+>>> output_batch_dims(LastStep(), (x,), {}, LastStep()(x), [0], rows=4, batch_dim=1)
+[0]
 """
 
 from __future__ import annotations
@@ -23,13 +38,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
+from torch.nn.utils.rnn import PackedSequence
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from dpnotebook.errors import GradSampleError
-from dpnotebook.grad_sample.engine.packed import refuse_packed
-from dpnotebook.grad_sample.engine.precision import full_precision
+from dpnotebook.grad_sample._engine.precision import full_precision
 
 _PAUSED = [0]
 
@@ -84,8 +100,8 @@ class LayerCall:
 
     module: nn.Module
     path: str
-    args: tuple
-    kwargs: dict
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
     out_index: list[int]
     batch_dim: int
     rows: int
@@ -186,7 +202,7 @@ def fallback_grad_samples(
     out_pos = [i for i, _ in used]
     out_grads = [_split_rows(full_precision(g), bd, B, K) for _, g in used]
 
-    def sample_loss(params: dict, xs: list, gs: list) -> Tensor:
+    def sample_loss(params: dict[str, Any], xs: list[Any], gs: list[Any]) -> Tensor:
         args, kwargs = tree_unflatten(xs, spec)
         out, _ = tree_flatten(call_keeping_parameters(module, {**params, **fixed}, args, kwargs))
         return sum((out[i] * g).sum() for i, g in zip(out_pos, gs, strict=True))
@@ -219,7 +235,9 @@ def fallback_grad_samples(
     return {p: per_sample[n] * (scale / K) for n, p in trainable.items()}
 
 
-def call_keeping_parameters(module: nn.Module, tensors: dict, args: tuple, kwargs: dict) -> Any:
+def call_keeping_parameters(
+    module: nn.Module, tensors: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
     """``functional_call(module, tensors, args, kwargs)``, and the module's own parameters and buffers after it.
 
     PyTorch's ``functional_call`` does not put back the parameters of a
@@ -271,15 +289,153 @@ def detach_tree(tree: Any) -> Any:
     return tree_unflatten([x.detach() if isinstance(x, Tensor) else x for x in leaves], spec)
 
 
-__all__ = [
-    "LayerCall",
-    "capture_paused",
-    "capture_is_paused",
-    "replaying",
-    "replayed_call",
-    "fallback_grad_samples",
-    "check_replay_chunk",
-    "replay_chunk_size",
-    "loss_scale",
-    "detach_tree",
-]
+def _tensors_in_order(obj: Any) -> Any:
+    """Yield the tensors and PackedSequences in ``obj``, nested tuples/lists/dicts flattened in order."""
+    if isinstance(obj, (Tensor, PackedSequence)):
+        yield obj
+    elif isinstance(obj, dict) or (hasattr(obj, "keys") and hasattr(obj, "__getitem__") and not isinstance(obj, str)):
+        for key in list(obj.keys()):
+            yield from _tensors_in_order(obj[key])
+    elif isinstance(obj, (tuple, list)):
+        for item in obj:
+            yield from _tensors_in_order(item)
+
+
+def count_rows(args: tuple[Any, ...], kwargs: dict[str, Any], *, batch_first: bool, min_dim: int = 1) -> int | None:
+    """The number of rows of the forward's input: the size of its batch dim, or ``None``.
+
+    The first tensor (positional arguments first, then keyword arguments; nested
+    tuples, lists and dicts such as a Hugging Face style batch flattened in
+    order) that has the batch dim (0 if ``batch_first`` else 1) decides. Tensors
+    without that dim (a 0-d flag, a 1-d tensor when ``batch_first=False``) and
+    non-tensors (ints, strings, ``None``) are skipped. A ``PackedSequence``
+    carries one row per sequence whatever ``batch_first``.
+
+    Args:
+        args: the forward's positional arguments.
+        kwargs: the forward's keyword arguments.
+        batch_first: whether the batch dim is dim 0 (``True``) or dim 1.
+        min_dim: tensors with fewer dims are skipped too. ``GradSampleModule``
+            passes 2: a 1-d input may be the flat indices of an ``EmbeddingBag``
+            called with offsets, whose length is not the number of samples.
+
+    Returns:
+        The number of rows, or ``None`` when no input tensor has the batch dim.
+
+    >>> import torch
+    >>> from torch.nn.utils.rnn import pack_sequence
+    >>> count_rows((torch.zeros(5, 4, 3),), {}, batch_first=False)
+    4
+    >>> count_rows((torch.tensor(True), 3), {"x": {"input_ids": torch.zeros(6, 9)}}, batch_first=True)
+    6
+    >>> count_rows((pack_sequence([torch.zeros(3, 2), torch.zeros(1, 2)]),), {}, batch_first=False)
+    2
+    >>> count_rows((torch.zeros(8),), {"flag": 1}, batch_first=False) is None
+    True
+    >>> count_rows((torch.zeros(8), torch.zeros(2, 3)), {}, batch_first=True, min_dim=2)
+    2
+    """
+    bd = 0 if batch_first else 1
+    first = args[0] if args else None
+    if isinstance(first, Tensor) and first.dim() > bd and first.dim() >= min_dim:  # the usual call, cheaply
+        return int(first.shape[bd])
+    for obj in (args, kwargs):
+        for t in _tensors_in_order(obj):
+            if isinstance(t, PackedSequence):
+                if t.sorted_indices is not None:
+                    return len(t.sorted_indices)
+                return int(t.batch_sizes[0]) if len(t.batch_sizes) else 0
+            if t.dim() > bd and t.dim() >= min_dim:
+                return int(t.shape[bd])
+    return None
+
+
+def _one_row_more(tree: Any, rows: int, batch_dim: int) -> Any:
+    leaves, spec = tree_flatten(tree)
+    grown = [
+        torch.cat([x, x.narrow(batch_dim, 0, 1)], batch_dim)
+        if isinstance(x, Tensor) and x.dim() > batch_dim and x.shape[batch_dim] == rows
+        else x
+        for x in leaves
+    ]
+    return tree_unflatten(grown, spec)
+
+
+def output_batch_dims(
+    model: nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    output: Any,
+    out_index: list[int],
+    *,
+    rows: int,
+    batch_dim: int,
+) -> list[int]:
+    """For each output tensor named by ``out_index``, the dim that holds the ``rows`` rows.
+
+    Args:
+        model: the model; run once more (no gradients, one extra row per input tensor) only when an
+            output tensor has several dims of size ``rows``.
+        args, kwargs: its inputs, whose batch is in ``batch_dim``.
+        output: ``model(*args, **kwargs)``.
+        out_index: positions, in the flattened output, of the tensors that carry gradients.
+        rows: the input's rows ``B*K`` (``> 0``).
+        batch_dim: the input's batch dim, preferred when it alone fits.
+
+    Raises:
+        GradSampleError: an output has no dim of ``rows`` rows, or several that follow the input's rows.
+    """
+    leaves = [output] if isinstance(output, Tensor) else tree_flatten(output)[0]
+    outputs = [leaves[i] for i in out_index]
+    candidates = [[d for d, n in enumerate(t.shape) if n == rows] for t in outputs]
+    if all(len(c) == 1 for c in candidates):
+        return [c[0] for c in candidates]
+    for t, c in zip(outputs, candidates, strict=True):
+        if not c:
+            raise _no_batch_dim(t, rows, batch_dim)
+    with torch.no_grad(), capture_paused():
+        probe = model(*_one_row_more(args, rows, batch_dim), **_one_row_more(kwargs, rows, batch_dim))
+    probes = tree_flatten(probe)[0]
+    dims = []
+    for i, t, c in zip(out_index, outputs, candidates, strict=True):
+        p = probes[i] if i < len(probes) and isinstance(probes[i], Tensor) else t
+        grew = [
+            d
+            for d in c
+            if p.dim() == t.dim()
+            and p.shape[d] == rows + 1
+            and p.shape[:d] + p.shape[d + 1 :] == t.shape[:d] + t.shape[d + 1 :]
+        ]
+        if len(grew) != 1:
+            raise GradSampleError(
+                f"functorch mode: the model's output of shape {tuple(t.shape)} has {len(c)} dims of the "
+                f"input's {rows} rows (dims {c}), and one more input row did not tell which one holds the "
+                f"batch (grew: {grew}). Fix: return the output with its batch in dim "
+                f"{batch_dim} (as batch_first says for the input), or use a batch size that no other dim has."
+            )
+        dims.append(grew[0])
+    return dims
+
+
+def _no_batch_dim(t: Tensor, rows: int, batch_dim: int) -> GradSampleError:
+    return GradSampleError(
+        f"functorch mode: the model's output of shape {tuple(t.shape)} has no dim of the input's {rows} rows "
+        f"(B*K, in input dim {batch_dim}), so its gradient cannot be split per sample. Fix: return one "
+        "output row per input row (a loss over the batch belongs outside the model), and check batch_first."
+    )
+
+
+def refuse_packed(args: tuple[Any, ...], kwargs: dict[str, Any], mode: str, model: nn.Module) -> None:
+    """Raise if a ``PackedSequence`` is among ``model``'s arguments: ``mode`` cannot split one per sample."""
+    if not kwargs and all(isinstance(a, Tensor) for a in args):  # the usual call, checked cheaply
+        return
+    leaves, _ = tree_flatten((args, kwargs), is_leaf=lambda x: isinstance(x, PackedSequence))
+    packed = next((x for x in leaves if isinstance(x, PackedSequence)), None)
+    if packed is not None:
+        raise GradSampleError(
+            f"grad_sample_mode={mode!r}: {type(model).__name__} received a PackedSequence (batch_sizes="
+            f"{packed.batch_sizes.tolist()}): its data {tuple(packed.data.shape)} interleaves the sequences "
+            f"time step by time step, so its rows are time steps, not samples, and {mode} mode cannot split it "
+            "per sample. Fix: use grad_sample_mode='hooks' with dpnotebook.DPLSTM / DPGRU / DPRNN, which handle "
+            "PackedSequence (dpnotebook.fix(model) swaps them in), or pass a padded tensor (pad_packed_sequence)."
+        )

@@ -36,12 +36,12 @@ from torch.autograd.graph import register_multi_grad_hook
 from torch.utils._pytree import tree_flatten
 
 from dpnotebook.errors import GradSampleError
-from dpnotebook.grad_sample.engine.accumulation import GradSample, grad_sample_rows
-from dpnotebook.grad_sample.engine.module import check_k, check_loss_reduction
-from dpnotebook.grad_sample.engine.outer_wrapper import OuterWrapper
-from dpnotebook.grad_sample.engine.packed import refuse_packed
-from dpnotebook.grad_sample.engine.provenance import layers_with_parameters, probe_rows
-from dpnotebook.validation import Problem, raise_if_problems, validate
+from dpnotebook.grad_sample._engine.accumulation import GradSample, grad_sample_rows
+from dpnotebook.grad_sample._engine.calls import refuse_packed
+from dpnotebook.grad_sample._engine.hooks import check_k, check_loss_reduction
+from dpnotebook.grad_sample._engine.no_op import OuterWrapper
+from dpnotebook.grad_sample._engine.provenance import layers_with_parameters, probe_rows
+from dpnotebook.modes import register_mode
 
 
 @contextlib.contextmanager
@@ -89,6 +89,7 @@ def _refuse_autocast() -> None:
         )
 
 
+@register_mode("ew")
 class GradSampleModuleExpandedWeights(OuterWrapper):
     """Per-sample gradients through PyTorch's ExpandedWeights.
 
@@ -106,6 +107,8 @@ class GradSampleModuleExpandedWeights(OuterWrapper):
     >>> m.weight.grad_sample.shape
     torch.Size([2, 2, 3])
     """
+
+    grad_sample_mode = "ew"
 
     def __init__(
         self,
@@ -128,7 +131,7 @@ class GradSampleModuleExpandedWeights(OuterWrapper):
         K = check_k(K)
         _refuse_shared_modules(module)
         if strict:
-            raise_if_problems(validate(module, mode="ew"))
+            self.validate(module, strict=True)
         super().__init__(module)
         self.batch_first = True
         self.loss_reduction = loss_reduction
@@ -139,13 +142,6 @@ class GradSampleModuleExpandedWeights(OuterWrapper):
         self._passes: list[int] = []  # rows of each forward pass the running backward pass has reached
         self._has_rnn = any(isinstance(m, nn.RNNBase) for m in module.modules())
         self._rows_proof: str | None = None  # what the provenance probe has shown so far
-
-    @classmethod
-    def validate(cls, module: nn.Module, *, strict: bool = False) -> list[Problem]:
-        problems = validate(module, mode="ew")
-        if strict:
-            raise_if_problems(problems)
-        return problems
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if not self.hooks_enabled or not torch.is_grad_enabled():
@@ -188,8 +184,8 @@ class GradSampleModuleExpandedWeights(OuterWrapper):
             register_multi_grad_hook(leaves, lambda grads: self._queue_finish(rows), mode="any")
         return out
 
-    def _prove_rows(self, args: tuple, kwargs: dict) -> None:
-        """The provenance probe (:mod:`~dpnotebook.grad_sample.engine.provenance`) on every layer with parameters."""
+    def _prove_rows(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """The provenance probe (:mod:`~dpnotebook.grad_sample._engine.provenance`) on every layer with parameters."""
         with _plain_rnn_kernels(self._has_rnn):
             found = probe_rows(
                 self._module,
@@ -203,7 +199,7 @@ class GradSampleModuleExpandedWeights(OuterWrapper):
         if found != "nothing to prove":
             self._rows_proof = found
 
-    def _rows(self, args: tuple) -> int:
+    def _rows(self, args: tuple[Any, ...]) -> int:
         first = next((a for a in args if isinstance(a, Tensor)), None)
         if first is None or first.dim() == 0:
             raise ValueError("grad_sample_mode='ew' needs a tensor input with the batch in dim 0.")

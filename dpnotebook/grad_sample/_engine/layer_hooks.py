@@ -5,6 +5,26 @@ hook on each *unit* (a layer with a registered sampler, or a subtree computed by
 the ``torch.func`` fallback) records what the layer saw and registers a hook on
 its outputs; when their gradients arrive, the unit's per-sample gradients are
 computed and added to ``p.grad_sample``.
+
+A layer's sampler sees only the part of each sample's gradient that flows through the layer's own
+forward. If the model also uses the layer's parameter elsewhere (``F.linear(x, self.fc.weight)`` in
+a parent), that other part reaches ``p.grad`` but no sampler sees it, and DP-SGD would clip
+per-sample gradients that miss it: silently wrong. So during a sampled layer's forward each
+trainable parameter is swapped for an alias ``p.view_as(p)`` whose autograd node is marked; at the
+end of the wrapper's forward the graph is walked once from the output, and an edge into a watched
+parameter's ``AccumulateGrad`` node from anything but a marked alias is refused
+(:func:`outside_use`; structural, so no comparison of sums that samples could cancel). Tied weights
+go through aliases in both layers, and pass. Not watched: the parameters of ``torch.func`` units and
+of DP layers whose children hold the samplers (``_dpn_grad_samples_from_children``, e.g. ``DPLSTM``).
+
+>>> import torch
+>>> from torch import nn
+>>> fc = nn.Linear(2, 2)
+>>> swapped = alias_parameters([fc], {})               # what the layer's forward pre-hook does
+>>> h = fc(torch.randn(3, 2))
+>>> restore_parameters(swapped)                      # and its forward hook
+>>> outside_use([h + fc.weight.sum()], {id(fc.weight), id(fc.bias)}) is fc.weight   # used outside too
+True
 """
 
 from __future__ import annotations
@@ -19,16 +39,15 @@ from torch.autograd.graph import register_multi_grad_hook
 from torch.utils._pytree import tree_flatten
 
 from dpnotebook.errors import GradSampleError
-from dpnotebook.grad_sample.engine.functorch_fallback import (
+from dpnotebook.grad_sample._engine.calls import (
     LayerCall,
     capture_is_paused,
     detach_tree,
     fallback_grad_samples,
     loss_scale,
 )
-from dpnotebook.grad_sample.engine.outside_use import alias_parameters, restore_parameters
-from dpnotebook.grad_sample.engine.precision import autocast_off, full_precision
-from dpnotebook.grad_sample.engine.registry import SamplerEntry
+from dpnotebook.grad_sample._engine.precision import autocast_off, full_precision
+from dpnotebook.grad_sample._registry import SamplerEntry
 
 
 @lru_cache(maxsize=512)
@@ -68,7 +87,7 @@ def _positional_arity(module: nn.Module) -> int:
     return -1 if function is None else _method_arity(function)
 
 
-def bound_arguments(module: nn.Module, args: tuple, kwargs: dict) -> list[Any]:
+def bound_arguments(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
     """The forward's arguments in signature order, defaults filled in (``activations``).
 
     >>> from torch import nn
@@ -87,7 +106,7 @@ def bound_arguments(module: nn.Module, args: tuple, kwargs: dict) -> list[Any]:
 
 def to_batch_first(x: Any, batch_dim: int) -> Any:
     """A recorded activation or backprop as per-sample work reads it: batch first, and in float32 if it was
-    recorded in a reduced type under autocast (:mod:`~dpnotebook.grad_sample.engine.precision`)."""
+    recorded in a reduced type under autocast (:mod:`~dpnotebook.grad_sample._engine.precision`)."""
     x = full_precision(x)
     if batch_dim == 0 or not isinstance(x, Tensor) or x.dim() < 2:
         return x
@@ -155,7 +174,7 @@ class LayerHooks:
         # torch.func units, nor of DP layers whose children hold the samplers (DPLSTM runs its recurrence on its
         # children's parameters outside their forward, and their samplers account for it)
         self.watched: dict[int, nn.Parameter] = {}
-        self._swapped: dict[int, list[list]] = {}
+        self._swapped: dict[int, list[list[Any]]] = {}
         shared = [m for m in owner._module.modules() if getattr(m, "_dpn_grad_samples_from_children", False)]
         inside_shared = {id(s) for m in shared for s in m.modules()}
         self._unwatched = frozenset(id(p) for _, m, e in units if e is None for p in m.parameters())
@@ -175,13 +194,13 @@ class LayerHooks:
             h.remove()
         self.handles.clear()
 
-    def _alias(self, subtree: list[nn.Module], module: nn.Module, args: tuple) -> None:
+    def _alias(self, subtree: list[nn.Module], module: nn.Module, args: tuple[Any, ...]) -> None:
         owner = self.owner
         active = owner.hooks_enabled and owner._in_forward and torch.is_grad_enabled() and not capture_is_paused()
         swapped = alias_parameters(subtree, self.watched, self._unwatched) if active else []
         self._swapped.setdefault(id(module), []).append(swapped)
 
-    def _restore(self, module: nn.Module, args: tuple, output: Any) -> None:
+    def _restore(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
         stack = self._swapped.get(id(module))
         if stack:
             restore_parameters(stack.pop())
@@ -192,7 +211,13 @@ class LayerHooks:
         return 0 if self.owner.batch_first else 1
 
     def _record(
-        self, path: str, entry: SamplerEntry | None, module: nn.Module, args: tuple, kwargs: dict, output: Any
+        self,
+        path: str,
+        entry: SamplerEntry | None,
+        module: nn.Module,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        output: Any,
     ) -> None:
         owner = self.owner
         if not owner.hooks_enabled or capture_is_paused() or not torch.is_grad_enabled():
@@ -241,3 +266,72 @@ class LayerHooks:
         call.release()
         for p, g in found.items():
             owner._store.add(p, g.detach(), call.forward_id)
+
+
+_MARK = "dpn_in_layer"
+
+
+def _accumulate_grad_type() -> type:
+    node = torch.zeros(1, requires_grad=True).view_as(torch.zeros(1)).grad_fn
+    assert node is not None  # a view of a leaf that requires grad always has one
+    return type(node.next_functions[0][0])
+
+
+_ACCUMULATE_GRAD = _accumulate_grad_type()
+
+
+def mark_in_layer(node: Any) -> None:
+    """Mark an autograd node as a layer's own use of the parameters it leads to (aliases, ghost taps)."""
+    node.metadata[_MARK] = True
+
+
+def alias_parameters(
+    modules: Any, watched: dict[int, nn.Parameter], exclude: frozenset[Any] = frozenset()
+) -> list[Any]:
+    """Swap the trainable parameters of ``modules`` for marked aliases; return what :func:`restore_parameters` needs.
+
+    Each swapped parameter is added to ``watched`` (``id -> parameter``) unless its id is in ``exclude``
+    (a parameter also used by a ``torch.func`` unit, whose forward is not aliased).
+    """
+    swapped = []
+    for module in modules:
+        params, pairs = module._parameters, []
+        for name, p in params.items():
+            if p is not None and p.requires_grad and isinstance(p, nn.Parameter):
+                alias = p.view_as(p)
+                mark_in_layer(alias.grad_fn)
+                params[name] = alias
+                pairs.append((name, p))
+                if id(p) not in exclude:
+                    watched[id(p)] = p
+        if pairs:
+            swapped.append((module, pairs))
+    return swapped
+
+
+def restore_parameters(swapped: list[Any]) -> None:
+    """Put back the parameters :func:`alias_parameters` swapped."""
+    for module, pairs in swapped:
+        for name, p in pairs:
+            module._parameters[name] = p
+
+
+def outside_use(outputs: list[Tensor], watched: set[int] | dict[int, Any]) -> Any:
+    """The first watched parameter the graph behind ``outputs`` reaches other than through a marked alias, or None."""
+    stack = [t.grad_fn for t in outputs if isinstance(t, Tensor) and t.grad_fn is not None]
+    seen = set()
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        for fn, _ in node.next_functions:
+            if fn is None:
+                continue
+            if type(fn) is _ACCUMULATE_GRAD:
+                # torch's Node stub lacks AccumulateGrad's ``variable`` and types ``metadata`` (a dict) as a method
+                if id(fn.variable) in watched and _MARK not in node.metadata:  # type: ignore[attr-defined, operator]
+                    return fn.variable  # type: ignore[attr-defined]
+            elif fn not in seen:
+                stack.append(fn)
+    return None

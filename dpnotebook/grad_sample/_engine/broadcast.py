@@ -1,48 +1,30 @@
 """Batch-free tensors meeting the batch: per-sample gradients of broadcast parameters (hooks and ghost mode).
 
-Some parameters never see the batch's rows inside a layer of their own: a
-position table looked up once with ``[1, T]`` ids (BERT, GPT-2), a T5 relative
-attention bias looked up with ``[T, T]`` bucket ids, a ViT class token
-(``cls.expand(n, -1, -1)`` then ``torch.cat``), a position embedding or a
-ConvNeXt layer scale held by a container (``x + self.pos``, ``self.gamma * y``).
-They are *batch-free*: computed from parameters and buffers only. Where such a
-tensor ``f`` meets the batch, every row ``r`` of the result uses all of ``f``
-(or, for ``f`` with one row per batch row, its row ``r``), so sample ``i``'s
-gradient of the parameters behind ``f`` is the vector-Jacobian product of ``f``
-with the part of ``f``'s cotangent that comes from sample ``i``'s rows.
+Some parameters never see the batch's rows inside a layer of their own: a position table looked up
+with ``[1, T]`` ids (BERT, GPT-2), a T5 relative attention bias, a ViT class token
+(``cls.expand(n, -1, -1)`` then ``torch.cat``), a ConvNeXt layer scale held by a container
+(``self.gamma * y``). They are *batch-free*: computed from parameters and buffers only. Where such a
+tensor ``f`` meets the batch, every row ``r`` of the result uses all of ``f`` (or, for ``f`` with one
+row per batch row, its row ``r``), so sample ``i``'s gradient of the parameters behind ``f`` is the
+vector-Jacobian product of ``f`` with the part of ``f``'s cotangent that comes from sample ``i``'s rows.
 
-:class:`BroadcastTracker` finds those meeting points with a
-:class:`torch.overrides.TorchFunctionMode` during the wrapper's forward pass. It
-knows which tensors depend on the input's rows by data flow, not by counting:
-the input tensors are *batched* (all of them: a mask or flat ids passed in are
-data too); an op with a batched operand
-gives batched results; anything else (parameters, buffers, ``arange``, ids
-computed from them) is batch-free, with the set of trainable parameters it
-depends on. Inside a unit (a layer with a registered sampler, or a ``torch.func``
-unit) its ops are the unit's business; a unit called on batch-free inputs
-only (``position_embeddings(position_ids)``) records no rows: its output is a
-batch-free tensor like any other. Where a batch-free tensor ``f`` that depends
-on trainable parameters meets a batched one in a *recognised* op
-(:data:`ELEMENTWISE`: add, sub, mul, div in their function, method, in-place
-and operator forms; :data:`JOINS`: ``torch.cat``/``stack`` along a non-batch
-dim; :data:`ATTENTION`: ``scaled_dot_product_attention``'s ``attn_mask``, which
-is added to the scores), ``f`` is replaced in that op by ``f_rows``: ``f`` broadcast to the batch
-rows (or ``f`` itself, viewed, when it already has one row per batch row), and a
-tensor hook on ``f_rows`` receives the per-row cotangent. Summed over each
-sample's ``K`` rows (with, for ``f`` of one row per batch row, only the sample's
-own rows kept), it is pushed through ``f``'s batch-free subgraph with
-``torch.autograd.grad(..., is_grads_batched=True)``, or taken as is when ``f``
-is the parameter itself. ``p.grad`` is what PyTorch computes: ``f_rows`` is a
-view of ``f``.
+:class:`BroadcastTracker` finds those meeting points with a :class:`torch.overrides.TorchFunctionMode`
+during the wrapper's forward pass, by data flow, not by counting: the inputs are *batched* (a mask or
+ids passed in too); an op with a batched operand gives batched results; anything else is batch-free,
+with the set of trainable parameters it depends on. Inside a unit, ops are the unit's business (a
+unit called on batch-free inputs only records no rows). Where a batch-free ``f`` that depends on
+trainable parameters meets a batched tensor in a *recognised* op (:data:`ELEMENTWISE`: add, sub, mul,
+div in every form; :data:`JOINS`: ``torch.cat``/``stack`` along a non-batch dim; :data:`ATTENTION`:
+``scaled_dot_product_attention``'s ``attn_mask``), ``f`` is replaced in that op by ``f_rows``, a view
+of ``f`` broadcast to the batch rows, whose tensor hook receives the per-row cotangent. Summed over
+each sample's ``K`` rows, it is pushed through ``f``'s batch-free subgraph with
+``torch.autograd.grad(..., is_grads_batched=True)``. ``p.grad`` is what PyTorch computes.
 
-Anything else where a batch-free trainable tensor meets the batch (a matmul
-with a container's own parameter, ``x[:, 0] = f``) is *unrecognised*: on the
-first forward pass the tracker runs once on its own (the *discovery*, every
-module in eval mode, no gradients) and the smallest module holding both the
-op and the parameters becomes a ``torch.func`` unit, as before. The provenance
-probe (:mod:`~dpnotebook.grad_sample.engine.provenance`) then checks every
-meeting point's result as it checks a layer's output: its rows must follow the
-samples.
+Anything else where a batch-free trainable tensor meets the batch (a matmul with a container's own
+parameter, ``x[:, 0] = f``) is *unrecognised*: on the first forward pass the tracker runs once on its
+own (the *discovery*: eval mode, no gradients) and the smallest module holding both the op and the
+parameters becomes a ``torch.func`` unit. The provenance probe then checks every meeting point's
+result as it checks a layer's output: its rows must follow the samples.
 
 >>> import torch
 >>> from torch import nn
@@ -77,7 +59,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
 from dpnotebook.errors import GradSampleError
-from dpnotebook.grad_sample.engine.functorch_fallback import capture_is_paused, loss_scale
+from dpnotebook.grad_sample._engine.calls import capture_is_paused, loss_scale
 
 #: Broadcasting ops where a batch-free tensor may meet the batch: ``f`` is replaced by ``f_rows`` there.
 ELEMENTWISE = frozenset(
@@ -105,7 +87,7 @@ _IN_PLACE |= {Tensor.__iadd__, Tensor.__isub__, Tensor.__imul__, Tensor.__itrued
 Deps = frozenset  # ids of the trainable parameters a batch-free tensor depends on
 
 
-def _tensors(args: tuple | list, kwargs: dict | None) -> Iterator[Tensor]:
+def _tensors(args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any] | None) -> Iterator[Tensor]:
     """The tensors among a call's arguments (one level of lists and tuples: ``torch.cat``'s)."""
     for a in (*args, *(kwargs.values() if kwargs else ())):
         if isinstance(a, Tensor):
@@ -119,7 +101,7 @@ class Capture:
     """One meeting point in one forward pass: ``f`` (batch-free) replaced by ``f_rows`` in a recognised op."""
 
     f: Tensor
-    deps: Deps
+    deps: Deps[Any]
     kind: str  # "expand": f broadcast over the rows; "rows": f has one row per batch row
     bd: int
     rows: int
@@ -148,14 +130,14 @@ class BroadcastTracker(TorchFunctionMode):
         self.bad: list[tuple[str, str, list[str]]] = []  # unrecognised uses: (module path, op, parameter names)
         self.sites: set[str] = set()
         self._batched: dict[int, Any] = {}
-        self._deps: dict[int, tuple[Any, Deps]] = {}
+        self._deps: dict[int, tuple[Any, Deps[Any]]] = {}
         self._params: dict[int, nn.Parameter] = {}
         self._unit_params: dict[int, nn.Parameter] = {}  # those of units called on batch-free inputs
         self._stack: list[str] = []
         self._depth = 0
         self._suspended = False
         self._handles: list[Any] = []
-        self._installed: tuple | None = None
+        self._installed: tuple[Any, ...] | None = None
         self._free: list[tuple[int, nn.Parameter]] = []
         self._tracking = False
         self._unit_calls: list[bool] = []
@@ -165,13 +147,13 @@ class BroadcastTracker(TorchFunctionMode):
         ref = self._batched.get(id(t))
         return ref is not None and ref() is t
 
-    def deps(self, t: Tensor) -> Deps:
+    def deps(self, t: Tensor) -> Deps[Any]:
         found = self._deps.get(id(t))
         if found is not None and found[0]() is t:
             return found[1]
         return frozenset((id(t),)) if id(t) in self._params else frozenset()
 
-    def _mark(self, out: Any, batched: bool, deps: Deps) -> None:
+    def _mark(self, out: Any, batched: bool, deps: Deps[Any]) -> None:
         for t in [out] if isinstance(out, Tensor) else _tensors(out, None) if isinstance(out, (list, tuple)) else ():
             if batched:
                 self._batched[id(t)] = weakref.ref(t)
@@ -179,7 +161,7 @@ class BroadcastTracker(TorchFunctionMode):
             elif deps:
                 self._deps[id(t)] = (weakref.ref(t), deps)
 
-    def batch_free_call(self, args: tuple, kwargs: dict) -> bool:
+    def batch_free_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         """Whether a unit's call has no batched input (its rows are not samples): only while tracking."""
         if not self.active:
             return False
@@ -199,7 +181,7 @@ class BroadcastTracker(TorchFunctionMode):
 
     # -- entering and leaving a forward pass -------------------------------------
     @contextlib.contextmanager
-    def tracking(self, args: tuple, kwargs: dict, units: list[nn.Module]) -> Iterator[None]:
+    def tracking(self, args: tuple[Any, ...], kwargs: dict[str, Any], units: list[nn.Module]) -> Iterator[None]:
         """Track one forward pass of the model on ``args``/``kwargs``: every tensor among them is batched."""
         self._install(units)
         self._params = {i: p for i, p in self._free if p.requires_grad}
@@ -246,7 +228,7 @@ class BroadcastTracker(TorchFunctionMode):
             h.remove()
         self._handles, self._installed = [], None
 
-    def _enter(self, path: str, unit: bool, module: nn.Module, args: tuple, kwargs: dict) -> None:
+    def _enter(self, path: str, unit: bool, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if not self._tracking:
             return
         self._stack.append(path)
@@ -259,7 +241,7 @@ class BroadcastTracker(TorchFunctionMode):
             if self.discovering:
                 (self.batch_free_units if batch_free else self.batched_units).add(id(module))
 
-    def _leave(self, unit: bool, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+    def _leave(self, unit: bool, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
         if not self._tracking:
             return
         if self._stack:
@@ -291,13 +273,15 @@ class BroadcastTracker(TorchFunctionMode):
             return False
         return True
 
-    def _mark_tree(self, output: Any, batched: bool, deps: Deps) -> None:
+    def _mark_tree(self, output: Any, batched: bool, deps: Deps[Any]) -> None:
         for x in tree_flatten(output)[0]:
             if isinstance(x, Tensor):
                 self._mark(x, batched, deps)
 
     # -- every op of the forward pass --------------------------------------------
-    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+    def __torch_function__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
         kwargs = kwargs or {}
         batched, free = False, []
         for t in _tensors(args, kwargs):
@@ -318,7 +302,9 @@ class BroadcastTracker(TorchFunctionMode):
             self._mark(out, False, frozenset().union(*(d for _, d in free)))
         return out
 
-    def _meet(self, func: Any, args: tuple, kwargs: dict, free: list[tuple[Tensor, Deps]]) -> Any:
+    def _meet(
+        self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], free: list[tuple[Tensor, Deps[Any]]]
+    ) -> Any:
         """A batch-free tensor that depends on trainable parameters meets the batch."""
         owner = self.owner
         bd, rows = 0 if owner.batch_first else 1, owner._rows_input
@@ -353,7 +339,7 @@ class BroadcastTracker(TorchFunctionMode):
         return out
 
     def _substitutes(
-        self, func: Any, args: tuple, kwargs: dict, free: list, bd: int, rows: int | None
+        self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], free: list[Any], bd: int, rows: int | None
     ) -> list[tuple[Tensor, Tensor, str]] | None:
         """``(f, f_rows, kind)`` for each batch-free operand, or ``None`` where the op is not recognised."""
         if rows is None:
@@ -401,7 +387,7 @@ class BroadcastTracker(TorchFunctionMode):
             return [(t, t.view(t.shape), "rows") for t, _ in free]
         return None
 
-    def _unrecognised(self, func: Any, free: list[tuple[Tensor, Deps]]) -> None:
+    def _unrecognised(self, func: Any, free: list[tuple[Tensor, Deps[Any]]]) -> None:
         names = {id(p): n for n, p in self.owner._module.named_parameters(prefix="model", remove_duplicate=False)}
         params = sorted(names[i] for _, d in free for i in d if i in names)
         where = self._stack[-1] if self._stack else "model"
@@ -438,7 +424,7 @@ class BroadcastTracker(TorchFunctionMode):
         per_sample = per_sample * (loss_scale(owner.loss_reduction, rows) / K)
         params = [self._params_by_id(i) for i in sorted(cap.deps)]
         if len(params) == 1 and params[0] is f:
-            grads: tuple = (per_sample,)
+            grads: tuple[Any, ...] = (per_sample,)
         else:
             grads = torch.autograd.grad(
                 f, params, per_sample, retain_graph=True, allow_unused=True, is_grads_batched=True

@@ -419,7 +419,7 @@ def test_activations_are_let_go_once_a_layers_per_sample_gradients_are_taken(mon
     """Autograd frees each saved input as backward goes; hooks mode must not keep them all to the end."""
     import weakref
 
-    from dpnotebook.grad_sample.engine import hooks
+    from dpnotebook.grad_sample._engine import layer_hooks as hooks
 
     seen: list[weakref.ref] = []
     original = hooks.sampler_grad_samples
@@ -440,7 +440,7 @@ def test_activations_are_let_go_once_a_layers_per_sample_gradients_are_taken(mon
 def test_cached_forward_signature_matches_inspect_and_follows_instance_overrides() -> None:
     import inspect
 
-    from dpnotebook.grad_sample.engine.hooks import bound_arguments, forward_signature
+    from dpnotebook.grad_sample._engine.layer_hooks import bound_arguments, forward_signature
 
     class Scaled(nn.Module):
         def forward(self, x: torch.Tensor, scale: float = 2.0, *, shift: float = 0.0) -> torch.Tensor:

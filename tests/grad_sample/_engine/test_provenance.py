@@ -16,8 +16,8 @@ import dpnotebook
 from dpnotebook.audit import audit_sensitivity
 from dpnotebook.audit.families import RelativeBias
 from dpnotebook.errors import GradSampleError
-from dpnotebook.grad_sample.engine.module import GradSampleModule
-from dpnotebook.grad_sample.engine.provenance import probe_rows
+from dpnotebook.grad_sample import GradSampleModule
+from dpnotebook.grad_sample._engine.provenance import probe_rows
 from dpnotebook.layers import DPMultiheadAttention
 
 REFUSED = r"model\.rel \(Embedding\): its rows are not the samples\..*grad_sample_mode='functorch'"
@@ -270,7 +270,7 @@ def test_functorch_mode_runs_no_probe() -> None:
 
 def test_equal_infinities_and_nans_are_equal_rows() -> None:
     """A layer's output may hold -inf (masked scores): the same -inf in both passes has not moved."""
-    from dpnotebook.grad_sample.engine.provenance import _row_gaps
+    from dpnotebook.grad_sample._engine.provenance import _row_gaps
 
     a = torch.tensor([[float("-inf"), float("nan"), 1.0], [2.0, 3.0, 4.0], [float("inf"), 0.0, 0.0]])
     b = a.clone()

@@ -197,7 +197,7 @@ def find_grad_sampler(module: nn.Module) -> SamplerEntry | None:
     return None
 
 
-class GradSamplerView(MutableMapping):
+class GradSamplerView(MutableMapping[type[nn.Module], GradSampler]):
     """The registry as Opacus' ``GradSampleModule.GRAD_SAMPLERS`` dict: ``{layer type: sampler function}``.
 
     Setting an item registers the function (with or without ``K``, as

@@ -1,4 +1,11 @@
-"""``GradSampleModule``: wrap a model so that ``loss.backward()`` also fills ``p.grad_sample``.
+"""Hooks mode: ``GradSampleModule`` wraps a model so that ``loss.backward()`` also fills ``p.grad_sample``.
+
+Also here: the arguments every wrapper checks alike (``K``, ``loss_reduction``), which layers become
+*units* (one registered sampler each, or the ``torch.func`` fallback: :func:`plan_units`), and which
+wrapper's hooks sit on a model. Two wrappers on one model would both add to ``p.grad_sample``,
+silently doubling it, so wrapping a model that another live wrapper still hooks is refused;
+``copy.deepcopy`` of a wrapped model copies its hooks too, so the oracle and the checker strip them
+from their copies (:func:`strip_dpnotebook_hooks`).
 
 >>> import torch
 >>> from torch import nn
@@ -12,6 +19,7 @@ torch.Size([2, 2, 3])
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -19,20 +27,17 @@ from torch import Tensor, nn
 from torch.utils._pytree import tree_flatten, tree_map
 
 from dpnotebook.errors import GradSampleError
-from dpnotebook.grad_sample.engine.accumulation import GradSampleStore
-from dpnotebook.grad_sample.engine.batch_rows import count_rows
-from dpnotebook.grad_sample.engine.broadcast import BroadcastTracker, smallest_holder
-from dpnotebook.grad_sample.engine.functorch_fallback import capture_is_paused, check_replay_chunk
-from dpnotebook.grad_sample.engine.hooks import LayerHooks
-from dpnotebook.grad_sample.engine.outside_use import outside_use
-from dpnotebook.grad_sample.engine.ownership import check_not_wrapped
-from dpnotebook.grad_sample.engine.provenance import ProbeLayer, probe_rows, probing
-from dpnotebook.grad_sample.engine.registry import GradSamplerView, SamplerEntry
-from dpnotebook.grad_sample.engine.units import plan_units
-from dpnotebook.grad_sample.engine.wrap_arguments import LOSS_REDUCTIONS, check_k, check_loss_reduction
+from dpnotebook.grad_sample._engine.accumulation import GradSampleStore
+from dpnotebook.grad_sample._engine.broadcast import BroadcastTracker, smallest_holder
+from dpnotebook.grad_sample._engine.calls import capture_is_paused, check_replay_chunk, count_rows
+from dpnotebook.grad_sample._engine.layer_hooks import LayerHooks, outside_use
+from dpnotebook.grad_sample._engine.provenance import ProbeLayer, probe_rows, probing
+from dpnotebook.grad_sample._registry import GradSamplerView, SamplerEntry, find_grad_sampler
+from dpnotebook.modes import register_mode
 from dpnotebook.validation import Problem, raise_if_problems, validate
 
 
+@register_mode("hooks")
 class GradSampleModule(nn.Module):
     """Wraps ``module``; after ``loss.backward()`` every trainable ``p`` has ``p.grad_sample``.
 
@@ -64,11 +69,11 @@ class GradSampleModule(nn.Module):
     """
 
     grad_sample_mode = "hooks"  # which checks of dpnotebook.validate apply
-    #: run the provenance probe (:mod:`~dpnotebook.grad_sample.engine.provenance`) until it has proven the rows
+    #: run the provenance probe (:mod:`~dpnotebook.grad_sample._engine.provenance`) until it has proven the rows
     probes_rows = True
-    #: find where batch-free tensors meet the batch (:mod:`~dpnotebook.grad_sample.engine.broadcast`)
+    #: find where batch-free tensors meet the batch (:mod:`~dpnotebook.grad_sample._engine.broadcast`)
     tracks_broadcasts = True
-    #: Opacus' name for the sampler registry, as a dict view (:class:`~dpnotebook.grad_sample.engine.registry.GradSamplerView`)
+    #: Opacus' name for the sampler registry, as a dict view (:class:`~dpnotebook.grad_sample._registry.GradSamplerView`)
     GRAD_SAMPLERS = GradSamplerView()
 
     def __init__(
@@ -165,7 +170,7 @@ class GradSampleModule(nn.Module):
     def allow_grad_accumulation(self) -> None:
         """A second forward/backward before ``zero_grad`` adds its samples: ``grad_sample`` becomes a list.
 
-        One tensor per backward pass, as in Opacus (:mod:`~dpnotebook.grad_sample.engine.accumulation`).
+        One tensor per backward pass, as in Opacus (:mod:`~dpnotebook.grad_sample._engine.accumulation`).
         """
         self._store.allow_accumulation = True
 
@@ -222,7 +227,7 @@ class GradSampleModule(nn.Module):
             self._refuse_outside_use(output, self._hooks.watched)
         return output
 
-    def _discover(self, args: tuple, kwargs: dict) -> None:
+    def _discover(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Run the model once with the tracker (see :mod:`.broadcast`): find where batch-free parameters meet
         the batch, make the smallest module holding an unrecognised meeting a ``torch.func`` unit."""
         tracker = self._broadcast
@@ -252,7 +257,7 @@ class GradSampleModule(nn.Module):
             free = any(p.requires_grad and id(p) not in in_units for p in self._module.parameters())
             tracker.enabled = bool(tracker.sites or tracker.batch_free_units or free)
 
-    def _prove_rows(self, args: tuple, kwargs: dict) -> None:
+    def _prove_rows(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Run the provenance probe on this batch, on a forward pass with gradients, until it has proven the rows."""
         if self._hooks is None or not self.hooks_enabled or not torch.is_grad_enabled() or capture_is_paused():
             return
@@ -303,7 +308,7 @@ class GradSampleModule(nn.Module):
         """Check the ``rows`` a layer sees in its batch dim ``bd`` during the wrapper's forward.
 
         They must be a multiple of ``K`` and equal to the rows of the forward's input
-        (:func:`~dpnotebook.grad_sample.engine.batch_rows.count_rows` over the input tensors of
+        (:func:`~dpnotebook.grad_sample._engine.calls.count_rows` over the input tensors of
         2 dims or more); when the input has none with a batch dim (a 1-d input, no tensor
         at all), every layer must see as many rows as the first one.
         A layer called outside the wrapper's forward (``wrapped._module(x)``, the original
@@ -359,4 +364,169 @@ class GradSampleModule(nn.Module):
         return f"GradSampleModule(K={self.K}, loss_reduction={self.loss_reduction!r}, batch_first={self.batch_first},\n  {self._module!r})"
 
 
-__all__ = ["GradSampleModule", "plan_units", "check_k", "check_loss_reduction", "LOSS_REDUCTIONS"]
+LOSS_REDUCTIONS = ("mean", "sum")
+
+
+def check_k(K: Any) -> int:
+    """Validate the augmentation multiplicity ``K``.
+
+    >>> check_k(0)
+    Traceback (most recent call last):
+    ...
+    ValueError: K=0 is invalid: K is the number of augmented copies of each sample and must be an int >= 1 (K=1 means no augmentation multiplicity).
+    """
+    if isinstance(K, bool) or not isinstance(K, int) or K < 1:
+        raise ValueError(
+            f"K={K!r} is invalid: K is the number of augmented copies of each sample and must be "
+            "an int >= 1 (K=1 means no augmentation multiplicity)."
+        )
+    return K
+
+
+def check_loss_reduction(loss_reduction: Any) -> str:
+    """Validate ``loss_reduction``: how the user's loss combines the batch's rows.
+
+    >>> check_loss_reduction("avg")
+    Traceback (most recent call last):
+    ...
+    ValueError: loss_reduction='avg' is invalid; use one of ('mean', 'sum'): 'mean' if your loss averages over the batch's rows, 'sum' if it adds them up.
+    """
+    if loss_reduction not in LOSS_REDUCTIONS:
+        raise ValueError(
+            f"loss_reduction={loss_reduction!r} is invalid; use one of {LOSS_REDUCTIONS}: "
+            "'mean' if your loss averages over the batch's rows, 'sum' if it adds them up."
+        )
+    return loss_reduction
+
+
+def plan_units(
+    module: nn.Module,
+    *,
+    force_functorch: bool = False,
+    whole_model: bool = False,
+    root: str = "model",
+    containers: str = "torch.func",
+    fallback_at: frozenset[int] = frozenset(),
+) -> list[tuple[str, nn.Module, SamplerEntry | None]]:
+    """Split ``module`` into units, each computed by one sampler or by the torch.func fallback.
+
+    Walking from the root: a module with a registered sampler is a unit for its
+    own parameters (its children are visited too); a module with parameters of
+    its own but no sampler is a fallback unit for its whole subtree. A module
+    with ``_dpn_grad_samples_from_children = True`` (``dpnotebook.layers.DPLSTM``)
+    is skipped and its children are visited: they hold the same Parameter objects
+    and their samplers compute the per-sample gradients (unless ``force_functorch``).
+    A *container* (parameters of its own, no sampler, and child modules: a ViT
+    holding a class token, a ConvNeXt block holding a layer scale) is a
+    ``torch.func`` unit with ``containers="torch.func"``; with
+    ``containers="broadcast"`` its children are visited and its own parameters
+    are left to the meeting points of :mod:`~dpnotebook.grad_sample._engine.broadcast`,
+    except for the modules in ``fallback_at`` (ids), which are ``torch.func``
+    units whatever they hold (an unrecognised use found by the discovery).
+    A module reachable by several paths (``self.a = nn.Sequential(shared, ...)``,
+    ``self.b = nn.Sequential(shared, ...)``) is one unit, under its first path: its
+    hook records every call, and the calls' gradients add up.
+
+    Raises:
+        GradSampleError: a module inside a ``torch.func`` unit's subtree is also
+            reachable outside it (its gradients would be counted twice, or lost).
+
+    >>> from torch import nn
+    >>> [(p, e.name if e else "torch.func") for p, _, e in plan_units(nn.Sequential(nn.Linear(2, 2), nn.PReLU()))]
+    [('model.0', 'linear_grad_sampler'), ('model.1', 'torch.func')]
+    >>> import torch
+    >>> holder = nn.Sequential(nn.Linear(2, 2))
+    >>> holder.scale = nn.Parameter(torch.ones(2))
+    >>> [(p, e.name if e else "torch.func") for p, _, e in plan_units(holder)]
+    [('model', 'torch.func')]
+    >>> [(p, e.name if e else "torch.func") for p, _, e in plan_units(holder, containers="broadcast")]
+    [('model.0', 'linear_grad_sampler')]
+    """
+    if whole_model:
+        return [(root, module, None)]
+    units: list[tuple[str, nn.Module, SamplerEntry | None]] = []
+    seen: dict[int, str] = {}
+
+    def visit(path: str, m: nn.Module) -> None:
+        if id(m) in seen:
+            return
+        seen[id(m)] = path
+        entry = None if force_functorch else find_grad_sampler(m)
+        has_own = any(True for _ in m.parameters(recurse=False))
+        if entry is None and not force_functorch and getattr(m, "_dpn_grad_samples_from_children", False):
+            has_own = False  # e.g. DPLSTM: submodules that share its parameters compute their grad_sample
+        container = has_own and containers == "broadcast" and any(True for _ in m.children())
+        if id(m) in fallback_at:
+            entry, has_own, container = None, True, False
+        if entry is not None and has_own:
+            units.append((path, m, entry))
+        elif has_own and not container:
+            units.append((path, m, None))
+            for name, sub in m.named_modules(prefix=path):
+                if sub is not m and seen.setdefault(id(sub), name) != name:
+                    _refuse_shared_into_fallback(path, name, seen[id(sub)])
+            return
+        for name, child in m.named_children():
+            visit(f"{path}.{name}", child)
+
+    visit(root, module)
+    for path, m, entry in units:
+        if entry is None:
+            for name, sub in m.named_modules(prefix=path):
+                if sub is not m and seen[id(sub)] != name:
+                    _refuse_shared_into_fallback(path, name, seen[id(sub)])
+    return units
+
+
+def _refuse_shared_into_fallback(unit: str, inside: str, outside: str) -> None:
+    raise GradSampleError(
+        f"{inside} is also reachable as {outside}, outside {unit}, whose per-sample gradients come from "
+        "the torch.func fallback (it has parameters of its own and no grad sampler): its gradients would be "
+        f"counted twice or lost. Register a grad sampler for {unit} (dpnotebook.register_grad_sampler), "
+        "do not share the module, or use grad_sample_mode='functorch'."
+    )
+
+
+def _owner_of(hook: Any) -> Any:
+    """The GradSampleModule behind a forward hook installed by dpnotebook, else None."""
+    fn = hook.func if isinstance(hook, functools.partial) else hook
+    hooks = getattr(fn, "__self__", None)
+    return getattr(hooks, "owner", None) if type(hooks).__name__ == "LayerHooks" else None
+
+
+def wrapper_hooking(module: nn.Module) -> tuple[str, Any] | None:
+    """``(submodule path, wrapper)`` of the first dpnotebook hook found in ``module``, or None."""
+    for name, sub in module.named_modules():
+        for hook in sub._forward_hooks.values():
+            owner = _owner_of(hook)
+            if owner is not None:
+                return name, owner
+    return None
+
+
+def check_not_wrapped(module: nn.Module, root: str = "model") -> None:
+    """Raise if another dpnotebook wrapper still has hooks on ``module``."""
+    found = wrapper_hooking(module)
+    if found is not None:
+        path = f"{root}.{found[0]}" if found[0] else root
+        raise ValueError(
+            f"{path} already has hooks of another {type(found[1]).__name__} (K={found[1].K}); a second "
+            "wrapper would count every gradient twice. Call .to_standard_module() on the first wrapper, "
+            "or, to see how a model would be split without wrapping it, use "
+            "dpnotebook.grad_sample.plan_units(model)."
+        )
+
+
+def strip_dpnotebook_hooks(module: nn.Module) -> nn.Module:
+    """Remove every dpnotebook hook from ``module`` (a copy, typically) and return it."""
+    for sub in module.modules():
+        for key in [k for k, h in sub._forward_hooks.items() if _owner_of(h) is not None]:
+            del sub._forward_hooks[key]
+            sub._forward_hooks_with_kwargs.pop(key, None)
+    for p in module.parameters():
+        hooks = getattr(p, "_post_accumulate_grad_hooks", None) or {}
+        for key in [k for k, h in hooks.items() if type(getattr(h, "__self__", None)).__name__ == "GradSampleStore"]:
+            del hooks[key]
+        if hasattr(p, "grad_sample"):
+            del p.grad_sample
+    return module

@@ -1,7 +1,7 @@
 """``p.grad_sample`` after several backward passes before one step: a list, one tensor per pass (issue #33.10).
 
 As in Opacus (``promote_current_grad_sample``). Every reader goes through
-:func:`~dpnotebook.grad_sample.engine.accumulation.grad_sample_rows`; a DP step clips every
+:func:`~dpnotebook.grad_sample._engine.accumulation.grad_sample_rows`; a DP step clips every
 pass's rows once; a forward pass's samples stay in one tensor (one row per sample).
 """
 
@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from dpnotebook import GradSampleError, wrap_model
 from dpnotebook.audit import audit_sensitivity
 from dpnotebook.audit.records import audit_case
-from dpnotebook.grad_sample.engine.accumulation import grad_sample_parts, grad_sample_rows
+from dpnotebook.grad_sample._engine.accumulation import grad_sample_parts, grad_sample_rows
 from dpnotebook.privacy.clipping import clip_and_sum
 from dpnotebook.privacy.optimizer import DPOptimizer
 

@@ -329,7 +329,7 @@ def test_sensitivity_audit_on_adversarial_records(kind: str, mode: str) -> None:
 
 
 def test_ew_mode_still_refuses_and_names_the_mode_to_use() -> None:
-    from dpnotebook.grad_sample.engine.expanded_weights import GradSampleModuleExpandedWeights
+    from dpnotebook.grad_sample._engine.ew import GradSampleModuleExpandedWeights
 
     with pytest.raises(GradSampleError, match=r"grad_sample_mode='ew': .*Fix: use grad_sample_mode='hooks' or 'ghost'"):
         GradSampleModuleExpandedWeights(_hf("bert"))(*_inputs("bert", 3)).sum().backward()
