@@ -112,7 +112,7 @@ def exact_gaussian_sigma(epsilon: float, delta: float, sensitivity: float) -> fl
     """
     from scipy.optimize import brentq
 
-    from dpnotebook.audit.tradeoff import gaussian_delta
+    from dpnotebook.audit import gaussian_delta
 
     mu = brentq(lambda m: gaussian_delta(epsilon, m) - delta, 1e-6, 100.0, xtol=1e-12)
     return sensitivity / mu
@@ -186,7 +186,7 @@ def check_classic_sigma(classic_sigma: Callable[[float, float, float], float]) -
 
 
 def _exact_epsilon(sigma: float) -> float:
-    from dpnotebook.audit.tradeoff import gaussian_epsilon
+    from dpnotebook.audit import gaussian_epsilon
 
     return gaussian_epsilon(1.0 / sigma, 1e-5) if sigma > 0 else math.inf
 
@@ -245,7 +245,7 @@ def check_rdp_epsilon(rdp_epsilon: Callable[[int, float, float], float]) -> str:
 
 def _tighter_conversions(k: int, sigma: float, delta: float, got: float) -> bool:
     """Whether ``got`` is dp_accounting's RDP epsilon, or the exact epsilon of k Gaussians (μ = √k / σ)."""
-    from dpnotebook.audit.tradeoff import gaussian_epsilon
+    from dpnotebook.audit import gaussian_epsilon
     from dpnotebook.privacy import compute_epsilon
 
     candidates = [

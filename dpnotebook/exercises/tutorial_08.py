@@ -2,10 +2,10 @@
 
 * ``08.best_threshold``: the student's ``best_threshold(member_scores, nonmember_scores)``
   must reach the largest advantage ``TPR - FPR`` that any threshold reaches on those scores,
-  as :func:`~dpnotebook.audit.roc.attack_roc` computes it, on several score sets.
+  as :func:`~dpnotebook.audit.attack_roc` computes it, on several score sets.
 * ``08.epsilon_for_margin``: the student's ``epsilon_for_margin(margin, delta)`` must give
   the largest epsilon at which *every* ``(epsilon, delta)``-DP training keeps every attacker's
-  advantage within ``margin``: :func:`~dpnotebook.audit.roc.advantage_bound` of the answer
+  advantage within ``margin``: :func:`~dpnotebook.audit.advantage_bound` of the answer
   must equal ``margin``.
 * ``08.epsilon_from_attack``: the student's ``epsilon_from_attack(tp, members, fp, nonmembers, delta)``
   must give the largest epsilon that an attack's counts refute at 95% confidence: the *lower* end of
@@ -15,7 +15,7 @@
   answer itself from ``scipy.stats.beta``; no library function returns it.
 
 >>> import numpy as np
->>> from dpnotebook.audit.roc import attack_roc
+>>> from dpnotebook.audit import attack_roc
 >>> check_best_threshold(lambda m, n: attack_roc(m, n).best_threshold)
 'reaches the best advantage on every score set'
 >>> check_epsilon_for_margin(lambda margin, delta: float(np.log((1 + margin - 2 * delta) / (1 - margin))))
@@ -32,8 +32,7 @@ from collections.abc import Callable
 import numpy as np
 from scipy.stats import beta
 
-from dpnotebook.audit.roc import advantage_bound, attack_roc
-from dpnotebook.audit.tradeoff import gaussian_epsilon
+from dpnotebook.audit import advantage_bound, attack_roc, gaussian_epsilon
 from dpnotebook.exercises.core import ExerciseFailed, register_check, require
 
 __all__ = ["check_best_threshold", "check_epsilon_for_margin", "check_epsilon_from_attack"]

@@ -1,51 +1,38 @@
 """The adversarial grid: every mode x layer family x record x K x reduction x layout x clipping.
 
-:func:`grid` lists the points, :func:`run_point` audits one with
-:func:`~dpnotebook.audit.sensitivity.audit_sensitivity`, and :data:`REFUSALS`
-says which points the library refuses by design, with the error it must raise.
-Every other point must keep the bound (``<= C * (1 + 1e-5)`` in float64, ``1e-4`` in float32: see
-:data:`~dpnotebook.audit.sensitivity.FLOAT32_TOLERANCE`) and match the float64 definition. ``python -m dpnotebook.audit`` runs the whole grid and
-prints a summary per mode.
-
-The grid audits how a layer forms the clipped sum; how a training loop drives the
-step (freezing between ``backward`` and ``step``, two optimizers on one model, a
-clipping scheduler inside ``BatchMemoryManager``) is audited per mode by
-:data:`SURFACES` and :func:`surface_matches` (:mod:`~dpnotebook.audit.surfaces`).
+:func:`grid` lists the points, :func:`run_point` audits one with :func:`~dpnotebook.audit.audit_sensitivity`,
+and :data:`REFUSALS` says which points the library refuses by design, with the error it must raise.
+Every other point must keep the bound (``<= C * (1 + 1e-5)`` in float64, ``1e-4`` in float32:
+:data:`~dpnotebook.audit.FLOAT32_TOLERANCE`) and match the float64 definition (:func:`matches`);
+:func:`summarise` counts the outcomes per mode. ``python -m dpnotebook.audit`` runs the whole grid.
+How a training loop drives the step is audited per mode by :func:`~dpnotebook.audit.surface_matches`.
 
 >>> points = list(grid(modes=["hooks"], families=["mlp"], records=["gaussian"]))
 >>> len(points), points[0].name
 (12, 'hooks mlp/gaussian K=1 mean flat batch_first passes=1 float64')
->>> outcome = run_point(points[0])
->>> outcome.status, outcome.report.ok()
+>>> outcomes = [run_point(p) for p in points]
+>>> outcomes[0].status, outcomes[0].report.ok()
 ('bounded', True)
+>>> print(summarise(outcomes))                      # doctest: +ELLIPSIS
+mode       points  bounded  refused  broken  largest ||S(D) - S(D\\{s})|| / C
+hooks          12       12        0       0  1.000000
 """
 
 from __future__ import annotations
 
 import re
+from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
 
-from dpnotebook.audit.families import FAMILIES
-from dpnotebook.audit.records import RECORDS, audit_case
-from dpnotebook.audit.sensitivity import FLOAT32_TOLERANCE, TOLERANCE, SensitivityReport, audit_sensitivity
-from dpnotebook.audit.surfaces import SURFACES, surface_matches
+from dpnotebook.audit._cases import FAMILIES, RECORDS, audit_case
+from dpnotebook.audit._sensitivity import FLOAT32_TOLERANCE, TOLERANCE, SensitivityReport, audit_sensitivity
 from dpnotebook.modes import available_modes
 from dpnotebook.privacy.arguments import check_choice
 
-__all__ = [
-    "GridPoint",
-    "Outcome",
-    "grid",
-    "run_point",
-    "expected_refusal",
-    "REFUSALS",
-    "SETTINGS",
-    "SURFACES",
-    "surface_matches",
-]
+__all__ = ["GridPoint", "Outcome", "grid", "run_point", "matches", "summarise"]
 
 #: ``(loss_reduction, clipping)`` pairs audited: both reductions with flat clipping, per-layer with sum.
 SETTINGS = (("mean", "flat"), ("sum", "flat"), ("sum", "per_layer"))
@@ -201,8 +188,8 @@ def grid(
     audited with ``loss_reduction="sum"`` only: with ``"mean"`` the neighbour's loss is still
     divided by every row, while the float64 definition divides each sample's by its own rows.
 
-    A name that is not a registered mode, a family of :data:`~dpnotebook.audit.families.FAMILIES`
-    or a record of :data:`~dpnotebook.audit.records.RECORDS` is a ``ValueError`` listing the
+    A name that is not a registered mode, a family of :data:`~dpnotebook.audit.FAMILIES`
+    or a record of :data:`~dpnotebook.audit.RECORDS` is a ``ValueError`` listing the
     valid ones (not a grid of points that all fail):
 
     >>> next(grid(families=["linear"]))
@@ -283,3 +270,20 @@ def matches(outcome: Outcome) -> str | None:
     if report.reference_gap is not None and not report.reference_gap <= tolerance:
         return f"clipped sum differs from the float64 definition by {report.reference_gap:.3g} C:\n{report}"
     return None
+
+
+def summarise(outcomes: Iterable[Outcome]) -> str:
+    """One line per mode: points, bounded, refused (by design or not), broken (see :func:`matches`), worst ratio."""
+    rows: dict[str, list] = defaultdict(lambda: [0, 0, 0, 0, 0.0])
+    for o in outcomes:
+        row = rows[o.point.mode]
+        row[0] += 1
+        row[1] += o.status == "bounded"
+        row[2] += o.status == "refused"
+        row[3] += matches(o) is not None
+        if o.report is not None:
+            row[4] = max(row[4], o.report.max_ratio)
+    lines = [f"{'mode':<9} {'points':>7}  bounded  refused  broken  largest ||S(D) - S(D\\{{s}})|| / C"]
+    for mode, (n, bounded, refused, broken, worst) in sorted(rows.items()):
+        lines.append(f"{mode:<9} {n:>7} {bounded:>8} {refused:>8} {broken:>7}  {worst:.6f}")
+    return "\n".join(lines)
