@@ -33,7 +33,7 @@ accountant's epsilon.
 >>> bool((scores == included).all())
 True
 >>> import dpnotebook
->>> from dpnotebook.privacy.optimizer import DPOptimizer
+>>> from dpnotebook.privacy import DPOptimizer
 >>> model = dpnotebook.wrap_model(nn.Linear(4, 1), "hooks")
 >>> canaries = GradientCanaries.dirac(model._module.weight, [0, 1, 2], np.array([True, False, True]))
 >>> opt = DPOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), noise_multiplier=0.0,
@@ -77,6 +77,7 @@ from dpnotebook.audit._attacks import (
 )
 from dpnotebook.device import check_device
 from dpnotebook.grad_sample.engine.accumulation import grad_sample_parts
+from dpnotebook.privacy.arguments import check_noise_multiplier, check_positive_int, check_sample_rate
 
 __all__ = [
     "draw_inclusion",
@@ -93,15 +94,20 @@ __all__ = [
 Array = npt.NDArray[Any]
 
 
-def draw_inclusion(canaries: int, *, seed: int) -> np.ndarray:
-    """``canaries`` independent fair coins (``True``: put the canary in the training set).
+def draw_inclusion(canaries: int, *, seed: int) -> Array:
+    """``canaries`` independent fair coins (``True``: put the canary in the training set), seeded.
 
-    >>> bool((draw_inclusion(10, seed=1) == draw_inclusion(10, seed=1)).all())     # seeded
+    >>> bool((draw_inclusion(10, seed=1) == draw_inclusion(10, seed=1)).all())
     True
     """
-    if isinstance(canaries, bool) or not isinstance(canaries, int) or canaries < 1:
-        raise ValueError(f"canaries={canaries!r} is invalid: it must be an int >= 1, e.g. 1000.")
-    return np.random.default_rng(seed).random(canaries) < 0.5
+    return np.random.default_rng(seed).random(check_positive_int("canaries", canaries)) < 0.5
+
+
+def _coins(included: Array) -> Array:
+    inc = np.asarray(included)
+    if inc.dtype != bool:
+        raise ValueError(f"included has dtype {inc.dtype}: pass booleans from draw_inclusion.")
+    return inc
 
 
 def random_image_canaries(
@@ -112,24 +118,15 @@ def random_image_canaries(
     seed: int = 0,
     blank: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """``canaries`` images of random black-or-white pixels (each 0 or 1 on a fair coin), each with a
-    uniform random label.
+    """``canaries`` images of ``shape`` whose pixels are 0 or 1 on a fair coin, each with a uniform label.
 
-    Nothing in the data predicts their labels: a model gets one right only by memorising it. Binary
-    pixels keep the canaries far apart (and far from the digits), so they are easy to memorise one by one.
-
-    Args:
-        canaries: how many.
-        shape: of one image.
-        num_classes: labels are drawn from ``0 .. num_classes - 1``.
-        seed: seeds pixels and labels.
-        blank: a boolean mask of ``shape``: pixels kept at 0 in every canary (those blank in every digit).
+    Nothing in the data predicts their labels: a model gets one right only by memorising it; binary
+    pixels keep them far apart (and from the digits). ``blank`` is a boolean mask of pixels kept at 0
+    (those blank in every digit).
 
     >>> x, y = random_image_canaries(3)
     >>> x.shape, y.shape
     (torch.Size([3, 1, 8, 8]), torch.Size([3]))
-    >>> bool(random_image_canaries(5, blank=torch.ones(1, 8, 8, dtype=torch.bool))[0].any())
-    False
     """
     g = torch.Generator().manual_seed(seed)
     x = (torch.rand(canaries, *shape, generator=g) < 0.5).float()
@@ -159,51 +156,38 @@ def mislabeled_canaries(inputs: Tensor, targets: Tensor, *, num_classes: int, se
 
 
 def gaussian_mechanism_scores(
-    included: np.ndarray, *, noise_multiplier: float, sensitivity: float = 1.0, seed: int = 0
-) -> np.ndarray:
+    included: Array, *, noise_multiplier: float, sensitivity: float = 1.0, seed: int = 0
+) -> Array:
     """One run of the Gaussian mechanism on the canaries: ``sensitivity * included + N(0, (sigma sensitivity)^2)``.
 
-    Args:
-        included: the coins (:func:`draw_inclusion`).
-        noise_multiplier: sigma, the noise std in units of the sensitivity (0: no noise, not private).
-        sensitivity: how far one canary moves its coordinate.
-        seed: seeds the noise.
+    ``noise_multiplier`` is sigma in units of the sensitivity (0: no noise, not private); ``seed`` seeds the noise.
     """
-    inc = np.asarray(included)
-    if inc.dtype != bool:
-        raise ValueError(f"included has dtype {inc.dtype}: pass booleans from draw_inclusion.")
-    if not (noise_multiplier >= 0 and math.isfinite(noise_multiplier)):
-        raise ValueError(f"noise_multiplier={noise_multiplier!r} is invalid: it must be a finite number >= 0.")
-    noise = np.random.default_rng(seed).standard_normal(inc.shape) * noise_multiplier * sensitivity
+    inc = _coins(included)
+    sigma = check_noise_multiplier(noise_multiplier)
+    noise = np.random.default_rng(seed).standard_normal(inc.shape) * sigma * sensitivity
     return sensitivity * inc.astype(float) + noise
 
 
 def dp_sgd_canary_scores(
-    included: np.ndarray, *, noise_multiplier: float, sample_rate: float, steps: int, seed: int = 0
-) -> np.ndarray:
+    included: Array, *, noise_multiplier: float, sample_rate: float, steps: int, seed: int = 0
+) -> Array:
     """The canaries' coordinates after ``steps`` DP-SGD steps with C = 1 and gradient canaries.
 
-    Canary ``i`` owns coordinate ``i``; its clipped gradient is the unit vector there. In each step it
-    is in the batch with probability ``sample_rate`` if it is in the data, and every coordinate gets
-    noise of std ``noise_multiplier``. The sum over the steps, drawn exactly: a binomial count of the
-    steps that sampled the canary plus ``N(0, steps * sigma^2)``.
+    Canary ``i`` owns coordinate ``i``, its clipped gradient the unit vector there; in each step it is
+    in the batch with probability ``sample_rate`` if it is in the data, and every coordinate gets noise
+    of std ``noise_multiplier``. Drawn exactly: a binomial count of the steps that sampled the canary
+    plus ``N(0, steps * sigma^2)``.
 
     >>> included = draw_inclusion(4, seed=0)
     >>> bool((dp_sgd_canary_scores(included, noise_multiplier=0.0, sample_rate=1.0, steps=3) == 3 * included).all())
     True
     """
-    inc = np.asarray(included)
-    if inc.dtype != bool:
-        raise ValueError(f"included has dtype {inc.dtype}: pass booleans from draw_inclusion.")
-    if not (noise_multiplier >= 0 and math.isfinite(noise_multiplier)):
-        raise ValueError(f"noise_multiplier={noise_multiplier!r} is invalid: it must be a finite number >= 0.")
-    if not 0 < sample_rate <= 1:
-        raise ValueError(f"sample_rate={sample_rate!r} is invalid: it must be in (0, 1].")
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps={steps!r} is invalid: it must be an int >= 1.")
+    inc = _coins(included)
+    sigma, q = check_noise_multiplier(noise_multiplier), check_sample_rate(sample_rate)
+    steps = check_positive_int("steps", steps)
     rng = np.random.default_rng(seed)
-    sampled = rng.binomial(steps, sample_rate, inc.shape) * inc
-    return sampled + rng.standard_normal(inc.shape) * noise_multiplier * math.sqrt(steps)
+    sampled = rng.binomial(steps, q, inc.shape) * inc
+    return sampled + rng.standard_normal(inc.shape) * sigma * math.sqrt(steps)
 
 
 SCORES = ("sum", "steps")
@@ -255,7 +239,7 @@ class GradientCanaries:
         parameter: Tensor,
         directions: Tensor | None,
         coordinates: Tensor | None,
-        included: np.ndarray,
+        included: Array,
         gradient_norm: float,
     ) -> None:
         inc = np.asarray(included)
@@ -271,7 +255,7 @@ class GradientCanaries:
         self.coordinates = coordinates
         self.included = inc
         self.gradient_norm = float(gradient_norm)
-        self.projections: list[np.ndarray] = []
+        self.projections: list[Array] = []
         self.sample_rate = math.nan
         self.noise_multiplier = math.nan
         self._others: list[Tensor] = []
@@ -281,7 +265,7 @@ class GradientCanaries:
         cls,
         parameter: Tensor,
         coordinates: Sequence[int] | Tensor,
-        included: np.ndarray,
+        included: Array,
         *,
         gradient_norm: float = 10.0,
     ) -> GradientCanaries:
@@ -306,9 +290,7 @@ class GradientCanaries:
         return cls(parameter, None, idx, included, gradient_norm)
 
     @classmethod
-    def random(
-        cls, parameter: Tensor, included: np.ndarray, *, seed: int, gradient_norm: float = 10.0
-    ) -> GradientCanaries:
+    def random(cls, parameter: Tensor, included: Array, *, seed: int, gradient_norm: float = 10.0) -> GradientCanaries:
         """Canary ``i``'s gradient is ``gradient_norm`` times a random unit direction in ``parameter``'s space.
 
         Random directions are nearly orthogonal only when the parameter has many more coordinates than
@@ -333,10 +315,10 @@ class GradientCanaries:
         """Read each step's released gradient from this DP optimizer (a step hook).
 
         Args:
-            optimizer: a :class:`~dpnotebook.privacy.optimizer.DPOptimizer` over ``parameter``.
+            optimizer: a :class:`~dpnotebook.privacy.DPOptimizer` over ``parameter``.
             sample_rate: q of the loader (needed for the ``"steps"`` score only).
         """
-        from dpnotebook.privacy.optimizer import DPOptimizer
+        from dpnotebook.privacy import DPOptimizer
 
         if not isinstance(optimizer, DPOptimizer):
             raise TypeError(
@@ -350,7 +332,7 @@ class GradientCanaries:
         self._others = list(optimizer.params)
         optimizer.attach_step_hook(self._record)
 
-    def _project(self, flat: Tensor) -> np.ndarray:
+    def _project(self, flat: Tensor) -> Array:
         if self.coordinates is not None:
             return flat[self.coordinates].double().numpy()
         assert self.directions is not None
@@ -405,7 +387,7 @@ class GradientCanaries:
                 for other, at, _ in _row_slices(grad_sample_parts(p), rows):
                     other[at] = 0
 
-    def scores(self, kind: str = "sum") -> np.ndarray:
+    def scores(self, kind: str = "sum") -> Array:
         """One score per canary, higher when it looks trained on (see the module's docstring).
 
         Args:
@@ -471,8 +453,8 @@ class AuditedRun:
     test_accuracy: float
     attack: AttackROC
     one_run: OneRunAudit
-    included: np.ndarray
-    canary_scores: np.ndarray
+    included: Array
+    canary_scores: Array
     sample_rate: float = math.nan
     steps: int = 0
     canaries: tuple[Tensor, Tensor] | None = None
@@ -564,7 +546,7 @@ def audited_digits_run(
     """
     from dpnotebook.datasets import load_digits_tensors
     from dpnotebook.models import MLP
-    from dpnotebook.privacy.engine import PrivacyEngine, unwrap_model
+    from dpnotebook.privacy import PrivacyEngine, unwrap_model
 
     if target_epsilon is not None and noise_multiplier is not None:
         raise ValueError("both target_epsilon and noise_multiplier given: pass one (or neither for plain SGD).")

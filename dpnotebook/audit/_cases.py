@@ -459,16 +459,16 @@ def _flat(model: nn.Module) -> Tensor:
 
 
 def _engine_step_setup(
-    mode: str, model: nn.Module, params: list[nn.Parameter], x: Tensor, weights: Tensor, engine: object = None
-) -> tuple[nn.Module, object, DataLoader]:
+    mode: str, model: nn.Module, params: list[nn.Parameter], x: Tensor, weights: Tensor
+) -> tuple[nn.Module, Any, DataLoader[Any]]:
     """``make_private`` over ``params`` with the whole batch as one fixed batch (σ = 0, sum, lr = 1)."""
-    from dpnotebook.privacy_engine import PrivacyEngine
+    from dpnotebook.privacy import PrivacyEngine
 
     loader = DataLoader(TensorDataset(x, weights), batch_size=B)
-    engine = engine or PrivacyEngine(secure_mode=False)
+    engine = PrivacyEngine(secure_mode=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # poisson_sampling=False: the batch is fixed on purpose
-        wrapped, optimizer, loader = engine.make_private(  # type: ignore[attr-defined]
+        made = engine.make_private(
             module=model,
             optimizer=torch.optim.SGD(params, lr=1.0),
             data_loader=loader,
@@ -478,7 +478,8 @@ def _engine_step_setup(
             loss_reduction="sum",
             poisson_sampling=False,
         )
-    return wrapped, optimizer, loader
+    assert len(made) == 3  # no criterion given: (module, optimizer, data_loader)
+    return made
 
 
 def freeze_after_backward(mode: str, x: Tensor, weights: Tensor) -> tuple[Tensor, float]:
@@ -508,30 +509,30 @@ def two_make_private(mode: str, x: Tensor, weights: Tensor) -> tuple[Tensor, flo
     wrapped, opt1, _ = _engine_step_setup(mode, model, first, x, weights)
     wrapped, opt2, _ = _engine_step_setup(mode, wrapped, second, x, weights)
     before = _flat(model)
-    opt1.zero_grad()  # type: ignore[attr-defined]
-    opt2.zero_grad()  # type: ignore[attr-defined]
+    opt1.zero_grad()
+    opt2.zero_grad()
     _loss(wrapped, x, weights).backward()
-    opt1.step()  # type: ignore[attr-defined]
-    opt2.step()  # type: ignore[attr-defined]
+    opt1.step()
+    opt2.step()
     return _flat(model) - before, C
 
 
 def clip_scheduler_in_batch_memory(mode: str, x: Tensor, weights: Tensor) -> tuple[Tensor, float]:
     """``ExponentialGradClip(gamma=0.5)`` stepped after every physical step of ``BatchMemoryManager``."""
-    from dpnotebook.privacy.batch_memory import BatchMemoryManager
+    from dpnotebook.privacy import BatchMemoryManager
     from dpnotebook.schedulers import ExponentialGradClip
 
     model = _model()
     wrapped, optimizer, loader = _engine_step_setup(mode, model, list(model.parameters()), x, weights)
     scheduler = ExponentialGradClip(optimizer, gamma=0.5)
     noise_bounds: list[float] = []
-    optimizer.attach_step_hook(lambda opt: noise_bounds.append(opt.max_grad_norm))  # type: ignore[attr-defined]
+    optimizer.attach_step_hook(lambda opt: noise_bounds.append(opt.max_grad_norm))
     before = _flat(model)
-    with BatchMemoryManager(data_loader=loader, max_physical_batch_size=1, optimizer=optimizer) as batches:  # type: ignore[arg-type]
+    with BatchMemoryManager(data_loader=loader, max_physical_batch_size=1, optimizer=optimizer) as batches:
         for xb, wb in batches:
-            optimizer.zero_grad()  # type: ignore[attr-defined]
+            optimizer.zero_grad()
             _loss(wrapped, xb, wb).backward()
-            optimizer.step()  # type: ignore[attr-defined]
+            optimizer.step()
             scheduler.step()
     return _flat(model) - before, noise_bounds[-1]
 

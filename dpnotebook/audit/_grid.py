@@ -26,11 +26,14 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
+from torch import Tensor
 
 from dpnotebook.audit._cases import FAMILIES, RECORDS, audit_case
 from dpnotebook.audit._sensitivity import FLOAT32_TOLERANCE, TOLERANCE, SensitivityReport, audit_sensitivity
 from dpnotebook.modes import available_modes
 from dpnotebook.privacy.arguments import check_choice
+
+Refusal = tuple[str | set[str], set[str] | None, bool | None, int | None, tuple[type[BaseException], ...], str, str]
 
 __all__ = ["GridPoint", "Outcome", "grid", "run_point", "matches", "summarise"]
 
@@ -80,8 +83,9 @@ class Outcome:
         return "bounded" if self.report is not None and self.report.ok() else "violated"
 
 
-#: ``(a mode, a set of modes or None for all, families, layout or None for both, passes or None, error types, message pattern, why)``.
-REFUSALS: list[tuple] = [
+#: ``(a mode or a set of modes, families or None for all, layout or None for both, passes or None,
+#: error types, message pattern, why)``.
+REFUSALS: list[Refusal] = [
     (
         "ew",
         {"relative_bias"},
@@ -224,7 +228,7 @@ def run_point(point: GridPoint, *, reference: bool = True) -> Outcome:
     case = audit_case(point.family, point.record)
     model = case.model(point.batch_first).to(point.dtype)
 
-    def batch(indices: list[int]) -> tuple:
+    def batch(indices: list[int]) -> tuple[Tensor, ...]:
         x, t = case.batch(indices, K=point.K, batch_first=point.batch_first)
         return tuple(a.to(point.dtype) if a.is_floating_point() else a for a in (x, t))
 
@@ -274,7 +278,7 @@ def matches(outcome: Outcome) -> str | None:
 
 def summarise(outcomes: Iterable[Outcome]) -> str:
     """One line per mode: points, bounded, refused (by design or not), broken (see :func:`matches`), worst ratio."""
-    rows: dict[str, list] = defaultdict(lambda: [0, 0, 0, 0, 0.0])
+    rows: dict[str, list[float]] = defaultdict(lambda: [0, 0, 0, 0, 0.0])
     for o in outcomes:
         row = rows[o.point.mode]
         row[0] += 1
@@ -285,5 +289,5 @@ def summarise(outcomes: Iterable[Outcome]) -> str:
             row[4] = max(row[4], o.report.max_ratio)
     lines = [f"{'mode':<9} {'points':>7}  bounded  refused  broken  largest ||S(D) - S(D\\{{s}})|| / C"]
     for mode, (n, bounded, refused, broken, worst) in sorted(rows.items()):
-        lines.append(f"{mode:<9} {n:>7} {bounded:>8} {refused:>8} {broken:>7}  {worst:.6f}")
+        lines.append(f"{mode:<9} {n:>7.0f} {bounded:>8.0f} {refused:>8.0f} {broken:>7.0f}  {worst:.6f}")
     return "\n".join(lines)

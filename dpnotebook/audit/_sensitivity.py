@@ -159,7 +159,7 @@ def reference_clipped_sum(
     >>> [r.dtype for r in ref], torch.allclose(ref[1], torch.tensor([3.0], dtype=torch.float64))
     ([torch.float64, torch.float64], True)
     """
-    from dpnotebook.privacy.clipping import clip_and_sum
+    from dpnotebook.privacy import clip_and_sum
 
     plain = clean_copy(model).to(torch.float64)
     params = [p for p in plain.parameters() if p.requires_grad]
