@@ -24,7 +24,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from dpnotebook.exercises.core import ExerciseFailed, NotYetSolved, is_stub, register_check, require
+from dpnotebook.exercises._core import ExerciseFailed, pending, register_check, require
 from dpnotebook.privacy.calibration import get_noise_multiplier
 
 __all__ = ["check_noise_on_average"]
@@ -48,7 +48,7 @@ def _std(B: int, epsilon: float, steps: int, C: float) -> float:
     "10.noise_on_average",
     todo="write noise_std_at_fixed_steps(batch_size, *, epsilon, steps, C, N, delta); then compute advantage",
 )
-def check_noise_on_average(noise_std_at_fixed_steps: Callable, advantage: Any = None) -> str:
+def check_noise_on_average(noise_std_at_fixed_steps: Callable[..., Any], advantage: Any = None) -> str:
     """Compare with ``sigma * C / B`` for three settings, then the ratio; name the common mistakes."""
     for B, epsilon, steps, C in CASES:
         got = noise_std_at_fixed_steps(B, epsilon=epsilon, steps=steps, C=C, N=N, delta=DELTA)
@@ -81,8 +81,7 @@ def check_noise_on_average(noise_std_at_fixed_steps: Callable, advantage: Any = 
             f"for B={B}, epsilon={epsilon}, {steps} steps, C={C}: got {got:.4g}, expected sigma*C/B = {want:.4g} "
             f"(sigma = {sigma:.3f} from get_noise_multiplier with sample_rate=B/N and steps={steps})"
         )
-    if is_stub(advantage):
-        raise NotYetSolved("the function is right; now compute advantage = std at B = 64 / std at B = 256")
+    pending(advantage, "the function is right; now compute advantage = std at B = 64 / std at B = 256")
     require(isinstance(advantage, (int, float)), f"advantage should be a number, got {type(advantage).__name__}")
     epsilon, steps, C = QUESTION
     want_ratio = _std(64, epsilon, steps, C) / _std(256, epsilon, steps, C)
