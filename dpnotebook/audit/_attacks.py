@@ -66,32 +66,6 @@ from torch import Tensor, nn
 
 from dpnotebook.privacy.arguments import check_positive_int, check_positive_number, check_sample_rate
 
-__all__ = [
-    "gaussian_mu",
-    "gaussian_tpr",
-    "gaussian_delta",
-    "gaussian_epsilon",
-    "dp_tpr_bound",
-    "pld_tpr",
-    "AttackROC",
-    "attack_roc",
-    "advantage_bound",
-    "clopper_pearson",
-    "advantage_noise_floor",
-    "OperatingPoint",
-    "held_out_point",
-    "example_losses",
-    "loss_threshold_attack",
-    "calibrated_attack",
-    "sliced_attack",
-    "one_run_p_value",
-    "one_run_epsilon",
-    "OneRunAudit",
-    "audit_one_run",
-    "default_guesses",
-    "worst_case_correct",
-]
-
 Array = npt.NDArray[Any]
 Records = tuple[Tensor, Tensor]
 

@@ -79,18 +79,6 @@ from dpnotebook.device import check_device
 from dpnotebook.grad_sample.engine.accumulation import grad_sample_parts
 from dpnotebook.privacy.arguments import check_noise_multiplier, check_positive_int, check_sample_rate
 
-__all__ = [
-    "draw_inclusion",
-    "random_image_canaries",
-    "mislabeled_canaries",
-    "gaussian_mechanism_scores",
-    "dp_sgd_canary_scores",
-    "GradientCanaries",
-    "unreached_coordinates",
-    "AuditedRun",
-    "audited_digits_run",
-]
-
 Array = npt.NDArray[Any]
 
 

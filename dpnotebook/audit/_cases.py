@@ -61,19 +61,6 @@ from dpnotebook.layers import DPLSTM, DPMultiheadAttention
 from dpnotebook.mode_registry import optimizer_class
 from dpnotebook.modes import wrap_model
 
-__all__ = [
-    "Family",
-    "FAMILIES",
-    "RelativeBias",
-    "RECORDS",
-    "AuditCase",
-    "audit_case",
-    "Surface",
-    "SURFACES",
-    "audit_surface",
-    "surface_matches",
-]
-
 T = 5  # positions of a sequence sample
 
 

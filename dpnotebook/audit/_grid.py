@@ -35,7 +35,6 @@ from dpnotebook.privacy.arguments import check_choice
 
 Refusal = tuple[str | set[str], set[str] | None, bool | None, int | None, tuple[type[BaseException], ...], str, str]
 
-__all__ = ["GridPoint", "Outcome", "grid", "run_point", "matches", "summarise"]
 
 #: ``(loss_reduction, clipping)`` pairs audited: both reductions with flat clipping, per-layer with sum.
 SETTINGS = (("mean", "flat"), ("sum", "flat"), ("sum", "per_layer"))

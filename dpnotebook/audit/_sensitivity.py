@@ -49,16 +49,6 @@ from dpnotebook.privacy.engine_inputs import as_wrapper, unwrap_model
 from dpnotebook.privacy.layer_bounds import check_layer_bounds, total_bound
 from dpnotebook.testing import clean_copy
 
-__all__ = [
-    "audit_sensitivity",
-    "audit_sensitivity_across_ranks",
-    "SensitivityReport",
-    "clipped_sum",
-    "reference_clipped_sum",
-    "TOLERANCE",
-    "FLOAT32_TOLERANCE",
-]
-
 #: ``batch(indices)``: the batch holding those samples (each sample's ``K`` rows, sample-major).
 MakeBatch = Callable[[list[int]], Any]
 #: ``loss(model, batch)``: the loss to call ``backward()`` on.

@@ -24,8 +24,6 @@ from typing import Any
 
 from dpnotebook.exercises._core import ExerciseFailed, close, number, register_check, spot_slip
 
-__all__ = ["check_rr_epsilon", "check_classic_sigma", "check_rdp_epsilon", "exact_gaussian_sigma"]
-
 _RR_PS = (0.1, 0.25, 0.5, 0.8, 0.95, 0.0)  # p = 0 last: ln(p / (1 - p)) fails there
 
 

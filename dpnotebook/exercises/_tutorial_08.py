@@ -35,8 +35,6 @@ from scipy.stats import beta
 from dpnotebook.audit import advantage_bound, attack_roc, gaussian_epsilon
 from dpnotebook.exercises._core import ExerciseFailed, number, register_check, spot_slip
 
-__all__ = ["check_best_threshold", "check_epsilon_for_margin", "check_epsilon_from_attack"]
-
 
 def _score_sets() -> list[tuple[np.ndarray, np.ndarray]]:
     rng = np.random.default_rng(8)

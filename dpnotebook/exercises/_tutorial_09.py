@@ -27,8 +27,6 @@ from torch import Tensor
 from dpnotebook.exercises._core import ExerciseFailed, register_check, require
 from dpnotebook.privacy.clipping import clip_and_sum
 
-__all__ = ["check_per_layer_privatize"]
-
 C, SIGMA, EXPECTED = 0.5, 2.0, 8.0  # C != 1 tells sigma from sigma * C; 8 expected vs 6 drawn tells the two apart
 
 

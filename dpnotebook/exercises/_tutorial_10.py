@@ -27,8 +27,6 @@ from typing import Any
 from dpnotebook.exercises._core import ExerciseFailed, pending, register_check, require
 from dpnotebook.privacy.calibration import get_noise_multiplier
 
-__all__ = ["check_noise_on_average"]
-
 N, DELTA = 1438, 1e-5
 CASES = [(64, 2.0, 60, 0.5), (256, 1.0, 40, 1.0), (16, 4.0, 100, 2.0)]  # B, epsilon, steps, C
 QUESTION = (1.0, 180, 1.0)  # epsilon, steps, C of the ratio std(B = 64) / std(B = 256)

@@ -26,8 +26,6 @@ from typing import Any
 
 from dpnotebook.exercises._core import ExerciseFailed, pending, register_check, require
 
-__all__ = ["check_not_public"]
-
 SIGMA_PRE, BATCH_PRE, EPOCHS_PRE, DELTA = 4.0, 64, 20, 1e-5
 
 
