@@ -177,11 +177,6 @@ def unregister_check(exercise_id: str) -> Checker:
     return _CHECKS.pop(exercise_id).function
 
 
-def registered_checks() -> list[str]:
-    """The ids registered so far (tutorial modules register theirs when first needed)."""
-    return sorted(_CHECKS)
-
-
 def require(condition: bool, hint: str) -> None:
     """Raise :class:`ExerciseFailed` with ``hint`` unless ``condition`` holds.
 
