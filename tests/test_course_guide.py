@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dpnotebook.exercises.notebooks import exercise_cells, read_notebook
+from dpnotebook.exercises import exercise_cells, read_notebook
 
 ROOT = Path(__file__).resolve().parents[1]
 GUIDE = (ROOT / "docs" / "course-guide.md").read_text(encoding="utf-8")

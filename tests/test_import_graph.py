@@ -80,7 +80,6 @@ ALLOWED_UPWARD: set[tuple[str, str]] = {
     ("dpnotebook.grad_sample.ghost.registry", "dpnotebook.grad_sample.ghost.groups"),
     # the core reaches Opacus paths (privacy branch, audit branch)
     ("dpnotebook.privacy.engine_compat", "dpnotebook.validators.module_validator"),
-    ("dpnotebook.audit.surfaces", "dpnotebook.privacy_engine"),
 }
 
 #: Imports that close a loop between folders without running up the layers (the imported module sits

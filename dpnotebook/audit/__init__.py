@@ -1,67 +1,142 @@
 """Auditing what DP training promises.
 
-* :mod:`~dpnotebook.audit.sensitivity`: :func:`audit_sensitivity` measures how far one
-  sample moves a DP-SGD step (it must be at most ``C``), with the library's own step;
-* :mod:`~dpnotebook.audit.families` and :mod:`~dpnotebook.audit.records`: small models and adversarial
-  records to audit it on;
-* :mod:`~dpnotebook.audit.grid`: every mode x family x record x K x reduction x layout x clipping, with
-  the refusals the library makes by design; ``python -m dpnotebook.audit`` runs it.
+The guarantee, measured from the inside: :func:`audit_sensitivity` measures how far one sample moves
+a DP-SGD step (at most ``C``) with the library's own step, and compares the clipped sum with the
+float64 definition; :func:`audit_sensitivity_across_ranks` does it on the all-reduced sum. It runs on
+layer families (:data:`FAMILIES`) with adversarial records (:data:`RECORDS`, :func:`audit_case`), and
+on training-loop surfaces (:data:`SURFACES`); :func:`grid` and :func:`run_point` cover every mode x
+family x record x K x reduction x layout x clipping, with the refusals the library makes by design
+(``python -m dpnotebook.audit`` runs it).
 
-What the guarantee buys, measured from the outside:
+What the guarantee buys, measured from the outside: DP as a hypothesis test (:func:`gaussian_tpr`,
+:func:`pld_tpr`, the bound :func:`dp_tpr_bound`); membership-inference attacks on a trained model
+(:func:`loss_threshold_attack`, :func:`calibrated_attack`) with their ROC (:func:`attack_roc`) and
+error bars; an empirical lower bound on epsilon from canaries in one training run
+(:func:`audit_one_run`, Steinke, Nasr & Jagielski 2023), black-box or with white-box
+:class:`GradientCanaries` (Nasr et al. 2023); and both on a digits model next to the accountant's
+epsilon (:func:`audited_digits_run`).
 
-* :mod:`~dpnotebook.audit.tradeoff`: DP as a hypothesis test (Gaussian and DP-SGD trade-off curves,
-  the bound ``TPR <= e^eps FPR + delta``);
-* :mod:`~dpnotebook.audit.roc` and :mod:`~dpnotebook.audit.membership`: membership-inference attacks
-  on a trained model (loss threshold, calibrated by reference models), ROC, advantage;
-* :mod:`~dpnotebook.audit.canaries` and :mod:`~dpnotebook.audit.one_run`: an empirical lower bound on
-  epsilon from canaries in one training run (Steinke, Nasr & Jagielski 2023);
-* :mod:`~dpnotebook.audit.gradient_canaries`: white-box canaries whose per-sample gradients the auditor
-  crafts (Nasr et al. 2023), scored on the released noisy gradients;
-* :mod:`~dpnotebook.audit.experiment`: both on a digits model, next to the accountant's epsilon.
+>>> from dpnotebook.audit import advantage_bound, gaussian_epsilon
+>>> round(advantage_bound(gaussian_epsilon(1.0, 1e-5), 1e-5), 3)    # mu = 1: what any attacker gains at most
+0.975
 """
 
-from dpnotebook.audit.canaries import draw_inclusion, gaussian_mechanism_scores
-from dpnotebook.audit.experiment import AuditedRun, audited_digits_run
-from dpnotebook.audit.gradient_canaries import GradientCanaries
-from dpnotebook.audit.membership import calibrated_attack, example_losses, loss_threshold_attack, sliced_attack
-from dpnotebook.audit.one_run import OneRunAudit, audit_one_run
-from dpnotebook.audit.roc import (
+from dpnotebook.audit._attacks import (
     AttackROC,
+    OneRunAudit,
     OperatingPoint,
     advantage_bound,
     advantage_noise_floor,
     attack_roc,
+    audit_one_run,
+    calibrated_attack,
     clopper_pearson,
+    default_guesses,
+    dp_tpr_bound,
+    example_losses,
+    gaussian_delta,
+    gaussian_epsilon,
+    gaussian_mu,
+    gaussian_tpr,
     held_out_point,
+    loss_threshold_attack,
+    one_run_epsilon,
+    one_run_p_value,
+    pld_tpr,
+    sliced_attack,
+    worst_case_correct,
 )
-from dpnotebook.audit.sensitivity import TOLERANCE, SensitivityReport, audit_sensitivity, clipped_sum
-from dpnotebook.audit.tradeoff import dp_tpr_bound, gaussian_epsilon, gaussian_tpr, pld_tpr
+from dpnotebook.audit._canaries import (
+    AuditedRun,
+    GradientCanaries,
+    audited_digits_run,
+    dp_sgd_canary_scores,
+    draw_inclusion,
+    gaussian_mechanism_scores,
+    mislabeled_canaries,
+    random_image_canaries,
+    unreached_coordinates,
+)
+from dpnotebook.audit._cases import (
+    FAMILIES,
+    RECORDS,
+    SURFACES,
+    AuditCase,
+    Family,
+    RelativeBias,
+    Surface,
+    audit_case,
+    audit_surface,
+    surface_matches,
+)
+from dpnotebook.audit._grid import GridPoint, Outcome, grid, matches, run_point, summarise
+from dpnotebook.audit._sensitivity import (
+    FLOAT32_TOLERANCE,
+    TOLERANCE,
+    SensitivityReport,
+    audit_sensitivity,
+    audit_sensitivity_across_ranks,
+    clipped_sum,
+    reference_clipped_sum,
+)
 
 __all__ = [
+    # the sensitivity auditor and what it runs on
     "audit_sensitivity",
+    "audit_sensitivity_across_ranks",
     "SensitivityReport",
     "clipped_sum",
+    "reference_clipped_sum",
     "TOLERANCE",
-    "attack_roc",
+    "FLOAT32_TOLERANCE",
+    "Family",
+    "FAMILIES",
+    "RelativeBias",
+    "RECORDS",
+    "AuditCase",
+    "audit_case",
+    "Surface",
+    "SURFACES",
+    "audit_surface",
+    "surface_matches",
+    "GridPoint",
+    "Outcome",
+    "grid",
+    "run_point",
+    "matches",
+    "summarise",
+    # DP as a hypothesis test, membership attacks, one-run audits
+    "gaussian_mu",
+    "gaussian_tpr",
+    "gaussian_delta",
+    "gaussian_epsilon",
+    "dp_tpr_bound",
+    "pld_tpr",
     "AttackROC",
+    "attack_roc",
     "advantage_bound",
+    "clopper_pearson",
+    "advantage_noise_floor",
+    "OperatingPoint",
+    "held_out_point",
     "example_losses",
     "loss_threshold_attack",
     "calibrated_attack",
     "sliced_attack",
-    "clopper_pearson",
-    "held_out_point",
-    "OperatingPoint",
-    "advantage_noise_floor",
-    "draw_inclusion",
-    "gaussian_mechanism_scores",
-    "audit_one_run",
+    "one_run_p_value",
+    "one_run_epsilon",
     "OneRunAudit",
+    "audit_one_run",
+    "default_guesses",
+    "worst_case_correct",
+    # canaries
+    "draw_inclusion",
+    "random_image_canaries",
+    "mislabeled_canaries",
+    "gaussian_mechanism_scores",
+    "dp_sgd_canary_scores",
     "GradientCanaries",
-    "gaussian_tpr",
-    "gaussian_epsilon",
-    "dp_tpr_bound",
-    "pld_tpr",
-    "audited_digits_run",
+    "unreached_coordinates",
     "AuditedRun",
+    "audited_digits_run",
 ]

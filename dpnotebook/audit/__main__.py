@@ -3,7 +3,7 @@
 Options: ``--float32`` audits in float32 (default float64), ``--mode NAME`` and
 ``--family NAME`` (repeatable) restrict the grid to names from the mode registry
 (:func:`dpnotebook.modes.available_modes`) and the grid's families
-(:data:`dpnotebook.audit.families.FAMILIES`); any other name is an argparse error that
+(:data:`dpnotebook.audit.FAMILIES`); any other name is an argparse error that
 lists the valid ones. ``--show`` lists every point that does not keep the library's
 promise. A progress bar (on stderr) shows while the grid runs when stderr is a terminal;
 ``--progress`` / ``--no-progress`` force it on or off.
@@ -17,9 +17,7 @@ import time
 import torch
 from tqdm import tqdm
 
-from dpnotebook.audit.families import FAMILIES
-from dpnotebook.audit.grid import grid, matches, run_point
-from dpnotebook.audit.summary import summarise
+from dpnotebook.audit import FAMILIES, grid, matches, run_point, summarise
 from dpnotebook.modes import available_modes
 from dpnotebook.privacy.training import show_progress
 

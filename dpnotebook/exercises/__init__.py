@@ -4,24 +4,37 @@
 >>> Verdict("02.x", Status.SOLVED).solved
 True
 
-Checkers live in ``dpnotebook.exercises.tutorial_NN`` (one module per tutorial) and are
-imported the first time :func:`check` meets an id starting with ``NN``. The lecturer's
-commands: ``python -m dpnotebook.exercises solve tutorials/ OUT_DIR`` (the solution set, from
-``solutions/`` beside ``tutorials/``) and ``python -m dpnotebook.exercises student tutorials/
-[OUT_DIR] [--clear-outputs]`` (validate, and copy, the student set; without outputs with
-``--clear-outputs``).
+Checkers live in ``dpnotebook.exercises._tutorial_NN`` (one module per tutorial, built from the shared
+checks of :mod:`~dpnotebook.exercises`: :func:`require`, :func:`number`, :func:`spot_slip`, :func:`pending`)
+and are imported the first time :func:`check` meets an id starting with ``NN``. The lecturer's commands:
+``python -m dpnotebook.exercises solve tutorials/ OUT_DIR`` (the solution set, from ``solutions/`` beside
+``tutorials/``) and ``python -m dpnotebook.exercises student tutorials/ [OUT_DIR] [--clear-outputs]``
+(validate, and copy, the student set; without outputs with ``--clear-outputs``); the functions behind
+them are :func:`solved`, :func:`problems`, :func:`exercise_cells` and :func:`parse_solutions`.
 """
 
-from dpnotebook.exercises.core import (
+from dpnotebook.exercises._core import (
     ExerciseFailed,
     NotYetSolved,
     Status,
     Verdict,
     check,
+    close,
     is_stub,
     judge,
+    number,
+    pending,
     register_check,
     require,
+    spot_slip,
+)
+from dpnotebook.exercises._notebooks import (
+    exercise_cells,
+    parse_solutions,
+    problems,
+    read_notebook,
+    solved,
+    write_notebook,
 )
 
 __all__ = [
@@ -30,8 +43,18 @@ __all__ = [
     "register_check",
     "require",
     "is_stub",
+    "pending",
+    "number",
+    "close",
+    "spot_slip",
     "ExerciseFailed",
     "NotYetSolved",
     "Status",
     "Verdict",
+    "read_notebook",
+    "write_notebook",
+    "exercise_cells",
+    "parse_solutions",
+    "problems",
+    "solved",
 ]

@@ -20,7 +20,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from dpnotebook.exercises.notebooks import (
+from dpnotebook.exercises._notebooks import (
     default_solutions_dir,
     execute,
     problems,

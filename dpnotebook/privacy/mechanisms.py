@@ -11,7 +11,7 @@ the mechanisms it samples from and the two formulas it plots.
 * :func:`laplace_mechanism`: a query plus Laplace noise of scale ``sensitivity / epsilon``,
   ``(epsilon, 0)``-DP (Dwork & Roth, Theorem 3.6);
 * :func:`gaussian_mechanism`: a query plus Gaussian noise of std ``noise_std``; its exact
-  ``delta(epsilon)`` is :func:`dpnotebook.audit.tradeoff.gaussian_delta`;
+  ``delta(epsilon)`` is :func:`dpnotebook.audit.gaussian_delta`;
 * :func:`amplified_by_subsampling`: the guarantee of an ``(epsilon, delta)``-DP mechanism run on a
   Poisson subsample of rate ``q`` (Balle, Barthe & Gaboardi 2018);
 * :func:`gaussian_rdp`: the Rényi DP of the Gaussian mechanism, ``alpha / (2 sigma^2)`` (Mironov 2017).

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy.stats import binom, norm
 
-from dpnotebook.audit.roc import advantage_noise_floor, attack_roc, clopper_pearson, held_out_point
+from dpnotebook.audit import advantage_noise_floor, attack_roc, clopper_pearson, held_out_point
 
 
 @pytest.mark.parametrize("p, n", [(0.01, 500), (0.1, 500), (0.5, 40), (0.9, 200)])

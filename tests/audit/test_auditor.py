@@ -12,11 +12,18 @@ import torch
 from torch import Tensor, nn
 
 import dpnotebook
-from dpnotebook.audit import audit_sensitivity
-from dpnotebook.audit.families import FAMILIES
-from dpnotebook.audit.grid import GridPoint, expected_refusal, grid, matches, run_point
-from dpnotebook.audit.records import RECORDS, audit_case
-from dpnotebook.audit.summary import summarise
+from dpnotebook.audit import (
+    FAMILIES,
+    RECORDS,
+    GridPoint,
+    audit_case,
+    audit_sensitivity,
+    grid,
+    matches,
+    run_point,
+    summarise,
+)
+from dpnotebook.audit._grid import expected_refusal
 from dpnotebook.grad_sample import unregister_grad_sampler
 from dpnotebook.modes import available_modes
 

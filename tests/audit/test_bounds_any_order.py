@@ -14,8 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dpnotebook.audit.one_run import audit_one_run
-from dpnotebook.audit.roc import attack_roc
+from dpnotebook.audit import attack_roc, audit_one_run
 
 # few distinct values: ties everywhere; booleans: the coins
 canary_sets = st.integers(min_value=2, max_value=60).flatmap(
@@ -74,7 +73,7 @@ def test_constant_scores_refute_epsilon_zero_with_probability_at_most_significan
 @settings(max_examples=60, deadline=None)
 @given(canary_sets, st.data())
 def test_the_count_is_at_most_what_any_tie_breaking_gets_right(data, more) -> None:
-    from dpnotebook.audit.one_run import worst_case_correct
+    from dpnotebook.audit import worst_case_correct
 
     scores, included = np.array(data[0], dtype=float), np.array(data[1])
     m = scores.size

@@ -16,8 +16,7 @@ import torch
 from torch import nn
 
 import dpnotebook
-from dpnotebook.audit.experiment import audited_digits_run
-from dpnotebook.audit.gradient_canaries import GradientCanaries, unreached_coordinates
+from dpnotebook.audit import GradientCanaries, audited_digits_run, unreached_coordinates
 from dpnotebook.privacy.optimizer import DPOptimizer
 
 DELTA = 1e-5

@@ -10,8 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dpnotebook.audit.families import FAMILIES
-from dpnotebook.audit.grid import grid, matches, run_point
+from dpnotebook.audit import FAMILIES, grid, matches, run_point
 from dpnotebook.modes import available_modes
 
 #: The whole grid takes minutes (functorch on conv alone about a minute): `make test` runs it, the quick loop not.

@@ -8,9 +8,16 @@ import torch
 from scipy.stats import norm
 from torch import nn
 
-from dpnotebook.audit.membership import calibrated_attack, example_losses, loss_threshold_attack
-from dpnotebook.audit.roc import advantage_bound, attack_roc
-from dpnotebook.audit.tradeoff import dp_tpr_bound, gaussian_epsilon, gaussian_tpr
+from dpnotebook.audit import (
+    advantage_bound,
+    attack_roc,
+    calibrated_attack,
+    dp_tpr_bound,
+    example_losses,
+    gaussian_epsilon,
+    gaussian_tpr,
+    loss_threshold_attack,
+)
 
 
 def test_roc_by_hand():
@@ -98,7 +105,7 @@ def test_example_losses_needs_one_loss_per_record():
 def test_audited_run_calibrated_canary_attack_is_calibrated_attack_on_its_canaries():
     import warnings
 
-    from dpnotebook.audit.experiment import audited_digits_run
+    from dpnotebook.audit import audited_digits_run
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -118,8 +125,7 @@ def test_audited_run_calibrated_canary_attack_is_calibrated_attack_on_its_canari
 
 
 def test_sliced_attack_gives_each_group_its_own_roc():
-    from dpnotebook.audit.membership import sliced_attack
-    from dpnotebook.audit.roc import attack_roc
+    from dpnotebook.audit import attack_roc, sliced_attack
 
     rng = np.random.default_rng(0)
     members, others = rng.standard_normal(300), rng.standard_normal(300)
@@ -137,7 +143,7 @@ def test_sliced_attack_gives_each_group_its_own_roc():
 
 @pytest.mark.parametrize("seed", range(5))
 def test_our_roc_equals_scikit_learns_ties_included(seed: int) -> None:
-    """audit.roc stays ours (scikit-learn is a lab extra, the auditor needs core deps only), and agrees with it."""
+    """attack_roc stays ours (scikit-learn is a lab extra, the auditor needs core deps only), and agrees with it."""
     from sklearn.metrics import roc_auc_score, roc_curve
 
     rng = np.random.default_rng(seed)
@@ -155,15 +161,15 @@ def test_our_roc_equals_scikit_learns_ties_included(seed: int) -> None:
 
 @pytest.mark.slow  # a fresh interpreter
 def test_the_auditor_imports_without_the_lab_extra() -> None:
-    """What justifies keeping audit.roc: dpnotebook.audit runs with scikit-learn, matplotlib, ipywidgets absent."""
+    """What justifies attack_roc's own ROC: dpnotebook.audit runs with scikit-learn, matplotlib, ipywidgets absent."""
     import subprocess
     import sys
 
     code = (
         "import sys\n"
         "for m in ('sklearn', 'matplotlib', 'ipywidgets'): sys.modules[m] = None\n"
-        "import dpnotebook.audit, dpnotebook.audit.grid, dpnotebook.audit.membership\n"
-        "from dpnotebook.audit.roc import attack_roc\n"
+        "import dpnotebook.audit\n"
+        "from dpnotebook.audit import attack_roc\n"
         "print(attack_roc([1.0, 2.0], [0.0, 1.0]).auc)\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)

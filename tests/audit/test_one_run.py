@@ -14,14 +14,17 @@ import pytest
 import torch
 from scipy.stats import binom
 
-from dpnotebook.audit.canaries import (
+from dpnotebook.audit import (
+    audit_one_run,
+    default_guesses,
     dp_sgd_canary_scores,
     draw_inclusion,
+    gaussian_epsilon,
     gaussian_mechanism_scores,
     mislabeled_canaries,
+    one_run_epsilon,
+    one_run_p_value,
 )
-from dpnotebook.audit.one_run import audit_one_run, default_guesses, one_run_epsilon, one_run_p_value
-from dpnotebook.audit.tradeoff import gaussian_epsilon
 from dpnotebook.privacy.accounting import compute_epsilon
 
 DELTA = 1e-5
@@ -137,7 +140,7 @@ def test_mislabeled_canaries_keep_inputs_change_labels():
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_dp_sgd_on_digits_bound_below_the_accountant(seed):
-    from dpnotebook.audit.experiment import audited_digits_run
+    from dpnotebook.audit import audited_digits_run
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -147,7 +150,7 @@ def test_dp_sgd_on_digits_bound_below_the_accountant(seed):
 
 
 def test_dp_sgd_without_noise_gives_a_clearly_positive_epsilon():
-    from dpnotebook.audit.experiment import audited_digits_run
+    from dpnotebook.audit import audited_digits_run
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

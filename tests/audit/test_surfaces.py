@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from dpnotebook.audit.grid import SURFACES, surface_matches
-from dpnotebook.audit.surfaces import audit_surface
+from dpnotebook.audit import SURFACES, audit_surface, surface_matches
 from dpnotebook.modes import available_modes
 
 POINTS = [(name, mode) for name in SURFACES for mode in available_modes()]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
-from dpnotebook.audit.tradeoff import dp_tpr_bound, gaussian_delta, gaussian_epsilon, gaussian_mu, gaussian_tpr, pld_tpr
+from dpnotebook.audit import dp_tpr_bound, gaussian_delta, gaussian_epsilon, gaussian_mu, gaussian_tpr, pld_tpr
 
 FPR = np.array([0.0, 1e-4, 1e-3, 0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0])
 
@@ -114,7 +114,7 @@ def test_the_printed_wrong_inequality_admits_a_point_dp_forbids():
 
 @pytest.mark.parametrize("eps, delta", [(0.2, 0.0), (1.0, 1e-3), (8.0, 1e-5)])
 def test_the_two_lines_cross_where_the_advantage_is_largest(eps, delta):
-    from dpnotebook.audit.roc import advantage_bound
+    from dpnotebook.audit import advantage_bound
 
     cross = (1 - delta) / (math.exp(eps) + 1)
     first = math.exp(eps) * cross + delta

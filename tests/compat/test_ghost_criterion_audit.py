@@ -7,9 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from dpnotebook.audit import audit_sensitivity
-from dpnotebook.audit.families import FAMILIES
-from dpnotebook.audit.records import RECORDS, audit_case
+from dpnotebook.audit import FAMILIES, RECORDS, audit_case, audit_sensitivity
 from dpnotebook.privacy.engine import is_wrapped
 from dpnotebook.privacy.ghost_loss import DPLossFastGradientClipping
 

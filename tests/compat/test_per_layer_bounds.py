@@ -8,8 +8,7 @@ import torch
 from torch import nn
 
 import dpnotebook
-from dpnotebook.audit import audit_sensitivity
-from dpnotebook.audit.records import RECORDS, audit_case
+from dpnotebook.audit import RECORDS, audit_case, audit_sensitivity
 from tests.compat.conftest import LIBRARIES
 from tests.compat.scripts import dataset, flat_params, lib, loader, mlp
 

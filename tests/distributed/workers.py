@@ -177,8 +177,7 @@ def secure_steps(rank: int, world_size: int) -> list[torch.Tensor]:
 
 def audit_cases(rank: int, world_size: int, cases: list[tuple[str, str, str, int]]) -> list[dict[str, Any]]:
     """The cross-rank sensitivity audit of adversarial records: ``(family, record, mode, K)`` each."""
-    from dpnotebook.audit.distributed import audit_sensitivity_across_ranks
-    from dpnotebook.audit.records import audit_case
+    from dpnotebook.audit import audit_case, audit_sensitivity_across_ranks
 
     reports = []
     for family, record, mode, K in cases:

@@ -85,7 +85,7 @@ def test_classic_sigma(answer, hint) -> None:
 
 def test_classic_sigma_really_fails_at_epsilon_ten() -> None:
     """The hint's claim: Theorem A.1's σ at ε = 10, δ = 1e-5 gives an exact ε above 10."""
-    from dpnotebook.audit.tradeoff import gaussian_epsilon
+    from dpnotebook.audit import gaussian_epsilon
 
     sigma = math.sqrt(2 * math.log(1.25 / 1e-5)) / 10
     assert gaussian_epsilon(1 / sigma, 1e-5) > 10.3

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dpnotebook.exercises.notebooks import exercise_cells, problems, read_notebook, solutions_path, solved
+from dpnotebook.exercises._notebooks import exercise_cells, problems, read_notebook, solutions_path, solved
 
 TUTORIALS = Path(__file__).resolve().parents[2] / "tutorials"
 SOLUTIONS = Path(__file__).resolve().parents[2] / "solutions"  # outside tutorials/, which Binder opens
@@ -43,7 +43,7 @@ def test_every_solutions_file_has_its_notebook() -> None:
 @pytest.mark.slow  # executes every solved notebook
 @pytest.mark.parametrize("notebook", WITH_EXERCISES, ids=lambda p: p.stem)
 def test_solved_notebook_passes_its_checks(notebook: Path, tmp_path: Path) -> None:
-    from dpnotebook.exercises.notebooks import execute, write_notebook
+    from dpnotebook.exercises._notebooks import execute, write_notebook
 
     result = solved(notebook)
     write_notebook(result, tmp_path / notebook.name)  # what `python -m dpnotebook.exercises solve` writes

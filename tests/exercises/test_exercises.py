@@ -7,8 +7,8 @@ import pytest
 
 from dpnotebook.exercises import ExerciseFailed, Status, check, judge, register_check, require
 from dpnotebook.exercises.__main__ import main
-from dpnotebook.exercises.core import ENVIRONMENT_VARIABLE, unregister_check
-from dpnotebook.exercises.notebooks import parse_solutions, problems, solved
+from dpnotebook.exercises._core import ENVIRONMENT_VARIABLE, unregister_check
+from dpnotebook.exercises._notebooks import parse_solutions, problems, solved
 
 
 @pytest.fixture
@@ -71,8 +71,8 @@ def test_bad_ids_are_the_authors_error() -> None:
 
 def test_a_lettered_tutorial_has_its_own_ids(tmp_path: Path) -> None:
     """'03b' sorts between 03 and 04: its ids, check calls and notebook name carry the letter."""
-    from dpnotebook.exercises.core import tutorial_prefix
-    from dpnotebook.exercises.notebooks import check_cells
+    from dpnotebook.exercises._core import tutorial_prefix
+    from dpnotebook.exercises._notebooks import check_cells
 
     assert tutorial_prefix("03b.rr_epsilon") == "03b" and tutorial_prefix("03.clipping_bound") == "03"
     for bad in ("03B.x", "03bb.x", "3b.x"):

@@ -6,7 +6,7 @@ import dp_accounting
 import numpy as np
 import pytest
 
-from dpnotebook.audit.tradeoff import gaussian_epsilon
+from dpnotebook.audit import gaussian_epsilon
 from dpnotebook.privacy import compute_epsilon
 from dpnotebook.privacy.classic_rdp import subsampled_gaussian_rdp
 from dpnotebook.privacy.mechanisms import (

@@ -8,9 +8,7 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
-from dpnotebook.audit.experiment import AuditedRun
-from dpnotebook.audit.roc import attack_roc
-from dpnotebook.audit.tradeoff import dp_tpr_bound, gaussian_epsilon, gaussian_tpr
+from dpnotebook.audit import AuditedRun, attack_roc, dp_tpr_bound, gaussian_epsilon, gaussian_tpr
 from dpnotebook.widgets import PrivacyAttackExplorer, WidgetValueError
 from dpnotebook.widgets.attack import Attack, attacks_from_runs, plots, simulated_attacks
 from dpnotebook.widgets.attack.state import FPR_GRID

@@ -4,8 +4,8 @@ The mechanism answers a query of sensitivity 1 with Gaussian noise of std ``sigm
 dataset without the record the output is ``N(0, sigma^2)``, with it ``N(1, sigma^2)``. The
 attacker says "the record is in" when the output is at least ``threshold``; that gives one
 point ``(FPR, TPR)`` on the trade-off curve ``mu = 1 / sigma``
-(:func:`~dpnotebook.audit.tradeoff.gaussian_tpr`), which lies under the
-``(epsilon, delta)`` bound (:func:`~dpnotebook.audit.tradeoff.dp_tpr_bound`) for the mechanism's
+(:func:`~dpnotebook.audit.gaussian_tpr`), which lies under the
+``(epsilon, delta)`` bound (:func:`~dpnotebook.audit.dp_tpr_bound`) for the mechanism's
 epsilon at ``delta``. ``attacks`` holds ROC curves of real attacks, each with the epsilon
 its model was trained at.
 
@@ -34,13 +34,12 @@ import numpy as np
 import traitlets
 from scipy.stats import norm
 
-from dpnotebook.audit.roc import AttackROC
-from dpnotebook.audit.tradeoff import dp_tpr_bound, gaussian_epsilon, gaussian_tpr
+from dpnotebook.audit import AttackROC, dp_tpr_bound, gaussian_epsilon, gaussian_tpr
 from dpnotebook.privacy.arguments import check_delta, check_noise_multiplier
 from dpnotebook.widgets._validate import library_check, one_of, refuse
 
 if TYPE_CHECKING:
-    from dpnotebook.audit.experiment import AuditedRun
+    from dpnotebook.audit import AuditedRun
 
 __all__ = ["AttackState", "AttackView", "Attack", "FPR_GRID", "simulated_attacks", "attacks_from_runs"]
 
@@ -100,8 +99,7 @@ def simulated_attacks(
     >>> list(a), round(a["sigma = 1"].epsilon, 2)
     (['sigma = 1'], 4.38)
     """
-    from dpnotebook.audit.canaries import draw_inclusion, gaussian_mechanism_scores
-    from dpnotebook.audit.roc import attack_roc
+    from dpnotebook.audit import attack_roc, draw_inclusion, gaussian_mechanism_scores
 
     attacks = {}
     for i, sigma in enumerate(noise_multipliers):
@@ -117,14 +115,14 @@ def simulated_attacks(
 
 
 def attacks_from_runs(runs: Mapping[str, AuditedRun], *, records: str = "canaries") -> dict[str, Attack]:
-    """``{label: Attack}`` from ``{label: AuditedRun}`` (:func:`~dpnotebook.audit.experiment.audited_digits_run`).
+    """``{label: Attack}`` from ``{label: AuditedRun}`` (:func:`~dpnotebook.audit.audited_digits_run`).
 
     The ROC is the run's loss attack on its canaries (``records="canaries"``: the records a model
     can only fit by memorising them) or on its digits (``"digits"``); the epsilon is the accountant's; the curve
     of a private run is its trade-off curve from the privacy loss distribution
-    (:func:`~dpnotebook.audit.tradeoff.pld_tpr`, about 0.2 s a run).
+    (:func:`~dpnotebook.audit.pld_tpr`, about 0.2 s a run).
     """
-    from dpnotebook.audit.tradeoff import pld_tpr
+    from dpnotebook.audit import pld_tpr
 
     one_of("records", records, ["canaries", "digits"])
     attacks = {}

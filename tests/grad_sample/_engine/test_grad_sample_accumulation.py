@@ -12,8 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from dpnotebook import GradSampleError, wrap_model
-from dpnotebook.audit import audit_sensitivity
-from dpnotebook.audit.records import audit_case
+from dpnotebook.audit import audit_case, audit_sensitivity
 from dpnotebook.grad_sample._engine.accumulation import grad_sample_parts, grad_sample_rows
 from dpnotebook.privacy.clipping import clip_and_sum
 from dpnotebook.privacy.optimizer import DPOptimizer

@@ -19,10 +19,7 @@ import torch
 from torch import nn
 
 import dpnotebook
-from dpnotebook.audit import audit_sensitivity
-from dpnotebook.audit.families import FAMILIES
-from dpnotebook.audit.records import RECORDS, audit_case
-from dpnotebook.audit.sensitivity import TOLERANCE
+from dpnotebook.audit import FAMILIES, RECORDS, TOLERANCE, audit_case, audit_sensitivity
 from dpnotebook.errors import GradSampleError
 from dpnotebook.grad_sample._engine.precision import autocast_off, full_precision
 from dpnotebook.privacy.clipping import per_sample_norms

@@ -13,8 +13,7 @@ import torch
 from torch import Tensor, nn
 
 import dpnotebook
-from dpnotebook.audit import audit_sensitivity
-from dpnotebook.audit.families import RelativeBias
+from dpnotebook.audit import RelativeBias, audit_sensitivity
 from dpnotebook.errors import GradSampleError
 from dpnotebook.grad_sample import GradSampleModule
 from dpnotebook.grad_sample._engine.provenance import probe_rows

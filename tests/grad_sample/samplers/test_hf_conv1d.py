@@ -9,10 +9,8 @@ from torch import nn
 from transformers.pytorch_utils import Conv1D
 
 import dpnotebook
-from dpnotebook.audit import audit_sensitivity
-from dpnotebook.audit.families import Family
-from dpnotebook.audit.records import MAX_K, RECORDS, AuditCase, _apply_record
-from dpnotebook.audit.sensitivity import FLOAT32_TOLERANCE, TOLERANCE
+from dpnotebook.audit import FLOAT32_TOLERANCE, RECORDS, TOLERANCE, AuditCase, Family, audit_sensitivity
+from dpnotebook.audit._cases import MAX_K, _apply_record
 from dpnotebook.benchmarks.zoo import Logits, gpt2
 from dpnotebook.grad_sample import find_grad_sampler
 from dpnotebook.testing import check_grad_sampler

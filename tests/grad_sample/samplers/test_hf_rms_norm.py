@@ -11,9 +11,8 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from transformers.models.t5.modeling_t5 import T5LayerNorm
 
 import dpnotebook
-from dpnotebook.audit import audit_sensitivity
-from dpnotebook.audit.families import Family
-from dpnotebook.audit.records import MAX_K, RECORDS, AuditCase, _apply_record
+from dpnotebook.audit import RECORDS, AuditCase, Family, audit_sensitivity
+from dpnotebook.audit._cases import MAX_K, _apply_record
 from dpnotebook.grad_sample import find_grad_sampler, unregister_grad_sampler
 from dpnotebook.grad_sample.ghost.registry import ghost_handler, unregister_norm_sampler
 from dpnotebook.grad_sample.samplers import hf_rms_norm

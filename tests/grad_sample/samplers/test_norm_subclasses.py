@@ -12,9 +12,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import dpnotebook
-from dpnotebook.audit import audit_sensitivity
-from dpnotebook.audit.families import Family
-from dpnotebook.audit.records import MAX_K, RECORDS, AuditCase, _apply_record
+from dpnotebook.audit import RECORDS, AuditCase, Family, audit_sensitivity
+from dpnotebook.audit._cases import MAX_K, _apply_record
 from dpnotebook.grad_sample import find_grad_sampler, register_grad_sampler, unregister_grad_sampler
 from dpnotebook.grad_sample.ghost.groups import materialise
 from dpnotebook.grad_sample.ghost.registry import ghost_handler, register_norm_sampler, unregister_norm_sampler

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from dpnotebook.exercises.core import register_check, require
+from dpnotebook.exercises._core import register_check, require
 
 
 @register_check("07.fix_gru", todo="build the GRU, then fixed_gru = dpnotebook.fix(gru)")

@@ -1,51 +1,40 @@
 """The adversarial grid: every mode x layer family x record x K x reduction x layout x clipping.
 
-:func:`grid` lists the points, :func:`run_point` audits one with
-:func:`~dpnotebook.audit.sensitivity.audit_sensitivity`, and :data:`REFUSALS`
-says which points the library refuses by design, with the error it must raise.
-Every other point must keep the bound (``<= C * (1 + 1e-5)`` in float64, ``1e-4`` in float32: see
-:data:`~dpnotebook.audit.sensitivity.FLOAT32_TOLERANCE`) and match the float64 definition. ``python -m dpnotebook.audit`` runs the whole grid and
-prints a summary per mode.
-
-The grid audits how a layer forms the clipped sum; how a training loop drives the
-step (freezing between ``backward`` and ``step``, two optimizers on one model, a
-clipping scheduler inside ``BatchMemoryManager``) is audited per mode by
-:data:`SURFACES` and :func:`surface_matches` (:mod:`~dpnotebook.audit.surfaces`).
+:func:`grid` lists the points, :func:`run_point` audits one with :func:`~dpnotebook.audit.audit_sensitivity`,
+and :data:`REFUSALS` says which points the library refuses by design, with the error it must raise.
+Every other point must keep the bound (``<= C * (1 + 1e-5)`` in float64, ``1e-4`` in float32:
+:data:`~dpnotebook.audit.FLOAT32_TOLERANCE`) and match the float64 definition (:func:`matches`);
+:func:`summarise` counts the outcomes per mode. ``python -m dpnotebook.audit`` runs the whole grid.
+How a training loop drives the step is audited per mode by :func:`~dpnotebook.audit.surface_matches`.
 
 >>> points = list(grid(modes=["hooks"], families=["mlp"], records=["gaussian"]))
 >>> len(points), points[0].name
 (12, 'hooks mlp/gaussian K=1 mean flat batch_first passes=1 float64')
->>> outcome = run_point(points[0])
->>> outcome.status, outcome.report.ok()
+>>> outcomes = [run_point(p) for p in points]
+>>> outcomes[0].status, outcomes[0].report.ok()
 ('bounded', True)
+>>> print(summarise(outcomes))                      # doctest: +ELLIPSIS
+mode       points  bounded  refused  broken  largest ||S(D) - S(D\\{s})|| / C
+hooks          12       12        0       0  1.000000
 """
 
 from __future__ import annotations
 
 import re
+from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
+from torch import Tensor
 
-from dpnotebook.audit.families import FAMILIES
-from dpnotebook.audit.records import RECORDS, audit_case
-from dpnotebook.audit.sensitivity import FLOAT32_TOLERANCE, TOLERANCE, SensitivityReport, audit_sensitivity
-from dpnotebook.audit.surfaces import SURFACES, surface_matches
+from dpnotebook.audit._cases import FAMILIES, RECORDS, audit_case
+from dpnotebook.audit._sensitivity import FLOAT32_TOLERANCE, TOLERANCE, SensitivityReport, audit_sensitivity
 from dpnotebook.modes import available_modes
 from dpnotebook.privacy.arguments import check_choice
 
-__all__ = [
-    "GridPoint",
-    "Outcome",
-    "grid",
-    "run_point",
-    "expected_refusal",
-    "REFUSALS",
-    "SETTINGS",
-    "SURFACES",
-    "surface_matches",
-]
+Refusal = tuple[str | set[str], set[str] | None, bool | None, int | None, tuple[type[BaseException], ...], str, str]
+
 
 #: ``(loss_reduction, clipping)`` pairs audited: both reductions with flat clipping, per-layer with sum.
 SETTINGS = (("mean", "flat"), ("sum", "flat"), ("sum", "per_layer"))
@@ -93,8 +82,9 @@ class Outcome:
         return "bounded" if self.report is not None and self.report.ok() else "violated"
 
 
-#: ``(a mode, a set of modes or None for all, families, layout or None for both, passes or None, error types, message pattern, why)``.
-REFUSALS: list[tuple] = [
+#: ``(a mode or a set of modes, families or None for all, layout or None for both, passes or None,
+#: error types, message pattern, why)``.
+REFUSALS: list[Refusal] = [
     (
         "ew",
         {"relative_bias"},
@@ -201,8 +191,8 @@ def grid(
     audited with ``loss_reduction="sum"`` only: with ``"mean"`` the neighbour's loss is still
     divided by every row, while the float64 definition divides each sample's by its own rows.
 
-    A name that is not a registered mode, a family of :data:`~dpnotebook.audit.families.FAMILIES`
-    or a record of :data:`~dpnotebook.audit.records.RECORDS` is a ``ValueError`` listing the
+    A name that is not a registered mode, a family of :data:`~dpnotebook.audit.FAMILIES`
+    or a record of :data:`~dpnotebook.audit.RECORDS` is a ``ValueError`` listing the
     valid ones (not a grid of points that all fail):
 
     >>> next(grid(families=["linear"]))
@@ -237,7 +227,7 @@ def run_point(point: GridPoint, *, reference: bool = True) -> Outcome:
     case = audit_case(point.family, point.record)
     model = case.model(point.batch_first).to(point.dtype)
 
-    def batch(indices: list[int]) -> tuple:
+    def batch(indices: list[int]) -> tuple[Tensor, ...]:
         x, t = case.batch(indices, K=point.K, batch_first=point.batch_first)
         return tuple(a.to(point.dtype) if a.is_floating_point() else a for a in (x, t))
 
@@ -283,3 +273,20 @@ def matches(outcome: Outcome) -> str | None:
     if report.reference_gap is not None and not report.reference_gap <= tolerance:
         return f"clipped sum differs from the float64 definition by {report.reference_gap:.3g} C:\n{report}"
     return None
+
+
+def summarise(outcomes: Iterable[Outcome]) -> str:
+    """One line per mode: points, bounded, refused (by design or not), broken (see :func:`matches`), worst ratio."""
+    rows: dict[str, list[float]] = defaultdict(lambda: [0, 0, 0, 0, 0.0])
+    for o in outcomes:
+        row = rows[o.point.mode]
+        row[0] += 1
+        row[1] += o.status == "bounded"
+        row[2] += o.status == "refused"
+        row[3] += matches(o) is not None
+        if o.report is not None:
+            row[4] = max(row[4], o.report.max_ratio)
+    lines = [f"{'mode':<9} {'points':>7}  bounded  refused  broken  largest ||S(D) - S(D\\{{s}})|| / C"]
+    for mode, (n, bounded, refused, broken, worst) in sorted(rows.items()):
+        lines.append(f"{mode:<9} {n:>7.0f} {bounded:>8.0f} {refused:>8.0f} {broken:>7.0f}  {worst:.6f}")
+    return "\n".join(lines)

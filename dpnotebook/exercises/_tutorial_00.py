@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dpnotebook.exercises.core import ExerciseFailed, register_check, require
+from dpnotebook.exercises._core import ExerciseFailed, register_check, require
 
 TARGET, DELTA = 2.0, 1e-5
 

@@ -24,10 +24,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from dpnotebook.exercises.core import ExerciseFailed, NotYetSolved, is_stub, register_check, require
+from dpnotebook.exercises._core import ExerciseFailed, pending, register_check, require, spot_slip
 from dpnotebook.privacy.calibration import get_noise_multiplier
-
-__all__ = ["check_noise_on_average"]
 
 N, DELTA = 1438, 1e-5
 CASES = [(64, 2.0, 60, 0.5), (256, 1.0, 40, 1.0), (16, 4.0, 100, 2.0)]  # B, epsilon, steps, C
@@ -48,7 +46,7 @@ def _std(B: int, epsilon: float, steps: int, C: float) -> float:
     "10.noise_on_average",
     todo="write noise_std_at_fixed_steps(batch_size, *, epsilon, steps, C, N, delta); then compute advantage",
 )
-def check_noise_on_average(noise_std_at_fixed_steps: Callable, advantage: Any = None) -> str:
+def check_noise_on_average(noise_std_at_fixed_steps: Callable[..., Any], advantage: Any = None) -> str:
     """Compare with ``sigma * C / B`` for three settings, then the ratio; name the common mistakes."""
     for B, epsilon, steps, C in CASES:
         got = noise_std_at_fixed_steps(B, epsilon=epsilon, steps=steps, C=C, N=N, delta=DELTA)
@@ -58,31 +56,26 @@ def check_noise_on_average(noise_std_at_fixed_steps: Callable, advantage: Any = 
         want = sigma * C / B
         if math.isclose(got, want, rel_tol=0.02):
             continue
-        wrong = {
-            "that is sigma * C: divide by the batch size B (the noise is added to the sum of B gradients)": sigma * C,
-            "that is sigma / B: the noise std on the sum is sigma * C, so on the average sigma * C / B": sigma / B,
-            "that is sigma itself: the noise on the average is sigma * C / B": sigma,
-            "you divided by N: the sum is divided by the expected batch size B = q * N": sigma * C / N,
-            "sigma looks calibrated for `steps` EPOCHS: pass steps=steps to get_noise_multiplier, not epochs=": _sigma(
-                B, epsilon, epochs=steps
-            )
-            * C
-            / B,
-            "sigma looks calibrated for one epoch: the run takes `steps` steps, pass steps=steps": _sigma(
-                B, epsilon, epochs=1
-            )
-            * C
-            / B,
-        }
-        for hint, value in wrong.items():
-            if math.isclose(got, value, rel_tol=0.02):
-                raise ExerciseFailed(hint)
+        slips = [
+            (sigma * C, "that is sigma * C: divide by the batch size B (the noise is added to the sum of B gradients)"),
+            (sigma / B, "that is sigma / B: the noise std on the sum is sigma * C, so on the average sigma * C / B"),
+            (sigma, "that is sigma itself: the noise on the average is sigma * C / B"),
+            (sigma * C / N, "you divided by N: the sum is divided by the expected batch size B = q * N"),
+            (
+                _sigma(B, epsilon, epochs=steps) * C / B,
+                "sigma looks calibrated for `steps` EPOCHS: pass steps=steps to get_noise_multiplier, not epochs=",
+            ),
+            (
+                _sigma(B, epsilon, epochs=1) * C / B,
+                "sigma looks calibrated for one epoch: the run takes `steps` steps, pass steps=steps",
+            ),
+        ]
+        spot_slip(got, slips, want, rel=0.02)
         raise ExerciseFailed(
             f"for B={B}, epsilon={epsilon}, {steps} steps, C={C}: got {got:.4g}, expected sigma*C/B = {want:.4g} "
             f"(sigma = {sigma:.3f} from get_noise_multiplier with sample_rate=B/N and steps={steps})"
         )
-    if is_stub(advantage):
-        raise NotYetSolved("the function is right; now compute advantage = std at B = 64 / std at B = 256")
+    pending(advantage, "the function is right; now compute advantage = std at B = 64 / std at B = 256")
     require(isinstance(advantage, (int, float)), f"advantage should be a number, got {type(advantage).__name__}")
     epsilon, steps, C = QUESTION
     want_ratio = _std(64, epsilon, steps, C) / _std(256, epsilon, steps, C)

@@ -29,7 +29,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from dpnotebook.exercises.core import ENVIRONMENT_VARIABLE, Status, tutorial_prefix
+from dpnotebook.exercises._core import ENVIRONMENT_VARIABLE, Status, tutorial_prefix
 
 TAG = "exercise"
 _BLOCK = re.compile(r"^# %% exercise\s+(\S+)\s*$")

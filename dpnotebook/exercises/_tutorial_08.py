@@ -2,10 +2,10 @@
 
 * ``08.best_threshold``: the student's ``best_threshold(member_scores, nonmember_scores)``
   must reach the largest advantage ``TPR - FPR`` that any threshold reaches on those scores,
-  as :func:`~dpnotebook.audit.roc.attack_roc` computes it, on several score sets.
+  as :func:`~dpnotebook.audit.attack_roc` computes it, on several score sets.
 * ``08.epsilon_for_margin``: the student's ``epsilon_for_margin(margin, delta)`` must give
   the largest epsilon at which *every* ``(epsilon, delta)``-DP training keeps every attacker's
-  advantage within ``margin``: :func:`~dpnotebook.audit.roc.advantage_bound` of the answer
+  advantage within ``margin``: :func:`~dpnotebook.audit.advantage_bound` of the answer
   must equal ``margin``.
 * ``08.epsilon_from_attack``: the student's ``epsilon_from_attack(tp, members, fp, nonmembers, delta)``
   must give the largest epsilon that an attack's counts refute at 95% confidence: the *lower* end of
@@ -15,7 +15,7 @@
   answer itself from ``scipy.stats.beta``; no library function returns it.
 
 >>> import numpy as np
->>> from dpnotebook.audit.roc import attack_roc
+>>> from dpnotebook.audit import attack_roc
 >>> check_best_threshold(lambda m, n: attack_roc(m, n).best_threshold)
 'reaches the best advantage on every score set'
 >>> check_epsilon_for_margin(lambda margin, delta: float(np.log((1 + margin - 2 * delta) / (1 - margin))))
@@ -32,11 +32,8 @@ from collections.abc import Callable
 import numpy as np
 from scipy.stats import beta
 
-from dpnotebook.audit.roc import advantage_bound, attack_roc
-from dpnotebook.audit.tradeoff import gaussian_epsilon
-from dpnotebook.exercises.core import ExerciseFailed, register_check, require
-
-__all__ = ["check_best_threshold", "check_epsilon_for_margin", "check_epsilon_from_attack"]
+from dpnotebook.audit import advantage_bound, attack_roc, gaussian_epsilon
+from dpnotebook.exercises._core import ExerciseFailed, number, register_check, spot_slip
 
 
 def _score_sets() -> list[tuple[np.ndarray, np.ndarray]]:
@@ -61,15 +58,12 @@ def _advantage_at(threshold: float, members: np.ndarray, others: np.ndarray) -> 
 def check_best_threshold(best_threshold: Callable[[np.ndarray, np.ndarray], float]) -> str:
     for members, others in _score_sets():
         t = best_threshold(members.copy(), others.copy())
-        require(
-            isinstance(t, (int, float, np.floating)) and not isinstance(t, bool),
-            f"return one number, the threshold (got {type(t).__name__})",
-        )
+        t = number(t, f"return one number, the threshold (got {type(t).__name__})")
         best = attack_roc(members, others).advantage
-        got = _advantage_at(float(t), members, others)
+        got = _advantage_at(t, members, others)
         if math.isclose(got, best, abs_tol=1e-12):
             continue
-        if math.isclose(_advantage_at(float(t) + 1e-9, members, others), best, abs_tol=1e-12):
+        if math.isclose(_advantage_at(t + 1e-9, members, others), best, abs_tol=1e-12):
             raise ExerciseFailed(
                 "your threshold is one of the scores but counts it on the wrong side: the attacker "
                 "says 'member' when score >= t, so a score equal to t counts as 'member'"
@@ -80,7 +74,7 @@ def check_best_threshold(best_threshold: Callable[[np.ndarray, np.ndarray], floa
                 "members at or above t (TPR) minus the non-members at or above t (FPR)"
             )
         raise ExerciseFailed(
-            f"on one score set your threshold {float(t):.4g} reaches TPR - FPR = {got:.3f}, but "
+            f"on one score set your threshold {t:.4g} reaches TPR - FPR = {got:.3f}, but "
             f"{best:.3f} is possible: try every score as a threshold (and +inf), keep the best"
         )
     return "reaches the best advantage on every score set"
@@ -94,20 +88,17 @@ def check_best_threshold(best_threshold: Callable[[np.ndarray, np.ndarray], floa
 def check_epsilon_for_margin(epsilon_for_margin: Callable[[float, float], float]) -> str:
     for margin in (0.05, 0.1, 0.3, 0.6):
         for delta in (0.0, 1e-5, 1e-3):
-            eps = epsilon_for_margin(margin, delta)
-            require(
-                isinstance(eps, (int, float, np.floating)) and not isinstance(eps, bool) and math.isfinite(eps),
-                f"return one finite number, epsilon (got {eps!r})",
-            )
-            got = advantage_bound(max(float(eps), 0.0), delta)
+            answer = epsilon_for_margin(margin, delta)
+            eps = number(answer, f"return one finite number, epsilon (got {answer!r})", finite=True)
+            got = advantage_bound(max(eps, 0.0), delta)
             if math.isclose(got, margin, rel_tol=1e-4, abs_tol=1e-9):
                 continue
-            if delta > 0 and math.isclose(advantage_bound(max(float(eps), 0.0), 0.0), margin, rel_tol=1e-4):
+            if delta > 0 and math.isclose(advantage_bound(max(eps, 0.0), 0.0), margin, rel_tol=1e-4):
                 raise ExerciseFailed(
                     "right without delta, but delta adds to what an attacker can gain: the bound is "
                     "(e^eps - 1 + 2 delta) / (e^eps + 1); solve it with delta"
                 )
-            if delta > 0 and math.isclose(float(eps), gaussian_epsilon(2 * _gauss_mu(margin), delta), rel_tol=1e-3):
+            if delta > 0 and math.isclose(eps, gaussian_epsilon(2 * _gauss_mu(margin), delta), rel_tol=1e-3):
                 raise ExerciseFailed(
                     "that is the epsilon of the Gaussian mechanism with this best advantage; the "
                     "question is about every (epsilon, delta)-DP training: use the bound "
@@ -119,7 +110,7 @@ def check_epsilon_for_margin(epsilon_for_margin: Callable[[float, float], float]
                 else "too small: a larger epsilon still keeps the advantage within the margin"
             )
             raise ExerciseFailed(
-                f"at margin={margin}, delta={delta} your epsilon {float(eps):.4g} is {side} "
+                f"at margin={margin}, delta={delta} your epsilon {eps:.4g} is {side} "
                 f"(its bound is {got:.4f}, not {margin})"
             )
     return "advantage_bound(epsilon_for_margin(m, d), d) == m for every margin and delta tried"
@@ -182,12 +173,8 @@ def _first_only(tp: int, members: int, fp: int, nonmembers: int, delta: float) -
 )
 def check_epsilon_from_attack(epsilon_from_attack: Callable[[int, int, int, int, float], float]) -> str:
     for tp, n, fp, nn, delta in _ATTACKS:
-        got = epsilon_from_attack(tp, n, fp, nn, delta)
-        require(
-            isinstance(got, (int, float, np.floating)) and not isinstance(got, bool) and not math.isnan(got),
-            f"return one number, epsilon (got {got!r})",
-        )
-        got = float(got)
+        answer = epsilon_from_attack(tp, n, fp, nn, delta)
+        got = number(answer, f"return one number, epsilon (got {answer!r})")
         want = _refuted(tp, n, fp, nn, delta)
         if math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-9):
             continue
@@ -197,7 +184,7 @@ def check_epsilon_from_attack(epsilon_from_attack: Callable[[int, int, int, int,
                 f"{where} you return {got:.4g}: an attack that violates neither inequality refutes nothing, "
                 "and the answer is 0, not a negative epsilon"
             )
-        for mistake, hint in (
+        slips = [
             (
                 _refuted(tp, n, fp, nn, delta, corners="point"),
                 "you used the measured rates tp/members and fp/nonmembers as if they were exact; they are "
@@ -224,10 +211,7 @@ def check_epsilon_from_attack(epsilon_from_attack: Callable[[int, int, int, int,
                 "you used only TPR <= e^eps FPR + delta; an attack with a high TPR at a high FPR violates "
                 "the second inequality, 1 - TPR >= e^-eps (1 - FPR - delta): take the larger of the two",
             ),
-        ):
-            if math.isclose(got, mistake, rel_tol=1e-6, abs_tol=1e-9) and not math.isclose(
-                mistake, want, rel_tol=1e-6, abs_tol=1e-9
-            ):
-                raise ExerciseFailed(f"{where}: {hint}")
+        ]
+        spot_slip(got, slips, want, prefix=f"{where}: ")
         raise ExerciseFailed(f"{where} your epsilon {got:.4g} is not the one the counts refute ({want:.4g})")
     return "the epsilon each attack proves, with intervals on both rates and both inequalities"

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from dpnotebook.exercises.core import ExerciseFailed, NotYetSolved, is_stub, register_check, require
+from dpnotebook.exercises._core import ExerciseFailed, pending, register_check, require
 
 SIGMA, BATCH, N, DELTA = 1.2, 128, 1438, 1e-5
 EPOCHS, RUN_EPOCHS, K = 50, 25, 16
@@ -44,8 +44,7 @@ def check_epsilon_any_k(my_epsilon: Any, steps: Any) -> str:
     """``steps`` and ``my_epsilon`` of the K = 16, 50-epoch run, computed from σ, q and the steps alone."""
     per_epoch = _per_epoch()
     want_steps = EPOCHS * per_epoch
-    if is_stub(steps):
-        raise NotYetSolved(f"count the steps first: {EPOCHS} epochs of len(loader) batches")
+    pending(steps, f"count the steps first: {EPOCHS} epochs of len(loader) batches")
     require(isinstance(steps, int), f"steps = {steps!r}: it should be a whole number of steps")
     if steps == RUN_EPOCHS * per_epoch:
         raise ExerciseFailed(
@@ -62,8 +61,7 @@ def check_epsilon_any_k(my_epsilon: Any, steps: Any) -> str:
             "from that"
         )
     require(steps == want_steps, f"steps = {steps}: the run takes {EPOCHS} epochs of len(loader) batches each")
-    if is_stub(my_epsilon):
-        raise NotYetSolved("steps is right; now compute the ε of that run with dpnotebook.compute_epsilon")
+    pending(my_epsilon, "steps is right; now compute the ε of that run with dpnotebook.compute_epsilon")
     require(isinstance(my_epsilon, float), f"my_epsilon = {my_epsilon!r}: it should be a number (a float)")
     run_epsilon = _epsilon(BATCH / N, RUN_EPOCHS * per_epoch)
     if abs(my_epsilon - run_epsilon) < 1e-6:

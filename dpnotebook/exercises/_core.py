@@ -43,9 +43,11 @@ True
 from __future__ import annotations
 
 import enum
+import math
+import numbers
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from importlib import import_module
 from typing import Any
@@ -110,9 +112,13 @@ class NotYetSolved(Exception):
         self.hint = hint
 
 
+#: A checker: the student's answer (and the notebook's context) in, a sentence or ``None`` out.
+Checker = Callable[..., Any]
+
+
 @dataclass(frozen=True)
 class _Check:
-    function: Callable[..., str | None]
+    function: Checker
     todo: str
 
 
@@ -137,12 +143,12 @@ def tutorial_prefix(exercise_id: str) -> str:
     return _validated_id(exercise_id).split(".", 1)[0]
 
 
-def register_check(exercise_id: str, todo: str = _DEFAULT_TODO) -> Callable[[Callable], Callable]:
+def register_check(exercise_id: str, todo: str = _DEFAULT_TODO) -> Callable[[Checker], Checker]:
     """Decorator registering a checker for ``exercise_id``.
 
     Args:
         exercise_id: ``"NN.name"``; ``NN`` is the tutorial's number (``"03b"`` for a tutorial
-            with a letter). :func:`check` imports ``dpnotebook.exercises.tutorial_NN`` the first
+            with a letter). :func:`check` imports ``dpnotebook.exercises._tutorial_NN`` the first
             time it meets an id with that prefix, so a new tutorial's checkers need only that module.
         todo: What the student should do while the answer is still the stub.
 
@@ -159,21 +165,16 @@ def register_check(exercise_id: str, todo: str = _DEFAULT_TODO) -> Callable[[Cal
     """
     _validated_id(exercise_id)
 
-    def decorator(function: Callable) -> Callable:
+    def decorator(function: Checker) -> Checker:
         _CHECKS[exercise_id] = _Check(function, todo)
         return function
 
     return decorator
 
 
-def unregister_check(exercise_id: str) -> Callable:
+def unregister_check(exercise_id: str) -> Checker:
     """Remove a checker (tests and doctests use it); returns the function removed."""
     return _CHECKS.pop(exercise_id).function
-
-
-def registered_checks() -> list[str]:
-    """The ids registered so far (tutorial modules register theirs when first needed)."""
-    return sorted(_CHECKS)
 
 
 def require(condition: bool, hint: str) -> None:
@@ -183,7 +184,7 @@ def require(condition: bool, hint: str) -> None:
     >>> require(False, "off by one")
     Traceback (most recent call last):
     ...
-    dpnotebook.exercises.core.ExerciseFailed: off by one
+    dpnotebook.exercises._core.ExerciseFailed: off by one
     """
     if not condition:
         raise ExerciseFailed(hint)
@@ -198,10 +199,55 @@ def is_stub(value: Any) -> bool:
     return value is None or value is Ellipsis
 
 
+def pending(value: Any, hint: str) -> None:
+    """Raise :class:`NotYetSolved` with ``hint`` while ``value`` (one part of a multi-part answer) is a stub."""
+    if is_stub(value):
+        raise NotYetSolved(hint)
+
+
+def number(value: Any, hint: str, *, finite: bool = False) -> float:
+    """``value`` as a float if it is a real number (not a bool, not NaN; not inf if ``finite``), else
+    :class:`ExerciseFailed` with ``hint``.
+
+    >>> import numpy as np
+    >>> number(2, "return one number"), number(np.float64(0.5), "return one number")
+    (2.0, 0.5)
+    >>> number("2", "rr_epsilon(0.1) returned '2': return one number")
+    Traceback (most recent call last):
+    ...
+    dpnotebook.exercises._core.ExerciseFailed: rr_epsilon(0.1) returned '2': return one number
+    """
+    real = isinstance(value, numbers.Real) and not isinstance(value, bool) and not math.isnan(value)
+    require(real and (not finite or math.isfinite(value)), hint)
+    return float(value)
+
+
+def close(a: float, b: float, rel: float = 1e-6, abs_tol: float = 1e-12) -> bool:
+    """``math.isclose`` with the checkers' default tolerances."""
+    return math.isclose(a, b, rel_tol=rel, abs_tol=abs_tol)
+
+
+def spot_slip(
+    got: float, slips: Iterable[tuple[float, str]], right: float, *, rel: float = 1e-6, prefix: str = ""
+) -> None:
+    """Raise :class:`ExerciseFailed` with the hint of the first slip whose value ``got`` equals (and ``right`` does not).
+
+    A checker lists the values the common mistakes give, each with the hint that names the mistake.
+
+    >>> spot_slip(4.0, [(4.0, "squared: take the root")], right=2.0, prefix="norm = 4: ")
+    Traceback (most recent call last):
+    ...
+    dpnotebook.exercises._core.ExerciseFailed: norm = 4: squared: take the root
+    """
+    for value, hint in slips:
+        if close(got, value, rel) and not close(value, right, rel):
+            raise ExerciseFailed(prefix + hint)
+
+
 def _lookup(exercise_id: str) -> _Check:
     _validated_id(exercise_id)
     if exercise_id not in _CHECKS:
-        module = f"dpnotebook.exercises.tutorial_{tutorial_prefix(exercise_id)}"
+        module = f"dpnotebook.exercises._tutorial_{tutorial_prefix(exercise_id)}"
         try:
             import_module(module)
         except ModuleNotFoundError as err:
@@ -210,7 +256,7 @@ def _lookup(exercise_id: str) -> _Check:
     if exercise_id not in _CHECKS:
         raise ValueError(
             f"exercise_id={exercise_id!r} has no registered checker. Fix: define it with "
-            f"@register_check({exercise_id!r}) in dpnotebook/exercises/tutorial_{tutorial_prefix(exercise_id)}.py."
+            f"@register_check({exercise_id!r}) in dpnotebook/exercises/_tutorial_{tutorial_prefix(exercise_id)}.py."
         )
     return _CHECKS[exercise_id]
 

@@ -1,20 +1,12 @@
-"""Checks of tutorial 03b (privacy by hand): three privacy quantities, each computed from its formula.
+"""Checks of tutorial 03b (privacy by hand): three privacy quantities, each from its formula.
 
-* ``03b.rr_epsilon``: ``rr_epsilon(p)``, the epsilon of randomized response that reports the truth
-  with probability ``p`` and otherwise a fair coin: ``ln((1 + p) / (1 - p))``.
-* ``03b.classic_sigma``: ``classic_sigma(epsilon, delta, sensitivity)``, the noise std of the
-  classic Gaussian mechanism bound (Dwork & Roth 2014, Theorem A.1),
-  ``sensitivity * sqrt(2 ln(1.25 / delta)) / epsilon``, raising ``ValueError`` where the theorem does
-  not apply (``epsilon`` outside (0, 1)).
-* ``03b.rdp_epsilon``: ``rdp_epsilon(k, sigma, delta)``, the epsilon of ``k`` Gaussian mechanisms
-  (sensitivity 1, noise std ``sigma``) by Rényi DP and the classic conversion
-  ``min over alpha > 1 of k alpha / (2 sigma^2) + ln(1 / delta) / (alpha - 1)`` (Mironov 2017),
-  minimised over every real order.
-
-No library function returns these answers, so none of the exercises is one call: the checkers
-compare with the formulas written here, and recognise the library's neighbouring quantities
-(the exact Gaussian sigma, dp_accounting's tighter conversion, the integer orders of
-:func:`~dpnotebook.privacy.classic_rdp.classic_rdp_epsilon`) to say why they are not the answer.
+``rr_epsilon(p)`` of randomized response (``ln((1 + p) / (1 - p))``); ``classic_sigma(epsilon, delta,
+sensitivity)`` of Theorem A.1 (Dwork & Roth 2014, ``sensitivity sqrt(2 ln(1.25 / delta)) / epsilon``, a
+``ValueError`` outside ``0 < epsilon < 1``); ``rdp_epsilon(k, sigma, delta)``, ``k`` Gaussians composed
+by Rényi DP and converted classically, minimised over every real order (Mironov 2017). No library
+function returns these, so the checks compare with the formulas and recognise the library's
+neighbouring quantities (the exact Gaussian sigma, dp_accounting's tighter conversion, integer
+orders) to say why they are not the answer.
 
 >>> import math
 >>> check_rr_epsilon(lambda p: math.log((1 + p) / (1 - p)) if p < 1 else math.inf)
@@ -27,28 +19,16 @@ compare with the formulas written here, and recognise the library's neighbouring
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Callable
 from typing import Any
 
-from dpnotebook.exercises.core import ExerciseFailed, register_check, require
-
-__all__ = ["check_rr_epsilon", "check_classic_sigma", "check_rdp_epsilon", "exact_gaussian_sigma"]
+from dpnotebook.exercises._core import ExerciseFailed, close, number, register_check, spot_slip
 
 _RR_PS = (0.1, 0.25, 0.5, 0.8, 0.95, 0.0)  # p = 0 last: ln(p / (1 - p)) fails there
 
 
 def _number(value: Any, what: str) -> float:
-    require(
-        isinstance(value, numbers.Real) and not isinstance(value, bool), f"{what} returned {value!r}: return one number"
-    )
-    number = float(value)
-    require(not math.isnan(number), f"{what} returned nan: return one number")
-    return number
-
-
-def _close(a: float, b: float, rel: float = 1e-6) -> bool:
-    return math.isclose(a, b, rel_tol=rel, abs_tol=1e-12)
+    return number(value, f"{what} returned {value!r}: return one number")
 
 
 @register_check(
@@ -61,29 +41,29 @@ def check_rr_epsilon(rr_epsilon: Callable[[float], float]) -> str:
     for p in _RR_PS:
         got = _number(rr_epsilon(p), f"rr_epsilon({p})")
         right = math.log((1 + p) / (1 - p))
-        if _close(got, right):
+        if close(got, right):
             continue
-        if p > 0 and _close(got, math.log(p / (1 - p))):
-            raise ExerciseFailed(
-                f"rr_epsilon({p}) = {got:.3f}: that is ln(p / (1 - p)), the epsilon when the answer that is "
-                "not the truth is always the lie. Here it is a fair coin, which says the truth half the time: "
-                "P(yes | yes) = p + (1 - p) / 2"
-            )
-        if _close(got, (1 + p) / (1 - p)):
-            raise ExerciseFailed(
-                f"rr_epsilon({p}) = {got:.3f} is the likelihood ratio P(yes | yes) / P(yes | no) = e^epsilon; "
-                "epsilon is its natural logarithm"
-            )
-        if _close(got, -right):
-            raise ExerciseFailed(
-                f"rr_epsilon({p}) = {got:.3f} is negative: you divided the smaller probability by the larger. "
-                "epsilon bounds the largest ratio, P(yes | yes) / P(yes | no)"
-            )
-        if p > 0 and (_close(got, right / math.log(10)) or _close(got, right / math.log(2))):
-            raise ExerciseFailed(
-                f"rr_epsilon({p}) = {got:.3f}: that logarithm is in base 10 or 2; epsilon uses the natural "
-                "logarithm (math.log)"
-            )
+        base = "that logarithm is in base 10 or 2; epsilon uses the natural logarithm (math.log)"
+        slips = [
+            (
+                math.log(p / (1 - p)) if p > 0 else math.nan,
+                "that is ln(p / (1 - p)), the epsilon when the answer "
+                "that is not the truth is always the lie. Here it is a fair coin, which says the truth half the "
+                "time: P(yes | yes) = p + (1 - p) / 2",
+            ),
+            (
+                (1 + p) / (1 - p),
+                "the likelihood ratio P(yes | yes) / P(yes | no) = e^epsilon; epsilon is its natural logarithm",
+            ),
+            (
+                -right,
+                "negative: you divided the smaller probability by the larger. epsilon bounds the largest "
+                "ratio, P(yes | yes) / P(yes | no)",
+            ),
+            (right / math.log(10), base),
+            (right / math.log(2), base),
+        ]
+        spot_slip(got, slips, right, prefix=f"rr_epsilon({p}) = {got:.3f}: ")
         raise ExerciseFailed(
             f"rr_epsilon({p}) = {got:.4g}, but P(yes | yes) = {(1 + p) / 2:g} and P(yes | no) = {(1 - p) / 2:g}: "
             "epsilon is the log of the larger of the two ratios between them (write both probabilities first)"
@@ -112,7 +92,7 @@ def exact_gaussian_sigma(epsilon: float, delta: float, sensitivity: float) -> fl
     """
     from scipy.optimize import brentq
 
-    from dpnotebook.audit.tradeoff import gaussian_delta
+    from dpnotebook.audit import gaussian_delta
 
     mu = brentq(lambda m: gaussian_delta(epsilon, m) - delta, 1e-6, 100.0, xtol=1e-12)
     return sensitivity / mu
@@ -132,7 +112,7 @@ def check_classic_sigma(classic_sigma: Callable[[float, float, float], float]) -
         call = f"classic_sigma({epsilon}, {delta}, {sensitivity})"
         got = _number(classic_sigma(epsilon, delta, sensitivity), call)
         right = _classic(epsilon, delta, sensitivity)
-        if _close(got, right):
+        if close(got, right):
             continue
         log_term = math.log(1.25 / delta)
         mistakes = [
@@ -146,11 +126,9 @@ def check_classic_sigma(classic_sigma: Callable[[float, float, float], float]) -
             (math.sqrt(2 * log_term) / epsilon, "σ scales with the sensitivity Δ: multiply by it"),
             (sensitivity**2 * math.sqrt(2 * log_term) / epsilon, "σ scales with Δ, not Δ²"),
         ]
-        for value, hint in mistakes:
-            if _close(got, value) and not _close(value, right):
-                raise ExerciseFailed(f"{call} = {got:.4g}: {hint}")
+        spot_slip(got, mistakes, right, prefix=f"{call} = {got:.4g}: ")
         exact = exact_gaussian_sigma(epsilon, delta, sensitivity)
-        if _close(got, exact, rel=2e-2):
+        if close(got, exact, rel=2e-2):
             raise ExerciseFailed(
                 f"{call} = {got:.4g} is the smallest σ the exact analysis allows (Balle & Wang 2018, what the "
                 f"accountants compute); the exercise asks for the classic bound of Theorem A.1, {right / exact:.2f}× "
@@ -186,7 +164,7 @@ def check_classic_sigma(classic_sigma: Callable[[float, float, float], float]) -
 
 
 def _exact_epsilon(sigma: float) -> float:
-    from dpnotebook.audit.tradeoff import gaussian_epsilon
+    from dpnotebook.audit import gaussian_epsilon
 
     return gaussian_epsilon(1.0 / sigma, 1e-5) if sigma > 0 else math.inf
 
@@ -213,20 +191,20 @@ def check_rdp_epsilon(rdp_epsilon: Callable[[int, float, float], float]) -> str:
         call = f"rdp_epsilon({k}, {sigma}, {delta})"
         got = _number(rdp_epsilon(k, sigma, delta), call)
         right = _rdp_right(k, sigma, delta)
-        if _close(got, right, rel=1e-4):
+        if close(got, right, rel=1e-4):
             continue
-        if k > 1 and _close(got, _rdp_right(1, sigma, delta), rel=1e-3):
+        if k > 1 and close(got, _rdp_right(1, sigma, delta), rel=1e-3):
             raise ExerciseFailed(
                 f"{call} = {got:.4g} is one mechanism's epsilon: the RDP of k compositions is k times one's, "
                 "k α / (2σ²), before you convert"
             )
-        if k > 1 and _close(got, k * _rdp_right(1, sigma, delta), rel=1e-3):
+        if k > 1 and close(got, k * _rdp_right(1, sigma, delta), rel=1e-3):
             raise ExerciseFailed(
                 f"{call} = {got:.4g} = k × one mechanism's epsilon (basic composition, each step paying its own "
                 "ln(1/δ) term): add the RDP curves first, then convert once"
             )
         integer = min(_rdp_classic(k, sigma, delta, a) for a in range(2, 257))
-        if _close(got, integer, rel=1e-4):
+        if close(got, integer, rel=1e-4):
             raise ExerciseFailed(
                 f"{call} = {got:.5g} is the minimum over integer orders; the best order here is "
                 f"α = {1 + sigma * math.sqrt(2 * math.log(1 / delta) / k):.3f}, not an integer: minimise over every "
@@ -245,7 +223,7 @@ def check_rdp_epsilon(rdp_epsilon: Callable[[int, float, float], float]) -> str:
 
 def _tighter_conversions(k: int, sigma: float, delta: float, got: float) -> bool:
     """Whether ``got`` is dp_accounting's RDP epsilon, or the exact epsilon of k Gaussians (μ = √k / σ)."""
-    from dpnotebook.audit.tradeoff import gaussian_epsilon
+    from dpnotebook.audit import gaussian_epsilon
     from dpnotebook.privacy import compute_epsilon
 
     candidates = [
@@ -253,4 +231,4 @@ def _tighter_conversions(k: int, sigma: float, delta: float, got: float) -> bool
         compute_epsilon(noise_multiplier=sigma, sample_rate=1.0, steps=k, delta=delta, accountant="pld"),
         gaussian_epsilon(math.sqrt(k) / sigma, delta),
     ]
-    return any(_close(got, value, rel=1e-2) for value in candidates)
+    return any(close(got, value, rel=1e-2) for value in candidates)

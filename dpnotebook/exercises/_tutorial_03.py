@@ -12,11 +12,12 @@ per-sample gradients and on generated ones, with several fractions, and compares
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from dpnotebook.exercises.core import ExerciseFailed, register_check, require
+from dpnotebook.exercises._core import ExerciseFailed, register_check, require
 
 GRID = [round(0.01 * 1.25**i, 4) for i in range(50)]
 
@@ -38,7 +39,7 @@ def _generated() -> dict[str, Tensor]:
     todo="write smallest_bound(grads, grid, max_fraction): go through the grid "
     "from small to large and return the first C that clips at most max_fraction of the samples",
 )
-def check_clipping_bound(smallest_bound: Callable, grads: Mapping[str, Tensor] | None) -> str:
+def check_clipping_bound(smallest_bound: Callable[..., Any], grads: Mapping[str, Tensor] | None) -> str:
     """The student's search against ``clipping_stats`` on every C of the grid."""
     cases: list[tuple[Mapping[str, Tensor], float]] = [(_generated(), f) for f in (0.5, 0.1, 0.9)]
     if grads is not None:

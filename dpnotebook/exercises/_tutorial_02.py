@@ -1,9 +1,8 @@
-"""Checks of tutorial 02 (write a grad sampler): ``nn.Linear`` as an einsum, then the ``Gate`` layer.
+"""Checks of tutorial 02 (write a grad sampler): ``nn.Linear`` as an einsum, the ``Gate`` layer, a LoRA adapter.
 
-Each check first calls the student's sampler directly on float64 inputs and compares it with
-what the right formula gives, to name the common mistake (a missing ``/K``, a transposed
-result, positions not summed, the chain-rule factor); then it registers the sampler and runs
-:func:`dpnotebook.testing.check_grad_sampler`, which compares with the float64 oracle.
+Each check calls the student's sampler on float64 inputs to name the common mistake (a missing ``/K``,
+a transposed result, positions not summed, the chain-rule factor), then runs
+:func:`dpnotebook.testing.check_grad_sampler` against the float64 oracle.
 
 >>> from dpnotebook.exercises import judge
 >>> from dpnotebook.grad_sample.samplers.linear import linear_grad_sampler
@@ -13,14 +12,14 @@ True
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import cast
+from collections.abc import Callable, Iterable
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
 
 from dpnotebook.errors import GradSamplerMismatch
-from dpnotebook.exercises.core import ExerciseFailed, register_check, require
+from dpnotebook.exercises._core import ExerciseFailed, register_check, require
 from dpnotebook.grad_sample import find_grad_sampler, register_grad_sampler, unregister_grad_sampler
 from dpnotebook.testing import check_grad_sampler
 
@@ -29,7 +28,10 @@ def _same(got: object, want: Tensor) -> bool:
     return isinstance(got, Tensor) and got.shape == want.shape and torch.allclose(got.double(), want, atol=1e-10)
 
 
-def _call(sampler: Callable, layer: nn.Module, x: Tensor, g: Tensor, K: int) -> dict:
+Sampler = Callable[..., Any]
+
+
+def _call(sampler: Sampler, layer: nn.Module, x: Tensor, g: Tensor, K: int) -> dict[Any, Any]:
     result = sampler(layer, [x], g, K)
     require(
         isinstance(result, dict),
@@ -37,6 +39,29 @@ def _call(sampler: Callable, layer: nn.Module, x: Tensor, g: Tensor, K: int) -> 
         "{parameter: per-sample gradients}, e.g. {layer.weight: ..., layer.bias: ...}",
     )
     return result
+
+
+def _registered(sampler: Sampler, layer: nn.Module, name: str, layer_name: str) -> None:
+    entry = find_grad_sampler(layer)
+    require(
+        entry is not None and entry.fn is sampler,
+        f"{name} is not the sampler registered for {layer_name}: "
+        f"decorate it with @register_grad_sampler({layer_name}) and run its cell again",
+    )
+
+
+def _oracle(cases: Iterable[tuple[nn.Module, Tensor, int, bool]]) -> None:
+    """``check_grad_sampler`` on each ``(layer, input, K, batch_first)``; a mismatch is the student's to fix."""
+    try:
+        for layer, x, K, batch_first in cases:
+            check_grad_sampler(layer, x, K=K, batch_first=batch_first)
+    except GradSamplerMismatch as err:
+        raise ExerciseFailed(f"the direct tests pass but the oracle disagrees: {str(err).splitlines()[0]}") from None
+
+
+def _k_times(K: int, *pairs: tuple[Any, Tensor]) -> None:
+    if K > 1 and any(_same(got, want * K) for got, want in pairs):
+        raise ExerciseFailed("K times too large: average the K copies of each sample (divide by K)")
 
 
 class _StudentLinear(nn.Linear):
@@ -54,7 +79,7 @@ def _linear_expected(layer: nn.Linear, x: Tensor, g: Tensor, K: int) -> tuple[Te
     todo="write linear_sampler(layer, activations, backprops, K) with one "
     "torch.einsum for the weight and a sum for the bias; remember the K copies",
 )
-def check_linear_einsum(sampler: Callable) -> str:
+def check_linear_einsum(sampler: Sampler) -> str:
     """The student's ``nn.Linear`` sampler: named mistakes first, then the oracle."""
     layer = nn.Linear(4, 3).double()
     for K, shape in [(1, (5, 4)), (1, (5, 6, 4)), (3, (6, 2, 4))]:
@@ -107,10 +132,10 @@ def check_linear_einsum(sampler: Callable) -> str:
         )
     register_grad_sampler(_StudentLinear)(sampler)
     try:
-        for K, shape, batch_first in [(1, (4, 4), True), (2, (6, 3, 4), True), (2, (5, 6, 4), False)]:
-            check_grad_sampler(_StudentLinear(4, 3), torch.randn(shape), K=K, batch_first=batch_first)
-    except GradSamplerMismatch as err:
-        raise ExerciseFailed(f"the direct tests pass but the oracle disagrees: {str(err).splitlines()[0]}") from None
+        _oracle(
+            (_StudentLinear(4, 3), torch.randn(shape), K, batch_first)
+            for K, shape, batch_first in [(1, (4, 4), True), (2, (6, 3, 4), True), (2, (5, 6, 4), False)]
+        )
     finally:
         unregister_grad_sampler(_StudentLinear)
     return "matches the float64 oracle for K=1 and 2, with and without positions, batch_first=False too"
@@ -124,14 +149,9 @@ def _gate_terms(layer: nn.Module, x: Tensor, g: Tensor, K: int) -> tuple[Tensor,
 
 
 @register_check("02.gate_sampler", todo="derive d loss / d w_j, complete gate_sampler (with K) and run its cell")
-def check_gate_sampler(sampler: Callable, layer_type: type[nn.Module]) -> str:
+def check_gate_sampler(sampler: Sampler, layer_type: type[nn.Module]) -> str:
     """The student's ``Gate`` sampler (``layer_type`` is the notebook's ``Gate`` class)."""
-    entry = find_grad_sampler(layer_type(3))
-    require(
-        entry is not None and entry.fn is sampler,
-        "gate_sampler is not the sampler registered for Gate: "
-        "decorate it with @register_grad_sampler(Gate) and run its cell again",
-    )
+    _registered(sampler, layer_type(3), "gate_sampler", "Gate")
     layer = layer_type(5).double()
     for K in (1, 3):
         x = torch.randn(2 * K, 7, 5, dtype=torch.float64)
@@ -154,17 +174,12 @@ def check_gate_sampler(sampler: Callable, layer_type: type[nn.Module]) -> str:
                 "that is the gradient with respect to sigmoid(w) times sigmoid(w); the "
                 "derivative is sigmoid(w)(1 - sigmoid(w))"
             )
-        if K > 1 and _same(got, right * K):
-            raise ExerciseFailed("K times too large: average the K copies of each sample (divide by K)")
+        _k_times(K, (got, right))
         require(
             _same(got, right),
             "the gradients differ from sum_t g_t x_t σ(w)(1 - σ(w)) / K: check the sum over positions and copies",
         )
-    try:
-        for K in (1, 3):
-            check_grad_sampler(layer_type(5), torch.randn(2 * K, 7, 5), K=K)
-    except GradSamplerMismatch as err:
-        raise ExerciseFailed(f"the direct tests pass but the oracle disagrees: {str(err).splitlines()[0]}") from None
+    _oracle((layer_type(5), torch.randn(2 * K, 7, 5), K, True) for K in (1, 3))
     return "gate_sampler matches the float64 oracle for K=1 and K=3"
 
 
@@ -173,14 +188,9 @@ def check_gate_sampler(sampler: Callable, layer_type: type[nn.Module]) -> str:
     todo="derive the per-sample gradients of A and B (h = A a is what B sees; "
     "Bᵀ g is what reaches A), then complete lora_sampler",
 )
-def check_lora_sampler(sampler: Callable, layer_type: type[nn.Module]) -> str:
+def check_lora_sampler(sampler: Sampler, layer_type: type[nn.Module]) -> str:
     """The student's sampler for a low-rank adapter ``y = W a + B (A a)`` (``layer_type(in, out, rank)``)."""
-    entry = find_grad_sampler(layer_type(4, 3, 2))
-    require(
-        entry is not None and entry.fn is sampler,
-        "lora_sampler is not the sampler registered for LoRALinear: "
-        "decorate it with @register_grad_sampler(LoRALinear) and run its cell again",
-    )
+    _registered(sampler, layer_type(4, 3, 2), "lora_sampler", "LoRALinear")
     layer = layer_type(5, 4, 2).double()
     with torch.no_grad():
         cast(Tensor, layer.B).normal_()  # B = 0 at initialisation would hide a wrong gradient for A
@@ -207,8 +217,7 @@ def check_lora_sampler(sampler: Callable, layer_type: type[nn.Module]) -> str:
             isinstance(got_a, Tensor) and got_a.shape == want_a.shape,
             f"layer.A's per-sample gradients should have shape {list(want_a.shape)} = [B, rank, in]",
         )
-        if K > 1 and (_same(got_a, want_a * K) or _same(got_b, want_b * K)):
-            raise ExerciseFailed("K times too large: average the K copies of each sample (divide by K)")
+        _k_times(K, (got_a, want_a), (got_b, want_b))
         if not _same(got_b, want_b):
             raise ExerciseFailed(
                 "layer.B's gradients are wrong: B is a linear layer whose input is the adapter's "
@@ -219,9 +228,5 @@ def check_lora_sampler(sampler: Callable, layer_type: type[nn.Module]) -> str:
                 "layer.A's gradients are wrong: the backprops reach A through B, as Bᵀ g_t, so "
                 "its gradient is Σ_t (Bᵀ g_t) a_tᵀ"
             )
-    try:
-        for K in (1, 3):
-            check_grad_sampler(layer_type(5, 4, 2), torch.randn(2 * K, 6, 5), K=K)
-    except GradSamplerMismatch as err:
-        raise ExerciseFailed(f"the direct tests pass but the oracle disagrees: {str(err).splitlines()[0]}") from None
+    _oracle((layer_type(5, 4, 2), torch.randn(2 * K, 6, 5), K, True) for K in (1, 3))
     return "lora_sampler matches the float64 oracle for K=1 and K=3"

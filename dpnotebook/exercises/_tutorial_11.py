@@ -16,7 +16,7 @@ slips (ε's added, the wrong kind of composition, the wrong sample rate).
 >>> check_not_public((pre, pre + ft, pre + ft), fine_tune=fine_tune, n_public=716, n_private=722)
 Traceback (most recent call last):
 ...
-dpnotebook.exercises.core.ExerciseFailed: epsilon_disjoint adds the two ε's; but a person in only one part ...
+dpnotebook.exercises._core.ExerciseFailed: epsilon_disjoint adds the two ε's; but a person in only one part ...
 """
 
 from __future__ import annotations
@@ -24,9 +24,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from dpnotebook.exercises.core import ExerciseFailed, NotYetSolved, is_stub, register_check, require
-
-__all__ = ["check_not_public"]
+from dpnotebook.exercises._core import ExerciseFailed, pending, register_check, require
 
 SIGMA_PRE, BATCH_PRE, EPOCHS_PRE, DELTA = 4.0, 64, 20, 1e-5
 
@@ -63,8 +61,7 @@ def check_not_public(answer: Any, fine_tune: Any, n_public: int, n_private: int)
         noise_multiplier=fine_tune.noise_multiplier, sample_rate=q_ft, steps=fine_tune.steps, delta=DELTA
     )
     want_pre, steps_pre = _pretraining(n_public)
-    if is_stub(pre):
-        raise NotYetSolved("start with epsilon_pretrain: compute_epsilon for the pretraining run")
+    pending(pre, "start with epsilon_pretrain: compute_epsilon for the pretraining run")
     require(isinstance(pre, float), f"epsilon_pretrain = {pre!r}: it should be a number (a float)")
     if _close(
         pre,
@@ -81,8 +78,7 @@ def check_not_public(answer: Any, fine_tune: Any, n_public: int, n_private: int)
         f"epsilon_pretrain = {pre:.4g} is not the ε of {EPOCHS_PRE} epochs at σ = {SIGMA_PRE:g} and "
         f"q = {BATCH_PRE}/{n_public}: a Poisson loader runs steps_per_epoch(q) steps per epoch",
     )
-    if is_stub(disjoint):
-        raise NotYetSolved("epsilon_pretrain is right; now epsilon_disjoint")
+    pending(disjoint, "epsilon_pretrain is right; now epsilon_disjoint")
     require(isinstance(disjoint, float), f"epsilon_disjoint = {disjoint!r}: it should be a number (a float)")
     if _close(disjoint, pre + eps_ft):
         raise ExerciseFailed(
@@ -100,8 +96,7 @@ def check_not_public(answer: Any, fine_tune: Any, n_public: int, n_private: int)
         "epsilon_disjoint: each person is in one part, so their ε is that of the one phase that sees them; "
         "the pipeline's guarantee is the worst over all people",
     )
-    if is_stub(same):
-        raise NotYetSolved("epsilon_disjoint is right; now epsilon_same_people")
+    pending(same, "epsilon_disjoint is right; now epsilon_same_people")
     require(isinstance(same, float), f"epsilon_same_people = {same!r}: it should be a number (a float)")
     accountant = create_accountant("pld")
     accountant.step(noise_multiplier=SIGMA_PRE, sample_rate=BATCH_PRE / n_public, num_steps=steps_pre)

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
-from dpnotebook.exercises.core import ExerciseFailed, register_check, require
+from dpnotebook.exercises._core import ExerciseFailed, register_check, require
 
 
 class _LargestTensor(TorchFunctionMode):

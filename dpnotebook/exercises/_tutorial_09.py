@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from dpnotebook.exercises.core import ExerciseFailed, register_check, require
+from dpnotebook.exercises._core import ExerciseFailed, register_check, require
 from dpnotebook.privacy.clipping import clip_and_sum
-
-__all__ = ["check_per_layer_privatize"]
 
 C, SIGMA, EXPECTED = 0.5, 2.0, 8.0  # C != 1 tells sigma from sigma * C; 8 expected vs 6 drawn tells the two apart
 
@@ -47,7 +46,7 @@ def _close(got: list[Tensor], want: list[Tensor]) -> bool:
     return all(torch.allclose(a.to(torch.float64), b, rtol=1e-6, atol=1e-9) for a, b in zip(got, want, strict=True))
 
 
-def _call(fn: Callable, grads: list[Tensor], sigma: float, seed: int) -> list[Tensor]:
+def _call(fn: Callable[..., Any], grads: list[Tensor], sigma: float, seed: int) -> list[Tensor]:
     out = fn(
         [g.clone() for g in grads],
         C=C,
@@ -102,7 +101,7 @@ def _diagnose_clipping(got: list[Tensor], grads: list[Tensor]) -> str:
     todo="write privatize_per_layer: clip each layer to C / sqrt(L), sum, add N(0, (sigma C)^2) "
     "per parameter, divide by expected_batch_size",
 )
-def check_per_layer_privatize(privatize_per_layer: Callable) -> str:
+def check_per_layer_privatize(privatize_per_layer: Callable[..., Any]) -> str:
     """Compare ``privatize_per_layer`` with the library, without noise, then with it."""
     grads = _grads()
     summed = clip_and_sum(grads, max_grad_norm=C, clipping="per_layer").summed

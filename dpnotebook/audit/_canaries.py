@@ -1,0 +1,654 @@
+"""Canaries for a one-run audit, black-box and white-box, and a digits model audited with both.
+
+A canary is a record put in the training set on a fair coin (:func:`draw_inclusion`: fair and
+independent of everything else, as :func:`~dpnotebook.audit.audit_one_run` needs). Input canaries:
+:func:`random_image_canaries` (random black-and-white images with random labels, fitted only by
+memorising them one by one) and :func:`mislabeled_canaries` (real inputs with a wrong label: easy to
+detect, the worst case an input-space audit builds cheaply). Idealised mechanisms, whose true epsilon
+is known: :func:`gaussian_mechanism_scores` (each canary adds ``sensitivity`` to its own coordinate of a
+noisy vector) and :func:`dp_sgd_canary_scores` (a whole DP-SGD run where each canary's clipped
+gradient is a unit vector of its own, present in a step when it is in the data and Poisson-sampled).
+
+*Gradient canaries* (Nasr et al. 2021, 2023; Steinke et al. 2023, Section 6) are white-box: the auditor
+crafts a canary's per-sample gradient, a Dirac (one coordinate of one parameter) or a random unit
+direction. The canary is a row of the training data like any other, sampled with rate ``q``, clipped
+to ``C`` and noised; :meth:`GradientCanaries.inject` writes its gradient into ``grad_sample`` between
+``backward()`` and ``step()``. After every step the released noisy gradient's projection on each
+canary, in units of ``C``, is ``1{sampled} + N(0, sigma^2)`` plus the other records' part for a canary
+in the data, only noise and others for one left out. Scores: ``"sum"`` (their sum over the steps: the
+final update's projection) and ``"steps"`` (the per-step log-likelihood ratio
+``sum_t log(1 - q + q exp((z_t - 1/2) / sigma^2))``, the best test for an attacker who sees each step,
+as the accountant assumes). With Dirac canaries on coordinates no record reaches
+(:func:`unreached_coordinates`), the projections are exactly :func:`dp_sgd_canary_scores`'s; a step
+that skipped its noise or clipped to more than ``C`` shows at once.
+
+:func:`audited_digits_run` trains a small MLP on scikit-learn's digits with random-image canaries
+(and, with ``gradient_canaries=m``, Dirac gradient canaries on the first-layer weights of the pixels
+blank in every digit), without privacy, with DP-SGD at a given sigma (``0`` included) or at a target
+epsilon; then runs the loss-threshold membership attack and both one-run audits, next to the
+accountant's epsilon.
+
+>>> included = draw_inclusion(8, seed=0)
+>>> scores = gaussian_mechanism_scores(included, noise_multiplier=0.0)   # no noise: the scores are the coins
+>>> bool((scores == included).all())
+True
+>>> import dpnotebook
+>>> from dpnotebook.privacy import DPOptimizer
+>>> model = dpnotebook.wrap_model(nn.Linear(4, 1), "hooks")
+>>> canaries = GradientCanaries.dirac(model._module.weight, [0, 1, 2], np.array([True, False, True]))
+>>> opt = DPOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), noise_multiplier=0.0,
+...                   max_grad_norm=1.0, expected_batch_size=3)
+>>> canaries.attach(opt)
+>>> model(torch.zeros(3, 4)).sum().backward()  # one ordinary row, the two canaries in the data (ids 0 and 2)
+>>> canaries.inject(torch.tensor([-1, 0, 2]))
+>>> opt.step()
+>>> canaries.scores("sum").round(4).tolist()   # clipped to C = 1, no noise: 1 for each canary sampled
+[1.0, 0.0, 1.0]
+>>> run = audited_digits_run(noise_multiplier=1.0, members=64, canaries=64, epochs=1, seed=0)
+>>> run.one_run.epsilon <= run.epsilon
+True
+>>> clear = audited_digits_run(noise_multiplier=0.0, members=64, canaries=64, gradient_canaries=200,
+...                            epochs=4, seed=0)
+>>> clear.gradient_audit.epsilon > 2          # no noise: the white-box audit sees it at once
+True
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from dpnotebook.audit._attacks import (
+    AttackROC,
+    OneRunAudit,
+    attack_roc,
+    audit_one_run,
+    calibrated_attack,
+    example_losses,
+    loss_threshold_attack,
+)
+from dpnotebook.device import check_device
+from dpnotebook.grad_sample._engine.accumulation import grad_sample_parts
+from dpnotebook.privacy.arguments import check_noise_multiplier, check_positive_int, check_sample_rate
+
+Array = npt.NDArray[Any]
+
+
+def draw_inclusion(canaries: int, *, seed: int) -> Array:
+    """``canaries`` independent fair coins (``True``: put the canary in the training set), seeded.
+
+    >>> bool((draw_inclusion(10, seed=1) == draw_inclusion(10, seed=1)).all())
+    True
+    """
+    return np.random.default_rng(seed).random(check_positive_int("canaries", canaries)) < 0.5
+
+
+def _coins(included: Array) -> Array:
+    inc = np.asarray(included)
+    if inc.dtype != bool:
+        raise ValueError(f"included has dtype {inc.dtype}: pass booleans from draw_inclusion.")
+    return inc
+
+
+def random_image_canaries(
+    canaries: int,
+    *,
+    shape: tuple[int, ...] = (1, 8, 8),
+    num_classes: int = 10,
+    seed: int = 0,
+    blank: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """``canaries`` images of ``shape`` whose pixels are 0 or 1 on a fair coin, each with a uniform label.
+
+    Nothing in the data predicts their labels: a model gets one right only by memorising it; binary
+    pixels keep them far apart (and from the digits). ``blank`` is a boolean mask of pixels kept at 0
+    (those blank in every digit).
+
+    >>> x, y = random_image_canaries(3)
+    >>> x.shape, y.shape
+    (torch.Size([3, 1, 8, 8]), torch.Size([3]))
+    """
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.rand(canaries, *shape, generator=g) < 0.5).float()
+    if blank is not None:
+        x[:, blank] = 0.0
+    return x, torch.randint(0, num_classes, (canaries,), generator=g)
+
+
+def mislabeled_canaries(inputs: Tensor, targets: Tensor, *, num_classes: int, seed: int) -> tuple[Tensor, Tensor]:
+    """The same inputs, each with a label drawn uniformly among the *other* classes.
+
+    >>> x, y = mislabeled_canaries(torch.zeros(5, 2), torch.tensor([0, 1, 2, 0, 1]), num_classes=3, seed=0)
+    >>> bool((y != torch.tensor([0, 1, 2, 0, 1])).all())
+    True
+    """
+    if num_classes < 2:
+        raise ValueError(f"num_classes={num_classes!r} is invalid: a wrong label needs at least 2 classes.")
+    if (
+        targets.dtype not in (torch.int64, torch.int32)
+        or targets.numel()
+        and (targets.min() < 0 or targets.max() >= num_classes)
+    ):
+        raise ValueError(f"targets must be integer labels in [0, {num_classes}); got dtype {targets.dtype}.")
+    g = torch.Generator().manual_seed(seed)
+    shift = torch.randint(1, num_classes, targets.shape, generator=g)
+    return inputs.clone(), (targets.long() + shift) % num_classes
+
+
+def gaussian_mechanism_scores(
+    included: Array, *, noise_multiplier: float, sensitivity: float = 1.0, seed: int = 0
+) -> Array:
+    """One run of the Gaussian mechanism on the canaries: ``sensitivity * included + N(0, (sigma sensitivity)^2)``.
+
+    ``noise_multiplier`` is sigma in units of the sensitivity (0: no noise, not private); ``seed`` seeds the noise.
+    """
+    inc = _coins(included)
+    sigma = check_noise_multiplier(noise_multiplier)
+    noise = np.random.default_rng(seed).standard_normal(inc.shape) * sigma * sensitivity
+    return sensitivity * inc.astype(float) + noise
+
+
+def dp_sgd_canary_scores(
+    included: Array, *, noise_multiplier: float, sample_rate: float, steps: int, seed: int = 0
+) -> Array:
+    """The canaries' coordinates after ``steps`` DP-SGD steps with C = 1 and gradient canaries.
+
+    Canary ``i`` owns coordinate ``i``, its clipped gradient the unit vector there; in each step it is
+    in the batch with probability ``sample_rate`` if it is in the data, and every coordinate gets noise
+    of std ``noise_multiplier``. Drawn exactly: a binomial count of the steps that sampled the canary
+    plus ``N(0, steps * sigma^2)``.
+
+    >>> included = draw_inclusion(4, seed=0)
+    >>> bool((dp_sgd_canary_scores(included, noise_multiplier=0.0, sample_rate=1.0, steps=3) == 3 * included).all())
+    True
+    """
+    inc = _coins(included)
+    sigma, q = check_noise_multiplier(noise_multiplier), check_sample_rate(sample_rate)
+    steps = check_positive_int("steps", steps)
+    rng = np.random.default_rng(seed)
+    sampled = rng.binomial(steps, q, inc.shape) * inc
+    return sampled + rng.standard_normal(inc.shape) * sigma * math.sqrt(steps)
+
+
+SCORES = ("sum", "steps")
+"""The scores :meth:`GradientCanaries.scores` computes."""
+
+
+def unreached_coordinates(weight: Tensor, inputs: Tensor) -> Tensor:
+    """The flat indices of a first ``nn.Linear`` layer's ``weight`` that no input record reaches.
+
+    The gradient of ``weight[j, i]`` is ``backprop_j * input_i``: zero for every record whose input
+    ``i`` is 0. A Dirac canary there shares its coordinate with no record.
+
+    Args:
+        weight: the layer's weight, ``[out_features, in_features]``.
+        inputs: every training input, ``[records, in_features]`` (or any shape that flattens to it).
+
+    >>> unreached_coordinates(torch.zeros(2, 3), torch.tensor([[1.0, 0.0, 2.0], [0.5, 0.0, 0.0]])).tolist()
+    [1, 4]
+    """
+    if weight.dim() != 2:
+        raise ValueError(f"weight has shape {tuple(weight.shape)}: pass a Linear layer's [out, in] weight.")
+    flat = inputs.reshape(inputs.shape[0], -1)
+    if flat.shape[1] != weight.shape[1]:
+        raise ValueError(
+            f"inputs have {flat.shape[1]} values per record but weight takes {weight.shape[1]}: pass the "
+            "inputs of the layer whose weight this is."
+        )
+    unused = (flat != 0).sum(0) == 0  # [in_features]
+    return unused.expand(weight.shape[0], -1).reshape(-1).nonzero().reshape(-1)
+
+
+class GradientCanaries:
+    """``m`` canaries whose per-sample gradients the auditor writes into one parameter.
+
+    Build them with :meth:`dirac` or :meth:`random`; put one row per *included* canary in the
+    training data, with an id column (``-1`` for ordinary rows, ``i`` for canary ``i``); call
+    :meth:`attach` once, and :meth:`inject` after each ``backward()``.
+
+    Attributes:
+        parameter: where the canaries' gradients live.
+        included: the canaries' coins (:func:`draw_inclusion`).
+        gradient_norm: the norm of each crafted gradient before clipping (default 10: it is clipped).
+        projections: one row per step: the released gradient's projection on each canary, in units of C.
+        sample_rate, noise_multiplier: of the optimizer attached (``q`` is given to :meth:`attach`).
+    """
+
+    def __init__(
+        self,
+        parameter: Tensor,
+        directions: Tensor | None,
+        coordinates: Tensor | None,
+        included: Array,
+        gradient_norm: float,
+    ) -> None:
+        inc = np.asarray(included)
+        if inc.dtype != bool or inc.ndim != 1:
+            raise ValueError(f"included has dtype {inc.dtype} and shape {inc.shape}: pass one boolean coin a canary.")
+        count = directions.shape[0] if directions is not None else int(coordinates.numel())  # type: ignore[union-attr]
+        if count != inc.size:
+            raise ValueError(f"{count} canary directions but {inc.size} coins: pass one coin per canary.")
+        if not (gradient_norm > 0 and math.isfinite(gradient_norm)):
+            raise ValueError(f"gradient_norm={gradient_norm!r} is invalid: it must be a finite number > 0, e.g. 10.")
+        self.parameter = parameter
+        self.directions = directions
+        self.coordinates = coordinates
+        self.included = inc
+        self.gradient_norm = float(gradient_norm)
+        self.projections: list[Array] = []
+        self.sample_rate = math.nan
+        self.noise_multiplier = math.nan
+        self._others: list[Tensor] = []
+
+    @classmethod
+    def dirac(
+        cls,
+        parameter: Tensor,
+        coordinates: Sequence[int] | Tensor,
+        included: Array,
+        *,
+        gradient_norm: float = 10.0,
+    ) -> GradientCanaries:
+        """Canary ``i``'s gradient is ``gradient_norm`` at flat index ``coordinates[i]`` of ``parameter``, 0 elsewhere.
+
+        >>> GradientCanaries.dirac(torch.zeros(2, 2), [0, 0], np.array([True, False]))
+        Traceback (most recent call last):
+        ...
+        ValueError: coordinates repeat an index: two Dirac canaries on one coordinate add up and neither is alone. Fix: pass distinct flat indices.
+        """
+        idx = torch.as_tensor(coordinates, dtype=torch.long).reshape(-1)
+        if idx.numel() and (idx.min() < 0 or idx.max() >= parameter.numel()):
+            raise ValueError(
+                f"coordinates must be flat indices in [0, {parameter.numel()}) of the parameter; "
+                f"got {int(idx.min())}..{int(idx.max())}."
+            )
+        if idx.unique().numel() != idx.numel():
+            raise ValueError(
+                "coordinates repeat an index: two Dirac canaries on one coordinate add up and neither is "
+                "alone. Fix: pass distinct flat indices."
+            )
+        return cls(parameter, None, idx, included, gradient_norm)
+
+    @classmethod
+    def random(cls, parameter: Tensor, included: Array, *, seed: int, gradient_norm: float = 10.0) -> GradientCanaries:
+        """Canary ``i``'s gradient is ``gradient_norm`` times a random unit direction in ``parameter``'s space.
+
+        Random directions are nearly orthogonal only when the parameter has many more coordinates than
+        there are canaries, and they overlap with every record's gradient: a weaker audit than Dirac
+        canaries on coordinates no record reaches.
+
+        >>> c = GradientCanaries.random(torch.zeros(8, 8), np.ones(3, dtype=bool), seed=0)
+        >>> torch.linalg.vector_norm(c.directions, dim=1).round(decimals=5).tolist()
+        [1.0, 1.0, 1.0]
+        """
+        g = torch.Generator().manual_seed(seed)
+        d = torch.randn(np.asarray(included).size, parameter.numel(), generator=g, dtype=torch.float64)
+        d /= torch.linalg.vector_norm(d, dim=1, keepdim=True)
+        return cls(parameter, d, None, included, gradient_norm)
+
+    @property
+    def count(self) -> int:
+        """m, the number of canaries."""
+        return int(self.included.size)
+
+    def attach(self, optimizer: object, *, sample_rate: float = math.nan) -> None:
+        """Read each step's released gradient from this DP optimizer (a step hook).
+
+        Args:
+            optimizer: a :class:`~dpnotebook.privacy.DPOptimizer` over ``parameter``.
+            sample_rate: q of the loader (needed for the ``"steps"`` score only).
+        """
+        from dpnotebook.privacy import DPOptimizer
+
+        if not isinstance(optimizer, DPOptimizer):
+            raise TypeError(
+                f"optimizer is a {type(optimizer).__name__}: gradient canaries audit a DPOptimizer's step. "
+                "Fix: pass the optimizer make_private returned."
+            )
+        if not any(p is self.parameter for p in optimizer.params):
+            raise ValueError("the canaries' parameter is not one the optimizer updates: pass a parameter of its model.")
+        self.sample_rate = float(sample_rate)
+        self.noise_multiplier = float(optimizer.noise_multiplier)
+        self._others = list(optimizer.params)
+        optimizer.attach_step_hook(self._record)
+
+    def _project(self, flat: Tensor) -> Array:
+        if self.coordinates is not None:
+            return flat[self.coordinates].double().numpy()
+        assert self.directions is not None
+        return (self.directions @ flat.double()).numpy()
+
+    def _record(self, optimizer: object) -> None:
+        grad = self.parameter.grad
+        if grad is None:
+            raise RuntimeError("the DP step left no gradient on the canaries' parameter: was it in the optimizer?")
+        scale = 1.0 / optimizer.max_grad_norm  # type: ignore[attr-defined]
+        if optimizer.loss_reduction == "mean":  # type: ignore[attr-defined]
+            # what the step divided by: the expected batch times the backward passes held (1 under Poisson)
+            scale *= optimizer.expected_batch_size * optimizer.accumulated_iterations  # type: ignore[attr-defined]
+        self.projections.append(self._project(grad.detach().reshape(-1).cpu()) * scale)
+
+    def inject(self, canary_ids: Tensor) -> None:
+        """Write the crafted gradients into the rows of ``canary_ids`` that hold a canary (id ``>= 0``).
+
+        Call it after ``backward()`` and before ``optimizer.step()``. The canaries' rows of every other
+        parameter the optimizer updates are zeroed, so a canary's whole gradient is the crafted one.
+
+        Args:
+            canary_ids: one id per row of the batch: ``-1`` for an ordinary record, ``i`` for canary ``i``.
+        """
+        ids = canary_ids.reshape(-1).long().cpu()
+        rows = (ids >= 0).nonzero().reshape(-1)
+        parts = grad_sample_parts(self.parameter)  # one tensor per backward pass since zero_grad
+        held = sum(g.shape[0] for g in parts)
+        if not parts or held != ids.numel():
+            raise RuntimeError(
+                f"the canaries' parameter has grad_sample of {held if parts else None} rows for "
+                f"{ids.numel()} rows: call inject after backward(), with a model wrapped in a mode that forms "
+                "per-sample gradients (hooks, functorch or ew; ghost mode never forms them)."
+            )
+        if rows.numel() == 0:
+            return
+        which = ids[rows]
+        if which.max() >= self.count:
+            raise ValueError(f"canary id {int(which.max())} in the batch, but there are {self.count} canaries.")
+        if not bool(torch.from_numpy(self.included)[which].all()):
+            raise ValueError("a canary left out by its coin is in the batch: put only included canaries in the data.")
+        for gs, at, here in _row_slices(parts, rows):  # written in place into each backward pass's tensor
+            flat = gs.reshape(gs.shape[0], -1)
+            flat[at] = 0
+            if self.coordinates is not None:
+                flat[at, self.coordinates[which[here]].to(flat.device)] = self.gradient_norm
+            else:
+                assert self.directions is not None
+                flat[at] = (self.gradient_norm * self.directions[which[here]]).to(flat)
+        for p in self._others:
+            if p is not self.parameter:
+                for other, at, _ in _row_slices(grad_sample_parts(p), rows):
+                    other[at] = 0
+
+    def scores(self, kind: str = "sum") -> Array:
+        """One score per canary, higher when it looks trained on (see the module's docstring).
+
+        Args:
+            kind: ``"sum"`` (the final update's projection) or ``"steps"`` (every step's likelihood ratio;
+                needs noise and the sample rate given to :meth:`attach`).
+        """
+        if kind not in SCORES:
+            raise ValueError(f"kind={kind!r} is invalid: pass one of {SCORES}.")
+        if not self.projections:
+            raise RuntimeError("no step recorded: call attach(optimizer) before training.")
+        z = np.stack(self.projections)  # [steps, m]
+        if kind == "sum":
+            return z.sum(0)
+        q, sigma = self.sample_rate, self.noise_multiplier
+        if not (0 < q <= 1) or not sigma > 0:
+            raise ValueError(
+                f"the 'steps' score needs noise and the sample rate: got noise_multiplier={sigma}, sample_rate={q}. "
+                "Fix: attach(optimizer, sample_rate=q), or use kind='sum' without noise."
+            )
+        # log(1 - q + q exp(a)) computed stably for large a
+        a = (z - 0.5) / sigma**2
+        return np.logaddexp(math.log1p(-q) if q < 1 else -np.inf, math.log(q) + a).sum(0)
+
+
+def _row_slices(parts: list[Tensor], rows: Tensor) -> list[tuple[Tensor, Tensor, Tensor]]:
+    """``(tensor, its rows among rows, their places in rows)`` for each tensor of a list ``grad_sample``."""
+    out, start = [], 0
+    for g in parts:
+        here = ((rows >= start) & (rows < start + g.shape[0])).nonzero().reshape(-1)
+        if here.numel():
+            out.append((g, (rows[here] - start).to(g.device), here))
+        start += g.shape[0]
+    return out
+
+
+@dataclass
+class AuditedRun:
+    """What one audited training run shows.
+
+    Attributes:
+        model: the trained model (unwrapped).
+        epsilon: the accountant's epsilon at ``delta`` (``inf`` without noise).
+        noise_multiplier: sigma used (``nan`` without privacy).
+        delta: the delta of the accountant and of the audit.
+        train_accuracy, test_accuracy: on the training digits and the held-out digits.
+        attack: the loss-threshold membership attack, training digits against held-out ones.
+        one_run: the canary audit's lower bound on epsilon.
+        included: the canaries' coins.
+        canary_scores: ``-loss`` of each canary.
+        sample_rate, steps: the DP-SGD run's q and number of steps (``nan`` and 0 without privacy), e.g. for
+            :func:`~dpnotebook.audit.pld_tpr`.
+        canaries: ``(inputs, labels)`` of all the canaries, in the order of ``included``.
+        digits: ``((member inputs, labels), (non-member inputs, labels))``, e.g. to slice the attack by class.
+        gradient_canaries: the white-box canaries (``None`` unless asked for, and without privacy).
+        gradient_audit: the one-run bound from their ``"sum"`` score, the final update's projection.
+    """
+
+    model: nn.Module
+    epsilon: float
+    noise_multiplier: float
+    delta: float
+    train_accuracy: float
+    test_accuracy: float
+    attack: AttackROC
+    one_run: OneRunAudit
+    included: Array
+    canary_scores: Array
+    sample_rate: float = math.nan
+    steps: int = 0
+    canaries: tuple[Tensor, Tensor] | None = None
+    digits: tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]] | None = None
+    gradient_canaries: GradientCanaries | None = None
+    gradient_audit: OneRunAudit | None = None
+
+    def gradient_audit_of(self, kind: str = "sum") -> OneRunAudit:
+        """The one-run bound from the gradient canaries' ``kind`` score (see
+        :meth:`GradientCanaries.scores`), at this run's delta and significance.
+
+        Each call is a separate audit at the run's significance: report the one chosen in advance, or
+        split the significance between those reported.
+        """
+        if self.gradient_canaries is None or self.gradient_audit is None:
+            raise ValueError("this run has no gradient canaries: make it with audited_digits_run(gradient_canaries=m).")
+        c = self.gradient_canaries
+        return audit_one_run(
+            c.scores(kind), c.included, delta=self.delta, significance=self.gradient_audit.significance
+        )
+
+    @property
+    def canary_attack(self) -> AttackROC:
+        """The same loss attack on the canaries: those trained on against those left out."""
+        return attack_roc(self.canary_scores[self.included], self.canary_scores[~self.included])
+
+    def calibrated_canary_attack(self, reference_models: list[nn.Module]) -> AttackROC:
+        """The calibrated attack (:func:`~dpnotebook.audit.calibrated_attack`) on the canaries.
+
+        ``reference_models`` must not have trained on these canaries: e.g. the models of runs with
+        other seeds, which drew other canaries.
+        """
+        if self.canaries is None:
+            raise ValueError("this run kept no canaries: make it with audited_digits_run.")
+        x, y = self.canaries
+        keep = torch.from_numpy(self.included)
+        return calibrated_attack(self.model, reference_models, (x[keep], y[keep]), (x[~keep], y[~keep]))
+
+
+def _accuracy(model: nn.Module, x: Tensor, y: Tensor) -> float:
+    with torch.no_grad():
+        return float((model(x).argmax(1) == y).float().mean())
+
+
+def audited_digits_run(
+    *,
+    target_epsilon: float | None = None,
+    noise_multiplier: float | None = None,
+    delta: float = 1e-5,
+    members: int = 500,
+    canaries: int = 1000,
+    gradient_canaries: int = 0,
+    epochs: int = 30,
+    batch_size: int = 128,
+    max_grad_norm: float = 1.0,
+    lr: float | None = None,
+    hidden: int = 256,
+    significance: float = 0.05,
+    seed: int = 0,
+    device: torch.device | str = "cpu",
+) -> AuditedRun:
+    """Train on ``members`` digits plus the included canaries, then attack and audit.
+
+    Args:
+        target_epsilon: train with DP-SGD at the sigma that spends this epsilon in ``epochs``.
+        noise_multiplier: train with DP-SGD at this sigma instead (0: clipped, no noise).
+            With neither, plain Adam (not private).
+        delta: the accountant's and the audit's delta.
+        members: training digits; as many other digits are held out as the non-members.
+        canaries: m, random-pixel canaries, each trained on with probability 1/2.
+        gradient_canaries: white-box Dirac gradient canaries, each in the data with probability 1/2
+            (DP-SGD runs only; at most the first-layer weights of the pixels blank in every digit).
+        epochs: passes over the training set.
+        batch_size: the (expected) batch size.
+        max_grad_norm: C for DP-SGD.
+        lr: learning rate: of Adam without privacy (default 3e-3, fits the training set), of SGD
+            with DP-SGD (default 2.0).
+        hidden: the MLP's hidden width.
+        significance: the audit's chance of being wrong.
+        seed: seeds the model, the coins, the batches and the noise.
+        device: where the model trains (e.g. :func:`dpnotebook.default_device`); the data, the
+            coins and the batches are drawn on the CPU either way, and the attacks and audits
+            run on the CPU after training. The noise comes from a generator on ``device``, so a
+            GPU run repeats itself but does not repeat the CPU run's numbers.
+
+    Raises:
+        ValueError: an invalid argument (both ``target_epsilon`` and ``noise_multiplier``,
+            too many ``members`` or ``gradient_canaries``, a ``device`` this machine lacks).
+    """
+    from dpnotebook.datasets import load_digits_tensors
+    from dpnotebook.models import MLP
+    from dpnotebook.privacy import PrivacyEngine, unwrap_model
+
+    if target_epsilon is not None and noise_multiplier is not None:
+        raise ValueError("both target_epsilon and noise_multiplier given: pass one (or neither for plain SGD).")
+    device = check_device(device)
+    train, _ = load_digits_tensors()
+    x_all, y_all = train.tensors
+    if 2 * members > len(x_all):
+        raise ValueError(f"members={members} is invalid: at most {len(x_all) // 2} (as many digits are held out).")
+    g = torch.Generator().manual_seed(seed)
+    order = torch.randperm(len(x_all), generator=g)
+    x_in, y_in = x_all[order[:members]], y_all[order[:members]]
+    x_out, y_out = x_all[order[members : 2 * members]], y_all[order[members : 2 * members]]
+    blank = (x_all != 0).sum(0) == 0  # pixels no digit uses: the canaries leave them blank too
+    x_can, y_can = random_image_canaries(canaries, seed=seed + 1, blank=blank)
+    included = draw_inclusion(canaries, seed=seed + 2)
+    keep = torch.from_numpy(included)
+    x_train, y_train = torch.cat([x_in, x_can[keep]]), torch.cat([y_in, y_can[keep]])
+
+    torch.manual_seed(seed)
+    mlp = MLP(hidden=hidden)
+    model: nn.Module = mlp
+    private = target_epsilon is not None or noise_multiplier is not None
+    grad_canaries = None
+    if gradient_canaries:
+        if not private:
+            raise ValueError(
+                f"gradient_canaries={gradient_canaries} without DP-SGD: gradient canaries audit the DP step. "
+                "Fix: pass target_epsilon or noise_multiplier (0 for clipping without noise)."
+            )
+        first = mlp.net[1]  # the MLP's first Linear layer
+        assert isinstance(first, nn.Linear)
+        weight = first.weight
+        free = unreached_coordinates(weight, x_train)
+        if gradient_canaries > free.numel():
+            raise ValueError(
+                f"gradient_canaries={gradient_canaries} is invalid: only {free.numel()} first-layer weights are "
+                "reached by no training record. Fix: pass at most that many."
+            )
+        pick = torch.randperm(free.numel(), generator=torch.Generator().manual_seed(seed + 5))[:gradient_canaries]
+        coins = draw_inclusion(gradient_canaries, seed=seed + 6)
+        grad_canaries = GradientCanaries.dirac(weight, free[pick], coins, gradient_norm=10 * max_grad_norm)
+        ids = torch.from_numpy(np.flatnonzero(grad_canaries.included)).long()
+        ids = torch.cat([torch.full((len(y_train),), -1, dtype=torch.long), ids])
+        x_train = torch.cat([x_train, torch.zeros(len(ids) - len(y_train), *x_train.shape[1:])])
+        y_train = torch.cat([y_train, torch.zeros(len(ids) - len(y_train), dtype=torch.long)])
+    else:
+        ids = torch.full((len(y_train),), -1, dtype=torch.long)
+    data = TensorDataset(x_train, y_train, ids)
+    mlp.to(device)
+    optimizer: torch.optim.Optimizer
+    if private:
+        optimizer = torch.optim.SGD(model.parameters(), lr=2.0 if lr is None else lr)
+    else:
+        optimizer = torch.optim.Adam(model.parameters(), lr=3e-3 if lr is None else lr)
+    # private: make_private replaces the shuffle by Poisson sampling, drawn with this generator
+    loader = DataLoader(
+        data, batch_size=batch_size, shuffle=not private, generator=torch.Generator().manual_seed(seed + 3)
+    )
+    epsilon, sigma, sample_rate, steps = math.inf, math.nan, math.nan, 0
+    if private:
+        engine = PrivacyEngine(accountant="pld", secure_mode=False)
+        common: dict[str, Any] = dict(
+            module=model,
+            optimizer=optimizer,
+            data_loader=loader,
+            max_grad_norm=max_grad_norm,
+            noise_generator=torch.Generator(device=device).manual_seed(seed + 4),
+        )
+        if target_epsilon is not None:
+            made = engine.make_private_with_epsilon(
+                target_epsilon=target_epsilon, target_delta=delta, epochs=epochs, **common
+            )
+        else:
+            assert noise_multiplier is not None  # private without a target epsilon
+            made = engine.make_private(noise_multiplier=noise_multiplier, **common)
+        assert len(made) == 3  # no criterion given: (module, optimizer, data_loader)
+        model, dp_optimizer, loader = made
+        optimizer, sigma = dp_optimizer, dp_optimizer.noise_multiplier
+        if grad_canaries is not None:
+            assert engine.sample_rate is not None  # make_private set it
+            grad_canaries.attach(dp_optimizer, sample_rate=float(engine.sample_rate))
+    for _ in range(epochs):
+        for xb, yb, ib in loader:
+            optimizer.zero_grad()
+            if len(yb):
+                nn.functional.cross_entropy(model(xb.to(device)), yb.to(device)).backward()
+                if grad_canaries is not None:
+                    grad_canaries.inject(ib)
+            optimizer.step()
+    if private:
+        assert engine.sample_rate is not None  # make_private set it
+        sample_rate, steps = float(engine.sample_rate), sum(n for _, _, n in engine.accountant.history)
+    if private and sigma > 0:
+        epsilon = engine.get_epsilon(delta)
+    plain = (unwrap_model(model) if private else model).cpu()  # the attacks and audits run on the CPU
+    plain.eval()
+    scores = -example_losses(plain, x_can, y_can).numpy()
+    return AuditedRun(
+        model=plain,
+        epsilon=epsilon,
+        noise_multiplier=sigma,
+        delta=delta,
+        train_accuracy=_accuracy(plain, x_in, y_in),
+        test_accuracy=_accuracy(plain, x_out, y_out),
+        attack=loss_threshold_attack(plain, (x_in, y_in), (x_out, y_out)),
+        one_run=audit_one_run(scores, included, delta=delta, significance=significance),
+        included=included,
+        canary_scores=scores,
+        sample_rate=sample_rate,
+        steps=steps,
+        canaries=(x_can, y_can),
+        digits=((x_in, y_in), (x_out, y_out)),
+        gradient_canaries=grad_canaries,
+        gradient_audit=None
+        if grad_canaries is None
+        else audit_one_run(grad_canaries.scores("sum"), grad_canaries.included, delta=delta, significance=significance),
+    )

@@ -1,0 +1,596 @@
+"""What the sensitivity auditor is run on: layer families, adversarial records, training-loop surfaces.
+
+A friendly batch of Gaussian inputs hides most privacy bugs: norms are moderate, nothing cancels,
+every layer sees the same rows. The cases here are the ones a reviewer of a DP library tries.
+
+*Layer families* (:data:`FAMILIES`): small seeded models, each covering one way a per-sample
+gradient is formed or a model is put together that has broken DP libraries before: a registered
+sampler (``mlp``, ``conv``, ``seq_linear``, ``embedding``, ``norms``), the ``torch.func`` fallback
+(``fallback``), DP recurrent and attention layers (``lstm``, ``attention``), tied and shared modules
+(``tied``, ``shared_parent``), a parameter used outside its layer (``outside_use``), a model that runs
+time-major inside a batch-first input (``time_major``), and a T5-style relative-position bias whose
+``T`` query positions equal the batch's rows (``relative_bias``). A sequence family's sample is
+``[T, ...]`` and its output ``[T, classes]``; time-major (``batch_first=False``) puts rows in dim 1.
+
+*Records* (:data:`RECORDS`): ``gaussian`` (the friendly baseline); ``scale_1e4`` (one sample's
+inputs, or for token ids its targets, times 1e4); ``zero_loss``; ``duplicated`` (two identical
+samples); ``cancelling_copies`` (a sample's ``K`` copies pull in opposite directions);
+``cancelling_positions`` (two positions of one sample with nearly equal large inputs and opposite
+backprops: what breaks Gram-matrix norms in float32). An :class:`AuditCase` is a family with a
+record: the model, the batch of any subset in either layout, and a dot-product loss
+``<output, target>`` run in one or two forward passes before one backward.
+
+*Surfaces* (:data:`SURFACES`): ways of *using* the optimizer that have broken the guarantee around
+the clipped sum: a parameter frozen between ``backward()`` and ``step()``, two DP optimizers on one
+model, a clipping scheduler stepped inside a logical batch. Each runs one real step through the
+public API with σ = 0, ``lr = 1`` and ``loss_reduction="sum"``, so the update *is* the step;
+:func:`audit_surface` measures ``||update(D) - update(D')|| / C`` with ``D'`` keeping the batch and
+setting one sample's loss weight to 0. Each surface must keep that bound or be refused with its
+documented error (:attr:`Surface.refusal`).
+
+>>> case = audit_case("mlp", "scale_1e4")
+>>> x, t = case.batch([0, 2], K=2, batch_first=True)
+>>> tuple(x.shape), tuple(t.shape)
+((4, 6), (4, 3))
+>>> x, t = FAMILIES["embedding"].data(3, 2, torch.Generator().manual_seed(0))
+>>> tuple(x.shape), x.dtype, tuple(t.shape)
+((3, 2, 5), torch.int64, (3, 2, 5, 3))
+>>> report = audit_surface("freeze_after_backward", "hooks")
+Traceback (most recent call last):
+...
+RuntimeError: DP step refused: parameter '0.weight' has requires_grad=False but holds a .grad ...
+>>> surface_matches("freeze_after_backward", "ghost") is None   # ghost keeps the bound (no raw .grad)
+True
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from dpnotebook.audit._sensitivity import SensitivityReport
+from dpnotebook.layers import DPLSTM, DPMultiheadAttention
+from dpnotebook.modes import wrap_model
+from dpnotebook.privacy.ghost_optimizer import optimizer_class
+
+T = 5  # positions of a sequence sample
+
+
+@dataclass(frozen=True)
+class Family:
+    """A model maker and the shapes of one sample.
+
+    Attributes:
+        name: the family's key in :data:`FAMILIES`.
+        make: ``make(batch_first) -> model``.
+        sample: the shape of one row's input (token ids when ``vocab`` is set).
+        out: the shape of one row's output.
+        sequence: rows may be in dim 1 (``batch_first=False``) as well.
+        vocab: ids are drawn from ``range(vocab)`` (``0`` for float inputs).
+        out_batch_first: the output keeps rows in dim 0 in either layout.
+        same_size_neighbours: the neighbour of a batch keeps every sample and sets the
+            removed one's loss weight to 0 (its targets), so that the batch size, which
+            a coincidence of counts may depend on, does not change.
+    """
+
+    name: str
+    make: Callable[[bool], nn.Module]
+    sample: tuple[int, ...]
+    out: tuple[int, ...]
+    sequence: bool = False
+    vocab: int = 0
+    out_batch_first: bool = False
+    same_size_neighbours: bool = False
+
+    @property
+    def layouts(self) -> tuple[bool, ...]:
+        """The ``batch_first`` values the family is audited in."""
+        return (True, False) if self.sequence else (True,)
+
+    def data(self, n: int, K: int, gen: torch.Generator) -> tuple[Tensor, Tensor]:
+        """Friendly data: ``[n, K, *sample]`` inputs and ``[n, K, *out]`` targets (copies differ slightly)."""
+        if self.vocab:
+            x = torch.randint(1, self.vocab, (n, 1, *self.sample), generator=gen).expand(n, K, *self.sample).clone()
+        else:
+            base = torch.randn(n, 1, *self.sample, generator=gen)
+            x = base + 0.1 * torch.randn(n, K, *self.sample, generator=gen)  # K augmented copies
+        return x, torch.randn(n, K, *self.out, generator=gen)
+
+
+class _LSTMHead(nn.Module):
+    def __init__(self, batch_first: bool) -> None:
+        super().__init__()
+        self.lstm = DPLSTM(6, 5, batch_first=batch_first)
+        self.out = nn.Linear(5, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.out(self.lstm(x)[0])
+
+
+class _SelfAttention(nn.Module):
+    def __init__(self, batch_first: bool) -> None:
+        super().__init__()
+        self.attn = DPMultiheadAttention(8, 2, batch_first=batch_first)
+        self.out = nn.Linear(8, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.out(self.attn(x, x, x, need_weights=False)[0])
+
+
+class _Tied(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(11, 6)
+        self.out = nn.Linear(6, 11)
+        self.out.weight = self.emb.weight  # tied: one Parameter, two layers
+
+    def forward(self, idx: Tensor) -> Tensor:
+        return self.out(torch.tanh(self.emb(idx)))
+
+
+class _SharedParent(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        shared = nn.Linear(6, 6)
+        self.a = nn.Sequential(shared, nn.Tanh())  # one module, two parents
+        self.b = nn.Sequential(shared, nn.Tanh())
+        self.head = nn.Linear(6, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(self.b(self.a(x)))
+
+
+class _OutsideUse(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(6, 6)
+        self.head = nn.Linear(6, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = torch.tanh(self.fc(x))
+        return self.head(F.linear(h, self.fc.weight))  # fc.weight used again, outside fc
+
+
+class _TimeMajorInside(nn.Module):
+    """Takes ``[B, T]`` ids and runs time-major inside (``emb(idx.t())``), a common RNN idiom.
+
+    Every layer sees ``T`` rows in dim 0, so a wrapper that trusts dim 0 clips
+    time steps, not samples.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(11, 6)
+        self.out = nn.Linear(6, 3)
+
+    def forward(self, idx: Tensor) -> Tensor:
+        h = torch.tanh(self.emb(idx.t()))  # [T, B, 6]
+        return self.out(h).transpose(0, 1)  # back to [B, T, 3]
+
+
+class _LastStep(nn.Module):
+    """A sequence in either layout in, one output per sample (``[B, classes]``, batch-first) out."""
+
+    def __init__(self, batch_first: bool) -> None:
+        super().__init__()
+        self.batch_first = batch_first
+        self.proj = nn.Linear(6, 5)
+        self.head = nn.Linear(5, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = torch.tanh(self.proj(x))
+        return self.head(h[:, -1] if self.batch_first else h[-1])
+
+
+class RelativeBias(nn.Module):
+    """T5-style self-attention: a relative-position bias table looked up with a ``[T, T]`` bucket matrix.
+
+    The bias (``nn.Embedding(buckets, heads)`` of the ``[T, T]`` relative distances,
+    ``[H, T, T]``) is computed once and broadcast over the batch, as in Hugging Face
+    T5. Its rows are the ``T`` query positions; when ``T`` equals the batch's ``B*K``
+    rows no count can tell them from samples (:mod:`~dpnotebook.grad_sample._engine.provenance`
+    proves them instead).
+
+    >>> RelativeBias()(torch.randint(0, 11, (3, 4))).shape
+    torch.Size([3, 4, 3])
+    """
+
+    def __init__(self, vocab: int = 11, d: int = 8, heads: int = 2, buckets: int = 7, classes: int = 3) -> None:
+        super().__init__()
+        self.heads, self.buckets = heads, buckets
+        self.emb = nn.Embedding(vocab, d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.rel = nn.Embedding(buckets, heads)
+        self.out = nn.Linear(d, classes)
+
+    def forward(self, idx: Tensor) -> Tensor:
+        B, T = idx.shape
+        q, k, v = self.qkv(self.emb(idx)).view(B, T, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+        pos = torch.arange(T, device=idx.device)
+        half = self.buckets // 2
+        buckets = (pos[None, :] - pos[:, None]).clamp(-half, half) + half  # [T, T] relative distances
+        bias = self.rel(buckets).permute(2, 0, 1)  # [H, T, T], shared by the batch
+        scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5 + bias
+        return self.out((scores.softmax(-1) @ v).transpose(1, 2).reshape(B, T, -1))
+
+
+def _conv(batch_first: bool) -> nn.Module:
+    return nn.Sequential(nn.Conv2d(1, 4, 3), nn.GroupNorm(2, 4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 4 * 4, 3))
+
+
+FAMILIES: dict[str, Family] = {
+    f.name: f
+    for f in [
+        Family("mlp", lambda bf: nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3)), (6,), (3,)),
+        Family("conv", _conv, (1, 6, 6), (3,)),
+        Family("norms", lambda bf: nn.Sequential(nn.LayerNorm(6), nn.Linear(6, 3)), (6,), (3,)),
+        Family("fallback", lambda bf: nn.Sequential(nn.Linear(6, 8), nn.PReLU(8), nn.Linear(8, 3)), (6,), (3,)),
+        Family("seq_linear", lambda bf: nn.Linear(64, 64, bias=False), (T, 64), (T, 64), sequence=True),
+        Family(
+            "embedding",
+            lambda bf: nn.Sequential(nn.Embedding(11, 6, padding_idx=0), nn.Linear(6, 3)),
+            (T,),
+            (T, 3),
+            sequence=True,
+            vocab=11,
+        ),
+        Family("lstm", _LSTMHead, (T, 6), (T, 3), sequence=True),
+        Family("attention", _SelfAttention, (T, 8), (T, 3), sequence=True),
+        Family("tied", lambda bf: _Tied(), (T,), (T, 11), sequence=True, vocab=11),
+        Family("shared_parent", lambda bf: _SharedParent(), (6,), (3,)),
+        Family("outside_use", lambda bf: _OutsideUse(), (6,), (3,)),
+        Family("time_major", lambda bf: _TimeMajorInside(), (T,), (T, 3), vocab=11),
+        Family("last_step", _LastStep, (T, 6), (3,), sequence=True, out_batch_first=True),
+        # T = 4 = the audit's samples: at K = 1 the batch's rows equal the query positions
+        Family("relative_bias", lambda bf: RelativeBias(), (4,), (4, 3), vocab=11, same_size_neighbours=True),
+    ]
+}
+
+RECORDS = ("gaussian", "scale_1e4", "zero_loss", "duplicated", "cancelling_copies", "cancelling_positions")
+
+#: Samples in every audited batch.
+NUM_SAMPLES = 4
+#: The most augmented copies a case prepares data for.
+MAX_K = 4
+
+
+def _apply_record(record: str, family: Family, x: Tensor, t: Tensor, gen: torch.Generator) -> tuple[Tensor, Tensor]:
+    """Turn friendly data ``x`` ``[N, MAX_K, ...]`` and targets ``t`` into ``record``'s pattern."""
+    x, t = x.clone(), t.clone()
+    if record == "scale_1e4":
+        if x.is_floating_point():
+            x[1] *= 1e4
+        else:
+            t[1] *= 1e4
+    elif record == "zero_loss":
+        t[0] = 0
+        t[2] = 0
+    elif record == "duplicated":
+        x[1], t[1] = x[0], t[0]
+    elif record == "cancelling_copies":
+        for k in range(MAX_K):  # copies alternate +t, -t, +t, ...; every copy sees the same input
+            x[:, k] = x[:, 0]
+            t[:, k] = t[:, 0] * (1 if k % 2 == 0 else -1)
+    elif record == "cancelling_positions":
+        if not family.sequence:
+            raise ValueError(f"record 'cancelling_positions' needs a sequence family, not {family.name!r}.")
+        if x.is_floating_point():  # positions 0 and 1: nearly equal inputs x 1000, opposite backprops
+            v = torch.randn(x.shape[-1], generator=gen, dtype=x.dtype)
+            x[0, :, 0] = 1000 * v
+            x[0, :, 1] = 1000 * (v + 1e-4 * torch.randn(x.shape[-1], generator=gen, dtype=x.dtype))
+        else:  # equal token ids: index matching must add them before squaring
+            x[0, :, 1] = x[0, :, 0]
+        t[0, :, 1] = -t[0, :, 0] * (1 + 1e-3)
+        t[0, :, 0] *= 1000
+        t[0, :, 1] *= 1000
+    elif record != "gaussian":
+        raise ValueError(f"record={record!r} is unknown; choose one of {RECORDS}.")
+    return x, t
+
+
+def _rows(data: Tensor, indices: list[int], K: int, batch_first: bool) -> Tensor:
+    """The ``K`` copies of each sample in ``indices``, sample-major; time-major (rows in dim 1) unless ``batch_first``."""
+    picked = data[indices, :K]  # [n, K, ...]
+    rows = picked.reshape(len(indices) * K, *picked.shape[2:])
+    return rows if batch_first else rows.transpose(0, 1)
+
+
+def dot_loss_of(output: Tensor, target: Tensor, *, loss_reduction: str, rows: int) -> Tensor:
+    """``<output, target>`` summed, or divided by the batch's ``rows`` for ``loss_reduction="mean"``.
+
+    >>> dot_loss_of(torch.ones(4, 2), torch.ones(4, 2), loss_reduction="mean", rows=4)
+    tensor(2.)
+    """
+    total = (output * target).sum()
+    return total if loss_reduction == "sum" else total / max(rows, 1)
+
+
+@dataclass
+class AuditCase:
+    """One layer family with one record pattern, ready for :func:`~dpnotebook.audit.audit_sensitivity`.
+
+    Attributes:
+        family: the model's :class:`Family`.
+        record: one of :data:`RECORDS`.
+        inputs: ``[N, MAX_K, ...]`` inputs; targets: ``[N, MAX_K, ...]`` targets.
+    """
+
+    family: Family
+    record: str
+    inputs: Tensor
+    targets: Tensor
+
+    @property
+    def name(self) -> str:
+        return f"{self.family.name}/{self.record}"
+
+    @property
+    def num_samples(self) -> int:
+        return self.inputs.shape[0]
+
+    def model(self, batch_first: bool) -> nn.Module:
+        """The family's model, seeded (the same weights on every call)."""
+        torch.manual_seed(0)
+        return self.family.make(batch_first)
+
+    def batch(self, indices: list[int], *, K: int, batch_first: bool) -> tuple[Tensor, Tensor]:
+        """``(inputs, targets)`` of the samples in ``indices``: ``K`` rows each, sample-major.
+
+        A family with ``same_size_neighbours`` keeps every sample in the batch and
+        zeroes the targets (so the loss and its gradient) of those not in ``indices``.
+        """
+        if K > MAX_K:
+            raise ValueError(f"K={K} is more than the {MAX_K} copies a case prepares.")
+        targets = self.targets
+        if self.family.same_size_neighbours:
+            weights = torch.zeros(self.num_samples, dtype=targets.dtype)
+            weights[indices] = 1
+            targets = targets * weights.view(-1, *[1] * (targets.dim() - 1))
+            indices = list(range(self.num_samples))
+        return _rows(self.inputs, indices, K, batch_first), _rows(
+            targets, indices, K, batch_first or self.family.out_batch_first
+        )
+
+    def loss(
+        self, *, loss_reduction: str, batch_first: bool, K: int, passes: int = 1
+    ) -> Callable[[nn.Module, Any], Tensor]:
+        """``loss(model, (x, t))``: the dot loss, over ``passes`` (1 or 2) forward passes before one backward.
+
+        Two passes cut the batch on a sample boundary (a sample's ``K`` rows stay
+        together); each pass's loss is reduced over its own rows, as the wrapper
+        expects of a forward pass.
+        """
+        bd = 0 if batch_first else 1
+        td = 0 if batch_first or self.family.out_batch_first else 1
+
+        def run(model: nn.Module, batch: tuple[Tensor, Tensor]) -> Tensor:
+            x, t = batch
+            rows = x.shape[bd]
+            cut = (rows // K // 2) * K if passes == 2 else rows
+            pieces = [(0, cut), (cut, rows)] if 0 < cut < rows else [(0, rows)]
+            total = None
+            for a, b in pieces:
+                out = model(x.narrow(bd, a, b - a))
+                part = dot_loss_of(out, t.narrow(td, a, b - a), loss_reduction=loss_reduction, rows=b - a)
+                total = part if total is None else total + part
+            assert total is not None  # there is always at least one piece
+            return total
+
+        return run
+
+
+def audit_case(family: str, record: str, *, num_samples: int = NUM_SAMPLES, seed: int = 0) -> AuditCase:
+    """The seeded :class:`AuditCase` of ``family`` (a key of ``FAMILIES``) with ``record``."""
+    if family not in FAMILIES:
+        raise ValueError(f"family={family!r} is unknown; choose one of {sorted(FAMILIES)}.")
+    fam = FAMILIES[family]
+    gen = torch.Generator().manual_seed(seed)
+    x, t = fam.data(num_samples, MAX_K, gen)
+    x, t = _apply_record(record, fam, x, t, gen)
+    return AuditCase(fam, record, x, t)
+
+
+#: The samples of the audited batch; sample 0 is the adversarial one (inputs x 100: a gradient far above C).
+B = 4
+
+#: The clipping bound of the surfaces (every sample is clipped).
+C = 0.01
+
+#: ``step(mode, x, weights) -> (parameter update, the C the step's noise was calibrated to)``.
+Step = Callable[[str, Tensor, Tensor], tuple[Tensor, float]]
+
+
+@dataclass(frozen=True)
+class Surface:
+    """One way of driving a DP step, and the error the library raises if it refuses it.
+
+    Attributes:
+        name: the key in :data:`SURFACES`.
+        description: what the training loop does.
+        step: runs one step; returns the flat parameter update and the ``C`` of its noise.
+        refusal: ``(error type, message pattern)`` the library raises when it refuses the surface.
+    """
+
+    name: str
+    description: str
+    step: Step
+    refusal: tuple[type[BaseException], str]
+
+
+def _model() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2)).double()
+
+
+def _data() -> Tensor:
+    x = torch.randn(B, 4, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    x[0] *= 100.0
+    return x
+
+
+def _loss(model: nn.Module, x: Tensor, weights: Tensor) -> Tensor:
+    """Each sample's loss times its weight, summed (``loss_reduction="sum"``)."""
+    return (weights * model(x).pow(2).sum(-1)).sum()
+
+
+def _flat(model: nn.Module) -> Tensor:
+    return torch.cat([p.detach().flatten().clone() for p in model.parameters()])
+
+
+def _engine_step_setup(
+    mode: str, model: nn.Module, params: list[nn.Parameter], x: Tensor, weights: Tensor
+) -> tuple[nn.Module, Any, DataLoader[Any]]:
+    """``make_private`` over ``params`` with the whole batch as one fixed batch (σ = 0, sum, lr = 1)."""
+    from dpnotebook.privacy import PrivacyEngine
+
+    loader = DataLoader(TensorDataset(x, weights), batch_size=B)
+    engine = PrivacyEngine(secure_mode=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # poisson_sampling=False: the batch is fixed on purpose
+        made = engine.make_private(
+            module=model,
+            optimizer=torch.optim.SGD(params, lr=1.0),
+            data_loader=loader,
+            noise_multiplier=0.0,
+            max_grad_norm=C,
+            grad_sample_mode=mode,
+            loss_reduction="sum",
+            poisson_sampling=False,
+        )
+    assert len(made) == 3  # no criterion given: (module, optimizer, data_loader)
+    return made
+
+
+def freeze_after_backward(mode: str, x: Tensor, weights: Tensor) -> tuple[Tensor, float]:
+    """``backward()``, then ``model[0].weight.requires_grad_(False)``, then ``step()``."""
+    model = _model()
+    wrapped = wrap_model(model, mode, loss_reduction="sum")
+    optimizer = optimizer_class(mode)(
+        torch.optim.SGD(model.parameters(), lr=1.0),
+        noise_multiplier=0.0,
+        max_grad_norm=C,
+        expected_batch_size=1.0,
+        loss_reduction="sum",
+        secure_mode=False,
+    )
+    before = _flat(model)
+    optimizer.zero_grad()
+    _loss(wrapped, x, weights).backward()
+    model[0].weight.requires_grad_(False)
+    optimizer.step()
+    return _flat(model) - before, C
+
+
+def two_make_private(mode: str, x: Tensor, weights: Tensor) -> tuple[Tensor, float]:
+    """``make_private`` twice on one model (one optimizer per half of the parameters), both stepped."""
+    model = _model()
+    first, second = list(model[0].parameters()), list(model[2].parameters())
+    wrapped, opt1, _ = _engine_step_setup(mode, model, first, x, weights)
+    wrapped, opt2, _ = _engine_step_setup(mode, wrapped, second, x, weights)
+    before = _flat(model)
+    opt1.zero_grad()
+    opt2.zero_grad()
+    _loss(wrapped, x, weights).backward()
+    opt1.step()
+    opt2.step()
+    return _flat(model) - before, C
+
+
+def clip_scheduler_in_batch_memory(mode: str, x: Tensor, weights: Tensor) -> tuple[Tensor, float]:
+    """``ExponentialGradClip(gamma=0.5)`` stepped after every physical step of ``BatchMemoryManager``."""
+    from dpnotebook.privacy import BatchMemoryManager
+    from dpnotebook.schedulers import ExponentialGradClip
+
+    model = _model()
+    wrapped, optimizer, loader = _engine_step_setup(mode, model, list(model.parameters()), x, weights)
+    scheduler = ExponentialGradClip(optimizer, gamma=0.5)
+    noise_bounds: list[float] = []
+    optimizer.attach_step_hook(lambda opt: noise_bounds.append(opt.max_grad_norm))
+    before = _flat(model)
+    with BatchMemoryManager(data_loader=loader, max_physical_batch_size=1, optimizer=optimizer) as batches:
+        for xb, wb in batches:
+            optimizer.zero_grad()
+            _loss(wrapped, xb, wb).backward()
+            optimizer.step()
+            scheduler.step()
+    return _flat(model) - before, noise_bounds[-1]
+
+
+#: The surfaces, by name.
+SURFACES: dict[str, Surface] = {
+    s.name: s
+    for s in (
+        Surface(
+            "freeze_after_backward",
+            "a parameter frozen between backward() and step(): its raw .grad must not be applied",
+            freeze_after_backward,
+            (RuntimeError, r"requires_grad=False but holds a \.grad"),
+        ),
+        Surface(
+            "two_make_private",
+            "make_private twice on one model, one optimizer per half of the parameters, both stepped",
+            two_make_private,
+            (RuntimeError, r"already has a DP optimizer"),
+        ),
+        Surface(
+            "clip_scheduler_in_batch_memory",
+            "a clipping scheduler stepped after each physical step of BatchMemoryManager",
+            clip_scheduler_in_batch_memory,
+            (RuntimeError, r"changed while a logical batch is accumulated"),
+        ),
+    )
+}
+
+
+def audit_surface(name: str, mode: str) -> SensitivityReport:
+    """``||update(D) - update(D')|| / C`` for every sample, ``D'``: that sample's loss weight set to 0.
+
+    Args:
+        name: a key of :data:`SURFACES`.
+        mode: a grad-sample mode (:func:`dpnotebook.available_modes`).
+
+    Returns:
+        A :class:`~dpnotebook.audit.SensitivityReport` (``movers`` name no parameter here).
+        An error the library raises (a refusal) propagates.
+
+    Raises:
+        KeyError: ``name`` is not a surface; the message lists them.
+    """
+    if name not in SURFACES:
+        raise KeyError(f"surface {name!r} is unknown; choose one of {sorted(SURFACES)}.")
+    surface = SURFACES[name]
+    x = _data()
+    full, bound = surface.step(mode, x, torch.ones(B, dtype=torch.float64))
+    report = SensitivityReport({"surface": name, "mode": mode, "C": bound})
+    for s in range(B):
+        weights = torch.ones(B, dtype=torch.float64)
+        weights[s] = 0.0
+        update, _ = surface.step(mode, x, weights)
+        report.ratios.append(float((full - update).norm()) / bound)
+        report.movers.append("all parameters")
+    return report
+
+
+def surface_matches(name: str, mode: str) -> str | None:
+    """``None`` if the surface is refused with its documented error or keeps the bound in ``mode``, else what broke.
+
+    Args:
+        name: a key of :data:`SURFACES`.
+        mode: a grad-sample mode.
+    """
+    types, pattern = SURFACES[name].refusal
+    try:
+        report = audit_surface(name, mode)
+    except types as error:
+        return None if re.search(pattern, str(error)) else f"refused with {error!r}; expected /{pattern}/"
+    except Exception as error:  # noqa: BLE001 - any other error is a finding to report, not a crash
+        return f"raised {type(error).__name__}: {error}"
+    return None if report.ok() else f"sensitivity over C:\n{report}"

@@ -1,0 +1,386 @@
+"""The sensitivity auditor: how far can one sample move a DP-SGD step?
+
+DP-SGD's guarantee rests on one property of the clipped sum ``S(D) = sum over b in D of clip_C(g_b)``:
+adding or removing any one sample ``s`` changes it by a vector of norm at most ``C``. The noise is
+calibrated to exactly that bound, so a step where one sample moves ``S`` by ``2C`` spends far more
+privacy than the accountant says.
+
+The auditor measures the property with the library's own step: the model is wrapped in the chosen
+mode, that mode's DP optimizer is built with ``noise_multiplier=0`` and ``expected_batch_size=1`` (so
+``p.grad`` after ``add_noise()`` *is* ``S``), and for every sample it computes
+``||S(D) - S(D without s)||`` over all parameters together. Nothing is re-implemented: a bug in a grad
+sampler, in ghost norms, in row bookkeeping or in clipping shows up here.
+
+A bug can also keep the bound and still be wrong: a per-sample gradient that misses part of a
+sample's gradient (a parameter used outside its layer) or counts a layer twice is clipped like any
+other. So ``S(D)`` is also compared with the *definition* ``S_ref(D)``: each sample's gradient taken
+alone, in float64, on the plain model, clipped by :func:`~dpnotebook.privacy.clip_and_sum`
+(:func:`reference_clipped_sum`, :attr:`SensitivityReport.reference_gap`).
+
+>>> import torch
+>>> from torch import nn
+>>> data = torch.randn(4, 3)
+>>> report = audit_sensitivity(
+...     nn.Linear(3, 2), batch=lambda idx: data[idx],
+...     loss=lambda model, x: model(x).pow(2).sum(), num_samples=4,
+...     mode="hooks", loss_reduction="sum", max_grad_norm=0.1)
+>>> report.ok(), report.reference_gap < 1e-5
+(True, True)
+>>> print(report.table())                                # doctest: +ELLIPSIS
+sensitivity audit: mode=hooks K=1 loss_reduction=sum batch_first=True clipping=flat C=0.1
+sample  ||S(D) - S(D\\{s})|| / C  parameter moved most
+     0 ...
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from dpnotebook.modes import wrap_model
+from dpnotebook.privacy.engine_inputs import as_wrapper, unwrap_model
+from dpnotebook.privacy.ghost_optimizer import optimizer_class
+from dpnotebook.privacy.layer_bounds import check_layer_bounds, total_bound
+from dpnotebook.testing import clean_copy
+
+#: ``batch(indices)``: the batch holding those samples (each sample's ``K`` rows, sample-major).
+MakeBatch = Callable[[list[int]], Any]
+#: ``loss(model, batch)``: the loss to call ``backward()`` on.
+LossOf = Callable[[nn.Module, Any], Tensor]
+
+#: The relative slack allowed above C: rounding of the clipped sums, nothing more.
+TOLERANCE = 1e-5
+#: The slack for a model run in float32: batched float32 kernels round the *other* samples' gradients
+#: differently when the batch changes (docs/guarantees.md, "Float32 and batched kernels"), so
+#: ``S(D) - S(D')`` carries rounding of the whole sum, not of one sample's part. On records whose
+#: positions cancel, the grid measured up to ``1 + 1.03e-5`` (about 90 float32 ulps) in every mode,
+#: ``functorch`` included; 1e-4 is about 840 ulps.
+FLOAT32_TOLERANCE = 1e-4
+
+
+@dataclass
+class SensitivityReport:
+    """What :func:`audit_sensitivity` measured.
+
+    Attributes:
+        setting: the mode, ``K``, loss reduction, layout, clipping and ``C`` audited.
+        ratios: for each sample ``s``, ``||S(D) - S(D without s)|| / C`` (``inf`` if non-finite).
+        movers: for each sample, the parameter whose part of the difference was largest.
+        nonfinite: the clipped sum of some subset held a NaN or an inf.
+        reference_gap: ``||S(D) - S_ref(D)|| / C`` (``None`` if not asked for).
+    """
+
+    setting: dict[str, Any]
+    ratios: list[float] = field(default_factory=list)
+    movers: list[str] = field(default_factory=list)
+    nonfinite: bool = False
+    reference_gap: float | None = None
+
+    @property
+    def max_ratio(self) -> float:
+        """The largest ratio to ``C`` over all samples (0.0 for an empty batch)."""
+        return max(self.ratios, default=0.0)
+
+    @property
+    def worst_sample(self) -> int | None:
+        """The index of the sample that moved the sum most (``None`` for an empty batch)."""
+        return max(range(len(self.ratios)), key=self.ratios.__getitem__) if self.ratios else None
+
+    def ok(self, tolerance: float = TOLERANCE) -> bool:
+        """Every sample moved the sum by at most ``C * (1 + tolerance)``, and nothing was NaN or inf."""
+        return not self.nonfinite and self.max_ratio <= 1 + tolerance
+
+    def table(self) -> str:
+        """A readable table: one row per sample, the worst marked."""
+        head = " ".join(f"{k}={v}" for k, v in self.setting.items())
+        lines = [f"sensitivity audit: {head}", "sample  ||S(D) - S(D\\{s})|| / C  parameter moved most"]
+        for i, (r, name) in enumerate(zip(self.ratios, self.movers, strict=True)):
+            mark = "  <- over C" if not r <= 1 + TOLERANCE else ""
+            lines.append(f"{i:>6}  {r:>22.6f}  {name}{mark}")
+        if self.nonfinite:
+            lines.append("a clipped sum held NaN or inf")
+        if self.reference_gap is not None:
+            lines.append(f"||S(D) - S_ref(D)|| / C = {self.reference_gap:.3g} (S_ref: each sample alone, float64)")
+        if not self.ratios:
+            lines.append("(no samples)")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+def _to64(batch: Any) -> Any:
+    if isinstance(batch, Tensor):
+        return batch.to(torch.float64) if batch.is_floating_point() else batch
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(_to64(b) for b in batch)
+    if isinstance(batch, dict):
+        return {k: _to64(v) for k, v in batch.items()}
+    return batch
+
+
+def reference_clipped_sum(
+    model: nn.Module,
+    *,
+    batch: MakeBatch,
+    loss: LossOf,
+    num_samples: int,
+    K: int,
+    loss_reduction: str,
+    clipping: str,
+    max_grad_norm: float | list[float],
+) -> list[Tensor]:
+    """``S_ref(D)``: every sample's gradient on its own (its ``K`` rows alone), in float64, clipped and summed.
+
+    No grad sampler, wrapper or row bookkeeping is involved. A sample's gradient is the mean over its
+    copies of each copy's loss gradient (the gradient of ``loss`` on its rows, divided by ``K`` for
+    ``loss_reduction="sum"``). Returns one tensor per trainable parameter of ``model``, in order.
+
+    >>> data = torch.randn(3, 2)
+    >>> ref = reference_clipped_sum(
+    ...     nn.Linear(2, 1), batch=lambda idx: data[idx], loss=lambda model, x: model(x).sum(),
+    ...     num_samples=3, K=1, loss_reduction="sum", clipping="flat", max_grad_norm=1e6)
+    >>> [r.dtype for r in ref], torch.allclose(ref[1], torch.tensor([3.0], dtype=torch.float64))
+    ([torch.float64, torch.float64], True)
+    """
+    from dpnotebook.privacy import clip_and_sum
+
+    plain = clean_copy(model).to(torch.float64)
+    params = [p for p in plain.parameters() if p.requires_grad]
+    per_sample: list[list[Tensor]] = [[] for _ in params]
+    for i in range(num_samples):
+        value = loss(plain, _to64(batch([i])))
+        grads = torch.autograd.grad(value, params, allow_unused=True)
+        for rows, p, g in zip(per_sample, params, grads, strict=True):
+            g = torch.zeros_like(p) if g is None else g
+            rows.append(g / K if loss_reduction == "sum" else g)
+    if not num_samples:
+        return [torch.zeros_like(p) for p in params]
+    stacked = [torch.stack(rows) for rows in per_sample]
+    return clip_and_sum(stacked, max_grad_norm=max_grad_norm, clipping=clipping).summed
+
+
+def clipped_sum(wrapped: nn.Module, optimizer: Any, loss: LossOf, pieces: list[Any]) -> list[Tensor]:
+    """``S``: a forward/backward with ``loss`` on each piece of one logical batch, then the optimizer's clip-and-sum.
+
+    Every piece but the last is clipped by ``optimizer.virtual_step()``, as ``BatchMemoryManager`` does;
+    the noise multiplier must be 0. Returns one float64 tensor per parameter of ``optimizer.params``.
+    """
+    optimizer.zero_grad()
+    for i, batch in enumerate(pieces):
+        value = loss(wrapped, batch)
+        if value is not None:
+            value.backward()
+        if i < len(pieces) - 1:
+            optimizer.virtual_step()
+    optimizer.add_noise()
+    sums = [p.grad.detach().to(torch.float64).clone() for p in optimizer.params]
+    optimizer.zero_grad()
+    return sums
+
+
+def _audit(
+    model: nn.Module,
+    setting: dict[str, Any],
+    make_optimizer: Callable[[type, list[nn.Parameter]], Any],
+    batches_of: Callable[[list[int]], list[Any]],
+    *,
+    batch: MakeBatch,
+    loss: LossOf,
+    num_samples: int,
+    C: float,
+    reference: bool,
+) -> SensitivityReport:
+    """Wrap a clean copy of ``model``, then ``||S(D) - S(D without s)|| / C`` for every ``s`` and the reference gap.
+
+    ``make_optimizer(mode's DP optimizer class, params)`` builds the σ = 0 optimizer;
+    ``batches_of(indices)`` gives the pieces (or this rank's share) holding those samples.
+    """
+    K, loss_reduction = setting["K"], setting["loss_reduction"]
+    wrapped = wrap_model(
+        clean_copy(model), setting["mode"], K=K, batch_first=setting["batch_first"], loss_reduction=loss_reduction
+    )
+    as_wrapper(wrapped).allow_grad_accumulation()  # a loss may run several forward passes before its backward
+    params = [p for p in unwrap_model(wrapped).parameters() if p.requires_grad]
+    optimizer = make_optimizer(optimizer_class(getattr(wrapped, "grad_sample_mode", "hooks")), params)
+    report = SensitivityReport(setting)
+    names = {id(p): n for n, p in unwrap_model(wrapped).named_parameters()}
+    movers = [names.get(id(p), "?") for p in optimizer.params]
+    everyone = list(range(num_samples))
+    full = clipped_sum(wrapped, optimizer, loss, batches_of(everyone))
+    report.nonfinite = not all(bool(torch.isfinite(s).all()) for s in full)
+    for s in everyone:
+        without = clipped_sum(wrapped, optimizer, loss, batches_of([i for i in everyone if i != s]))
+        parts = [(a - b).norm() for a, b in zip(full, without, strict=True)]
+        total = float(torch.stack(parts).norm()) if parts else 0.0
+        finite = math.isfinite(total)
+        report.nonfinite |= not finite
+        report.ratios.append(total / C if finite else math.inf)
+        worst = max(range(len(parts)), key=lambda i: float(parts[i].nan_to_num(math.inf))) if parts else None
+        report.movers.append(movers[worst] if worst is not None else "-")
+    as_wrapper(wrapped).to_standard_module()
+    if reference:
+        ref = reference_clipped_sum(
+            model,
+            batch=batch,
+            loss=loss,
+            num_samples=num_samples,
+            K=K,
+            loss_reduction=loss_reduction,
+            clipping=setting["clipping"],
+            max_grad_norm=setting["C"],
+        )
+        gap = torch.stack([(a - b).norm() for a, b in zip(full, ref, strict=True)]).norm() if ref else torch.tensor(0.0)
+        report.reference_gap = float(gap) / C
+    return report
+
+
+def audit_sensitivity(
+    model: nn.Module,
+    *,
+    batch: MakeBatch,
+    loss: LossOf,
+    num_samples: int,
+    mode: str = "hooks",
+    K: int = 1,
+    loss_reduction: str = "mean",
+    batch_first: bool = True,
+    clipping: str = "flat",
+    max_grad_norm: float | list[float] = 1.0,
+    reference: bool = True,
+    physical_batch_size: int | None = None,
+) -> SensitivityReport:
+    """Measure ``max_s ||S(D) - S(D without s)|| / C`` with the library's real DP step (σ = 0).
+
+    Args:
+        model: the model; a clean copy is wrapped, so ``model`` itself is not touched.
+        batch: ``batch(indices)`` returns the batch holding those samples (each sample's ``K`` rows,
+            sample-major, in the layout ``batch_first`` says).
+        loss: ``loss(wrapped_model, batch)`` runs the forward pass(es) and returns the loss to call
+            ``backward()`` on (reduced as ``loss_reduction`` says).
+        num_samples: ``B``, the samples in the full batch ``D``.
+        mode: a grad-sample mode (:func:`dpnotebook.available_modes`).
+        K: augmented copies per sample.
+        loss_reduction: ``"mean"`` or ``"sum"``.
+        batch_first: rows in dim 0 (``True``) or dim 1.
+        clipping: ``"flat"`` or ``"per_layer"``.
+        max_grad_norm: ``C`` (or, with ``clipping="per_layer"``, one bound per parameter; ``C`` is their total).
+        reference: also compute ``reference_gap`` against :func:`reference_clipped_sum`.
+        physical_batch_size: feed each logical batch in pieces of at most this many samples, clipping
+            all but the last with ``virtual_step`` (as ``BatchMemoryManager`` does).
+
+    Returns:
+        A :class:`SensitivityReport`. Errors raised by the library (a refused model or input)
+        propagate: a clear error is an acceptable outcome, a silent wrong sum is not.
+    """
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 0:
+        raise ValueError(f"num_samples={num_samples!r} is invalid: pass the number of samples B (an int >= 0).")
+    if physical_batch_size is not None and (not isinstance(physical_batch_size, int) or physical_batch_size < 1):
+        raise ValueError(
+            f"physical_batch_size={physical_batch_size!r} is invalid: pass an int >= 1, or None for one piece."
+        )
+    setting = dict(
+        mode=mode, K=K, loss_reduction=loss_reduction, batch_first=batch_first, clipping=clipping, C=max_grad_norm
+    )
+
+    def make_optimizer(cls: type, params: list[nn.Parameter]) -> Any:
+        return cls(
+            torch.optim.SGD(params, lr=0.0),
+            noise_multiplier=0.0,
+            max_grad_norm=max_grad_norm,
+            expected_batch_size=1.0,
+            loss_reduction=loss_reduction,
+            clipping=clipping,
+            secure_mode=False,
+        )
+
+    def pieces(indices: list[int]) -> list[Any]:
+        size = physical_batch_size or max(len(indices), 1)
+        return [batch(indices[i : i + size]) for i in range(0, max(len(indices), 1), size)]
+
+    C = total_bound(check_layer_bounds(max_grad_norm, clipping))  # a list of per-layer bounds: their total
+    return _audit(
+        model,
+        setting,
+        make_optimizer,
+        pieces,
+        batch=batch,
+        loss=loss,
+        num_samples=num_samples,
+        C=C,
+        reference=reference,
+    )
+
+
+def audit_sensitivity_across_ranks(
+    model: nn.Module,
+    *,
+    batch: MakeBatch,
+    loss: LossOf,
+    num_samples: int,
+    mode: str = "hooks",
+    K: int = 1,
+    loss_reduction: str = "mean",
+    batch_first: bool = True,
+    clipping: str = "flat",
+    max_grad_norm: float = 1.0,
+    reference: bool = True,
+) -> SensitivityReport:
+    """:func:`audit_sensitivity` in every process of a ``torch.distributed`` group, on the all-reduced sum.
+
+    Sample ``i`` lives on rank ``i % world_size``, as the distributed sampler places it. For ``D`` and
+    every ``D`` without ``s``, each rank clips its own samples with the library's distributed DP
+    optimizer (σ = 0) and the all-reduce gives ``S``; the report is the same on every rank. Its
+    ``reference_gap`` shows a rank whose sum were lost or counted twice even where the ratios stay
+    below 1. Arguments as :func:`audit_sensitivity`; ``model`` must be the same on every rank and
+    ``batch(indices)`` takes global indices (it may get an empty list). See tests/distributed.
+
+    Raises:
+        RuntimeError: ``torch.distributed`` is not initialised.
+    """
+    from dpnotebook.privacy.distributed import distributed_optimizer_class
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError("audit_sensitivity_across_ranks needs torch.distributed initialised in every rank.")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    setting = dict(
+        mode=mode,
+        K=K,
+        loss_reduction=loss_reduction,
+        batch_first=batch_first,
+        clipping=clipping,
+        C=max_grad_norm,
+        world_size=world,
+    )
+
+    def make_optimizer(cls: type, params: list[nn.Parameter]) -> Any:
+        return distributed_optimizer_class(cls)(
+            torch.optim.SGD(params, lr=0.0),
+            noise_multiplier=0.0,
+            max_grad_norm=max_grad_norm,
+            expected_batch_size=1.0,
+            loss_reduction=loss_reduction,
+            clipping=clipping,
+            secure_mode=False,
+        )
+
+    def local(indices: list[int]) -> list[Any]:
+        return [batch([i for i in indices if i % world == rank])]
+
+    return _audit(
+        model,
+        setting,
+        make_optimizer,
+        local,
+        batch=batch,
+        loss=loss,
+        num_samples=num_samples,
+        C=max_grad_norm,
+        reference=reference,
+    )
