@@ -5,7 +5,7 @@
 * :mod:`~dpnotebook.grad_sample.samplers`: one small file per layer family (its
   formula and ``K`` folding), its ghost-mode norm sampler beside it;
 * :mod:`~dpnotebook.grad_sample.ghost`: ghost mode (norms and clipped sums without
-  per-sample gradients) and the open registry of norm samplers;
+  per-sample gradients); the open registry of norm samplers is in ``_contracts``;
 * :mod:`~dpnotebook.grad_sample.fast`: what the samplers do for speed, behind one seam.
 
 Modules of the old flat layout still import from their old paths for one
@@ -15,6 +15,7 @@ release (:mod:`~dpnotebook.grad_sample.moved`).
 from types import ModuleType
 
 from dpnotebook.grad_sample import moved, samplers  # noqa: F401  (importing samplers fills the registry)
+from dpnotebook.grad_sample._contracts import materialise, register_norm_sampler, unregister_norm_sampler
 from dpnotebook.grad_sample.engine.gsm_no_op import GradSampleModuleNoOp
 from dpnotebook.grad_sample.engine.module import GradSampleModule, plan_units
 from dpnotebook.grad_sample.engine.registry import (
@@ -23,13 +24,14 @@ from dpnotebook.grad_sample.engine.registry import (
     registered_layer_types,
     unregister_grad_sampler,
 )
-from dpnotebook.grad_sample.ghost.registry import register_norm_sampler, unregister_norm_sampler
+from dpnotebook.grad_sample.ghost._wrapper import GhostGradSampleModule
 
 moved.install()
 
 __all__ = [
     "GradSampleModule",
     "GradSampleModuleNoOp",
+    "GhostGradSampleModule",
     "plan_units",
     "register_grad_sampler",
     "unregister_grad_sampler",
@@ -37,6 +39,7 @@ __all__ = [
     "registered_layer_types",
     "register_norm_sampler",
     "unregister_norm_sampler",
+    "materialise",
 ]
 
 

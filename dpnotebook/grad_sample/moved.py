@@ -11,9 +11,9 @@ and warns once with that path.
 ...     warnings.simplefilter("always")
 ...     from dpnotebook.grad_sample.ghost_registry import register_norm_sampler
 >>> register_norm_sampler.__module__
-'dpnotebook.grad_sample.ghost.registry'
+'dpnotebook.grad_sample._contracts'
 >>> print(caught[0].message)
-dpnotebook.grad_sample.ghost_registry moved to dpnotebook.grad_sample.ghost.registry; import it from there (the old path goes in 0.2)
+dpnotebook.grad_sample.ghost_registry moved to dpnotebook.grad_sample._contracts; import it from there (the old path goes in 0.2)
 """
 
 from __future__ import annotations
@@ -28,23 +28,24 @@ import warnings
 _ENGINE = ["accumulation", "batch_rows", "expanded_weights", "functorch_fallback", "gsm_no_op", "hooks", "module"]
 _ENGINE += ["output_batch_dim", "outside_use", "ownership", "packed", "registry", "units", "wrap_arguments"]
 _SAMPLERS = ["conv", "conv_ops", "embedding", "embedding_bag", "group_norm", "instance_norm", "layer_norm"]
-_SAMPLERS += ["linear", "lora", "rms_norm", "sample_rows"]
+_SAMPLERS += ["linear", "lora", "rms_norm"]
 
 #: old module path -> new module path
 MOVED: dict[str, str] = {
     **{f"dpnotebook.grad_sample.{m}": f"dpnotebook.grad_sample.engine.{m}" for m in _ENGINE},
     **{f"dpnotebook.grad_sample.{m}": f"dpnotebook.grad_sample.samplers.{m}" for m in _SAMPLERS},
-    "dpnotebook.grad_sample._contract": "dpnotebook.grad_sample.samplers.sample_rows",
-    "dpnotebook.grad_sample.ghost_conv": "dpnotebook.grad_sample.samplers.conv_norm",
+    "dpnotebook.grad_sample._contract": "dpnotebook.grad_sample._contracts",
+    "dpnotebook.grad_sample.sample_rows": "dpnotebook.grad_sample._contracts",
+    "dpnotebook.grad_sample.ghost_conv": "dpnotebook.grad_sample.samplers.materialised_norm",
     "dpnotebook.grad_sample.ghost_linear": "dpnotebook.grad_sample.samplers.linear_norm",
     "dpnotebook.grad_sample.ghost_materialised": "dpnotebook.grad_sample.samplers.materialised_norm",
-    "dpnotebook.grad_sample.ghost_norms": "dpnotebook.grad_sample.samplers.linear_map_norms",
+    "dpnotebook.grad_sample.ghost_norms": "dpnotebook.grad_sample.samplers.linear_norm",
     "dpnotebook.grad_sample.ghost_rnn": "dpnotebook.grad_sample.samplers.rnn_norm",
-    "dpnotebook.grad_sample.ghost_layers": "dpnotebook.grad_sample.ghost.groups",
-    "dpnotebook.grad_sample.ghost_ledger": "dpnotebook.grad_sample.ghost.ledger",
+    "dpnotebook.grad_sample.ghost_layers": "dpnotebook.grad_sample._contracts",
+    "dpnotebook.grad_sample.ghost_ledger": "dpnotebook.grad_sample.ghost._ledger",
     "dpnotebook.grad_sample.ghost_mode": "dpnotebook.grad_sample.ghost.mode",
-    "dpnotebook.grad_sample.ghost_registry": "dpnotebook.grad_sample.ghost.registry",
-    "dpnotebook.grad_sample.ghost_tap": "dpnotebook.grad_sample.ghost.tap",
+    "dpnotebook.grad_sample.ghost_registry": "dpnotebook.grad_sample._contracts",
+    "dpnotebook.grad_sample.ghost_tap": "dpnotebook.grad_sample.ghost._wrapper",
 }
 
 

@@ -19,8 +19,8 @@ from torch import Tensor, nn
 
 from dpnotebook.compare import mode_result
 from dpnotebook.errors import GradSampleError
+from dpnotebook.grad_sample._contracts import flat_rows
 from dpnotebook.grad_sample.engine.module import GradSampleModule, check_k
-from dpnotebook.grad_sample.samplers.sample_rows import flat_rows
 from dpnotebook.mode_registry import Unwrappable
 from dpnotebook.modes import wrap_model
 

@@ -30,7 +30,8 @@ def test_an_old_path_gives_the_moved_module_and_names_the_new_path(old: str) -> 
 
 def test_old_attribute_paths_and_the_ghost_wrapper_names() -> None:
     import dpnotebook.grad_sample as grad_sample
-    from dpnotebook.grad_sample.ghost import GhostGradSampleModule, wrapper
+    from dpnotebook.grad_sample import GhostGradSampleModule
+    from dpnotebook.grad_sample.ghost import _wrapper as wrapper
 
     with pytest.warns(DeprecationWarning, match="samplers.lora"):
         assert grad_sample.__getattr__("lora") is importlib.import_module("dpnotebook.grad_sample.samplers.lora")

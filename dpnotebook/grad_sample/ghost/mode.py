@@ -1,4 +1,4 @@
-"""Registers grad-sample mode ``"ghost"`` (:mod:`dpnotebook.grad_sample.ghost.wrapper`), imported on first use.
+"""Registers grad-sample mode ``"ghost"`` (:mod:`dpnotebook.grad_sample.ghost._wrapper`), imported on first use.
 
 >>> from torch import nn
 >>> from dpnotebook import wrap_model
@@ -18,6 +18,6 @@ from dpnotebook.mode_registry import register_mode
 # ghost mode builds on hooks mode; no p.grad_sample: norms and sums come from the wrapper
 @register_mode("ghost", validates_as="hooks", optimizer="dpnotebook.privacy.ghost_optimizer:GhostDPOptimizer")
 def _ghost(module: nn.Module, **kwargs: Any) -> nn.Module:
-    from dpnotebook.grad_sample.ghost.wrapper import GhostGradSampleModule
+    from dpnotebook.grad_sample.ghost._wrapper import GhostGradSampleModule
 
     return GhostGradSampleModule(module, **kwargs)

@@ -1,13 +1,13 @@
 """The ghost records of a batch, and what they add up to: norms and clipped sums.
 
-Ghost mode's wrapper (:mod:`~dpnotebook.grad_sample.ghost.wrapper`) records, for every
+Ghost mode's wrapper (:mod:`~dpnotebook.grad_sample.ghost._wrapper`) records, for every
 call of a ghosted layer, what the layer saw and the gradient of its output
-(:class:`~dpnotebook.grad_sample.ghost.groups.GhostCall`). A :class:`GhostLedger`
+(:class:`~dpnotebook.grad_sample._contracts.GhostCall`). A :class:`GhostLedger`
 keeps those records, forward pass by forward pass, until the optimizer has
 used them. It then
 
 1. groups each forward pass's calls by layer (one
-   :class:`~dpnotebook.grad_sample.ghost.groups.GhostGroup` per layer, made by
+   :class:`~dpnotebook.grad_sample._contracts.GhostGroup` per layer, made by
    the layer's group maker; built once and reused until a new record arrives).
    A layer whose group holds per-sample gradients (a convolution, a norm layer)
    is *settled* as each call's backprops arrive: its per-sample gradients are
@@ -20,7 +20,7 @@ used them. It then
 
 >>> import torch
 >>> from torch import nn
->>> from dpnotebook.grad_sample.ghost.wrapper import GhostGradSampleModule
+>>> from dpnotebook.grad_sample import GhostGradSampleModule
 >>> model = GhostGradSampleModule(nn.Linear(3, 2))
 >>> model.allow_grad_accumulation()
 >>> for rows in (4, 5):                     # two forward passes before one step
@@ -38,10 +38,16 @@ import torch
 from torch import Tensor, nn
 
 from dpnotebook.errors import GradSampleError
+from dpnotebook.grad_sample._contracts import (
+    GhostCall,
+    GhostGroup,
+    GhostHandler,
+    Grads,
+    MaterialisedGroup,
+    materialise,
+)
 from dpnotebook.grad_sample.engine.precision import autocast_off
-from dpnotebook.grad_sample.ghost.groups import GhostCall, GhostGroup, GhostHandler, MaterialisedGroup, materialise
 
-Grads = dict[nn.Parameter, Tensor]
 Groups = list[tuple[int, dict[nn.Module, GhostGroup]]]
 #: ``{p: [(forward_id, samples), ...]}``: the blocks of rows of each ``p.grad_sample`` (the hooks engine's store).
 Blocks = dict[nn.Parameter, list[tuple[int, int]]]
@@ -54,7 +60,6 @@ def _dropped(weights: Tensor | Grads) -> Tensor | None:
 
     Their records are zeroed before the weighted sums: ``0 * nan`` would be ``nan``.
 
-    >>> import torch
     >>> _dropped(torch.tensor([1.0, 0.5])) is None, _dropped(torch.tensor([0.0, float("nan"), 1.0])).tolist()
     (True, [True, True, False])
     """
@@ -69,7 +74,7 @@ class GhostLedger:
     """Every ghost record since the last :meth:`clear`, forward pass by forward pass.
 
     Args:
-        handlers: each ghosted layer's :class:`~dpnotebook.grad_sample.ghost.groups.GhostHandler`.
+        handlers: each ghosted layer's :class:`~dpnotebook.grad_sample._contracts.GhostHandler`.
         K: rows per sample (augmentation multiplicity).
     """
 

@@ -1,31 +1,30 @@
 """Ghost mode: per-sample gradient norms and the clipped sum, without per-sample gradients.
 
 DP-SGD needs two things from a batch: every sample's gradient norm (to find its
-clip factor ``c_b``) and the clipped sum ``sum_b c_b g_b``. Neither needs the
-``B`` gradients themselves. For each layer this wrapper keeps what the layer
-saw (activations) and what came back (backprops), and then
+clip factor ``c_b``) and the clipped sum ``Σ_b c_b g_b``. Neither needs the
+``B`` gradients themselves. For each layer with a norm sampler
+(:mod:`~dpnotebook.grad_sample._contracts`) this wrapper keeps what the layer
+saw (activations) and what came back (backprops); a
+:class:`~dpnotebook.grad_sample.ghost._ledger.GhostLedger` keeps these records
+until the optimizer step and adds up the norms (Gram matrices or index
+matching, :mod:`~dpnotebook.grad_sample.samplers.linear_norm`; small per-sample
+gradients such as a norm layer's are simply formed) and, once the clip factors
+are known, the clipped sum in one weighted pass per layer (no second backward).
 
-1. computes the norms from them (:mod:`~dpnotebook.grad_sample.samplers.linear_map_norms`:
-   Gram matrices or index matching, whichever is cheaper; small per-sample
-   gradients such as a norm layer's are simply formed);
-2. once the optimizer knows the clip factors, forms the clipped sum in one
-   weighted pass per layer (no second backward pass).
+Those layers run their forward with *detached* parameters and a tap on the
+output (:class:`Tap`), so autograd computes only what flows back to the inputs:
+the ordinary weight gradient, which DP-SGD throws away, is never computed.
+Other layers are left to the hooks engine (their registered sampler, or
+torch.func) and join the norms and sums through ``p.grad_sample``.
 
-This module does the recording; a
-:class:`~dpnotebook.grad_sample.ghost.ledger.GhostLedger` keeps the records of
-every forward pass until the optimizer step and adds them up.
-
-The layers it handles run their forward with *detached* parameters and a tap on
-the output, so autograd computes only what flows back to the inputs: the
-ordinary weight gradient, which DP-SGD throws away, is never computed. Layers
-it cannot handle are left to the hooks engine, layer by layer (their registered
-sampler, or torch.func), and join the norms and sums through ``p.grad_sample``.
-
-After ``backward()``, ``p.grad`` is *not* filled for the layers ghost mode
-handles: use :class:`~dpnotebook.privacy.ghost_optimizer.GhostDPOptimizer`
+After ``backward()``, ``p.grad`` is *not* filled for the ghosted layers: use
+:class:`~dpnotebook.privacy.ghost_optimizer.GhostDPOptimizer`
 (``make_private(grad_sample_mode="ghost")`` does), or read
 :meth:`GhostGradSampleModule.per_sample_norms` and
-:meth:`GhostGradSampleModule.weighted_sums` yourself.
+:meth:`GhostGradSampleModule.weighted_sums` yourself. A record goes stale, and
+is refused, when a layer's input is modified in place before its backprops
+arrive (:func:`check_inputs_unchanged`) or when the parameters change under
+records that were never used (:class:`StaleRecordsGuard`).
 
 >>> import torch
 >>> from torch import nn
@@ -48,20 +47,148 @@ import torch
 from torch import Tensor, nn
 
 from dpnotebook.errors import GradSampleError
-from dpnotebook.grad_sample.engine.accumulation import grad_sample_rows
+from dpnotebook.grad_sample._contracts import GhostCall, GhostHandler, Grads, MaterialisedGroup, ghost_handler
+from dpnotebook.grad_sample.engine.accumulation import GradSampleStore, grad_sample_rows
 from dpnotebook.grad_sample.engine.functorch_fallback import LayerCall, capture_is_paused, detach_tree, loss_scale
 from dpnotebook.grad_sample.engine.hooks import second_backward_error, to_batch_first
 from dpnotebook.grad_sample.engine.module import GradSampleModule
 from dpnotebook.grad_sample.engine.registry import SamplerEntry
-from dpnotebook.grad_sample.ghost.groups import GhostCall, GhostHandler, MaterialisedGroup
-from dpnotebook.grad_sample.ghost.ledger import GhostLedger
-from dpnotebook.grad_sample.ghost.registry import ghost_handler
-from dpnotebook.grad_sample.ghost.stale_records import StaleRecordsGuard, check_inputs_unchanged, input_versions
-from dpnotebook.grad_sample.ghost.tap import GhostStore, Tap, grad_mark
-from dpnotebook.grad_sample.samplers import conv_norm, linear_norm, materialised_norm, rnn_norm  # noqa: F401  (register the norm samplers)
+from dpnotebook.grad_sample.ghost._ledger import GhostLedger
+from dpnotebook.grad_sample.samplers import linear_norm, materialised_norm, rnn_norm  # noqa: F401  (register them)
 from dpnotebook.validation import Problem, raise_if_problems, validate
 
-Grads = dict[nn.Parameter, Tensor]
+__all__ = ["GhostGradSampleModule", "ghost_owner", "Tap", "GhostStore", "StaleRecordsGuard"]
+
+
+class Tap(torch.autograd.Function):
+    """Identity on a layer's output that hands the output's gradient to ``sink``.
+
+    Used where nothing before the layer requires grad (the model's first layers):
+    its inputs include the layer's parameters, so the output requires grad all
+    the same. ``mark_dirty`` returns the very tensor (no view), so in-place
+    operations after the layer (``ReLU(inplace=True)``) work. Elsewhere a plain
+    tensor hook on the output does (no graph change at all).
+
+    >>> got, w = [], torch.nn.Parameter(torch.ones(2))
+    >>> out = Tap.apply(torch.zeros(2), got.append, w)      # nothing before requires grad
+    >>> (3 * out).sum().backward()
+    >>> got[0], w.grad
+    (tensor([3., 3.]), None)
+    """
+
+    @staticmethod
+    def forward(ctx: Any, out: Tensor, sink: Any, *params: Tensor) -> Tensor:
+        ctx.sink, ctx.n_params = sink, len(params)
+        ctx.mark_dirty(out)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        ctx.sink(grad)
+        return (grad, None) + (None,) * ctx.n_params
+
+
+def grad_mark(p: nn.Parameter) -> tuple[int, int] | None:
+    return None if p.grad is None else (id(p.grad), p.grad._version)
+
+
+class GhostStore(GradSampleStore):
+    """The hooks engine's store, told that a ghosted parameter whose ``.grad`` did not change got none.
+
+    Autograd calls post-accumulate-grad hooks for the parameters fed to the tap
+    even though the tap gives them no gradient; a parameter whose ``.grad``
+    really changed was used outside its layer, and the store's check reports it.
+    """
+
+    def __init__(self, owner: Any) -> None:
+        super().__init__(owner)
+        self.marks: dict[int, tuple[int, int] | None] = {}
+
+    def _on_grad(self, p: nn.Parameter) -> None:
+        if id(p) not in self.marks or grad_mark(p) != self.marks[id(p)]:
+            super()._on_grad(p)
+
+
+def input_versions(call: LayerCall) -> list[int]:
+    """The version counters of ``call``'s tensor inputs (taken when the layer ran)."""
+    return [a._version for a in call.args if isinstance(a, Tensor)]
+
+
+def check_inputs_unchanged(call: LayerCall, versions: list[int]) -> None:
+    """Raise if an input of ``call`` was modified in place since :func:`input_versions` gave ``versions``.
+
+    Raises:
+        GradSampleError: an input changed; the layer's record no longer matches its backprops.
+    """
+    if input_versions(call) != versions:
+        raise GradSampleError(
+            f"{call.path} ({type(call.module).__name__}): its input was modified in place after the layer "
+            "used it, so ghost mode cannot compute its gradient norms. Avoid in-place operations on "
+            "layer inputs (e.g. use ReLU(inplace=False) before this layer)."
+        )
+
+
+class StaleRecordsGuard:
+    """The ghosted layers' parameter versions when a batch's first record came, checked before a forward pass.
+
+    In ghost mode a batch's clipped gradients exist only as records until a
+    ``GhostDPOptimizer`` step uses them and ``zero_grad()`` clears them. While
+    records are held, a new forward pass is refused when gradient accumulation
+    is forbidden (the records would mix two batches) or when the ghosted layers'
+    parameters changed (an optimizer stepped without the clipped gradients).
+
+    Args:
+        layers: the ghosted layers (their parameters are read at each use: a parameter may be replaced).
+
+    >>> layer = nn.Linear(2, 1)
+    >>> guard = StaleRecordsGuard([layer])
+    >>> guard.new_batch()                                   # the batch's first record
+    >>> guard.check(holds_records=True, allow_accumulation=True)
+    >>> with torch.no_grad():
+    ...     _ = layer.weight.add_(1.0)                      # a step that went without the records
+    >>> guard.check(holds_records=True, allow_accumulation=True)
+    Traceback (most recent call last):
+    ...
+    dpnotebook.errors.GradSampleError: ghost mode: the parameters changed after a backward pass ...
+    """
+
+    def __init__(self, layers: list[nn.Module]) -> None:
+        self.layers = layers
+        self.versions: dict[int, int] = {}
+
+    def _params(self) -> list[nn.Parameter]:
+        return [p for m in self.layers for p in m._parameters.values() if p is not None]
+
+    def new_batch(self) -> None:
+        """Remember the parameters' versions (called when a batch's first record arrives)."""
+        self.versions = {id(p): p._version for p in self._params()}
+
+    def forget(self) -> None:
+        """The records were cleared: there is nothing left to go stale."""
+        self.versions = {}
+
+    def check(self, holds_records: bool, allow_accumulation: bool) -> None:
+        """Raise if the records held (``holds_records``) went stale.
+
+        Raises:
+            GradSampleError: accumulation is forbidden, or the parameters changed since the batch began.
+        """
+        if not holds_records:
+            return
+        if not allow_accumulation:
+            raise GradSampleError(
+                "ghost mode holds the norms of an earlier batch and gradient accumulation is forbidden. "
+                "Call zero_grad() (on the model or the DP optimizer) before the next forward/backward, "
+                "or call allow_grad_accumulation()."
+            )
+        for p in self._params():
+            if id(p) in self.versions and p._version != self.versions[id(p)]:
+                raise GradSampleError(
+                    "ghost mode: the parameters changed after a backward pass whose clipped gradients "
+                    "were never used, so an optimizer stepped without them (in ghost mode p.grad is "
+                    "not filled). Use dpnotebook.privacy.ghost_optimizer.GhostDPOptimizer, e.g. through "
+                    "PrivacyEngine.make_private(grad_sample_mode='ghost'), or call zero_grad() between steps."
+                )
 
 
 class GhostGradSampleModule(GradSampleModule):
@@ -307,6 +434,3 @@ def ghost_owner(p: nn.Parameter) -> GhostGradSampleModule | None:
     """The ghost wrapper whose model holds ``p`` (``None`` if there is none)."""
     ref = getattr(p, "_dpn_ghost_owner", None)
     return ref() if ref is not None else None
-
-
-__all__ = ["GhostGradSampleModule", "ghost_owner"]
