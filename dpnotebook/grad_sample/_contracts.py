@@ -390,7 +390,7 @@ def ghost_handler(module: nn.Module) -> GhostHandler | None:
 
     A subclass that overrides ``forward`` is not matched.
 
-    >>> import dpnotebook.grad_sample.ghost  # the built-in norm samplers
+    >>> import dpnotebook  # registers the built-in norm samplers
     >>> ghost_handler(nn.Conv2d(1, 2, 3)).materialises, ghost_handler(nn.Linear(2, 2)).materialises
     (True, False)
     >>> ghost_handler(nn.BatchNorm1d(3)) is None

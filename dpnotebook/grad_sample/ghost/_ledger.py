@@ -18,8 +18,6 @@ used them. It then
    left in ``p.grad_sample`` (``sampled``) cover all samples in order;
 3. adds up the weighted sums ``sum_b w_b g_b`` the same way.
 
->>> import torch
->>> from torch import nn
 >>> from dpnotebook.grad_sample import GhostGradSampleModule
 >>> model = GhostGradSampleModule(nn.Linear(3, 2))
 >>> model.allow_grad_accumulation()
@@ -33,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -84,7 +83,7 @@ class GhostLedger:
         self.settled: dict[int, dict[nn.Module, MaterialisedGroup]] = {}
         self._groups: Groups | None = None
         self._fids: list[int] = []  # forward id of each entry of groups()
-        self._buffers: dict[tuple, Tensor] = {}
+        self._buffers: dict[tuple[Any, ...], Tensor] = {}
 
     def record(self, forward_id: int, module: nn.Module, call: GhostCall) -> None:
         """Keep ``call`` of ``module`` in forward pass ``forward_id`` (its backprops come later)."""
@@ -136,7 +135,9 @@ class GhostLedger:
             self._groups, self._fids = groups, list(self.pending)
         return self._groups
 
-    def _scratch(self, m: nn.Module, ordinal: int | tuple, key: tuple, shape: tuple, like: Tensor) -> Tensor:
+    def _scratch(
+        self, m: nn.Module, ordinal: int | tuple[Any, ...], key: tuple[Any, ...], shape: tuple[int, ...], like: Tensor
+    ) -> Tensor:
         """A buffer kept from step to step for layer ``m`` (in the ``ordinal``-th forward pass, or settled call)."""
         full = (id(m), ordinal, key)
         buf = self._buffers.get(full)

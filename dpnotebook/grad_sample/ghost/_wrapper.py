@@ -26,8 +26,6 @@ is refused, when a layer's input is modified in place before its backprops
 arrive (:func:`check_inputs_unchanged`) or when the parameters change under
 records that were never used (:class:`StaleRecordsGuard`).
 
->>> import torch
->>> from torch import nn
 >>> model = GhostGradSampleModule(nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 2)))
 >>> model(torch.randn(5, 4)).sum().backward()
 >>> model.per_sample_norms().shape
@@ -52,10 +50,14 @@ from dpnotebook.grad_sample.engine.accumulation import GradSampleStore, grad_sam
 from dpnotebook.grad_sample.engine.functorch_fallback import LayerCall, capture_is_paused, detach_tree, loss_scale
 from dpnotebook.grad_sample.engine.hooks import second_backward_error, to_batch_first
 from dpnotebook.grad_sample.engine.module import GradSampleModule
+from dpnotebook.grad_sample.engine.provenance import ProbeLayer
 from dpnotebook.grad_sample.engine.registry import SamplerEntry
 from dpnotebook.grad_sample.ghost._ledger import GhostLedger
 from dpnotebook.grad_sample.samplers import linear_norm, materialised_norm, rnn_norm  # noqa: F401  (register them)
 from dpnotebook.validation import Problem, raise_if_problems, validate
+
+#: A layer the hooks engine handles: ``(path, layer, its grad sampler or None for torch.func)``.
+Unit = tuple[str, nn.Module, SamplerEntry | None]
 
 __all__ = ["GhostGradSampleModule", "ghost_owner", "Tap", "GhostStore", "StaleRecordsGuard"]
 
@@ -219,7 +221,7 @@ class GhostGradSampleModule(GradSampleModule):
         return problems
 
     # -- planning: which layers are ghosted, which go to the hooks engine -------------
-    def _split_plan(self) -> tuple[list[tuple[str, nn.Module, SamplerEntry | None, GhostHandler]], list]:
+    def _split_plan(self) -> tuple[list[tuple[str, nn.Module, SamplerEntry | None, GhostHandler]], list[Unit]]:
         units = self._all_units()
         owners = Counter(id(p) for _, m, e in units for p in set(m.parameters(recurse=e is None)))
         ghost, hooks = [], []
@@ -233,7 +235,7 @@ class GhostGradSampleModule(GradSampleModule):
                 hooks.append((path, m, entry))
         return ghost, hooks
 
-    def _plan(self) -> list:
+    def _plan(self) -> list[Unit]:
         return self._split_plan()[1]
 
     def _unit_modules(self) -> list[nn.Module]:
@@ -249,7 +251,7 @@ class GhostGradSampleModule(GradSampleModule):
         self._ghost_units, _ = self._split_plan()
         self._stale = StaleRecordsGuard([m for _, m, _, _ in self._ghost_units])
         self._ledger = GhostLedger({m: handler for _, m, _, handler in self._ghost_units}, self.K)
-        self._swapped: dict[int, list[dict]] = {}
+        self._swapped: dict[int, list[dict[str, nn.Parameter]]] = {}
         self._held: list[tuple[nn.Module, str, nn.Parameter]] = []
         self._ghost_handles = []
         for p in self._module.parameters():  # lets GhostDPOptimizer find this wrapper from its parameters
@@ -295,7 +297,7 @@ class GhostGradSampleModule(GradSampleModule):
                 m._parameters[name] = p
             self._held = []
 
-    def _detach_params(self, m: nn.Module, args: tuple, kwargs: dict) -> None:
+    def _detach_params(self, m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if not self._active(m) or self._broadcast.batch_free_call(args, kwargs):  # batch-free: meeting points
             self._swapped.setdefault(id(m), []).append({})
             return
@@ -305,7 +307,13 @@ class GhostGradSampleModule(GradSampleModule):
             m._parameters[n] = cast(nn.Parameter, p.detach())  # a stand-in until _tap_output puts p back
 
     def _tap_output(
-        self, path: str, outside: tuple[str, ...], m: nn.Module, args: tuple, kwargs: dict, output: Any
+        self,
+        path: str,
+        outside: tuple[str, ...],
+        m: nn.Module,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        output: Any,
     ) -> Any:
         saved = self._swapped[id(m)].pop()
         for name, p in saved.items():
@@ -341,7 +349,7 @@ class GhostGradSampleModule(GradSampleModule):
             return None
         return Tap.apply(output, sink, *saved.values())
 
-    def _probe_layers(self) -> list:
+    def _probe_layers(self) -> list[ProbeLayer]:
         """The hooks engine's units and the ghosted layers: every layer whose rows must be samples."""
         ghosted = [(path, m, self._batch_dim(m)) for path, m, _, _ in self._ghost_units]
         return ghosted + super()._probe_layers()
@@ -407,8 +415,6 @@ class GhostGradSampleModule(GradSampleModule):
     def strategies(self) -> dict[str, str]:
         """How each ghosted layer's norms are computed for the batch seen (after backward): ``{path: how}``.
 
-        >>> import torch
-        >>> from torch import nn
         >>> model = GhostGradSampleModule(nn.Sequential(nn.Embedding(9, 4), nn.Linear(4, 2)))
         >>> model(torch.randint(0, 9, (3, 5))).sum().backward()
         >>> model.strategies()

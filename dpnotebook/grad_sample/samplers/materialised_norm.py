@@ -35,22 +35,16 @@ from dpnotebook.grad_sample._contracts import (
 from dpnotebook.grad_sample.fast.conv import conv_per_sample_grads
 from dpnotebook.layers.attention_units import AppendBias
 
-__all__ = ["ConvGroup", "conv_group"]
+__all__ = ["conv_group"]
 
 register_norm_sampler(nn.LayerNorm, nn.GroupNorm, nn.RMSNorm, AppendBias, materialises=True)(materialise)
-
-
-class ConvGroup(MaterialisedGroup):
-    """A convolution's per-sample weight gradients, formed chunk by chunk in a reused buffer."""
-
-    how = "materialised (conv)"
 
 
 @register_norm_sampler(nn.Conv1d, nn.Conv2d, nn.Conv3d, materialises=True)
 def conv_group(
     layer: nn.modules.conv._ConvNd, calls: list[GhostCall], K: int, scratch: Scratch | None = None
 ) -> GhostGroup:
-    """``nn.Conv1d/2d/3d``: :func:`conv_per_sample_grads`, summed over calls."""
+    """``nn.Conv1d/2d/3d``: :func:`conv_per_sample_grads` in the caller's reused buffers, summed over calls."""
     grads: Grads = {}
     # torch's stubs type a convolution's weight and bias as Tensors; they are the layer's Parameters
     weight, bias = cast(nn.Parameter, layer.weight), cast("nn.Parameter | None", layer.bias)
@@ -67,4 +61,6 @@ def conv_group(
             b = g.flatten(2).sum(2)
             b = b if K == 1 else b.reshape(B, K, -1).sum(1)
             grads[bias] = b if i == 0 else grads[bias] + b
-    return ConvGroup(grads, calls[0].scale)
+    group = MaterialisedGroup(grads, calls[0].scale)
+    group.how = "materialised (conv)"
+    return group

@@ -132,7 +132,6 @@ def gate_settles(unit: GateProjection, call: GhostCall, K: int) -> bool:
 def gate_group(unit: GateProjection, calls: list[GhostCall], K: int, scratch: Scratch | None = None) -> GhostGroup:
     """``dpnotebook.layers.GateProjection``: the hidden states come from the layer's record.
 
-    >>> import torch
     >>> import dpnotebook
     >>> from dpnotebook.layers import DPLSTM
     >>> lstm = dpnotebook.wrap_model(DPLSTM(3, 4, batch_first=True), "ghost")
