@@ -194,7 +194,11 @@ class StaleRecordsGuard:
 
 
 class GhostGradSampleModule(GradSampleModule):
-    """Wraps ``module`` for ghost clipping (see the module docstring).
+    """Wraps ``module`` for ghost clipping: every sample's gradient norm and the clipped sum, no per-sample gradients.
+
+    ``p.grad`` is not filled for the ghosted layers: train with
+    :class:`~dpnotebook.privacy.ghost_optimizer.GhostDPOptimizer`, or read :meth:`per_sample_norms`
+    and :meth:`weighted_sums`.
 
     Args: as :class:`~dpnotebook.grad_sample.engine.module.GradSampleModule`
     (``force_functorch`` has no meaning here).

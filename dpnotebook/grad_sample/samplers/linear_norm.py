@@ -1,11 +1,10 @@
 """Ghost norms of a linear layer: every sample's gradient norm without its gradient.
 
-A linear layer applied at ``n`` positions of sample ``b`` (its ``K`` copies
-times ``T`` time steps, folded together by
-:func:`~dpnotebook.grad_sample._contracts.group_rows`), with inputs ``a_t``
-(rows of ``A``, ``[n, in]``) and output gradients ``δ_t`` (rows of ``G``,
-``[n, out]``), has the weight gradient ``g_b = Σ_t δ_t a_tᵀ = Gᵀ A``. Its
-squared norm can be had two ways (:func:`linear_sq_norms`):
+A linear layer applied at ``n`` positions of sample ``b`` (its ``K`` copies times
+``T`` time steps, folded together by ``group_rows``), with inputs ``a_t`` (rows of
+``A``, ``[n, in]``) and output gradients ``δ_t`` (rows of ``G``, ``[n, out]``), has
+the weight gradient ``g_b = Σ_t δ_t a_tᵀ = Gᵀ A``. Its squared norm can be had two
+ways (:func:`linear_sq_norms`):
 
 * **Gram** ("ghost norm"): ``‖g_b‖² = Σ_{t,t'} (a_t·a_t')(δ_t·δ_t') = <A Aᵀ, G Gᵀ>``,
   two ``[n, n]`` matrices, ``n² (in + out)`` multiply-adds;
@@ -60,6 +59,7 @@ GRAM_TRUST = 100.0
 #: ``[64, 384, 384]`` (21) and ``[64, 512, 512]`` (16) faster on the Gram path.
 SETTLE_PASSES = 30
 
+#: The formulas; the group makers registered below are found through the registry.
 __all__ = [
     "linear_sq_norms",
     "linear_weighted_sum",
@@ -68,13 +68,6 @@ __all__ = [
     "guard_gram",
     "embedding_sq_norms",
     "embedding_weighted_sum",
-    "LinearPiece",
-    "linear_piece",
-    "LinearGroup",
-    "linear_group",
-    "linear_settles",
-    "EmbeddingGroup",
-    "embedding_group",
     "CHUNK_BYTES",
     "GRAM_TRUST",
     "SETTLE_PASSES",
@@ -93,16 +86,17 @@ def linear_sq_norms(A: Tensor, G: Tensor, *, strategy: str | None = None) -> Ten
     strategy = strategy or linear_strategy(n, d_in, G.shape[2])
     if strategy == "outer":  # n == 1: ‖δ aᵀ‖² = ‖δ‖² ‖a‖²
         return A.flatten(1).pow(2).sum(1) * G.flatten(1).pow(2).sum(1)
-    if strategy == "gram":  # Σ_{t,t'} (a_t·a_t')(δ_t·δ_t')
+    if strategy == "gram":  # ‖g_b‖² = Σ_{t,t'} (a_t·a_t')(δ_t·δ_t')
         gram = _in_chunks(A, G, 2 * n * n, lambda a, g: (a @ a.mT * (g @ g.mT)).sum((1, 2)))
         return guard_gram(A, G, gram)
-    scratch = A.new_empty(_chunk(B, d_in * G.shape[2], A), G.shape[2], d_in)  # one buffer for every chunk
-    return _in_chunks(
-        A,
-        G,
-        d_in * G.shape[2],
-        lambda a, g: torch.linalg.vector_norm(torch.bmm(g.mT, a, out=scratch[: len(a)]).flatten(1), dim=1).pow(2),
-    )
+    # materialised: g_b = G_bᵀ A_b, formed chunk by chunk in one reused buffer
+    d_out = G.shape[2]
+    buf = A.new_empty(_chunk(B, d_in * d_out, A), d_out, d_in)
+
+    def direct(a: Tensor, g: Tensor) -> Tensor:
+        return torch.linalg.vector_norm(torch.bmm(g.mT, a, out=buf[: len(a)]).flatten(1), dim=1).pow(2)
+
+    return _in_chunks(A, G, d_in * d_out, direct)
 
 
 def linear_weighted_sum(A: Tensor, G: Tensor, weights: Tensor) -> Tensor:

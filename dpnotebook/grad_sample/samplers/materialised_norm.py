@@ -4,11 +4,11 @@ A convolution's weight, and a norm layer's one entry per channel, are small next
 to their activations, so ghost mode forms their per-sample gradients call by
 call, as each call's backprops arrive, lets go of the call's inputs and
 backprops, and later takes the gradients' norms and weighted sum
-(:class:`~dpnotebook.grad_sample._contracts.MaterialisedGroup`). A convolution
+(a ``MaterialisedGroup``). A convolution
 goes through the fast seam
 :func:`~dpnotebook.grad_sample.fast.conv.conv_per_sample_grads` in a reused
 buffer; a norm layer through its registered grad sampler
-(:func:`~dpnotebook.grad_sample._contracts.materialise`).
+(:func:`dpnotebook.grad_sample.materialise`).
 
 >>> from torch import nn
 >>> from dpnotebook.grad_sample._contracts import ghost_handler
@@ -35,7 +35,7 @@ from dpnotebook.grad_sample._contracts import (
 from dpnotebook.grad_sample.fast.conv import conv_per_sample_grads
 from dpnotebook.layers.attention_units import AppendBias
 
-__all__ = ["conv_group"]
+__all__: list[str] = []  # the group makers are found through the registry
 
 register_norm_sampler(nn.LayerNorm, nn.GroupNorm, nn.RMSNorm, AppendBias, materialises=True)(materialise)
 

@@ -18,7 +18,7 @@ from dpnotebook.grad_sample._contracts import GhostCall, GhostGroup, Grads, Scra
 from dpnotebook.grad_sample.samplers.linear_norm import LinearPiece, _chunk, guard_gram, linear_piece, linear_strategy
 from dpnotebook.layers.gate_projection import GateProjection
 
-__all__ = ["shared_gram_sq_norms", "shared_gram_pays", "GateGroup", "gate_group", "gate_settles"]
+__all__ = ["shared_gram_sq_norms", "shared_gram_pays"]
 
 
 def shared_gram_sq_norms(As: list[Tensor], G: Tensor) -> list[Tensor]:
