@@ -1,22 +1,14 @@
 """The ghost records of a batch, and what they add up to: norms and clipped sums.
 
-Ghost mode's wrapper (:mod:`~dpnotebook.grad_sample.ghost._wrapper`) records, for every
-call of a ghosted layer, what the layer saw and the gradient of its output
-(:class:`~dpnotebook.grad_sample._contracts.GhostCall`). A :class:`GhostLedger`
-keeps those records, forward pass by forward pass, until the optimizer has
-used them. It then
-
-1. groups each forward pass's calls by layer (one
-   :class:`~dpnotebook.grad_sample._contracts.GhostGroup` per layer, made by
-   the layer's group maker; built once and reused until a new record arrives).
-   A layer whose group holds per-sample gradients (a convolution, a norm layer)
-   is *settled* as each call's backprops arrive: its per-sample gradients are
-   formed then and the call's inputs and backprops are let go, so they are
-   not kept until the optimizer step;
-2. adds up every sample's squared gradient norm per parameter: a sample is in
-   exactly one forward pass, while the per-sample gradients the hooks engine
-   left in ``p.grad_sample`` (``sampled``) cover all samples in order;
-3. adds up the weighted sums ``sum_b w_b g_b`` the same way.
+A :class:`GhostLedger` keeps the wrapper's records (one ``GhostCall`` per call
+of a ghosted layer), forward pass by forward pass, until the optimizer has used
+them. It groups each pass's calls by layer (one ``GhostGroup`` per layer, built
+once and reused until a new record arrives; a layer whose group holds
+per-sample gradients is *settled* as each call's backprops arrive, and the
+call's inputs and backprops let go), then adds up every sample's squared norm
+and the weighted sums ``Σ_b w_b g_b`` per parameter: a sample is in exactly one
+forward pass, while the ``p.grad_sample`` the hooks engine left (``sampled``)
+covers all samples in order.
 
 >>> from dpnotebook.grad_sample import GhostGradSampleModule
 >>> model = GhostGradSampleModule(nn.Linear(3, 2))

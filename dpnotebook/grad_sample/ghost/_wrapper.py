@@ -1,30 +1,15 @@
 """Ghost mode: per-sample gradient norms and the clipped sum, without per-sample gradients.
 
-DP-SGD needs two things from a batch: every sample's gradient norm (to find its
-clip factor ``c_b``) and the clipped sum ``Σ_b c_b g_b``. Neither needs the
-``B`` gradients themselves. For each layer with a norm sampler
-(:mod:`~dpnotebook.grad_sample._contracts`) this wrapper keeps what the layer
-saw (activations) and what came back (backprops); a
-:class:`~dpnotebook.grad_sample.ghost._ledger.GhostLedger` keeps these records
-until the optimizer step and adds up the norms (Gram matrices or index
-matching, :mod:`~dpnotebook.grad_sample.samplers.linear_norm`; small per-sample
-gradients such as a norm layer's are simply formed) and, once the clip factors
-are known, the clipped sum in one weighted pass per layer (no second backward).
-
-Those layers run their forward with *detached* parameters and a tap on the
-output (:class:`Tap`), so autograd computes only what flows back to the inputs:
-the ordinary weight gradient, which DP-SGD throws away, is never computed.
-Other layers are left to the hooks engine (their registered sampler, or
-torch.func) and join the norms and sums through ``p.grad_sample``.
-
-After ``backward()``, ``p.grad`` is *not* filled for the ghosted layers: use
-:class:`~dpnotebook.privacy.ghost_optimizer.GhostDPOptimizer`
-(``make_private(grad_sample_mode="ghost")`` does), or read
-:meth:`GhostGradSampleModule.per_sample_norms` and
-:meth:`GhostGradSampleModule.weighted_sums` yourself. A record goes stale, and
-is refused, when a layer's input is modified in place before its backprops
-arrive (:func:`check_inputs_unchanged`) or when the parameters change under
-records that were never used (:class:`StaleRecordsGuard`).
+DP-SGD needs every sample's gradient norm (for its clip factor ``c_b``) and the
+clipped sum ``Σ_b c_b g_b``, not the ``B`` gradients themselves. For each layer
+with a norm sampler, :class:`GhostGradSampleModule` runs the forward with
+*detached* parameters (so autograd never computes the weight gradient DP-SGD
+would throw away) and records what the layer saw and, through a hook or a
+:class:`Tap` on its output, what came back; a ``GhostLedger`` (``_ledger.py``)
+turns the records into norms and, once the clip factors are known, the clipped
+sum. Other layers are left to the hooks engine and join through ``p.grad_sample``.
+A record that went stale is refused (:func:`check_inputs_unchanged`,
+:class:`StaleRecordsGuard`).
 
 >>> model = GhostGradSampleModule(nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 2)))
 >>> model(torch.randn(5, 4)).sum().backward()
