@@ -27,7 +27,7 @@ from dpnotebook.benchmarks.rss import peak_mb, reset_peak
 if TYPE_CHECKING:  # for the annotations only: torch is imported inside the measured child (_measure)
     from torch import nn
 
-    from dpnotebook.grad_sample.ghost.wrapper import GhostGradSampleModule
+    from dpnotebook.grad_sample import GhostGradSampleModule
 
 
 def _measure(mode: str, batch: int, K: int, private: bool) -> dict:

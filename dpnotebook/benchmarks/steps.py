@@ -30,7 +30,7 @@ from dpnotebook.benchmarks.settings import CLIP, LR, SIGMA
 from dpnotebook.modes import available_modes
 
 if TYPE_CHECKING:
-    from dpnotebook.grad_sample.ghost.wrapper import GhostGradSampleModule
+    from dpnotebook.grad_sample import GhostGradSampleModule
 
 #: dpnotebook's modes, read from the mode registry.
 MODES = tuple(available_modes())

@@ -14,6 +14,7 @@ The modes register their wrapper classes in :mod:`dpnotebook.modes`.
 """
 
 from dpnotebook.grad_sample import samplers  # noqa: F401  (importing samplers fills the registry)
+from dpnotebook.grad_sample._contracts import materialise, register_norm_sampler, unregister_norm_sampler
 from dpnotebook.grad_sample._engine.ew import GradSampleModuleExpandedWeights
 from dpnotebook.grad_sample._engine.functorch import FunctorchGradSampleModule
 from dpnotebook.grad_sample._engine.hooks import GradSampleModule, plan_units
@@ -24,8 +25,7 @@ from dpnotebook.grad_sample._registry import (
     registered_layer_types,
     unregister_grad_sampler,
 )
-from dpnotebook.grad_sample.ghost.registry import register_norm_sampler, unregister_norm_sampler
-from dpnotebook.grad_sample.ghost.wrapper import GhostGradSampleModule
+from dpnotebook.grad_sample.ghost._wrapper import GhostGradSampleModule
 
 __all__ = [
     "GradSampleModule",
@@ -40,4 +40,5 @@ __all__ = [
     "registered_layer_types",
     "register_norm_sampler",
     "unregister_norm_sampler",
+    "materialise",
 ]

@@ -3,7 +3,7 @@
 ``wrap_model`` is :func:`dpnotebook.modes.wrap_model` (Opacus' ``batch_first`` and
 ``loss_reduction`` keywords mean the same); ``get_gsm_class`` gives the class the mode
 registry holds for that mode. Opacus' ``register_norm_sampler`` takes a
-function returning norms; dpnotebook's (:mod:`~dpnotebook.grad_sample.ghost.registry`)
+function returning norms; dpnotebook's (:mod:`~dpnotebook.grad_sample._contracts`)
 takes a group maker, so it is not aliased here.
 
 >>> from torch import nn

@@ -36,8 +36,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from dpnotebook.grad_sample._contracts import flat_rows
 from dpnotebook.grad_sample._engine.precision import full_precision
-from dpnotebook.grad_sample.samplers.sample_rows import flat_rows
 from dpnotebook.privacy.arguments import check_choice, check_max_grad_norm
 from dpnotebook.privacy.layer_bounds import check_layer_bounds, layer_bound_list, total_bound
 

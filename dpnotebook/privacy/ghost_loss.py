@@ -6,7 +6,7 @@ Opacus 1.5+ trains with ghost clipping through a wrapped loss:
 gives a :class:`DPTensorFastGradientClipping` whose ``backward()`` does what the
 clipped step needs. Opacus runs two backward passes there (norms, then the
 clip-factor-weighted loss). dpnotebook's ghost mode
-(:mod:`dpnotebook.grad_sample.ghost.wrapper`) needs one: the wrapper records each
+(:mod:`dpnotebook.grad_sample.ghost._wrapper`) needs one: the wrapper records each
 layer's activations and backprops, and the
 :class:`~dpnotebook.privacy.ghost_optimizer.GhostDPOptimizer` forms the norms and
 the clipped sum at ``step()``. So ``backward()`` here is one ordinary backward

@@ -1,7 +1,7 @@
 """``GhostDPOptimizer``: DP-SGD with ghost clipping (no per-sample gradients in memory).
 
 It is a :class:`~dpnotebook.privacy.optimizer.DPOptimizer` whose clipping step
-asks the ghost wrapper (:mod:`dpnotebook.grad_sample.ghost.wrapper`) for every sample's
+asks the ghost wrapper (:mod:`dpnotebook.grad_sample.ghost._wrapper`) for every sample's
 gradient norm and then for the clip-factor-weighted sum of the gradients,
 instead of reading ``p.grad_sample``. Noise, scaling, virtual steps, the
 statistics and the step hooks are the base class's.
@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from dpnotebook.grad_sample.ghost.wrapper import GhostGradSampleModule, ghost_owner
+from dpnotebook.grad_sample.ghost._wrapper import GhostGradSampleModule, ghost_owner
 from dpnotebook.modes import mode_class
 from dpnotebook.privacy.clipping import clip_factors
 from dpnotebook.privacy.layer_bounds import layer_bound_list

@@ -44,9 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dpnotebook.grad_sample._registry import register_grad_sampler
-from dpnotebook.grad_sample.ghost.groups import materialise
-from dpnotebook.grad_sample.ghost.registry import register_norm_sampler
+from dpnotebook.grad_sample import materialise, register_grad_sampler, register_norm_sampler
 from dpnotebook.grad_sample.samplers.layer_norm import channels_first_layer_norm_grad_sampler
 
 #: Token vocabulary, sequence length, classes and image side of every zoo batch.

@@ -20,7 +20,7 @@ machine and in every run (timing each once per layer shape is an opt-in,
 into a buffer that the caller keeps from one step to the next, so that no
 large tensor is allocated (and page-faulted) per step. Both the hooks-mode
 sampler (:mod:`~dpnotebook.grad_sample.samplers.conv`) and ghost mode
-(:mod:`~dpnotebook.grad_sample.samplers.conv_norm`) call :func:`conv_per_sample_grads`.
+(:mod:`~dpnotebook.grad_sample.samplers.materialised_norm`) call :func:`conv_per_sample_grads`.
 
 >>> import torch
 >>> from torch import nn

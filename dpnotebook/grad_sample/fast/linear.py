@@ -19,8 +19,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from dpnotebook.grad_sample._contracts import group_rows
 from dpnotebook.grad_sample.fast.buffers import result_buffer
-from dpnotebook.grad_sample.samplers.sample_rows import group_rows
 
 
 def linear_weight_grads_into_buffer(layer: nn.Module, activations: Tensor, backprops: Tensor, K: int) -> Tensor:

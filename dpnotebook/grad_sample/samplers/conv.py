@@ -27,6 +27,7 @@ from typing import cast
 
 from torch import Tensor, nn
 
+from dpnotebook.grad_sample._contracts import sum_rows
 from dpnotebook.grad_sample._registry import register_grad_sampler
 from dpnotebook.grad_sample.fast.buffers import result_buffer
 from dpnotebook.grad_sample.fast.conv import conv_per_sample_grads
@@ -36,7 +37,6 @@ from dpnotebook.grad_sample.samplers.conv_ops import (  # noqa: F401  (their old
     padded_input,
     unfold_patches,
 )
-from dpnotebook.grad_sample.samplers.sample_rows import sum_rows
 
 
 @register_grad_sampler(nn.Conv1d, nn.Conv2d, nn.Conv3d)

@@ -23,9 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from dpnotebook.grad_sample._contracts import group_rows
 from dpnotebook.grad_sample._registry import register_grad_sampler
 from dpnotebook.grad_sample.fast.buffers import result_buffer
-from dpnotebook.grad_sample.samplers.sample_rows import group_rows
 
 
 def embedding_weight_grads(

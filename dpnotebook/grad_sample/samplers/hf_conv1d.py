@@ -31,12 +31,17 @@ import torch
 from torch import Tensor, nn
 from transformers.pytorch_utils import Conv1D
 
+from dpnotebook.grad_sample._contracts import (
+    GhostCall,
+    GhostGroup,
+    Grads,
+    Scratch,
+    group_rows,
+    register_norm_sampler,
+    sum_rows,
+)
 from dpnotebook.grad_sample._registry import register_grad_sampler
-from dpnotebook.grad_sample.ghost.groups import GhostCall, GhostGroup, Grads, Scratch
-from dpnotebook.grad_sample.ghost.registry import register_norm_sampler
-from dpnotebook.grad_sample.samplers.linear_map_norms import linear_weighted_sum
-from dpnotebook.grad_sample.samplers.linear_norm import LinearPiece, linear_piece, linear_settles
-from dpnotebook.grad_sample.samplers.sample_rows import group_rows, sum_rows
+from dpnotebook.grad_sample.samplers.linear_norm import LinearPiece, linear_piece, linear_settles, linear_weighted_sum
 
 
 def _params(layer: nn.Module) -> tuple[nn.Parameter, nn.Parameter | None]:
@@ -85,7 +90,7 @@ class Conv1DGroup(GhostGroup):
 
 @register_norm_sampler(Conv1D, settles=linear_settles)
 def conv1d_group(module: nn.Module, calls: list[GhostCall], K: int, scratch: Scratch | None = None) -> GhostGroup:
-    """``Conv1D``: the calls' positions side by side per sample (as :func:`~dpnotebook.grad_sample.samplers.linear_norm.linear_group`)."""
+    """``Conv1D``: the calls' positions side by side per sample (as ``linear_norm.linear_group``)."""
     weight, bias = _params(module)
     return Conv1DGroup(weight, bias, linear_piece([(c.activations()[0], c.received(), c.scale) for c in calls], K))
 

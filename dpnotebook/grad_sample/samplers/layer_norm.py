@@ -30,8 +30,8 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from dpnotebook.grad_sample._contracts import affine_grads
 from dpnotebook.grad_sample._registry import register_grad_sampler
-from dpnotebook.grad_sample.samplers.sample_rows import affine_grads
 
 
 @register_grad_sampler(nn.LayerNorm)

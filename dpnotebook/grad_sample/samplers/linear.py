@@ -22,9 +22,9 @@ from typing import cast
 import torch
 from torch import Tensor, nn
 
+from dpnotebook.grad_sample._contracts import group_rows, sum_rows
 from dpnotebook.grad_sample._registry import register_grad_sampler
 from dpnotebook.grad_sample.fast.linear import linear_weight_grads_into_buffer
-from dpnotebook.grad_sample.samplers.sample_rows import group_rows, sum_rows
 
 
 def linear_weight_grads(activations: Tensor, backprops: Tensor, K: int) -> Tensor:

@@ -1,56 +1,236 @@
-"""Linear layers and embeddings in ghost mode: norms without per-sample gradients, sums in one pass.
+"""Ghost norms of a linear layer: every sample's gradient norm without its gradient.
 
-* ``nn.Linear``: Gram or direct norms (:mod:`~dpnotebook.grad_sample.samplers.linear_map_norms`),
-  one matrix product for the weighted sum;
-* ``InProjection`` (of ``DPMultiheadAttention``): as Linear, for each block of rows
-  of the shared weight that a call used;
-* ``nn.Embedding``: norms by matching indices, one ``index_add`` for the sum.
+A linear layer applied at ``n`` positions of sample ``b`` (its ``K`` copies times
+``T`` time steps, folded together by ``group_rows``), with inputs ``a_t`` (rows of
+``A``, ``[n, in]``) and output gradients ``δ_t`` (rows of ``G``, ``[n, out]``), has
+the weight gradient ``g_b = Σ_t δ_t a_tᵀ = Gᵀ A``. Its squared norm can be had two
+ways (:func:`linear_sq_norms`):
 
-Several calls of one layer in one forward pass are joined first (their
-positions concatenated per sample): a sample's gradient is the sum over the
-calls, and norms do not add up.
+* **Gram** ("ghost norm"): ``‖g_b‖² = Σ_{t,t'} (a_t·a_t')(δ_t·δ_t') = <A Aᵀ, G Gᵀ>``,
+  two ``[n, n]`` matrices, ``n² (in + out)`` multiply-adds;
+* **materialised** ("direct"): form ``Gᵀ A``, ``n·in·out`` multiply-adds.
 
->>> import torch
->>> from torch import nn
->>> from dpnotebook.grad_sample.ghost.wrapper import GhostGradSampleModule
->>> model = GhostGradSampleModule(nn.Linear(3, 2))
->>> model(torch.randn(4, 3)).sum().backward()
->>> model.strategies()
-{'model': 'ghost outer'}
+The clipped sum ``Σ_b c_b g_b = (c-weighted G)ᵀ A`` needs no per-sample gradient
+either: one matrix product over all rows (:func:`linear_weighted_sum`). Which
+path is cheaper is a measured rule (:func:`settle_pays`).
+
+An embedding is a linear layer on one-hot inputs: ``a_t·a_t'`` is 1 where the
+indices match, so its norms come from matching indices (:func:`embedding_sq_norms`).
+
+>>> A, G = torch.randn(3, 5, 4), torch.randn(3, 5, 2)      # B=3 samples, n=5 positions
+>>> direct = torch.einsum("bno,bni->boi", G, A).flatten(1).pow(2).sum(1)
+>>> torch.allclose(linear_sq_norms(A, G, strategy="gram"), direct, rtol=1e-4)
+True
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from typing import cast
 
 import torch
 from torch import Tensor, nn
 
-from dpnotebook.grad_sample.ghost.groups import (
+from dpnotebook.grad_sample._contracts import (
     GhostCall,
     GhostGroup,
     Grads,
     MaterialisedGroup,
     Scratch,
+    group_rows,
     keep_rows,
     materialise,
+    register_norm_sampler,
 )
-from dpnotebook.grad_sample.ghost.registry import register_norm_sampler
-from dpnotebook.grad_sample.samplers.linear_map_norms import (
-    embedding_sq_norms,
-    embedding_weighted_sum,
-    linear_sq_norms,
-    linear_strategy,
-    linear_weighted_sum,
-    settle_pays,
-)
-from dpnotebook.grad_sample.samplers.sample_rows import group_rows
+from dpnotebook.grad_sample.fast.device import scratch_bytes
 from dpnotebook.layers.attention_units import InProjection
 
+#: Largest scratch buffer (bytes) a norm computation fills at once; bigger batches go in chunks.
+CHUNK_BYTES = 32 * 2**20
+#: A Gram norm below ``GRAM_TRUST * eps * (in + out)`` times its cancellation-free bound
+#: ``(Σ_t ‖a_t‖ ‖δ_t‖)²`` is recomputed directly in float64 (:func:`guard_gram`). Above it,
+#: rounding (at most ``eps * (in + out)`` of the bound) moves it by at most ``1 / GRAM_TRUST``.
+GRAM_TRUST = 100.0
+#: What one per-sample gradient entry costs beyond its multiply-adds, in multiply-adds: writing it, reading it
+#: back for its norm and for the weighted sum (memory-bound passes). Fitted on a CPU, one thread, B = 32, with
+#: the two real paths (see :func:`settle_pays`): ``[n, in, out]`` = ``[64, 128, 1000]`` (``n² (in + out)`` is
+#: 36 times ``in * out``) and ``[64, 128, 512]`` (40) were faster settled, ``[64, 192, 768]`` (27),
+#: ``[64, 384, 384]`` (21) and ``[64, 512, 512]`` (16) faster on the Gram path.
+SETTLE_PASSES = 30
 
+#: The formulas; the group makers registered below are found through the registry.
+__all__ = [
+    "linear_sq_norms",
+    "linear_weighted_sum",
+    "linear_strategy",
+    "settle_pays",
+    "guard_gram",
+    "embedding_sq_norms",
+    "embedding_weighted_sum",
+    "CHUNK_BYTES",
+    "GRAM_TRUST",
+    "SETTLE_PASSES",
+]
+
+
+def linear_sq_norms(A: Tensor, G: Tensor, *, strategy: str | None = None) -> Tensor:
+    """``‖G_bᵀ A_b‖²`` for every sample ``b``: shape ``[B]``.
+
+    Args:
+        A: activations ``[B, n, in]``.
+        G: backprops ``[B, n, out]``.
+        strategy: ``"outer"``, ``"gram"`` or ``"direct"``; default: the cheaper (:func:`linear_strategy`).
+    """
+    B, n, d_in = A.shape
+    strategy = strategy or linear_strategy(n, d_in, G.shape[2])
+    if strategy == "outer":  # n == 1: ‖δ aᵀ‖² = ‖δ‖² ‖a‖²
+        return A.flatten(1).pow(2).sum(1) * G.flatten(1).pow(2).sum(1)
+    if strategy == "gram":  # ‖g_b‖² = Σ_{t,t'} (a_t·a_t')(δ_t·δ_t')
+        gram = _in_chunks(A, G, 2 * n * n, lambda a, g: (a @ a.mT * (g @ g.mT)).sum((1, 2)))
+        return guard_gram(A, G, gram)
+    # materialised: g_b = G_bᵀ A_b, formed chunk by chunk in one reused buffer
+    d_out = G.shape[2]
+    buf = A.new_empty(_chunk(B, d_in * d_out, A), d_out, d_in)
+
+    def direct(a: Tensor, g: Tensor) -> Tensor:
+        return torch.linalg.vector_norm(torch.bmm(g.mT, a, out=buf[: len(a)]).flatten(1), dim=1).pow(2)
+
+    return _in_chunks(A, G, d_in * d_out, direct)
+
+
+def linear_weighted_sum(A: Tensor, G: Tensor, weights: Tensor) -> Tensor:
+    """``Σ_b weights[b] * G_bᵀ A_b`` in one matrix product: shape ``[out, in]``.
+
+    >>> A, G, w = torch.randn(3, 2, 4), torch.randn(3, 2, 5), torch.rand(3)
+    >>> torch.allclose(linear_weighted_sum(A, G, w), torch.einsum("b,bno,bni->oi", w, G, A), atol=1e-5)
+    True
+    """
+    B, n, d_in = A.shape
+    d_out = G.shape[-1]
+    w = weights.to(A.dtype)
+    if n > 1 and G.transpose(0, 1).is_contiguous():  # time-major backprops (an RNN's): flatten without a copy
+        a, g, rows = A.transpose(0, 1).reshape(n * B, d_in), G.transpose(0, 1).reshape(n * B, d_out), w.repeat(n)
+    else:
+        a, g, rows = A.reshape(B * n, d_in), G.reshape(B * n, d_out), w.repeat_interleave(n)
+    if d_in < d_out:  # weight the smaller side
+        return torch.mm(g.t(), a * rows[:, None])
+    return torch.mm((g * rows[:, None]).t(), a)
+
+
+def linear_strategy(n: int, d_in: int, d_out: int) -> str:
+    """``"outer"`` (``n == 1``), ``"gram"`` or ``"direct"``: the cheaper way to the norms alone.
+
+    >>> linear_strategy(1, 784, 512), linear_strategy(64, 128, 384), linear_strategy(1024, 128, 384)
+    ('outer', 'gram', 'direct')
+    """
+    if n <= 1:
+        return "outer"
+    return "gram" if n * n * (d_in + d_out) < n * d_in * d_out else "direct"
+
+
+def settle_pays(n: int, d_in: int, d_out: int) -> bool:
+    """Whether forming (and keeping) the per-sample gradients is the cheaper *whole* path: norms and clipped sum.
+
+    * **Gram**: ``n² (in + out)`` for the norms, then the weighted sum: ``n * in * out`` per sample;
+    * **settled**: form ``G_bᵀ A_b`` (``n * in * out``), then its norm and the weighted sum read it
+      back: ``SETTLE_PASSES * in * out`` (memory-bound passes, see :data:`SETTLE_PASSES`).
+
+    Both pay ``n * in * out``, so settling wins when ``n² (in + out) > SETTLE_PASSES * in * out``, and
+    whenever the direct norm is the cheaper norm (that forms the per-sample gradients anyway). The norms
+    alone would keep the Gram path for a transformer's layers (``n = 64``, ``128 -> 256``) where it
+    costs 1.4x the settled path.
+
+    >>> settle_pays(64, 128, 256), settle_pays(16, 128, 128), settle_pays(1024, 128, 384)
+    (True, False, True)
+    >>> linear_strategy(64, 128, 256)           # the norms alone would have kept the Gram path
+    'gram'
+    """
+    if n <= 1:
+        return False
+    return n * n * (d_in + d_out) > SETTLE_PASSES * d_in * d_out or linear_strategy(n, d_in, d_out) == "direct"
+
+
+def guard_gram(A: Tensor, G: Tensor, sq: Tensor) -> Tensor:
+    """Gram norms ``sq`` made safe from cancellation: suspect samples recomputed directly in float64.
+
+    ``<A Aᵀ, G Gᵀ>`` adds ``n²`` products as large as ``‖a_t‖ ‖a_s‖ ‖δ_t‖ ‖δ_s‖``; when a
+    sample's positions cancel (nearly equal inputs, opposite backprops) the float32 sum is
+    rounding noise (too small, negative or NaN) and the sample would be clipped too little.
+    A sample whose Gram norm is below ``GRAM_TRUST * eps * (in + out)`` times
+    ``(Σ_t ‖a_t‖ ‖δ_t‖)²`` (or not finite) gets ``‖G_bᵀ A_b‖`` in float64, plus
+    ``n * eps * Σ_t ‖a_t‖ ‖δ_t‖``: the rounding the float32 weighted sum may add to it.
+
+    >>> a = torch.full((1, 2, 64), 1000.0); a[0, 1, 0] += 0.01   # two nearly equal positions
+    >>> g = torch.ones(1, 2, 64); g[0, 1] = -1.0                 # opposite backprops
+    >>> bool(guard_gram(a, g, torch.tensor([-256.0])) >= 64 * 0.01**2)   # true norm²: 64 * 0.01²
+    True
+    """
+    if sq.numel() == 0:
+        return sq
+    eps = torch.finfo(A.dtype).eps
+    reach = (torch.linalg.vector_norm(A, dim=2) * torch.linalg.vector_norm(G, dim=2)).sum(1)  # >= ‖G_bᵀ A_b‖
+    suspect = ~(sq >= reach.pow(2) * (GRAM_TRUST * eps * (A.shape[2] + G.shape[2])))
+    if not bool(suspect.any()):
+        return sq
+    idx = suspect.nonzero().flatten()
+    exact = torch.bmm(G[idx].double().mT, A[idx].double()).flatten(1).pow(2).sum(1).sqrt()
+    sq = sq.clone()
+    sq[idx] = (exact + A.shape[1] * eps * reach[idx].double()).pow(2).to(sq.dtype)
+    return sq
+
+
+def _chunk(B: int, per_sample: int, like: Tensor) -> int:
+    budget = scratch_bytes(CHUNK_BYTES, like)  # measured on a CPU; larger on a GPU (fast/device.py)
+    return max(1, min(B, budget // max(1, per_sample * like.element_size())))
+
+
+def _in_chunks(A: Tensor, G: Tensor, per_sample: int, norms: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
+    """``norms(a, g)`` over chunks of samples, each chunk's scratch (``per_sample`` entries each) in the budget."""
+    out = A.new_empty(A.shape[0])
+    step = _chunk(A.shape[0], per_sample, A)
+    for s in range(0, A.shape[0], step):
+        out[s : s + step] = norms(A[s : s + step], G[s : s + step])
+    return out
+
+
+def embedding_sq_norms(idx: Tensor, G: Tensor, V: int) -> Tensor:
+    """Squared norm of each sample's embedding gradient, by matching indices: shape ``[B]``.
+
+    Sample ``b`` adds ``G[b, t]`` to row ``idx[b, t]``; positions with equal indices add
+    up before squaring. One sort (``unique``) finds them all.
+
+    Args:
+        idx: ``[B, n]`` indices (positions to leave out already have zero backprops).
+        G: ``[B, n, D]`` backprops.
+        V: number of embeddings.
+
+    >>> embedding_sq_norms(torch.tensor([[1, 1, 2]]), torch.tensor([[[1.0], [2.0], [5.0]]]), V=3)  # (1+2)² + 5²
+    tensor([34.])
+    """
+    B, n = idx.shape
+    if B == 0 or n == 0:
+        return G.new_zeros(B)
+    sample = torch.arange(B, device=idx.device).repeat_interleave(n)
+    keys, inverse = torch.unique(sample * V + idx.reshape(-1), return_inverse=True)
+    summed = G.new_zeros(keys.shape[0], G.shape[-1]).index_add_(0, inverse, G.reshape(B * n, -1))
+    return G.new_zeros(B).index_add_(0, torch.div(keys, V, rounding_mode="floor"), summed.pow(2).sum(1))
+
+
+def embedding_weighted_sum(idx: Tensor, G: Tensor, weights: Tensor, V: int) -> Tensor:
+    """``Σ_b weights[b] * (sample b's embedding gradient)``: shape ``[V, D]``.
+
+    >>> embedding_weighted_sum(torch.tensor([[0, 1]]), torch.ones(1, 2, 1), torch.tensor([0.5]), V=2).flatten()
+    tensor([0.5000, 0.5000])
+    """
+    B, n = idx.shape
+    rows = weights.to(G.dtype).repeat_interleave(n)[:, None]
+    return G.new_zeros(V, G.shape[-1]).index_add_(0, idx.reshape(-1), G.reshape(B * n, -1) * rows)
+
+
+# -- the norm samplers: a layer's calls folded into samples, then the formulas above -------------------------
 class LinearPiece:
-    """``G_b^T A_b`` (scaled) for every sample, never formed unless it is the cheaper way to its norm.
+    """``G_bᵀ A_b`` (scaled) for every sample, never formed unless it is the cheaper way to its norm.
 
     Args:
         A: activations ``[B, n, in]``; G: backprops ``[B, n, out]``; scale: multiplies every gradient.
@@ -78,12 +258,14 @@ class LinearPiece:
 
 
 def linear_piece(calls: list[tuple[Tensor, Tensor, float]], K: int) -> LinearPiece:
-    """One :class:`LinearPiece` for several calls: their positions are concatenated per sample.
+    """One :class:`LinearPiece` for several ``(activations, backprops, scale)`` calls, positions side by side.
 
-    The calls of one forward pass all hold the same rows (the wrapper checks it), hence the same scale.
+    The calls of one forward pass hold the same rows (the wrapper checks it), hence the same scale.
     """
-    A = torch.cat([group_rows(a, K) for a, _, _ in calls], 1) if len(calls) > 1 else group_rows(calls[0][0], K)
-    G = torch.cat([group_rows(g, K) for _, g, _ in calls], 1) if len(calls) > 1 else group_rows(calls[0][1], K)
+    if len(calls) == 1:
+        return LinearPiece(group_rows(calls[0][0], K), group_rows(calls[0][1], K), calls[0][2])
+    A = torch.cat([group_rows(a, K) for a, _, _ in calls], 1)
+    G = torch.cat([group_rows(g, K) for _, g, _ in calls], 1)
     return LinearPiece(A, G, calls[0][2])
 
 
@@ -128,13 +310,8 @@ class LinearGroup(GhostGroup):
 
 
 def linear_settles(module: nn.Module, call: GhostCall, K: int) -> bool:
-    """Whether forming a call's per-sample gradients is the cheaper way to its norms *and* clipped sum,
-    so it is settled (:func:`~dpnotebook.grad_sample.samplers.linear_map_norms.settle_pays`).
+    """:func:`settle_pays` for a call, its ``n = K * positions`` rows per sample: long sequences, or many copies.
 
-    That is when a sample's ``n = K * positions`` rows make the Gram matrices
-    dearer than the passes over its ``[out, in]`` gradient: long sequences, or many copies.
-
-    >>> import torch
     >>> from dpnotebook.grad_sample._engine.calls import LayerCall
     >>> layer = nn.Linear(64, 64)
     >>> call = GhostCall(LayerCall(layer, "l", (torch.zeros(8, 10, 64),), {}, [0], 0, 8, 0), torch.zeros(8, 10, 64))
@@ -148,16 +325,18 @@ def linear_settles(module: nn.Module, call: GhostCall, K: int) -> bool:
     return settle_pays(n, x.shape[-1], g.shape[-1])
 
 
-def _disjoint(windows: list[tuple[int, int]]) -> bool:
-    spans = sorted(windows)
-    return all(a[1] <= b[0] for a, b in itertools.pairwise(spans))
-
-
 @register_norm_sampler(nn.Linear, InProjection, settles=linear_settles)
 def linear_group(
     module: nn.Linear | InProjection, calls: list[GhostCall], K: int, scratch: Scratch | None = None
 ) -> GhostGroup:
-    """``nn.Linear`` (window = all rows) and ``InProjection`` (the rows each call used)."""
+    """``nn.Linear`` (window = all rows) and ``InProjection`` of ``DPMultiheadAttention`` (the rows each call used).
+
+    >>> from dpnotebook.grad_sample import GhostGradSampleModule
+    >>> model = GhostGradSampleModule(nn.Linear(3, 2))
+    >>> model(torch.randn(4, 3)).sum().backward()
+    >>> model.strategies()
+    {'model': 'ghost outer'}
+    """
     # torch's stubs type Linear.weight and .bias as Tensors; they are the layer's Parameters
     weight, bias = cast(nn.Parameter, module.weight), cast("nn.Parameter | None", getattr(module, "bias", None))
     blocks: dict[tuple[int, int], list[tuple[Tensor, Tensor, float]]] = {}
@@ -167,7 +346,8 @@ def linear_group(
         if len(acts) >= 3 and tuple(acts[2]) != rows:
             return materialise(module, calls, K)  # weight and bias rows differ: not a plain window
         blocks.setdefault(rows, []).append((acts[0], c.received(), c.scale))
-    if not _disjoint(list(blocks)):
+    spans = sorted(blocks)
+    if any(a[1] > b[0] for a, b in itertools.pairwise(spans)):
         return materialise(module, calls, K)  # overlapping windows: their gradients would add up
     return LinearGroup(weight, bias, {r: linear_piece(v, K) for r, v in blocks.items()})
 
@@ -208,14 +388,3 @@ def embedding_group(module: nn.Embedding, calls: list[GhostCall], K: int, scratc
         G.append(g.reshape(i.shape[0] // K, -1, module.embedding_dim))
     weight = cast(nn.Parameter, module.weight)  # torch's stubs type it as a Tensor
     return EmbeddingGroup(weight, torch.cat(idx, 1), torch.cat(G, 1), calls[0].scale)
-
-
-__all__ = [
-    "LinearPiece",
-    "linear_piece",
-    "LinearGroup",
-    "linear_group",
-    "linear_settles",
-    "EmbeddingGroup",
-    "embedding_group",
-]

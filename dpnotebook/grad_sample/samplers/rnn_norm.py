@@ -5,7 +5,7 @@ One layer and direction of an RNN has an input-side weight (applied to
 gate backprops ``g_t`` (GRU: the hidden side of its candidate gate receives
 ``r_t * g_t``). So each is a Linear piece over the ``K*T`` positions of a
 sample, and for LSTM and RNN the two pieces share ``G``: their Gram norms need
-``G G^T`` once (:func:`~dpnotebook.grad_sample.samplers.linear_map_norms.shared_gram_sq_norms`).
+``G Gᵀ`` once (:func:`shared_gram_sq_norms`).
 The hidden states come from the record the layer filled during its forward.
 """
 
@@ -14,11 +14,41 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from dpnotebook.grad_sample.ghost.groups import GhostCall, GhostGroup, Grads, Scratch
-from dpnotebook.grad_sample.ghost.registry import register_norm_sampler
-from dpnotebook.grad_sample.samplers.linear_map_norms import linear_strategy, shared_gram_pays, shared_gram_sq_norms
-from dpnotebook.grad_sample.samplers.linear_norm import LinearPiece, linear_piece
+from dpnotebook.grad_sample._contracts import GhostCall, GhostGroup, Grads, Scratch, register_norm_sampler
+from dpnotebook.grad_sample.samplers.linear_norm import LinearPiece, _chunk, guard_gram, linear_piece, linear_strategy
 from dpnotebook.layers.gate_projection import GateProjection
+
+__all__ = ["shared_gram_sq_norms", "shared_gram_pays"]
+
+
+def shared_gram_sq_norms(As: list[Tensor], G: Tensor) -> list[Tensor]:
+    """``‖G_bᵀ A_b‖²`` for several ``A`` (``[B, n, in_i]``) that share the backprops ``G``: one ``G Gᵀ``.
+
+    >>> A1, A2, G = torch.randn(2, 3, 4), torch.randn(2, 3, 5), torch.randn(2, 3, 6)
+    >>> n1, n2 = shared_gram_sq_norms([A1, A2], G)
+    >>> torch.allclose(n2, torch.einsum("bno,bni->boi", G, A2).flatten(1).pow(2).sum(1), rtol=1e-4)
+    True
+    """
+    B, n = G.shape[:2]
+    out = [G.new_empty(B) for _ in As]
+    step = _chunk(B, (1 + len(As)) * n * n, G)
+    for s in range(0, B, step):
+        g = G[s : s + step]
+        gg = g @ g.mT
+        for o, A in zip(out, As, strict=True):
+            a = A[s : s + step]
+            o[s : s + step] = (a @ a.mT * gg).sum((1, 2))
+    return [guard_gram(A, G, o) for A, o in zip(As, out, strict=True)]
+
+
+def shared_gram_pays(ins: list[int], n: int, d_out: int) -> bool:
+    """Whether :func:`shared_gram_sq_norms` costs less than each piece on its own (by multiply-adds).
+
+    >>> shared_gram_pays([64, 128], 64, 512), shared_gram_pays([64, 128], 1024, 512)
+    (True, False)
+    """
+    alone = sum(min(n * n * (i + d_out), n * i * d_out) for i in ins)
+    return n > 1 and n * n * (sum(ins) + d_out) < alone
 
 
 class GateGroup(GhostGroup):
@@ -102,7 +132,6 @@ def gate_settles(unit: GateProjection, call: GhostCall, K: int) -> bool:
 def gate_group(unit: GateProjection, calls: list[GhostCall], K: int, scratch: Scratch | None = None) -> GhostGroup:
     """``dpnotebook.layers.GateProjection``: the hidden states come from the layer's record.
 
-    >>> import torch
     >>> import dpnotebook
     >>> from dpnotebook.layers import DPLSTM
     >>> lstm = dpnotebook.wrap_model(DPLSTM(3, 4, batch_first=True), "ghost")
@@ -127,6 +156,3 @@ def gate_group(unit: GateProjection, calls: list[GhostCall], K: int, scratch: Sc
     if shared:
         h_side.G = x_side.G  # one tensor (the concatenation made two copies)
     return GateGroup(unit, x_side, h_side, shared)
-
-
-__all__ = ["GateGroup", "gate_group", "gate_settles"]

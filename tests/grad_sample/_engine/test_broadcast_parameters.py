@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from dpnotebook import GradSampleModule
 from dpnotebook.audit import audit_sensitivity
 from dpnotebook.errors import GradSampleError
-from dpnotebook.grad_sample.ghost.wrapper import GhostGradSampleModule
+from dpnotebook.grad_sample import GhostGradSampleModule
 from dpnotebook.layers import DPMultiheadAttention
 from dpnotebook.testing import dot_loss, random_target, reference_grad_samples
 

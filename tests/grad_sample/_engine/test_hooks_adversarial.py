@@ -14,9 +14,9 @@ from torch import nn
 from torch.nn.utils.rnn import pack_sequence
 
 from dpnotebook import GradSampleError, GradSampleModule
-from dpnotebook.grad_sample import plan_units
+from dpnotebook.grad_sample import GhostGradSampleModule
 from dpnotebook.grad_sample._engine.calls import count_rows
-from dpnotebook.grad_sample.ghost.wrapper import GhostGradSampleModule
+from dpnotebook.grad_sample._engine.hooks import plan_units
 from dpnotebook.privacy.optimizer import DPOptimizer
 from dpnotebook.testing import reference_grad_samples
 

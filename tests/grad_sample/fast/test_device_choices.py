@@ -10,7 +10,7 @@ from torch import nn
 
 from dpnotebook.grad_sample.fast.conv import CHUNK_BYTES, conv_method
 from dpnotebook.grad_sample.fast.device import ACCELERATOR_CONV_METHOD, ACCELERATOR_SCRATCH_BYTES, scratch_bytes
-from dpnotebook.grad_sample.samplers import linear_map_norms
+from dpnotebook.grad_sample.samplers import linear_norm
 
 
 def test_the_cpu_conv_rule_does_not_decide_another_device() -> None:
@@ -21,9 +21,9 @@ def test_the_cpu_conv_rule_does_not_decide_another_device() -> None:
 
 
 def test_scratch_budgets_are_the_cpus_only_on_the_cpu() -> None:
-    budget = max(CHUNK_BYTES, linear_map_norms.CHUNK_BYTES)
+    budget = max(CHUNK_BYTES, linear_norm.CHUNK_BYTES)
     assert scratch_bytes(budget, torch.empty(1)) == budget
     assert scratch_bytes(budget, torch.empty(1, device="meta")) == ACCELERATOR_SCRATCH_BYTES > budget
     per_sample = 2**20  # 4 MiB of float32 scratch per sample
-    assert linear_map_norms._chunk(512, per_sample, torch.empty(1)) == 8
-    assert linear_map_norms._chunk(512, per_sample, torch.empty(1, device="meta")) == 64
+    assert linear_norm._chunk(512, per_sample, torch.empty(1)) == 8
+    assert linear_norm._chunk(512, per_sample, torch.empty(1, device="meta")) == 64

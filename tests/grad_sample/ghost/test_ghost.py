@@ -17,9 +17,9 @@ from torch import nn
 import dpnotebook
 from dpnotebook import GradSampleError
 from dpnotebook.benchmarks.models import SampleConvNet, SmallResNetGN, TextTransformer
+from dpnotebook.grad_sample import GhostGradSampleModule
 from dpnotebook.grad_sample.fast.conv import _methods, conv_per_sample_grads
-from dpnotebook.grad_sample.ghost.wrapper import GhostGradSampleModule
-from dpnotebook.grad_sample.samplers.linear_map_norms import linear_sq_norms, linear_strategy, settle_pays
+from dpnotebook.grad_sample.samplers.linear_norm import linear_sq_norms, linear_strategy, settle_pays
 from dpnotebook.layers import DPGRU, DPLSTM, DPMultiheadAttention
 from dpnotebook.privacy.clipping import clip_and_sum, clip_factors, layer_thresholds
 from dpnotebook.privacy.ghost_optimizer import GhostDPOptimizer
@@ -352,7 +352,7 @@ def test_settled_layers_over_two_forward_passes_equal_each_pass_alone() -> None:
 
 
 def test_settled_groups_of_one_forward_pass_must_share_their_scale() -> None:
-    from dpnotebook.grad_sample.ghost.groups import MaterialisedGroup
+    from dpnotebook.grad_sample._contracts import MaterialisedGroup
 
     w = nn.Parameter(torch.zeros(2))
     group = MaterialisedGroup({w: torch.ones(3, 2)}, 0.5)

@@ -15,7 +15,8 @@ import torch
 from torch import nn
 
 import dpnotebook
-from dpnotebook.grad_sample.samplers.linear_map_norms import linear_sq_norms, shared_gram_sq_norms
+from dpnotebook.grad_sample.samplers.linear_norm import linear_sq_norms
+from dpnotebook.grad_sample.samplers.rnn_norm import shared_gram_sq_norms
 from dpnotebook.privacy.ghost_optimizer import GhostDPOptimizer
 from dpnotebook.testing import reference_grad_samples
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+from dpnotebook.grad_sample._contracts import affine_grads, affine_reference_grads
 from dpnotebook.grad_sample.fast import buffers
 from dpnotebook.grad_sample.fast.conv import _methods, conv_per_sample_grads
 from dpnotebook.grad_sample.fast.linear import linear_weight_grads_into_buffer
@@ -19,7 +20,6 @@ from dpnotebook.grad_sample.samplers.instance_norm import instance_norm_grad_sam
 from dpnotebook.grad_sample.samplers.layer_norm import layer_norm_grad_sampler
 from dpnotebook.grad_sample.samplers.linear import linear_grad_sampler, linear_weight_grads
 from dpnotebook.grad_sample.samplers.rms_norm import rms_norm_grad_sampler
-from dpnotebook.grad_sample.samplers.sample_rows import affine_grads, affine_reference_grads
 from dpnotebook.testing import Split, random_target, reference_grad_samples
 
 TOL = 1e-10

@@ -1,26 +1,16 @@
 """The ghost records of a batch, and what they add up to: norms and clipped sums.
 
-Ghost mode's wrapper (:mod:`~dpnotebook.grad_sample.ghost.wrapper`) records, for every
-call of a ghosted layer, what the layer saw and the gradient of its output
-(:class:`~dpnotebook.grad_sample.ghost.groups.GhostCall`). A :class:`GhostLedger`
-keeps those records, forward pass by forward pass, until the optimizer has
-used them. It then
+A :class:`GhostLedger` keeps the wrapper's records (one ``GhostCall`` per call
+of a ghosted layer), forward pass by forward pass, until the optimizer has used
+them. It groups each pass's calls by layer (one ``GhostGroup`` per layer, built
+once and reused until a new record arrives; a layer whose group holds
+per-sample gradients is *settled* as each call's backprops arrive, and the
+call's inputs and backprops let go), then adds up every sample's squared norm
+and the weighted sums ``Σ_b w_b g_b`` per parameter: a sample is in exactly one
+forward pass, while the ``p.grad_sample`` the hooks engine left (``sampled``)
+covers all samples in order.
 
-1. groups each forward pass's calls by layer (one
-   :class:`~dpnotebook.grad_sample.ghost.groups.GhostGroup` per layer, made by
-   the layer's group maker; built once and reused until a new record arrives).
-   A layer whose group holds per-sample gradients (a convolution, a norm layer)
-   is *settled* as each call's backprops arrive: its per-sample gradients are
-   formed then and the call's inputs and backprops are let go, so they are
-   not kept until the optimizer step;
-2. adds up every sample's squared gradient norm per parameter: a sample is in
-   exactly one forward pass, while the per-sample gradients the hooks engine
-   left in ``p.grad_sample`` (``sampled``) cover all samples in order;
-3. adds up the weighted sums ``sum_b w_b g_b`` the same way.
-
->>> import torch
->>> from torch import nn
->>> from dpnotebook.grad_sample.ghost.wrapper import GhostGradSampleModule
+>>> from dpnotebook.grad_sample import GhostGradSampleModule
 >>> model = GhostGradSampleModule(nn.Linear(3, 2))
 >>> model.allow_grad_accumulation()
 >>> for rows in (4, 5):                     # two forward passes before one step
@@ -33,15 +23,22 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from dpnotebook.errors import GradSampleError
+from dpnotebook.grad_sample._contracts import (
+    GhostCall,
+    GhostGroup,
+    GhostHandler,
+    Grads,
+    MaterialisedGroup,
+    materialise,
+)
 from dpnotebook.grad_sample._engine.precision import autocast_off
-from dpnotebook.grad_sample.ghost.groups import GhostCall, GhostGroup, GhostHandler, MaterialisedGroup, materialise
 
-Grads = dict[nn.Parameter, Tensor]
 Groups = list[tuple[int, dict[nn.Module, GhostGroup]]]
 #: ``{p: [(forward_id, samples), ...]}``: the blocks of rows of each ``p.grad_sample`` (the hooks engine's store).
 Blocks = dict[nn.Parameter, list[tuple[int, int]]]
@@ -54,7 +51,6 @@ def _dropped(weights: Tensor | Grads) -> Tensor | None:
 
     Their records are zeroed before the weighted sums: ``0 * nan`` would be ``nan``.
 
-    >>> import torch
     >>> _dropped(torch.tensor([1.0, 0.5])) is None, _dropped(torch.tensor([0.0, float("nan"), 1.0])).tolist()
     (True, [True, True, False])
     """
@@ -69,7 +65,7 @@ class GhostLedger:
     """Every ghost record since the last :meth:`clear`, forward pass by forward pass.
 
     Args:
-        handlers: each ghosted layer's :class:`~dpnotebook.grad_sample.ghost.groups.GhostHandler`.
+        handlers: each ghosted layer's :class:`~dpnotebook.grad_sample._contracts.GhostHandler`.
         K: rows per sample (augmentation multiplicity).
     """
 
@@ -79,7 +75,7 @@ class GhostLedger:
         self.settled: dict[int, dict[nn.Module, MaterialisedGroup]] = {}
         self._groups: Groups | None = None
         self._fids: list[int] = []  # forward id of each entry of groups()
-        self._buffers: dict[tuple, Tensor] = {}
+        self._buffers: dict[tuple[Any, ...], Tensor] = {}
 
     def record(self, forward_id: int, module: nn.Module, call: GhostCall) -> None:
         """Keep ``call`` of ``module`` in forward pass ``forward_id`` (its backprops come later)."""
@@ -131,7 +127,9 @@ class GhostLedger:
             self._groups, self._fids = groups, list(self.pending)
         return self._groups
 
-    def _scratch(self, m: nn.Module, ordinal: int | tuple, key: tuple, shape: tuple, like: Tensor) -> Tensor:
+    def _scratch(
+        self, m: nn.Module, ordinal: int | tuple[Any, ...], key: tuple[Any, ...], shape: tuple[int, ...], like: Tensor
+    ) -> Tensor:
         """A buffer kept from step to step for layer ``m`` (in the ``ordinal``-th forward pass, or settled call)."""
         full = (id(m), ordinal, key)
         buf = self._buffers.get(full)

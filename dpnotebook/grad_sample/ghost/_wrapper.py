@@ -1,34 +1,16 @@
 """Ghost mode: per-sample gradient norms and the clipped sum, without per-sample gradients.
 
-DP-SGD needs two things from a batch: every sample's gradient norm (to find its
-clip factor ``c_b``) and the clipped sum ``sum_b c_b g_b``. Neither needs the
-``B`` gradients themselves. For each layer this wrapper keeps what the layer
-saw (activations) and what came back (backprops), and then
+DP-SGD needs every sample's gradient norm (for its clip factor ``c_b``) and the
+clipped sum ``Σ_b c_b g_b``, not the ``B`` gradients themselves. For each layer
+with a norm sampler, :class:`GhostGradSampleModule` runs the forward with
+*detached* parameters (so autograd never computes the weight gradient DP-SGD
+would throw away) and records what the layer saw and, through a hook or a
+:class:`Tap` on its output, what came back; a ``GhostLedger`` (``_ledger.py``)
+turns the records into norms and, once the clip factors are known, the clipped
+sum. Other layers are left to the hooks engine and join through ``p.grad_sample``.
+A record that went stale is refused (:func:`check_inputs_unchanged`,
+:class:`StaleRecordsGuard`).
 
-1. computes the norms from them (:mod:`~dpnotebook.grad_sample.samplers.linear_map_norms`:
-   Gram matrices or index matching, whichever is cheaper; small per-sample
-   gradients such as a norm layer's are simply formed);
-2. once the optimizer knows the clip factors, forms the clipped sum in one
-   weighted pass per layer (no second backward pass).
-
-This module does the recording; a
-:class:`~dpnotebook.grad_sample.ghost.ledger.GhostLedger` keeps the records of
-every forward pass until the optimizer step and adds them up.
-
-The layers it handles run their forward with *detached* parameters and a tap on
-the output, so autograd computes only what flows back to the inputs: the
-ordinary weight gradient, which DP-SGD throws away, is never computed. Layers
-it cannot handle are left to the hooks engine, layer by layer (their registered
-sampler, or torch.func), and join the norms and sums through ``p.grad_sample``.
-
-After ``backward()``, ``p.grad`` is *not* filled for the layers ghost mode
-handles: use :class:`~dpnotebook.privacy.ghost_optimizer.GhostDPOptimizer`
-(``make_private(grad_sample_mode="ghost")`` does), or read
-:meth:`GhostGradSampleModule.per_sample_norms` and
-:meth:`GhostGradSampleModule.weighted_sums` yourself.
-
->>> import torch
->>> from torch import nn
 >>> model = GhostGradSampleModule(nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 2)))
 >>> model(torch.randn(5, 4)).sum().backward()
 >>> model.per_sample_norms().shape
@@ -48,26 +30,162 @@ import torch
 from torch import Tensor, nn
 
 from dpnotebook.errors import GradSampleError
-from dpnotebook.grad_sample._engine.accumulation import grad_sample_rows
+from dpnotebook.grad_sample._contracts import GhostCall, GhostHandler, Grads, MaterialisedGroup, ghost_handler
+from dpnotebook.grad_sample._engine.accumulation import GradSampleStore, grad_sample_rows
 from dpnotebook.grad_sample._engine.calls import LayerCall, capture_is_paused, detach_tree, loss_scale
 from dpnotebook.grad_sample._engine.hooks import GradSampleModule
 from dpnotebook.grad_sample._engine.layer_hooks import second_backward_error, to_batch_first
+from dpnotebook.grad_sample._engine.provenance import ProbeLayer
 from dpnotebook.grad_sample._registry import SamplerEntry
-from dpnotebook.grad_sample.ghost.groups import GhostCall, GhostHandler, MaterialisedGroup
-from dpnotebook.grad_sample.ghost.ledger import GhostLedger
-from dpnotebook.grad_sample.ghost.registry import ghost_handler
-from dpnotebook.grad_sample.ghost.stale_records import StaleRecordsGuard, check_inputs_unchanged, input_versions
-from dpnotebook.grad_sample.ghost.tap import GhostStore, Tap, grad_mark
-from dpnotebook.grad_sample.samplers import conv_norm, linear_norm, materialised_norm, rnn_norm  # noqa: F401  (register the norm samplers)
+from dpnotebook.grad_sample.ghost._ledger import GhostLedger
+from dpnotebook.grad_sample.samplers import linear_norm, materialised_norm, rnn_norm  # noqa: F401  (register them)
 from dpnotebook.modes import register_mode
 from dpnotebook.validation import Problem, raise_if_problems, validate
 
-Grads = dict[nn.Parameter, Tensor]
+#: A layer the hooks engine handles: ``(path, layer, its grad sampler or None for torch.func)``.
+Unit = tuple[str, nn.Module, SamplerEntry | None]
+
+__all__ = ["GhostGradSampleModule", "ghost_owner", "Tap", "GhostStore", "StaleRecordsGuard"]
+
+
+class Tap(torch.autograd.Function):
+    """Identity on a layer's output that hands the output's gradient to ``sink``.
+
+    Used where nothing before the layer requires grad (the model's first layers):
+    its inputs include the layer's parameters, so the output requires grad all
+    the same. ``mark_dirty`` returns the very tensor (no view), so in-place
+    operations after the layer (``ReLU(inplace=True)``) work. Elsewhere a plain
+    tensor hook on the output does (no graph change at all).
+
+    >>> got, w = [], torch.nn.Parameter(torch.ones(2))
+    >>> out = Tap.apply(torch.zeros(2), got.append, w)      # nothing before requires grad
+    >>> (3 * out).sum().backward()
+    >>> got[0], w.grad
+    (tensor([3., 3.]), None)
+    """
+
+    @staticmethod
+    def forward(ctx: Any, out: Tensor, sink: Any, *params: Tensor) -> Tensor:
+        ctx.sink, ctx.n_params = sink, len(params)
+        ctx.mark_dirty(out)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        ctx.sink(grad)
+        return (grad, None) + (None,) * ctx.n_params
+
+
+def grad_mark(p: nn.Parameter) -> tuple[int, int] | None:
+    return None if p.grad is None else (id(p.grad), p.grad._version)
+
+
+class GhostStore(GradSampleStore):
+    """The hooks engine's store, told that a ghosted parameter whose ``.grad`` did not change got none.
+
+    Autograd calls post-accumulate-grad hooks for the parameters fed to the tap
+    even though the tap gives them no gradient; a parameter whose ``.grad``
+    really changed was used outside its layer, and the store's check reports it.
+    """
+
+    def __init__(self, owner: Any) -> None:
+        super().__init__(owner)
+        self.marks: dict[int, tuple[int, int] | None] = {}
+
+    def _on_grad(self, p: nn.Parameter) -> None:
+        if id(p) not in self.marks or grad_mark(p) != self.marks[id(p)]:
+            super()._on_grad(p)
+
+
+def input_versions(call: LayerCall) -> list[int]:
+    """The version counters of ``call``'s tensor inputs (taken when the layer ran)."""
+    return [a._version for a in call.args if isinstance(a, Tensor)]
+
+
+def check_inputs_unchanged(call: LayerCall, versions: list[int]) -> None:
+    """Raise if an input of ``call`` was modified in place since :func:`input_versions` gave ``versions``.
+
+    Raises:
+        GradSampleError: an input changed; the layer's record no longer matches its backprops.
+    """
+    if input_versions(call) != versions:
+        raise GradSampleError(
+            f"{call.path} ({type(call.module).__name__}): its input was modified in place after the layer "
+            "used it, so ghost mode cannot compute its gradient norms. Avoid in-place operations on "
+            "layer inputs (e.g. use ReLU(inplace=False) before this layer)."
+        )
+
+
+class StaleRecordsGuard:
+    """The ghosted layers' parameter versions when a batch's first record came, checked before a forward pass.
+
+    In ghost mode a batch's clipped gradients exist only as records until a
+    ``GhostDPOptimizer`` step uses them and ``zero_grad()`` clears them. While
+    records are held, a new forward pass is refused when gradient accumulation
+    is forbidden (the records would mix two batches) or when the ghosted layers'
+    parameters changed (an optimizer stepped without the clipped gradients).
+
+    Args:
+        layers: the ghosted layers (their parameters are read at each use: a parameter may be replaced).
+
+    >>> layer = nn.Linear(2, 1)
+    >>> guard = StaleRecordsGuard([layer])
+    >>> guard.new_batch()                                   # the batch's first record
+    >>> guard.check(holds_records=True, allow_accumulation=True)
+    >>> with torch.no_grad():
+    ...     _ = layer.weight.add_(1.0)                      # a step that went without the records
+    >>> guard.check(holds_records=True, allow_accumulation=True)
+    Traceback (most recent call last):
+    ...
+    dpnotebook.errors.GradSampleError: ghost mode: the parameters changed after a backward pass ...
+    """
+
+    def __init__(self, layers: list[nn.Module]) -> None:
+        self.layers = layers
+        self.versions: dict[int, int] = {}
+
+    def _params(self) -> list[nn.Parameter]:
+        return [p for m in self.layers for p in m._parameters.values() if p is not None]
+
+    def new_batch(self) -> None:
+        """Remember the parameters' versions (called when a batch's first record arrives)."""
+        self.versions = {id(p): p._version for p in self._params()}
+
+    def forget(self) -> None:
+        """The records were cleared: there is nothing left to go stale."""
+        self.versions = {}
+
+    def check(self, holds_records: bool, allow_accumulation: bool) -> None:
+        """Raise if the records held (``holds_records``) went stale.
+
+        Raises:
+            GradSampleError: accumulation is forbidden, or the parameters changed since the batch began.
+        """
+        if not holds_records:
+            return
+        if not allow_accumulation:
+            raise GradSampleError(
+                "ghost mode holds the norms of an earlier batch and gradient accumulation is forbidden. "
+                "Call zero_grad() (on the model or the DP optimizer) before the next forward/backward, "
+                "or call allow_grad_accumulation()."
+            )
+        for p in self._params():
+            if id(p) in self.versions and p._version != self.versions[id(p)]:
+                raise GradSampleError(
+                    "ghost mode: the parameters changed after a backward pass whose clipped gradients "
+                    "were never used, so an optimizer stepped without them (in ghost mode p.grad is "
+                    "not filled). Use dpnotebook.privacy.ghost_optimizer.GhostDPOptimizer, e.g. through "
+                    "PrivacyEngine.make_private(grad_sample_mode='ghost'), or call zero_grad() between steps."
+                )
 
 
 @register_mode("ghost", validates_as="hooks")  # builds on hooks mode: its checks apply
 class GhostGradSampleModule(GradSampleModule):
-    """Wraps ``module`` for ghost clipping (see the module docstring).
+    """Wraps ``module`` for ghost clipping: every sample's gradient norm and the clipped sum, no per-sample gradients.
+
+    ``p.grad`` is not filled for the ghosted layers: train with
+    :class:`~dpnotebook.privacy.ghost_optimizer.GhostDPOptimizer`, or read :meth:`per_sample_norms`
+    and :meth:`weighted_sums`.
 
     Args: as :class:`~dpnotebook.grad_sample._engine.hooks.GradSampleModule`
     (``force_functorch`` has no meaning here).
@@ -94,7 +212,7 @@ class GhostGradSampleModule(GradSampleModule):
         return problems
 
     # -- planning: which layers are ghosted, which go to the hooks engine -------------
-    def _split_plan(self) -> tuple[list[tuple[str, nn.Module, SamplerEntry | None, GhostHandler]], list]:
+    def _split_plan(self) -> tuple[list[tuple[str, nn.Module, SamplerEntry | None, GhostHandler]], list[Unit]]:
         units = self._all_units()
         owners = Counter(id(p) for _, m, e in units for p in set(m.parameters(recurse=e is None)))
         ghost, hooks = [], []
@@ -108,7 +226,7 @@ class GhostGradSampleModule(GradSampleModule):
                 hooks.append((path, m, entry))
         return ghost, hooks
 
-    def _plan(self) -> list:
+    def _plan(self) -> list[Unit]:
         return self._split_plan()[1]
 
     def _unit_modules(self) -> list[nn.Module]:
@@ -124,7 +242,7 @@ class GhostGradSampleModule(GradSampleModule):
         self._ghost_units, _ = self._split_plan()
         self._stale = StaleRecordsGuard([m for _, m, _, _ in self._ghost_units])
         self._ledger = GhostLedger({m: handler for _, m, _, handler in self._ghost_units}, self.K)
-        self._swapped: dict[int, list[dict]] = {}
+        self._swapped: dict[int, list[dict[str, nn.Parameter]]] = {}
         self._held: list[tuple[nn.Module, str, nn.Parameter]] = []
         self._ghost_handles = []
         for p in self._module.parameters():  # lets GhostDPOptimizer find this wrapper from its parameters
@@ -170,7 +288,7 @@ class GhostGradSampleModule(GradSampleModule):
                 m._parameters[name] = p
             self._held = []
 
-    def _detach_params(self, m: nn.Module, args: tuple, kwargs: dict) -> None:
+    def _detach_params(self, m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if not self._active(m) or self._broadcast.batch_free_call(args, kwargs):  # batch-free: meeting points
             self._swapped.setdefault(id(m), []).append({})
             return
@@ -180,7 +298,13 @@ class GhostGradSampleModule(GradSampleModule):
             m._parameters[n] = cast(nn.Parameter, p.detach())  # a stand-in until _tap_output puts p back
 
     def _tap_output(
-        self, path: str, outside: tuple[str, ...], m: nn.Module, args: tuple, kwargs: dict, output: Any
+        self,
+        path: str,
+        outside: tuple[str, ...],
+        m: nn.Module,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        output: Any,
     ) -> Any:
         saved = self._swapped[id(m)].pop()
         for name, p in saved.items():
@@ -216,7 +340,7 @@ class GhostGradSampleModule(GradSampleModule):
             return None
         return Tap.apply(output, sink, *saved.values())
 
-    def _probe_layers(self) -> list:
+    def _probe_layers(self) -> list[ProbeLayer]:
         """The hooks engine's units and the ghosted layers: every layer whose rows must be samples."""
         ghosted = [(path, m, self._batch_dim(m)) for path, m, _, _ in self._ghost_units]
         return ghosted + super()._probe_layers()
@@ -282,8 +406,6 @@ class GhostGradSampleModule(GradSampleModule):
     def strategies(self) -> dict[str, str]:
         """How each ghosted layer's norms are computed for the batch seen (after backward): ``{path: how}``.
 
-        >>> import torch
-        >>> from torch import nn
         >>> model = GhostGradSampleModule(nn.Sequential(nn.Embedding(9, 4), nn.Linear(4, 2)))
         >>> model(torch.randint(0, 9, (3, 5))).sum().backward()
         >>> model.strategies()
@@ -309,6 +431,3 @@ def ghost_owner(p: nn.Parameter) -> GhostGradSampleModule | None:
     """The ghost wrapper whose model holds ``p`` (``None`` if there is none)."""
     ref = getattr(p, "_dpn_ghost_owner", None)
     return ref() if ref is not None else None
-
-
-__all__ = ["GhostGradSampleModule", "ghost_owner"]
