@@ -143,8 +143,7 @@ def profile_table(models: list[str], modes: list[str], *, batch: int = PROFILE_B
     A cell is ``dpnotebook / Opacus``; ``-`` where Opacus is not installed (or not asked for),
     the exception's name where a step cannot run. The last column compares the best modes.
     """
-    from dpnotebook.benchmarks.opacus_steps import opacus_available
-    from dpnotebook.benchmarks.steps import OPACUS_MODES
+    from dpnotebook.benchmarks.steps import OPACUS_MODES, opacus_available
 
     opacus = opacus and opacus_available() is not None
     head = "| model | non-private | " + " | ".join(f"{m} (dpn / Opacus)" for m in modes) + " | best (dpn / Opacus) |"

@@ -10,7 +10,7 @@ Each revision's ``dpnotebook/`` is exported with ``git archive <rev> dpnotebook 
 temporary folder (committed files only: uncommitted edits are not measured; nothing is left in
 the repository's worktree list; the folders are removed at the end or on Ctrl-C). Every option of
 ``python -m dpnotebook.benchmarks`` (``--quick``, ``--models``, ``--kinds``, ``--steps`` ...) selects
-the configurations, planned by this checkout's :func:`~dpnotebook.benchmarks.suite.plan`.
+the configurations, planned by this checkout's :func:`~dpnotebook.benchmarks.__main__.plan`.
 
 Each configuration runs in a fresh process of that revision's own code:
 ``python -m dpnotebook.benchmarks --child <payload>`` with ``PYTHONPATH`` and the working
@@ -45,8 +45,8 @@ from pathlib import Path
 
 import torch
 
+from dpnotebook.benchmarks.__main__ import Config, configurations
 from dpnotebook.benchmarks.__main__ import parse_args as suite_args
-from dpnotebook.benchmarks.suite import Config, plan
 
 SETTINGS = ("steps", "warmup", "threads", "device", "min_seconds", "max_steps")
 
@@ -153,20 +153,6 @@ def run_child(tree: Path, cfg: Config, settings: dict, timeout: float) -> dict:
     if done.returncode != 0 or not lines:
         return {**asdict(cfg), "error": (done.stderr.strip().splitlines() or ["no output"])[-1][:300]}
     return json.loads(lines[-1])
-
-
-def configurations(args: argparse.Namespace) -> list[Config]:
-    """The configurations ``python -m dpnotebook.benchmarks`` would run with the same options."""
-    configs = plan(args.models, args.batch, modes=args.modes, kinds=args.kinds, ks=[], opacus=args.compare_opacus)
-    return configs + plan(
-        args.k_models or args.models,
-        [],
-        modes=args.modes,
-        kinds=args.kinds,
-        ks=args.ks,
-        k_batch=args.k_batch,
-        k_modes=args.k_modes,
-    )
 
 
 def summarize(row: dict) -> dict:

@@ -100,7 +100,7 @@ def check_zoo_model(
         if hasattr(wrapped, "weighted_sums"):
             err = _clipped_sum_error(wrapped, named, ref)
         else:
-            err = _grad_sample_error(named, ref)
+            err = grad_sample_error(named, ref)
         units = _units(wrapped)
     finally:
         cast(Unwrappable, wrapped).to_standard_module()  # every mode's wrapper has it
@@ -130,7 +130,12 @@ def units_after_a_step(name: str, mode: str, *, rows: int = 2) -> ZooCheck:
     return _result(math.nan, units)
 
 
-def _grad_sample_error(named: list[tuple[str, nn.Parameter]], ref: dict[str, Tensor]) -> float:
+def grad_sample_error(named: list[tuple[str, nn.Parameter]], ref: dict[str, Tensor]) -> float:
+    """``max |p.grad_sample - oracle| / max |oracle|`` over ``named`` parameters.
+
+    Raises:
+        AssertionError: a parameter has no ``grad_sample`` or one of another shape than the oracle's.
+    """
     scale = max(r.abs().max().item() for r in ref.values())
     err = 0.0
     for n, p in named:
@@ -156,4 +161,4 @@ def _clipped_sum_error(wrapped: Any, named: list[tuple[str, nn.Parameter]], ref:
     return err / scale
 
 
-__all__ = ["check_zoo_model", "units_after_a_step", "prepared", "ZooCheck"]
+__all__ = ["check_zoo_model", "units_after_a_step", "prepared", "grad_sample_error", "ZooCheck"]
