@@ -198,7 +198,8 @@ def tiny_transformer(
             f"tiny_transformer({kind!r}) needs the transformers package: pip install transformers (or dpnotebook[lab])."
         ) from error
     transformers.logging.set_verbosity_error()
-    d, no_dropout = width, {"bos_token_id": 0, "eos_token_id": 0, "use_cache": False}
+    d = width
+    tokens: dict[str, Any] = {"bos_token_id": 0, "eos_token_id": 0, "use_cache": False}
     configs: dict[str, Callable[[], Any]] = {
         "bert": lambda: transformers.BertConfig(
             hidden_size=d, num_hidden_layers=layers, num_attention_heads=heads, intermediate_size=2 * d,
@@ -210,20 +211,21 @@ def tiny_transformer(
         ),
         "gpt2": lambda: transformers.GPT2Config(
             n_embd=d, n_layer=layers, n_head=heads, n_positions=length, resid_pdrop=0.0, embd_pdrop=0.0,
-            attn_pdrop=0.0, **no_dropout,
+            attn_pdrop=0.0, **tokens,
         ),
         "t5": lambda: transformers.T5Config(
             d_model=d, d_kv=d // heads, d_ff=2 * d, num_layers=layers, num_decoder_layers=layers,
             num_heads=heads, relative_attention_num_buckets=8, relative_attention_max_distance=length,
-            dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1, use_cache=False,
+            dropout_rate=0.0, pad_token_id=0, eos_token_id=1, use_cache=False,
         ),
         "llama": lambda: transformers.LlamaConfig(
             hidden_size=d, intermediate_size=2 * d, num_hidden_layers=layers, num_attention_heads=heads,
-            num_key_value_heads=max(1, heads // 2), max_position_embeddings=length, **no_dropout,
+            num_key_value_heads=max(1, heads // 2), max_position_embeddings=length, **tokens,
         ),
     }  # fmt: skip
     config = configs[kind]()
-    config.vocab_size, config.num_labels = vocab_size, num_labels
+    # keywords a PretrainedConfig takes that some configurations' stubs do not declare
+    config.vocab_size, config.num_labels, config.decoder_start_token_id = vocab_size, num_labels, 0
     keys = ("input_ids", "decoder_input_ids") if kind == "t5" else ("input_ids",)
     with torch.random.fork_rng(devices=[], enabled=seed is not None):
         if seed is not None:

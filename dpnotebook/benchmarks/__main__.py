@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -36,6 +37,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -46,6 +48,7 @@ from dpnotebook.benchmarks.profile_ops import PROFILE_BATCH, profile_table
 from dpnotebook.benchmarks.steps import MODES, OPACUS_MODES, make_step
 
 Row = dict[str, Any]
+Key = tuple[str, int, int, str]  # model, B, K, what
 
 # ---------------------------------------------------------------- the suite: plan and measure
 
@@ -130,7 +133,7 @@ def measure(
     min_seconds: float = 0.0,
     max_steps: int = 200,
     rival: bool = False,
-) -> dict:
+) -> Row:
     """Run one configuration in this process: its time, its ratio to the non-private step, its memory.
 
     ``rss0_mb`` is the resident memory once the model and data are built;
@@ -180,19 +183,19 @@ def measure(
     return result
 
 
-def run_in_subprocess(cfg: Config, *, timeout: float = 600, **kwargs: object) -> dict:
-    """:func:`measure` in a fresh interpreter; an error becomes ``{"error": ...}`` in the row."""
-    payload = json.dumps({"cfg": asdict(cfg), **kwargs})
-    cmd = [sys.executable, "-m", "dpnotebook.benchmarks", "--child", payload]
+def run_in_subprocess(cfg: Config, *, timeout: float = 600, tree: Path | None = None, **kwargs: object) -> Row:
+    """:func:`measure` in a fresh interpreter (with ``tree`` as its working directory and ``PYTHONPATH``:
+    another revision's checkout); an error becomes ``{"error": ...}`` in the row."""
+    cmd = [sys.executable, "-m", "dpnotebook.benchmarks", "--child", json.dumps({"cfg": asdict(cfg), **kwargs})]
+    env = None if tree is None else {**os.environ, "PYTHONPATH": str(tree)}
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return {**asdict(cfg), "error": f"timed out after {timeout:.0f} s"}
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
-        why = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        return {**asdict(cfg), "error": why[:300]}
-    return json.loads(lines[-1])
+        return {**asdict(cfg), "error": (done.stderr.strip().splitlines() or ["no output"])[-1][:300]}
+    return dict(json.loads(lines[-1]))
 
 
 def child_main(payload: str) -> None:
@@ -244,11 +247,11 @@ def _own(r: Row) -> float:
     return r["peak_mb"] - r["rss0_mb"]
 
 
-def _index(rows: Iterable[Row]) -> dict[tuple, Row]:
+def _index(rows: Iterable[Row]) -> dict[Key, Row]:
     return {(r["model"], r["batch"], r["K"], r["what"]): r for r in rows if "error" not in r}
 
 
-def _best(index: dict[tuple, Row], key: tuple, prefix: str) -> tuple[str, float] | None:
+def _best(index: dict[Key, Row], key: tuple[str, int, int], prefix: str) -> tuple[str, float] | None:
     found = [(w, r["ratio"]) for (m, b, k, w), r in index.items() if (m, b, k) == key and w.startswith(prefix)]
     return min(found, key=lambda t: t[1]) if found else None
 
@@ -441,7 +444,7 @@ def configurations(args: argparse.Namespace) -> list[Config]:
     )
 
 
-def print_tables(rows: list[dict]) -> None:
+def print_tables(rows: list[Row]) -> None:
     """The results table, then dpnotebook against Opacus and the cost of K when the rows hold them."""
     print(results_table(rows))
     if any(r["what"].startswith("opacus_") for r in rows):

@@ -45,7 +45,8 @@ from torch import nn
 import dpnotebook
 from dpnotebook.benchmarks.steps import OPACUS_MODES, Step, dpsgd_step, opacus_step, plain_step
 from dpnotebook.benchmarks.zoo import ZOO, build
-from dpnotebook.benchmarks.zoo.check import check_zoo_model, grad_sample_error, prepared
+from dpnotebook.benchmarks.zoo.check import check_zoo_model, prepared
+from dpnotebook.compare import error_against
 from dpnotebook.testing import clean_copy, dot_loss, random_target, reference_grad_samples
 
 #: The relative error above which Opacus' per-sample gradients count as wrong.
@@ -95,7 +96,7 @@ def opacus_error(name: str, mode: str, rows: int = 3) -> float:
     copy_ = clean_copy(model)
     wrapped = wrap_model(copy_, grad_sample_mode=mode, batch_first=True, loss_reduction="sum")
     dot_loss(wrapped(*inputs), target).backward()
-    return grad_sample_error(list(copy_.named_parameters()), ref)
+    return error_against({n: getattr(p, "grad_sample", None) for n, p in copy_.named_parameters()}, ref)
 
 
 def _steps(name: str, mode: str, batch: int, *, opacus: bool = False) -> tuple[Step, Step]:
@@ -136,7 +137,7 @@ def opacus_figure(name: str, batch: int, *, steps: int, warmup: int) -> str:
 
 def zoo_rows(
     models: list[str], modes: list[str], *, batch: int, steps: int, warmup: int, opacus: bool, log: Any = None
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     """One row per model and mode (with the model's Opacus figure when ``opacus``), as plain dicts."""
     rows = []
     for name in models:
@@ -157,7 +158,7 @@ def zoo_rows(
     return rows
 
 
-def zoo_table(rows: list[dict]) -> str:
+def zoo_table(rows: list[dict[str, Any]]) -> str:
     """The rows as a fixed-width table, then each model's Opacus figure when the rows hold one."""
     head = f"{'model':<11}{'mode':<10}{'error':>9}  {'fallback':<10}{'DP ms':>8}{'plain ms':>9}{'DP/plain':>9}"
     lines = [head, "-" * len(head)]

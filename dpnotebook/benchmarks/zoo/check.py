@@ -11,7 +11,8 @@ validates it, runs one batch through the mode's wrapper and compares with
   sums of ``clip_and_sum`` with the clipping bound at the oracle's median norm
   (some samples clipped, some not).
 
-The error is relative: ``max |got - oracle| / max |oracle|`` over all parameters.
+The error is relative: ``max |got - oracle| / max |oracle|`` over all parameters (``inf`` where a
+parameter has no per-sample gradient, or one of another shape).
 
 >>> result = check_zoo_model("resnet", "hooks", rows=2)
 >>> result.max_rel_err < 1e-10, result.fallback, result.whole_model
@@ -29,6 +30,7 @@ from torch import Tensor, nn
 
 import dpnotebook
 from dpnotebook.benchmarks.zoo import build
+from dpnotebook.compare import error_against
 from dpnotebook.mode_registry import Unwrappable
 from dpnotebook.privacy.clipping import clip_and_sum, clip_factors
 from dpnotebook.testing import clean_copy, dot_loss, random_target, reference_grad_samples
@@ -100,7 +102,7 @@ def check_zoo_model(
         if hasattr(wrapped, "weighted_sums"):
             err = _clipped_sum_error(wrapped, named, ref)
         else:
-            err = grad_sample_error(named, ref)
+            err = error_against({n: getattr(p, "grad_sample", None) for n, p in named}, ref)
         units = _units(wrapped)
     finally:
         cast(Unwrappable, wrapped).to_standard_module()  # every mode's wrapper has it
@@ -130,23 +132,6 @@ def units_after_a_step(name: str, mode: str, *, rows: int = 2) -> ZooCheck:
     return _result(math.nan, units)
 
 
-def grad_sample_error(named: list[tuple[str, nn.Parameter]], ref: dict[str, Tensor]) -> float:
-    """``max |p.grad_sample - oracle| / max |oracle|`` over ``named`` parameters.
-
-    Raises:
-        AssertionError: a parameter has no ``grad_sample`` or one of another shape than the oracle's.
-    """
-    scale = max(r.abs().max().item() for r in ref.values())
-    err = 0.0
-    for n, p in named:
-        got = getattr(p, "grad_sample", None)
-        if got is None or got.shape != ref[n].shape:
-            shape = None if got is None else tuple(got.shape)
-            raise AssertionError(f"{n}: grad_sample {shape}, the oracle's {tuple(ref[n].shape)}")
-        err = max(err, (got.double() - ref[n]).abs().max().item())
-    return err / scale
-
-
 def _clipped_sum_error(wrapped: Any, named: list[tuple[str, nn.Parameter]], ref: dict[str, Tensor]) -> float:
     oracle_norms = clip_and_sum([ref[n] for n, _ in named], max_grad_norm=float("inf")).norms
     C = float(oracle_norms.median())
@@ -161,4 +146,4 @@ def _clipped_sum_error(wrapped: Any, named: list[tuple[str, nn.Parameter]], ref:
     return err / scale
 
 
-__all__ = ["check_zoo_model", "units_after_a_step", "prepared", "grad_sample_error", "ZooCheck"]
+__all__ = ["check_zoo_model", "units_after_a_step", "prepared", "ZooCheck"]
