@@ -210,3 +210,23 @@ def test_the_opacus_side_of_the_comparison_runs_on_every_model(name: str, what: 
         assert all(p.grad_sample.shape == (3, *p.shape) for p in model.parameters() if p.requires_grad)
     else:  # make_private's step moved every parameter
         assert all(not torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True))
+
+
+@pytest.mark.filterwarnings("ignore:Full backward hook is firing")
+@pytest.mark.parametrize("mode", ["hooks", "ghost"])
+def test_the_opacus_step_takes_a_loss_over_tokens(mode: str) -> None:
+    """A loss that is no ``nn.CrossEntropyLoss`` (the mean over every token) becomes a per-row criterion
+    for Opacus' ghost mode; the step moves every parameter."""
+    from dpnotebook.benchmarks.steps import _RowLoss
+    from dpnotebook.fine_tuning import token_cross_entropy
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10))
+    tokens, targets = torch.randint(0, 10, (3, 5)), torch.randint(0, 10, (3, 5))
+    before = [p.detach().clone() for p in model.parameters()]
+    opacus_step(model, "dpsgd", mode, tokens, targets, token_cross_entropy, batch=3)()
+    assert all(not torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True))
+    criterion, logits = _RowLoss(token_cross_entropy), torch.randn(3, 5, 10)
+    criterion.reduction = "none"  # what Opacus' ghost mode sets
+    per_row = criterion(logits, targets)
+    assert per_row.shape == (3,) and torch.allclose(per_row.mean(), token_cross_entropy(logits, targets))
