@@ -46,7 +46,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
 from dpnotebook.layers.lora import add_lora
-from dpnotebook.privacy.engine_inputs import unwrap_model
+from dpnotebook.privacy import unwrap_model
 
 __all__ = [
     "FINE_TUNING",

@@ -14,9 +14,10 @@ with ``torch.nn`` or with Opacus' own DP layers.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -172,26 +173,18 @@ def _images(*shape: int) -> Data:
     return data
 
 
-def _attention(flavour: str) -> Callable[..., nn.Module]:
-    if flavour == "native":
-        return nn.MultiheadAttention
-    if flavour == "opacus":
-        from opacus.layers import DPMultiheadAttention as OpacusMHA
+def _flavoured(native: Callable[..., nn.Module], dp: Callable[..., nn.Module]) -> Callable[[str], Any]:
+    """The layer class of a flavour; ``"opacus"`` takes Opacus' class of ``dp``'s name (imported then)."""
 
-        return OpacusMHA
-    return DPMultiheadAttention
+    def pick(flavour: str) -> Any:
+        if flavour == "opacus":
+            return getattr(importlib.import_module("opacus.layers"), dp.__name__)
+        return native if flavour == "native" else dp
 
-
-def _lstm(flavour: str) -> Callable[..., nn.Module]:
-    if flavour == "native":
-        return nn.LSTM
-    if flavour == "opacus":
-        from opacus.layers import DPLSTM as OpacusLSTM
-
-        return OpacusLSTM
-    return DPLSTM
+    return pick
 
 
+_attention, _lstm = _flavoured(nn.MultiheadAttention, DPMultiheadAttention), _flavoured(nn.LSTM, DPLSTM)
 _tokens = token_batch("class", vocab=VOCAB, length=SEQ_LEN, classes=NUM_CLASSES)
 
 MODELS: dict[str, BenchModel] = {

@@ -12,14 +12,11 @@ the repository's worktree list; the folders are removed at the end or on Ctrl-C)
 ``python -m dpnotebook.benchmarks`` (``--quick``, ``--models``, ``--kinds``, ``--steps`` ...) selects
 the configurations, planned by this checkout's :func:`~dpnotebook.benchmarks.__main__.plan`.
 
-Each configuration runs in a fresh process of that revision's own code:
-``python -m dpnotebook.benchmarks --child <payload>`` with ``PYTHONPATH`` and the working
-directory set to the exported tree (the editable install's import hook comes after ``sys.path``,
-so the tree wins; the tool checks where ``dpnotebook`` was imported from before it starts). That
-hidden entry point takes the same JSON payload (``cfg`` plus ``steps``, ``warmup``, ``device``,
-``threads``, ``min_seconds``, ``max_steps``) in bd22ad1 and since, and prints the row the suite
-prints, so both sides are measured exactly as the suite measures them. A revision whose child
-fails (a mode it does not have, another payload) gets an error in that row, not a crash.
+Each configuration runs in a fresh process of that revision's own code,
+``python -m dpnotebook.benchmarks --child <payload>`` with ``PYTHONPATH`` and the working directory
+set to the exported tree (checked before the run: the tree wins over the editable install). That
+hidden entry point takes the same JSON payload in bd22ad1 and since, so both sides are measured as
+the suite measures them; a revision whose child fails gets an error in that row, not a crash.
 
 For each configuration the two revisions run alternately for ``--rounds`` rounds (A B, B A,
 A B, ...), so a burst of load elsewhere tends to hit both. The table gives each side's median

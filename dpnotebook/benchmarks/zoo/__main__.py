@@ -3,7 +3,7 @@
 Per model and mode (:func:`dpnotebook.available_modes`):
 
 * **error**: the largest ``|got - oracle| / max |oracle|`` of a float32 run against
-  the float64 oracle (:func:`~dpnotebook.benchmarks.zoo.check.check_zoo_model`:
+  the float64 oracle (:func:`~dpnotebook.benchmarks.zoo.check_zoo_model`:
   per-sample gradients, or ghost mode's norms and clipped sums), or the refusal;
 * **fallback**: how many ``torch.func`` units the wrapper runs, and ``whole``
   when one of them is the whole model;
@@ -44,8 +44,7 @@ from torch import nn
 
 import dpnotebook
 from dpnotebook.benchmarks.steps import OPACUS_MODES, Step, dpsgd_step, opacus_step, plain_step
-from dpnotebook.benchmarks.zoo import ZOO, build
-from dpnotebook.benchmarks.zoo.check import check_zoo_model, prepared
+from dpnotebook.benchmarks.zoo import ZOO, build, check_zoo_model, prepared
 from dpnotebook.compare import error_against
 from dpnotebook.testing import clean_copy, dot_loss, random_target, reference_grad_samples
 
