@@ -2,24 +2,18 @@
 
 Per model and mode (:func:`dpnotebook.available_modes`):
 
-* **error**: the largest ``|got - oracle| / max |oracle|`` of a float32 run against
-  the float64 oracle (:func:`~dpnotebook.benchmarks.zoo.check_zoo_model`:
-  per-sample gradients, or ghost mode's norms and clipped sums), or the refusal;
-* **fallback**: how many ``torch.func`` units the wrapper runs, and ``whole``
-  when one of them is the whole model;
-* **DP / plain**: a full DP-SGD step (per-sample gradients or norms, clipping,
-  noise, update; on the model after ``dpnotebook.fix``) over a plain SGD step of
-  the model as built, timed alternately in this process: the median over the
-  pairs of one DP step and the plain step right after it. The steps of these
-  tiny models take milliseconds and the load of a shared machine changes
-  within seconds; the ratio of neighbouring steps cancels most of it, where
-  the ratio of two medians or two minima taken over the whole run does not.
-  The DP and plain columns are the medians.
+* **error**: the largest ``|got - oracle| / max |oracle|`` of a float32 run against the float64 oracle
+  (:func:`~dpnotebook.benchmarks.zoo.check_zoo_model`), or the refusal;
+* **fallback**: how many ``torch.func`` units the wrapper runs, ``whole`` when one is the whole model;
+* **DP / plain**: a full DP-SGD step (on the model after ``dpnotebook.fix``) over a plain SGD step of the
+  model as built, timed alternately: the median over the pairs of one DP step and the plain step right
+  after it. These steps take milliseconds and a shared machine's load changes within seconds; the ratio
+  of neighbouring steps cancels most of it, where a ratio of two medians over the run does not. The DP
+  and plain columns are the medians.
 
-Then Opacus 1.6 (``--opacus``): its best mode, among those whose per-sample
-gradients match the oracle (``1e-6`` relative, float64; its ghost mode forms
-none, so it is timed but not checked), on the model after ``dpnotebook.fix`` for
-functorch mode (BatchNorm to the same GroupNorm) and Opacus' ``ModuleValidator.fix``
+Then Opacus 1.6 (``--opacus``): its best mode among those whose per-sample gradients match the oracle
+(``1e-6`` relative, float64; its ghost mode forms none, so it is timed but not checked), on the model
+after ``dpnotebook.fix`` for functorch mode (BatchNorm to GroupNorm) and Opacus' ``ModuleValidator.fix``
 (its own ``DPMultiheadAttention``), or why none runs.
 
 Examples::
