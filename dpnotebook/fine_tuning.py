@@ -20,7 +20,7 @@ Hugging Face GPT-2 computes its attention and MLP projections with
 ``transformers.pytorch_utils.Conv1D`` (``y = x W + b``, ``W`` of shape ``[in, out]``):
 ``"lora"`` first replaces each by the ``nn.Linear`` that computes the same
 (:func:`replace_conv1d`), then adapts it. For a language model,
-:class:`~dpnotebook.models.LanguageModelLogits` turns a Hugging Face causal LM into
+:class:`~dpnotebook.models.Logits` turns a Hugging Face causal LM into
 ``tokens -> logits`` (:func:`~dpnotebook.models.tiny_gpt2` builds a small one),
 :func:`token_cross_entropy` is its loss and :func:`perplexity` its score.
 
@@ -46,7 +46,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
 from dpnotebook.layers.lora import add_lora
-from dpnotebook.privacy.engine_inputs import unwrap_model
+from dpnotebook.privacy import unwrap_model
 
 __all__ = [
     "FINE_TUNING",

@@ -14,10 +14,13 @@ torch.Size([5, 10])
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
-__all__ = ["SmallCNN", "MLP", "SequenceClassifier", "LanguageModelLogits", "tiny_gpt2"]
+__all__ = ["SmallCNN", "MLP", "SequenceClassifier", "Logits", "TRANSFORMERS", "tiny_transformer", "tiny_gpt2"]
 
 
 class SmallCNN(nn.Module):
@@ -118,69 +121,125 @@ class SequenceClassifier(nn.Module):
         return self.head(self.encoder(h + self.positions(steps)).mean(dim=1))
 
 
-class LanguageModelLogits(nn.Module):
-    """``tokens [B, T] -> logits [B, T, vocab]`` for a Hugging Face causal language model (e.g. ``GPT2LMHeadModel``).
+class Logits(nn.Module):
+    """A Hugging Face model called as a user calls it, with named inputs; returns its ``.logits``.
 
-    The model is called as a user would call it, ``model(input_ids=tokens)``: its position table,
-    looked up once with ``[1, T]`` ids and broadcast over the batch, gets per-sample gradients in
-    every mode (hooks and ghost mode follow it to where it meets the batch,
-    :mod:`dpnotebook.grad_sample._engine.broadcast`).
+    ``Logits(gpt2)(tokens)`` is ``gpt2(input_ids=tokens).logits``; ``keys`` names each positional
+    input in order (T5: ``("input_ids", "decoder_input_ids")``). Nothing else changes: a language
+    model's position table, looked up once with ``[1, T]`` ids and broadcast over the batch, gets
+    per-sample gradients in every mode (hooks and ghost mode follow it to where it meets the batch).
 
     Args:
-        model: called as ``model(input_ids=tokens)``; its output has ``.logits``.
+        model: the Hugging Face model; its output has ``.logits``.
+        keys: the keyword of each positional input.
     """
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, keys: tuple[str, ...] = ("input_ids",)) -> None:
         super().__init__()
-        self.model = model
+        self.model, self.keys = model, keys
 
-    def forward(self, tokens: Tensor) -> Tensor:
-        logits: Tensor = self.model(input_ids=tokens).logits
+    def forward(self, *inputs: Tensor) -> Tensor:
+        logits: Tensor = self.model(**dict(zip(self.keys, inputs, strict=True))).logits
         return logits
+
+
+#: The architectures :func:`tiny_transformer` builds, and their ``transformers`` model classes.
+TRANSFORMERS = {
+    "bert": "BertForSequenceClassification",
+    "distilbert": "DistilBertForSequenceClassification",
+    "gpt2": "GPT2LMHeadModel",
+    "t5": "T5ForConditionalGeneration",
+    "llama": "LlamaForCausalLM",
+}
+
+
+def tiny_transformer(
+    kind: str,
+    vocab_size: int,
+    *,
+    length: int,
+    width: int = 32,
+    layers: int = 2,
+    heads: int = 2,
+    num_labels: int = 2,
+    seed: int | None = 0,
+) -> Logits:
+    """A small, freshly initialised Hugging Face model (nothing is downloaded), as :class:`Logits`.
+
+    The architecture at toy size, dropout off (so every grad-sample mode, functorch included, can
+    replay the forward): feed-forward ``2 * width``, ``length`` positions (T5: 8 relative buckets up
+    to ``length``; Llama: ``heads // 2`` key/value heads, grouped-query attention).
+
+    Args:
+        kind: a key of :data:`TRANSFORMERS`; ``"bert"`` and ``"distilbert"`` classify a sequence into
+            ``num_labels``, the others predict a token per position (T5 takes ``decoder_input_ids`` too).
+        vocab_size: words in the vocabulary.
+        length: the longest sequence.
+        width: the hidden width (a multiple of ``heads``).
+        layers: transformer blocks (T5: in the encoder and in the decoder).
+        heads: attention heads.
+        num_labels: classes of the classifiers.
+        seed: seeds the initialisation; ``None`` draws from torch's global generator.
+
+    Raises:
+        ValueError: ``kind`` is unknown.
+        ImportError: ``transformers`` is not installed.
+
+    >>> model = tiny_transformer("llama", 10, length=6, width=8, layers=1)
+    >>> model(torch.zeros(3, 6, dtype=torch.long)).shape
+    torch.Size([3, 6, 10])
+    """
+    if kind not in TRANSFORMERS:
+        raise ValueError(f"kind={kind!r} is unknown; use one of {sorted(TRANSFORMERS)}.")
+    try:
+        import transformers
+    except ImportError as error:
+        raise ImportError(
+            f"tiny_transformer({kind!r}) needs the transformers package: pip install transformers (or dpnotebook[lab])."
+        ) from error
+    transformers.logging.set_verbosity_error()
+    d = width
+    tokens: dict[str, Any] = {"bos_token_id": 0, "eos_token_id": 0, "use_cache": False}
+    configs: dict[str, Callable[[], Any]] = {
+        "bert": lambda: transformers.BertConfig(
+            hidden_size=d, num_hidden_layers=layers, num_attention_heads=heads, intermediate_size=2 * d,
+            max_position_embeddings=length, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+        ),
+        "distilbert": lambda: transformers.DistilBertConfig(
+            dim=d, n_layers=layers, n_heads=heads, hidden_dim=2 * d, max_position_embeddings=length,
+            dropout=0.0, attention_dropout=0.0, seq_classif_dropout=0.0,
+        ),
+        "gpt2": lambda: transformers.GPT2Config(
+            n_embd=d, n_layer=layers, n_head=heads, n_positions=length, resid_pdrop=0.0, embd_pdrop=0.0,
+            attn_pdrop=0.0, **tokens,
+        ),
+        "t5": lambda: transformers.T5Config(
+            d_model=d, d_kv=d // heads, d_ff=2 * d, num_layers=layers, num_decoder_layers=layers,
+            num_heads=heads, relative_attention_num_buckets=8, relative_attention_max_distance=length,
+            dropout_rate=0.0, pad_token_id=0, eos_token_id=1, use_cache=False,
+        ),
+        "llama": lambda: transformers.LlamaConfig(
+            hidden_size=d, intermediate_size=2 * d, num_hidden_layers=layers, num_attention_heads=heads,
+            num_key_value_heads=max(1, heads // 2), max_position_embeddings=length, **tokens,
+        ),
+    }  # fmt: skip
+    config = configs[kind]()
+    # keywords a PretrainedConfig takes that some configurations' stubs do not declare
+    config.vocab_size, config.num_labels, config.decoder_start_token_id = vocab_size, num_labels, 0
+    keys = ("input_ids", "decoder_input_ids") if kind == "t5" else ("input_ids",)
+    with torch.random.fork_rng(devices=[], enabled=seed is not None):
+        if seed is not None:
+            torch.manual_seed(seed)
+        return Logits(getattr(transformers, TRANSFORMERS[kind])(config), keys)
 
 
 def tiny_gpt2(
     vocab_size: int, *, length: int, width: int = 32, layers: int = 2, heads: int = 2, seed: int = 0
-) -> LanguageModelLogits:
-    """A small, freshly initialised Hugging Face ``GPT2LMHeadModel`` (no download), as :class:`LanguageModelLogits`.
+) -> Logits:
+    """:func:`tiny_transformer` for GPT-2 (tutorial 11): token and position tables, pre-norm blocks whose
+    projections are ``transformers`` ``Conv1D`` layers, and an output layer tied to the token table.
 
-    GPT-2's structure at toy size: token and position tables, pre-norm blocks whose attention and
-    MLP projections are ``transformers`` ``Conv1D`` layers, and an output layer tied to the token
-    table. Dropout is off, so every grad-sample mode (functorch included) can replay the forward.
-
-    Args:
-        vocab_size: words in the vocabulary.
-        length: the longest sequence (the position table's size).
-        width: the embedding width (a multiple of ``heads``).
-        layers: transformer blocks.
-        heads: attention heads.
-        seed: seeds the initialisation.
-
-    Raises:
-        ImportError: ``transformers`` is not installed.
-
-    >>> model = tiny_gpt2(10, length=6, width=8, layers=1)
-    >>> model(torch.zeros(3, 6, dtype=torch.long)).shape
+    >>> tiny_gpt2(10, length=6, width=8, layers=1)(torch.zeros(3, 6, dtype=torch.long)).shape
     torch.Size([3, 6, 10])
     """
-    try:
-        from transformers import GPT2Config, GPT2LMHeadModel
-    except ImportError as error:
-        raise ImportError(
-            "tiny_gpt2 needs the transformers package: pip install transformers (or dpnotebook[lab])."
-        ) from error
-    config = GPT2Config(
-        vocab_size=vocab_size,
-        n_positions=length,
-        n_embd=width,
-        n_layer=layers,
-        n_head=heads,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-        bos_token_id=0,
-        eos_token_id=0,
-    )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return LanguageModelLogits(GPT2LMHeadModel(config))
+    return tiny_transformer("gpt2", vocab_size, length=length, width=width, layers=layers, heads=heads, seed=seed)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast, overload
+from typing import TYPE_CHECKING, Any, cast, overload
 
 import torch
 from torch import Tensor, nn
@@ -37,7 +37,7 @@ __all__ = [
     "random_target",
 ]
 
-Split = Callable[[tuple, int], tuple]
+Split = Callable[[tuple[Any, ...], int], tuple[Any, ...]]
 
 
 def dot_loss(output: Tensor, target: Tensor) -> Tensor:
@@ -45,7 +45,7 @@ def dot_loss(output: Tensor, target: Tensor) -> Tensor:
     return (output * target).sum()
 
 
-def random_target(module: nn.Module, inputs: Sequence, seed: int = 0) -> Tensor:
+def random_target(module: nn.Module, inputs: Sequence[Any], seed: int = 0) -> Tensor:
     """A seeded random tensor shaped like ``module(*inputs)``, for :func:`dot_loss`."""
     with torch.no_grad():
         out = module(*inputs)
@@ -71,7 +71,7 @@ def _to64(x: object) -> object:
 def row_slicer(batch_dim: int, rows: int) -> Split:
     """Default row split: every tensor with ``rows`` entries in ``batch_dim`` is sliced there."""
 
-    def split(inputs: tuple, r: int) -> tuple:
+    def split(inputs: tuple[Any, ...], r: int) -> tuple[Any, ...]:
         return tuple(
             x.narrow(batch_dim, r, 1)
             if isinstance(x, Tensor) and x.dim() > batch_dim and x.shape[batch_dim] == rows
@@ -84,7 +84,7 @@ def row_slicer(batch_dim: int, rows: int) -> Split:
 
 def reference_grad_samples(
     module: nn.Module,
-    inputs: Sequence,
+    inputs: Sequence[Any],
     *,
     target: Tensor | None = None,
     loss_fn: Callable[[Tensor, Tensor], Tensor] = dot_loss,
@@ -147,7 +147,7 @@ class ReportRow:
 
     strategy: str
     name: str
-    shape: tuple
+    shape: tuple[int, ...]
     max_abs_err: float
     rel_err: float
     ok: bool
@@ -206,7 +206,7 @@ def _compare(strategy: str, got: dict[str, Tensor], ref: dict[str, Tensor], tol:
 def wrapped_grad_samples(
     wrapper_factory: Callable[[nn.Module], nn.Module],
     module: nn.Module,
-    inputs: Sequence,
+    inputs: Sequence[Any],
     target: Tensor,
     *,
     loss_reduction: str,

@@ -14,7 +14,7 @@ each block of tokens is one record. The fine-tune trains only rank-``r`` adapter
 ``prepare_fine_tuning(..., "lora", num_classes=None)`` first turns GPT-2's
 ``Conv1D`` layers into the ``nn.Linear`` layers that compute the same, and keeps
 the output layer (tied to the token table) frozen. The model is called as it is
-(``dpnotebook.models.LanguageModelLogits``: ``model(input_ids=tokens).logits``), with no
+(``dpnotebook.models.Logits``: ``model(input_ids=tokens).logits``), with no
 change for DP: every mode handles its position table. A non-private fine-tune of
 the same adapters, same batch size and epochs, runs beside it for the step time
 and the perplexity DP costs. Everything reusable lives in the library; the

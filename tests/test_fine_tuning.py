@@ -82,13 +82,13 @@ from dpnotebook.fine_tuning import (  # noqa: E402
     replace_conv1d,
     token_cross_entropy,
 )
-from dpnotebook.models import LanguageModelLogits, tiny_gpt2  # noqa: E402
+from dpnotebook.models import Logits, tiny_gpt2  # noqa: E402
 
 V = len(TEXT_VOCABULARY)
 
 
 @pytest.fixture
-def gpt2() -> LanguageModelLogits:
+def gpt2() -> Logits:
     model = tiny_gpt2(V, length=8, width=16, layers=1, seed=0)
     with torch.no_grad():  # away from the initialisation's small weights: larger, more varied gradients
         for p in model.parameters():
@@ -96,7 +96,7 @@ def gpt2() -> LanguageModelLogits:
     return model
 
 
-def test_replace_conv1d_computes_the_same(gpt2: LanguageModelLogits) -> None:
+def test_replace_conv1d_computes_the_same(gpt2: Logits) -> None:
     Conv1D = transformers.pytorch_utils.Conv1D
     converted = copy.deepcopy(gpt2)
     names = replace_conv1d(converted)
@@ -113,7 +113,7 @@ def test_replace_conv1d_computes_the_same(gpt2: LanguageModelLogits) -> None:
         linear_from_conv1d(nn.Linear(2, 2))
 
 
-def test_lora_on_gpt2_keeps_the_head_and_starts_where_the_model_was(gpt2: LanguageModelLogits) -> None:
+def test_lora_on_gpt2_keeps_the_head_and_starts_where_the_model_was(gpt2: Logits) -> None:
     model = prepare_fine_tuning(gpt2, "lora", num_classes=None, rank=2)
     assert isinstance(gpt2.model.transformer.h[0].mlp.c_fc, transformers.pytorch_utils.Conv1D)  # the original stays
     block = model.model.transformer.h[0]
@@ -131,7 +131,7 @@ def test_lora_on_gpt2_keeps_the_head_and_starts_where_the_model_was(gpt2: Langua
         prepare_fine_tuning(gpt2, "lora", num_classes=0)
 
 
-def _lora(gpt2: LanguageModelLogits) -> nn.Module:
+def _lora(gpt2: Logits) -> nn.Module:
     model = prepare_fine_tuning(gpt2, "lora", num_classes=None, rank=2)
     gen = torch.Generator().manual_seed(2)
     with torch.no_grad():  # B != 0, so A's per-sample gradients are not zero
@@ -141,7 +141,7 @@ def _lora(gpt2: LanguageModelLogits) -> nn.Module:
     return model
 
 
-def test_lora_gpt2_per_sample_gradients_match_the_oracle(gpt2: LanguageModelLogits) -> None:
+def test_lora_gpt2_per_sample_gradients_match_the_oracle(gpt2: Logits) -> None:
     gen = torch.Generator().manual_seed(3)
     tokens, targets = torch.randint(0, V, (4, 8), generator=gen), torch.randint(0, V, (4, 8), generator=gen)
     rows = compare_modes(_lora(gpt2), tokens, targets, token_cross_entropy, modes=["hooks", "ghost", "functorch"],
@@ -152,7 +152,7 @@ def test_lora_gpt2_per_sample_gradients_match_the_oracle(gpt2: LanguageModelLogi
 
 
 @pytest.mark.parametrize("mode", ["hooks", "ghost", "functorch"])
-def test_lora_gpt2_sensitivity_on_adversarial_records(gpt2: LanguageModelLogits, mode: str) -> None:
+def test_lora_gpt2_sensitivity_on_adversarial_records(gpt2: Logits, mode: str) -> None:
     """One record moves the clipped sum by at most C: repeated words, an unseen word, duplicates, a random block."""
     gen = torch.Generator().manual_seed(4)
     unseen = TEXT_VOCABULARY.index("clinic")
@@ -216,11 +216,13 @@ def test_tiny_gpt2_without_transformers_says_what_to_install(monkeypatch: pytest
     import sys
 
     monkeypatch.setitem(sys.modules, "transformers", None)  # as if it were not installed
-    with pytest.raises(ImportError, match="tiny_gpt2 needs the transformers package: pip install transformers"):
+    with pytest.raises(
+        ImportError, match=r"tiny_transformer\('gpt2'\) needs the transformers package: pip install transformers"
+    ):
         tiny_gpt2(10, length=4)
 
 
-def test_language_model_logits_calls_the_model_as_a_user_would() -> None:
+def test_logits_calls_the_model_as_a_user_would() -> None:
     seen = []
 
     class Recorder(nn.Module):
@@ -228,7 +230,7 @@ def test_language_model_logits_calls_the_model_as_a_user_would() -> None:
             seen.append(kwargs)
             return type("Out", (), {"logits": kwargs["input_ids"].float()[..., None]})()
 
-    out = LanguageModelLogits(Recorder())(torch.zeros(3, 5, dtype=torch.long))
+    out = Logits(Recorder())(torch.zeros(3, 5, dtype=torch.long))
     assert out.shape == (3, 5, 1) and list(seen[0]) == ["input_ids"]
 
 

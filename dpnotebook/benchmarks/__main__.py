@@ -9,26 +9,332 @@ Examples::
     python -m dpnotebook.benchmarks --profile-ops                # aten ops per DP step, dpnotebook and Opacus
     python -m dpnotebook.benchmarks --transformers               # ghost vs hooks on BERT, GPT-2, Llama, ... (1 thread)
 
-Every configuration runs in its own process (peak RSS is its own); its steps are
-timed alternately with the non-private step on the same rows, and the table
-shows the median time and the ratio between the two.
+Each configuration (model, B, K, what; :mod:`~dpnotebook.benchmarks.steps` names them) runs in a
+fresh subprocess, so that its peak resident memory (``VmHWM``, reset before the first step) is its
+own. Inside, after warm-up, its steps are timed *alternately* with the non-private step on the same
+rows, and its ratio divides by that reference, timed **in the row's own process**, not by the
+``nonprivate`` row's time: the load of a shared machine differs between processes. The results
+table prints the reference next to each ratio, so that ``169.6 ms`` at ``×2.32`` reads as 2.32
+times its own 73.1 ms reference even when the ``nonprivate`` row says 143.6 ms.
+
+>>> [c.what for c in plan(["MLP"], [8], modes=["ghost"], kinds=["dpsgd"], ks=[1])]
+['nonprivate', 'dpsgd_ghost']
+>>> rows = [{"model": "MLP", "batch": 8, "K": 1, "what": "dpsgd_ghost", "median_ms": 169.6, "min_ms": 160.0,
+...          "ref_median_ms": 73.1, "ratio": 2.32, "ratio_min": 2.3, "peak_mb": 300.0, "rss0_mb": 290.0, "n": 10}]
+>>> print(results_table(rows).splitlines()[2])
+| MLP | 8 | 1 | dpsgd_ghost | 169.6 | 160.0 | 73.1 | ×2.32 | ×2.30 | 300 | 10 | 10 |  |
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+import statistics
+import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
 
+from dpnotebook.benchmarks.memory import peak_mb, reset_peak, rss_mb
 from dpnotebook.benchmarks.models import MODELS, TRANSFORMER_MODELS
 from dpnotebook.benchmarks.profile_ops import PROFILE_BATCH, profile_table
-from dpnotebook.benchmarks.report import ghost_hooks_table, multiplicity_table, opacus_table, results_table
-from dpnotebook.benchmarks.steps import MODES
-from dpnotebook.benchmarks.suite import KINDS, child_main, plan, run_in_subprocess
+from dpnotebook.benchmarks.steps import MODES, OPACUS_MODES, make_step
+
+Row = dict[str, Any]
+Key = tuple[str, int, int, str]  # model, B, K, what
+
+# ---------------------------------------------------------------- the suite: plan and measure
+
+#: Models whose DP flavour swaps in dpnotebook's DP layers (so a second non-private row is shown).
+DP_LAYER_MODELS = ("TextTransformer", "LSTMClassifier")
+KINDS = ("gsm", "dpsgd", "naive")
+
+
+@dataclass(frozen=True)
+class Config:
+    """One row of the results: ``what`` (see :mod:`~dpnotebook.benchmarks.steps`) on ``model`` with B samples of K rows."""
+
+    model: str
+    batch: int
+    K: int
+    what: str
+
+
+def plan(
+    models: Iterable[str],
+    batches: Iterable[int],
+    *,
+    modes: Iterable[str] = MODES,
+    kinds: Iterable[str] = KINDS,
+    ks: Iterable[int] = (1,),
+    k_batch: int = 32,
+    k_modes: Iterable[str] = ("hooks", "ghost"),
+    opacus: bool = False,
+) -> list[Config]:
+    """The configurations to run, in order.
+
+    Args:
+        models, batches: the grid for K=1.
+        modes: dpnotebook grad-sample modes.
+        kinds: ``"gsm"`` (per-sample gradients only), ``"dpsgd"``, ``"naive"`` (microbatching).
+        ks: augmentation multiplicities; each K > 1 runs at B=``k_batch``, with the
+            non-private step on the same B*K rows and ``k_modes``.
+        opacus: add Opacus' configurations (K=1).
+    """
+    modes, kinds, ks = list(modes), list(kinds), list(ks)
+    out: list[Config] = []
+    for m in models:
+        for B in batches:
+            whats = ["nonprivate"] + (["nonprivate_dplayers"] if m in DP_LAYER_MODELS else [])
+            for kind in ("gsm", "dpsgd"):
+                if kind in kinds:
+                    whats += [f"{kind}_{mode}" for mode in modes]
+                    if opacus:
+                        whats += [f"opacus_{kind}_{mode}" for mode in OPACUS_MODES if (kind, mode) != ("gsm", "ghost")]
+            whats += ["naive_microbatch"] if "naive" in kinds else []
+            out += [Config(m, B, 1, w) for w in whats]
+        for K in ks if any(k > 1 for k in ks) else []:
+            if K == 1 and k_batch in batches:
+                continue
+            whats = ["nonprivate"] + [
+                f"{kind}_{mode}" for kind in ("gsm", "dpsgd") if kind in kinds for mode in k_modes
+            ]
+            out += [Config(m, k_batch, K, w) for w in whats]
+    return out
+
+
+def _timer(device: str) -> Callable[[Callable[[], None]], float]:
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+
+    def timed(step: Callable[[], None]) -> float:
+        sync()
+        start = time.perf_counter()
+        step()
+        sync()
+        return (time.perf_counter() - start) * 1e3
+
+    return timed
+
+
+def measure(
+    cfg: Config,
+    *,
+    steps: int = 10,
+    warmup: int = 3,
+    device: str = "cpu",
+    threads: int = 2,
+    min_seconds: float = 0.0,
+    max_steps: int = 200,
+    rival: bool = False,
+) -> Row:
+    """Run one configuration in this process: its time, its ratio to the non-private step, its memory.
+
+    ``rss0_mb`` is the resident memory once the model and data are built;
+    ``peak_mb`` the peak during the warm-up steps (read before the reference
+    model is built), so ``peak_mb - rss0_mb`` is what the step itself needs.
+    With ``rival``, a ghost configuration also times the same configuration in hooks mode in
+    each round (``rival_median_ms``, ``rival_min_ms``): the two modes under the same load.
+    Then rounds, each timing one reference step and one step of the
+    configuration: at least ``steps`` of them, and more until the rounds have
+    taken ``min_seconds`` (at most ``max_steps``). A 10 ms step timed ten times
+    on a shared machine moves its median by a third; a few seconds of rounds
+    steady it.
+    """
+    torch.set_num_threads(threads)
+    step = make_step(cfg.model, cfg.what, cfg.batch, cfg.K, device)
+    rss0 = rss_mb()  # interpreter, libraries, model and data
+    reset_peak()
+    timed = _timer(device)
+    for _ in range(warmup):
+        timed(step)
+    peak = peak_mb()
+    result = {**asdict(cfg), "device": device, "threads": threads, "rss0_mb": rss0, "peak_mb": peak}
+    if device.startswith("cuda"):
+        result["cuda_peak_mb"] = torch.cuda.max_memory_allocated() / 2**20
+    times: list[float] = []  # ms per step
+    refs: list[float] = []
+    ref = None if cfg.what == "nonprivate" else make_step(cfg.model, "nonprivate", cfg.batch, cfg.K, device)
+    rival_what = cfg.what.replace("_ghost", "_hooks") if rival and cfg.what.endswith("_ghost") else None
+    other = make_step(cfg.model, rival_what, cfg.batch, cfg.K, device) if rival_what else None
+    others: list[float] = []
+    for extra in [e for e in (ref, other) if e is not None]:
+        for _ in range(max(1, warmup - 1)):
+            timed(extra)
+    started = time.perf_counter()
+    while len(times) < steps or (time.perf_counter() - started < min_seconds and len(times) < max_steps):
+        if ref is not None:
+            refs.append(timed(ref))
+        if other is not None:
+            others.append(timed(other))
+        times.append(timed(step))
+    result.update(median_ms=statistics.median(times), min_ms=min(times), n=len(times))
+    if others:
+        result.update(rival=rival_what, rival_median_ms=statistics.median(others), rival_min_ms=min(others))
+    result["ref_median_ms"] = statistics.median(refs) if refs else result["median_ms"]
+    result["ratio"] = result["median_ms"] / result["ref_median_ms"]
+    result["ratio_min"] = result["min_ms"] / (min(refs) if refs else result["min_ms"])  # less sensitive to load spikes
+    return result
+
+
+def run_in_subprocess(cfg: Config, *, timeout: float = 600, tree: Path | None = None, **kwargs: object) -> Row:
+    """:func:`measure` in a fresh interpreter (with ``tree`` as its working directory and ``PYTHONPATH``:
+    another revision's checkout); an error becomes ``{"error": ...}`` in the row."""
+    cmd = [sys.executable, "-m", "dpnotebook.benchmarks", "--child", json.dumps({"cfg": asdict(cfg), **kwargs})]
+    env = None if tree is None else {**os.environ, "PYTHONPATH": str(tree)}
+    try:
+        done = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {**asdict(cfg), "error": f"timed out after {timeout:.0f} s"}
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        return {**asdict(cfg), "error": (done.stderr.strip().splitlines() or ["no output"])[-1][:300]}
+    return dict(json.loads(lines[-1]))
+
+
+def child_main(payload: str) -> None:
+    """Entry point of the subprocess: measure the configuration and print one JSON line."""
+    args = json.loads(payload)
+    cfg = Config(**args.pop("cfg"))
+    print(json.dumps(measure(cfg, **args)))
+
+
+# ---------------------------------------------------------------- the tables
+
+
+def _f(x: float | None, digits: int = 1) -> str:
+    return "" if x is None else f"{x:.{digits}f}"
+
+
+def results_table(rows: Iterable[Row]) -> str:
+    """Markdown table: one line per configuration; ratio = time / the non-private step timed in the same process.
+
+    The reference each ratio uses is printed beside it (``non-private ref. median ms``), and a
+    line under the table says so (see the module docstring).
+    """
+    lines = [
+        "| model | B | K | config | median ms | min ms | non-private ref. median ms (same process) | "
+        "ratio to the ref. (medians) | ratio (minima) | peak RSS MB | Δ RSS MB | n | note |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if "error" in r:
+            lines.append(
+                f"| {r['model']} | {r['batch']} | {r['K']} | {r['what']} | ERROR | | | | | | | | {r['error'][:120]} |"
+            )
+            continue
+        delta = r["peak_mb"] - r["rss0_mb"]
+        lines.append(
+            f"| {r['model']} | {r['batch']} | {r['K']} | {r['what']} | {_f(r['median_ms'])} | {_f(r['min_ms'])} | "
+            f"{_f(r.get('ref_median_ms'))} | ×{_f(r['ratio'], 2)} | ×{_f(r.get('ratio_min'), 2)} | "
+            f"{r['peak_mb']:.0f} | {delta:.0f} | {r['n']} | {r.get('note', '')} |"
+        )
+    lines.append(
+        "\nEach ratio divides by the non-private step timed in the same process, interleaved with the row's "
+        "own steps (the reference column), not by the `nonprivate` row, which ran in another process."
+    )
+    return "\n".join(lines)
+
+
+def _own(r: Row) -> float:
+    """The memory the step itself needs: its peak minus the resident memory before it."""
+    return r["peak_mb"] - r["rss0_mb"]
+
+
+def _index(rows: Iterable[Row]) -> dict[Key, Row]:
+    return {(r["model"], r["batch"], r["K"], r["what"]): r for r in rows if "error" not in r}
+
+
+def _best(index: dict[Key, Row], key: tuple[str, int, int], prefix: str) -> tuple[str, float] | None:
+    found = [(w, r["ratio"]) for (m, b, k, w), r in index.items() if (m, b, k) == key and w.startswith(prefix)]
+    return min(found, key=lambda t: t[1]) if found else None
+
+
+def opacus_table(rows: Iterable[Row]) -> str:
+    """dpnotebook against Opacus for each model and B: ratios to the same non-private step, and their quotient."""
+    index = _index(rows)
+    keys = sorted({(m, b, k) for (m, b, k, w) in index if w.startswith("opacus_")})
+    lines = [
+        "| model | B | what | dpnotebook (ratio) | Opacus (ratio) | dpnotebook / Opacus |",
+        "|---|---|---|---|---|---|",
+    ]
+    for key in keys:
+        pairs = [
+            ("DP-SGD step, best mode each", _best(index, key, "dpsgd_"), _best(index, key, "opacus_dpsgd_")),
+            ("per-sample grads, hooks", _best(index, key, "gsm_hooks"), _best(index, key, "opacus_gsm_hooks")),
+            ("DP-SGD step, hooks", _best(index, key, "dpsgd_hooks"), _best(index, key, "opacus_dpsgd_hooks")),
+        ]
+        for label, ours, theirs in pairs:
+            if ours and theirs:
+                lines.append(
+                    f"| {key[0]} | {key[1]} | {label} | {ours[0]} ({ours[1]:.2f}) | "
+                    f"{theirs[0].removeprefix('opacus_')} ({theirs[1]:.2f}) | {ours[1] / theirs[1]:.2f} |"
+                )
+    return "\n".join(lines)
+
+
+def multiplicity_table(rows: Iterable[Row]) -> str:
+    """For each K: per-sample-gradient memory (the step's own peak minus the non-private step's, same rows) and the step ratio."""
+    index = _index(rows)
+    lines = [
+        "| model | B | K | config | step / non-private on B*K rows | per-sample-grad MB | vs K=1 |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    ks = sorted({(m, b, k) for (m, b, k, w) in index})
+    for m, b, k in ks:
+        if not any(kk > 1 for (mm, bb, kk) in ks if (mm, bb) == (m, b)):
+            continue
+        base = index.get((m, b, k, "nonprivate"))
+        for (mm, bb, kk, w), r in index.items():
+            if (mm, bb, kk) != (m, b, k) or w == "nonprivate" or w.startswith(("opacus", "naive", "nonprivate")):
+                continue
+            psg = _own(r) - _own(base) if base else None
+            one, base1 = index.get((m, b, 1, w)), index.get((m, b, 1, "nonprivate"))
+            psg1 = _own(one) - _own(base1) if one and base1 else None
+            rel = psg / psg1 if psg is not None and psg1 and psg1 > 0 else None
+            lines.append(f"| {m} | {b} | {k} | {w} | {r['ratio']:.2f} | {_f(psg)} | {_f(rel, 2)} |")
+    return "\n".join(lines)
+
+
+def ghost_hooks_table(rows: Iterable[Row], kind: str = "dpsgd") -> str:
+    """Ghost and hooks mode side by side for each model, B and K: each step's time, its ratio to the
+    non-private step timed in its own process, and ghost's ratio over hooks' (by medians, and by minima);
+    with ``--rival``, also ghost's median over that of hooks mode timed in the ghost row's own process.
+
+    >>> rows = [{"model": "M", "batch": 8, "K": 1, "what": w, "median_ms": t, "min_ms": t, "ratio": r,
+    ...          "ratio_min": r, "ref_median_ms": 10.0} for w, t, r in [("dpsgd_hooks", 20.0, 2.0),
+    ...                                                             ("dpsgd_ghost", 15.0, 1.5)]]
+    >>> print(ghost_hooks_table(rows).splitlines()[2])
+    | M | 8 | 1 | 20.0 (×2.00) | 15.0 (×1.50) | 0.75 | 0.75 |  |
+    """
+    index = _index(rows)
+    lines = [
+        "| model | B | K | hooks ms (× non-private) | ghost ms (× non-private) | ghost / hooks (medians) | "
+        "ghost / hooks (minima) | ghost / hooks (same process, medians) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for m, b, k in sorted({(m, b, k) for (m, b, k, w) in index}):
+        hooks, ghost = index.get((m, b, k, f"{kind}_hooks")), index.get((m, b, k, f"{kind}_ghost"))
+        if hooks is None or ghost is None:
+            continue
+        mins = [g.get("ratio_min") for g in (ghost, hooks)]
+        by_min = _f(mins[0] / mins[1], 2) if mins[0] is not None and mins[1] else ""
+        same = _f(ghost["median_ms"] / ghost["rival_median_ms"], 2) if ghost.get("rival_median_ms") else ""
+        lines.append(
+            f"| {m} | {b} | {k} | {_f(hooks['median_ms'])} (×{_f(hooks['ratio'], 2)}) | "
+            f"{_f(ghost['median_ms'])} (×{_f(ghost['ratio'], 2)}) | {ghost['ratio'] / hooks['ratio']:.2f} | {by_min} | "
+            f"{same} |"
+        )
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- the command line
 
 QUICK = {
     "models": list(MODELS),
@@ -124,7 +430,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def print_tables(rows: list[dict]) -> None:
+def configurations(args: argparse.Namespace) -> list[Config]:
+    """The configurations of the parsed options: the K=1 grid, then the K > 1 configurations."""
+    configs = plan(args.models, args.batch, modes=args.modes, kinds=args.kinds, ks=[], opacus=args.compare_opacus)
+    return configs + plan(
+        args.k_models or args.models,
+        [],
+        modes=args.modes,
+        kinds=args.kinds,
+        ks=args.ks,
+        k_batch=args.k_batch,
+        k_modes=args.k_modes,
+    )
+
+
+def print_tables(rows: list[Row]) -> None:
     """The results table, then dpnotebook against Opacus and the cost of K when the rows hold them."""
     print(results_table(rows))
     if any(r["what"].startswith("opacus_") for r in rows):
@@ -149,19 +469,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"aten operations per DP step (B={args.profile_batch}, CPU profiler; dpnotebook / Opacus 1.6)")
         print(profile_table(args.models, args.modes, batch=args.profile_batch))
         return 0
-    configs = plan(args.models, args.batch, modes=args.modes, kinds=args.kinds, ks=[], opacus=args.compare_opacus)
-    configs += [
-        c
-        for c in plan(
-            args.k_models or args.models,
-            [],
-            modes=args.modes,
-            kinds=args.kinds,
-            ks=args.ks,
-            k_batch=args.k_batch,
-            k_modes=args.k_modes,
-        )
-    ]
+    configs = configurations(args)
     keys = ("steps", "warmup", "threads", "device", "min_seconds", "max_steps", "rival")
     settings = {k: getattr(args, k) for k in keys}
     print(f"{len(configs)} configurations, each in its own process ({settings})", file=sys.stderr)

@@ -30,19 +30,17 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from dpnotebook import wrap_model
 from dpnotebook.models import SmallCNN
-from dpnotebook.modes import wrap_model
+from dpnotebook.privacy.ghost_optimizer import optimizer_class
 
 __all__ = ["measure_steps", "rank_steps", "compare", "table", "main"]
 
 
 def _optimizer(model: torch.nn.Module, mode: str, batch: int, distributed: bool) -> Any:
     from dpnotebook.privacy.distributed import distributed_optimizer_class
-    from dpnotebook.privacy.ghost_optimizer import GhostDPOptimizer
-    from dpnotebook.privacy.optimizer import DPOptimizer
 
-    base = GhostDPOptimizer if mode == "ghost" else DPOptimizer
-    cls = distributed_optimizer_class(base) if distributed else base
+    cls = distributed_optimizer_class(optimizer_class(mode)) if distributed else optimizer_class(mode)
     return cls(
         torch.optim.Adam(model.parameters(), lr=1e-3),
         noise_multiplier=1.0,

@@ -1,57 +1,102 @@
-"""Peak memory of per-sample gradients with augmentation multiplicity K.
+"""Resident memory of a process, and the peak memory of per-sample gradients with augmentation multiplicity K.
 
 ``python -m dpnotebook.benchmarks.memory [--batch 32] [--ks 1 16] [--modes hooks ghost] [--repeats 3]``
 
-Every configuration runs in its own subprocess, and we read that process's peak
-resident memory over its second and third steps (``VmHWM`` on Linux, which a new program starts afresh; ``ru_maxrss``
-elsewhere, which on Linux would carry over the high-water mark of the process
-that launched it, such as a 400 MB Jupyter kernel). For each K we run the same B*K rows twice: a
-plain forward+backward, and the same with per-sample gradients. Their
-difference is what per-sample gradients cost, and it is what should grow with
-B, not with B*K: the forward activations of B*K rows are needed either way.
-In ghost mode the per-sample norms are computed too (that is where its
-convolutions form their per-sample gradients).
+On Linux the figures come from ``/proc/self/status``: ``VmRSS`` (now) and ``VmHWM`` (the peak),
+which a new program starts afresh and :func:`reset_peak` restarts (``clear_refs``), so a
+benchmark can leave its warm-up out. ``ru_maxrss`` is the fallback elsewhere; on Linux it would
+carry over the peak of the process that launched this one (a 400 MB Jupyter kernel, say).
+
+Every configuration runs in its own subprocess; we read its peak over its second and third
+steps. For each K we run the same B*K rows twice: a plain forward+backward, and the same with
+per-sample gradients. Their difference is what per-sample gradients cost, and it is what should
+grow with B, not with B*K: the forward activations of B*K rows are needed either way. In ghost
+mode the per-sample norms are computed too (that is where its convolutions form their
+per-sample gradients).
+
+>>> peak_mb() >= rss_mb() > 0
+True
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import subprocess
 import sys
-from typing import TYPE_CHECKING, cast
-
-from dpnotebook.benchmarks.rss import peak_mb, reset_peak
-
-if TYPE_CHECKING:  # for the annotations only: torch is imported inside the measured child (_measure)
-    from torch import nn
-
-    from dpnotebook.grad_sample import GhostGradSampleModule
+from typing import Any
 
 
-def _measure(mode: str, batch: int, K: int, private: bool) -> dict:
+def _status_mb(field: str) -> float | None:
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def _maxrss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def rss_mb() -> float:
+    """Resident memory now in MB (Linux), or the peak so far elsewhere.
+
+    >>> rss_mb() > 0
+    True
+    """
+    now = _status_mb("VmRSS")
+    return now if now is not None else _maxrss_mb()
+
+
+def peak_mb() -> float:
+    """Peak resident memory in MB since the process started or :func:`reset_peak`.
+
+    >>> peak_mb() > 0
+    True
+    """
+    peak = _status_mb("VmHWM")
+    return peak if peak is not None else _maxrss_mb()
+
+
+def reset_peak() -> None:
+    """Restart the peak at the current resident memory (Linux; elsewhere the peak keeps counting).
+
+    >>> reset_peak()
+    >>> peak_mb() >= rss_mb() - 1
+    True
+    """
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def _measure(mode: str, batch: int, K: int, private: bool) -> dict[str, Any]:
     import torch
-    import torch.nn.functional as F
 
-    import dpnotebook
-    from dpnotebook.benchmarks.models import SampleConvNet
+    from dpnotebook.benchmarks.models import build
+    from dpnotebook.benchmarks.steps import gsm_step
 
     torch.set_num_threads(2)
-    torch.manual_seed(0)
-    model: nn.Module = SampleConvNet()
-    x = torch.randn(batch * K, 1, 28, 28)
-    y = torch.randint(0, 10, (batch * K,))
-    if private:
-        model = dpnotebook.wrap_model(model, mode, K=K)
-    before = peak_mb()
-    for step in range(3):
-        if step == 1:  # the first step's one-off work (lazy imports, choosing conv methods) is not counted
-            reset_peak()
+    model, inputs, targets, loss = build("SampleConvNet", batch, K=K, flavour="native")
+
+    def plain() -> None:
         model.zero_grad()
-        F.cross_entropy(model(x), y).backward()
-        if private and mode == "ghost":
-            cast("GhostGradSampleModule", model).per_sample_norms()
+        loss(model(*inputs), targets).backward()
+
+    step = gsm_step(model, mode, inputs, targets, loss, K) if private else plain
+    before = peak_mb()
+    for i in range(3):
+        if i == 1:  # the first step's one-off work (lazy imports, choosing conv methods) is not counted
+            reset_peak()
+        step()
     return {"mode": mode, "B": batch, "K": K, "private": private, "rss0_mb": before, "peak_mb": peak_mb()}
 
 
@@ -70,7 +115,7 @@ def _peak(mode: str, batch: int, K: int, private: bool) -> float:
     return json.loads(out.strip().splitlines()[-1])["peak_mb"]
 
 
-def run(mode: str, batch: int, ks: list[int], repeats: int = 3) -> list[dict]:
+def run(mode: str, batch: int, ks: list[int], repeats: int = 3) -> list[dict[str, Any]]:
     """For each K: the median peak of ``repeats`` processes, plain and private (alternately)."""
     rows = []
     for K in ks:
@@ -89,7 +134,7 @@ def run(mode: str, batch: int, ks: list[int], repeats: int = 3) -> list[dict]:
 NOISE_MB = 2.0
 
 
-def summary(rows: list[dict]) -> str:
+def summary(rows: list[dict[str, Any]]) -> str:
     """How per-sample-gradient memory grows from the first K to the others.
 
     >>> summary([{"K": 1, "grad_sample_mb": 10.0}, {"K": 16, "grad_sample_mb": 12.0}])
@@ -112,7 +157,7 @@ def summary(rows: list[dict]) -> str:
 
 
 def main() -> None:
-    from dpnotebook.modes import available_modes
+    from dpnotebook import available_modes
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=32)
@@ -133,6 +178,8 @@ def main() -> None:
             print(f"{r['K']:>4} {r['plain_peak_mb']:>10.1f} {r['private_peak_mb']:>11.1f} {r['grad_sample_mb']:>20.1f}")
         print(f"per-sample-gradient memory, {mode}: {summary(rows)}\n")
 
+
+__all__ = ["rss_mb", "peak_mb", "reset_peak", "run", "summary", "NOISE_MB"]
 
 if __name__ == "__main__":
     main()

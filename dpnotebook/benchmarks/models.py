@@ -3,9 +3,8 @@
 Each model comes with a function that makes a batch for it (:data:`MODELS`),
 so that the suite, the tests and a notebook build the very same thing:
 
->>> import torch
->>> model, x, y = build("MLP", batch=2)
->>> model(x).shape, y.shape
+>>> model, inputs, targets, loss = build("MLP", batch=2)
+>>> model(*inputs).shape, targets.shape
 (torch.Size([2, 10]), torch.Size([2]))
 
 The recurrent and attention layers are constructor arguments, so that the same
@@ -15,14 +14,16 @@ with ``torch.nn`` or with Opacus' own DP layers.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from dpnotebook.benchmarks.zoo import hf_case, token_batch
 from dpnotebook.layers import DPLSTM, DPMultiheadAttention
 
 VOCAB, SEQ_LEN, NUM_CLASSES = 10_000, 64, 10
@@ -144,52 +145,47 @@ class SmallResNetGN(nn.Module):
         return self.fc(self.blocks(self.stem(x)).mean((2, 3)))
 
 
+Loss = Callable[[Tensor, Tensor], Tensor]
+Data = Callable[[int, int], tuple[tuple[Tensor, ...], Tensor]]
+
+
 @dataclass(frozen=True)
 class BenchModel:
-    """A benchmark model: how to build it (``flavour`` picks the layer implementations) and its data.
+    """A benchmark model: how to build it (``flavour`` picks the layer implementations), its data, its loss.
 
     Attributes:
         make: ``make(flavour) -> nn.Module``; flavour ``"dp"`` (dpnotebook layers),
             ``"native"`` (torch.nn layers) or ``"opacus"`` (Opacus' DP layers).
-        data: ``data(rows, generator) -> (inputs, targets)``.
+        data: ``data(rows, seed) -> (inputs, targets)``; ``model(*inputs)`` runs it.
+        loss: ``loss(output, targets)``, the mean over rows.
     """
 
     make: Callable[[str], nn.Module]
-    data: Callable[[int, torch.Generator], tuple[Tensor, Tensor]]
+    data: Data
+    loss: Loss = F.cross_entropy
 
 
-def _images(*shape: int) -> Callable[[int, torch.Generator], tuple[Tensor, Tensor]]:
-    def data(rows: int, gen: torch.Generator) -> tuple[Tensor, Tensor]:
-        return torch.randn(rows, *shape, generator=gen), torch.randint(0, NUM_CLASSES, (rows,), generator=gen)
+def _images(*shape: int) -> Data:
+    def data(rows: int, seed: int) -> tuple[tuple[Tensor, ...], Tensor]:
+        gen = torch.Generator().manual_seed(seed)
+        return (torch.randn(rows, *shape, generator=gen),), torch.randint(0, NUM_CLASSES, (rows,), generator=gen)
 
     return data
 
 
-def _tokens(rows: int, gen: torch.Generator) -> tuple[Tensor, Tensor]:
-    return torch.randint(0, VOCAB, (rows, SEQ_LEN), generator=gen), torch.randint(
-        0, NUM_CLASSES, (rows,), generator=gen
-    )
+def _flavoured(native: Callable[..., nn.Module], dp: Callable[..., nn.Module]) -> Callable[[str], Any]:
+    """The layer class of a flavour; ``"opacus"`` takes Opacus' class of ``dp``'s name (imported then)."""
+
+    def pick(flavour: str) -> Any:
+        if flavour == "opacus":
+            return getattr(importlib.import_module("opacus.layers"), dp.__name__)
+        return native if flavour == "native" else dp
+
+    return pick
 
 
-def _attention(flavour: str) -> Callable[..., nn.Module]:
-    if flavour == "native":
-        return nn.MultiheadAttention
-    if flavour == "opacus":
-        from opacus.layers import DPMultiheadAttention as OpacusMHA
-
-        return OpacusMHA
-    return DPMultiheadAttention
-
-
-def _lstm(flavour: str) -> Callable[..., nn.Module]:
-    if flavour == "native":
-        return nn.LSTM
-    if flavour == "opacus":
-        from opacus.layers import DPLSTM as OpacusLSTM
-
-        return OpacusLSTM
-    return DPLSTM
-
+_attention, _lstm = _flavoured(nn.MultiheadAttention, DPMultiheadAttention), _flavoured(nn.LSTM, DPLSTM)
+_tokens = token_batch("class", vocab=VOCAB, length=SEQ_LEN, classes=NUM_CLASSES)
 
 MODELS: dict[str, BenchModel] = {
     "SampleConvNet": BenchModel(lambda f: SampleConvNet(), _images(1, 28, 28)),
@@ -200,105 +196,30 @@ MODELS: dict[str, BenchModel] = {
 }
 
 
-# ---------------------------------------------------------------- Hugging Face transformers at CPU-realistic shapes
-
-#: Vocabulary of the Hugging Face benchmark models (their LM heads are ``HF_VOCAB x HF_HIDDEN``).
-HF_VOCAB, HF_HIDDEN = 1000, 128
-
-
-class TokenLogits(nn.Module):
-    """A Hugging Face model called on token ids as a user calls it; logits ready for cross-entropy.
-
-    No ``position_ids`` are passed: the position table is looked up once with ``[1, T]`` ids and
-    broadcast over the batch, and hooks and ghost mode follow it to where it meets the batch
-    (:mod:`dpnotebook.grad_sample._engine.broadcast`), so the benchmark times that path too.
-    A language model's logits ``[B, T, V]`` come back as ``[B, V, T]``, so that
-    ``F.cross_entropy(logits, tokens)`` is the mean over every position.
-
-    Args:
-        hf: the Hugging Face model.
-        seq2seq: an encoder-decoder (T5): the decoder reads the tokens shifted right.
-    """
-
-    def __init__(self, hf: nn.Module, seq2seq: bool = False) -> None:
-        super().__init__()
-        self.hf, self.seq2seq = hf, seq2seq
-
-    def forward(self, tokens: Tensor) -> Tensor:
-        if self.seq2seq:
-            decoder = torch.cat([tokens.new_zeros(tokens.shape[0], 1), tokens[:, :-1]], 1)
-            logits = self.hf(input_ids=tokens, decoder_input_ids=decoder).logits
-        else:
-            logits = self.hf(input_ids=tokens).logits
-        return logits.transpose(1, 2) if logits.dim() == 3 else logits
+def _hf(kind: str) -> BenchModel:
+    make, data, loss = hf_case(
+        kind, vocab=1000, length=SEQ_LEN, positions=SEQ_LEN, width=128, layers=2, heads=4, classes=NUM_CLASSES
+    )
+    return BenchModel(lambda flavour: make(), data, loss)  # every flavour is the same model
 
 
-def _hf(kind: str) -> nn.Module:
-    """Two layers, hidden ``HF_HIDDEN``, 4 heads, feed-forward ``2 * HF_HIDDEN``, no dropout, default attention."""
-    import transformers
-
-    transformers.logging.set_verbosity_error()
-    d, V = HF_HIDDEN, HF_VOCAB
-    config: Any  # one of transformers' configuration classes
-    if kind == "BERT":
-        config = transformers.BertConfig(
-            hidden_size=d, num_hidden_layers=2, num_attention_heads=4, intermediate_size=2 * d,
-            max_position_embeddings=SEQ_LEN, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-            vocab_size=V,
-        )  # fmt: skip
-        config.num_labels = NUM_CLASSES  # a PretrainedConfig keyword its stub does not declare
-        return TokenLogits(transformers.BertForSequenceClassification(config))
-    if kind == "DistilBERT":
-        config = transformers.DistilBertConfig(
-            dim=d, n_layers=2, n_heads=4, hidden_dim=2 * d, max_position_embeddings=SEQ_LEN, dropout=0.0,
-            attention_dropout=0.0, seq_classif_dropout=0.0, vocab_size=V,
-        )  # fmt: skip
-        config.num_labels = NUM_CLASSES  # a PretrainedConfig keyword its stub does not declare
-        return TokenLogits(transformers.DistilBertForSequenceClassification(config))
-    if kind == "GPT2":
-        config = transformers.GPT2Config(
-            n_embd=d, n_layer=2, n_head=4, n_positions=SEQ_LEN, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-            vocab_size=V, use_cache=False,
-        )  # fmt: skip
-        return TokenLogits(transformers.GPT2LMHeadModel(config))
-    if kind == "T5":
-        config = transformers.T5Config(
-            d_model=d, d_kv=d // 4, d_ff=2 * d, num_layers=2, num_decoder_layers=2, num_heads=4, dropout_rate=0.0,
-            pad_token_id=0, vocab_size=V, use_cache=False,
-        )  # fmt: skip
-        config.decoder_start_token_id = 0  # a PretrainedConfig keyword its stub does not declare
-        return TokenLogits(transformers.T5ForConditionalGeneration(config), seq2seq=True)
-    config = transformers.LlamaConfig(
-        hidden_size=d, intermediate_size=2 * d, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
-        max_position_embeddings=SEQ_LEN, vocab_size=V, use_cache=False,
-    )  # fmt: skip
-    return TokenLogits(transformers.LlamaForCausalLM(config))
+#: The zoo's Hugging Face architectures (:func:`~dpnotebook.benchmarks.zoo.hf_case`) at CPU-realistic
+#: shapes: T = 64, hidden 128, two layers, four heads, vocabulary 1000 (the zoo's are test-sized).
+#: ``python -m dpnotebook.benchmarks --transformers`` runs them with ghost and hooks.
+TRANSFORMER_MODELS = {name: _hf(name.lower()) for name in ("BERT", "DistilBERT", "GPT2", "T5", "Llama")}
 
 
-def _hf_tokens(targets: str) -> Callable[[int, torch.Generator], tuple[Tensor, Tensor]]:
-    def data(rows: int, gen: torch.Generator) -> tuple[Tensor, Tensor]:
-        tokens = torch.randint(0, HF_VOCAB, (rows, SEQ_LEN), generator=gen)
-        if targets == "class":
-            return tokens, torch.randint(0, NUM_CLASSES, (rows,), generator=gen)
-        return tokens, torch.randint(0, HF_VOCAB, (rows, SEQ_LEN), generator=gen)  # next tokens, every position
+class Built(NamedTuple):
+    """A benchmark model with its batch and its loss: ``loss(model(*inputs), targets)`` is a step's loss."""
 
-    return data
-
-
-#: The zoo's Hugging Face transformers (:mod:`dpnotebook.benchmarks.zoo`) at CPU-realistic shapes: T = 64,
-#: hidden 128, two layers, vocabulary 1000 (the zoo's builders are test-sized: T = 6, hidden 16). Every
-#: flavour is the same model. ``python -m dpnotebook.benchmarks --transformers`` runs them with ghost and hooks.
-TRANSFORMER_MODELS: dict[str, BenchModel] = {
-    "BERT": BenchModel(lambda f: _hf("BERT"), _hf_tokens("class")),
-    "DistilBERT": BenchModel(lambda f: _hf("DistilBERT"), _hf_tokens("class")),
-    "GPT2": BenchModel(lambda f: _hf("GPT2"), _hf_tokens("tokens")),
-    "T5": BenchModel(lambda f: _hf("T5"), _hf_tokens("tokens")),
-    "Llama": BenchModel(lambda f: _hf("Llama"), _hf_tokens("tokens")),
-}
+    model: nn.Module
+    inputs: tuple[Tensor, ...]
+    targets: Tensor
+    loss: Loss
 
 
-def build(name: str, batch: int, *, K: int = 1, flavour: str = "dp", seed: int = 0) -> tuple[nn.Module, Tensor, Tensor]:
-    """``(model, inputs, targets)`` for ``batch * K`` rows of the benchmark model ``name``.
+def build(name: str, batch: int, *, K: int = 1, flavour: str = "dp", seed: int = 0) -> Built:
+    """The benchmark model ``name`` and a batch of ``batch * K`` rows for it.
 
     Args:
         name: a key of :data:`MODELS` or :data:`TRANSFORMER_MODELS`.
@@ -306,14 +227,17 @@ def build(name: str, batch: int, *, K: int = 1, flavour: str = "dp", seed: int =
         K: rows per sample (augmentation multiplicity); the batch holds ``B*K`` rows.
         flavour: ``"dp"``, ``"native"`` or ``"opacus"`` (see :class:`BenchModel`).
         seed: seeds the weights and the data.
+
+    Raises:
+        ValueError: ``name`` is unknown.
     """
     known = {**MODELS, **TRANSFORMER_MODELS}
     if name not in known:
         raise ValueError(f"model={name!r} is unknown; choose one of {sorted(known)}.")
     torch.manual_seed(seed)
     model = known[name].make(flavour)
-    x, y = known[name].data(batch * K, torch.Generator().manual_seed(seed))
-    return model, x, y
+    inputs, targets = known[name].data(batch * K, seed)
+    return Built(model, inputs, targets, known[name].loss)
 
 
 __all__ = [
@@ -324,7 +248,7 @@ __all__ = [
     "SmallResNetGN",
     "MODELS",
     "TRANSFORMER_MODELS",
-    "TokenLogits",
     "build",
+    "Built",
     "BenchModel",
 ]

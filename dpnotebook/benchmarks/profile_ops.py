@@ -57,7 +57,7 @@ NO_KERNEL = frozenset(
 class OpCount:
     """The leaf aten operations of one step, by name (:data:`NO_KERNEL` left out)."""
 
-    ops: Counter = field(default_factory=Counter)
+    ops: Counter[str] = field(default_factory=Counter)
 
     @property
     def total(self) -> int:
@@ -75,7 +75,7 @@ def count_ops(step: Callable[[], None], *, warmup: int = 1) -> OpCount:
         step()
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         step()
-    counted: Counter = Counter()
+    counted: Counter[str] = Counter()
     for event in prof.events():
         if event.name.startswith("aten::") and not _has_aten_ancestor(event):
             counted.update(_kernels(event))
@@ -91,12 +91,12 @@ def _has_aten_ancestor(event: Any) -> bool:
     return False
 
 
-def _kernels(event: Any) -> Counter:
+def _kernels(event: Any) -> Counter[str]:
     """The kernels of one aten op: its aten children's if they launch any, else itself (if it launches one)."""
     name = event.name
     if name.startswith("aten::_foreach_"):  # one multi-tensor kernel on a GPU; a loop on the CPU
         return Counter({name: 1})
-    inner: Counter = Counter()
+    inner: Counter[str] = Counter()
     for child in event.cpu_children:
         if child.name.startswith("aten::"):
             inner.update(_kernels(child))
@@ -114,7 +114,7 @@ _REDUCTIONS = frozenset(
 )
 
 
-def _cpu_artefact(name: str, parent: str, shapes: list) -> bool:
+def _cpu_artefact(name: str, parent: str, shapes: list[Any]) -> bool:
     """A leaf op the CPU runs and a GPU would not launch: a Python scalar copied into a 0-dim tensor
     (``aten::_to_copy``, ``aten::copy_`` or ``aten::fill_`` of a ``[]`` tensor), or a CPU reduction's initial fill.
 
@@ -143,8 +143,7 @@ def profile_table(models: list[str], modes: list[str], *, batch: int = PROFILE_B
     A cell is ``dpnotebook / Opacus``; ``-`` where Opacus is not installed (or not asked for),
     the exception's name where a step cannot run. The last column compares the best modes.
     """
-    from dpnotebook.benchmarks.opacus_steps import opacus_available
-    from dpnotebook.benchmarks.steps import OPACUS_MODES
+    from dpnotebook.benchmarks.steps import OPACUS_MODES, opacus_available
 
     opacus = opacus and opacus_available() is not None
     head = "| model | non-private | " + " | ".join(f"{m} (dpn / Opacus)" for m in modes) + " | best (dpn / Opacus) |"

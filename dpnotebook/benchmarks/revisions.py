@@ -10,16 +10,13 @@ Each revision's ``dpnotebook/`` is exported with ``git archive <rev> dpnotebook 
 temporary folder (committed files only: uncommitted edits are not measured; nothing is left in
 the repository's worktree list; the folders are removed at the end or on Ctrl-C). Every option of
 ``python -m dpnotebook.benchmarks`` (``--quick``, ``--models``, ``--kinds``, ``--steps`` ...) selects
-the configurations, planned by this checkout's :func:`~dpnotebook.benchmarks.suite.plan`.
+the configurations, planned by this checkout's :func:`~dpnotebook.benchmarks.__main__.plan`.
 
-Each configuration runs in a fresh process of that revision's own code:
-``python -m dpnotebook.benchmarks --child <payload>`` with ``PYTHONPATH`` and the working
-directory set to the exported tree (the editable install's import hook comes after ``sys.path``,
-so the tree wins; the tool checks where ``dpnotebook`` was imported from before it starts). That
-hidden entry point takes the same JSON payload (``cfg`` plus ``steps``, ``warmup``, ``device``,
-``threads``, ``min_seconds``, ``max_steps``) in bd22ad1 and since, and prints the row the suite
-prints, so both sides are measured exactly as the suite measures them. A revision whose child
-fails (a mode it does not have, another payload) gets an error in that row, not a crash.
+Each configuration runs in a fresh process of that revision's own code,
+``python -m dpnotebook.benchmarks --child <payload>`` with ``PYTHONPATH`` and the working directory
+set to the exported tree (checked before the run: the tree wins over the editable install). That
+hidden entry point takes the same JSON payload in bd22ad1 and since, so both sides are measured as
+the suite measures them; a revision whose child fails gets an error in that row, not a crash.
 
 For each configuration the two revisions run alternately for ``--rounds`` rounds (A B, B A,
 A B, ...), so a burst of load elsewhere tends to hit both. The table gives each side's median
@@ -45,8 +42,8 @@ from pathlib import Path
 
 import torch
 
+from dpnotebook.benchmarks.__main__ import Config, Row, configurations, run_in_subprocess
 from dpnotebook.benchmarks.__main__ import parse_args as suite_args
-from dpnotebook.benchmarks.suite import Config, plan
 
 SETTINGS = ("steps", "warmup", "threads", "device", "min_seconds", "max_steps")
 
@@ -76,7 +73,7 @@ def compare(a_ms: list[float], b_ms: list[float]) -> dict[str, float | bool]:
     }
 
 
-def label(row: dict) -> str:
+def label(row: Row) -> str:
     """A configuration's name in the table.
 
     >>> label({"model": "MLP", "batch": 128, "K": 1, "what": "dpsgd_ghost"})
@@ -85,7 +82,7 @@ def label(row: dict) -> str:
     return f"{row['model']} B={row['batch']} K={row['K']} {row['what']}"
 
 
-def table(rows: list[dict], a: str, b: str) -> str:
+def table(rows: list[Row], a: str, b: str) -> str:
     """The comparison as a Markdown table (one line per configuration; errors shown as such).
 
     The last two columns are steadier under load: each side's ratio to the non-private step that
@@ -142,34 +139,7 @@ def imported_from(tree: Path) -> str:
     return path
 
 
-def run_child(tree: Path, cfg: Config, settings: dict, timeout: float) -> dict:
-    """One configuration measured by ``tree``'s own ``python -m dpnotebook.benchmarks --child``."""
-    cmd = [sys.executable, "-m", "dpnotebook.benchmarks", "--child", json.dumps({"cfg": asdict(cfg), **settings})]
-    try:
-        done = subprocess.run(cmd, cwd=tree, env=_env(tree), capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {**asdict(cfg), "error": f"timed out after {timeout:.0f} s"}
-    lines = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not lines:
-        return {**asdict(cfg), "error": (done.stderr.strip().splitlines() or ["no output"])[-1][:300]}
-    return json.loads(lines[-1])
-
-
-def configurations(args: argparse.Namespace) -> list[Config]:
-    """The configurations ``python -m dpnotebook.benchmarks`` would run with the same options."""
-    configs = plan(args.models, args.batch, modes=args.modes, kinds=args.kinds, ks=[], opacus=args.compare_opacus)
-    return configs + plan(
-        args.k_models or args.models,
-        [],
-        modes=args.modes,
-        kinds=args.kinds,
-        ks=args.ks,
-        k_batch=args.k_batch,
-        k_modes=args.k_modes,
-    )
-
-
-def summarize(row: dict) -> dict:
+def summarize(row: Row) -> Row:
     """``row`` (a configuration with its ``a_runs`` and ``b_runs``: the children's rows) with the comparison added."""
     runs = {side: row[f"{side}_runs"] for side in ("a", "b")}
     row = {k: v for k, v in row.items() if k in ("model", "batch", "K", "what", "a_runs", "b_runs")}
@@ -187,21 +157,21 @@ def run(
     trees: dict[str, Path],
     configs: list[Config],
     rounds: int,
-    settings: dict,
+    settings: Row,
     timeout: float,
-    done: Callable[[list[dict]], None] = lambda rows: None,
-) -> list[dict]:
+    done: Callable[[list[Row]], None] = lambda rows: None,
+) -> list[Row]:
     """Every configuration on both trees (keys ``"a"``, ``"b"``), alternately, ``rounds`` times each.
 
     ``done`` gets the rows so far after each configuration (the JSON is written as the run goes).
     """
-    out: list[dict] = []
+    out: list[Row] = []
     start = time.time()
     for i, cfg in enumerate(configs, 1):
-        runs: dict[str, list[dict]] = {"a": [], "b": []}
+        runs: dict[str, list[Row]] = {"a": [], "b": []}
         for r in range(rounds):
             for side in ("a", "b") if r % 2 == 0 else ("b", "a"):
-                runs[side].append(run_child(trees[side], cfg, settings, timeout))
+                runs[side].append(run_in_subprocess(cfg, timeout=timeout, tree=trees[side], **settings))
         row = summarize({**asdict(cfg), "a_runs": runs["a"], "b_runs": runs["b"]})
         out.append(row)
         done(out)
@@ -248,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     revisions: dict[str, dict[str, str]] = {}
     started = time.time()
 
-    def save(rows: list[dict], complete: bool = False) -> None:
+    def save(rows: list[Row], complete: bool = False) -> None:
         if own.json:
             seconds = round(time.time() - started)
             with open(own.json, "w") as f:

@@ -1,6 +1,7 @@
-"""One training step of each benchmarked configuration, as a closure ``step()``.
+"""One training step of each benchmarked configuration, as a closure ``step()``; dpnotebook's and Opacus 1.6's.
 
-A configuration is named by what it runs:
+Every step runs ``loss(model(*inputs), targets)`` with the same DP-SGD settings (:data:`SIGMA`,
+:data:`CLIP`, :data:`LR`). A suite configuration is named by what it runs:
 
 =========================  ===================================================================
 ``nonprivate``             plain SGD step with ``torch.nn`` layers (the reference)
@@ -12,32 +13,41 @@ A configuration is named by what it runs:
 ``opacus_dpsgd_<mode>``    Opacus 1.6's DP-SGD step via ``PrivacyEngine.make_private``
 =========================  ===================================================================
 
+Opacus (the optional extra ``opacus==1.6.0``) is imported only when an Opacus step is asked for.
+
 >>> step = make_step("MLP", "dpsgd_ghost", batch=4, K=2)
 >>> step()
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING, cast
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.data import DataLoader, TensorDataset
 
+import dpnotebook
 from dpnotebook.benchmarks.models import build
-from dpnotebook.benchmarks.settings import CLIP, LR, SIGMA
-from dpnotebook.modes import available_modes
+from dpnotebook.privacy.ghost_optimizer import optimizer_class
 
-if TYPE_CHECKING:
-    from dpnotebook.grad_sample import GhostGradSampleModule
-
+#: Noise multiplier, clipping bound and learning rate of every timed step.
+SIGMA, CLIP, LR = 1.0, 1.0, 0.05
 #: dpnotebook's modes, read from the mode registry.
-MODES = tuple(available_modes())
+MODES = tuple(dpnotebook.available_modes())
 #: Opacus 1.6's modes (its own names).
 OPACUS_MODES = ("hooks", "functorch", "ew", "ghost")
 
 Step = Callable[[], None]
+Loss = Callable[[Tensor, Tensor], Tensor]
+Inputs = Tensor | tuple[Tensor, ...]
+
+
+def _tuple(inputs: Inputs) -> tuple[Tensor, ...]:
+    return (inputs,) if isinstance(inputs, Tensor) else tuple(inputs)
 
 
 def flavour_of(what: str) -> str:
@@ -53,76 +63,66 @@ def flavour_of(what: str) -> str:
     return "dp"
 
 
-def _plain(model: nn.Module, x: Tensor, y: Tensor) -> Step:
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
-
+def _training(model: nn.Module, opt: Any, inputs: tuple[Tensor, ...], targets: Tensor, loss: Loss) -> Step:
     def step() -> None:
         opt.zero_grad(set_to_none=True)
-        F.cross_entropy(model(x), y).backward()
+        loss(model(*inputs), targets).backward()
         opt.step()
 
     return step
 
 
-def _gsm(model: nn.Module, mode: str, x: Tensor, y: Tensor, K: int) -> Step:
-    import dpnotebook
+def plain_step(model: nn.Module, inputs: Inputs, targets: Tensor, loss: Loss = F.cross_entropy) -> Step:
+    """A plain SGD step of ``model`` (the non-private reference)."""
+    return _training(model, torch.optim.SGD(model.parameters(), lr=LR), _tuple(inputs), targets, loss)
 
-    wrapped = dpnotebook.wrap_model(model, mode, K=K)
+
+def gsm_step(model: nn.Module, mode: str, inputs: Inputs, targets: Tensor, loss: Loss, K: int = 1) -> Step:
+    """Forward and backward with per-sample gradients in ``mode`` (ghost mode: with the per-sample norms)."""
+    wrapped, inputs = dpnotebook.wrap_model(model, mode, K=K), _tuple(inputs)
+    norms = getattr(wrapped, "per_sample_norms", None) if mode == "ghost" else None
 
     def step() -> None:
         wrapped.zero_grad(set_to_none=True)
-        F.cross_entropy(wrapped(x), y).backward()
-        if mode == "ghost":
-            cast("GhostGradSampleModule", wrapped).per_sample_norms()
+        loss(wrapped(*inputs), targets).backward()
+        if norms is not None:
+            norms()
 
     return step
 
 
-def _dpsgd(model: nn.Module, mode: str, x: Tensor, y: Tensor, batch: int, K: int) -> Step:
-    import dpnotebook
-    from dpnotebook.privacy.ghost_optimizer import GhostDPOptimizer
-    from dpnotebook.privacy.optimizer import DPOptimizer
-
-    wrapped = dpnotebook.wrap_model(model, mode, K=K)
-    cls = GhostDPOptimizer if mode == "ghost" else DPOptimizer
-    opt = cls(
-        torch.optim.SGD(wrapped.parameters(), lr=LR),
-        noise_multiplier=SIGMA,
-        max_grad_norm=CLIP,
-        expected_batch_size=batch,
-        secure_mode=False,  # a benchmark: PyTorch's generator, said so (no warning)
-    )
-
-    def step() -> None:
-        opt.zero_grad(set_to_none=True)
-        F.cross_entropy(wrapped(x), y).backward()
-        opt.step()
-
-    return step
-
-
-def dpsgd_step(model: nn.Module, mode: str, x: Tensor, y: Tensor, K: int = 1) -> Step:
+def dpsgd_step(model: nn.Module, mode: str, x: Inputs, y: Tensor, K: int = 1, *, loss: Loss = F.cross_entropy) -> Step:
     """A full DP-SGD step (per-sample gradients or norms, clipping, noise, SGD update) of ``model`` on
-    ``x, y`` (``B*K`` rows, cross-entropy) in grad-sample ``mode``, as a closure; tutorial 06 times it.
+    ``x, y`` (``B*K`` rows) in grad-sample ``mode`` with the mode's optimizer; tutorial 06 times it.
 
     >>> from torch import nn
     >>> step = dpsgd_step(nn.Linear(3, 2), "ghost", torch.randn(8, 3), torch.randint(0, 2, (8,)), K=2)
     >>> step()
     """
-    return _dpsgd(model, mode, x, y, x.shape[0] // K, K)
+    inputs = _tuple(x)
+    wrapped = dpnotebook.wrap_model(model, mode, K=K)
+    opt = optimizer_class(mode)(
+        torch.optim.SGD(wrapped.parameters(), lr=LR),
+        noise_multiplier=SIGMA,
+        max_grad_norm=CLIP,
+        expected_batch_size=inputs[0].shape[0] // K,
+        secure_mode=False,  # a benchmark: PyTorch's generator, said so (no warning)
+    )
+    return _training(wrapped, opt, inputs, y, loss)
 
 
-def _naive(model: nn.Module, x: Tensor, y: Tensor, batch: int, K: int) -> Step:
-    """Per sample: forward/backward on its K rows, clip the gradient, add it up; then noise and step."""
+def naive_step(model: nn.Module, inputs: Inputs, targets: Tensor, loss: Loss, batch: int, K: int = 1) -> Step:
+    """DP-SGD by microbatching: per sample, forward/backward on its K rows and clip; then noise and step."""
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.SGD(params, lr=LR)
+    opt, inputs = torch.optim.SGD(params, lr=LR), _tuple(inputs)
 
     def step() -> None:
         total = [torch.zeros_like(p) for p in params]
         for i in range(batch):
             for p in params:
                 p.grad = None
-            F.cross_entropy(model(x[i * K : (i + 1) * K]), y[i * K : (i + 1) * K]).backward()
+            rows = slice(i * K, (i + 1) * K)
+            loss(model(*(x[rows] for x in inputs)), targets[rows]).backward()
             grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
             norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
             factor = (CLIP / (norm + 1e-6)).clamp(max=1.0)
@@ -135,32 +135,109 @@ def _naive(model: nn.Module, x: Tensor, y: Tensor, batch: int, K: int) -> Step:
     return step
 
 
+def opacus_available() -> str | None:
+    """Opacus' version, or ``None`` when it is not installed."""
+    try:
+        import opacus
+    except ImportError:
+        return None
+    return opacus.__version__
+
+
+class _RowLoss(nn.Module):
+    """A loss as an Opacus criterion: its ghost mode sets ``reduction = "none"`` and wants one loss per row."""
+
+    def __init__(self, loss: Loss) -> None:
+        super().__init__()
+        self.loss, self.reduction = loss, "mean"
+
+    def forward(self, output: Tensor, targets: Tensor) -> Tensor:
+        if self.reduction == "mean":
+            return self.loss(output, targets)
+        per_row = torch.stack([self.loss(output[i : i + 1], targets[i : i + 1]) for i in range(output.shape[0])])
+        return per_row if self.reduction == "none" else per_row.sum()
+
+
+def opacus_step(
+    model: nn.Module, kind: str, mode: str, inputs: Inputs, targets: Tensor, loss: Loss, batch: int
+) -> Step:
+    """One Opacus 1.6 step in its ``mode``: ``kind`` ``"gsm"`` (per-sample gradients) or ``"dpsgd"``
+    (``PrivacyEngine.make_private`` on fixed-size batches of ``batch`` rows).
+
+    Raises:
+        ImportError: Opacus is not installed (``pip install opacus==1.6.0``).
+    """
+    if opacus_available() is None:
+        raise ImportError(
+            "--compare-opacus needs Opacus: pip install -c constraints.txt -e '.[opacus]' (torch stays 2.13.0)."
+        )
+    from opacus import PrivacyEngine
+    from opacus.grad_sample.utils import wrap_model
+
+    warnings.filterwarnings("ignore", module="opacus")
+    inputs = _tuple(inputs)
+    if kind == "gsm":
+        wrapped = wrap_model(model, grad_sample_mode=mode, batch_first=True, loss_reduction="mean")
+
+        def gsm() -> None:
+            wrapped.zero_grad(set_to_none=True)
+            loss(wrapped(*inputs), targets).backward()
+
+        return gsm
+    # a row loop only where no per-row form exists: cross-entropy has one
+    criterion = nn.CrossEntropyLoss() if loss is F.cross_entropy else _RowLoss(loss)
+    made = PrivacyEngine().make_private(
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=LR),
+        data_loader=DataLoader(TensorDataset(*inputs, targets), batch_size=batch),
+        noise_multiplier=SIGMA,
+        max_grad_norm=CLIP,
+        poisson_sampling=False,
+        grad_sample_mode=mode,
+        **({"criterion": criterion} if mode == "ghost" else {}),
+    )
+    return _training(made[0], made[1], inputs, targets, made[2] if mode == "ghost" else criterion)
+
+
 def make_step(name: str, what: str, batch: int, K: int = 1, device: str = "cpu", seed: int = 0) -> Step:
-    """The step of configuration ``what`` on model ``name`` with ``batch`` samples of ``K`` rows.
+    """The step of suite configuration ``what`` on benchmark model ``name`` with ``batch`` samples of ``K`` rows.
 
     Raises:
         ValueError: ``what`` is not a configuration name (see the module docstring).
     """
-    model, x, y = build(name, batch, K=K, flavour=flavour_of(what), seed=seed)
-    model, x, y = model.to(device), x.to(device), y.to(device)
-    if what in ("nonprivate", "nonprivate_dplayers"):
-        return _plain(model, x, y)
-    if what == "naive_microbatch":
-        return _naive(model, x, y, batch, K)
+    model, inputs, targets, loss = build(name, batch, K=K, flavour=flavour_of(what), seed=seed)
+    model, targets = model.to(device), targets.to(device)
+    inputs = tuple(x.to(device) for x in inputs)
     kind, _, mode = what.partition("_")
+    if what in ("nonprivate", "nonprivate_dplayers"):
+        return plain_step(model, inputs, targets, loss)
+    if what == "naive_microbatch":
+        return naive_step(model, inputs, targets, loss, batch, K)
     if kind == "opacus":
-        from dpnotebook.benchmarks.opacus_steps import opacus_step
-
         kind, _, mode = mode.partition("_")
-        return opacus_step(model, kind, mode, x, y, batch)
+        return opacus_step(model, kind, mode, inputs, targets, loss, batch)
     if mode in MODES and kind == "gsm":
-        return _gsm(model, mode, x, y, K)
+        return gsm_step(model, mode, inputs, targets, loss, K)
     if mode in MODES and kind == "dpsgd":
-        return _dpsgd(model, mode, x, y, batch, K)
+        return dpsgd_step(model, mode, inputs, targets, K, loss=loss)
     raise ValueError(
         f"configuration {what!r} is unknown; use nonprivate, nonprivate_dplayers, naive_microbatch, "
         f"gsm_<mode> or dpsgd_<mode> with mode in {MODES}, or opacus_gsm_<mode> / opacus_dpsgd_<mode>."
     )
 
 
-__all__ = ["make_step", "flavour_of", "MODES", "OPACUS_MODES"]
+__all__ = [
+    "SIGMA",
+    "CLIP",
+    "LR",
+    "MODES",
+    "OPACUS_MODES",
+    "flavour_of",
+    "plain_step",
+    "gsm_step",
+    "dpsgd_step",
+    "naive_step",
+    "opacus_available",
+    "opacus_step",
+    "make_step",
+]

@@ -35,7 +35,7 @@ print(json.dumps({"seconds": seconds, "peak_mb": peak}))
 """
 
 
-def measure(notebook: Path) -> dict:
+def measure(notebook: Path) -> dict[str, float]:
     """Run ``notebook``'s code cells in a new process; its seconds and peak MB."""
     start = time.perf_counter()
     out = subprocess.run([sys.executable, "-c", _CHILD, str(notebook)], capture_output=True, text=True)

@@ -7,11 +7,19 @@ import json
 import pytest
 import torch
 
-from dpnotebook.benchmarks.__main__ import main, parse_args
+from dpnotebook.benchmarks.__main__ import (
+    Config,
+    ghost_hooks_table,
+    main,
+    measure,
+    multiplicity_table,
+    opacus_table,
+    parse_args,
+    plan,
+    results_table,
+)
 from dpnotebook.benchmarks.models import MODELS, TRANSFORMER_MODELS, build
-from dpnotebook.benchmarks.report import ghost_hooks_table, multiplicity_table, opacus_table, results_table
-from dpnotebook.benchmarks.steps import make_step
-from dpnotebook.benchmarks.suite import Config, measure, plan
+from dpnotebook.benchmarks.steps import make_step, opacus_step
 
 
 @pytest.mark.slow  # the benchmark command line, end to end
@@ -76,8 +84,8 @@ def test_quick_preset_and_bad_arguments() -> None:
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_every_model_builds_in_every_flavour(name: str) -> None:
     for flavour in ("dp", "native"):
-        model, x, y = build(name, 2, K=2, flavour=flavour)
-        assert model(x).shape == (4, 10) and y.shape == (4,)
+        model, inputs, y, _ = build(name, 2, K=2, flavour=flavour)
+        assert model(*inputs).shape == (4, 10) and y.shape == (4,)
 
 
 def test_transformers_preset() -> None:
@@ -97,9 +105,10 @@ def test_rival_times_hooks_mode_in_the_ghost_rows_process() -> None:
 
 @pytest.mark.parametrize("name", sorted(TRANSFORMER_MODELS))
 def test_every_transformer_builds_and_its_steps_run(name: str) -> None:
-    model, x, y = build(name, 2)
-    out = model(x)
-    assert x.shape == (2, 64) and out.shape[0] == 2 and out.shape[1:] in {(10,), (1000, 64)}
+    model, inputs, y, loss = build(name, 2)
+    out = model(*inputs)
+    assert inputs[0].shape == (2, 64) and out.shape[0] == 2 and out.shape[1:] in {(10,), (64, 1000)}
+    assert loss(out, y).shape == ()
     make_step(name, "nonprivate", batch=2)()
     for what in ("dpsgd_hooks", "dpsgd_ghost"):
         make_step(name, what, batch=2)()
@@ -193,13 +202,31 @@ OPACUS_CONFIGS = sorted(
 @pytest.mark.parametrize("name", sorted(MODELS))
 @pytest.mark.parametrize("what", OPACUS_CONFIGS)
 def test_the_opacus_side_of_the_comparison_runs_on_every_model(name: str, what: str) -> None:
-    from dpnotebook.benchmarks.opacus_steps import opacus_step
-
-    model, x, y = build(name, 3, flavour="opacus")
+    model, x, y, loss = build(name, 3, flavour="opacus")
     before = [p.detach().clone() for p in model.parameters()]
     _, kind, mode = what.split("_")
-    opacus_step(model, kind, mode, x, y, batch=3)()
+    opacus_step(model, kind, mode, x, y, loss, batch=3)()
     if kind == "gsm":  # Opacus' per-sample gradients sit on the parameters
         assert all(p.grad_sample.shape == (3, *p.shape) for p in model.parameters() if p.requires_grad)
     else:  # make_private's step moved every parameter
         assert all(not torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True))
+
+
+@pytest.mark.filterwarnings("ignore:Full backward hook is firing")
+@pytest.mark.parametrize("mode", ["hooks", "ghost"])
+def test_the_opacus_step_takes_a_loss_over_tokens(mode: str) -> None:
+    """A loss that is no ``nn.CrossEntropyLoss`` (the mean over every token) becomes a per-row criterion
+    for Opacus' ghost mode; the step moves every parameter."""
+    from dpnotebook.benchmarks.steps import _RowLoss
+    from dpnotebook.fine_tuning import token_cross_entropy
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10))
+    tokens, targets = torch.randint(0, 10, (3, 5)), torch.randint(0, 10, (3, 5))
+    before = [p.detach().clone() for p in model.parameters()]
+    opacus_step(model, "dpsgd", mode, tokens, targets, token_cross_entropy, batch=3)()
+    assert all(not torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True))
+    criterion, logits = _RowLoss(token_cross_entropy), torch.randn(3, 5, 10)
+    criterion.reduction = "none"  # what Opacus' ghost mode sets
+    per_row = criterion(logits, targets)
+    assert per_row.shape == (3,) and torch.allclose(per_row.mean(), token_cross_entropy(logits, targets))

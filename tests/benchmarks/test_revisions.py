@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from dpnotebook.benchmarks.__main__ import parse_args
-from dpnotebook.benchmarks.revisions import compare, configurations, main, table
+from dpnotebook.benchmarks.__main__ import configurations, parse_args
+from dpnotebook.benchmarks.revisions import compare, main, table
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -23,8 +23,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import dpnotebook
 from dpnotebook import GradSampleError
-from dpnotebook.benchmarks.zoo import HF_MODELS, ZOO, build
-from dpnotebook.benchmarks.zoo.check import check_zoo_model, prepared, units_after_a_step
+from dpnotebook.benchmarks.zoo import HF_MODELS, ZOO, build, check_zoo_model, prepared, units_after_a_step
 from dpnotebook.layers import DPMultiheadAttention
 
 MODES = dpnotebook.available_modes()

@@ -1,9 +1,7 @@
 """The model zoo: tiny configurations of real architectures, each with its batch and its loss.
 
-Five Hugging Face models built from small configurations (nothing is
-downloaded; ``transformers`` is imported only by their builders) and three
-replicas written with the same module structure as torchvision's (torchvision
-itself is not a dependency):
+Five Hugging Face models (:func:`dpnotebook.models.tiny_transformer`: nothing is downloaded) and
+three replicas with the module structure of torchvision's (torchvision is not a dependency):
 
 ==============  ==========================================================================
 ``bert``        ``BertForSequenceClassification`` (position table looked up once, ``[1, T]``)
@@ -19,38 +17,60 @@ itself is not a dependency):
                 depthwise 7x7 convolution
 ==============  ==========================================================================
 
-:func:`build` returns a :class:`ZooCase`: the model (its output is a tensor:
-the Hugging Face models are wrapped in :class:`Logits`, which returns
-``.logits`` and changes nothing else), ``batch(rows, seed)`` returning
-``(inputs, targets)``, and ``loss(output, targets)`` (the mean over rows), so
-that a test or a benchmark runs any of them the same way:
+:func:`build` returns a :class:`ZooCase`: the model (its output is a tensor: the Hugging Face
+models return their ``.logits`` through :class:`dpnotebook.models.Logits`), ``batch(rows, seed)``
+returning ``(inputs, targets)``, and ``loss(output, targets)`` (the mean over rows), so that a test
+or a benchmark runs any of them the same way:
 
 >>> model, batch, loss = build("convnext")
 >>> inputs, targets = batch(3)
 >>> loss(model(*inputs), targets).shape
 torch.Size([])
 
-``python -m dpnotebook.benchmarks.zoo`` prints the zoo table (see
-:mod:`dpnotebook.benchmarks.zoo.__main__`).
+
+:func:`check_zoo_model` fixes a zoo model for a mode (:func:`dpnotebook.fix`), validates it, runs
+one batch through the mode's wrapper and compares with the float64 oracle
+(:func:`~dpnotebook.testing.reference_grad_samples`): per sample and per parameter for the modes
+that fill ``p.grad_sample``; by the per-sample norms and the clipped sums of ``clip_and_sum`` (the
+bound at the oracle's median norm: some samples clipped, some not) for a mode whose wrapper forms
+only those (ghost). The error is relative, ``max |got - oracle| / max |oracle|`` (``inf`` where a
+parameter has no per-sample gradient, or one of another shape):
+
+>>> result = check_zoo_model("resnet", "hooks", rows=2)
+>>> result.max_rel_err < 1e-10, result.fallback, result.whole_model
+(True, [], False)
+
+``python -m dpnotebook.benchmarks.zoo`` prints the zoo table (:mod:`dpnotebook.benchmarks.zoo.__main__`).
 """
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+import dpnotebook
+from dpnotebook.compare import error_against
+from dpnotebook.fine_tuning import token_cross_entropy
 from dpnotebook.grad_sample import materialise, register_grad_sampler, register_norm_sampler
 from dpnotebook.grad_sample.samplers.layer_norm import channels_first_layer_norm_grad_sampler
+from dpnotebook.models import TRANSFORMERS, tiny_transformer
+from dpnotebook.modes import Unwrappable
+from dpnotebook.privacy import clip_and_sum, clip_factors
+from dpnotebook.testing import clean_copy, dot_loss, random_target, reference_grad_samples
 
 #: Token vocabulary, sequence length, classes and image side of every zoo batch.
 VOCAB, SEQ_LEN, NUM_CLASSES, IMAGE = 32, 6, 3, 12
 
 Batch = Callable[..., tuple[tuple[Tensor, ...], Tensor]]
+Loss = Callable[[Tensor, Tensor], Tensor]
 
 
 class ZooCase(NamedTuple):
@@ -64,164 +84,49 @@ class ZooCase(NamedTuple):
 
     model: nn.Module
     batch: Batch
-    loss: Callable[[Tensor, Tensor], Tensor]
+    loss: Loss
 
 
 # ---------------------------------------------------------------- Hugging Face models
 
 
-class Logits(nn.Module):
-    """Calls a Hugging Face model with its inputs named ``keys`` and returns ``.logits``.
-
-    The wrapped model is unchanged; only its output is unwrapped, so that the
-    oracle, the grad-sample modes and ``PrivacyEngine`` see a tensor.
-
-    Args:
-        hf: the Hugging Face model.
-        keys: the keyword of each positional input, in order.
-    """
-
-    def __init__(self, hf: nn.Module, keys: tuple[str, ...] = ("input_ids",)) -> None:
-        super().__init__()
-        self.hf = hf
-        self.keys = keys
-
-    def forward(self, *inputs: Tensor) -> Tensor:
-        return self.hf(**dict(zip(self.keys, inputs, strict=True))).logits
-
-
-def _classify(output: Tensor, targets: Tensor) -> Tensor:
-    return F.cross_entropy(output, targets)
-
-
-def _tokens_loss(output: Tensor, targets: Tensor) -> Tensor:
-    return F.cross_entropy(output.flatten(0, 1), targets.flatten())
-
-
-def _token_batch(targets: str) -> Batch:
-    """Random token ids; targets a class per row (``"class"``) or a token per position (``"tokens"``)."""
+def token_batch(targets: str, *, vocab: int = VOCAB, length: int = SEQ_LEN, classes: int = NUM_CLASSES) -> Batch:
+    """Random token ids ``[rows, length]`` and their targets: a class per row (``"class"``), a token per
+    position (``"tokens"``), or, for an encoder-decoder (``"seq2seq"``), a token per position with the
+    decoder's inputs (those tokens shifted right) as a second input."""
 
     def batch(rows: int, seed: int = 0) -> tuple[tuple[Tensor, ...], Tensor]:
         gen = torch.Generator().manual_seed(seed)
-        ids = torch.randint(0, VOCAB, (rows, SEQ_LEN), generator=gen)
+        ids = torch.randint(0, vocab, (rows, length), generator=gen)
         if targets == "class":
-            return (ids,), torch.randint(0, NUM_CLASSES, (rows,), generator=gen)
-        return (ids,), torch.randint(0, VOCAB, (rows, SEQ_LEN), generator=gen)
+            return (ids,), torch.randint(0, classes, (rows,), generator=gen)
+        labels = torch.randint(0, vocab, (rows, length), generator=gen)
+        if targets == "tokens":
+            return (ids,), labels
+        return (ids, torch.cat([labels.new_zeros(rows, 1), labels[:, :-1]], dim=1)), labels
 
     return batch
 
 
-def _seq2seq_batch(rows: int, seed: int = 0) -> tuple[tuple[Tensor, ...], Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, VOCAB, (rows, SEQ_LEN), generator=gen)
-    labels = torch.randint(0, VOCAB, (rows, SEQ_LEN), generator=gen)
-    decoder_ids = torch.cat([torch.zeros(rows, 1, dtype=torch.long), labels[:, :-1]], dim=1)  # shifted right
-    return (ids, decoder_ids), labels
-
-
-def _transformers() -> Any:
-    try:
-        import transformers
-    except ImportError as e:  # pragma: no cover - the lab and test extras install it
-        raise ImportError(
-            "the Hugging Face zoo models need transformers: pip install -e '.[lab]' (transformers>=4.40)."
-        ) from e
-    transformers.logging.set_verbosity_error()
-    return transformers
-
-
-def bert() -> nn.Module:
-    """``BertForSequenceClassification``: hidden 16, one layer, two heads, three classes."""
-    t = _transformers()
-    config = t.BertConfig(
-        vocab_size=VOCAB,
-        hidden_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=32,
-        max_position_embeddings=16,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-        num_labels=NUM_CLASSES,
-    )
-    return Logits(t.BertForSequenceClassification(config))
-
-
-def distilbert() -> nn.Module:
-    """``DistilBertForSequenceClassification``: dim 16, one layer, two heads, three classes."""
-    t = _transformers()
-    config = t.DistilBertConfig(
-        vocab_size=VOCAB,
-        dim=16,
-        n_layers=1,
-        n_heads=2,
-        hidden_dim=32,
-        max_position_embeddings=16,
-        dropout=0.0,
-        attention_dropout=0.0,
-        seq_classif_dropout=0.0,
-        num_labels=NUM_CLASSES,
-    )
-    return Logits(t.DistilBertForSequenceClassification(config))
-
-
-def gpt2() -> nn.Module:
-    """``GPT2LMHeadModel``: embedding 16 (tied with the LM head), one layer, two heads."""
-    t = _transformers()
-    config = t.GPT2Config(
-        vocab_size=VOCAB,
-        n_embd=16,
-        n_layer=1,
-        n_head=2,
-        n_positions=16,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-        bos_token_id=0,
-        eos_token_id=0,
-        use_cache=False,
-    )
-    return Logits(t.GPT2LMHeadModel(config))
-
-
-def t5() -> nn.Module:
-    """``T5ForConditionalGeneration``: d_model 16, one encoder and one decoder layer, 8 relative buckets."""
-    t = _transformers()
-    config = t.T5Config(
-        vocab_size=VOCAB,
-        d_model=16,
-        d_kv=8,
-        d_ff=32,
-        num_layers=1,
-        num_decoder_layers=1,
-        num_heads=2,
-        relative_attention_num_buckets=8,
-        relative_attention_max_distance=16,
-        dropout_rate=0.0,
-        decoder_start_token_id=0,
-        pad_token_id=0,
-        eos_token_id=1,
-        use_cache=False,
-    )
-    return Logits(t.T5ForConditionalGeneration(config), ("input_ids", "decoder_input_ids"))
-
-
-def llama() -> nn.Module:
-    """``LlamaForCausalLM``: hidden 16, one layer, two query heads sharing one key/value head."""
-    t = _transformers()
-    config = t.LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=16,
-        bos_token_id=0,
-        eos_token_id=1,
-        use_cache=False,
-    )
-    return Logits(t.LlamaForCausalLM(config))
+def hf_case(
+    kind: str,
+    *,
+    vocab: int = VOCAB,
+    length: int = SEQ_LEN,
+    positions: int = 16,
+    width: int = 16,
+    layers: int = 1,
+    heads: int = 2,
+    classes: int = NUM_CLASSES,
+) -> tuple[Callable[[], nn.Module], Batch, Loss]:
+    """``(make the model, make a batch, loss)`` of the Hugging Face architecture ``kind``
+    (:func:`dpnotebook.models.tiny_transformer`; its weights drawn from torch's global generator);
+    the defaults are the zoo's size."""
+    targets = {"bert": "class", "distilbert": "class", "t5": "seq2seq"}.get(kind, "tokens")
+    size = {"length": positions, "width": width, "layers": layers, "heads": heads}
+    make = partial(tiny_transformer, kind, vocab, **size, num_labels=classes, seed=None)
+    loss = F.cross_entropy if targets == "class" else token_cross_entropy
+    return make, token_batch(targets, vocab=vocab, length=length, classes=classes), loss
 
 
 # ---------------------------------------------------------------- torchvision replicas
@@ -438,18 +343,14 @@ class ConvNeXt(nn.Module):
 # ---------------------------------------------------------------- the registry
 
 #: ``name -> (make the model, make a batch, loss)``.
-ZOO: dict[str, tuple[Callable[[], nn.Module], Batch, Callable[[Tensor, Tensor], Tensor]]] = {
-    "bert": (bert, _token_batch("class"), _classify),
-    "distilbert": (distilbert, _token_batch("class"), _classify),
-    "gpt2": (gpt2, _token_batch("tokens"), _tokens_loss),
-    "t5": (t5, _seq2seq_batch, _tokens_loss),
-    "llama": (llama, _token_batch("tokens"), _tokens_loss),
-    "resnet": (ResNet, _image_batch, _classify),
-    "vit": (VisionTransformer, _image_batch, _classify),
-    "convnext": (ConvNeXt, _image_batch, _classify),
+ZOO: dict[str, tuple[Callable[[], nn.Module], Batch, Loss]] = {
+    **{kind: hf_case(kind) for kind in TRANSFORMERS},
+    "resnet": (ResNet, _image_batch, F.cross_entropy),
+    "vit": (VisionTransformer, _image_batch, F.cross_entropy),
+    "convnext": (ConvNeXt, _image_batch, F.cross_entropy),
 }
 #: The zoo models that come from Hugging Face ``transformers``.
-HF_MODELS = ("bert", "distilbert", "gpt2", "t5", "llama")
+HF_MODELS = tuple(TRANSFORMERS)
 
 
 def build(name: str, *, seed: int = 0, dtype: torch.dtype = torch.float32) -> ZooCase:
@@ -474,14 +375,125 @@ def build(name: str, *, seed: int = 0, dtype: torch.dtype = torch.float32) -> Zo
     return ZooCase(make().to(dtype), batch, loss)
 
 
+# ---------------------------------------------------------------- against the oracle
+
+
+@dataclass
+class ZooCheck:
+    """What :func:`check_zoo_model` found.
+
+    Attributes:
+        max_rel_err: largest ``|got - oracle|`` over the largest ``|oracle|`` entry.
+        units: the wrapper's ``(path, how)`` units (empty for a mode without units, e.g. ew).
+        fallback: the paths of the ``torch.func`` units.
+        whole_model: whether one ``torch.func`` unit is the whole model.
+    """
+
+    max_rel_err: float
+    units: list[tuple[str, str]] = field(default_factory=list)
+    fallback: list[str] = field(default_factory=list)
+    whole_model: bool = False
+
+
+def prepared(name: str, mode: str, *, dtype: torch.dtype = torch.float64, seed: int = 0) -> nn.Module:
+    """The zoo model ``name`` after ``dpnotebook.fix`` for ``mode``, checked clean by ``dpnotebook.validate``.
+
+    Raises:
+        AssertionError: ``validate`` still reports problems after ``fix``.
+    """
+    fixed = dpnotebook.fix(build(name, seed=seed, dtype=dtype).model, mode=mode)
+    problems = dpnotebook.validate(fixed, mode=mode)
+    assert not problems, f"{name} after fix, mode {mode!r}: {problems}"
+    return fixed
+
+
+def _cast(inputs: tuple[Tensor, ...], dtype: torch.dtype) -> tuple[Tensor, ...]:
+    return tuple(x.to(dtype) if x.is_floating_point() else x for x in inputs)
+
+
+def check_zoo_model(
+    name: str, mode: str, *, K: int = 1, rows: int = 3, dtype: torch.dtype = torch.float64, seed: int = 0
+) -> ZooCheck:
+    """Fix, validate, wrap and run zoo model ``name`` in ``mode`` on ``rows`` samples of ``K`` rows.
+
+    Args:
+        K, rows: rows per sample, and samples B.
+        dtype: the dtype the mode runs in (the oracle is always float64).
+        seed: seeds the weights and the batch.
+
+    Raises:
+        GradSampleError, UnsupportedModuleError: the mode refuses the model (the message says why).
+    """
+    model = prepared(name, mode, dtype=torch.float64, seed=seed)
+    inputs, _ = build(name).batch(rows * K, seed=seed + 1)
+    inputs64 = _cast(inputs, torch.float64)
+    target = random_target(model, inputs64)
+    ref = reference_grad_samples(model, inputs64, target=target, K=K)
+    copy_ = clean_copy(model).to(dtype)
+    wrapped = dpnotebook.wrap_model(copy_, mode, K=K, loss_reduction="sum")
+    try:
+        dot_loss(wrapped(*_cast(inputs, dtype)), target.to(dtype)).backward()
+        named = [(n, p) for n, p in copy_.named_parameters() if p.requires_grad]
+        if hasattr(wrapped, "weighted_sums"):
+            err = _clipped_sum_error(wrapped, named, ref)
+        else:
+            err = error_against({n: getattr(p, "grad_sample", None) for n, p in named}, ref)
+        units = list(getattr(wrapped, "units", []))
+    finally:
+        cast(Unwrappable, wrapped).to_standard_module()  # every mode's wrapper has it
+    return _result(err, units)
+
+
+def _result(err: float, units: list[tuple[str, str]]) -> ZooCheck:
+    fallback = [p for p, how in units if how == "torch.func"]
+    return ZooCheck(err, units, fallback, "model" in fallback)
+
+
+def units_after_a_step(name: str, mode: str, *, rows: int = 2) -> ZooCheck:
+    """The units of zoo model ``name`` in ``mode`` after one forward and backward pass (no oracle: ``max_rel_err`` is NaN).
+
+    >>> units_after_a_step("vit", "functorch").units
+    [('model', 'torch.func')]
+    """
+    model = prepared(name, mode, dtype=torch.float32)
+    case = build(name)
+    inputs, targets = case.batch(rows)
+    wrapped = dpnotebook.wrap_model(model, mode)
+    try:
+        case.loss(wrapped(*inputs), targets).backward()
+        units = list(getattr(wrapped, "units", []))
+    finally:
+        cast(Unwrappable, wrapped).to_standard_module()
+    return _result(math.nan, units)
+
+
+def _clipped_sum_error(wrapped: Any, named: list[tuple[str, nn.Parameter]], ref: dict[str, Tensor]) -> float:
+    oracle_norms = clip_and_sum([ref[n] for n, _ in named], max_grad_norm=float("inf")).norms
+    C = float(oracle_norms.median())
+    oracle = clip_and_sum([ref[n] for n, _ in named], max_grad_norm=C)
+    norms = wrapped.per_sample_norms().double()
+    sums = wrapped.weighted_sums(clip_factors(norms, C))
+    scale = float(oracle.norms.max())
+    err = (norms - oracle.norms).abs().max().item()
+    for (_, p), want in zip(named, oracle.summed, strict=True):
+        got = sums.get(p, torch.zeros_like(p)).double()
+        err = max(err, (got - want).abs().max().item())
+    return err / scale
+
+
 __all__ = [
     "ZOO",
     "HF_MODELS",
     "ZooCase",
     "build",
-    "Logits",
     "ResNet",
     "VisionTransformer",
     "ConvNeXt",
     "LayerNorm2d",
+    "hf_case",
+    "token_batch",
+    "check_zoo_model",
+    "units_after_a_step",
+    "prepared",
+    "ZooCheck",
 ]

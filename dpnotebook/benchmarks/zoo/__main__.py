@@ -2,24 +2,18 @@
 
 Per model and mode (:func:`dpnotebook.available_modes`):
 
-* **error**: the largest ``|got - oracle| / max |oracle|`` of a float32 run against
-  the float64 oracle (:func:`~dpnotebook.benchmarks.zoo.check.check_zoo_model`:
-  per-sample gradients, or ghost mode's norms and clipped sums), or the refusal;
-* **fallback**: how many ``torch.func`` units the wrapper runs, and ``whole``
-  when one of them is the whole model;
-* **DP / plain**: a full DP-SGD step (per-sample gradients or norms, clipping,
-  noise, update; on the model after ``dpnotebook.fix``) over a plain SGD step of
-  the model as built, timed alternately in this process: the median over the
-  pairs of one DP step and the plain step right after it. The steps of these
-  tiny models take milliseconds and the load of a shared machine changes
-  within seconds; the ratio of neighbouring steps cancels most of it, where
-  the ratio of two medians or two minima taken over the whole run does not.
-  The DP and plain columns are the medians.
+* **error**: the largest ``|got - oracle| / max |oracle|`` of a float32 run against the float64 oracle
+  (:func:`~dpnotebook.benchmarks.zoo.check_zoo_model`), or the refusal;
+* **fallback**: how many ``torch.func`` units the wrapper runs, ``whole`` when one is the whole model;
+* **DP / plain**: a full DP-SGD step (on the model after ``dpnotebook.fix``) over a plain SGD step of the
+  model as built, timed alternately: the median over the pairs of one DP step and the plain step right
+  after it. These steps take milliseconds and a shared machine's load changes within seconds; the ratio
+  of neighbouring steps cancels most of it, where a ratio of two medians over the run does not. The DP
+  and plain columns are the medians.
 
-Then Opacus 1.6 (``--opacus``): its best mode, among those whose per-sample
-gradients match the oracle (``1e-6`` relative, float64; its ghost mode forms
-none, so it is timed but not checked), on the model after ``dpnotebook.fix`` for
-functorch mode (BatchNorm to the same GroupNorm) and Opacus' ``ModuleValidator.fix``
+Then Opacus 1.6 (``--opacus``): its best mode among those whose per-sample gradients match the oracle
+(``1e-6`` relative, float64; its ghost mode forms none, so it is timed but not checked), on the model
+after ``dpnotebook.fix`` for functorch mode (BatchNorm to GroupNorm) and Opacus' ``ModuleValidator.fix``
 (its own ``DPMultiheadAttention``), or why none runs.
 
 Examples::
@@ -37,22 +31,19 @@ import statistics
 import sys
 import time
 import warnings
-from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 import dpnotebook
-from dpnotebook.benchmarks.settings import CLIP, LR, SIGMA
-from dpnotebook.benchmarks.zoo import ZOO, build
-from dpnotebook.benchmarks.zoo.check import check_zoo_model, prepared
-from dpnotebook.privacy.ghost_optimizer import optimizer_class
+from dpnotebook.benchmarks.steps import OPACUS_MODES, Step, dpsgd_step, opacus_step, plain_step
+from dpnotebook.benchmarks.zoo import ZOO, build, check_zoo_model, prepared
+from dpnotebook.compare import error_against
 from dpnotebook.testing import clean_copy, dot_loss, random_target, reference_grad_samples
 
-Step = Callable[[], None]
-#: Opacus 1.6's modes (its own names), and the relative error above which its gradients count as wrong.
-OPACUS_MODES, OPACUS_TOL = ("hooks", "functorch", "ew", "ghost"), 1e-6
+#: The relative error above which Opacus' per-sample gradients count as wrong.
+OPACUS_TOL = 1e-6
 
 
 def first_line(e: BaseException, width: int = 90) -> str:
@@ -77,57 +68,6 @@ def time_side_by_side(dp: Step, plain: Step, *, steps: int, warmup: int) -> tupl
     return statistics.median(times[0]), statistics.median(times[1]), statistics.median(ratios)
 
 
-def plain_step(name: str, batch: int) -> Step:
-    """A plain SGD step of zoo model ``name`` as built, on ``batch`` rows."""
-    model, make_batch, loss = build(name)
-    inputs, targets = make_batch(batch)
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
-
-    def step() -> None:
-        opt.zero_grad(set_to_none=True)
-        loss(model(*inputs), targets).backward()
-        opt.step()
-
-    return step
-
-
-def dp_step(name: str, mode: str, batch: int) -> Step:
-    """A DP-SGD step of zoo model ``name`` after ``dpnotebook.fix``, in ``mode``, with the mode's optimizer."""
-    model = prepared(name, mode, dtype=torch.float32)
-    _, make_batch, loss = build(name)
-    inputs, targets = make_batch(batch)
-    wrapped = dpnotebook.wrap_model(model, mode)
-    opt = optimizer_class(mode)(
-        torch.optim.SGD(wrapped.parameters(), lr=LR),
-        noise_multiplier=SIGMA,
-        max_grad_norm=CLIP,
-        expected_batch_size=batch,
-        secure_mode=False,  # a benchmark: PyTorch's generator, said so (no warning)
-    )
-
-    def step() -> None:
-        opt.zero_grad(set_to_none=True)
-        loss(wrapped(*inputs), targets).backward()
-        opt.step()
-
-    return step
-
-
-class _RowLoss(nn.Module):
-    """The zoo loss as an Opacus criterion: its ghost mode sets ``reduction = "none"`` and wants one loss per row."""
-
-    def __init__(self, loss: Callable[[Tensor, Tensor], Tensor]) -> None:
-        super().__init__()
-        self.loss, self.reduction = loss, "mean"
-
-    def forward(self, output: Tensor, targets: Tensor) -> Tensor:
-        if self.reduction == "mean":
-            return self.loss(output, targets)
-        rows = [self.loss(output[i : i + 1], targets[i : i + 1]) for i in range(output.shape[0])]
-        per_row = torch.stack(rows)
-        return per_row if self.reduction == "none" else per_row.sum()
-
-
 def _opacus_model(name: str, dtype: torch.dtype) -> nn.Module:
     from opacus.validators import ModuleValidator
 
@@ -149,46 +89,18 @@ def opacus_error(name: str, mode: str, rows: int = 3) -> float:
     copy_ = clean_copy(model)
     wrapped = wrap_model(copy_, grad_sample_mode=mode, batch_first=True, loss_reduction="sum")
     dot_loss(wrapped(*inputs), target).backward()
-    scale = max(r.abs().max().item() for r in ref.values())
-    err = 0.0
-    for n, p in copy_.named_parameters():
-        got = getattr(p, "grad_sample", None)
-        if got is None or got.shape != ref[n].shape:
-            shape = None if got is None else list(got.shape)
-            raise AssertionError(f"wrong grad_sample shape {shape} for {n}, not {list(ref[n].shape)}")
-        err = max(err, (got - ref[n]).abs().max().item())
-    return err / scale
+    return error_against({n: getattr(p, "grad_sample", None) for n, p in copy_.named_parameters()}, ref)
 
 
-def opacus_dp_step(name: str, mode: str, batch: int) -> Step:
-    """Opacus 1.6's DP-SGD step (``make_private``, fixed-size batches) of zoo model ``name`` in ``mode``."""
-    from opacus import PrivacyEngine
-    from torch.utils.data import DataLoader, TensorDataset
-
-    model = _opacus_model(name, torch.float32)
-    _, make_batch, loss = build(name)
+def _steps(name: str, mode: str, batch: int, *, opacus: bool = False) -> tuple[Step, Step]:
+    """A DP-SGD step of zoo model ``name`` in ``mode`` (after ``dpnotebook.fix``, or Opacus' model and
+    ``make_private``), and a plain SGD step of the model as built."""
+    model, make_batch, loss = build(name)
     inputs, targets = make_batch(batch)
-    loader = DataLoader(TensorDataset(*inputs, targets), batch_size=batch)
-    criterion = _RowLoss(loss)
-    made = PrivacyEngine().make_private(
-        module=model,
-        optimizer=torch.optim.SGD(model.parameters(), lr=LR),
-        data_loader=loader,
-        noise_multiplier=SIGMA,
-        max_grad_norm=CLIP,
-        poisson_sampling=False,
-        grad_sample_mode=mode,
-        **({"criterion": criterion} if mode == "ghost" else {}),
-    )
-    wrapped, opt = made[0], made[1]
-    crit: Any = made[2] if mode == "ghost" else criterion
-
-    def step() -> None:
-        opt.zero_grad(set_to_none=True)
-        crit(wrapped(*inputs), targets).backward()
-        opt.step()
-
-    return step
+    plain = plain_step(model, inputs, targets, loss)
+    if opacus:
+        return opacus_step(_opacus_model(name, torch.float32), "dpsgd", mode, inputs, targets, loss, batch), plain
+    return dpsgd_step(prepared(name, mode, dtype=torch.float32), mode, inputs, targets, loss=loss), plain
 
 
 def opacus_figure(name: str, batch: int, *, steps: int, warmup: int) -> str:
@@ -204,9 +116,9 @@ def opacus_figure(name: str, batch: int, *, steps: int, warmup: int) -> str:
                 if not err <= OPACUS_TOL:
                     failures.append(f"{mode}: wrong (error {err:.1e})")
                     continue
-            step = opacus_dp_step(name, mode, batch)
+            step, plain = _steps(name, mode, batch, opacus=True)
             step()
-            ratio = time_side_by_side(step, plain_step(name, batch), steps=steps, warmup=warmup)[2]
+            ratio = time_side_by_side(step, plain, steps=steps, warmup=warmup)[2]
         except Exception as e:  # noqa: BLE001 - every failure is the figure
             failures.append(f"{mode}: {first_line(e, 60)}")
             continue
@@ -218,7 +130,7 @@ def opacus_figure(name: str, batch: int, *, steps: int, warmup: int) -> str:
 
 def zoo_rows(
     models: list[str], modes: list[str], *, batch: int, steps: int, warmup: int, opacus: bool, log: Any = None
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     """One row per model and mode (with the model's Opacus figure when ``opacus``), as plain dicts."""
     rows = []
     for name in models:
@@ -228,9 +140,7 @@ def zoo_rows(
             try:
                 check = check_zoo_model(name, mode, dtype=torch.float32)
                 row.update(err=check.max_rel_err, fallback=len(check.fallback), whole=check.whole_model)
-                dp, plain, ratio = time_side_by_side(
-                    dp_step(name, mode, batch), plain_step(name, batch), steps=steps, warmup=warmup
-                )
+                dp, plain, ratio = time_side_by_side(*_steps(name, mode, batch), steps=steps, warmup=warmup)
                 row.update(dp_ms=dp, plain_ms=plain, ratio=ratio)
             except Exception as e:  # noqa: BLE001 - a refusal is a result of the table
                 row["refused"] = first_line(e)
@@ -241,7 +151,7 @@ def zoo_rows(
     return rows
 
 
-def zoo_table(rows: list[dict]) -> str:
+def zoo_table(rows: list[dict[str, Any]]) -> str:
     """The rows as a fixed-width table, then each model's Opacus figure when the rows hold one."""
     head = f"{'model':<11}{'mode':<10}{'error':>9}  {'fallback':<10}{'DP ms':>8}{'plain ms':>9}{'DP/plain':>9}"
     lines = [head, "-" * len(head)]

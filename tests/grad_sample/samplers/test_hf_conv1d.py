@@ -11,8 +11,9 @@ from transformers.pytorch_utils import Conv1D
 import dpnotebook
 from dpnotebook.audit import FLOAT32_TOLERANCE, RECORDS, TOLERANCE, AuditCase, Family, audit_sensitivity
 from dpnotebook.audit._cases import MAX_K, _apply_record
-from dpnotebook.benchmarks.zoo import Logits, gpt2
+from dpnotebook.benchmarks.zoo import build
 from dpnotebook.grad_sample import find_grad_sampler
+from dpnotebook.models import Logits
 from dpnotebook.testing import check_grad_sampler
 from tests.grad_sample.ghost.test_ghost import _released, check
 
@@ -40,7 +41,7 @@ def test_ghost_norms_and_clipped_sums_match_the_oracle(K: int, T: int) -> None:
 def test_gpt2_has_no_torch_func_unit_and_ghost_matches_the_oracle() -> None:
     """The zoo's GPT-2, called with per-sample position ids: Conv1D is sampled, the tied embedding too."""
     torch.manual_seed(0)
-    model = Logits(gpt2().hf, ("input_ids", "position_ids"))
+    model = Logits(build("gpt2").model.model, ("input_ids", "position_ids"))
     ids, positions = torch.randint(0, 32, (3, 6)), torch.arange(6).expand(3, 6)
     for mode in ("hooks", "ghost"):
         wrapped = dpnotebook.wrap_model(model, mode)
@@ -48,7 +49,7 @@ def test_gpt2_has_no_torch_func_unit_and_ghost_matches_the_oracle() -> None:
         wrapped.to_standard_module()
         assert not [u for u in units if u[1] == "torch.func"], (mode, units)
     wrapped = check(model, ids, positions)
-    assert wrapped.strategies()["model.hf.transformer.h.0.attn.c_attn"].startswith("ghost")
+    assert wrapped.strategies()["model.model.transformer.h.0.attn.c_attn"].startswith("ghost")
 
 
 def test_a_subclass_that_overrides_forward_is_not_matched() -> None:
