@@ -2,11 +2,10 @@
 
 * :mod:`~dpnotebook.grad_sample.engine`: the wrappers, hooks, the store, layer
   calls and the registry of grad samplers;
-* :mod:`~dpnotebook.grad_sample.samplers`: one small file per layer family (its
-  formula and ``K`` folding), its ghost-mode norm sampler beside it;
+* :mod:`~dpnotebook.grad_sample.samplers`: one file per layer family (its formula,
+  any faster form attached at registration), its ghost-mode norm sampler beside it;
 * :mod:`~dpnotebook.grad_sample.ghost`: ghost mode (norms and clipped sums without
-  per-sample gradients) and the open registry of norm samplers;
-* :mod:`~dpnotebook.grad_sample.fast`: what the samplers do for speed, behind one seam.
+  per-sample gradients) and the open registry of norm samplers.
 
 Modules of the old flat layout still import from their old paths for one
 release (:mod:`~dpnotebook.grad_sample.moved`).

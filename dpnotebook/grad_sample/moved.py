@@ -27,13 +27,15 @@ import warnings
 
 _ENGINE = ["accumulation", "batch_rows", "expanded_weights", "functorch_fallback", "gsm_no_op", "hooks", "module"]
 _ENGINE += ["output_batch_dim", "outside_use", "ownership", "packed", "registry", "units", "wrap_arguments"]
-_SAMPLERS = ["conv", "conv_ops", "embedding", "embedding_bag", "group_norm", "instance_norm", "layer_norm"]
-_SAMPLERS += ["linear", "lora", "rms_norm", "sample_rows"]
+_SAMPLERS = ["conv", "embedding", "embedding_bag", "linear", "lora", "sample_rows"]
+_NORMS = ["group_norm", "instance_norm", "layer_norm", "rms_norm"]
 
 #: old module path -> new module path
 MOVED: dict[str, str] = {
     **{f"dpnotebook.grad_sample.{m}": f"dpnotebook.grad_sample.engine.{m}" for m in _ENGINE},
     **{f"dpnotebook.grad_sample.{m}": f"dpnotebook.grad_sample.samplers.{m}" for m in _SAMPLERS},
+    **{f"dpnotebook.grad_sample.{m}": "dpnotebook.grad_sample.samplers.norms" for m in _NORMS},
+    "dpnotebook.grad_sample.conv_ops": "dpnotebook.grad_sample.samplers.conv",
     "dpnotebook.grad_sample._contract": "dpnotebook.grad_sample.samplers.sample_rows",
     "dpnotebook.grad_sample.ghost_conv": "dpnotebook.grad_sample.samplers.conv_norm",
     "dpnotebook.grad_sample.ghost_linear": "dpnotebook.grad_sample.samplers.linear_norm",

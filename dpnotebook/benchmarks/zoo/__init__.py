@@ -47,7 +47,7 @@ from torch import Tensor, nn
 from dpnotebook.grad_sample.engine.registry import register_grad_sampler
 from dpnotebook.grad_sample.ghost.groups import materialise
 from dpnotebook.grad_sample.ghost.registry import register_norm_sampler
-from dpnotebook.grad_sample.samplers.layer_norm import channels_first_layer_norm_grad_sampler
+from dpnotebook.grad_sample.samplers.norms import channels_first_layer_norm_grad_sampler
 
 #: Token vocabulary, sequence length, classes and image side of every zoo batch.
 VOCAB, SEQ_LEN, NUM_CLASSES, IMAGE = 32, 6, 3, 12

@@ -2,7 +2,7 @@
 
 A convolution's weight is small next to its activations, so ghost mode forms
 the per-sample weight gradients (``[B, *weight.shape]``) through the fast seam
-:func:`~dpnotebook.grad_sample.fast.conv.conv_per_sample_grads`, call by call as
+:func:`~dpnotebook.grad_sample.samplers.conv.conv_per_sample_grads`, call by call as
 the backprops arrive, and takes their norms and, later, their weighted sum.
 
 >>> import torch
@@ -19,9 +19,9 @@ from typing import cast
 
 from torch import nn
 
-from dpnotebook.grad_sample.fast.conv import CHUNK_BYTES, MIN_CHUNK_BYTES, conv_method, conv_per_sample_grads
 from dpnotebook.grad_sample.ghost.groups import GhostCall, GhostGroup, Grads, MaterialisedGroup, Scratch
 from dpnotebook.grad_sample.ghost.registry import register_norm_sampler
+from dpnotebook.grad_sample.samplers.conv import CHUNK_BYTES, MIN_CHUNK_BYTES, conv_method, conv_per_sample_grads
 
 
 class ConvGroup(MaterialisedGroup):

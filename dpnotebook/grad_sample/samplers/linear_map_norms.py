@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from dpnotebook.grad_sample.fast.device import scratch_bytes
+from dpnotebook.grad_sample.samplers._device import scratch_bytes
 
 #: Largest scratch buffer (bytes) a direct norm computation fills at once; bigger batches go in chunks.
 CHUNK_BYTES = 32 * 2**20
@@ -96,7 +96,7 @@ def settle_pays(n: int, d_in: int, d_out: int) -> bool:
 
 
 def _chunk(B: int, per_sample: int, like: Tensor) -> int:
-    budget = scratch_bytes(CHUNK_BYTES, like)  # measured on a CPU; larger on a GPU (fast/device.py)
+    budget = scratch_bytes(CHUNK_BYTES, like)  # measured on a CPU; larger on a GPU (samplers/_device.py)
     return max(1, min(B, budget // max(1, per_sample * like.element_size())))
 
 

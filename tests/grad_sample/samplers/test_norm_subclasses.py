@@ -18,7 +18,7 @@ from dpnotebook.audit.records import MAX_K, RECORDS, AuditCase, _apply_record
 from dpnotebook.grad_sample.engine.registry import find_grad_sampler, register_grad_sampler, unregister_grad_sampler
 from dpnotebook.grad_sample.ghost.groups import materialise
 from dpnotebook.grad_sample.ghost.registry import ghost_handler, register_norm_sampler, unregister_norm_sampler
-from dpnotebook.grad_sample.samplers.layer_norm import channels_first_layer_norm_grad_sampler
+from dpnotebook.grad_sample.samplers.norms import channels_first_layer_norm_grad_sampler
 from dpnotebook.testing import check_grad_sampler
 from tests.grad_sample.ghost.test_ghost import check
 
