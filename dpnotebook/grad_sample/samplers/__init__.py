@@ -3,7 +3,7 @@
 A *grad sampler* (``linear.py``, ``conv.py``, ``norms.py``, ...) states a layer's
 per-sample gradient, averaged over each sample's ``K`` copies, as the formula that
 runs; where a faster route to the same numbers pays, it is attached at registration
-(``register_grad_sampler(..., fast=...)``: conv, embedding). A *norm sampler*
+(``register_grad_sampler(..., fast=...)``: linear, conv, embedding). A *norm sampler*
 (``linear_norm.py``, ``conv_norm.py``, ...) gives ghost mode the same gradients'
 norms and their weighted sum, often without forming them. Shared row helpers are
 in :mod:`~dpnotebook.grad_sample.samplers.sample_rows`.

@@ -4,7 +4,11 @@ For one row with activations ``a_t`` and backprops ``g_t`` at positions ``t``,
 the weight gradient is ``sum_t g_t a_t^T``. Averaging over the ``K`` copies of
 a sample folds the copies into the same sum, so one contraction over
 ``n = K*T`` positions, ``[B, n, out] x [B, n, in] -> [B, out, in]``, gives every
-sample's gradient at once (:func:`linear_weight_grads`). That einsum is what runs.
+sample's gradient at once (:func:`linear_weight_grads`): the registered formula.
+
+The fast form attached at registration (:func:`linear_grad_sampler_fast`) is the same
+contraction spelled as ``torch.bmm`` with ``1/K`` applied in place: on the CPU it
+takes about half the einsum's time on sequences (B=64, T=32, 128x128).
 
 >>> import torch
 >>> a, g = torch.ones(2, 3), torch.ones(2, 1)     # one sample, K=2 copies
@@ -29,7 +33,6 @@ def linear_weight_grads(activations: Tensor, backprops: Tensor, K: int) -> Tenso
     return torch.einsum("bno,bni->boi", g / K, a)  # 1/K on the backprops: the smaller tensor, as a rule
 
 
-@register_grad_sampler(nn.Linear)
 def linear_grad_sampler(
     layer: nn.Linear, activations: list[Tensor], backprops: Tensor, K: int
 ) -> dict[nn.Parameter, Tensor]:
@@ -44,4 +47,21 @@ def linear_grad_sampler(
     return out
 
 
-__all__ = ["linear_grad_sampler", "linear_weight_grads"]
+def linear_grad_sampler_fast(
+    layer: nn.Linear, activations: list[Tensor], backprops: Tensor, K: int
+) -> dict[nn.Parameter, Tensor]:
+    """:func:`linear_grad_sampler`'s numbers: ``g^T a`` as one batched product (no autograd graph)."""
+    out: dict[nn.Parameter, Tensor] = {}
+    weight, bias = cast(nn.Parameter, layer.weight), cast("nn.Parameter | None", layer.bias)
+    if weight.requires_grad:
+        a, g = group_rows(activations[0], K), group_rows(backprops, K)
+        grads = torch.bmm(g.transpose(1, 2), a)
+        out[weight] = grads.div_(K) if K > 1 else grads
+    if bias is not None and bias.requires_grad:
+        out[bias] = sum_rows(backprops, K, keep=1)
+    return out
+
+
+register_grad_sampler(nn.Linear, fast=linear_grad_sampler_fast)(linear_grad_sampler)
+
+__all__ = ["linear_grad_sampler", "linear_grad_sampler_fast", "linear_weight_grads"]

@@ -31,6 +31,10 @@ EXAMPLES: dict[type[nn.Module], list[Example]] = {
         (lambda: nn.Conv2d(3, 8, 3, padding=1), lambda n, bf: torch.randn(n, 3, 16, 16), (True,)),  # CPU: grouped
     ],
     nn.Conv3d: [(lambda: nn.Conv3d(2, 2, 2, stride=(1, 2, 1)), lambda n, bf: torch.randn(n, 2, 3, 4, 4), (True,))],
+    nn.Linear: [
+        (lambda: nn.Linear(4, 3), lambda n, bf: torch.randn(n, 4), (True,)),
+        (lambda: nn.Linear(4, 3), lambda n, bf: torch.randn((n, 5, 4) if bf else (5, n, 4)), (True, False)),
+    ],
     nn.Embedding: [
         (
             lambda: nn.Embedding(7, 3, padding_idx=2),
