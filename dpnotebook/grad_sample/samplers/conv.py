@@ -40,6 +40,7 @@ from torch import Tensor, nn
 
 from dpnotebook.grad_sample.engine.registry import register_grad_sampler
 from dpnotebook.grad_sample.samplers._device import scratch_bytes
+from dpnotebook.grad_sample.samplers.linear import OutFor
 from dpnotebook.grad_sample.samplers.sample_rows import sum_rows
 
 Conv = nn.modules.conv._ConvNd
@@ -263,14 +264,20 @@ def conv_per_sample_grads(
 
 
 def conv_grad_sampler_fast(
-    layer: Conv, activations: list[Tensor], backprops: Tensor, K: int
+    layer: Conv, activations: list[Tensor], backprops: Tensor, K: int, out_for: OutFor | None = None
 ) -> dict[nn.Parameter, Tensor]:
-    """:func:`conv_grad_sampler`'s numbers by :func:`conv_per_sample_grads` (no autograd graph)."""
+    """:func:`conv_grad_sampler`'s numbers by :func:`conv_per_sample_grads` (no autograd graph).
+
+    ``out_for(layer, shape, like)`` gives the tensor to write into (opt-in reuse,
+    :mod:`~dpnotebook.grad_sample.samplers.buffers`); by default a new one.
+    """
     weight, bias = cast(nn.Parameter, layer.weight), cast("nn.Parameter | None", layer.bias)
     out: dict[nn.Parameter, Tensor] = {}
     if weight.requires_grad:
         x = activations[0]
-        grads = conv_per_sample_grads(layer, x, backprops, K, backprops.new_empty(x.shape[0] // K, *weight.shape))
+        shape = (x.shape[0] // K, *weight.shape)
+        buf = backprops.new_empty(shape) if out_for is None else out_for(layer, shape, backprops)
+        grads = conv_per_sample_grads(layer, x, backprops, K, buf)
         out[weight] = grads.div_(K) if K > 1 else grads
     if bias is not None and bias.requires_grad:
         out[bias] = conv_bias_grads(backprops, K)

@@ -18,6 +18,7 @@ tensor([[[1., 1., 1.]]])
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import cast
 
 import torch
@@ -25,6 +26,9 @@ from torch import Tensor, nn
 
 from dpnotebook.grad_sample.engine.registry import register_grad_sampler
 from dpnotebook.grad_sample.samplers.sample_rows import group_rows, sum_rows
+
+#: ``out_for(layer, shape, like)``: the tensor a fast form writes its result into.
+OutFor = Callable[[nn.Module, tuple[int, ...], Tensor], Tensor]
 
 
 def linear_weight_grads(activations: Tensor, backprops: Tensor, K: int) -> Tensor:
@@ -48,14 +52,19 @@ def linear_grad_sampler(
 
 
 def linear_grad_sampler_fast(
-    layer: nn.Linear, activations: list[Tensor], backprops: Tensor, K: int
+    layer: nn.Linear, activations: list[Tensor], backprops: Tensor, K: int, out_for: OutFor | None = None
 ) -> dict[nn.Parameter, Tensor]:
-    """:func:`linear_grad_sampler`'s numbers: ``g^T a`` as one batched product (no autograd graph)."""
+    """:func:`linear_grad_sampler`'s numbers: ``g^T a`` as one batched product (no autograd graph).
+
+    ``out_for(layer, shape, like)`` gives the tensor to write into (opt-in reuse,
+    :mod:`~dpnotebook.grad_sample.samplers.buffers`); by default a new one.
+    """
     out: dict[nn.Parameter, Tensor] = {}
     weight, bias = cast(nn.Parameter, layer.weight), cast("nn.Parameter | None", layer.bias)
     if weight.requires_grad:
         a, g = group_rows(activations[0], K), group_rows(backprops, K)
-        grads = torch.bmm(g.transpose(1, 2), a)
+        buf = None if out_for is None else out_for(layer, (a.shape[0], g.shape[2], a.shape[2]), g)
+        grads = torch.bmm(g.transpose(1, 2), a, out=buf)
         out[weight] = grads.div_(K) if K > 1 else grads
     if bias is not None and bias.requires_grad:
         out[bias] = sum_rows(backprops, K, keep=1)

@@ -8,7 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from dpnotebook.grad_sample.samplers import _device, conv, linear_map_norms
+from dpnotebook.grad_sample.engine import registry
+from dpnotebook.grad_sample.samplers import _device, buffers, conv, linear_map_norms
 from dpnotebook.grad_sample.samplers.conv import conv_method, conv_per_sample_grads, conv_weight_grads
 from dpnotebook.grad_sample.samplers.embedding import embedding_grad_sampler_fast, embedding_weight_grads
 from dpnotebook.grad_sample.samplers.embedding_bag import embedding_bag_grad_sampler, embedding_bag_weight_grads
@@ -277,3 +278,31 @@ def test_norm_affine_reference_and_fast_forms_match_the_oracle(case: str, B: int
         assert close(reference[name], want), name
         assert close(fast[layer.get_parameter(name)], want), name
         assert close(fast[layer.get_parameter(name)], reference[name]), name
+
+
+@pytest.mark.parametrize("can_count", [True, False])
+@pytest.mark.parametrize("kind", ["linear", "conv"])
+def test_opt_in_buffer_reuse_gives_the_formula_and_never_overwrites_a_kept_result(
+    kind: str, can_count: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(registry, "_SAMPLERS", dict(registry._SAMPLERS))  # restored after the test
+    monkeypatch.setattr(buffers, "CAN_COUNT_STORAGE_USERS", can_count and buffers.CAN_COUNT_STORAGE_USERS)
+    buffers.reuse_result_buffers()
+    if kind == "linear":  # results of [4, 512, 512] or [4, 8, 4, 7, 7] float64: over MIN_BYTES, through a buffer
+        layer, x = nn.Linear(512, 512).double(), torch.randn(4, 512, dtype=torch.float64)
+    else:
+        layer, x = nn.Conv2d(4, 512, 7).double(), torch.randn(4, 4, 9, 9, dtype=torch.float64)
+    entry = registry.find_grad_sampler(layer)
+    assert entry is not None and entry.fast is not None
+    g = random_target(layer, [x])
+    formula = entry.fn(layer, [x], g, 1)[layer.weight]
+    kept = entry.form([x], g)(layer, [x], g, 1)[layer.weight]
+    copy = kept.clone()
+    second = entry.form([x], 2 * g)(layer, [x], 2 * g, 1)[layer.weight]
+    assert torch.equal(kept, copy) and second.data_ptr() != kept.data_ptr()  # kept: never written again
+    assert torch.allclose(kept, formula, atol=TOL) and torch.allclose(second, 2 * formula, atol=TOL)
+    ptr = second.data_ptr()
+    del second  # released: the next result may go into its memory
+    third = entry.form([x], g)(layer, [x], g, 1)[layer.weight]
+    assert (third.data_ptr() == ptr) == buffers.CAN_COUNT_STORAGE_USERS
+    assert torch.allclose(third, formula, atol=TOL)
