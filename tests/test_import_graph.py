@@ -26,7 +26,7 @@ PACKAGE = "dpnotebook"
 ORDER: list[tuple[str, list[str]]] = [
     ("shared contracts", ["dpnotebook.errors", "dpnotebook.device", "dpnotebook.modes", "dpnotebook.validation"]),
     ("data and models", ["dpnotebook.datasets", "dpnotebook.models", "dpnotebook.binder"]),
-    ("grad_sample registry", ["dpnotebook.grad_sample._registry", "dpnotebook.grad_sample.samplers.conv_ops"]),
+    ("grad_sample registry", ["dpnotebook.grad_sample._registry", "dpnotebook.grad_sample.samplers.conv"]),
     ("engine", ["dpnotebook.grad_sample._engine"]),
     ("sampler contracts", ["dpnotebook.grad_sample._contracts"]),
     ("samplers", ["dpnotebook.grad_sample.samplers", "dpnotebook.grad_sample.fast"]),
@@ -77,7 +77,7 @@ ALLOWED_LOOPS: set[tuple[str, str]] = {
     ("dpnotebook.grad_sample._contracts", "dpnotebook.grad_sample._engine.calls"),
     ("dpnotebook.grad_sample._contracts", "dpnotebook.grad_sample._engine.layer_hooks"),
     # fast/ and samplers/ import each other (samplers branch)
-    ("dpnotebook.grad_sample.fast.conv", "dpnotebook.grad_sample.samplers.conv_ops"),
+    ("dpnotebook.grad_sample.samplers.conv", "dpnotebook.grad_sample.samplers.conv"),
 }
 
 

@@ -26,6 +26,12 @@ Samplers are registered per layer type:
 The full signature is ``fn(layer, activations, backprops, K) -> {param: grad_sample}``.
 Opacus-style samplers ``fn(layer, activations, backprops)`` are accepted too;
 dpnotebook then averages each group of ``K`` per-row gradients itself.
+
+A sampler states the formula; a faster route to the same numbers is attached at
+registration, ``register_grad_sampler(nn.Conv2d, fast=conv_grad_sampler_fast)``, and
+runs in its place whenever no autograd graph of the result is asked for
+(:meth:`SamplerEntry.form`). One test holds every attached fast form equal to its
+formula (``tests/grad_sample/samplers/test_fast_forms.py``).
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import sys
-from collections.abc import Callable, Iterator, MutableMapping
+from collections.abc import Callable, Iterator, MutableMapping, Sequence
 from dataclasses import dataclass
 
 from torch import Tensor, nn
@@ -63,15 +69,30 @@ class SamplerEntry:
         batch_first_always: The layer's inputs and outputs always have the batch
             in dimension 0, whatever the wrapper's ``batch_first`` says
             (``EmbeddingBag`` outputs ``[bags, D]``, for instance).
+        fast: The same numbers by a faster route (``fn(layer, activations, backprops, K)``),
+            or ``None``: see :meth:`form`.
     """
 
     fn: GradSampler
     takes_k: bool
     batch_first_always: bool = False
+    fast: GradSampler | None = None
 
     @property
     def name(self) -> str:
         return getattr(self.fn, "__name__", repr(self.fn))
+
+    def form(self, activations: Sequence[object], backprops: Tensor) -> GradSampler:
+        """What runs on these inputs: the fast form, or the formula where a graph is needed.
+
+        A fast form may write in place and skip autograd, so the formula runs whenever the
+        backprops or an activation require a gradient (double backward, gradient penalties).
+        """
+        if self.fast is None or backprops.requires_grad:
+            return self.fn
+        if any(isinstance(a, Tensor) and a.requires_grad for a in activations):
+            return self.fn
+        return self.fast
 
 
 _SAMPLERS: dict[type[nn.Module], SamplerEntry] = {}
@@ -92,7 +113,7 @@ def _takes_k(fn: GradSampler) -> bool:
 
 
 def register_grad_sampler(
-    *layer_types: type[nn.Module], batch_first_always: bool = False
+    *layer_types: type[nn.Module], batch_first_always: bool = False, fast: GradSampler | None = None
 ) -> Callable[[GradSampler], GradSampler]:
     """Register ``fn`` as the grad sampler of each type in ``layer_types``.
 
@@ -117,6 +138,8 @@ def register_grad_sampler(
         *layer_types: ``nn.Module`` subclasses the sampler handles. A subclass
             that does not override ``forward`` inherits its parent's sampler.
         batch_first_always: The layer always sees the batch in dimension 0.
+        fast: A faster ``fn(layer, activations, backprops, K)`` giving the same numbers
+            (it may skip autograd): it runs instead of ``fn`` when no graph is needed.
 
     Returns:
         A decorator that registers the function and returns it unchanged.
@@ -140,8 +163,14 @@ def register_grad_sampler(
                 "register_grad_sampler(nn.Linear)."
             )
 
+    if fast is not None and not _takes_k(fast):
+        raise TypeError(
+            f"register_grad_sampler(fast={getattr(fast, '__name__', fast)!r}): a fast form takes K; "
+            "define it as fast(layer, activations, backprops, K), returning what the formula returns."
+        )
+
     def decorator(fn: GradSampler) -> GradSampler:
-        entry = SamplerEntry(fn, _takes_k(fn), batch_first_always)
+        entry = SamplerEntry(fn, _takes_k(fn), batch_first_always, fast)
         for t in layer_types:
             _SAMPLERS[t] = entry
         return fn

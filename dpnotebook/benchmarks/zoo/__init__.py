@@ -60,7 +60,7 @@ import dpnotebook
 from dpnotebook.compare import error_against
 from dpnotebook.fine_tuning import token_cross_entropy
 from dpnotebook.grad_sample import materialise, register_grad_sampler, register_norm_sampler
-from dpnotebook.grad_sample.samplers.layer_norm import channels_first_layer_norm_grad_sampler
+from dpnotebook.grad_sample.samplers.norms import channels_first_layer_norm_grad_sampler
 from dpnotebook.models import TRANSFORMERS, tiny_transformer
 from dpnotebook.modes import Unwrappable
 from dpnotebook.privacy import clip_and_sum, clip_factors

@@ -127,7 +127,7 @@ def sampler_grad_samples(
     if scale != 1.0 and bp.numel() < size:
         bp, scale = bp * scale, 1.0
     if entry.takes_k:
-        found = entry.fn(module, acts, bp, K)
+        found = entry.form(acts, bp)(module, acts, bp, K)
     else:  # Opacus-style: per-row gradients, averaged over each sample's K rows here
         found = {p: g.reshape(B, K, *g.shape[1:]).mean(1) for p, g in entry.fn(module, acts, bp).items()}
     if scale != 1.0:

@@ -23,6 +23,8 @@ Both average over each sample's ``K`` copies.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from opt_einsum import contract
 from torch import Tensor, nn
@@ -43,7 +45,7 @@ def _into_rows(full_shape: torch.Size, rows: tuple[int, int], g: Tensor) -> Tens
 
 @register_grad_sampler(InProjection)
 def in_projection_grad_sampler(
-    unit: InProjection, activations: list, backprops: Tensor, K: int
+    unit: InProjection, activations: list[Any], backprops: Tensor, K: int
 ) -> dict[nn.Parameter, Tensor]:
     """Per-sample gradients of the rows of ``weight`` and ``bias`` that this call used."""
     x, weight_rows, bias_rows = activations
@@ -58,7 +60,7 @@ def in_projection_grad_sampler(
 
 @register_grad_sampler(AppendBias)
 def append_bias_grad_sampler(
-    unit: AppendBias, activations: list, backprops: Tensor, K: int
+    unit: AppendBias, activations: list[Any], backprops: Tensor, K: int
 ) -> dict[nn.Parameter, Tensor]:
     """The backprop at the appended position, averaged over each sample's K rows."""
     if not unit.bias.requires_grad:

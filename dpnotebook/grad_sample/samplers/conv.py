@@ -1,17 +1,24 @@
-"""Grad sampler for ``nn.Conv1d``, ``nn.Conv2d`` and ``nn.Conv3d``.
+"""Grad sampler for ``nn.Conv1d``, ``nn.Conv2d`` and ``nn.Conv3d``: cut out the windows, then the Linear formula.
 
-Sample ``i``'s weight gradient, averaged over its ``K`` copies, is the ordinary
-convolution weight gradient of the mini-batch made of those ``K`` rows, divided
-by ``K``: :mod:`~dpnotebook.grad_sample.samplers.conv_ops` has the formulas
-(:func:`~dpnotebook.grad_sample.samplers.conv_ops.conv_weight_grad_per_sample` is the
-reference form, batched with ``vmap``). No ``B*K`` per-row gradients are formed,
-so memory grows with ``B``, not ``B*K``. For speed the sampler goes through one
-seam, :func:`~dpnotebook.grad_sample.fast.conv.conv_per_sample_grads`: the same
-gradients by im2col, a grouped call or ``vmap``, in chunks of samples, into a
-buffer reused from step to step; the tests check it against the reference form
-and the float64 oracle.
+A convolution applies one Linear map to every output position's input window
+(its *patch*), for each group of channels. So sample ``b``'s weight gradient is
+the Linear formula summed over positions ``p`` and the sample's ``K`` copies:
 
-Checked against the float64 oracle, here with groups and padding, 2 samples of 3 copies:
+    ``grad_b = (1/K) sum_{copies, p} g_p patch_p^T``
+
+:func:`unfold_patches` cuts the windows out (im2col, as strided views) and
+:func:`conv_weight_grads` contracts them with the backprops in one einsum. That is
+what the registered sampler runs, and the form Opacus uses too.
+
+The fast form, attached at registration (:func:`conv_grad_sampler_fast`, run when no
+autograd graph is asked for), gives the same numbers in chunks of samples, by the
+method :func:`conv_method` picks for the device and the shapes:
+
+* ``"unfold"``: the same patches, copied once straight into the layout of one
+  batched matrix product, ``[b, C_out, K*P] x [b, K*P, C_in*k]``;
+* ``"grouped"``: one weight-gradient call of a convolution with ``B`` times the
+  groups (:func:`conv_weight_grads_grouped`): the ``B`` samples become ``B``
+  groups whose batch is the ``K`` copies.
 
 >>> import torch
 >>> from torch import nn
@@ -23,38 +30,271 @@ True
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from typing import cast
 
+import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dpnotebook.grad_sample._contracts import sum_rows
 from dpnotebook.grad_sample._registry import register_grad_sampler
-from dpnotebook.grad_sample.fast.buffers import result_buffer
-from dpnotebook.grad_sample.fast.conv import conv_per_sample_grads
-from dpnotebook.grad_sample.samplers.conv_ops import (  # noqa: F401  (their old import path)
-    conv_weight_grad_grouped,
-    conv_weight_grad_per_sample,
-    padded_input,
-    unfold_patches,
-)
+from dpnotebook.grad_sample.samplers._device import scratch_bytes
+from dpnotebook.grad_sample.samplers.linear import OutFor
+
+Conv = nn.modules.conv._ConvNd
 
 
-@register_grad_sampler(nn.Conv1d, nn.Conv2d, nn.Conv3d)
-def conv_grad_sampler(
-    layer: nn.modules.conv._ConvNd, activations: list[Tensor], backprops: Tensor, K: int
-) -> dict[nn.Parameter, Tensor]:
-    """Per-sample gradients of a convolution's weight and bias (any groups)."""
-    out: dict[nn.Parameter, Tensor] = {}
-    x = activations[0]
+def _explicit_padding(layer: Conv) -> list[int]:
+    """F.pad-style padding (last spatial dim first) equal to what the layer applies."""
+    if layer.padding_mode != "zeros":  # the layer pads itself, then convolves with padding 0
+        return list(layer._reversed_padding_repeated_twice)
+    if layer.padding == "valid":
+        return [0, 0] * len(layer.kernel_size)
+    pads: list[int] = []
+    numeric = layer.padding if isinstance(layer.padding, tuple) else (0,) * len(layer.kernel_size)
+    for k, d, p in reversed(list(zip(layer.kernel_size, layer.dilation, numeric, strict=True))):
+        total = d * (k - 1) if layer.padding == "same" else 2 * p
+        pads += [total // 2, total - total // 2]
+    return pads
+
+
+def unfold_patches(x: Tensor, layer: Conv) -> Tensor:
+    """``[N, C, *spatial] -> [N, C, *out_spatial, *kernel]``: each output position's input window.
+
+    >>> import torch
+    >>> from torch import nn
+    >>> conv = nn.Conv2d(1, 1, kernel_size=2, stride=2)
+    >>> unfold_patches(torch.arange(16.).reshape(1, 1, 4, 4), conv)[0, 0, 1, 1]
+    tensor([[10., 11.],
+            [14., 15.]])
+    """
+    mode = "constant" if layer.padding_mode == "zeros" else layer.padding_mode
+    x = F.pad(x, _explicit_padding(layer), mode=mode)
+    for i, (k, s, d) in enumerate(zip(layer.kernel_size, layer.stride, layer.dilation, strict=True)):
+        x = x.unfold(2 + i, d * (k - 1) + 1, s)  # window of span d*(k-1)+1, appended last
+        if d > 1:
+            x = x[..., ::d]
+    return x
+
+
+def conv_weight_grads(layer: Conv, x: Tensor, g: Tensor, K: int) -> Tensor:
+    """The formula: ``[B, *weight.shape]``, sample ``b``'s ``(1/K) sum_{copies, p} g_p patch_p^T`` per group.
+
+    >>> import torch
+    >>> from torch import nn
+    >>> conv = nn.Conv1d(1, 1, 2, bias=False)
+    >>> x, g = torch.ones(2, 1, 3), torch.ones(2, 1, 2)   # one sample, K=2 copies, 2 positions
+    >>> conv_weight_grads(conv, x, g, K=2)
+    tensor([[[[2., 2.]]]])
+    """
+    B, G = x.shape[0] // K, layer.groups
+    patches = unfold_patches(x, layer)  # [B*K, C_in, *positions, *kernel]
+    P = math.prod(g.shape[2:])
+    kernel = math.prod(layer.kernel_size)
+    patches = patches.reshape(B, K, G, layer.in_channels // G, P, kernel)  # [b, k, group, in, position, kernel]
+    g = g.reshape(B, K, G, layer.out_channels // G, P)  # [b, k, group, out, position]
+    grads = torch.einsum("bkgop,bkgipq->bgoiq", g / K, patches)  # sum over the copies k and positions p
+    return grads.reshape(B, *layer.weight.shape)
+
+
+def conv_bias_grads(g: Tensor, K: int) -> Tensor:
+    """``[B, C_out]``: the bias gradient, the backprops summed over positions and averaged over copies."""
+    return sum_rows(g.flatten(2).sum(2), K, keep=1)
+
+
+def conv_grad_sampler(layer: Conv, activations: list[Tensor], backprops: Tensor, K: int) -> dict[nn.Parameter, Tensor]:
+    """Per-sample gradients of a convolution's weight and bias (any groups), by the formula."""
     # torch's stubs type a convolution's weight and bias as Tensors; they are the layer's Parameters
     weight, bias = cast(nn.Parameter, layer.weight), cast("nn.Parameter | None", layer.bias)
-    if weight.requires_grad and (x.requires_grad or backprops.requires_grad):  # double backward
-        out[weight] = conv_weight_grad_per_sample(layer, x, backprops, K)
-    elif weight.requires_grad:  # the fast seam: the method conv_method picks, into a reused buffer
-        buf = result_buffer(layer, "weight", (x.shape[0] // K, *weight.shape), backprops)
+    out: dict[nn.Parameter, Tensor] = {}
+    if weight.requires_grad:
+        out[weight] = conv_weight_grads(layer, activations[0], backprops, K)
+    if bias is not None and bias.requires_grad:
+        out[bias] = conv_bias_grads(backprops, K)
+    return out
+
+
+# ---- the fast form: the same numbers, in chunks, by the method that is fastest where it runs ----
+
+#: Bytes of scratch (im2col patches, grouped-call inputs) per chunk of samples on the CPU, divided
+#: by K so that memory does not grow with K (a chunk holds at least one sample's K rows) ...
+CHUNK_BYTES = 8 * 2**20
+#: ... but never below this: chunks of one or two samples make many small calls, and at
+#: K=16 they cost a quarter more time than chunks of 2 MB (SampleConvNet, B=32).
+MIN_CHUNK_BYTES = 2 * 2**20
+#: On the CPU, a ``Conv2d`` whose output has at most this many positions per channel goes by im2col ...
+UNFOLD_MAX_POSITIONS = 196
+#: ... and so does one with at most this many input channels, whatever its output.
+UNFOLD_MAX_IN_CHANNELS = 4
+#: On another device, im2col while ``C_in * kernel * positions`` is at most this (the patches of one row).
+#: Two H100 measurements of the suite's layers (docs/performance.md) put the crossover between 73,728
+#: (ResNet 128->128 on 8x8 and 32->64 stride 2: im2col 1.3-1.9x faster) and 147,456 (64->64 on 16x16:
+#: the grouped call 1.4-1.7x faster).
+ACCELERATOR_UNFOLD_MAX_PATCH = 2**17
+
+
+def conv_method(layer: Conv, x: Tensor, g: Tensor, K: int) -> str:
+    """``"unfold"`` or ``"grouped"``: how :func:`conv_per_sample_grads` forms this layer's gradients.
+
+    A fixed rule on the device and the shapes, each measured where it decides
+    (``docs/performance.md``). On the CPU (2 cores): im2col for a ``Conv2d`` without
+    groups whose output has at most :data:`UNFOLD_MAX_POSITIONS` positions per
+    channel or whose input has at most :data:`UNFOLD_MAX_IN_CHANNELS` channels,
+    the grouped call otherwise. On a GPU (an H100, float32, B = 512 and 2048):
+    im2col for a convolution without groups while one row's patches hold at
+    most :data:`ACCELERATOR_UNFOLD_MAX_PATCH` numbers (launch-bound small layers:
+    2-6x faster than the grouped call), the grouped call for many channels over
+    large images and for grouped convolutions (2-3x faster than im2col there).
+
+    >>> import torch
+    >>> from torch import nn
+    >>> conv_method(nn.Conv1d(2, 3, 3), torch.randn(4, 2, 8), torch.randn(4, 3, 6), K=1)
+    'grouped'
+    >>> conv_method(nn.Conv2d(16, 32, 4, 2), torch.randn(4, 16, 13, 13), torch.randn(4, 32, 5, 5), K=1)
+    'unfold'
+    >>> conv_method(nn.Conv2d(16, 16, 3, padding=1), torch.randn(4, 16, 32, 32), torch.randn(4, 16, 32, 32), K=1)
+    'grouped'
+    """
+    positions = math.prod(g.shape[2:])
+    if layer.groups != 1:
+        return "grouped"
+    if x.device.type == "cpu":
+        few = positions <= UNFOLD_MAX_POSITIONS or layer.in_channels <= UNFOLD_MAX_IN_CHANNELS
+        return "unfold" if isinstance(layer, nn.Conv2d) and few else "grouped"
+    patch = layer.in_channels * math.prod(layer.kernel_size) * positions
+    return "unfold" if patch <= ACCELERATOR_UNFOLD_MAX_PATCH else "grouped"
+
+
+def conv_weight_grads_grouped(layer: Conv, x: Tensor, g: Tensor, K: int) -> Tensor:
+    """``[B, *weight.shape]``: each sample's weight gradient *summed* over its K rows, in one grouped call.
+
+    >>> import torch
+    >>> from torch import nn
+    >>> conv = nn.Conv1d(1, 1, 2, bias=False)
+    >>> conv_weight_grads_grouped(conv, torch.ones(2, 1, 3), torch.ones(2, 1, 2), K=2)
+    tensor([[[[4., 4.]]]])
+    """
+    B, dims = x.shape[0] // K, len(layer.kernel_size)
+    pads = _explicit_padding(layer)
+    if layer.padding_mode == "zeros" and pads[0::2] == pads[1::2]:  # symmetric zero padding: left to the kernel
+        padding = pads[0::2][::-1]
+    else:  # 'same' with an even kernel, reflect, circular...: padded here
+        x, padding = (
+            F.pad(x, pads, mode="constant" if layer.padding_mode == "zeros" else layer.padding_mode),
+            [0] * dims,
+        )
+    xs = x.unflatten(0, (B, K)).transpose(0, 1).reshape(K, -1, *x.shape[2:])  # [K, B*C_in, ...]
+    gs = g.unflatten(0, (B, K)).transpose(0, 1).reshape(K, -1, *g.shape[2:])  # [K, B*C_out, ...]
+    weight = layer.weight.detach().to(x.dtype)
+    shape_only = weight.expand(B, *weight.shape).reshape(-1, *weight.shape[1:])
+    # convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
+    #                      output_padding, groups, output_mask): only the weight gradient is asked for
+    grads = torch.ops.aten.convolution_backward(
+        gs,
+        xs,
+        shape_only,
+        None,
+        layer.stride,
+        padding,
+        layer.dilation,
+        False,
+        [0] * dims,
+        B * layer.groups,
+        [False, True, False],
+    )[1]
+    return grads.view(B, *weight.shape)
+
+
+def _unfold_chunk(layer: Conv, x: Tensor, g: Tensor, K: int, out: Tensor, work: Tensor | None = None) -> Tensor:
+    """``[b, C_out, C_in*k]`` into ``out``: :func:`conv_weight_grads` (unscaled) as one batched product.
+
+    The patches of a sample's K rows are copied once, side by side, ``[b, C_in*k, K*P]``
+    (faster than ``F.unfold`` on CPU), into ``work`` when given (a buffer the caller keeps).
+    """
+    d = len(layer.kernel_size)
+    patches = unfold_patches(x, layer)  # [r, C, *out, *kernel]
+    b, P, ck = x.shape[0] // K, math.prod(g.shape[2:]), layer.weight[0].numel()
+    order = [0, 2, *range(3 + d, 3 + 2 * d), 1, *range(3, 3 + d)]  # [b, C, *kernel, K, *out]
+    windows = patches.reshape(b, K, *patches.shape[1:]).permute(order)
+    U = windows.reshape(b, ck, K * P) if work is None else work[:b].copy_(windows).view(b, ck, K * P)
+    G = g.reshape(b, K, g.shape[1], P).transpose(1, 2).reshape(b, g.shape[1], K * P)
+    return torch.bmm(G, U.transpose(1, 2), out=out)
+
+
+def conv_per_sample_grads(
+    layer: Conv,
+    x: Tensor,
+    g: Tensor,
+    K: int,
+    out: Tensor,
+    method: str | None = None,
+    workspace: Callable[[tuple[int, ...]], Tensor] | None = None,
+) -> Tensor:
+    """Each sample's weight gradient (summed over its K rows, not yet scaled) written into ``out``.
+
+    Args:
+        layer: the convolution; ``x``, ``g``: its input ``[B*K, C_in, ...]`` and backprops ``[B*K, C_out, ...]``.
+        K: rows per sample.
+        out: ``[B, *weight.shape]``; returned filled.
+        method: ``"unfold"`` (no groups) or ``"grouped"``; default :func:`conv_method`.
+        workspace: ``workspace(shape)`` gives a buffer kept from step to step for one chunk's
+            im2col patches (ghost mode's scratch); without it they go into a new tensor per chunk.
+    """
+    B = x.shape[0] // K
+    if B == 0:
+        return out
+    method = method or conv_method(layer, x, g, K)
+    weight = layer.weight.numel()  # shapes only: indexing a tensor would cost an operation each
+    if method == "unfold":  # the im2col patches of a sample's K rows
+        per_sample = K * math.prod(g.shape[2:]) * (weight // layer.out_channels) + weight
+    else:
+        per_sample = K * (math.prod(x.shape[1:]) + math.prod(g.shape[1:])) + weight
+    budget = scratch_bytes(max(CHUNK_BYTES // K, MIN_CHUNK_BYTES), x)
+    step = max(1, min(B, budget // max(1, per_sample * x.element_size())))
+    flat = out.view(B, layer.out_channels, -1)
+    work = None
+    if method == "unfold" and workspace is not None:
+        work = workspace((step, layer.in_channels, *layer.kernel_size, K, *g.shape[2:]))
+    for s in range(0, B, step):
+        xs, gs = x[s * K : (s + step) * K], g[s * K : (s + step) * K]
+        if method == "unfold":
+            _unfold_chunk(layer, xs, gs, K, flat[s : s + step], work)
+        else:
+            out[s : s + step] = conv_weight_grads_grouped(layer, xs, gs, K)
+    return out
+
+
+def conv_grad_sampler_fast(
+    layer: Conv, activations: list[Tensor], backprops: Tensor, K: int, out_for: OutFor | None = None
+) -> dict[nn.Parameter, Tensor]:
+    """:func:`conv_grad_sampler`'s numbers by :func:`conv_per_sample_grads` (no autograd graph).
+
+    ``out_for(layer, shape, like)`` gives the tensor to write into (opt-in reuse,
+    :mod:`~dpnotebook.grad_sample.samplers.buffers`); by default a new one.
+    """
+    weight, bias = cast(nn.Parameter, layer.weight), cast("nn.Parameter | None", layer.bias)
+    out: dict[nn.Parameter, Tensor] = {}
+    if weight.requires_grad:
+        x = activations[0]
+        shape = (x.shape[0] // K, *weight.shape)
+        buf = backprops.new_empty(shape) if out_for is None else out_for(layer, shape, backprops)
         grads = conv_per_sample_grads(layer, x, backprops, K, buf)
         out[weight] = grads.div_(K) if K > 1 else grads
     if bias is not None and bias.requires_grad:
-        per_row = backprops.flatten(2).sum(2)  # [rows, C_out]: positions first, no copy of the backprops
-        out[bias] = sum_rows(per_row, K, keep=1)
+        out[bias] = conv_bias_grads(backprops, K)
     return out
+
+
+register_grad_sampler(nn.Conv1d, nn.Conv2d, nn.Conv3d, fast=conv_grad_sampler_fast)(conv_grad_sampler)
+
+__all__ = [
+    "conv_grad_sampler",
+    "conv_grad_sampler_fast",
+    "conv_weight_grads",
+    "conv_weight_grads_grouped",
+    "conv_per_sample_grads",
+    "conv_method",
+    "unfold_patches",
+]

@@ -1,18 +1,15 @@
 """Grad sampler for ``nn.Embedding``.
 
-Row ``r`` looked up indices ``idx[r, t]``; its weight gradient is the backprop
-``g[r, t]`` added to row ``idx[r, t]`` of a zero ``[V, D]`` matrix. All samples
-at once: scatter-add into one ``[B*V, D]`` buffer at ``sample(r)*V + idx``,
-where ``sample(r) = r // K`` folds the K copies of a sample together.
+A lookup ``E[idx]`` is ``onehot(idx)^T E``, so an embedding is a bias-free Linear
+layer whose input is the one-hot vector of the index, and its weight gradient is
+the Linear formula with ``a_t = onehot(idx_t)``: row ``v`` of a sample's gradient
+is the sum of the backprops ``g_t`` at the positions that looked up ``v``, over its
+``K`` copies, divided by ``K`` (:func:`embedding_weight_grads`, the registered formula).
 Positions that hold ``padding_idx`` add nothing, as in ``weight.grad``.
 
-The same sums, read another way: a lookup ``E[idx]`` is ``onehot(idx)^T E``, so an
-embedding is a bias-free Linear layer whose input is the one-hot vector of the
-index, and its weight gradient is the Linear formula with ``a_t = onehot(idx_t)``.
-That is the reference form, :func:`embedding_weight_grads`; the registered
-sampler scatters by index instead (no ``[rows, positions, V]`` one-hot) into a
-buffer reused from step to step, and the tests check both against the float64
-oracle.
+The fast form attached at registration (:func:`embedding_grad_sampler_fast`) forms
+no ``[rows, positions, V]`` one-hot: it scatter-adds each backprop into row
+``sample(r)*V + idx`` of one ``[B*V, D]`` tensor, ``sample(r) = r // K``.
 """
 
 from __future__ import annotations
@@ -25,13 +22,12 @@ from torch import Tensor, nn
 
 from dpnotebook.grad_sample._contracts import group_rows
 from dpnotebook.grad_sample._registry import register_grad_sampler
-from dpnotebook.grad_sample.fast.buffers import result_buffer
 
 
 def embedding_weight_grads(
     indices: Tensor, backprops: Tensor, num_embeddings: int, K: int, padding_idx: int | None = None
 ) -> Tensor:
-    """The reference form: ``[B, V, D]``, sample ``b``'s ``(1/K) sum_{copies, t} onehot(idx_t) g_t^T``.
+    """The formula: ``[B, V, D]``, sample ``b``'s ``(1/K) sum_{copies, t} onehot(idx_t) g_t^T``.
 
     Row ``v`` of a sample's gradient is the sum of the backprops ``g_t`` at the
     positions ``t`` that looked up index ``v``, over the sample's ``K`` copies,
@@ -60,9 +56,7 @@ def embedding_weight_grads(
     return torch.einsum("bnv,bnd->bvd", a, g) / K
 
 
-def scatter_rows(
-    indices: Tensor, values: Tensor, sample_of: Tensor, B: int, V: int, K: int, out: Tensor | None = None
-) -> Tensor:
+def scatter_rows(indices: Tensor, values: Tensor, sample_of: Tensor, B: int, V: int, K: int) -> Tensor:
     """Sum ``values[j]`` into row ``indices[j]`` of sample ``sample_of[j]``: ``[B, V, D] / K``.
 
     >>> import torch
@@ -71,37 +65,37 @@ def scatter_rows(
              [2.]]])
     """
     D = values.shape[-1]
-    if out is None:
-        flat = torch.zeros(B * V, D, dtype=values.dtype, device=values.device)
-    else:  # a [B, V, D] buffer to fill (see dpnotebook.grad_sample.fast.buffers)
-        flat = out.view(B * V, D).zero_()
-    flat.index_add_(0, sample_of * V + indices, values)
+    flat = values.new_zeros(B * V, D).index_add_(0, sample_of * V + indices, values)
     return flat.view(B, V, D).div_(K) if K > 1 else flat.view(B, V, D)
 
 
-@register_grad_sampler(nn.Embedding)
 def embedding_grad_sampler(
     layer: nn.Embedding, activations: list[Tensor], backprops: Tensor, K: int
 ) -> dict[nn.Parameter, Tensor]:
-    """Per-sample gradient of ``layer.weight``."""
+    """Per-sample gradient of ``layer.weight``, by the formula."""
     weight = cast(nn.Parameter, layer.weight)  # torch's stubs type it as a Tensor; it is the layer's Parameter
     if not weight.requires_grad:
         return {}
+    return {weight: embedding_weight_grads(activations[0], backprops, layer.num_embeddings, K, layer.padding_idx)}
+
+
+def embedding_grad_sampler_fast(
+    layer: nn.Embedding, activations: list[Tensor], backprops: Tensor, K: int
+) -> dict[nn.Parameter, Tensor]:
+    """:func:`embedding_grad_sampler`'s numbers, scattered by index (no one-hot)."""
+    weight = cast(nn.Parameter, layer.weight)
+    if not weight.requires_grad:
+        return {}
     idx = activations[0]
-    n = idx.shape[0]
-    D = layer.embedding_dim
-    values = backprops.reshape(-1, D)
-    flat_idx = idx.reshape(-1)
+    n, flat_idx = idx.shape[0], idx.reshape(-1)
+    values = backprops.reshape(-1, layer.embedding_dim)
     per_row = flat_idx.numel() // n if n else 0
-    sample_of = torch.arange(n, device=idx.device).div(K, rounding_mode="floor")
-    sample_of = sample_of.repeat_interleave(per_row)
+    sample_of = torch.arange(n, device=idx.device).div(K, rounding_mode="floor").repeat_interleave(per_row)
     if layer.padding_idx is not None:
         values = values * (flat_idx != layer.padding_idx).unsqueeze(-1).to(values.dtype)
-    V, B = layer.num_embeddings, n // K
-    # Must equal embedding_weight_grads(idx, backprops, V, K, layer.padding_idx): the same sums,
-    # scattered by index into a buffer reused from step to step (none under double backward).
-    buf = None if values.requires_grad else result_buffer(layer, "weight", (B, V, D), values)
-    return {weight: scatter_rows(flat_idx, values, sample_of, B, V, K, out=buf)}
+    return {weight: scatter_rows(flat_idx, values, sample_of, n // K, layer.num_embeddings, K)}
 
 
-__all__ = ["embedding_grad_sampler", "embedding_weight_grads", "scatter_rows"]
+register_grad_sampler(nn.Embedding, fast=embedding_grad_sampler_fast)(embedding_grad_sampler)
+
+__all__ = ["embedding_grad_sampler", "embedding_grad_sampler_fast", "embedding_weight_grads", "scatter_rows"]

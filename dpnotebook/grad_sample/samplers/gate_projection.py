@@ -24,6 +24,8 @@ the augmented copies, as in :mod:`~dpnotebook.grad_sample.samplers.linear`.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from opt_einsum import contract
 from torch import Tensor, nn
@@ -35,7 +37,7 @@ from dpnotebook.layers.gate_projection import GateProjection
 
 @register_grad_sampler(GateProjection)
 def gate_projection_grad_sampler(
-    unit: GateProjection, activations: list, backprops: Tensor, K: int
+    unit: GateProjection, activations: list[Any], backprops: Tensor, K: int
 ) -> dict[nn.Parameter, Tensor]:
     """Per-sample gradients of all four parameters of one recurrent layer and direction."""
     x, record = activations[0], activations[1]

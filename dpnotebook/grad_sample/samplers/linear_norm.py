@@ -43,7 +43,7 @@ from dpnotebook.grad_sample._contracts import (
     materialise,
     register_norm_sampler,
 )
-from dpnotebook.grad_sample.fast.device import scratch_bytes
+from dpnotebook.grad_sample.samplers._device import scratch_bytes
 from dpnotebook.layers.attention_units import InProjection
 
 #: Largest scratch buffer (bytes) a norm computation fills at once; bigger batches go in chunks.

@@ -6,7 +6,7 @@ call, as each call's backprops arrive, lets go of the call's inputs and
 backprops, and later takes the gradients' norms and weighted sum
 (a ``MaterialisedGroup``). A convolution
 goes through the fast seam
-:func:`~dpnotebook.grad_sample.fast.conv.conv_per_sample_grads` in a reused
+:func:`~dpnotebook.grad_sample.samplers.conv.conv_per_sample_grads` in a reused
 buffer; a norm layer through its registered grad sampler
 (:func:`dpnotebook.grad_sample.materialise`).
 
@@ -32,7 +32,7 @@ from dpnotebook.grad_sample._contracts import (
     materialise,
     register_norm_sampler,
 )
-from dpnotebook.grad_sample.fast.conv import conv_per_sample_grads
+from dpnotebook.grad_sample.samplers.conv import conv_per_sample_grads
 from dpnotebook.layers.attention_units import AppendBias
 
 __all__: list[str] = []  # the group makers are found through the registry

@@ -17,8 +17,7 @@ from torch import nn
 import dpnotebook
 from dpnotebook import GradSampleError
 from dpnotebook.benchmarks.models import SampleConvNet, SmallResNetGN, TextTransformer
-from dpnotebook.grad_sample import GhostGradSampleModule
-from dpnotebook.grad_sample.fast.conv import _methods, conv_per_sample_grads
+from dpnotebook.grad_sample.ghost._wrapper import GhostGradSampleModule
 from dpnotebook.grad_sample.samplers.linear_norm import linear_sq_norms, linear_strategy, settle_pays
 from dpnotebook.layers import DPGRU, DPLSTM, DPMultiheadAttention
 from dpnotebook.privacy.clipping import clip_and_sum, clip_factors, layer_thresholds
@@ -105,66 +104,6 @@ def test_embedding_repeated_indices_and_padding(K: int, reduction: str) -> None:
     tokens = torch.tensor([[1, 1, 0, 2], [3, 0, 3, 3], [5, 5, 5, 1]]).repeat_interleave(K, 0)
     tokens[::2, -1] = 4  # copies of a sample differ
     check(emb, tokens, K=K, reduction=reduction)
-
-
-@pytest.mark.parametrize("K", [1, 3])
-@pytest.mark.parametrize(
-    "conv,shape",
-    [
-        (nn.Conv1d(2, 3, 3, padding=1), (2, 9)),
-        (nn.Conv2d(2, 4, 3, stride=2, padding=1), (2, 7, 7)),
-        (nn.Conv2d(4, 4, 3, groups=2, padding="same"), (4, 5, 5)),
-        (nn.Conv2d(2, 3, 2, padding=1, padding_mode="reflect", dilation=2), (2, 6, 6)),
-        (nn.Conv2d(2, 3, 3, bias=False), (2, 40, 40)),  # large image: the vmap path
-        (nn.Conv3d(1, 2, 2), (1, 3, 4, 4)),
-    ],
-)
-def test_convolutions(conv: nn.Module, shape: tuple, K: int) -> None:
-    check(conv, torch.randn(2 * K, *shape), K=K, reduction="sum" if K == 3 else "mean")
-
-
-@pytest.mark.parametrize("K", [1, 3])
-@pytest.mark.parametrize(
-    "conv,shape",
-    [
-        (nn.Conv1d(2, 3, 3, padding=1, stride=2), (2, 9)),
-        (nn.Conv2d(4, 6, 3, groups=2, padding="same"), (4, 5, 5)),
-        (nn.Conv2d(2, 3, 2, padding=1, padding_mode="circular", dilation=2), (2, 6, 6)),
-        (nn.Conv2d(1, 4, 8, stride=2, padding=3), (1, 12, 12)),
-        (nn.Conv3d(2, 2, 2, stride=(1, 2, 1)), (2, 3, 4, 4)),
-    ],
-)
-def test_every_conv_method_matches_the_oracle(conv: nn.Module, shape: tuple, K: int) -> None:
-    """The timed choice picks one method per shape; each of them must be right on its own."""
-    conv = conv.double()
-    x = torch.randn(2 * K, *shape, dtype=torch.float64)
-    g = random_target(conv, [x])
-    ref = reference_grad_samples(conv, [x], target=g, K=K)["weight"] * K  # summed over a sample's K rows
-    out = torch.empty_like(ref)
-    for method in _methods(conv):
-        got = conv_per_sample_grads(conv, x, g, K, out, method)
-        assert torch.allclose(got, ref, rtol=TOL, atol=TOL), method
-
-
-def test_im2col_patches_go_through_a_reused_workspace(monkeypatch: pytest.MonkeyPatch) -> None:
-    """One sample per chunk, both chunks through one buffer that starts full of NaN."""
-    import dpnotebook.grad_sample.fast.conv as conv_fast
-
-    monkeypatch.setattr(conv_fast, "CHUNK_BYTES", 1)
-    monkeypatch.setattr(conv_fast, "MIN_CHUNK_BYTES", 1)
-    conv, K = nn.Conv2d(2, 3, 3, stride=2, padding=1).double(), 2
-    x = torch.randn(2 * K, 2, 7, 7, dtype=torch.float64)
-    g = random_target(conv, [x])
-    ref = reference_grad_samples(conv, [x], target=g, K=K)["weight"] * K
-    asked: list[tuple] = []
-
-    def workspace(shape: tuple) -> torch.Tensor:
-        asked.append(shape)
-        return torch.full(shape, float("nan"), dtype=torch.float64)
-
-    got = conv_per_sample_grads(conv, x, g, K, torch.empty_like(ref), "unfold", workspace=workspace)
-    assert asked == [(1, 2, 3, 3, K, 4, 4)]
-    assert torch.allclose(got, ref, rtol=TOL, atol=TOL)
 
 
 @pytest.mark.parametrize(

@@ -9,17 +9,18 @@ import torch
 from torch import nn
 
 from dpnotebook.grad_sample._contracts import affine_grads, affine_reference_grads
-from dpnotebook.grad_sample.fast import buffers
-from dpnotebook.grad_sample.fast.conv import _methods, conv_per_sample_grads
-from dpnotebook.grad_sample.fast.linear import linear_weight_grads_into_buffer
-from dpnotebook.grad_sample.samplers.conv_ops import conv_weight_grad_grouped, conv_weight_grad_per_sample
-from dpnotebook.grad_sample.samplers.embedding import embedding_grad_sampler, embedding_weight_grads
+from dpnotebook.grad_sample._engine import registry
+from dpnotebook.grad_sample.samplers import _device, buffers, conv, linear_map_norms
+from dpnotebook.grad_sample.samplers.conv import conv_method, conv_per_sample_grads, conv_weight_grads
+from dpnotebook.grad_sample.samplers.embedding import embedding_grad_sampler_fast, embedding_weight_grads
 from dpnotebook.grad_sample.samplers.embedding_bag import embedding_bag_grad_sampler, embedding_bag_weight_grads
-from dpnotebook.grad_sample.samplers.group_norm import group_norm_grad_sampler
-from dpnotebook.grad_sample.samplers.instance_norm import instance_norm_grad_sampler
-from dpnotebook.grad_sample.samplers.layer_norm import layer_norm_grad_sampler
-from dpnotebook.grad_sample.samplers.linear import linear_grad_sampler, linear_weight_grads
-from dpnotebook.grad_sample.samplers.rms_norm import rms_norm_grad_sampler
+from dpnotebook.grad_sample.samplers.linear import linear_weight_grads
+from dpnotebook.grad_sample.samplers.norms import (
+    group_norm_grad_sampler,
+    instance_norm_grad_sampler,
+    layer_norm_grad_sampler,
+    rms_norm_grad_sampler,
+)
 from dpnotebook.testing import Split, random_target, reference_grad_samples
 
 TOL = 1e-10
@@ -27,61 +28,77 @@ TOL = 1e-10
 
 @pytest.mark.parametrize("K", [1, 3])
 @pytest.mark.parametrize("leading", [(), (4,), (2, 3)])
-def test_linear_reference_and_fast_forms_match_the_oracle(K: int, leading: tuple) -> None:
+def test_linear_formula_matches_the_oracle(K: int, leading: tuple) -> None:
     layer = nn.Linear(5, 3).double()
     x = torch.randn(2 * K, *leading, 5, dtype=torch.float64)
     g = random_target(layer, [x])
     oracle = reference_grad_samples(layer, [x], target=g, K=K)["weight"]
     assert torch.allclose(linear_weight_grads(x, g, K), oracle, atol=TOL)
-    assert torch.allclose(linear_weight_grads_into_buffer(layer, x, g, K), oracle, atol=TOL)
 
 
-@pytest.mark.parametrize("K", [1, 2])
+@pytest.mark.parametrize("K", [1, 3])
 @pytest.mark.parametrize(
-    "conv,shape",
+    "layer,shape",
     [
-        (nn.Conv1d(2, 3, 3, padding=1), (2, 9)),
+        (nn.Conv1d(2, 3, 3, padding=1, stride=2), (2, 9)),
         (nn.Conv2d(2, 4, 3, stride=2, padding=1), (2, 7, 7)),
         (nn.Conv2d(4, 4, 3, groups=2, dilation=2, padding="same"), (4, 8, 8)),
         (nn.Conv2d(2, 3, 2, padding=1, padding_mode="reflect"), (2, 5, 5)),
-        (nn.Conv3d(1, 2, 2), (1, 4, 4, 4)),
+        (nn.Conv2d(2, 3, 2, padding=1, padding_mode="circular", dilation=2), (2, 6, 6)),
+        (nn.Conv2d(1, 4, 8, stride=2, padding=3), (1, 12, 12)),
+        (nn.Conv3d(2, 2, 2, stride=(1, 2, 1)), (2, 3, 4, 4)),
     ],
 )
-def test_conv_reference_and_every_fast_method_match_the_oracle(conv: nn.Module, shape: tuple, K: int) -> None:
-    conv = conv.double()
+def test_conv_formula_and_every_method_match_the_oracle(layer: nn.Module, shape: tuple, K: int) -> None:
+    layer = layer.double()
     x = torch.randn(3 * K, *shape, dtype=torch.float64)
-    g = random_target(conv, [x])
-    oracle = reference_grad_samples(conv, [x], target=g, K=K)["weight"]
-    assert torch.allclose(conv_weight_grad_per_sample(conv, x, g, K), oracle, atol=TOL)
-    assert torch.allclose(conv_weight_grad_grouped(conv, x, g, K) / K, oracle, atol=TOL)
-    for method in _methods(conv):
-        out = torch.full((3, *conv.weight.shape), float("nan"), dtype=torch.float64)
-        assert torch.allclose(conv_per_sample_grads(conv, x, g, K, out, method) / K, oracle, atol=TOL), method
-
-
-def test_without_the_private_reference_count_no_buffer_is_reused(monkeypatch: pytest.MonkeyPatch) -> None:
-    layer, like, shape = nn.Linear(2, 2), torch.zeros(1), (64, 64, 64)
-    a = buffers.result_buffer(layer, "weight", shape, like)
-    a_id = id(a)
-    del a
-    monkeypatch.setattr(buffers, "CAN_COUNT_STORAGE_USERS", False)
-    assert id(buffers.result_buffer(layer, "weight", shape, like)) != a_id  # the fallback: always a new tensor
-    x = torch.randn(4, 512, dtype=torch.float64)  # a result of 2 MiB: would go through a buffer
-    big = nn.Linear(512, 512).double()
-    g = random_target(big, [x])
-    first = linear_grad_sampler(big, [x], g, 1)[big.weight]
-    second = linear_grad_sampler(big, [x], g, 1)[big.weight]
-    assert first is not second and torch.equal(first, second)
-
-
-def test_a_kept_result_is_never_overwritten() -> None:
-    layer = nn.Linear(512, 512).double()
-    x = torch.randn(4, 512, dtype=torch.float64)
     g = random_target(layer, [x])
-    kept = linear_grad_sampler(layer, [x], g, 1)[layer.weight]
-    copy = kept.clone()
-    linear_grad_sampler(layer, [x * 2], g, 1)
-    assert torch.equal(kept, copy)
+    oracle = reference_grad_samples(layer, [x], target=g, K=K)["weight"]
+    assert torch.allclose(conv_weight_grads(layer, x, g, K), oracle, atol=TOL)
+    for method in ("unfold", "grouped") if layer.groups == 1 else ("grouped",):
+        out = torch.full((3, *layer.weight.shape), float("nan"), dtype=torch.float64)
+        assert torch.allclose(conv_per_sample_grads(layer, x, g, K, out, method) / K, oracle, atol=TOL), method
+
+
+def test_im2col_patches_go_through_a_reused_workspace(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One sample per chunk, both chunks through one buffer that starts full of NaN."""
+    monkeypatch.setattr(conv, "CHUNK_BYTES", 1)
+    monkeypatch.setattr(conv, "MIN_CHUNK_BYTES", 1)
+    layer, K = nn.Conv2d(2, 3, 3, stride=2, padding=1).double(), 2
+    x = torch.randn(2 * K, 2, 7, 7, dtype=torch.float64)
+    g = random_target(layer, [x])
+    ref = reference_grad_samples(layer, [x], target=g, K=K)["weight"] * K
+    asked: list[tuple] = []
+
+    def workspace(shape: tuple) -> torch.Tensor:
+        asked.append(shape)
+        return torch.full(shape, float("nan"), dtype=torch.float64)
+
+    got = conv_per_sample_grads(layer, x, g, K, torch.empty_like(ref), "unfold", workspace=workspace)
+    assert asked == [(1, 2, 3, 3, K, 4, 4)]
+    assert torch.allclose(got, ref, rtol=TOL, atol=TOL)
+
+
+def test_the_cpu_conv_rule_does_not_decide_another_device() -> None:
+    """The "meta" device stands in for a GPU: shapes only, no data, and not the CPU."""
+    meta = torch.device("meta")
+    cases = [  # layer, input, output, the CPU's choice, a GPU's
+        (nn.Conv1d(16, 32, 3, padding=1), (4, 16, 128), (4, 32, 128), "grouped", "unfold"),
+        (nn.Conv2d(128, 128, 3, padding=1), (4, 128, 8, 8), (4, 128, 8, 8), "unfold", "grouped"),
+        (nn.Conv2d(4, 4, 3, groups=2), (4, 4, 5, 5), (4, 4, 3, 3), "grouped", "grouped"),
+    ]
+    for layer, x, g, cpu, gpu in cases:
+        assert conv_method(layer, torch.empty(x), torch.empty(g), K=1) == cpu, layer
+        assert conv_method(layer, torch.empty(x, device=meta), torch.empty(g, device=meta), K=1) == gpu, layer
+
+
+def test_scratch_budgets_are_the_cpus_only_on_the_cpu() -> None:
+    budget = max(conv.CHUNK_BYTES, linear_map_norms.CHUNK_BYTES)
+    assert _device.scratch_bytes(budget, torch.empty(1)) == budget
+    assert _device.scratch_bytes(budget, torch.empty(1, device="meta")) == _device.ACCELERATOR_SCRATCH_BYTES > budget
+    per_sample = 2**20  # 4 MiB of float32 scratch per sample
+    assert linear_map_norms._chunk(512, per_sample, torch.empty(1)) == 8
+    assert linear_map_norms._chunk(512, per_sample, torch.empty(1, device="meta")) == 64
 
 
 def test_affine_grads_leaves_its_input_alone_unless_told() -> None:
@@ -92,25 +109,6 @@ def test_affine_grads_leaves_its_input_alone_unless_told() -> None:
     assert torch.equal(x_hat, before)
     scratch = affine_grads(ln, x_hat.clone(), g, K=2, channels_dim1=False, overwrite_x_hat=True)
     assert all(torch.equal(kept[p], scratch[p]) for p in kept)
-
-
-@pytest.mark.parametrize("policy", ["timed", "unfold", "grouped", "vmap"])
-def test_every_conv_policy_gives_the_oracle_and_shapes_is_the_default(policy: str) -> None:
-    from dpnotebook.grad_sample.fast import conv as fast_conv
-
-    conv = nn.Conv2d(2, 3, 3, padding=1).double()
-    x = torch.randn(4, 2, 6, 6, dtype=torch.float64)
-    g = random_target(conv, [x])
-    oracle = reference_grad_samples(conv, [x], target=g, K=2)["weight"]
-    assert fast_conv._policy == "shapes"
-    try:
-        fast_conv.set_conv_method(policy)
-        chosen = fast_conv.conv_method(conv, x, g, 2)
-        assert chosen == policy if policy != "timed" else chosen in _methods(conv)
-        out = torch.empty(2, *conv.weight.shape, dtype=torch.float64)
-        assert torch.allclose(conv_per_sample_grads(conv, x, g, 2, out) / 2, oracle, atol=TOL)
-    finally:
-        fast_conv.set_conv_method("shapes")
 
 
 def close(got: torch.Tensor, want: torch.Tensor) -> bool:
@@ -138,30 +136,16 @@ def test_embedding_reference_and_fast_forms_match_the_oracle(
     g = random_target(layer, [idx])
     oracle = reference_grad_samples(layer, [idx], target=g, K=K)["weight"]
     reference = embedding_weight_grads(idx, g, 6, K, padding_idx)
-    fast = embedding_grad_sampler(layer, [idx], g, K)[layer.weight]
+    fast = embedding_grad_sampler_fast(layer, [idx], g, K)[layer.weight]
     assert nonzero(oracle) and close(reference, oracle) and close(fast, oracle) and close(fast, reference)
     if padding_idx is not None:
         assert torch.equal(fast[:, padding_idx], torch.zeros(B, 3, dtype=torch.float64))
 
 
-def test_embedding_fast_form_through_a_reused_buffer_matches_the_reference() -> None:
-    layer = nn.Embedding(512, 64).double()  # [4, 512, 64] float64: 1 MiB, the size that goes through a buffer
-    results = []
-    for seed in range(2):
-        idx = torch.randint(0, 512, (4, 5), generator=torch.Generator().manual_seed(seed))
-        g = random_target(layer, [idx], seed=seed)
-        fast = embedding_grad_sampler(layer, [idx], g, 1)[layer.weight]
-        results.append(fast.data_ptr())
-        assert close(fast, embedding_weight_grads(idx, g, 512, 1))  # the reused buffer starts from zero again
-        del fast
-    if buffers.CAN_COUNT_STORAGE_USERS:
-        assert results[0] == results[1]  # the second call did reuse the first one's memory
-
-
 def test_a_frozen_embedding_has_no_grad_sample() -> None:
     layer = nn.Embedding(5, 2).double().requires_grad_(False)
     idx = torch.tensor([[1, 2], [3, 3]])
-    assert embedding_grad_sampler(layer, [idx], torch.randn(2, 2, 2, dtype=torch.float64), 1) == {}
+    assert embedding_grad_sampler_fast(layer, [idx], torch.randn(2, 2, 2, dtype=torch.float64), 1) == {}
 
 
 def bag_inputs(layout: str, n: int, use_psw: bool, padding_idx: int | None) -> tuple:
@@ -294,3 +278,31 @@ def test_norm_affine_reference_and_fast_forms_match_the_oracle(case: str, B: int
         assert close(reference[name], want), name
         assert close(fast[layer.get_parameter(name)], want), name
         assert close(fast[layer.get_parameter(name)], reference[name]), name
+
+
+@pytest.mark.parametrize("can_count", [True, False])
+@pytest.mark.parametrize("kind", ["linear", "conv"])
+def test_opt_in_buffer_reuse_gives_the_formula_and_never_overwrites_a_kept_result(
+    kind: str, can_count: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(registry, "_SAMPLERS", dict(registry._SAMPLERS))  # restored after the test
+    monkeypatch.setattr(buffers, "CAN_COUNT_STORAGE_USERS", can_count and buffers.CAN_COUNT_STORAGE_USERS)
+    buffers.reuse_result_buffers()
+    if kind == "linear":  # results of [4, 512, 512] or [4, 8, 4, 7, 7] float64: over MIN_BYTES, through a buffer
+        layer, x = nn.Linear(512, 512).double(), torch.randn(4, 512, dtype=torch.float64)
+    else:
+        layer, x = nn.Conv2d(4, 512, 7).double(), torch.randn(4, 4, 9, 9, dtype=torch.float64)
+    entry = registry.find_grad_sampler(layer)
+    assert entry is not None and entry.fast is not None
+    g = random_target(layer, [x])
+    formula = entry.fn(layer, [x], g, 1)[layer.weight]
+    kept = entry.form([x], g)(layer, [x], g, 1)[layer.weight]
+    copy = kept.clone()
+    second = entry.form([x], 2 * g)(layer, [x], 2 * g, 1)[layer.weight]
+    assert torch.equal(kept, copy) and second.data_ptr() != kept.data_ptr()  # kept: never written again
+    assert torch.allclose(kept, formula, atol=TOL) and torch.allclose(second, 2 * formula, atol=TOL)
+    ptr = second.data_ptr()
+    del second  # released: the next result may go into its memory
+    third = entry.form([x], g)(layer, [x], g, 1)[layer.weight]
+    assert (third.data_ptr() == ptr) == buffers.CAN_COUNT_STORAGE_USERS
+    assert torch.allclose(third, formula, atol=TOL)
