@@ -54,7 +54,7 @@ def audit_sensitivity_across_ranks(
     same on every rank and ``batch(indices)`` takes global sample indices (it may
     get an empty list: a rank with no sample of the subset).
     """
-    from dpnotebook.privacy.distributed import distributed_optimizer_class
+    from dpnotebook.privacy._distributed import distributed_optimizer_class
 
     if not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError("audit_sensitivity_across_ranks needs torch.distributed initialised in every rank.")

@@ -2,7 +2,7 @@
 
 ``S_ref`` is the clipped sum computed the slow, obvious way: each sample's
 gradient taken alone (its ``K`` rows and nothing else), in float64, on the plain
-model, then clipped and summed by :func:`~dpnotebook.privacy.clipping.clip_and_sum`.
+model, then clipped and summed by :func:`~dpnotebook.privacy.clip_and_sum`.
 No grad sampler, wrapper or row bookkeeping is involved, so a per-sample gradient
 that misses part of a sample's gradient, or counts a layer twice, shows up as a
 gap between ``S(D)`` and ``S_ref(D)`` (:attr:`~dpnotebook.audit.sensitivity.SensitivityReport.reference_gap`).
@@ -63,7 +63,7 @@ def reference_clipped_sum(
     for ``loss_reduction="sum"``. Returns one tensor per trainable parameter of
     ``model``, in order.
     """
-    from dpnotebook.privacy.clipping import clip_and_sum
+    from dpnotebook.privacy import clip_and_sum
 
     plain = clean_copy(model).to(torch.float64)
     params = [p for p in plain.parameters() if p.requires_grad]

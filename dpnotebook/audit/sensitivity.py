@@ -18,7 +18,7 @@ A bug can also keep the bound and still be wrong: a per-sample gradient that
 misses part of a sample's gradient (a parameter used outside its layer) or
 counts a layer twice is clipped like any other. So the auditor also compares
 ``S(D)`` with the *definition*: each sample's gradient taken alone, in float64,
-on the plain model, clipped by :func:`~dpnotebook.privacy.clipping.clip_and_sum`
+on the plain model, clipped by :func:`~dpnotebook.privacy.clip_and_sum`
 (``reference_gap``; the definition is :mod:`~dpnotebook.audit.reference`).
 
 >>> import torch
@@ -49,8 +49,8 @@ from torch import Tensor, nn
 from dpnotebook.audit.reference import LossOf, MakeBatch, reference_clipped_sum
 from dpnotebook.mode_registry import optimizer_class
 from dpnotebook.modes import wrap_model
+from dpnotebook.privacy._mechanisms import check_layer_bounds, total_bound
 from dpnotebook.privacy.engine_inputs import as_wrapper, unwrap_model
-from dpnotebook.privacy.layer_bounds import check_layer_bounds, total_bound
 from dpnotebook.testing import clean_copy
 
 __all__ = [

@@ -14,7 +14,7 @@
 No library function returns these answers, so none of the exercises is one call: the checkers
 compare with the formulas written here, and recognise the library's neighbouring quantities
 (the exact Gaussian sigma, dp_accounting's tighter conversion, the integer orders of
-:func:`~dpnotebook.privacy.classic_rdp.classic_rdp_epsilon`) to say why they are not the answer.
+:func:`~dpnotebook.privacy.classic_rdp_epsilon`) to say why they are not the answer.
 
 >>> import math
 >>> check_rr_epsilon(lambda p: math.log((1 + p) / (1 - p)) if p < 1 else math.inf)

@@ -24,8 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from dpnotebook.grad_sample.ghost.wrapper import GhostGradSampleModule, ghost_owner
-from dpnotebook.privacy.clipping import clip_factors
-from dpnotebook.privacy.layer_bounds import layer_bound_list
+from dpnotebook.privacy._mechanisms import clip_factors, layer_bound_list
 from dpnotebook.privacy.optimizer import DPOptimizer
 
 __all__ = ["GhostDPOptimizer"]

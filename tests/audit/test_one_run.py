@@ -22,7 +22,7 @@ from dpnotebook.audit.canaries import (
 )
 from dpnotebook.audit.one_run import audit_one_run, default_guesses, one_run_epsilon, one_run_p_value
 from dpnotebook.audit.tradeoff import gaussian_epsilon
-from dpnotebook.privacy.accounting import compute_epsilon
+from dpnotebook.privacy import compute_epsilon
 
 DELTA = 1e-5
 

@@ -9,15 +9,16 @@ import numpy as np
 import pytest
 import torch
 
-from dpnotebook.privacy.accounting import (
+from dpnotebook.privacy import (
     PLDAccountant,
     RDPAccountant,
     available_accountants,
     compute_epsilon,
     create_accountant,
+    get_noise_multiplier,
+    steps_for_epochs,
+    steps_per_epoch,
 )
-from dpnotebook.privacy.calibration import get_noise_multiplier
-from dpnotebook.privacy.schedule import steps_for_epochs, steps_per_epoch
 
 # The TF-Privacy / Opacus MNIST setting.
 Q, SIGMA, EPOCHS, DELTA = 256 / 60000, 1.1, 60, 1e-5
@@ -120,7 +121,7 @@ def test_rdp_non_convergence_warnings_are_held_back(caplog):
     """dp_accounting logs one warning per left-out order at small sigma and large q; they must not reach the user."""
     import logging
 
-    from dpnotebook.privacy.accounting import compute_epsilon
+    from dpnotebook.privacy import compute_epsilon
 
     level = logging.getLogger("absl").level
     with caplog.at_level(logging.WARNING):
@@ -133,7 +134,7 @@ def test_rdp_non_convergence_warnings_are_held_back(caplog):
 _CAPPED = """
 import resource, sys, warnings
 resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
-from dpnotebook.privacy.accounting import compute_epsilon
+from dpnotebook.privacy import compute_epsilon
 {patch}
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")

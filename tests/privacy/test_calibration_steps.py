@@ -7,8 +7,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from dpnotebook.privacy import DPDataLoader, PrivacyEngine, get_noise_multiplier
-from dpnotebook.privacy.schedule import steps_for_epochs
+from dpnotebook.privacy import DPDataLoader, PrivacyEngine, get_noise_multiplier, steps_for_epochs
 
 
 def _data(n: int) -> TensorDataset:

@@ -3,8 +3,7 @@
 import dp_accounting
 import pytest
 
-from dpnotebook.privacy import compute_epsilon
-from dpnotebook.privacy.classic_rdp import classic_rdp_epsilon, subsampled_gaussian_rdp
+from dpnotebook.privacy import classic_rdp_epsilon, compute_epsilon, subsampled_gaussian_rdp
 
 
 @pytest.mark.parametrize("sigma, q", [(1.1, 256 / 60000), (0.8, 0.05), (4.0, 0.01), (1.0, 1.0)])

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dpnotebook.privacy.clipping import (
+from dpnotebook.privacy import (
     clip_and_sum,
     clip_factors,
     layer_thresholds,

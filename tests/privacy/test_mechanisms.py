@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 
 from dpnotebook.audit.tradeoff import gaussian_epsilon
-from dpnotebook.privacy import compute_epsilon
-from dpnotebook.privacy.classic_rdp import subsampled_gaussian_rdp
-from dpnotebook.privacy.mechanisms import (
+from dpnotebook.privacy import (
     amplified_by_subsampling,
+    compute_epsilon,
     gaussian_mechanism,
     gaussian_rdp,
     laplace_mechanism,
     randomized_response,
+    subsampled_gaussian_rdp,
 )
 
 N = 200_000

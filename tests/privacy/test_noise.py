@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from dpnotebook.privacy.noise import draw_noise, gaussian_noise, secure_normal, secure_uniform
+from dpnotebook.privacy._mechanisms import draw_noise, gaussian_noise, secure_normal, secure_uniform
 
 
 @pytest.mark.parametrize("secure", [False, True])

@@ -30,7 +30,7 @@ from torch import Tensor, nn
 import dpnotebook
 from dpnotebook.benchmarks.zoo import build
 from dpnotebook.mode_registry import Unwrappable
-from dpnotebook.privacy.clipping import clip_and_sum, clip_factors
+from dpnotebook.privacy import clip_and_sum, clip_factors
 from dpnotebook.testing import clean_copy, dot_loss, random_target, reference_grad_samples
 
 

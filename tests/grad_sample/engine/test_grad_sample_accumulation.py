@@ -15,7 +15,7 @@ from dpnotebook import GradSampleError, wrap_model
 from dpnotebook.audit import audit_sensitivity
 from dpnotebook.audit.records import audit_case
 from dpnotebook.grad_sample.engine.accumulation import grad_sample_parts, grad_sample_rows
-from dpnotebook.privacy.clipping import clip_and_sum
+from dpnotebook.privacy import clip_and_sum
 from dpnotebook.privacy.optimizer import DPOptimizer
 
 LIST_MODES = ("hooks", "functorch", "ew")

@@ -25,7 +25,7 @@ from dpnotebook.audit.records import RECORDS, audit_case
 from dpnotebook.errors import GradSampleError
 from dpnotebook.grad_sample.engine.precision import autocast_off, full_precision
 from dpnotebook.mode_registry import optimizer_class
-from dpnotebook.privacy.clipping import per_sample_norms
+from dpnotebook.privacy import per_sample_norms
 
 MODES = ("hooks", "functorch", "ghost")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
