@@ -30,12 +30,11 @@ compare with published numbers.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import math
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
 import dp_accounting
@@ -56,13 +55,9 @@ History = tuple[tuple[float, float, int], ...]
 
 
 class Accountant:
-    """Records DP-SGD steps and turns them into epsilon with a ``dp_accounting`` accountant.
+    """Records DP-SGD steps in ``history`` (equal consecutive entries merged) and turns them into epsilon.
 
     Subclasses set ``mechanism`` and build the ``dp_accounting`` accountant in :meth:`new_dp_accountant`.
-
-    Attributes:
-        history: ``[(noise_multiplier, sample_rate, num_steps), ...]``; consecutive steps with the
-            same ``sigma`` and ``q`` are merged into one entry.
     """
 
     mechanism: ClassVar[str] = ""
@@ -103,10 +98,7 @@ class Accountant:
         return _epsilon(type(self), self.options(), tuple(self.history), delta)  # type: ignore[arg-type]
 
     def get_optimizer_hook_fn(self, sample_rate: float) -> Callable[[Any], None]:
-        """Opacus' step hook: ``optimizer.attach_step_hook(acc.get_optimizer_hook_fn(sample_rate=q))``.
-
-        Each optimizer step then records one step at the optimizer's current noise multiplier.
-        """
+        """Opacus' step hook, recording one step at the optimizer's noise multiplier per optimizer step."""
         sample_rate = check_sample_rate(sample_rate)
 
         def hook(optimizer: Any) -> None:
@@ -120,24 +112,21 @@ class Accountant:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Replace the history by the one in ``state`` (from :meth:`state_dict`)."""
-        history = []
-        for sigma, q, n in state["history"]:
-            history.append((check_noise_multiplier(sigma), check_sample_rate(q), check_positive_int("num_steps", n)))
-        self.history = history
+        self.history = [
+            (check_noise_multiplier(s), check_sample_rate(q), check_positive_int("num_steps", n))
+            for s, q, n in state["history"]
+        ]
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(steps={len(self)}, history={self.history})"
 
 
 class RDPAccountant(Accountant):
-    """Renyi-DP accounting (``dp_accounting.rdp.RdpAccountant``).
+    """Renyi-DP accounting (``dp_accounting.rdp.RdpAccountant``) over ``orders`` (``None``: its defaults).
 
-    At small sigma with a large sampling rate, ``dp_accounting``'s series for some low orders
-    does not converge; it leaves those orders out of the minimum (epsilon stays an upper bound)
-    and logs a warning per order. Those log lines are silenced: in a notebook they would bury the result.
-
-    Args:
-        orders: the Renyi orders to optimise over (``None``: dp_accounting's defaults).
+    At small sigma and large ``q`` the series of some low orders does not converge; ``dp_accounting``
+    leaves them out of the minimum (epsilon stays an upper bound) and logs a warning per order,
+    which is silenced here: in a notebook it would bury the result.
     """
 
     mechanism = "rdp"
@@ -222,8 +211,8 @@ class PLDAccountant(Accountant):
 def pld_grid_points(noise_multiplier: float, sample_rate: float, interval: float) -> float:
     """How many grid points ``dp_accounting`` uses for one step's privacy loss distribution (no grid is built).
 
-    The widest of the two (remove and add) distributions: the loss range between ``dp_accounting``'s
-    own truncation points, divided by ``interval``; 0 without noise or sampling (no grid is built).
+    The wider of the remove and add distributions' loss ranges (between ``dp_accounting``'s
+    truncation points), divided by ``interval``; 0 without noise or sampling.
 
     >>> round(pld_grid_points(1.0, 0.01, 1e-3)), f"{pld_grid_points(1e-3, 0.5, 1e-3):.2g}"
     (5654, '5.1e+08')
@@ -276,29 +265,21 @@ def create_accountant(name: str = "pld", **options: Any) -> Accountant:
     return ACCOUNTANTS[check_choice("accountant", name, ACCOUNTANTS)](**options)
 
 
-@contextlib.contextmanager
-def _quiet_absl() -> Iterator[None]:
-    """Hold back ``dp_accounting``'s absl log warnings (see :class:`RDPAccountant`)."""
-    log = logging.getLogger("absl")
-    level = log.level
-    log.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        log.setLevel(level)
-
-
 @functools.lru_cache(maxsize=4096)
 def _epsilon(kind: type[Accountant], options: tuple[tuple[str, Any], ...], history: History, delta: float) -> float:
     """Epsilon of ``history`` at ``delta``: compose every entry in a fresh ``dp_accounting`` accountant."""
     if not history:
         return 0.0
     accountant = kind(**dict(options)).dp_accountant_for(history)
-    with _quiet_absl():
+    log = logging.getLogger("absl")  # dp_accounting's warnings per order (see RDPAccountant): held back
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
         for sigma, q, n in history:
-            event = dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma))
-            accountant.compose(event, n)
+            accountant.compose(dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), n)
         return float(accountant.get_epsilon(delta))
+    finally:
+        log.setLevel(level)
 
 
 def compute_epsilon(
@@ -468,9 +449,7 @@ def subsampled_gaussian_rdp(noise_multiplier: float, sample_rate: float, alpha: 
     """
     if not (isinstance(alpha, int) and alpha >= 2):
         raise ValueError(f"alpha={alpha!r}: the binomial expansion needs an integer order >= 2.")
-    if not 0 < sample_rate <= 1:
-        raise ValueError(f"sample_rate={sample_rate!r} must be in (0, 1].")
-    if sample_rate == 1:
+    if check_sample_rate(sample_rate) == 1:
         return alpha / (2 * noise_multiplier**2)
     terms = [
         math.lgamma(alpha + 1)
@@ -494,9 +473,5 @@ def classic_rdp_epsilon(
     reported with until 2020. ``dp_accounting`` (the ``"rdp"`` accountant) uses the tighter rule
     of Canonne, Kamath and Steinke (2020), so the same training gets a smaller ε there.
     """
-    if not 0 < delta < 1:
-        raise ValueError(f"delta={delta!r} must be in (0, 1).")
-    return min(
-        steps * subsampled_gaussian_rdp(noise_multiplier, sample_rate, a) + math.log(1 / delta) / (a - 1)
-        for a in orders
-    )
+    log_delta = math.log(check_delta(delta))
+    return min(steps * subsampled_gaussian_rdp(noise_multiplier, sample_rate, a) - log_delta / (a - 1) for a in orders)

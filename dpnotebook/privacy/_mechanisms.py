@@ -1,23 +1,8 @@
-"""The maths of a DP-SGD step: clip each sample's gradient, add Gaussian noise; and the textbook mechanisms.
+"""The maths of a DP-SGD step (clip each sample's gradient, add Gaussian noise) and the textbook mechanisms.
 
-**Clipping.** DP-SGD scales the gradient ``g_i`` of every sample ``i`` down to norm at most ``C``
-(``max_grad_norm``) and sums the results: adding or removing one sample changes the sum by at
-most ``C``, the *sensitivity* the noise is calibrated to. Two ways to measure the norm:
-
-* ``"flat"``: one norm over all parameters, ``||g_i|| = sqrt(sum_p ||g_i[p]||^2)``, and one
-  factor ``min(1, C / (||g_i|| + 1e-6))`` per sample;
-* ``"per_layer"``: each parameter tensor is clipped on its own to ``c_l``: ``C / sqrt(L)`` for a
-  number ``C``, or Opacus' list ``[c_1, ..., c_L]`` whose total ``sqrt(sum c_l^2)`` is the
-  sensitivity. Either way ``||clipped g_i||^2 <= sum c_l^2``.
-
-**Noise.** The clipped sum gets ``N(0, (sigma C)^2)`` per coordinate. By default from PyTorch's
-generator (seed it to reproduce a run; it is *not* cryptographic: whoever learns its state can
-subtract the noise). With ``secure=True`` every uniform comes from :func:`os.urandom` and is
-turned into a normal by Box-Muller in float64; floating-point normals have gaps that can leak
-the unnoised value (Mironov, CCS 2012), so, following Holohan & Braghin (2021) and Opacus, the
-secure noise is the sum of 4 normals divided by 2, which fills them.
-
-**Textbook mechanisms**, to compute a guarantee by hand (tutorial 03b): ``M`` is
+Clipping bounds what one sample can change in the clipped sum, its *sensitivity* ``C``
+(:func:`clip_and_sum`); the noise added to the sum has std ``sigma * C`` (:func:`gaussian_noise`).
+The textbook mechanisms compute a guarantee by hand (tutorial 03b): ``M`` is
 ``(epsilon, delta)``-DP when ``P[M(D) in S] <= e^epsilon P[M(D') in S] + delta`` for all
 neighbours ``D, D'`` and sets ``S`` (Dwork & Roth 2014, Definition 2.4).
 
@@ -25,13 +10,6 @@ neighbours ``D, D'`` and sets ``S`` (Dwork & Roth 2014, Definition 2.4).
 >>> result = clip_and_sum([torch.tensor([[3.0, 4.0], [0.3, 0.4]])], max_grad_norm=1.0)   # B=2
 >>> result.norms, result.summed[0], result.fraction_clipped        # [0.6, 0.8] + [0.3, 0.4]
 (tensor([5.0000, 0.5000]), tensor([0.9000, 1.2000]), 0.5)
->>> gaussian_noise((3,), std=1.0, generator=torch.Generator().manual_seed(0))
-tensor([ 1.5410, -0.2934, -2.1788])
->>> gaussian_noise((1000,), std=2.0, secure=True).std().round()
-tensor(2.)
->>> answers = randomized_response(np.ones(100_000, dtype=int), p_truth=0.5, rng=np.random.default_rng(0))
->>> round(float(answers.mean()), 2)                  # truth 1/2 + a coin that says 1 half the time
-0.75
 """
 
 from __future__ import annotations
@@ -230,12 +208,19 @@ def clip_and_sum(
 ) -> ClipResult:
     """Clip every sample's gradient to norm ``max_grad_norm`` and sum over the batch.
 
+    Adding or removing one sample then changes the sum by at most ``C``, the sensitivity the noise
+    is calibrated to. ``"flat"`` takes one norm over all parameters, ``||g_i|| = sqrt(sum_p
+    ||g_i[p]||^2)``, and one factor ``min(1, C / (||g_i|| + 1e-6))`` per sample; ``"per_layer"``
+    clips each parameter tensor on its own to ``c_l``: ``C / sqrt(L)`` for a number ``C``, or
+    Opacus' list ``[c_1, ..., c_L]`` whose total ``sqrt(sum c_l^2)`` is the sensitivity. Either
+    way ``||clipped g_i||^2 <= sum c_l^2``.
+
     Args:
         grad_samples: one tensor ``[B, *p.shape]`` per parameter (a list, or a dict whose values
             are used in order), e.g. ``[p.grad_sample for p in model.parameters()]``.
         max_grad_norm: the bound C (> 0; ``math.inf`` disables clipping); with ``"per_layer"``
             also a list of one bound per parameter tensor, whose total is the sensitivity.
-        clipping: ``"flat"`` or ``"per_layer"`` (see the module docstring).
+        clipping: ``"flat"`` or ``"per_layer"``.
 
     >>> g = [torch.tensor([[3.0, 0.0]]), torch.tensor([[0.0, 4.0]])]   # 2 parameters, B=1
     >>> clip_and_sum(g, max_grad_norm=1.0, clipping="per_layer").summed   # each to 1/sqrt(2)
@@ -325,20 +310,28 @@ def gaussian_noise(
 ) -> Tensor:
     """A tensor of independent ``N(0, std^2)`` numbers.
 
+    By default from PyTorch's generator: seed it to reproduce a run, but it is *not*
+    cryptographic (whoever learns its state can subtract the noise). With ``secure=True`` every
+    uniform comes from :func:`os.urandom` and becomes a normal by Box-Muller in float64;
+    floating-point normals have gaps that can leak the unnoised value (Mironov, CCS 2012), so,
+    following Holohan & Braghin (2021) and Opacus, secure noise is the sum of 4 normals divided
+    by 2, which fills them (about 32 random bytes per number: slower; use it for real releases).
+
     Args:
         shape: the shape of the result, e.g. ``p.shape``.
         std: the standard deviation (>= 0); for DP-SGD ``noise_multiplier * max_grad_norm``.
         generator: a ``torch.Generator`` (seed it for reproducible runs); ``None`` when ``secure``.
-        secure: draw from the OS CSPRNG (see the module docstring).
+        secure: draw from the OS CSPRNG.
         dtype: the result's floating dtype.
         device: the result's device (a generator must live on that device).
 
     Raises:
         ValueError: ``std`` < 0, or a ``generator`` together with ``secure=True``.
 
-    >>> gaussian_noise((2, 2), std=0.0)
-    tensor([[0., 0.],
-            [0., 0.]])
+    >>> gaussian_noise((3,), std=1.0, generator=torch.Generator().manual_seed(0))
+    tensor([ 1.5410, -0.2934, -2.1788])
+    >>> gaussian_noise((1000,), std=2.0, secure=True).std().round()
+    tensor(2.)
     """
     if not (std >= 0) or math.isinf(std):
         raise ValueError(f"std={std!r} is invalid: the noise std must be a finite number >= 0.")
@@ -390,8 +383,9 @@ def randomized_response(bits: object, *, p_truth: float, rng: np.random.Generato
 
     ``p_truth=0.5`` is the coin-flip protocol of Warner (1965) (Dwork & Roth, Section 3.2).
 
-    >>> randomized_response([0, 1, 1], p_truth=1.0, rng=np.random.default_rng(0)).tolist()
-    [0, 1, 1]
+    >>> answers = randomized_response(np.ones(100_000, dtype=int), p_truth=0.5, rng=np.random.default_rng(0))
+    >>> round(float(answers.mean()), 2)                  # truth 1/2 + a coin that says 1 half the time
+    0.75
     >>> randomized_response([2], p_truth=0.5, rng=np.random.default_rng(0))
     Traceback (most recent call last):
     ...

@@ -166,7 +166,6 @@ def mark_clipped(params: Iterable[nn.Parameter]) -> None:
 
 def parameter_names(params: Iterable[nn.Parameter], models: Iterable[nn.Module] = ()) -> dict[int, str]:
     """``id(p) -> name`` for error messages: the path in one of ``models``, else its place in ``params`` and shape."""
-    params = list(params)
     names: dict[int, str] = {}
     for model in models:
         for name, p in model.named_parameters():

@@ -198,7 +198,7 @@ def train_run(
         model.to(device)
     where = next((p.device for p in model.parameters()), torch.device("cpu"))
     x, y = x.to(where), y.to(where)
-    sigma = 0.0
+    sigma = setting.noise_multiplier or 0.0
     if setting.epsilon is not None:
         sigma = get_noise_multiplier(
             target_epsilon=setting.epsilon,
@@ -207,8 +207,6 @@ def train_run(
             steps=steps,
             accountant=setting.accountant,
         )
-    elif setting.noise_multiplier is not None:
-        sigma = setting.noise_multiplier
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer: torch.optim.Optimizer = torch.optim.SGD(params, lr=setting.lr, momentum=setting.momentum)
     dp_optimizer: DPOptimizer | None = None
