@@ -1,38 +1,26 @@
 """DP-SGD on several processes (and machines) with ``torch.distributed``.
 
-One logical DP-SGD step over ``world_size`` ranks:
+One logical step over ``world_size`` ranks: each rank draws its share of one global Poisson batch
+at the global rate ``q`` (:class:`DistributedPoissonBatchSampler`) and clips its own samples into
+a local sum; rank 0 alone adds the noise (std ``sigma * C``); one ``all_reduce`` gives every rank
+the same noisy sum, divided by the global ``q * N``, and every rank takes the same step. Rank 0
+draws the noise so that it is drawn once by construction, travels in the ``all_reduce`` that
+carries the signal, and ``secure_mode`` works (a generator shared by the ranks would need a
+shared secret seed). Ranks trust each other: they hold each other's data anyway.
 
-1. each rank draws its share of one global Poisson batch at the global rate ``q``
-   (:class:`DistributedPoissonBatchSampler`);
-2. each rank clips the per-sample gradients of its own samples (any mode, virtual steps
-   allowed) into its local clipped sum;
-3. rank 0 alone adds Gaussian noise of std ``sigma * C`` to its local sum;
-4. one ``all_reduce`` (sum) gives every rank the same ``sum of all clipped gradients + one
-   noise draw``, divided by the global expected batch size ``q * N``; every rank takes the same step.
+**Sampling.** Example ``i`` belongs to rank ``i % world_size``, which keeps it when its uniform
+draw is below ``q``: every example joins with probability ``q``, independently, on one rank only,
+so the union is a Poisson sample of the whole dataset, the batch the accountant's analysis is
+about. With a ``generator`` every rank draws all ``N`` uniforms in one process's order, so one
+seed on every rank cuts the single-process batch in pieces; ``secure_mode`` draws each rank's
+shard from its OS CSPRNG.
 
-Why rank 0 draws the noise: it is then drawn once per step by construction, travels in the very
-``all_reduce`` that carries the signal, and ``secure_mode`` keeps working (rank 0 draws from its
-OS CSPRNG; a generator shared by all ranks would need a shared secret seed). Ranks trust each
-other (they hold each other's data anyway).
-
-**Sampling.** Example ``i`` belongs to rank ``i % world_size``; each rank keeps the examples of its
-shard whose uniform draw is below the global ``q``. Every example is in the step's batch with
-probability ``q``, independently, and only one rank can take it: the union is a Poisson sample of
-the whole dataset, the batch the accountant's analysis is about. With a ``generator`` every rank
-draws all ``N`` uniforms in a single process's order and keeps its shard's, so with one seed on
-every rank the batches are the single-process batch cut in pieces; with ``secure_mode`` each
-rank draws its shard's uniforms from the OS CSPRNG.
-
-**Agreement.** The run is one run only if every rank samples at the same ``q`` from the same ``N``,
-clips at the same ``C``, adds noise for the same ``sigma`` in the same mode and counts with the same
-accountant: :func:`check_ranks_agree` checks it with one collective, so all ranks refuse together.
-
-The model is :class:`DPDDP` (it only broadcasts rank 0's weights) or PyTorch's
-``DistributedDataParallel``; ``make_private`` wraps the model inside either, so DDP's own gradient
-all-reduce never runs. A rank that raises inside a step still joins the step's ``all_reduce``, with
-a flag, so every rank raises :class:`RanksFailedError` (:meth:`DistributedDPOptimizer.fail_together`
-does the same for the forward and backward pass); a rank that dies makes the others' ``all_reduce``
-fail, and the process group's ``timeout`` bounds the rest.
+**Agreement and failures.** :func:`check_ranks_agree` refuses, on every rank at once, ranks that
+would sample, clip, noise or count differently. ``make_private`` unwraps :class:`DPDDP` (it only
+broadcasts rank 0's weights) or ``DistributedDataParallel``, so DDP's own gradient all-reduce never
+runs. A rank that raises inside a step (or in :meth:`DistributedDPOptimizer.fail_together`) still
+joins the step's ``all_reduce`` with a flag, so every rank raises :class:`RanksFailedError`; a rank
+that dies makes the others' ``all_reduce`` fail, and the process group's ``timeout`` bounds the rest.
 
 >>> import torch
 >>> s0, s1 = (DistributedPoissonBatchSampler(10, sample_rate=0.5, rank=r, world_size=2,

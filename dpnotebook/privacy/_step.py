@@ -1,27 +1,18 @@
 """What a DP-SGD step must satisfy: its invariants, each enforced here in one function, and what it did.
 
-A step is private only if the update it applies is the clipped, noised sum of one logical
-batch, computed once, with the constants the noise is calibrated to.
-:class:`~dpnotebook.privacy.DPOptimizer` calls these checks where that could break
-(``docs/guarantees.md``, "Invariants of the DP step", lists them with their tests):
+A step is private only if the update it applies is the clipped, noised sum of one logical batch,
+computed once, with the constants the noise is calibrated to. :class:`~dpnotebook.privacy.DPOptimizer`
+calls these checks where that could break (``docs/guarantees.md``, "Invariants of the DP step"):
 
-* :func:`check_no_raw_gradients`: **a step moves exactly what it clipped and noised.** A
-  parameter of ``param_groups`` outside the clipped sum (``requires_grad=False`` at ``step()``)
-  that holds a non-zero ``.grad`` would be moved by its raw gradient: the step is refused.
-* :func:`claim_parameters`: **one DP optimizer per model.** A second one over a claimed
-  parameter, while the first is alive, is refused.
-* :class:`StepConstants`: **a logical step's constants are fixed.** ``noise_multiplier``,
-  ``max_grad_norm`` (flat or per layer), ``expected_batch_size``, the clipping and the model's
-  ``K`` are read when a logical batch's first piece is clipped; a piece or the noise with other
-  values is refused, so clipping and noise always use the same ``C``.
-  :class:`PrivacyKnobs` validates sigma and ``C`` whenever they are set.
-* :func:`check_not_consumed`: **each per-sample gradient is clipped once.** What a step clipped
-  is marked (Opacus' ``_mark_as_processed``); clipping it again, or a step with no
-  ``zero_grad()`` since the last one, is refused.
+* :func:`check_no_raw_gradients`: a step moves exactly what it clipped and noised;
+* :func:`claim_parameters`: one DP optimizer per model;
+* :class:`StepConstants`: a logical step's constants (sigma, ``C``, the expected batch size, the
+  clipping, ``K``) are fixed from its first piece to its noise; :class:`PrivacyKnobs` checks
+  sigma and ``C`` whenever they are set;
+* :func:`check_not_consumed`: each per-sample gradient is clipped once (Opacus' ``_mark_as_processed``).
 
-:class:`StepStats` records what the last step did (``optimizer.last_step_stats``), for the
-monitor and the widgets. Its per-sample norms are computed without noise, so they are not
-private: show them to a student, never publish them.
+:class:`StepStats` records what the last step did (``optimizer.last_step_stats``). Its per-sample
+norms are computed without noise, so they are not private: show them to a student, never publish them.
 
 >>> import torch
 >>> t = torch.zeros(2)
