@@ -22,10 +22,6 @@ compare with published numbers.
 >>> acc.step(noise_multiplier=1.1, sample_rate=256 / 60000, num_steps=14062)
 >>> round(acc.get_epsilon(1e-5), 2), acc.history
 (2.6, [(1.1, 0.004266666666666667, 14062)])
->>> round(classic_rdp_epsilon(noise_multiplier=1.1, sample_rate=256 / 60000, steps=14062, delta=1e-5), 2)
-3.01
->>> steps_per_epoch(0.6), steps_per_epoch(1 / 93), steps_for_epochs(2.5, 10)
-(2, 93, 25)
 """
 
 from __future__ import annotations
@@ -296,7 +292,11 @@ def compute_epsilon(
 
 
 def steps_per_epoch(sample_rate: float) -> int:
-    """Batches per epoch of a Poisson loader with rate ``q``: ``max(1, round(1 / q))``, one pass in expectation."""
+    """Batches per epoch of a Poisson loader with rate ``q``: ``max(1, round(1 / q))``, one pass in expectation.
+
+    >>> steps_per_epoch(0.6), steps_per_epoch(1 / 93), steps_for_epochs(2.5, 10)
+    (2, 93, 25)
+    """
     return max(1, round(1 / check_sample_rate(sample_rate)))
 
 
@@ -472,6 +472,11 @@ def classic_rdp_epsilon(
     ``ε = min over integer α in orders of steps · RDP(α) + log(1/δ) / (α - 1)``, which TF-Privacy
     reported with until 2020. ``dp_accounting`` (the ``"rdp"`` accountant) uses the tighter rule
     of Canonne, Kamath and Steinke (2020), so the same training gets a smaller ε there.
+
+    >>> round(classic_rdp_epsilon(noise_multiplier=1.1, sample_rate=256 / 60000, steps=14062, delta=1e-5), 2)
+    3.01
     """
-    log_delta = math.log(check_delta(delta))
-    return min(steps * subsampled_gaussian_rdp(noise_multiplier, sample_rate, a) - log_delta / (a - 1) for a in orders)
+    log_1_delta = math.log(1 / check_delta(delta))
+    return min(
+        steps * subsampled_gaussian_rdp(noise_multiplier, sample_rate, a) + log_1_delta / (a - 1) for a in orders
+    )
