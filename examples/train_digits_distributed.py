@@ -35,8 +35,7 @@ from torch.utils.data import DataLoader
 
 from dpnotebook.datasets import load_digits_tensors
 from dpnotebook.models import SmallCNN
-from dpnotebook.privacy import PrivacyEngine, evaluate, fit
-from dpnotebook.privacy.distributed import DPDDP
+from dpnotebook.privacy import DPDDP, PrivacyEngine, evaluate, fit
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

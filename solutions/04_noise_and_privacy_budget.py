@@ -2,7 +2,7 @@
 # (python -m dpnotebook.exercises solve tutorials/ OUT_DIR).
 
 # %% exercise 04.sigma_for_budget
-from dpnotebook.privacy.schedule import steps_for_epochs, steps_per_epoch
+from dpnotebook.privacy import steps_for_epochs, steps_per_epoch
 
 q = 64 / 1438
 sigma = get_noise_multiplier(target_epsilon=1.0, target_delta=1e-5, sample_rate=q, epochs=20)

@@ -17,7 +17,7 @@ dpnotebook.errors.UnsupportedOptionError: accountant='gdp' is not supported: ...
 
 from __future__ import annotations
 
-from dpnotebook.privacy.accounting import Accountant, PLDAccountant, RDPAccountant, create_accountant
+from dpnotebook.privacy import Accountant, PLDAccountant, RDPAccountant, create_accountant
 from dpnotebook.privacy.engine_compat import check_accountant_name
 
 __all__ = ["IAccountant", "RDPAccountant", "PRVAccountant", "GaussianAccountant", "create_accountant"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dpnotebook.privacy.calibration import get_noise_multiplier as _calibrate
+from dpnotebook.privacy import get_noise_multiplier as _calibrate
 
 __all__ = ["get_noise_multiplier"]
 

@@ -44,9 +44,9 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from dpnotebook.modes import wrap_model
+from dpnotebook.privacy._mechanisms import check_layer_bounds, total_bound
 from dpnotebook.privacy.engine_inputs import as_wrapper, unwrap_model
 from dpnotebook.privacy.ghost_optimizer import optimizer_class
-from dpnotebook.privacy.layer_bounds import check_layer_bounds, total_bound
 from dpnotebook.testing import clean_copy
 
 #: ``batch(indices)``: the batch holding those samples (each sample's ``K`` rows, sample-major).
@@ -344,7 +344,7 @@ def audit_sensitivity_across_ranks(
     Raises:
         RuntimeError: ``torch.distributed`` is not initialised.
     """
-    from dpnotebook.privacy.distributed import distributed_optimizer_class
+    from dpnotebook.privacy._distributed import distributed_optimizer_class
 
     if not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError("audit_sensitivity_across_ranks needs torch.distributed initialised in every rank.")

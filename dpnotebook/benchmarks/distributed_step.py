@@ -38,7 +38,7 @@ __all__ = ["measure_steps", "rank_steps", "compare", "table", "main"]
 
 
 def _optimizer(model: torch.nn.Module, mode: str, batch: int, distributed: bool) -> Any:
-    from dpnotebook.privacy.distributed import distributed_optimizer_class
+    from dpnotebook.privacy._distributed import distributed_optimizer_class
 
     cls = distributed_optimizer_class(optimizer_class(mode)) if distributed else optimizer_class(mode)
     return cls(
@@ -92,7 +92,7 @@ def compare(
     modes: list[str], batch: int, *, steps: int = 30, warmup: int = 5, world_size: int = 2
 ) -> list[dict[str, Any]]:
     """One row per mode: 1 process (1 thread and ``world_size`` threads) and ``world_size`` processes."""
-    from dpnotebook.privacy.distributed_launch import run_on_ranks
+    from dpnotebook.privacy import run_on_ranks
 
     threads = torch.get_num_threads()
     rows = []

@@ -1,7 +1,7 @@
 """Checks of tutorial 04 (noise and the privacy budget): choose σ for a budget, justify it with the accountant.
 
 The setting: tutorial 00's 1438 training digits, expected batch size 64 (``q = 64/1438``), 20
-epochs of a Poisson loader (the steps counted by :mod:`dpnotebook.privacy.schedule`), target
+epochs of a Poisson loader (the steps counted by ``dpnotebook.privacy._accounting``), target
 ε ≤ 1 at δ = 1e-5 with the PLD accountant. The answer is ``sigma``; the justification is the ε
 the student computed for it with :func:`dpnotebook.privacy.compute_epsilon`.
 
@@ -29,7 +29,7 @@ def _epsilon(sigma: float, steps: int) -> float:
 
 
 def _steps() -> int:
-    from dpnotebook.privacy.schedule import steps_for_epochs, steps_per_epoch
+    from dpnotebook.privacy import steps_for_epochs, steps_per_epoch
 
     return steps_for_epochs(EPOCHS, steps_per_epoch(BATCH / N))
 

@@ -31,7 +31,7 @@ def _epsilon(sample_rate: float, steps: int) -> float:
 
 
 def _per_epoch() -> int:
-    from dpnotebook.privacy.schedule import steps_per_epoch
+    from dpnotebook.privacy import steps_per_epoch
 
     return steps_per_epoch(BATCH / N)
 

@@ -2,11 +2,11 @@
 
 ``09.per_layer_privatize``: the student's ``privatize_per_layer(grads, *, C, sigma,
 expected_batch_size, generator)`` is compared with the library's per-layer
-:func:`~dpnotebook.privacy.clipping.clip_and_sum` and the optimizer's noise
-(:func:`~dpnotebook.privacy.noise.draw_noise`), first without noise, then with it.
+:func:`~dpnotebook.privacy.clip_and_sum` and the optimizer's noise
+(:func:`~dpnotebook.privacy._mechanisms.draw_noise`), first without noise, then with it.
 
 >>> import torch, math
->>> from dpnotebook.privacy.clipping import clip_and_sum
+>>> from dpnotebook.privacy import clip_and_sum
 >>> def solution(grads, *, C, sigma, expected_batch_size, generator):
 ...     summed = clip_and_sum(grads, max_grad_norm=C, clipping="per_layer").summed
 ...     return [(s + torch.normal(0.0, sigma * C, s.shape, generator=generator)) / expected_batch_size
@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from dpnotebook.exercises._core import ExerciseFailed, register_check, require
-from dpnotebook.privacy.clipping import clip_and_sum
+from dpnotebook.privacy import clip_and_sum
 
 C, SIGMA, EXPECTED = 0.5, 2.0, 8.0  # C != 1 tells sigma from sigma * C; 8 expected vs 6 drawn tells the two apart
 

@@ -3,7 +3,7 @@
 ``10.noise_on_average``: the notebook compares batch sizes at a fixed number of *epochs*, where a larger
 batch also means fewer steps. The exercise holds the number of *steps* fixed instead. The student's
 ``noise_std_at_fixed_steps(batch_size, *, epsilon, steps, C, N, delta)`` must give ``sigma * C / B`` with
-``sigma`` from the accountant (:func:`~dpnotebook.privacy.calibration.get_noise_multiplier` at ``q = B / N``
+``sigma`` from the accountant (:func:`~dpnotebook.privacy.get_noise_multiplier` at ``q = B / N``
 for exactly ``steps`` steps), compared for a few settings; ``advantage`` is how many times noisier the
 average is at ``B = 64`` than at ``B = 256`` at ε = 1, 180 steps. The success message does not give away
 what the student should conclude.
@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dpnotebook.exercises._core import ExerciseFailed, pending, register_check, require, spot_slip
-from dpnotebook.privacy.calibration import get_noise_multiplier
+from dpnotebook.privacy import get_noise_multiplier
 
 N, DELTA = 1438, 1e-5
 CASES = [(64, 2.0, 60, 0.5), (256, 1.0, 40, 1.0), (16, 4.0, 100, 2.0)]  # B, epsilon, steps, C

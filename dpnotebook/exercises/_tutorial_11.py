@@ -31,8 +31,7 @@ SIGMA_PRE, BATCH_PRE, EPOCHS_PRE, DELTA = 4.0, 64, 20, 1e-5
 
 def _pretraining(n_public: int) -> tuple[float, int]:
     """The ε and the steps of DP pretraining on the public part."""
-    from dpnotebook.privacy import compute_epsilon
-    from dpnotebook.privacy.schedule import steps_for_epochs, steps_per_epoch
+    from dpnotebook.privacy import compute_epsilon, steps_for_epochs, steps_per_epoch
 
     q = BATCH_PRE / n_public
     steps = steps_for_epochs(EPOCHS_PRE, steps_per_epoch(q))

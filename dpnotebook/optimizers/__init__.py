@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dpnotebook.errors import UnsupportedOptionError
 from dpnotebook.optimizers.optimizer import DPOptimizer
-from dpnotebook.privacy.distributed import DistributedDPOptimizer
+from dpnotebook.privacy import DistributedDPOptimizer
 from dpnotebook.privacy.ghost_optimizer import GhostDPOptimizer
 
 __all__ = [
@@ -47,10 +47,10 @@ class AdaClipDPOptimizer:
 def get_optimizer_class(clipping: str, distributed: bool, grad_sample_mode: str | None = None) -> type:
     """The optimizer class for these options, as Opacus' ``get_optimizer_class`` picks it.
 
-    ``distributed=True`` gives the all-reducing version (:mod:`dpnotebook.privacy.distributed`).
+    ``distributed=True`` gives the all-reducing version (``dpnotebook.privacy._distributed``).
     """
     if distributed:
-        from dpnotebook.privacy.distributed import distributed_optimizer_class
+        from dpnotebook.privacy._distributed import distributed_optimizer_class
 
         return distributed_optimizer_class(get_optimizer_class(clipping, False, grad_sample_mode))
     if clipping == "adaptive":

@@ -11,7 +11,7 @@ the same clipping, checks, scaling and statistics:
 * :meth:`pre_step`, :meth:`clip_and_accumulate`, :attr:`grad_samples`, :attr:`accumulated_iterations`,
   ``signal_skip_step`` (on every dpnotebook DP optimizer, :mod:`~dpnotebook.privacy.opacus_contract`);
 * ``_check_processed_flag`` and ``_mark_as_processed``, Opacus' private helpers (its Laplace-noise
-  tutorial imports them from here): :mod:`~dpnotebook.privacy.step_invariants`.
+  tutorial imports them from here): ``dpnotebook.privacy._step``.
 
 The accountant still assumes Gaussian noise of ``noise_multiplier * max_grad_norm``:
 a subclass that adds other noise must do its own accounting, as in Opacus.
@@ -39,10 +39,9 @@ from typing import cast
 
 from torch import Tensor, nn
 
-from dpnotebook.privacy.noise import draw_noise
+from dpnotebook.privacy._mechanisms import draw_noise
+from dpnotebook.privacy._step import _check_processed_flag, _mark_as_processed, total_norm
 from dpnotebook.privacy.optimizer import DPOptimizer as _CoreDPOptimizer
-from dpnotebook.privacy.step_invariants import _check_processed_flag, _mark_as_processed
-from dpnotebook.privacy.step_stats import total_norm
 
 __all__ = ["DPOptimizer", "_check_processed_flag", "_mark_as_processed"]
 

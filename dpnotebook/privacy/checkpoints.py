@@ -10,7 +10,7 @@ wrapper's ``_module.`` prefix) loads too.
 
 >>> import os, tempfile, torch
 >>> from torch import nn
->>> from dpnotebook.privacy.accounting import create_accountant
+>>> from dpnotebook.privacy._accounting import create_accountant
 >>> model, acc = nn.Linear(2, 1), create_accountant("rdp")
 >>> acc.step(noise_multiplier=1.0, sample_rate=0.1)
 >>> path = os.path.join(tempfile.mkdtemp(), "run.pt")

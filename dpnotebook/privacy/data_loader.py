@@ -29,10 +29,10 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 from torch.utils.data.dataloader import default_collate
 
+from dpnotebook.privacy._accounting import steps_per_epoch
+from dpnotebook.privacy._mechanisms import secure_uniform
 from dpnotebook.privacy.arguments import check_positive_int, check_sample_rate
 from dpnotebook.privacy.draws import DrawMarker
-from dpnotebook.privacy.noise import secure_uniform
-from dpnotebook.privacy.schedule import steps_per_epoch
 
 __all__ = ["PoissonBatchSampler", "DPDataLoader", "EmptyBatchCollate", "split_batch"]
 
@@ -159,7 +159,7 @@ class DPDataLoader(DataLoader):
     #: draws the batches (the distributed loader draws each rank's share of them)
     batch_sampler_class: type[PoissonBatchSampler] = PoissonBatchSampler
     #: the loader ``from_data_loader(distributed=True)`` builds; set by
-    #: :mod:`~dpnotebook.privacy.distributed_sampler`, which the package imports
+    #: ``dpnotebook.privacy._distributed``, which the package imports
     distributed_class: type[DPDataLoader]
 
     def __init__(
@@ -230,7 +230,7 @@ class DPDataLoader(DataLoader):
         ``generator`` (and ``secure_mode``), the batches are drawn with ``loader.generator``,
         as in Opacus, so a seeded loader gives seeded batches. With
         ``distributed=True`` (``torch.distributed`` initialised) it is a
-        :class:`~dpnotebook.privacy.distributed_sampler.DistributedDPDataLoader`: this rank's
+        :class:`~dpnotebook.privacy.DistributedDPDataLoader`: this rank's
         share of each global Poisson batch, at the same ``q``.
 
         >>> import torch

@@ -32,15 +32,15 @@ from torch.utils.data import DataLoader
 from dpnotebook.grad_sample._engine.hooks import check_k
 from dpnotebook.modes import wrap_model as wrap_in_mode
 from dpnotebook.privacy import engine_compat
-from dpnotebook.privacy.accounting import create_accountant
+from dpnotebook.privacy._accounting import create_accountant, get_noise_multiplier, warn_if_noise_drowns_signal
+from dpnotebook.privacy._mechanisms import CLIPPING_MODES, check_layer_bounds
+from dpnotebook.privacy._step import check_unowned
 from dpnotebook.privacy.arguments import (
     check_choice,
     check_delta,
     check_noise_multiplier,
 )
 from dpnotebook.privacy.augmult import loader_k
-from dpnotebook.privacy.calibration import get_noise_multiplier, warn_if_noise_drowns_signal
-from dpnotebook.privacy.clipping import CLIPPING_MODES
 from dpnotebook.privacy.data_loader import DPDataLoader
 from dpnotebook.privacy.engine_checkpoints import EngineCheckpoints
 from dpnotebook.privacy.engine_inputs import (
@@ -51,10 +51,8 @@ from dpnotebook.privacy.engine_inputs import (
     warn_not_poisson,
 )
 from dpnotebook.privacy.engine_optimizer import private_optimizer
-from dpnotebook.privacy.layer_bounds import check_layer_bounds
 from dpnotebook.privacy.optimizer import LOSS_REDUCTIONS, DPOptimizer
 from dpnotebook.privacy.replaced_sampling import warn_replaced_sampling
-from dpnotebook.privacy.step_invariants import check_unowned
 
 __all__ = ["PrivacyEngine", "unwrap_model", "is_wrapped", "sample_rate_of"]
 
@@ -65,12 +63,12 @@ class PrivacyEngine(EngineCheckpoints):
     Args:
         accountant: the accountant's name in the registry (``"pld"``, ``"prv"``, ``"rdp"``).
         secure_mode: ``True`` draws noise and batches from the OS CSPRNG (see
-            :mod:`dpnotebook.privacy.noise`); ``False`` uses PyTorch's generators, as chosen (seeded
+            ``dpnotebook.privacy._mechanisms``); ``False`` uses PyTorch's generators, as chosen (seeded
             runs, teaching); ``None`` (the default) uses them too and warns once per process
             that the noise is not cryptographically secure.
 
     Attributes:
-        accountant: the :class:`~dpnotebook.privacy.accounting.Accountant`
+        accountant: the :class:`~dpnotebook.privacy.Accountant`
             stepped by every optimizer step.
         dataset_size: N of the last data loader made private (for the delta check).
         sample_rate: q of the last data loader made private (samples, not rows).
@@ -158,7 +156,7 @@ class PrivacyEngine(EngineCheckpoints):
                     f"{name}={generator!r} with secure_mode=True: a seeded generator is predictable. "
                     f"Fix: drop {name}, or use PrivacyEngine(secure_mode=False) to reproduce a run."
                 )
-        from dpnotebook.privacy.distributed import check_distributed_setup, unwrap_distributed
+        from dpnotebook.privacy._distributed import check_distributed_setup, unwrap_distributed
 
         module, distributed = unwrap_distributed(module)  # DPDDP / DDP: the model inside, all-reduced by the optimizer
         check_distributed_setup(distributed, data_loader, poisson_sampling)
@@ -188,7 +186,7 @@ class PrivacyEngine(EngineCheckpoints):
         self.sample_rate = sample_rate
         warn_if_noise_drowns_signal(noise_multiplier, expected_batch_size)
         if distributed:  # one all-gather: every rank sets up the same run, or every rank raises
-            from dpnotebook.privacy.distributed_agreement import check_ranks_agree
+            from dpnotebook.privacy._distributed import check_ranks_agree
 
             check_ranks_agree(
                 sample_rate=sample_rate,

@@ -24,7 +24,7 @@ from torch import nn
 from torch.optim import Optimizer
 
 from dpnotebook.privacy import checkpoints
-from dpnotebook.privacy.accounting import Accountant
+from dpnotebook.privacy._accounting import Accountant
 from dpnotebook.privacy.engine_inputs import unwrap_model
 
 __all__ = ["EngineCheckpoints"]

@@ -24,11 +24,11 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
+from dpnotebook.privacy._step import claim_parameters
 from dpnotebook.privacy.data_loader import DPDataLoader
 from dpnotebook.privacy.engine_inputs import unwrap_model
 from dpnotebook.privacy.ghost_optimizer import optimizer_class as mode_optimizer
 from dpnotebook.privacy.optimizer import DPOptimizer
-from dpnotebook.privacy.step_invariants import claim_parameters
 
 __all__ = ["private_optimizer"]
 
@@ -54,7 +54,7 @@ def private_optimizer(
         module: the wrapped model; its ``grad_sample_mode`` picks the class
             (:class:`~dpnotebook.privacy.optimizer.DPOptimizer` for a wrapper without one).
         distributed: the model was inside DPDDP or DDP: the class's all-reducing version
-            (:func:`~dpnotebook.privacy.distributed.distributed_optimizer_class`).
+            (:func:`~dpnotebook.privacy._distributed.distributed_optimizer_class`).
         data_loader: the loader of the run; a :class:`~dpnotebook.privacy.data_loader.DPDataLoader`
             reports each batch it draws to the optimizer.
         noise_multiplier: the DP optimizer's ``noise_multiplier``.
@@ -68,7 +68,7 @@ def private_optimizer(
     Returns:
         The DP optimizer, of the class the mode registry pairs with ``module``'s mode.
     """
-    from dpnotebook.privacy.distributed import distributed_optimizer_class
+    from dpnotebook.privacy._distributed import distributed_optimizer_class
 
     mode = getattr(module, "grad_sample_mode", None)
     optimizer_class = DPOptimizer if mode is None else mode_optimizer(mode)

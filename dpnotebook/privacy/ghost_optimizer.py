@@ -25,8 +25,7 @@ from torch import Tensor, nn
 
 from dpnotebook.grad_sample.ghost._wrapper import GhostGradSampleModule, ghost_owner
 from dpnotebook.modes import mode_class
-from dpnotebook.privacy.clipping import clip_factors
-from dpnotebook.privacy.layer_bounds import layer_bound_list
+from dpnotebook.privacy._mechanisms import clip_factors, layer_bound_list
 from dpnotebook.privacy.optimizer import DPOptimizer
 
 __all__ = ["GhostDPOptimizer", "MODE_OPTIMIZERS", "optimizer_class"]

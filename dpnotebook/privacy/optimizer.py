@@ -42,15 +42,18 @@ from torch.optim import Optimizer
 
 from dpnotebook.grad_sample._engine.accumulation import grad_sample_rows  # p.grad_sample, tensor or list
 from dpnotebook.grad_sample._engine.hooks import LOSS_REDUCTIONS  # one definition for wrappers and optimizers
-from dpnotebook.privacy import step_invariants as invariants  # each invariant of the step, in one place
+from dpnotebook.privacy import _step as invariants  # each invariant of the step, in one place
+from dpnotebook.privacy._mechanisms import (
+    CLIPPING_MODES,
+    check_layer_bounds,
+    clip_and_sum,
+    draw_noise,
+    warn_insecure_noise_once,
+)
+from dpnotebook.privacy._step import PrivacyKnobs, StepConstants, StepStats, total_norms
 from dpnotebook.privacy.arguments import check_choice, check_positive_number
-from dpnotebook.privacy.clipping import CLIPPING_MODES, clip_and_sum
-from dpnotebook.privacy.layer_bounds import check_layer_bounds
-from dpnotebook.privacy.noise import draw_noise, warn_insecure_noise_once
 from dpnotebook.privacy.opacus_contract import OpacusOptimizerContract
 from dpnotebook.privacy.sampled_batches import SampledBatches
-from dpnotebook.privacy.step_constants import PrivacyKnobs, StepConstants
-from dpnotebook.privacy.step_stats import StepStats, total_norms
 from dpnotebook.privacy.wrapped_optimizer import WrappedOptimizer
 
 __all__ = ["DPOptimizer"]
@@ -74,15 +77,14 @@ class DPOptimizer(PrivacyKnobs, OpacusOptimizerContract, WrappedOptimizer):
             ``loss_reduction="mean"``. Dividing by the *expected* size, not the
             drawn one, keeps the batch size itself private.
         loss_reduction: ``"mean"`` or ``"sum"``, as the model's wrapper was told.
-        clipping: ``"flat"`` or ``"per_layer"`` (see :mod:`dpnotebook.privacy.clipping`).
+        clipping: ``"flat"`` or ``"per_layer"`` (see ``dpnotebook.privacy._mechanisms``).
         generator: a ``torch.Generator`` for the noise (seed it to reproduce a run).
         secure_mode: ``True`` draws the noise from the OS CSPRNG (no ``generator`` then);
             ``False`` uses PyTorch's generator, as chosen; ``None`` (the default) uses it too,
             and warns once per process (:class:`~dpnotebook.errors.PrivacyWarning`) unless a
             seeded ``generator`` shows the choice was made.
 
-    The step's invariants hold whatever the caller does (:mod:`~dpnotebook.privacy.step_invariants`,
-    :mod:`~dpnotebook.privacy.step_constants`); ``p.grad_sample`` is kept until :meth:`zero_grad`.
+    The step's invariants hold whatever the caller does (``dpnotebook.privacy._step``); ``p.grad_sample`` is kept until :meth:`zero_grad`.
 
     Attributes:
         last_step_stats: the :class:`StepStats` of the last step (``None`` before it).
@@ -176,7 +178,7 @@ class DPOptimizer(PrivacyKnobs, OpacusOptimizerContract, WrappedOptimizer):
 
         The running sum is each parameter's ``p.summed_grad``; the clipped
         ``p.grad_sample`` stay (marked, so that no step clips them again) until
-        :meth:`zero_grad`. The checks of :mod:`~dpnotebook.privacy.step_invariants` run here:
+        :meth:`zero_grad`. The checks of ``dpnotebook.privacy._step`` run here:
         nothing already used by a step, and the logical batch's constants unchanged.
         """
         params = self.params
@@ -216,7 +218,7 @@ class DPOptimizer(PrivacyKnobs, OpacusOptimizerContract, WrappedOptimizer):
 
         :meth:`step` does it; call it yourself only to inspect the private
         gradient without updating the model. The noise comes from
-        :func:`~dpnotebook.privacy.noise.draw_noise`.
+        :func:`~dpnotebook.privacy._mechanisms.draw_noise`.
         """
         self._finish_batch()
 

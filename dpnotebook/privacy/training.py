@@ -47,7 +47,7 @@ def model_device(model: nn.Module) -> torch.device:
 def show_progress(progress: bool | None) -> bool:
     """Whether a long loop shows its progress bar: ``progress`` if given, else whether stderr is a terminal.
 
-    ``None`` (the default of :func:`~dpnotebook.privacy.sweep.sweep` and ``python -m dpnotebook.audit``)
+    ``None`` (the default of :func:`~dpnotebook.privacy._sweep` and ``python -m dpnotebook.audit``)
     keeps a notebook's stored outputs and a log file free of bars; pass ``True`` to see one in a notebook.
 
     >>> show_progress(False), show_progress(True)

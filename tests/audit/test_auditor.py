@@ -52,7 +52,7 @@ def test_a_clipped_record_moves_the_sum_by_exactly_c() -> None:
 
 
 def test_the_auditor_catches_clip_factors_from_half_the_norm(monkeypatch) -> None:
-    import dpnotebook.privacy.clipping as clipping
+    import dpnotebook.privacy._mechanisms as clipping
 
     real = clipping.clip_factors
     monkeypatch.setattr(clipping, "clip_factors", lambda norms, C: real(norms / 2, C))

@@ -25,7 +25,7 @@ from dpnotebook.audit import (
     one_run_epsilon,
     one_run_p_value,
 )
-from dpnotebook.privacy.accounting import compute_epsilon
+from dpnotebook.privacy import compute_epsilon
 
 DELTA = 1e-5
 

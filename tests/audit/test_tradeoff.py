@@ -68,7 +68,7 @@ def test_pld_curve_of_composed_steps_is_gaussian_with_sqrt_steps():
 
 
 def test_pld_curve_within_the_accountants_epsilon():
-    from dpnotebook.privacy.accounting import compute_epsilon
+    from dpnotebook.privacy import compute_epsilon
 
     kw = dict(noise_multiplier=1.0, sample_rate=0.05, steps=200)
     eps = compute_epsilon(**kw, delta=1e-5, accountant="pld")

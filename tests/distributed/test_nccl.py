@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dpnotebook.privacy.distributed_launch import run_on_ranks
+from dpnotebook.privacy import run_on_ranks
 from tests.distributed import workers
 
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0

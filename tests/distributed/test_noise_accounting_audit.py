@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dpnotebook.privacy.accounting import create_accountant
-from dpnotebook.privacy.distributed_launch import run_on_ranks
+from dpnotebook.privacy import create_accountant, run_on_ranks
 from tests.distributed import workers
 
 STEPS, SIGMA, C = 40, 1.3, 0.7

@@ -11,14 +11,13 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from dpnotebook import wrap_model
-from dpnotebook.privacy import PrivacyEngine
-from dpnotebook.privacy.distributed import DPDDP, DistributedDPOptimizer
-from dpnotebook.privacy.distributed_launch import free_port
-from dpnotebook.privacy.distributed_sampler import (
+from dpnotebook.privacy import DPDDP, DistributedDPOptimizer, PrivacyEngine
+from dpnotebook.privacy._distributed import (
     DistributedDPDataLoader,
     DistributedPoissonBatchSampler,
     rank_and_world,
 )
+from dpnotebook.privacy._launch import free_port
 from tests.distributed import workers
 
 

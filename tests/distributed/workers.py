@@ -1,7 +1,7 @@
 """What each rank runs in the distributed tests (module level, so that spawned processes can import it).
 
 Every function takes ``(rank, world_size, ...)`` and runs inside a process group
-set up by :func:`dpnotebook.privacy.distributed_launch.run_on_ranks`; with
+set up by :func:`dpnotebook.privacy.run_on_ranks`; with
 ``world_size=None`` the training runs in this process alone (the reference).
 """
 
@@ -15,9 +15,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
 
-from dpnotebook.privacy import BatchMemoryManager, PrivacyEngine
+from dpnotebook.privacy import DPDDP, BatchMemoryManager, PrivacyEngine, RanksFailedError
 from dpnotebook.privacy.augmult import AugmultCollate
-from dpnotebook.privacy.distributed import DPDDP, RanksFailedError
 
 N, FEATURES, CLASSES = 24, 6, 3
 

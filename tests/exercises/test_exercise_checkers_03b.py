@@ -6,8 +6,7 @@ import math
 import pytest
 
 from dpnotebook.exercises import Status, judge
-from dpnotebook.privacy import compute_epsilon
-from dpnotebook.privacy.classic_rdp import classic_rdp_epsilon
+from dpnotebook.privacy import classic_rdp_epsilon, compute_epsilon
 
 
 def _stub(*args):

@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from dpnotebook.exercises import Status, judge
-from dpnotebook.privacy import get_noise_multiplier
-from dpnotebook.privacy.clipping import clip_and_sum
+from dpnotebook.privacy import clip_and_sum, get_noise_multiplier
 
 
 def stub(*args, **kwargs):  # type: ignore[no-untyped-def]
@@ -123,8 +122,7 @@ def _fine_tune():  # type: ignore[no-untyped-def]
 
 
 def _eleven_answers():  # type: ignore[no-untyped-def]
-    from dpnotebook.privacy import compute_epsilon, create_accountant
-    from dpnotebook.privacy.schedule import steps_for_epochs, steps_per_epoch
+    from dpnotebook.privacy import compute_epsilon, create_accountant, steps_for_epochs, steps_per_epoch
 
     steps_pre = steps_for_epochs(20, steps_per_epoch(64 / 716))
     pre = compute_epsilon(noise_multiplier=4.0, sample_rate=64 / 716, steps=steps_pre, delta=1e-5)

@@ -1,21 +1,223 @@
-"""The textbook mechanisms: their output distributions, the two formulas, and the errors for bad input."""
+"""The DP step's maths: clipping bounds every sample for any shapes; noise has the right std, seeded or secure;
+the textbook mechanisms' distributions and formulas; the errors for bad input."""
 
 import math
 
 import dp_accounting
 import numpy as np
 import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
 
 from dpnotebook.audit import gaussian_epsilon
-from dpnotebook.privacy import compute_epsilon
-from dpnotebook.privacy.classic_rdp import subsampled_gaussian_rdp
-from dpnotebook.privacy.mechanisms import (
+from dpnotebook.privacy import (
     amplified_by_subsampling,
+    clip_and_sum,
+    clip_factors,
+    compute_epsilon,
     gaussian_mechanism,
+    gaussian_noise,
     gaussian_rdp,
     laplace_mechanism,
+    layer_thresholds,
+    per_layer_norms,
+    per_sample_norms,
     randomized_response,
+    subsampled_gaussian_rdp,
 )
+from dpnotebook.privacy._mechanisms import draw_noise, secure_normal, secure_uniform
+
+shapes = st.lists(st.lists(st.integers(1, 5), min_size=0, max_size=3), min_size=1, max_size=4)  # [] is a 0-d parameter
+
+
+def make_grads(batch: int, param_shapes: list[list[int]], scale: float, seed: int) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return [scale * torch.randn(batch, *shape, generator=gen) for shape in param_shapes]
+
+
+def clipped_per_sample(grads: list[torch.Tensor], factors: torch.Tensor) -> list[torch.Tensor]:
+    """Each sample's clipped gradient, in float64, from the factors ([B] or [L, B])."""
+    if factors.dim() == 1:
+        factors = factors.expand(len(grads), -1)
+    return [g.double() * f.double().view(-1, *[1] * (g.dim() - 1)) for g, f in zip(grads, factors, strict=True)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    batch=st.integers(1, 8),
+    param_shapes=shapes,
+    scale=st.floats(1e-3, 1e3),
+    max_grad_norm=st.floats(1e-2, 10.0),
+    seed=st.integers(0, 2**16),
+)
+def test_flat_clipping_bounds_every_sample(batch, param_shapes, scale, max_grad_norm, seed):
+    grads = make_grads(batch, param_shapes, scale, seed)
+    result = clip_and_sum(grads, max_grad_norm=max_grad_norm, clipping="flat")
+    clipped = clipped_per_sample(grads, result.factors)
+    norms = torch.stack([c.reshape(len(c), -1).pow(2).sum(1) for c in clipped]).sum(0).sqrt()
+    assert (norms <= max_grad_norm * (1 + 1e-6)).all()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    batch=st.integers(1, 8),
+    param_shapes=shapes,
+    scale=st.floats(1e-3, 1e3),
+    max_grad_norm=st.floats(1e-2, 10.0),
+    seed=st.integers(0, 2**16),
+)
+def test_per_layer_split_keeps_each_layer_and_the_total_under_c(batch, param_shapes, scale, max_grad_norm, seed):
+    grads = make_grads(batch, param_shapes, scale, seed)
+    result = clip_and_sum(grads, max_grad_norm=max_grad_norm, clipping="per_layer")
+    clipped = clipped_per_sample(grads, result.factors)
+    layer = torch.stack([c.reshape(len(c), -1).norm(dim=1) for c in clipped])  # [L, B]
+    assert (layer <= max_grad_norm / math.sqrt(len(grads)) * (1 + 1e-6)).all()
+    assert (layer.norm(dim=0) <= max_grad_norm * (1 + 1e-6)).all()
+    assert result.sensitivity == max_grad_norm
+
+
+@pytest.mark.parametrize("clipping", ["flat", "per_layer"])
+def test_clipped_sum_equals_manual_float64(clipping):
+    grads = make_grads(7, [[3, 4], [5], [2, 2, 2]], scale=2.0, seed=1)
+    C = 1.5
+    result = clip_and_sum(grads, max_grad_norm=C, clipping=clipping)
+    expected = [torch.zeros(g.shape[1:], dtype=torch.float64) for g in grads]
+    for i in range(7):
+        sample = [g[i].double() for g in grads]
+        if clipping == "flat":
+            norm = math.sqrt(sum(float((s * s).sum()) for s in sample))
+            factors = [min(1.0, C / (norm + 1e-6))] * len(sample)
+        else:
+            bound = C / math.sqrt(len(sample))
+            factors = [min(1.0, bound / (float(s.norm()) + 1e-6)) for s in sample]
+        for e, s, f in zip(expected, sample, factors, strict=True):
+            e += f * s
+    for got, want in zip(result.summed, expected, strict=True):
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_norms_factors_and_fraction():
+    grads = [torch.tensor([[3.0, 4.0], [0.3, 0.4], [0.0, 0.0]])]
+    result = clip_and_sum(grads, max_grad_norm=1.0)
+    torch.testing.assert_close(result.norms, torch.tensor([5.0, 0.5, 0.0]))
+    torch.testing.assert_close(result.factors, torch.tensor([1 / (5 + 1e-6), 1.0, 1.0]))
+    assert result.fraction_clipped == pytest.approx(1 / 3)
+    assert result.batch_size == 3
+
+
+def test_norm_helpers_agree():
+    grads = make_grads(4, [[2, 3], [6]], scale=1.0, seed=0)
+    flat = torch.cat([g.flatten(1) for g in grads], dim=1)
+    torch.testing.assert_close(per_sample_norms(grads), flat.norm(dim=1))
+    torch.testing.assert_close(per_layer_norms(grads)[1], grads[1].norm(dim=1))
+    assert layer_thresholds(2.0, 4) == 1.0
+    assert clip_factors(torch.tensor([1e9]), math.inf).item() == 1.0
+
+
+def test_zero_dim_parameter():
+    """A 0-d parameter's per-sample gradients have shape [B]: one entry each in the norms."""
+    result = clip_and_sum([torch.full((2,), 3.0), torch.full((2, 1, 16), 1.0)], max_grad_norm=10.0)
+    torch.testing.assert_close(result.norms, torch.tensor([5.0, 5.0]))
+    assert result.summed[0].shape == () and result.summed[0].item() == 6.0
+    assert per_layer_norms({"t": torch.zeros(0)}).shape == (1, 0)
+
+
+def test_dict_input_and_empty_batch():
+    result = clip_and_sum({"w": torch.zeros(0, 2, 3), "b": torch.zeros(0, 2)}, max_grad_norm=1.0)
+    assert [s.shape for s in result.summed] == [torch.Size([2, 3]), torch.Size([2])]
+    assert all((s == 0).all() for s in result.summed)
+    assert result.fraction_clipped == 0.0 and result.batch_size == 0
+
+
+def test_mismatched_batch_sizes_raise():
+    with pytest.raises(ValueError, match="disagree on the number of samples"):
+        clip_and_sum([torch.zeros(2, 3), torch.zeros(3, 3)], max_grad_norm=1.0)
+
+
+@pytest.mark.parametrize("clipping", ["flat", "per_layer"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_non_finite_norm_gets_factor_zero_and_adds_nothing(clipping: str, bad: float) -> None:
+    from dpnotebook.errors import PrivacyWarning
+
+    g = [torch.randn(4, 3), torch.randn(4, 2, 2)]
+    g[0][2, 1] = bad
+    with pytest.warns(PrivacyWarning, match=r"1 sample\(s\) of 4 have a NaN or infinite gradient norm"):
+        result = clip_and_sum(g, max_grad_norm=0.5, clipping=clipping)
+    without = clip_and_sum([x[[0, 1, 3]] for x in g], max_grad_norm=0.5, clipping=clipping)
+    for a, b in zip(result.summed, without.summed, strict=True):
+        torch.testing.assert_close(a, b)
+    assert bool((result.factors[..., 2] == 0).all())  # [B] for flat, [L, B] for per-layer
+
+
+@pytest.mark.parametrize("secure", [False, True])
+def test_measured_std_within_3_percent(secure):
+    sigma, C = 1.3, 0.7
+    gen = None if secure else torch.Generator().manual_seed(0)
+    noise = gaussian_noise((200_000,), std=sigma * C, generator=gen, secure=secure, dtype=torch.float64)
+    assert abs(noise.std().item() / (sigma * C) - 1) < 0.03
+    assert abs(noise.mean().item()) < 0.01
+
+
+def test_secure_normals_have_normal_quantiles():
+    z = secure_normal(100_001)
+    assert z.shape == (100_001,)
+    within_one = (z.abs() < 1).double().mean().item()
+    within_two = (z.abs() < 2).double().mean().item()
+    assert within_one == pytest.approx(0.6827, abs=0.01)
+    assert within_two == pytest.approx(0.9545, abs=0.005)
+    u = secure_uniform(50_000)
+    assert u.min() > 0 and u.max() <= 1 and u.mean().item() == pytest.approx(0.5, abs=0.01)
+
+
+def test_seeded_generator_reproducible_and_secure_is_not():
+    a = gaussian_noise((5, 5), std=1.0, generator=torch.Generator().manual_seed(3))
+    b = gaussian_noise((5, 5), std=1.0, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(a, b)
+    c = gaussian_noise((5, 5), std=1.0, secure=True)
+    d = gaussian_noise((5, 5), std=1.0, secure=True)
+    assert not torch.equal(c, d)
+
+
+def test_dtype_device_and_zero_std():
+    x = gaussian_noise((2, 3), std=2.0, dtype=torch.float64)
+    assert x.dtype == torch.float64 and x.shape == (2, 3)
+    assert (gaussian_noise((4,), std=0.0, secure=True) == 0).all()
+    assert gaussian_noise((3,), std=1.0, secure=True, dtype=torch.float16).dtype == torch.float16
+
+
+def test_secure_refuses_a_generator_and_negative_std():
+    with pytest.raises(ValueError, match="generator=.*secure=True"):
+        gaussian_noise((2,), std=1.0, generator=torch.Generator(), secure=True)
+    with pytest.raises(ValueError, match="std=-1"):
+        gaussian_noise((2,), std=-1.0)
+
+
+def test_seeded_noise_repeats_whatever_the_thread_count_and_has_the_right_std() -> None:
+    threads = torch.get_num_threads()
+    params = [nn.Parameter(torch.zeros(400, 400)), nn.Parameter(torch.zeros(7))]
+    draws = []
+    try:
+        for n in (1, 2, 1):
+            torch.set_num_threads(n)
+            draws.append(draw_noise(params, 3.0, torch.Generator().manual_seed(1), secure=False))
+    finally:
+        torch.set_num_threads(threads)
+    assert [t.shape for t in draws[0]] == [p.shape for p in params]
+    assert all(torch.equal(x, y) for other in draws[1:] for x, y in zip(draws[0], other, strict=True))
+    flat = torch.cat([t.flatten() for t in draws[0]])
+    assert abs(float(flat.std()) - 3.0) < 0.05 and abs(float(flat.mean())) < 0.05
+
+
+def test_draw_noise_matches_gaussian_noise_per_parameter():
+    """Each parameter's noise is gaussian_noise's, in order (seeded runs unchanged)."""
+    params = [torch.zeros(3, 4), torch.zeros(5)]
+    got = draw_noise(params, 2.0, torch.Generator().manual_seed(3))
+    g = torch.Generator().manual_seed(3)
+    want = [gaussian_noise(p.shape, std=2.0, generator=g) for p in params]
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
 
 N = 200_000
 

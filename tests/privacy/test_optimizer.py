@@ -8,8 +8,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from dpnotebook import wrap_model
-from dpnotebook.privacy import BatchMemoryManager, DPDataLoader, DPOptimizer, split_batch
-from dpnotebook.privacy.noise import gaussian_noise
+from dpnotebook.privacy import BatchMemoryManager, DPDataLoader, DPOptimizer, gaussian_noise, split_batch
 
 
 def tiny_model() -> nn.Module:

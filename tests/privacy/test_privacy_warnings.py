@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-import dpnotebook.privacy.noise as noise
+import dpnotebook.privacy._mechanisms as noise
 from dpnotebook.errors import PrivacyWarning
 from dpnotebook.grad_sample import GradSampleModule
 from dpnotebook.privacy import DPOptimizer, PrivacyEngine

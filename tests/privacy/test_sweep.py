@@ -8,9 +8,15 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from dpnotebook.privacy import get_noise_multiplier
-from dpnotebook.privacy.schedule import steps_for_epochs, steps_per_epoch
-from dpnotebook.privacy.sweep import RunSetting, summarise, sweep, train_run
+from dpnotebook.privacy import (
+    RunSetting,
+    get_noise_multiplier,
+    steps_for_epochs,
+    steps_per_epoch,
+    summarise,
+    sweep,
+    train_run,
+)
 
 
 @pytest.fixture(scope="module")

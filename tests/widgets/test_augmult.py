@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from dpnotebook.grad_sample import GradSampleModule
-from dpnotebook.privacy.clipping import per_sample_norms
+from dpnotebook.privacy import per_sample_norms
 from dpnotebook.widgets import AugmultExplorer, WidgetValueError, augment_copies
 from dpnotebook.widgets.augmult import plots
 

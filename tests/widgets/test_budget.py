@@ -7,7 +7,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from dpnotebook.privacy.accounting import compute_epsilon
+from dpnotebook.privacy import compute_epsilon
 from dpnotebook.widgets import PrivacyBudgetExplorer, WidgetValueError
 from dpnotebook.widgets.budget import plots
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from dpnotebook.privacy.clipping import clip_and_sum
+from dpnotebook.privacy import clip_and_sum
 from dpnotebook.widgets import ClippingExplorer, WidgetValueError, make_toy
 from dpnotebook.widgets.clipping import plots
 from dpnotebook.widgets.clipping.state import ClippingState

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from dpnotebook.privacy.noise import gaussian_noise
+from dpnotebook.privacy import gaussian_noise
 from dpnotebook.widgets import NoiseExplorer, WidgetValueError, make_toy
 from dpnotebook.widgets.noise import plots
 

@@ -17,7 +17,7 @@ Everything that reads ``p.grad_sample`` reads it through :func:`grad_sample_rows
 handled in one place.
 
 Rows a DP step already clipped carry the step's mark (``_processed``,
-:mod:`~dpnotebook.privacy.step_invariants`); a gradient added to them keeps it
+``dpnotebook.privacy._step``); a gradient added to them keeps it
 (:func:`carry_processed`), so that the next step refuses them instead of clipping them twice.
 
 At the end of every backward pass, each parameter that received a ``.grad``

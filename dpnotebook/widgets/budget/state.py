@@ -1,7 +1,7 @@
 """The privacy-budget explorer's state: sigma, batch and dataset size, epochs, delta, accountant.
 
-Every epsilon comes from :mod:`dpnotebook.privacy.accounting` (``compute_epsilon``)
-and :mod:`dpnotebook.privacy.calibration` (``get_noise_multiplier``); results are
+Every epsilon comes from ``dpnotebook.privacy._accounting`` (``compute_epsilon``)
+and ``dpnotebook.privacy._accounting`` (``get_noise_multiplier``); results are
 cached here and there, so moving
 back to a setting seen before costs nothing.
 
@@ -26,10 +26,14 @@ from dataclasses import dataclass
 import numpy as np
 import traitlets
 
-from dpnotebook.privacy.accounting import available_accountants, compute_epsilon
+from dpnotebook.privacy import (
+    available_accountants,
+    compute_epsilon,
+    get_noise_multiplier,
+    steps_for_epochs,
+    steps_per_epoch,
+)
 from dpnotebook.privacy.arguments import check_choice, check_delta, check_epsilon, check_noise_multiplier
-from dpnotebook.privacy.calibration import get_noise_multiplier
-from dpnotebook.privacy.schedule import steps_for_epochs, steps_per_epoch
 from dpnotebook.widgets._validate import int_at_least, library_check, refuse
 
 __all__ = ["BudgetResult", "BudgetState"]
@@ -65,7 +69,7 @@ class BudgetState(traitlets.HasTraits):
         batch_size: expected batch size B; the sample rate is ``B / dataset_size``.
         dataset_size: N (>= B).
         epochs: number of epochs (steps = ``ceil(epochs * round(1 / sample_rate))``, as in
-            :func:`~dpnotebook.privacy.schedule.steps_for_epochs` and ``make_private_with_epsilon``).
+            :func:`~dpnotebook.privacy.steps_for_epochs` and ``make_private_with_epsilon``).
         delta: delta in (0, 1).
         accountant: ``"pld"`` (the default, as in ``PrivacyEngine``) or ``"rdp"`` (``"prv"`` = ``"pld"``).
         target_epsilon: the budget the required sigma is searched for.

@@ -1,6 +1,6 @@
 """The clipping explorer's state: a bound C, a clipping mode, and what clipping does to a batch.
 
-All the clipping is done by :func:`dpnotebook.privacy.clipping.clip_and_sum`,
+All the clipping is done by :func:`dpnotebook.privacy.clip_and_sum`,
 the function the optimizer uses.
 
 >>> import torch
@@ -26,8 +26,8 @@ import torch
 import traitlets
 from torch import Tensor
 
+from dpnotebook.privacy import CLIPPING_MODES, clip_and_sum, layer_thresholds
 from dpnotebook.privacy.arguments import check_choice, check_max_grad_norm
-from dpnotebook.privacy.clipping import CLIPPING_MODES, clip_and_sum, layer_thresholds
 from dpnotebook.widgets._validate import library_check, refuse
 from dpnotebook.widgets.grads import as_grad_samples, flatten_grad_samples
 
@@ -77,7 +77,7 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def clipping_stats(grad_samples: Mapping[str, Tensor], max_grad_norm: float, clipping: str = "flat") -> ClippingStats:
-    """Clip ``grad_samples`` with :func:`~dpnotebook.privacy.clipping.clip_and_sum` and measure the bias."""
+    """Clip ``grad_samples`` with :func:`~dpnotebook.privacy.clip_and_sum` and measure the bias."""
     result = clip_and_sum(grad_samples, max_grad_norm=max_grad_norm, clipping=clipping)
     batch = result.batch_size
     mean = flatten_grad_samples(grad_samples).double().mean(0).cpu().numpy()

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from dpnotebook.grad_sample._contracts import flat_rows
-from dpnotebook.privacy.clipping import CLIPPING_MODES
+from dpnotebook.privacy import CLIPPING_MODES
 from dpnotebook.widgets._explorer import Explorer
 from dpnotebook.widgets.clipping import plots
 from dpnotebook.widgets.clipping.state import ClippingState, ClippingStats
@@ -105,7 +105,7 @@ class ClippingExplorer(Explorer[ClippingState]):
             )
         layer_norms = None
         if s.num_layers > 1:
-            from dpnotebook.privacy.clipping import per_layer_norms
+            from dpnotebook.privacy import per_layer_norms
 
             layer_norms = per_layer_norms(s.grad_samples).double().cpu().numpy()
         self.hist = plots.draw_norm_histogram(axes[-2], s.norms, max_grad_norm=s.max_grad_norm, layer_norms=layer_norms)

@@ -25,7 +25,7 @@ import traitlets
 from torch import Tensor, nn
 
 from dpnotebook.modes import available_modes
-from dpnotebook.privacy.clipping import per_layer_norms, per_sample_norms
+from dpnotebook.privacy import per_layer_norms, per_sample_norms
 from dpnotebook.widgets._validate import int_at_least, one_of, refuse
 from dpnotebook.widgets.grads import run_mode
 

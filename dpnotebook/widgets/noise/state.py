@@ -1,7 +1,7 @@
 """The noise explorer's state: sigma, batch size and C over a pool of per-sample gradients.
 
-Clipping is :func:`~dpnotebook.privacy.clipping.clip_and_sum` and noise is
-:func:`~dpnotebook.privacy.noise.gaussian_noise` with std ``sigma * C``, as in
+Clipping is :func:`~dpnotebook.privacy.clip_and_sum` and noise is
+:func:`~dpnotebook.privacy.gaussian_noise` with std ``sigma * C``, as in
 the optimizer; the noisy averaged gradient is ``(clipped sum + noise) / B``.
 
 >>> import torch
@@ -26,9 +26,8 @@ import torch
 import traitlets
 from torch import Tensor
 
+from dpnotebook.privacy import clip_and_sum, gaussian_noise
 from dpnotebook.privacy.arguments import check_max_grad_norm, check_noise_multiplier
-from dpnotebook.privacy.clipping import clip_and_sum
-from dpnotebook.privacy.noise import gaussian_noise
 from dpnotebook.widgets._validate import int_at_least, library_check, refuse
 from dpnotebook.widgets.grads import as_grad_samples, flatten_grad_samples
 

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from dpnotebook import GradSampleError, wrap_model
 from dpnotebook.audit import audit_case, audit_sensitivity
 from dpnotebook.grad_sample._engine.accumulation import grad_sample_parts, grad_sample_rows
-from dpnotebook.privacy.clipping import clip_and_sum
+from dpnotebook.privacy import clip_and_sum
 from dpnotebook.privacy.optimizer import DPOptimizer
 
 LIST_MODES = ("hooks", "functorch", "ew")

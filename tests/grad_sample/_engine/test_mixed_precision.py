@@ -22,7 +22,7 @@ import dpnotebook
 from dpnotebook.audit import FAMILIES, RECORDS, TOLERANCE, audit_case, audit_sensitivity
 from dpnotebook.errors import GradSampleError
 from dpnotebook.grad_sample._engine.precision import autocast_off, full_precision
-from dpnotebook.privacy.clipping import per_sample_norms
+from dpnotebook.privacy import per_sample_norms
 from dpnotebook.privacy.ghost_optimizer import optimizer_class
 
 MODES = ("hooks", "functorch", "ghost")

@@ -1,4 +1,4 @@
-"""The DP step's invariants (dpnotebook.privacy.step_invariants), each with the error it raises.
+"""The DP step's invariants (dpnotebook.privacy._step), each with the error it raises.
 
 1. a step moves exactly what it clipped and noised (issue #28.1: a parameter frozen between backward and step);
 2. one DP optimizer per model (#28.2: make_private twice on one model);

@@ -26,8 +26,6 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-__all__ = ["RankOutcome", "free_port", "run_on_ranks"]
-
 
 @dataclass
 class RankOutcome:
@@ -59,7 +57,7 @@ def _rank_main(
     world_size: int,
     port: int,
     backend: str,
-    args: tuple,
+    args: tuple[Any, ...],
     folder: str,
     timeout_s: float,
 ) -> None:
@@ -89,7 +87,7 @@ def run_on_ranks(
     fn: Callable[..., Any],
     *,
     world_size: int = 2,
-    args: tuple = (),
+    args: tuple[Any, ...] = (),
     backend: str = "gloo",
     timeout_s: float = 60.0,
     collective_timeout_s: float = 30.0,

@@ -1,0 +1,386 @@
+"""DP-SGD on several processes (and machines) with ``torch.distributed``.
+
+One logical step over ``world_size`` ranks: each rank draws its share of one global Poisson batch
+at the global rate ``q`` (:class:`DistributedPoissonBatchSampler`) and clips its own samples into
+a local sum; rank 0 alone adds the noise (std ``sigma * C``); one ``all_reduce`` gives every rank
+the same noisy sum, divided by the global ``q * N``, and every rank takes the same step. Rank 0
+draws the noise so that it is drawn once by construction, travels in the ``all_reduce`` that
+carries the signal, and ``secure_mode`` works (a generator shared by the ranks would need a
+shared secret seed). Ranks trust each other: they hold each other's data anyway.
+
+**Sampling.** Example ``i`` belongs to rank ``i % world_size``, which keeps it when its uniform
+draw is below ``q``: every example joins with probability ``q``, independently, on one rank only,
+so the union is a Poisson sample of the whole dataset, the batch the accountant's analysis is
+about. With a ``generator`` every rank draws all ``N`` uniforms in one process's order, so one
+seed on every rank cuts the single-process batch in pieces; ``secure_mode`` draws each rank's
+shard from its OS CSPRNG.
+
+**Agreement and failures.** :func:`check_ranks_agree` refuses, on every rank at once, ranks that
+would sample, clip, noise or count differently. ``make_private`` unwraps :class:`DPDDP` (it only
+broadcasts rank 0's weights) or ``DistributedDataParallel``, so DDP's own gradient all-reduce never
+runs. A rank that raises inside a step (or in :meth:`DistributedDPOptimizer.fail_together`) still
+joins the step's ``all_reduce`` with a flag, so every rank raises :class:`RanksFailedError`; a rank
+that dies makes the others' ``all_reduce`` fail, and the process group's ``timeout`` bounds the rest.
+
+>>> import torch
+>>> s0, s1 = (DistributedPoissonBatchSampler(10, sample_rate=0.5, rank=r, world_size=2,
+...                                          generator=torch.Generator().manual_seed(0)) for r in (0, 1))
+>>> one = PoissonBatchSampler(10, sample_rate=0.5, generator=torch.Generator().manual_seed(0))
+>>> [sorted(a + b) == c for a, b, c in zip(s0, s1, one)]
+[True, True]
+>>> rank_disagreements([{"sigma": 1.0}, {"sigma": 1.0}, {"sigma": 2.0}])
+['sigma: ranks 0, 1: 1.0, rank 2: 2.0']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, cast
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+from torch.nn.parallel import DistributedDataParallel
+
+from dpnotebook.privacy._mechanisms import draw_noise, secure_uniform
+from dpnotebook.privacy._step import total_norm
+from dpnotebook.privacy.data_loader import DPDataLoader, PoissonBatchSampler
+from dpnotebook.privacy.ghost_optimizer import GhostDPOptimizer
+from dpnotebook.privacy.optimizer import DPOptimizer
+
+
+class RanksFailedError(RuntimeError):
+    """Another rank raised or stopped during a distributed DP step: this rank stops too."""
+
+
+def _require_process_group(what: str) -> None:
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError(
+            f"{what} needs torch.distributed initialised. Fix: call torch.distributed.init_process_group("
+            "backend='gloo' (CPU) or 'nccl' (GPU), timeout=...) in every process first; torchrun sets "
+            "the environment it reads."
+        )
+
+
+class DifferentiallyPrivateDistributedDataParallel(nn.Module):
+    """Marks ``module`` (the same architecture on every rank) for distributed DP training; copies rank 0's weights.
+
+    Unlike ``DistributedDataParallel`` it installs no gradient hooks: the DP optimizer all-reduces
+    the *clipped* sums once per step. Uses the default process group.
+    """
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        _require_process_group("DPDDP")
+        self.module = module
+        with torch.no_grad():
+            for tensor in [*module.parameters(), *module.buffers()]:
+                dist.broadcast(tensor.data, src=0)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.module(*args, **kwargs)
+
+
+DPDDP = DifferentiallyPrivateDistributedDataParallel
+
+
+def unwrap_distributed(module: nn.Module) -> tuple[nn.Module, bool]:
+    """``(the model inside DPDDP or DistributedDataParallel, True)``, or ``(module, False)``.
+
+    The model inside is what ``make_private`` wraps and returns: DDP's forward, hence its gradient
+    all-reduce, never runs (the wrapper refuses a call of the original DDP object afterwards).
+
+    >>> unwrap_distributed(nn.Linear(2, 2))[1]
+    False
+    """
+    inner = getattr(module, "_module", None)
+    if isinstance(inner, (DPDDP, DistributedDataParallel)):
+        raise ValueError(
+            f"module is a grad-sample wrapper around {type(inner).__name__}: the per-sample hooks would "
+            "run inside DDP. Fix: pass the DPDDP/DistributedDataParallel model itself to make_private, "
+            "which wraps the model inside it."
+        )
+    if isinstance(module, DPDDP):
+        _require_process_group("make_private with a DPDDP model")
+        return module.module, True
+    if isinstance(module, DistributedDataParallel):
+        _require_process_group("make_private with a DistributedDataParallel model")
+        return module.module, True
+    return module, False
+
+
+def check_distributed_setup(distributed: bool, data_loader: Any, poisson_sampling: bool) -> None:
+    """Refuse the combinations that would silently mis-scale or desynchronise a distributed run."""
+    if distributed and not poisson_sampling:
+        raise ValueError(
+            "poisson_sampling=False with a distributed model: each rank's fixed-size batches would be "
+            "divided by a batch size that is not the global one. Fix: poisson_sampling=True."
+        )
+    if not distributed and isinstance(data_loader, DistributedDPDataLoader):
+        raise ValueError(
+            "data_loader is a DistributedDPDataLoader but module is not distributed: the clipped sums "
+            "would not be all-reduced and the ranks would drift apart. Fix: wrap the model in "
+            "dpnotebook.privacy.DPDDP (or DistributedDataParallel) before make_private."
+        )
+
+
+def rank_disagreements(settings_by_rank: list[dict[str, Any]]) -> list[str]:
+    """One line per setting on which the ranks differ, naming each rank's value (none if they agree).
+
+    >>> rank_disagreements([{"q": 0.5, "K": 1}, {"q": 0.25, "K": 1}]), rank_disagreements([{"q": 0.5}, {"q": 0.5}])
+    (['q: rank 0: 0.5, rank 1: 0.25'], [])
+    """
+    lines = []
+    for name in settings_by_rank[0]:
+        values = [settings.get(name) for settings in settings_by_rank]
+        if any(v != values[0] for v in values):
+            groups: dict[str, list[int]] = {}
+            for rank, value in enumerate(values):
+                groups.setdefault(repr(value), []).append(rank)
+            shown = ", ".join(
+                f"rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))}: {v}" for v, r in groups.items()
+            )
+            lines.append(f"{name}: {shown}")
+    return lines
+
+
+def check_ranks_agree(**settings: Any) -> None:
+    """Refuse, on every rank, a distributed ``make_private`` whose ranks set up different runs.
+
+    One ``all_gather_object`` of ``settings`` (``make_private`` passes ``q``, ``N``, the steps per
+    epoch, sigma, C, the clipping, the mode, ``K``, the loss reduction and the accountant): every
+    rank sees every rank's values, so all return or all raise the same ``ValueError`` naming every
+    setting, rank and value, and no rank is left waiting in the first step's all-reduce. Ranks that
+    disagreed used to train silently: loaders of batch sizes 4 and 12 over 24 examples sampled at
+    q = 1/6 and 1/2; rank 0 reported epsilon 4.26 while rank 1's examples spent 8.1.
+    """
+    _require_process_group("check_ranks_agree")
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, settings)
+    lines = rank_disagreements(cast(list[dict[str, Any]], gathered))
+    if lines:
+        raise ValueError(
+            "the ranks of this distributed run called make_private with different settings:\n  "
+            + "\n  ".join(lines)
+            + "\nEach rank would sample its examples at its own q and scale the shared noisy sum by its own "
+            "q*N: the epsilon one rank reports would not bound what another rank's examples spent, and the "
+            "replicas would drift apart. Fix: give every rank the same data_loader (the whole dataset with "
+            "the global batch size, or a DistributedSampler of the same per-rank batch size on every rank), "
+            "noise_multiplier, max_grad_norm, clipping, grad_sample_mode, K, loss_reduction and accountant."
+        )
+
+
+if TYPE_CHECKING:  # the mixin is only ever mixed into a DP optimizer, whose members it uses
+    _DPOptimizerBase = DPOptimizer
+else:
+    _DPOptimizerBase = object
+
+
+class _AllReduceMixin(_DPOptimizerBase):
+    """Overrides the noisy sum of a DP optimizer: local clipped sum (+ noise on rank 0), all-reduced."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _require_process_group(type(self).__name__)
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        #: examples clipped on all ranks together in the last step
+        self.global_batch_size: int | None = None
+        self._failure_shared = False
+
+    def _status(self, device: torch.device, failed: bool, examples: int) -> Tensor:
+        status = torch.zeros(self.world_size + 1, dtype=torch.float64, device=device)
+        status[self.rank] = float(failed)
+        status[-1] = float(examples)
+        return status
+
+    def _all_reduce(self, tensors: list[Tensor], status: Tensor) -> tuple[list[Tensor], Tensor]:
+        """Sum ``tensors`` and ``status`` over the ranks, one flat ``all_reduce`` per dtype and device."""
+        groups: dict[tuple[torch.dtype, torch.device], list[int]] = {}
+        for i, t in enumerate(tensors):
+            groups.setdefault((t.dtype, t.device), []).append(i)
+        reduced: list[Tensor | None] = [None] * len(tensors)
+        try:
+            for members in groups.values():
+                flat = _flatten_dense_tensors([tensors[i] for i in members])
+                dist.all_reduce(flat)
+                for i, t in zip(members, _unflatten_dense_tensors(flat, [tensors[i] for i in members]), strict=True):
+                    reduced[i] = t
+            dist.all_reduce(status)
+        except RuntimeError as error:
+            self._failure_shared = True
+            raise RanksFailedError(
+                f"rank {self.rank}: the all-reduce of the clipped sums failed, so another rank stopped "
+                f"(raised, was killed, or timed out). Its own log has the cause. ({error})"
+            ) from error
+        failed = [r for r in range(self.world_size) if status[r] > 0]
+        if failed:
+            self._failure_shared = True
+            raise RanksFailedError(
+                f"rank(s) {failed} raised during this DP step (see their traceback); rank {self.rank} stops "
+                "too, so that no rank waits forever in a collective."
+            )
+        return cast(list[Tensor], reduced), status  # every index is in one group: all were set
+
+    def _noisy_sum(
+        self, summed: list[Tensor], params: list[nn.Parameter], std: float
+    ) -> tuple[list[Tensor], float, float]:
+        noises = draw_noise(params, std if self.rank == 0 else 0.0, self.generator, self.secure_mode)
+        signal_norm, noise_norm = total_norm(summed), total_norm(noises)  # this rank's: local sum, its noise
+        torch._foreach_add_(noises, [s.detach() for s in summed])
+        examples = sum(int(n.shape[0]) for n in self._norms)
+        device = params[0].device if params else torch.device("cpu")
+        reduced, status = self._all_reduce(noises, self._status(device, False, examples))
+        self.global_batch_size = int(status[-1])
+        return reduced, signal_norm, noise_norm
+
+    def _join_failed_step(self) -> None:
+        """Take part in this step's all-reduce with this rank marked failed (then the caller re-raises)."""
+        if self._failure_shared:
+            return
+        self._failure_shared = True
+        params = self.params
+        device = params[0].device if params else torch.device("cpu")
+        try:
+            self._all_reduce([torch.zeros_like(p) for p in params], self._status(device, True, 0))
+        except RanksFailedError:
+            pass
+
+    def _finish_batch(self) -> None:
+        """As the DP optimizer's, with the all-reduce; a rank that raises here still joins it."""
+        with self.fail_together():
+            super()._finish_batch()
+
+    @contextmanager
+    def fail_together(self) -> Iterator[None]:
+        """Run a training loop so that an error on this rank stops the other ranks with :class:`RanksFailedError`.
+
+        The failing rank joins the pending step's all-reduce, marked failed, then re-raises.
+        """
+        try:
+            yield
+        except RanksFailedError:
+            raise
+        except BaseException:
+            self._join_failed_step()
+            raise
+
+
+class DistributedDPOptimizer(_AllReduceMixin, DPOptimizer):
+    """A :class:`~dpnotebook.privacy.DPOptimizer` whose clipped sums are all-reduced, with noise added once (rank 0).
+
+    Same arguments; ``expected_batch_size`` is the global ``q * N``. ``last_step_stats`` describes
+    this rank's samples (the noise only on rank 0); ``global_batch_size`` counts all ranks'.
+    """
+
+
+class DistributedGhostDPOptimizer(_AllReduceMixin, GhostDPOptimizer):
+    """:class:`DistributedDPOptimizer` for ghost mode (fast clipping): same arguments, same all-reduce."""
+
+
+def distributed_optimizer_class(base: type[DPOptimizer]) -> type[DPOptimizer]:
+    """The distributed version of a DP optimizer class (``DPOptimizer`` or ``GhostDPOptimizer``).
+
+    >>> distributed_optimizer_class(DPOptimizer) is DistributedDPOptimizer
+    True
+    """
+    versions = {DPOptimizer: DistributedDPOptimizer, GhostDPOptimizer: DistributedGhostDPOptimizer}
+    if base not in versions:
+        raise TypeError(f"base={base!r} has no distributed version; pass DPOptimizer or GhostDPOptimizer.")
+    return versions[base]
+
+
+def rank_and_world(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
+    """``(rank, world_size)``: the ones given, else the default process group's.
+
+    Raises:
+        RuntimeError: neither given and ``torch.distributed`` is not initialised.
+        ValueError: a rank outside ``0 .. world_size - 1``.
+
+    >>> rank_and_world(1, 4)
+    (1, 4)
+    """
+    if rank is None or world_size is None:
+        if not (dist.is_available() and dist.is_initialized()):
+            raise RuntimeError(
+                "distributed sampling needs torch.distributed initialised (rank and world size). Fix: call "
+                "torch.distributed.init_process_group(...) first (torchrun sets the environment for it), "
+                "or pass rank= and world_size=."
+            )
+        rank = dist.get_rank() if rank is None else rank
+        world_size = dist.get_world_size() if world_size is None else world_size
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size={world_size!r} is invalid: pass the number of processes, an int >= 1.")
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
+        raise ValueError(f"rank={rank!r} is invalid: pass an int in 0 .. {world_size - 1} (world_size={world_size}).")
+    return rank, world_size
+
+
+class DistributedPoissonBatchSampler(PoissonBatchSampler):
+    """This rank's share of ``steps`` global Poisson batches (see the module docstring).
+
+    Args:
+        num_samples: ``N``, the size of the whole dataset (all ranks).
+        sample_rate: the global ``q``.
+        steps: batches per epoch, the same on every rank (default ``round(1 / q)``).
+        generator: seed it alike on every rank to reproduce the single-process batches.
+        secure_mode: draw from the OS CSPRNG (no ``generator`` then).
+        rank, world_size: default: the default process group's.
+
+    Attributes:
+        shard: the dataset indices this rank may sample (``rank, rank + world_size, ...``).
+    """
+
+    def __init__(
+        self,
+        num_samples: int,
+        *,
+        sample_rate: float,
+        steps: int | None = None,
+        generator: torch.Generator | None = None,
+        secure_mode: bool = False,
+        rank: int | None = None,
+        world_size: int | None = None,
+    ) -> None:
+        super().__init__(
+            num_samples, sample_rate=sample_rate, steps=steps, generator=generator, secure_mode=secure_mode
+        )
+        self.rank, self.world_size = rank_and_world(rank, world_size)
+        self.shard = torch.arange(self.rank, self.num_samples, self.world_size)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        self.drawn.clear()
+        for _ in range(self.steps):
+            if self.secure_mode:
+                kept = self.shard[secure_uniform(len(self.shard)) < self.sample_rate]
+            else:  # all N draws, as one process makes them (float64: see PoissonBatchSampler)
+                uniform = torch.rand(self.num_samples, generator=self.generator, dtype=torch.float64)
+                kept = self.shard[uniform[self.shard] < self.sample_rate]
+            indices = kept.tolist()
+            self.drawn.append(len(indices))
+            yield indices
+
+
+class DistributedDPDataLoader(DPDataLoader):
+    """A :class:`~dpnotebook.privacy.DPDataLoader` that yields this rank's share of each global Poisson batch.
+
+    Same arguments (``dataset`` is the whole dataset, on every rank). ``sample_rate`` and
+    ``expected_batch_size`` (``q * N``) are the global ones, which the accountant and the optimizer
+    need; ``len`` is the number of global steps per epoch, the same on every rank.
+
+    Attributes:
+        rank, world_size: this process and the number of processes.
+        local_expected_batch_size: ``q * (size of this rank's shard)``.
+    """
+
+    batch_sampler_class = DistributedPoissonBatchSampler
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # DPDataLoader's
+        super().__init__(*args, **kwargs)
+        sampler = cast(DistributedPoissonBatchSampler, self.batch_sampler)  # built from batch_sampler_class
+        self.rank, self.world_size = sampler.rank, sampler.world_size
+        self.local_expected_batch_size = self.sample_rate * len(sampler.shard)
+
+
+DPDataLoader.distributed_class = DistributedDPDataLoader  # what DPDataLoader.from_data_loader(distributed=True) builds

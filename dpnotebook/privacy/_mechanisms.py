@@ -1,0 +1,486 @@
+"""The maths of a DP-SGD step (clip each sample's gradient, add Gaussian noise) and the textbook mechanisms.
+
+Clipping bounds what one sample can change in the clipped sum, its *sensitivity* ``C``
+(:func:`clip_and_sum`); the noise added to the sum has std ``sigma * C`` (:func:`gaussian_noise`).
+The textbook mechanisms compute a guarantee by hand (tutorial 03b): ``M`` is
+``(epsilon, delta)``-DP when ``P[M(D) in S] <= e^epsilon P[M(D') in S] + delta`` for all
+neighbours ``D, D'`` and sets ``S`` (Dwork & Roth 2014, Definition 2.4).
+
+>>> import torch
+>>> result = clip_and_sum([torch.tensor([[3.0, 4.0], [0.3, 0.4]])], max_grad_norm=1.0)   # B=2
+>>> result.norms, result.summed[0], result.fraction_clipped        # [0.6, 0.8] + [0.3, 0.4]
+(tensor([5.0000, 0.5000]), tensor([0.9000, 1.2000]), 0.5)
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from torch import Tensor
+
+from dpnotebook.errors import PrivacyWarning
+from dpnotebook.grad_sample._contracts import flat_rows
+from dpnotebook.grad_sample._engine.precision import full_precision
+from dpnotebook.privacy.arguments import (
+    check_choice,
+    check_max_grad_norm,
+    check_noise_multiplier,
+    check_positive_number,
+    check_sample_rate,
+)
+
+CLIPPING_MODES = ("flat", "per_layer")
+
+#: Added to the norm before dividing, so that a zero gradient gives factor 1, not nan.
+EPS = 1e-6
+
+GradSamples = Sequence[Tensor] | Mapping[str, Tensor]
+Bounds = float | list[float]
+FloatArray = npt.NDArray[np.float64]
+
+
+def check_layer_bounds(value: Any, clipping: str) -> Bounds:
+    """``max_grad_norm`` checked: a number > 0, or (``clipping="per_layer"`` only) a list of them.
+
+    >>> check_layer_bounds([1.0, 2.0], "flat")
+    Traceback (most recent call last):
+    ...
+    ValueError: max_grad_norm=[1.0, 2.0] is a list of per-layer bounds but clipping='flat'. Fix: pass clipping='per_layer' with the list, or one number for flat clipping.
+    """
+    if isinstance(value, (list, tuple)):
+        if clipping != "per_layer":
+            raise ValueError(
+                f"max_grad_norm={list(value)!r} is a list of per-layer bounds but clipping={clipping!r}. "
+                "Fix: pass clipping='per_layer' with the list, or one number for flat clipping."
+            )
+        if not value:
+            raise ValueError("max_grad_norm=[] is empty: pass one bound per trainable parameter tensor.")
+        return [check_max_grad_norm(c) for c in value]
+    return check_max_grad_norm(value)
+
+
+def total_bound(bounds: Bounds | tuple[float, ...]) -> float:
+    """The sensitivity: ``C`` itself, or ``sqrt(sum c_l^2)`` for a list.
+
+    >>> total_bound([3.0, 4.0])
+    5.0
+    """
+    if isinstance(bounds, (list, tuple)):
+        return math.sqrt(sum(c * c for c in bounds))
+    return float(bounds)
+
+
+def layer_thresholds(max_grad_norm: float, num_layers: int) -> float:
+    """The per-layer bound ``C / sqrt(L)``: ``L`` layers clipped to it have total norm <= ``C``.
+
+    >>> layer_thresholds(1.0, 4)
+    0.5
+    """
+    return check_max_grad_norm(max_grad_norm) / math.sqrt(num_layers)
+
+
+def layer_bound_list(bounds: Bounds | tuple[float, ...], num_layers: int) -> list[float]:
+    """One bound per parameter tensor: the list itself (of length ``num_layers``), or ``C / sqrt(L)`` each."""
+    if isinstance(bounds, (list, tuple)):
+        if len(bounds) != num_layers:
+            raise ValueError(
+                f"max_grad_norm has {len(bounds)} per-layer bounds but there are {num_layers} trainable "
+                f"parameter tensors. Fix: pass one bound per tensor, in the order of model.parameters() "
+                "(trainable ones only)."
+            )
+        return [float(c) for c in bounds]
+    return [layer_thresholds(bounds, num_layers)] * num_layers
+
+
+def _as_list(grad_samples: GradSamples) -> list[Tensor]:
+    values = list(grad_samples.values()) if isinstance(grad_samples, Mapping) else list(grad_samples)
+    values = [full_precision(g) for g in values]  # a bf16/fp16 norm can come out too small: clip in float32
+    if not values:
+        raise ValueError("grad_samples is empty: pass one [B, *shape] tensor per parameter.")
+    rows = {g.shape[0] for g in values}
+    if len(rows) > 1:
+        raise ValueError(
+            f"grad_samples disagree on the number of samples B (dim 0): {sorted(rows)}. Every "
+            "parameter's per-sample gradient must come from the same batch."
+        )
+    return values
+
+
+def per_layer_norms(grad_samples: GradSamples) -> Tensor:
+    """The norm of each sample's gradient for each parameter tensor: shape ``[L, B]``.
+
+    >>> per_layer_norms([torch.ones(2, 4), torch.ones(2, 3, 3)])
+    tensor([[2., 2.],
+            [3., 3.]])
+    """
+    return torch.stack([flat_rows(g).norm(dim=1) for g in _as_list(grad_samples)])
+
+
+def per_sample_norms(grad_samples: GradSamples) -> Tensor:
+    """The norm of each sample's whole gradient (all parameters flattened together): shape ``[B]``.
+
+    >>> per_sample_norms([torch.ones(2, 4), torch.ones(2, 3, 3)])   # sqrt(4 + 9)
+    tensor([3.6056, 3.6056])
+    """
+    return per_layer_norms(grad_samples).norm(dim=0)
+
+
+def clip_factors(norms: Tensor, max_grad_norm: float) -> Tensor:
+    """``min(1, max_grad_norm / (norm + 1e-6))`` for each norm: multiply a gradient by it to clip it.
+
+    A NaN or infinite norm gets factor 0 (its sample adds nothing) and a
+    :class:`~dpnotebook.errors.PrivacyWarning` that says how many there were.
+
+    >>> clip_factors(torch.tensor([0.0, 0.5, 4.0]), 2.0)
+    tensor([1.0000, 1.0000, 0.5000])
+    """
+    max_grad_norm = check_max_grad_norm(max_grad_norm)
+    factors = (max_grad_norm / (norms + EPS)).clamp(max=1.0)
+    finite = nonfinite_mask(norms)
+    if finite is not None:
+        bad = ~finite if finite.dim() < 2 else (~finite).any(0)  # per-layer norms are [L, B]
+        warnings.warn(
+            f"{int(bad.sum())} sample(s) of {bad.numel()} have a NaN or infinite gradient norm; they get "
+            "clip factor 0 and add nothing to this step. Check the loss and the inputs "
+            "of those samples (an overflow, a log of 0).",
+            PrivacyWarning,
+            stacklevel=2,
+        )
+        factors = torch.where(finite, factors, torch.zeros_like(factors))
+    return factors
+
+
+def nonfinite_mask(norms: Tensor) -> Tensor | None:
+    """``None`` if every norm is finite, else ``isfinite(norms)``.
+
+    Norms are never negative, so they are all finite exactly when their sum is (or the sum
+    overflowed, and the elementwise check says so): one reduction and one synchronisation in the
+    usual case, instead of the four kernels of ``isfinite`` and an ``all``.
+
+    >>> nonfinite_mask(torch.tensor([1.0, 2.0])) is None, nonfinite_mask(torch.tensor([1.0, float("nan")]))
+    (True, tensor([ True, False]))
+    """
+    if math.isfinite(float(norms.sum())):
+        return None
+    finite = torch.isfinite(norms)
+    return None if bool(finite.all()) else finite
+
+
+@dataclass
+class ClipResult:
+    """What :func:`clip_and_sum` computed, for the optimizer and for plots.
+
+    Attributes:
+        summed: the clipped per-sample gradients summed over the batch, one tensor of shape
+            ``p.shape`` per parameter (in the order given).
+        sensitivity: the largest change one sample can make to ``summed`` (the total bound ``C``).
+        norms: each sample's total gradient norm before clipping, shape ``[B]``.
+        layer_norms: each sample's norm per parameter tensor before clipping, shape ``[L, B]``.
+        factors: the clip factors: ``[B]`` for ``"flat"``, ``[L, B]`` for ``"per_layer"``.
+        fraction_clipped: the fraction of samples scaled down (in any layer); 0.0 for an empty batch.
+        clipping: ``"flat"`` or ``"per_layer"``.
+    """
+
+    summed: list[Tensor]
+    sensitivity: float
+    norms: Tensor
+    layer_norms: Tensor
+    factors: Tensor
+    fraction_clipped: float
+    clipping: str
+
+    @property
+    def batch_size(self) -> int:
+        """The number of samples B that were clipped."""
+        return int(self.norms.shape[0])
+
+
+def clip_and_sum(
+    grad_samples: GradSamples, *, max_grad_norm: float | Sequence[float], clipping: str = "flat"
+) -> ClipResult:
+    """Clip every sample's gradient to norm ``max_grad_norm`` and sum over the batch.
+
+    Adding or removing one sample then changes the sum by at most ``C``, the sensitivity the noise
+    is calibrated to. ``"flat"`` takes one norm over all parameters, ``||g_i|| = sqrt(sum_p
+    ||g_i[p]||^2)``, and one factor ``min(1, C / (||g_i|| + 1e-6))`` per sample; ``"per_layer"``
+    clips each parameter tensor on its own to ``c_l``: ``C / sqrt(L)`` for a number ``C``, or
+    Opacus' list ``[c_1, ..., c_L]`` whose total ``sqrt(sum c_l^2)`` is the sensitivity. Either
+    way ``||clipped g_i||^2 <= sum c_l^2``.
+
+    Args:
+        grad_samples: one tensor ``[B, *p.shape]`` per parameter (a list, or a dict whose values
+            are used in order), e.g. ``[p.grad_sample for p in model.parameters()]``.
+        max_grad_norm: the bound C (> 0; ``math.inf`` disables clipping); with ``"per_layer"``
+            also a list of one bound per parameter tensor, whose total is the sensitivity.
+        clipping: ``"flat"`` or ``"per_layer"``.
+
+    >>> g = [torch.tensor([[3.0, 0.0]]), torch.tensor([[0.0, 4.0]])]   # 2 parameters, B=1
+    >>> clip_and_sum(g, max_grad_norm=1.0, clipping="per_layer").summed   # each to 1/sqrt(2)
+    [tensor([0.7071, 0.0000]), tensor([0.0000, 0.7071])]
+    """
+    check_choice("clipping", clipping, CLIPPING_MODES)
+    bounds = check_layer_bounds(max_grad_norm, clipping)
+    max_grad_norm = total_bound(bounds)
+    grads = _as_list(grad_samples)
+    layer_norms = per_layer_norms(grads)
+    norms = layer_norms.norm(dim=0)
+    finite = nonfinite_mask(norms)
+    if finite is not None:  # a sample with a non-finite norm adds nothing: zero its rows (0 * NaN is NaN)
+        grads = [torch.where(finite.reshape(-1, *([1] * (g.dim() - 1))), g, g.new_zeros(())) for g in grads]
+    if clipping == "flat":
+        factors = clip_factors(norms, max_grad_norm)
+        clipped = factors < 1
+        summed = [torch.tensordot(factors.to(g.dtype), g, dims=1) for g in grads]
+    else:
+        safe = layer_norms if finite is None else torch.where(finite, layer_norms, norms)
+        factors = torch.stack(
+            [clip_factors(n, c) for n, c in zip(safe, layer_bound_list(bounds, len(grads)), strict=True)]
+        )
+        clipped = (factors < 1).any(dim=0)
+        summed = [torch.tensordot(f.to(g.dtype), g, dims=1) for f, g in zip(factors, grads, strict=True)]
+    fraction = int(clipped.sum()) / clipped.numel() if clipped.numel() else 0.0
+    return ClipResult(summed, max_grad_norm, norms, layer_norms, factors, fraction, clipping)
+
+
+#: Secure noise is the sum of this many normals, divided by sqrt(this) to keep the std.
+SECURE_NOISE_TERMS = 4
+
+_WARNED_INSECURE = [False]
+
+
+def warn_insecure_noise_once() -> bool:
+    """Warn, once per process, that the noise comes from PyTorch's (predictable) generator; ``True`` if it warned.
+
+    DP optimizers call it when they first draw noise and the user chose neither
+    ``secure_mode=True`` nor ``secure_mode=False`` nor a seeded generator.
+    """
+    if _WARNED_INSECURE[0]:
+        return False
+    _WARNED_INSECURE[0] = True
+    warnings.warn(
+        "The DP noise comes from PyTorch's generator, which is not cryptographically secure: whoever "
+        "learns its state can predict and subtract the noise. For a real release use "
+        "secure_mode=True (PrivacyEngine or DPOptimizer); to reproduce a seeded run, say so with "
+        "secure_mode=False or pass a seeded noise generator, and this warning goes away.",
+        PrivacyWarning,
+        stacklevel=3,
+    )
+    return True
+
+
+def secure_uniform(n: int) -> Tensor:
+    """``n`` float64 numbers uniform on (0, 1], each from 53 random bits of :func:`os.urandom`.
+
+    >>> u = secure_uniform(5)
+    >>> bool(((u > 0) & (u <= 1)).all()), u.dtype
+    (True, torch.float64)
+    """
+    if n == 0:
+        return torch.empty(0, dtype=torch.float64)
+    words = torch.frombuffer(bytearray(os.urandom(8 * n)), dtype=torch.int64)
+    mantissa = (words >> 11) & ((1 << 53) - 1)  # the top 53 bits, as a non-negative int
+    return (mantissa.to(torch.float64) + 1.0) / float(1 << 53)
+
+
+def secure_normal(n: int) -> Tensor:
+    """``n`` float64 standard normals from :func:`secure_uniform` by the Box-Muller transform."""
+    pairs = (n + 1) // 2
+    u1, u2 = secure_uniform(pairs), secure_uniform(pairs)
+    radius = torch.sqrt(-2.0 * torch.log(u1))
+    angle = 2.0 * math.pi * u2
+    return torch.cat([radius * torch.cos(angle), radius * torch.sin(angle)])[:n]
+
+
+def gaussian_noise(
+    shape: Sequence[int] | torch.Size,
+    *,
+    std: float,
+    generator: torch.Generator | None = None,
+    secure: bool = False,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+) -> Tensor:
+    """A tensor of independent ``N(0, std^2)`` numbers.
+
+    By default from PyTorch's generator: seed it to reproduce a run, but it is *not*
+    cryptographic (whoever learns its state can subtract the noise). With ``secure=True`` every
+    uniform comes from :func:`os.urandom` and becomes a normal by Box-Muller in float64;
+    floating-point normals have gaps that can leak the unnoised value (Mironov, CCS 2012), so,
+    following Holohan & Braghin (2021) and Opacus, secure noise is the sum of 4 normals divided
+    by 2, which fills them (about 32 random bytes per number: slower; use it for real releases).
+
+    Args:
+        shape: the shape of the result, e.g. ``p.shape``.
+        std: the standard deviation (>= 0); for DP-SGD ``noise_multiplier * max_grad_norm``.
+        generator: a ``torch.Generator`` (seed it for reproducible runs); ``None`` when ``secure``.
+        secure: draw from the OS CSPRNG.
+        dtype: the result's floating dtype.
+        device: the result's device (a generator must live on that device).
+
+    Raises:
+        ValueError: ``std`` < 0, or a ``generator`` together with ``secure=True``.
+
+    >>> gaussian_noise((3,), std=1.0, generator=torch.Generator().manual_seed(0))
+    tensor([ 1.5410, -0.2934, -2.1788])
+    >>> gaussian_noise((1000,), std=2.0, secure=True).std().round()
+    tensor(2.)
+    """
+    if not (std >= 0) or math.isinf(std):
+        raise ValueError(f"std={std!r} is invalid: the noise std must be a finite number >= 0.")
+    if secure and generator is not None:
+        raise ValueError(
+            f"generator={generator!r} with secure=True: a seeded generator is predictable, hence "
+            "not secure. Fix: pass generator=None for secure noise, or secure=False to reproduce a run."
+        )
+    shape = torch.Size(shape)
+    if std == 0:
+        return torch.zeros(shape, dtype=dtype, device=device)
+    if not secure:
+        return torch.normal(0.0, std, size=shape, generator=generator, dtype=dtype, device=device)
+    total = torch.zeros(shape.numel(), dtype=torch.float64)
+    for _ in range(SECURE_NOISE_TERMS):
+        total += secure_normal(shape.numel())
+    noise = total * (std / math.sqrt(SECURE_NOISE_TERMS))
+    return noise.reshape(shape).to(dtype=dtype, device=device)
+
+
+def draw_noise(
+    params: Sequence[Tensor], std: float, generator: torch.Generator | None = None, secure: bool = False
+) -> list[Tensor]:
+    """``N(0, std^2)`` noise shaped like each of ``params``: what a DP optimizer adds in one step.
+
+    Drawn in order from ``generator``, on each parameter's device and in its dtype: a seeded run
+    repeats exactly, on any number of threads.
+
+    >>> [tuple(n.shape) for n in draw_noise([torch.zeros(2, 3), torch.zeros(4)], 1.0, torch.Generator())]
+    [(2, 3), (4,)]
+    """
+    return [
+        gaussian_noise(p.shape, std=std, generator=generator, secure=secure, dtype=p.dtype, device=p.device)
+        for p in params
+    ]
+
+
+def _generator(rng: object) -> np.random.Generator:
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(
+            f"rng={rng!r} is not a numpy Generator. Fix: pass rng=np.random.default_rng(seed), so that "
+            "every draw of the mechanism is seeded and reproducible."
+        )
+    return rng
+
+
+def randomized_response(bits: object, *, p_truth: float, rng: np.random.Generator) -> npt.NDArray[np.int_]:
+    """Each bit (0 or 1) reported truthfully with probability ``p_truth``, otherwise replaced by a fair coin.
+
+    ``p_truth=0.5`` is the coin-flip protocol of Warner (1965) (Dwork & Roth, Section 3.2).
+
+    >>> answers = randomized_response(np.ones(100_000, dtype=int), p_truth=0.5, rng=np.random.default_rng(0))
+    >>> round(float(answers.mean()), 2)                  # truth 1/2 + a coin that says 1 half the time
+    0.75
+    >>> randomized_response([2], p_truth=0.5, rng=np.random.default_rng(0))
+    Traceback (most recent call last):
+    ...
+    ValueError: bits=[2] holds values other than 0 and 1. Fix: pass each person's true answer as 0 or 1.
+    """
+    rng = _generator(rng)
+    truth = np.asarray(bits)
+    if truth.size and not np.isin(truth, (0, 1)).all():
+        raise ValueError(
+            f"bits={bits!r} holds values other than 0 and 1. Fix: pass each person's true answer as 0 or 1."
+        )
+    if isinstance(p_truth, bool) or not isinstance(p_truth, (int, float)) or not 0 <= p_truth <= 1:
+        raise ValueError(f"p_truth={p_truth!r} is invalid: it is a probability, in [0, 1]. Fix: pass e.g. p_truth=0.5.")
+    truthful = rng.random(truth.shape) < p_truth
+    coins = rng.integers(0, 2, size=truth.shape)
+    return np.where(truthful, truth, coins).astype(int)
+
+
+def laplace_mechanism(
+    value: float | FloatArray, *, sensitivity: float, epsilon: float, rng: np.random.Generator
+) -> FloatArray:
+    """``value`` plus Laplace noise of scale ``sensitivity / epsilon``: ``(epsilon, 0)``-DP (Dwork & Roth, Thm 3.6).
+
+    ``sensitivity`` is the query's L1 sensitivity (1 for a count); one noisy copy per entry of ``value``.
+
+    >>> noisy = laplace_mechanism(np.full(200_000, 10.0), sensitivity=1.0, epsilon=0.5, rng=np.random.default_rng(0))
+    >>> round(float(np.mean(np.abs(noisy - 10.0))), 1)    # E|Laplace(b)| = b = 1 / 0.5
+    2.0
+    """
+    rng = _generator(rng)
+    scale = check_positive_number("sensitivity", sensitivity) / check_positive_number("epsilon", epsilon)
+    centre = np.asarray(value, dtype=float)
+    return centre + rng.laplace(0.0, scale, size=centre.shape)
+
+
+def gaussian_mechanism(value: float | FloatArray, *, noise_std: float, rng: np.random.Generator) -> FloatArray:
+    """``value`` plus Gaussian noise of std ``noise_std``.
+
+    For a query of L2 sensitivity ``Delta`` it is ``(epsilon, delta)``-DP exactly when
+    ``delta >= gaussian_delta(epsilon, mu=Delta / noise_std)`` (Balle & Wang 2018,
+    in ``dpnotebook.audit``); a DP-SGD step without subsampling is this mechanism
+    with ``Delta = C`` and ``noise_std = sigma C``.
+
+    >>> round(float(np.std(gaussian_mechanism(np.zeros(100_000), noise_std=2.0, rng=np.random.default_rng(0)))), 2)
+    2.0
+    """
+    rng = _generator(rng)
+    std = check_positive_number("noise_std", noise_std)
+    centre = np.asarray(value, dtype=float)
+    return centre + rng.normal(0.0, std, size=centre.shape)
+
+
+def amplified_by_subsampling(epsilon: float, delta: float, *, sample_rate: float) -> tuple[float, float]:
+    """The guarantee of an ``(epsilon, delta)``-DP mechanism run on a Poisson sample of rate ``q``.
+
+    With add/remove neighbours it is ``(ln(1 + q (e^epsilon - 1)), q delta)``-DP (Balle, Barthe &
+    Gaboardi 2018; Li, Qardaji & Su 2012), for any mechanism. Applied to the Gaussian mechanism's
+    exact epsilon it is tight for one step (the PLD accountant agrees to about 1e-6); over many
+    steps the accountants, composing the whole privacy loss distribution, do far better.
+
+    >>> eps, delta = amplified_by_subsampling(1.0, 1e-6, sample_rate=0.01)
+    >>> round(eps, 4), delta                              # ln(1 + 0.01 (e - 1))
+    (0.017, 1e-08)
+    >>> amplified_by_subsampling(-1.0, 0.0, sample_rate=0.5)
+    Traceback (most recent call last):
+    ...
+    ValueError: epsilon=-1.0 is invalid: it must be a finite number >= 0. Fix: pass the mechanism's own epsilon.
+    """
+    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not (0 <= epsilon < math.inf):
+        raise ValueError(
+            f"epsilon={epsilon!r} is invalid: it must be a finite number >= 0. Fix: pass the mechanism's own epsilon."
+        )
+    if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0 <= delta <= 1:
+        raise ValueError(f"delta={delta!r} is invalid: it must be in [0, 1]. Fix: pass the mechanism's own delta.")
+    q = check_sample_rate(sample_rate)
+    return float(math.log1p(q * math.expm1(epsilon))), float(q * delta)
+
+
+def gaussian_rdp(alpha: float | FloatArray, *, noise_multiplier: float) -> float | FloatArray:
+    """Rényi DP of the Gaussian mechanism at order(s) ``alpha > 1``: ``alpha / (2 sigma^2)`` (Mironov 2017).
+
+    ``sigma`` is the noise std in units of the L2 sensitivity; ``k`` compositions add up to
+    ``k alpha / (2 sigma^2)``.
+
+    >>> gaussian_rdp(2.0, noise_multiplier=1.0), gaussian_rdp(np.array([2.0, 11.0]), noise_multiplier=2.0).tolist()
+    (1.0, [0.25, 1.375])
+    """
+    sigma = check_noise_multiplier(noise_multiplier)
+    if sigma == 0:
+        raise ValueError(
+            "noise_multiplier=0 is invalid here: without noise the Gaussian mechanism has no finite RDP. "
+            "Fix: pass the noise multiplier sigma > 0."
+        )
+    orders = np.asarray(alpha, dtype=float)
+    if orders.size == 0 or np.isnan(orders).any() or orders.min() <= 1:
+        raise ValueError(f"alpha={alpha!r} is invalid: Rényi orders must be > 1. Fix: pass e.g. alpha=2.0.")
+    rdp = orders / (2 * sigma**2)
+    return float(rdp) if orders.ndim == 0 else rdp

@@ -1,0 +1,394 @@
+"""What a DP-SGD step must satisfy: its invariants, each enforced here in one function, and what it did.
+
+A step is private only if the update it applies is the clipped, noised sum of one logical batch,
+computed once, with the constants the noise is calibrated to. :class:`~dpnotebook.privacy.DPOptimizer`
+calls these checks where that could break (``docs/guarantees.md``, "Invariants of the DP step"):
+
+* :func:`check_no_raw_gradients`: a step moves exactly what it clipped and noised;
+* :func:`claim_parameters`: one DP optimizer per model;
+* :class:`StepConstants`: a logical step's constants (sigma, ``C``, the expected batch size, the
+  clipping, ``K``) are fixed from its first piece to its noise; :class:`PrivacyKnobs` checks
+  sigma and ``C`` whenever they are set;
+* :func:`check_not_consumed`: each per-sample gradient is clipped once (Opacus' ``_mark_as_processed``).
+
+:class:`StepStats` records what the last step did (``optimizer.last_step_stats``). Its per-sample
+norms are computed without noise, so they are not private: show them to a student, never publish them.
+
+>>> import torch
+>>> t = torch.zeros(2)
+>>> _mark_as_processed(t)
+>>> _check_processed_flag([t])
+Traceback (most recent call last):
+...
+ValueError: Gradients haven't been cleared since the last optimizer step...
+>>> knobs = PrivacyKnobs()
+>>> knobs.max_grad_norm = [1.0, 2.0]                 # per-layer bounds: their total is C
+>>> round(knobs.max_grad_norm, 4), knobs.max_grad_norms
+(2.2361, [1.0, 2.0])
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import math
+import weakref
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from dpnotebook.privacy._mechanisms import total_bound
+from dpnotebook.privacy.arguments import check_max_grad_norm, check_noise_multiplier
+
+_NOISED = "_dpn_noised_version"  # on a p.grad a DP step wrote: its version counter then
+
+MISSING_ZERO_GRAD = (
+    "Gradients haven't been cleared since the last optimizer step: {what}. A second step on them "
+    "would clip the same samples again (or step on a gradient that is not clipped), so the step is "
+    "refused, as in Opacus. Fix: call optimizer.zero_grad() (or model.zero_grad()) after every "
+    "optimizer.step(), before the next forward/backward pass."
+)
+
+
+class PrivacyKnobs:
+    """``noise_multiplier`` (sigma) and ``max_grad_norm`` (C, or per-layer bounds), validated whenever set."""
+
+    max_grad_norms: list[float] | None
+
+    @property
+    def noise_multiplier(self) -> float:
+        return self._noise_multiplier
+
+    @noise_multiplier.setter
+    def noise_multiplier(self, value: float) -> None:
+        self._noise_multiplier = check_noise_multiplier(value)
+
+    @property
+    def max_grad_norm(self) -> float:
+        return self._max_grad_norm
+
+    @max_grad_norm.setter
+    def max_grad_norm(self, value: float | list[float]) -> None:
+        """A number C, or (per-layer clipping) Opacus' list of bounds: then ``max_grad_norm`` is their total."""
+        if isinstance(value, (list, tuple)):
+            self.max_grad_norms = [check_max_grad_norm(c) for c in value]
+            self._max_grad_norm = total_bound(self.max_grad_norms)
+        else:
+            self.max_grad_norms = None
+            self._max_grad_norm = check_max_grad_norm(value)
+
+
+@dataclass(frozen=True)
+class StepConstants:
+    """The constants a logical batch's clipping and noise must share, read from a DP optimizer.
+
+    >>> from dpnotebook.privacy import DPOptimizer
+    >>> opt = DPOptimizer(torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1),
+    ...                   noise_multiplier=1.0, max_grad_norm=1.0, expected_batch_size=4, secure_mode=False)
+    >>> first = StepConstants.of(opt)
+    >>> opt.max_grad_norm = 0.5                           # a scheduler inside the logical batch
+    >>> first.check(opt)
+    Traceback (most recent call last):
+    ...
+    RuntimeError: max_grad_norm changed while a logical batch is accumulated: 1.0 when its first piece was clipped, 0.5 now...
+    """
+
+    noise_multiplier: float
+    max_grad_norm: float
+    max_grad_norms: tuple[float, ...] | None
+    expected_batch_size: float
+    clipping: str
+    K: int | None
+
+    @classmethod
+    def of(cls, optimizer: Any) -> StepConstants:
+        """The optimizer's constants now (``K``: its model's, if ``make_private`` told it the model)."""
+        norms = optimizer.max_grad_norms
+        module = optimizer._dp_model
+        return cls(
+            optimizer.noise_multiplier,
+            optimizer.max_grad_norm,
+            tuple(norms) if norms is not None else None,
+            optimizer.expected_batch_size,
+            optimizer.clipping,
+            getattr(module, "K", None) if module is not None else None,
+        )
+
+    def check(self, optimizer: Any) -> None:
+        """Raise if any constant of ``optimizer`` differs from these (read at the logical batch's first piece)."""
+        now = StepConstants.of(optimizer)
+        for name in self.__dataclass_fields__:
+            before, after = getattr(self, name), getattr(now, name)
+            if before != after:
+                raise RuntimeError(
+                    f"{name} changed while a logical batch is accumulated: {before} when its first piece was "
+                    f"clipped, {after} now. Pieces clipped with one value and noise calibrated to another "
+                    "break the privacy bound (e.g. pieces clipped at C, noise for C/2: one sample moves the "
+                    "step by 2x the bound). Fix: change it (or step a noise or clipping scheduler) only "
+                    "between logical batches: after the optimizer.step() that adds the noise, e.g. once per "
+                    "epoch. Under BatchMemoryManager, step the scheduler after the loop over the physical "
+                    "batches, not inside it."
+                )
+
+
+def _mark_as_processed(obj: Tensor | list[Tensor]) -> None:
+    """Mark a tensor (or each tensor of a list) as clipped by a DP step (Opacus' helper, same name)."""
+    for x in obj if isinstance(obj, list) else [obj]:
+        setattr(x, "_processed", True)  # an attribute torch's Tensor does not declare
+
+
+def _check_processed_flag(obj: Tensor | list[Tensor]) -> None:
+    """Raise ``ValueError`` if the tensor (or a tensor of the list) was marked by :func:`_mark_as_processed`."""
+    for x in obj if isinstance(obj, list) else [obj]:
+        if hasattr(x, "_processed"):
+            raise ValueError(MISSING_ZERO_GRAD.format(what="p.grad_sample was already clipped by a step"))
+
+
+def mark_clipped(params: Iterable[nn.Parameter]) -> None:
+    """Mark every tensor of each ``p.grad_sample`` (one per backward pass) as clipped by a step."""
+    for p in params:
+        sample = getattr(p, "grad_sample", None)  # the wrapper's attribute: a tensor or a list of them
+        if sample is not None:
+            _mark_as_processed(sample)
+
+
+def parameter_names(params: Iterable[nn.Parameter], models: Iterable[nn.Module] = ()) -> dict[int, str]:
+    """``id(p) -> name`` for error messages: the path in one of ``models``, else its place in ``params`` and shape."""
+    names: dict[int, str] = {}
+    for model in models:
+        for name, p in model.named_parameters():
+            names.setdefault(id(p), name)
+    for i, p in enumerate(params):
+        names.setdefault(id(p), f"#{i} in param_groups (shape {tuple(p.shape)})")
+    return names
+
+
+def models_holding(params: Iterable[nn.Parameter], model: nn.Module | None = None) -> list[nn.Module]:
+    """The models whose parameter paths name ``params`` in errors: ``model`` (unwrapped) and their wrappers'."""
+    from dpnotebook.privacy.engine_inputs import unwrap_model
+
+    models = [unwrap_model(model)] if model is not None else []
+    for p in params:
+        for hook in (getattr(p, "_post_accumulate_grad_hooks", None) or {}).values():
+            owner = getattr(getattr(hook, "__self__", None), "owner", None)  # a GradSampleStore's wrapper
+            if owner is not None and isinstance(getattr(owner, "_module", None), nn.Module):
+                models.append(owner._module)
+    return models
+
+
+def check_no_raw_gradients(
+    param_groups: list[dict[str, Any]], stepped: list[nn.Parameter], models: Iterable[nn.Module] = ()
+) -> None:
+    """Raise ``RuntimeError`` if a parameter of ``param_groups`` outside ``stepped`` holds a non-zero gradient.
+
+    ``stepped`` are the parameters whose ``.grad`` the DP step writes; ``models`` name the
+    offender in the error. A ``.grad`` of zeros (``zero_grad(set_to_none=False)``) is allowed.
+
+    >>> w = torch.nn.Parameter(torch.ones(2))
+    >>> w.grad = torch.ones(2); w.requires_grad_(False)     # frozen after backward()
+    Parameter containing:
+    tensor([1., 1.])
+    >>> check_no_raw_gradients([{"params": [w]}], stepped=[])
+    Traceback (most recent call last):
+    ...
+    RuntimeError: DP step refused: parameter '#0 in param_groups (shape (2,))' has requires_grad=False but holds a .grad ...
+    """
+    inside = {id(p) for p in stepped}
+    raw = [
+        p
+        for group in param_groups
+        for p in group["params"]
+        if id(p) not in inside and p.grad is not None and bool(p.grad.ne(0).any())
+    ]
+    if raw:
+        names = parameter_names([p for group in param_groups for p in group["params"]], models)
+        listed = ", ".join(repr(names[id(p)]) for p in raw)
+        raise RuntimeError(
+            f"DP step refused: parameter {listed} has requires_grad=False but holds a .grad from the "
+            "backward pass. The DP optimizer clips and noises only trainable parameters, and the wrapped "
+            "optimizer would apply this raw gradient (one sample could move the step far beyond C). "
+            "Fix: freeze parameters before the forward/backward pass, or call optimizer.zero_grad() "
+            "after freezing (or set the parameter's .grad to None)."
+        )
+
+
+#: ``id(p) -> (weak reference to p, weak reference to the DP optimizer owning it)``. Kept here, not on the
+#: parameter, so that a deep copy or a pickle of the model carries no claim.
+_CLAIMS: dict[int, tuple[weakref.ref[nn.Parameter], weakref.ref[Any]]] = {}
+
+
+def _owner_of(p: nn.Parameter) -> Any:
+    """The live DP optimizer that claimed ``p``, or ``None``."""
+    entry = _CLAIMS.get(id(p))
+    if entry is None or entry[0]() is not p:
+        return None
+    return entry[1]()
+
+
+def _forget(key: int, ref: weakref.ref[nn.Parameter]) -> None:
+    """A claimed parameter was freed: drop its entry (unless a new parameter reusing its id claimed since)."""
+    entry = _CLAIMS.get(key)
+    if entry is not None and entry[0] is ref:
+        del _CLAIMS[key]
+
+
+def check_unowned(params: Iterable[nn.Parameter], optimizer: Any = None) -> None:
+    """Raise ``RuntimeError`` if a live DP optimizer other than ``optimizer`` owns one of ``params``.
+
+    ``make_private`` calls it before it wraps the model, so that a refused call leaves no hooks behind.
+    """
+    params = list(params)
+    owners = {id(o): o for o in map(_owner_of, params) if o is not None and o is not optimizer}
+    if owners:
+        gc.collect()  # an optimizer dropped by the caller but kept alive by a reference cycle is not an owner
+        owners = {id(o): o for o in map(_owner_of, params) if o is not None and o is not optimizer}
+    if owners:
+        owner = next(iter(owners.values()))
+        raise RuntimeError(
+            f"this model already has a DP optimizer ({type(owner).__name__} over {len(owner.params)} "
+            "parameter(s)): a second make_private on the same model, or a second DP optimizer over its "
+            "parameters, is refused. Two DP optimizers on one model each add a sample's clipped gradient "
+            "(together it moves the step by up to sqrt(2)*C) and each counts a step in the accountant, so "
+            "the epsilon reported is not what was spent. Fix: one DP optimizer over all the parameters, with "
+            "parameter groups for different settings, e.g. torch.optim.SGD([{'params': a}, {'params': b, "
+            "'lr': 0.01}]); to replace the old DP optimizer, drop every reference to it (del optimizer), "
+            "or start from a fresh model."
+        )
+
+
+def claim_parameters(optimizer: Any, params: Iterable[nn.Parameter]) -> None:
+    """Make ``optimizer`` the DP optimizer of ``params`` (from ``make_private``: the whole model's).
+
+    Raises:
+        RuntimeError: a parameter already has a DP optimizer that is still referenced somewhere.
+
+    >>> from dpnotebook.privacy import DPOptimizer
+    >>> layer = torch.nn.Linear(2, 1)
+    >>> first = DPOptimizer(torch.optim.SGD(layer.parameters(), lr=0.1), noise_multiplier=1.0,
+    ...                     max_grad_norm=1.0, expected_batch_size=4, secure_mode=False)
+    >>> second = DPOptimizer(torch.optim.SGD([layer.bias], lr=0.1), noise_multiplier=1.0,
+    ...                      max_grad_norm=1.0, expected_batch_size=4, secure_mode=False)
+    Traceback (most recent call last):
+    ...
+    RuntimeError: this model already has a DP optimizer (DPOptimizer over 2 parameter(s)): ...
+    """
+    params = list(params)
+    check_unowned(params, optimizer)
+    mine = weakref.ref(optimizer)
+    for p in params:
+        key = id(p)
+        ref: weakref.ref[nn.Parameter] = weakref.ref(p, functools.partial(_forget, key))
+        _CLAIMS[key] = (ref, mine)
+
+
+def mark_noised(grads: list[Tensor]) -> None:
+    """Remember the ``p.grad`` tensors a DP step wrote (and their version), for :func:`check_not_consumed`."""
+    for g in grads:
+        setattr(g, _NOISED, g._version)  # an attribute torch's Tensor does not declare
+
+
+def check_not_consumed(params: list[nn.Parameter]) -> None:
+    """Raise ``ValueError`` (as Opacus) on a marked ``grad_sample``, or a ``p.grad`` a step wrote, untouched."""
+    for p in params:
+        sample = getattr(p, "grad_sample", None)  # the wrapper's attribute, not torch's
+        if sample is not None:
+            _check_processed_flag(sample)
+        grad = p.grad
+        if grad is not None and getattr(grad, _NOISED, None) == grad._version:
+            raise ValueError(
+                MISSING_ZERO_GRAD.format(what="step() was called again while p.grad still holds the last step's")
+            )
+
+
+@dataclass
+class StepStats:
+    """What the last :meth:`DPOptimizer.step` did, for printing and plotting.
+
+    Attributes:
+        batch_size: the number of samples in the logical batch (0 for an empty one).
+        per_sample_norms: each sample's gradient norm before clipping, shape ``[batch_size]``.
+        fraction_clipped: the fraction of samples whose gradient was scaled down.
+        noise_multiplier: sigma.
+        max_grad_norm: C.
+        noise_std: ``sigma * C``, the std of the noise added to the clipped sum.
+        expected_batch_size: what the noisy sum was divided by (for ``"mean"``).
+        clipped_sum_norm: the norm of the clipped sum (the signal), over all parameters.
+        noise_norm: the norm of the noise that was added to it.
+        virtual_steps: how many physical pieces made up the logical batch.
+
+    >>> stats = StepStats.of_batch([torch.tensor([0.5, 2.0]), torch.tensor([3.0])], num_clipped=2,
+    ...                            noise_multiplier=1.0, max_grad_norm=1.0, expected_batch_size=3.0,
+    ...                            clipped_sum_norm=2.0, noise_norm=4.0, virtual_steps=2)
+    >>> stats.batch_size, round(stats.fraction_clipped, 3), stats.noise_std
+    (3, 0.667, 1.0)
+    """
+
+    batch_size: int
+    per_sample_norms: Tensor
+    fraction_clipped: float
+    noise_multiplier: float
+    max_grad_norm: float
+    noise_std: float
+    expected_batch_size: float
+    clipped_sum_norm: float
+    noise_norm: float
+    virtual_steps: int
+
+    @classmethod
+    def of_batch(
+        cls,
+        norms: list[Tensor],
+        *,
+        num_clipped: int,
+        noise_multiplier: float,
+        max_grad_norm: float,
+        expected_batch_size: float,
+        clipped_sum_norm: float,
+        noise_norm: float,
+        virtual_steps: int,
+    ) -> StepStats:
+        """The statistics of a logical batch from each physical piece's per-sample norms (none if empty)."""
+        per_sample = norms[0] if len(norms) == 1 else torch.cat(norms) if norms else torch.empty(0)
+        n = int(per_sample.numel())
+        return cls(
+            batch_size=n,
+            per_sample_norms=per_sample,
+            fraction_clipped=num_clipped / n if n else 0.0,
+            noise_multiplier=noise_multiplier,
+            max_grad_norm=max_grad_norm,
+            noise_std=noise_multiplier * max_grad_norm,
+            expected_batch_size=expected_batch_size,
+            clipped_sum_norm=clipped_sum_norm,
+            noise_norm=noise_norm,
+            virtual_steps=virtual_steps,
+        )
+
+
+def _tensor_norms(tensors: list[Tensor]) -> list[float]:
+    """Each tensor's L2 norm, on the host: one ``_foreach_norm``, one ``stack``, one synchronisation."""
+    if not tensors:
+        return []
+    return list(torch.stack(torch._foreach_norm([t.detach() for t in tensors])).tolist())
+
+
+def total_norm(tensors: list[Tensor]) -> float:
+    """The L2 norm of all ``tensors`` taken together (no squared copies, one synchronisation).
+
+    >>> total_norm([torch.tensor([3.0]), torch.tensor([[4.0]])]), total_norm([])
+    (5.0, 0.0)
+    """
+    return math.sqrt(math.fsum(n * n for n in _tensor_norms(tensors)))
+
+
+def total_norms(first: list[Tensor], second: list[Tensor]) -> tuple[float, float]:
+    """:func:`total_norm` of two lists at once: one ``_foreach_norm`` (one kernel on a GPU), one synchronisation.
+
+    >>> total_norms([torch.tensor([3.0]), torch.tensor([[4.0]])], [torch.tensor([1.0])])
+    (5.0, 1.0)
+    """
+    norms = _tensor_norms([*first, *second])
+    head, tail = norms[: len(first)], norms[len(first) :]
+    return math.sqrt(math.fsum(n * n for n in head)), math.sqrt(math.fsum(n * n for n in tail))
