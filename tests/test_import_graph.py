@@ -26,10 +26,10 @@ PACKAGE = "dpnotebook"
 ORDER: list[tuple[str, list[str]]] = [
     ("shared contracts", ["dpnotebook.errors", "dpnotebook.device", "dpnotebook.modes", "dpnotebook.validation"]),
     ("data and models", ["dpnotebook.datasets", "dpnotebook.models", "dpnotebook.binder"]),
-    ("grad_sample registry", ["dpnotebook.grad_sample._registry", "dpnotebook.grad_sample.samplers.conv"]),
+    ("grad_sample registry", ["dpnotebook.grad_sample._registry"]),
     ("engine", ["dpnotebook.grad_sample._engine"]),
     ("sampler contracts", ["dpnotebook.grad_sample._contracts"]),
-    ("samplers", ["dpnotebook.grad_sample.samplers", "dpnotebook.grad_sample.fast"]),
+    ("samplers", ["dpnotebook.grad_sample.samplers"]),
     ("ghost", ["dpnotebook.grad_sample.ghost"]),
     ("grad_sample face", ["dpnotebook.grad_sample"]),
     ("layers", ["dpnotebook.layers", "dpnotebook.fixers"]),
@@ -76,8 +76,6 @@ ALLOWED_LOOPS: set[tuple[str, str]] = {
     # while the engine reads the sampler registry beside it in grad_sample/ (ghost and engine branches)
     ("dpnotebook.grad_sample._contracts", "dpnotebook.grad_sample._engine.calls"),
     ("dpnotebook.grad_sample._contracts", "dpnotebook.grad_sample._engine.layer_hooks"),
-    # fast/ and samplers/ import each other (samplers branch)
-    ("dpnotebook.grad_sample.samplers.conv", "dpnotebook.grad_sample.samplers.conv"),
 }
 
 
