@@ -7,6 +7,6 @@
 4
 """
 
-from dpnotebook.privacy.data_loader import DPDataLoader
+from dpnotebook.privacy import DPDataLoader
 
 __all__ = ["DPDataLoader"]

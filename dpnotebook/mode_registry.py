@@ -1,7 +1,7 @@
 """The registry of grad-sample modes: per mode, its wrapper, its DP optimizer and the checks it validates as.
 
 :mod:`dpnotebook.modes` registers each mode's wrapper here; :mod:`dpnotebook.validation`,
-the :class:`~dpnotebook.privacy.engine.PrivacyEngine`, the benchmarks and the capability table
+the :class:`~dpnotebook.privacy.PrivacyEngine`, the benchmarks and the capability table
 read the modes from here, so all know the same modes and none imports another.
 A mode that builds on another declares it: ghost mode runs hooks mode's checks. Its optimizer
 is named by import path (``"package.module:Class"``) and imported on first use, so that this
@@ -44,7 +44,7 @@ _VALIDATES_AS: dict[str, str] = {}
 _UNLISTED: set[str] = set()
 _OPTIMIZERS: dict[str, str] = {}
 #: The optimizer of a mode that names none: clip ``p.grad_sample``, add noise.
-DEFAULT_OPTIMIZER = "dpnotebook.privacy.optimizer:DPOptimizer"
+DEFAULT_OPTIMIZER = "dpnotebook.privacy._optimizer:DPOptimizer"
 
 
 def register_mode(

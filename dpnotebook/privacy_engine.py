@@ -1,9 +1,9 @@
 """``opacus.privacy_engine`` under dpnotebook.
 
 >>> PrivacyEngine.__module__
-'dpnotebook.privacy.engine'
+'dpnotebook.privacy._engine'
 """
 
-from dpnotebook.privacy.engine import PrivacyEngine
+from dpnotebook.privacy import PrivacyEngine
 
 __all__ = ["PrivacyEngine"]

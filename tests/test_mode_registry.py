@@ -9,7 +9,7 @@ from torch import nn
 from dpnotebook import mode_registry
 from dpnotebook.grad_sample.engine.module import GradSampleModule
 from dpnotebook.privacy import PrivacyEngine
-from dpnotebook.privacy.optimizer import DPOptimizer
+from dpnotebook.privacy._optimizer import MODE_OPTIMIZERS, DPOptimizer
 
 
 class MarkedOptimizer(DPOptimizer):
@@ -24,11 +24,13 @@ def marked_mode():
         wrapped.grad_sample_mode = "marked"
         return wrapped
 
+    MODE_OPTIMIZERS["marked"] = MarkedOptimizer  # make_private reads the privacy side's mode -> optimizer table
     try:
         yield
     finally:
         for table in (mode_registry._MODES, mode_registry._VALIDATES_AS, mode_registry._OPTIMIZERS):
             table.pop("marked", None)
+        MODE_OPTIMIZERS.pop("marked", None)
         mode_registry._UNLISTED.discard("marked")
 
 

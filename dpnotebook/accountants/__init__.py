@@ -17,8 +17,8 @@ dpnotebook.errors.UnsupportedOptionError: accountant='gdp' is not supported: ...
 
 from __future__ import annotations
 
+from dpnotebook.privacy._engine import check_accountant_name
 from dpnotebook.privacy.accounting import Accountant, PLDAccountant, RDPAccountant, create_accountant
-from dpnotebook.privacy.engine_compat import check_accountant_name
 
 __all__ = ["IAccountant", "RDPAccountant", "PRVAccountant", "GaussianAccountant", "create_accountant"]
 

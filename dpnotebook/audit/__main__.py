@@ -21,7 +21,7 @@ from dpnotebook.audit.families import FAMILIES
 from dpnotebook.audit.grid import grid, matches, run_point
 from dpnotebook.audit.summary import summarise
 from dpnotebook.modes import available_modes
-from dpnotebook.privacy.training import show_progress
+from dpnotebook.privacy._training import show_progress
 
 
 def parser() -> argparse.ArgumentParser:

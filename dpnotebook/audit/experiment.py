@@ -172,7 +172,7 @@ def audited_digits_run(
     """
     from dpnotebook.datasets import load_digits_tensors
     from dpnotebook.models import MLP
-    from dpnotebook.privacy.engine import PrivacyEngine, unwrap_model
+    from dpnotebook.privacy import PrivacyEngine, unwrap_model
 
     if target_epsilon is not None and noise_multiplier is not None:
         raise ValueError("both target_epsilon and noise_multiplier given: pass one (or neither for plain SGD).")

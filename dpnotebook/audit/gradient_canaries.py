@@ -26,7 +26,7 @@ more than ``C`` shows at once.
 
 >>> from torch import nn
 >>> import dpnotebook
->>> from dpnotebook.privacy.optimizer import DPOptimizer
+>>> from dpnotebook.privacy import DPOptimizer
 >>> model = dpnotebook.wrap_model(nn.Linear(4, 1), "hooks")
 >>> included = np.array([True, False, True])
 >>> canaries = GradientCanaries.dirac(model._module.weight, [0, 1, 2], included)
@@ -181,10 +181,10 @@ class GradientCanaries:
         """Read each step's released gradient from this DP optimizer (a step hook).
 
         Args:
-            optimizer: a :class:`~dpnotebook.privacy.optimizer.DPOptimizer` over ``parameter``.
+            optimizer: a :class:`~dpnotebook.privacy.DPOptimizer` over ``parameter``.
             sample_rate: q of the loader (needed for the ``"steps"`` score only).
         """
-        from dpnotebook.privacy.optimizer import DPOptimizer
+        from dpnotebook.privacy import DPOptimizer
 
         if not isinstance(optimizer, DPOptimizer):
             raise TypeError(

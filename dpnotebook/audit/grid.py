@@ -33,7 +33,7 @@ from dpnotebook.audit.records import RECORDS, audit_case
 from dpnotebook.audit.sensitivity import FLOAT32_TOLERANCE, TOLERANCE, SensitivityReport, audit_sensitivity
 from dpnotebook.audit.surfaces import SURFACES, surface_matches
 from dpnotebook.modes import available_modes
-from dpnotebook.privacy.arguments import check_choice
+from dpnotebook.privacy._arguments import check_choice
 
 __all__ = [
     "GridPoint",

@@ -9,7 +9,7 @@ sample moves ``S`` by ``2C`` spends far more privacy than the accountant says.
 The auditor measures the property directly, with the library's own step:
 the model is wrapped in the chosen mode, a DP optimizer of that mode is built
 with ``noise_multiplier=0`` and ``expected_batch_size=1`` (so ``p.grad``
-after :meth:`~dpnotebook.privacy.optimizer.DPOptimizer.add_noise` *is*
+after :meth:`~dpnotebook.privacy.DPOptimizer.add_noise` *is*
 ``S``), and for every sample ``s`` it computes ``||S(D) - S(D without s)||``
 over all parameters together. Nothing is re-implemented: a bug in a grad
 sampler, in ghost norms, in row bookkeeping or in clipping shows up here.
@@ -49,7 +49,7 @@ from torch import Tensor, nn
 from dpnotebook.audit.reference import LossOf, MakeBatch, reference_clipped_sum
 from dpnotebook.mode_registry import optimizer_class
 from dpnotebook.modes import wrap_model
-from dpnotebook.privacy.engine_inputs import as_wrapper, unwrap_model
+from dpnotebook.privacy._engine import as_wrapper, unwrap_model
 from dpnotebook.privacy.layer_bounds import check_layer_bounds, total_bound
 from dpnotebook.testing import clean_copy
 
@@ -138,7 +138,7 @@ def _optimizer_for(wrapped: nn.Module, params: Sequence[nn.Parameter], **kwargs:
 def clipped_sum(wrapped: nn.Module, optimizer: Any, loss: LossOf, pieces: list) -> list[Tensor]:
     """``S``: a forward/backward with ``loss`` on each piece of one logical batch, then the optimizer's clip-and-sum.
 
-    Every piece but the last is clipped by :meth:`~dpnotebook.privacy.optimizer.DPOptimizer.virtual_step`,
+    Every piece but the last is clipped by :meth:`~dpnotebook.privacy.DPOptimizer.virtual_step`,
     as ``BatchMemoryManager`` does; the noise multiplier must be 0. Returns one
     float64 tensor per parameter of ``optimizer.params``, in order.
     """

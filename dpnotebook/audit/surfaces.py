@@ -151,7 +151,7 @@ def two_make_private(mode: str, x: Tensor, weights: Tensor) -> tuple[Tensor, flo
 
 def clip_scheduler_in_batch_memory(mode: str, x: Tensor, weights: Tensor) -> tuple[Tensor, float]:
     """``ExponentialGradClip(gamma=0.5)`` stepped after every physical step of ``BatchMemoryManager``."""
-    from dpnotebook.privacy.batch_memory import BatchMemoryManager
+    from dpnotebook.privacy import BatchMemoryManager
     from dpnotebook.schedulers import ExponentialGradClip
 
     model = _model()

@@ -37,9 +37,8 @@ __all__ = ["measure_steps", "rank_steps", "compare", "table", "main"]
 
 
 def _optimizer(model: torch.nn.Module, mode: str, batch: int, distributed: bool) -> Any:
+    from dpnotebook.privacy import DPOptimizer, GhostDPOptimizer
     from dpnotebook.privacy.distributed import distributed_optimizer_class
-    from dpnotebook.privacy.ghost_optimizer import GhostDPOptimizer
-    from dpnotebook.privacy.optimizer import DPOptimizer
 
     base = GhostDPOptimizer if mode == "ghost" else DPOptimizer
     cls = distributed_optimizer_class(base) if distributed else base

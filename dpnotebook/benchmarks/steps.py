@@ -80,8 +80,7 @@ def _gsm(model: nn.Module, mode: str, x: Tensor, y: Tensor, K: int) -> Step:
 
 def _dpsgd(model: nn.Module, mode: str, x: Tensor, y: Tensor, batch: int, K: int) -> Step:
     import dpnotebook
-    from dpnotebook.privacy.ghost_optimizer import GhostDPOptimizer
-    from dpnotebook.privacy.optimizer import DPOptimizer
+    from dpnotebook.privacy import DPOptimizer, GhostDPOptimizer
 
     wrapped = dpnotebook.wrap_model(model, mode, K=K)
     cls = GhostDPOptimizer if mode == "ghost" else DPOptimizer

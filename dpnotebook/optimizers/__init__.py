@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dpnotebook.errors import UnsupportedOptionError
 from dpnotebook.optimizers.optimizer import DPOptimizer
+from dpnotebook.privacy import GhostDPOptimizer
 from dpnotebook.privacy.distributed import DistributedDPOptimizer
-from dpnotebook.privacy.ghost_optimizer import GhostDPOptimizer
 
 __all__ = [
     "DPOptimizer",
@@ -29,7 +29,7 @@ __all__ = [
 
 #: Opacus' per-layer optimizer: dpnotebook's ``DPOptimizer`` with ``clipping="per_layer"``.
 DPPerLayerOptimizer = DPOptimizer
-#: Opacus' ghost-clipping optimizer: dpnotebook's :class:`~dpnotebook.privacy.ghost_optimizer.GhostDPOptimizer`.
+#: Opacus' ghost-clipping optimizer: dpnotebook's :class:`~dpnotebook.privacy.GhostDPOptimizer`.
 DPOptimizerFastGradientClipping = GhostDPOptimizer
 
 

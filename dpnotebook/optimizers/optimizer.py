@@ -1,6 +1,6 @@
 """``opacus.optimizers.optimizer`` under dpnotebook: ``DPOptimizer`` with Opacus' subclassing contract.
 
-dpnotebook's :class:`~dpnotebook.privacy.optimizer.DPOptimizer` finishes a logical
+dpnotebook's :class:`~dpnotebook.privacy.DPOptimizer` finishes a logical
 batch in one method. Opacus code subclasses its optimizer and overrides pieces:
 ``add_noise`` reads each ``p.summed_grad`` (the clipped sum) and writes ``p.grad``
 (e.g. Laplace noise instead of Gaussian). This subclass gives that contract over
@@ -9,7 +9,7 @@ the same clipping, checks, scaling and statistics:
 * ``p.summed_grad``: the clipped sum of the logical batch, set before :meth:`add_noise`;
 * :meth:`add_noise`: ``p.grad = p.summed_grad + N(0, (sigma C)^2)``, overridable;
 * :meth:`pre_step`, :meth:`clip_and_accumulate`, :attr:`grad_samples`, :attr:`accumulated_iterations`,
-  ``signal_skip_step`` (on every dpnotebook DP optimizer, :mod:`~dpnotebook.privacy.opacus_contract`);
+  ``signal_skip_step`` (on every dpnotebook DP optimizer, :mod:`~dpnotebook.privacy._optimizer`);
 * ``_check_processed_flag`` and ``_mark_as_processed``, Opacus' private helpers (its Laplace-noise
   tutorial imports them from here): :mod:`~dpnotebook.privacy.step_invariants`.
 
@@ -39,8 +39,8 @@ from typing import cast
 
 from torch import Tensor, nn
 
+from dpnotebook.privacy import DPOptimizer as _CoreDPOptimizer
 from dpnotebook.privacy.noise import draw_noise
-from dpnotebook.privacy.optimizer import DPOptimizer as _CoreDPOptimizer
 from dpnotebook.privacy.step_invariants import _check_processed_flag, _mark_as_processed
 from dpnotebook.privacy.step_stats import total_norm
 

@@ -37,7 +37,7 @@ from typing import Any, ClassVar
 
 import dp_accounting
 
-from dpnotebook.privacy.arguments import (
+from dpnotebook.privacy._arguments import (
     check_choice,
     check_delta,
     check_noise_multiplier,

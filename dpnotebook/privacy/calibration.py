@@ -19,8 +19,7 @@ import math
 import warnings
 
 from dpnotebook.errors import PrivacyWarning
-from dpnotebook.privacy.accounting import ACCOUNTANTS, compute_epsilon
-from dpnotebook.privacy.arguments import (
+from dpnotebook.privacy._arguments import (
     check_choice,
     check_delta,
     check_epsilon,
@@ -28,6 +27,7 @@ from dpnotebook.privacy.arguments import (
     check_positive_number,
     check_sample_rate,
 )
+from dpnotebook.privacy.accounting import ACCOUNTANTS, compute_epsilon
 from dpnotebook.privacy.schedule import steps_for_epochs
 from dpnotebook.privacy.schedule import steps_per_epoch as poisson_steps_per_epoch
 
@@ -136,7 +136,7 @@ def warn_if_noise_drowns_signal(noise_multiplier: float, expected_batch_size: fl
     every single coordinate of the averaged gradient has a larger std than the *whole* clipped
     signal's norm can reach (``C``): the model moves at random and training learns nothing,
     although the privacy guarantee holds. :meth:`PrivacyEngine.make_private
-    <dpnotebook.privacy.engine.PrivacyEngine.make_private>` calls it for every run, so a sigma
+    <dpnotebook.privacy._engine.PrivacyEngine.make_private>` calls it for every run, so a sigma
     calibrated for an out-of-reach budget (say 65,536) is said, not silently returned.
 
     >>> import warnings

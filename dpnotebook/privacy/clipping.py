@@ -38,7 +38,7 @@ from torch import Tensor
 
 from dpnotebook.grad_sample.engine.precision import full_precision
 from dpnotebook.grad_sample.samplers.sample_rows import flat_rows
-from dpnotebook.privacy.arguments import check_choice, check_max_grad_norm
+from dpnotebook.privacy._arguments import check_choice, check_max_grad_norm
 from dpnotebook.privacy.layer_bounds import check_layer_bounds, layer_bound_list, total_bound
 
 __all__ = [

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from dpnotebook.privacy.arguments import check_max_grad_norm
+from dpnotebook.privacy._arguments import check_max_grad_norm
 
 __all__ = ["check_layer_bounds", "total_bound", "layer_bound_list"]
 

@@ -31,7 +31,7 @@ import math
 
 import numpy as np
 
-from dpnotebook.privacy.arguments import check_noise_multiplier, check_positive_number, check_sample_rate
+from dpnotebook.privacy._arguments import check_noise_multiplier, check_positive_number, check_sample_rate
 
 __all__ = [
     "randomized_response",

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 
-from dpnotebook.privacy.arguments import check_positive_int, check_positive_number, check_sample_rate
+from dpnotebook.privacy._arguments import check_positive_int, check_positive_number, check_sample_rate
 
 __all__ = ["steps_per_epoch", "steps_for_epochs"]
 

@@ -4,7 +4,7 @@
 they are set (by the constructor, a setter, a scheduler). :class:`StepConstants`
 is the invariant that they, the expected batch size, the clipping and ``K`` do not
 change while a logical batch is accumulated: :meth:`DPOptimizer.clip_and_accumulate
-<dpnotebook.privacy.optimizer.DPOptimizer.clip_and_accumulate>` reads them at the first piece
+<dpnotebook.privacy._optimizer.DPOptimizer.clip_and_accumulate>` reads them at the first piece
 and checks them at every later piece and at the step, so clipping and noise always use the
 same ``C`` (``docs/guarantees.md``, "Invariants of the DP step").
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dpnotebook.privacy.arguments import check_max_grad_norm, check_noise_multiplier
+from dpnotebook.privacy._arguments import check_max_grad_norm, check_noise_multiplier
 from dpnotebook.privacy.layer_bounds import total_bound
 
 __all__ = ["PrivacyKnobs", "StepConstants"]
@@ -58,7 +58,7 @@ class StepConstants:
     """The constants a logical batch's clipping and noise must share, read from a DP optimizer.
 
     >>> import torch
-    >>> from dpnotebook.privacy.optimizer import DPOptimizer
+    >>> from dpnotebook.privacy._optimizer import DPOptimizer
     >>> opt = DPOptimizer(torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1),
     ...                   noise_multiplier=1.0, max_grad_norm=1.0, expected_batch_size=4, secure_mode=False)
     >>> first = StepConstants.of(opt)

@@ -2,7 +2,7 @@
 
 A DP-SGD step is private only if the update it applies is the clipped, noised
 sum of one logical batch, computed once, with the constants the noise is
-calibrated to. :class:`~dpnotebook.privacy.optimizer.DPOptimizer` calls these
+calibrated to. :class:`~dpnotebook.privacy._optimizer.DPOptimizer` calls these
 checks at the points where that could break (``docs/guarantees.md``,
 "Invariants", lists them with their tests):
 
@@ -103,7 +103,7 @@ def parameter_names(params: Iterable[nn.Parameter], models: Iterable[nn.Module] 
 
 def models_holding(params: Iterable[nn.Parameter], model: nn.Module | None = None) -> list[nn.Module]:
     """The models whose parameter paths name ``params`` in errors: ``model`` (unwrapped) and their wrappers'."""
-    from dpnotebook.privacy.engine_inputs import unwrap_model
+    from dpnotebook.privacy._engine import unwrap_model
 
     models = [unwrap_model(model)] if model is not None else []
     for p in params:
@@ -217,7 +217,7 @@ def claim_parameters(optimizer: Any, params: Iterable[nn.Parameter]) -> None:
         RuntimeError: a parameter already has a DP optimizer that is still referenced somewhere.
 
     >>> import torch
-    >>> from dpnotebook.privacy.optimizer import DPOptimizer
+    >>> from dpnotebook.privacy._optimizer import DPOptimizer
     >>> layer = torch.nn.Linear(2, 1)
     >>> first = DPOptimizer(torch.optim.SGD(layer.parameters(), lr=0.1), noise_multiplier=1.0,
     ...                     max_grad_norm=1.0, expected_batch_size=4, secure_mode=False)

@@ -2,8 +2,8 @@
 
 One run (:func:`train_run`) trains a small MLP on in-memory tensors with the
 library's own pieces: Poisson batches from
-:class:`~dpnotebook.privacy.data_loader.PoissonBatchSampler`, per-sample
-gradients in hooks mode, :class:`~dpnotebook.privacy.optimizer.DPOptimizer`,
+:class:`~dpnotebook.privacy._data.PoissonBatchSampler`, per-sample
+gradients in hooks mode, :class:`~dpnotebook.privacy._optimizer.DPOptimizer`,
 and a noise multiplier calibrated by
 :func:`~dpnotebook.privacy.calibration.get_noise_multiplier` for exactly the
 steps the run takes. The batches are indexed straight out of the tensors (no
@@ -44,14 +44,14 @@ from tqdm.auto import tqdm
 
 from dpnotebook.models import MLP
 from dpnotebook.modes import wrap_model
+from dpnotebook.privacy._data import PoissonBatchSampler
+from dpnotebook.privacy._engine import as_wrapper
+from dpnotebook.privacy._optimizer import DPOptimizer
+from dpnotebook.privacy._training import show_progress
 from dpnotebook.privacy.accounting import compute_epsilon
 from dpnotebook.privacy.calibration import get_noise_multiplier
-from dpnotebook.privacy.data_loader import PoissonBatchSampler
-from dpnotebook.privacy.engine_inputs import as_wrapper
-from dpnotebook.privacy.optimizer import DPOptimizer
 from dpnotebook.privacy.schedule import steps_for_epochs, steps_per_epoch
 from dpnotebook.privacy.sweep_runs import RunResult, RunSetting, noise_on_average
-from dpnotebook.privacy.training import show_progress
 
 __all__ = ["RunSetting", "RunResult", "Summary", "train_run", "sweep", "summarise", "noise_on_average"]
 
@@ -188,7 +188,7 @@ def sweep(
         model_fn: as in :func:`train_run`.
         progress: show a progress bar (runs done, the last run's accuracy and epsilon); ``None``
             (the default) shows it only when stderr is a terminal
-            (:func:`~dpnotebook.privacy.training.show_progress`), so that a notebook's stored
+            (:func:`~dpnotebook.privacy._training.show_progress`), so that a notebook's stored
             output stays clean. Pass ``True`` for a bar in a notebook.
         device: where every run trains, as in :func:`train_run`.
     """

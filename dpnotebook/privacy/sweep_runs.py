@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from dpnotebook.privacy.arguments import check_positive_int, check_positive_number
+from dpnotebook.privacy._arguments import check_positive_int, check_positive_number
 
 __all__ = ["RunSetting", "RunResult", "noise_on_average"]
 

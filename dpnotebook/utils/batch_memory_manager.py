@@ -1,9 +1,9 @@
 """``opacus.utils.batch_memory_manager`` under dpnotebook.
 
 >>> BatchMemoryManager.__module__
-'dpnotebook.privacy.batch_memory'
+'dpnotebook.privacy._data'
 """
 
-from dpnotebook.privacy.batch_memory import BatchMemoryManager
+from dpnotebook.privacy import BatchMemoryManager
 
 __all__ = ["BatchMemoryManager"]

@@ -18,7 +18,7 @@ from torch import nn
 import dpnotebook
 from dpnotebook.audit.experiment import audited_digits_run
 from dpnotebook.audit.gradient_canaries import GradientCanaries, unreached_coordinates
-from dpnotebook.privacy.optimizer import DPOptimizer
+from dpnotebook.privacy import DPOptimizer
 
 DELTA = 1e-5
 SMALL = dict(members=200, canaries=50, gradient_canaries=1000, delta=DELTA)

@@ -10,8 +10,8 @@ from torch import nn
 from dpnotebook.audit import audit_sensitivity
 from dpnotebook.audit.families import FAMILIES
 from dpnotebook.audit.records import RECORDS, audit_case
-from dpnotebook.privacy.engine import is_wrapped
-from dpnotebook.privacy.ghost_loss import DPLossFastGradientClipping
+from dpnotebook.privacy import DPLossFastGradientClipping
+from dpnotebook.privacy._engine import is_wrapped
 
 
 class DotLoss(nn.Module):

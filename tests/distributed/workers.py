@@ -15,8 +15,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
 
-from dpnotebook.privacy import BatchMemoryManager, PrivacyEngine
-from dpnotebook.privacy.augmult import AugmultCollate
+from dpnotebook.privacy import AugmultCollate, BatchMemoryManager, PrivacyEngine
 from dpnotebook.privacy.distributed import DPDDP, RanksFailedError
 
 N, FEATURES, CLASSES = 24, 6, 3

@@ -16,7 +16,7 @@ from dpnotebook.mode_registry import register_mode
 
 
 # ghost mode builds on hooks mode; no p.grad_sample: norms and sums come from the wrapper
-@register_mode("ghost", validates_as="hooks", optimizer="dpnotebook.privacy.ghost_optimizer:GhostDPOptimizer")
+@register_mode("ghost", validates_as="hooks", optimizer="dpnotebook.privacy._optimizer:GhostDPOptimizer")
 def _ghost(module: nn.Module, **kwargs: Any) -> nn.Module:
     from dpnotebook.grad_sample.ghost.wrapper import GhostGradSampleModule
 

@@ -9,7 +9,7 @@ that were never used (:class:`StaleRecordsGuard`).
 
 In ghost mode ``p.grad`` is not filled: a batch's clipped gradients exist only
 as the wrapper's records (:mod:`~dpnotebook.grad_sample.ghost.ledger`) until a
-:class:`~dpnotebook.privacy.ghost_optimizer.GhostDPOptimizer` step uses them
+:class:`~dpnotebook.privacy.GhostDPOptimizer` step uses them
 and ``zero_grad()`` clears them. While an earlier batch's records are held, a
 new forward pass is refused when
 
@@ -102,6 +102,6 @@ class StaleRecordsGuard:
                 raise GradSampleError(
                     "ghost mode: the parameters changed after a backward pass whose clipped gradients "
                     "were never used, so an optimizer stepped without them (in ghost mode p.grad is "
-                    "not filled). Use dpnotebook.privacy.ghost_optimizer.GhostDPOptimizer, e.g. through "
+                    "not filled). Use dpnotebook.privacy.GhostDPOptimizer, e.g. through "
                     "PrivacyEngine.make_private(grad_sample_mode='ghost'), or call zero_grad() between steps."
                 )

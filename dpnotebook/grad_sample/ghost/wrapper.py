@@ -22,7 +22,7 @@ it cannot handle are left to the hooks engine, layer by layer (their registered
 sampler, or torch.func), and join the norms and sums through ``p.grad_sample``.
 
 After ``backward()``, ``p.grad`` is *not* filled for the layers ghost mode
-handles: use :class:`~dpnotebook.privacy.ghost_optimizer.GhostDPOptimizer`
+handles: use :class:`~dpnotebook.privacy.GhostDPOptimizer`
 (``make_private(grad_sample_mode="ghost")`` does), or read
 :meth:`GhostGradSampleModule.per_sample_norms` and
 :meth:`GhostGradSampleModule.weighted_sums` yourself.

@@ -36,7 +36,7 @@ from scipy.stats import norm
 
 from dpnotebook.audit.roc import AttackROC
 from dpnotebook.audit.tradeoff import dp_tpr_bound, gaussian_epsilon, gaussian_tpr
-from dpnotebook.privacy.arguments import check_delta, check_noise_multiplier
+from dpnotebook.privacy._arguments import check_delta, check_noise_multiplier
 from dpnotebook.widgets._validate import library_check, one_of, refuse
 
 if TYPE_CHECKING:

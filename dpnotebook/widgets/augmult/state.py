@@ -29,7 +29,7 @@ import traitlets
 from torch import Tensor, nn
 
 from dpnotebook.grad_sample.engine.module import check_k
-from dpnotebook.privacy.arguments import check_max_grad_norm
+from dpnotebook.privacy._arguments import check_max_grad_norm
 from dpnotebook.privacy.clipping import clip_and_sum, per_sample_norms
 from dpnotebook.widgets._validate import int_at_least, library_check, refuse
 from dpnotebook.widgets.augment import augment_copies

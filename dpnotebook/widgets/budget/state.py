@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 import traitlets
 
+from dpnotebook.privacy._arguments import check_choice, check_delta, check_epsilon, check_noise_multiplier
 from dpnotebook.privacy.accounting import available_accountants, compute_epsilon
-from dpnotebook.privacy.arguments import check_choice, check_delta, check_epsilon, check_noise_multiplier
 from dpnotebook.privacy.calibration import get_noise_multiplier
 from dpnotebook.privacy.schedule import steps_for_epochs, steps_per_epoch
 from dpnotebook.widgets._validate import int_at_least, library_check, refuse

@@ -26,7 +26,7 @@ import torch
 import traitlets
 from torch import Tensor
 
-from dpnotebook.privacy.arguments import check_max_grad_norm, check_noise_multiplier
+from dpnotebook.privacy._arguments import check_max_grad_norm, check_noise_multiplier
 from dpnotebook.privacy.clipping import clip_and_sum
 from dpnotebook.privacy.noise import gaussian_noise
 from dpnotebook.widgets._validate import int_at_least, library_check, refuse

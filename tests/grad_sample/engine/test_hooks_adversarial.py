@@ -17,7 +17,7 @@ from dpnotebook import GradSampleError, GradSampleModule
 from dpnotebook.grad_sample.engine.batch_rows import count_rows
 from dpnotebook.grad_sample.engine.module import plan_units
 from dpnotebook.grad_sample.ghost.wrapper import GhostGradSampleModule
-from dpnotebook.privacy.optimizer import DPOptimizer
+from dpnotebook.privacy import DPOptimizer
 from dpnotebook.testing import reference_grad_samples
 
 C = 0.1

@@ -21,8 +21,8 @@ from dpnotebook.grad_sample.fast.conv import _methods, conv_per_sample_grads
 from dpnotebook.grad_sample.ghost.wrapper import GhostGradSampleModule
 from dpnotebook.grad_sample.samplers.linear_map_norms import linear_sq_norms, linear_strategy, settle_pays
 from dpnotebook.layers import DPGRU, DPLSTM, DPMultiheadAttention
+from dpnotebook.privacy import GhostDPOptimizer
 from dpnotebook.privacy.clipping import clip_and_sum, clip_factors, layer_thresholds
-from dpnotebook.privacy.ghost_optimizer import GhostDPOptimizer
 from dpnotebook.testing import dot_loss, random_target, reference_grad_samples
 
 TOL = 1e-10

@@ -16,7 +16,7 @@ from torch import nn
 
 import dpnotebook
 from dpnotebook.grad_sample.samplers.linear_map_norms import linear_sq_norms, shared_gram_sq_norms
-from dpnotebook.privacy.ghost_optimizer import GhostDPOptimizer
+from dpnotebook.privacy import GhostDPOptimizer
 from dpnotebook.testing import reference_grad_samples
 
 SLACK = 1 + 1e-5

@@ -1,7 +1,7 @@
 """Training and evaluation loops shared by the examples and tutorials.
 
 They work with a private setup (from :meth:`PrivacyEngine.make_private
-<dpnotebook.privacy.engine.PrivacyEngine.make_private>`) and with a plain one,
+<dpnotebook.privacy._engine.PrivacyEngine.make_private>`) and with a plain one,
 so the non-private baseline runs the very same code.
 
 >>> import torch
@@ -29,10 +29,10 @@ from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
-from dpnotebook.privacy.engine import unwrap_model
+from dpnotebook.privacy._engine import unwrap_model
 
 if TYPE_CHECKING:
-    from dpnotebook.privacy.engine import PrivacyEngine
+    from dpnotebook.privacy._engine import PrivacyEngine
 
 __all__ = ["train_epoch", "fit", "evaluate", "show_progress"]
 
@@ -73,7 +73,7 @@ def train_epoch(
 
     Args:
         model: the model (wrapped or plain).
-        optimizer: a :class:`~dpnotebook.privacy.optimizer.DPOptimizer` or any optimizer.
+        optimizer: a :class:`~dpnotebook.privacy._optimizer.DPOptimizer` or any optimizer.
         data_loader: yields ``(inputs, targets)``, moved to the model's device here.
         loss_fn: ``loss_fn(outputs, targets)``, reducing as the model's wrapper was told.
         progress: a tqdm bar to advance by one per batch; it shows the last batch's loss.
@@ -116,18 +116,18 @@ def fit(
 
     Args:
         model: the model (wrapped or plain).
-        optimizer: a :class:`~dpnotebook.privacy.optimizer.DPOptimizer` or any optimizer.
+        optimizer: a :class:`~dpnotebook.privacy._optimizer.DPOptimizer` or any optimizer.
         data_loader: yields ``(inputs, targets)``.
         epochs: passes over ``data_loader``.
         loss_fn: ``loss_fn(outputs, targets)``.
         progress: show the bar.
         description: the bar's label.
-        privacy_engine: the :class:`~dpnotebook.privacy.engine.PrivacyEngine` that made the
+        privacy_engine: the :class:`~dpnotebook.privacy._engine.PrivacyEngine` that made the
             optimizer private, to show its epsilon.
         delta: the delta of that epsilon (required with ``privacy_engine``).
 
     >>> from torch.utils.data import TensorDataset
-    >>> from dpnotebook.privacy.engine import PrivacyEngine
+    >>> from dpnotebook.privacy._engine import PrivacyEngine
     >>> fit(nn.Linear(2, 2), None, DataLoader(TensorDataset(torch.randn(4, 2))), epochs=1,
     ...     privacy_engine=PrivacyEngine())
     Traceback (most recent call last):
