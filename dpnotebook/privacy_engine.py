@@ -1,8 +1,4 @@
-"""``opacus.privacy_engine`` under dpnotebook.
-
->>> PrivacyEngine.__module__
-'dpnotebook.privacy._engine'
-"""
+"""``opacus.privacy_engine`` under dpnotebook."""
 
 from dpnotebook.privacy import PrivacyEngine
 

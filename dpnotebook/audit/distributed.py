@@ -28,7 +28,8 @@ from dpnotebook.audit.sensitivity import (
     optimizer_class_for,
 )
 from dpnotebook.modes import wrap_model
-from dpnotebook.privacy._engine import as_wrapper, unwrap_model
+from dpnotebook.privacy import unwrap_model
+from dpnotebook.privacy._optimizer import as_wrapper
 from dpnotebook.testing import clean_copy
 
 __all__ = ["audit_sensitivity_across_ranks"]

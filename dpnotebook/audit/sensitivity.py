@@ -49,7 +49,8 @@ from torch import Tensor, nn
 from dpnotebook.audit.reference import LossOf, MakeBatch, reference_clipped_sum
 from dpnotebook.mode_registry import optimizer_class
 from dpnotebook.modes import wrap_model
-from dpnotebook.privacy._engine import as_wrapper, unwrap_model
+from dpnotebook.privacy import unwrap_model
+from dpnotebook.privacy._optimizer import as_wrapper
 from dpnotebook.privacy.layer_bounds import check_layer_bounds, total_bound
 from dpnotebook.testing import clean_copy
 

@@ -95,7 +95,7 @@ def _engine_step_setup(
     mode: str, model: nn.Module, params: list[nn.Parameter], x: Tensor, weights: Tensor, engine: object = None
 ) -> tuple[nn.Module, object, DataLoader]:
     """``make_private`` over ``params`` with the whole batch as one fixed batch (σ = 0, sum, lr = 1)."""
-    from dpnotebook.privacy_engine import PrivacyEngine
+    from dpnotebook.privacy import PrivacyEngine
 
     loader = DataLoader(TensorDataset(x, weights), batch_size=B)
     engine = engine or PrivacyEngine(secure_mode=False)
@@ -151,8 +151,7 @@ def two_make_private(mode: str, x: Tensor, weights: Tensor) -> tuple[Tensor, flo
 
 def clip_scheduler_in_batch_memory(mode: str, x: Tensor, weights: Tensor) -> tuple[Tensor, float]:
     """``ExponentialGradClip(gamma=0.5)`` stepped after every physical step of ``BatchMemoryManager``."""
-    from dpnotebook.privacy import BatchMemoryManager
-    from dpnotebook.schedulers import ExponentialGradClip
+    from dpnotebook.privacy import BatchMemoryManager, ExponentialGradClip
 
     model = _model()
     wrapped, optimizer, loader = _engine_step_setup(mode, model, list(model.parameters()), x, weights)

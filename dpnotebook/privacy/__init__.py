@@ -15,6 +15,7 @@ One concept per module:
 * :class:`PrivacyEngine` and ``make_private``;
 * :mod:`~dpnotebook.privacy.distributed`, :mod:`~dpnotebook.privacy.distributed_sampler`,
   :mod:`~dpnotebook.privacy.distributed_launch`: DP-SGD on several processes (``DPDDP``);
+* schedulers of sigma and C between epochs (:class:`StepNoise`, :class:`ExponentialGradClip`, ...);
 * :func:`fit`, :func:`train_epoch`, :func:`evaluate`: train and evaluate loops.
 
 >>> from dpnotebook.privacy import PrivacyEngine
@@ -30,12 +31,21 @@ from dpnotebook.privacy._data import (
     augmult_data_loader,
     split_batch,
 )
-from dpnotebook.privacy._engine import PrivacyEngine, unwrap_model
+from dpnotebook.privacy._engine import PrivacyEngine
 from dpnotebook.privacy._optimizer import (
     DPLossFastGradientClipping,
     DPOptimizer,
     DPTensorFastGradientClipping,
     GhostDPOptimizer,
+    unwrap_model,
+)
+from dpnotebook.privacy._schedulers import (
+    ExponentialGradClip,
+    ExponentialNoise,
+    LambdaGradClip,
+    LambdaNoise,
+    StepGradClip,
+    StepNoise,
 )
 from dpnotebook.privacy._training import evaluate, fit, train_epoch
 from dpnotebook.privacy.accounting import (
@@ -78,6 +88,13 @@ __all__ = [
     "DPLossFastGradientClipping",
     "DPTensorFastGradientClipping",
     "StepStats",
+    # schedulers of sigma and C
+    "ExponentialNoise",
+    "StepNoise",
+    "LambdaNoise",
+    "ExponentialGradClip",
+    "StepGradClip",
+    "LambdaGradClip",
     # data
     "AugmultCollate",
     "BatchMemoryManager",

@@ -86,7 +86,7 @@ def mark_batch(batch: Any, draw: Draw, depth: int = 0) -> None:
 def draws_in(inputs: Any, depth: int = 0) -> set[Draw]:
     """The :class:`Draw` marks of the tensors in ``inputs`` (or of the tensors they are views of).
 
-    A tensor that a :class:`~dpnotebook.privacy._data.DPDataLoader` handed out, or a slice of one (a ``BatchMemoryManager``
+    A tensor that a ``DPDataLoader`` handed out, or a slice of one (a ``BatchMemoryManager``
     piece), carries its batch's mark; a copy (moved to another device, transformed) carries none.
 
     >>> import torch
@@ -126,7 +126,7 @@ class SampledBatches:
     Attributes:
         counts: the examples of each batch handed out since the last step, in order.
         draws: the :class:`~dpnotebook.privacy._batches.Draw` of each of them (``None`` unknown).
-        tied: whether a :class:`~dpnotebook.privacy._data.DPDataLoader` reports to it
+        tied: whether a :class:`~dpnotebook.privacy.DPDataLoader` reports to it
             (only then does :meth:`check` refuse anything).
     """
 
@@ -261,7 +261,7 @@ def _rows_not_examples(clipped: int, examples: int) -> None:
         "that emits K rows per example while K was not passed (make_private(K=...)), batch_first that "
         "does not say where the batch dimension is, a model that adds or drops rows, a batch that the "
         "loader did not draw (another DataLoader), or two forward "
-        "passes of the batch before one backward (Opacus sums them into one row per example; dpnotebook "
+        "passes of the batch before one backward (one row per example summed from both would hide it; this library "
         "keeps each pass's rows and refuses, since two rows of one example would each be clipped to C: "
         "make one forward pass give one row per example (a module that takes both inputs), or step "
         "after each pass)."

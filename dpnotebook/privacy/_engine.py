@@ -32,7 +32,7 @@ import math
 import os
 import warnings
 from collections.abc import Sized
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -41,11 +41,17 @@ from torch.utils.data import DataLoader
 
 from dpnotebook.errors import PrivacyWarning, UnsupportedModuleError, UnsupportedOptionError
 from dpnotebook.fixers import fix
-from dpnotebook.grad_sample.engine.module import LOSS_REDUCTIONS, GradSampleModule, check_k
+from dpnotebook.grad_sample.engine.module import LOSS_REDUCTIONS, check_k
 from dpnotebook.modes import wrap_model as wrap_in_mode
 from dpnotebook.privacy._arguments import check_choice, check_delta, check_noise_multiplier
 from dpnotebook.privacy._data import DPDataLoader, loader_k, warn_replaced_sampling
-from dpnotebook.privacy._optimizer import DPLossFastGradientClipping, DPOptimizer, optimizer_class
+from dpnotebook.privacy._optimizer import (
+    DPLossFastGradientClipping,
+    DPOptimizer,
+    is_wrapped,
+    optimizer_class,
+    unwrap_model,
+)
 from dpnotebook.privacy.accounting import create_accountant
 from dpnotebook.privacy.calibration import get_noise_multiplier, warn_if_noise_drowns_signal
 from dpnotebook.privacy.clipping import CLIPPING_MODES
@@ -55,9 +61,6 @@ from dpnotebook.validation import raise_if_problems, validate
 
 __all__ = [
     "PrivacyEngine",
-    "unwrap_model",
-    "is_wrapped",
-    "as_wrapper",
     "sample_rate_of",
     "check_accountant_name",
     "gcd_group_count",
@@ -73,39 +76,6 @@ ADAPTIVE_CLIPPING_ARGS = (
     "unclipped_num_std",
 )
 _WRAPPER_PREFIX = "_module."
-
-
-class GradSampleWrapper(Protocol):
-    """What every mode's grad-sample wrapper has; they share no base class but ``nn.Module``."""
-
-    _module: nn.Module
-
-    def to_standard_module(self) -> nn.Module: ...
-
-    def allow_grad_accumulation(self) -> None: ...
-
-
-def is_wrapped(module: nn.Module) -> bool:
-    """Whether ``module`` is a grad-sample wrapper (from :func:`dpnotebook.wrap_model`, any mode)."""
-    return isinstance(module, GradSampleModule) or callable(getattr(type(module), "to_standard_module", None))
-
-
-def unwrap_model(module: nn.Module) -> nn.Module:
-    """The original model inside a grad-sample wrapper (or ``module`` itself).
-
-    >>> from torch import nn
-    >>> from dpnotebook import wrap_model
-    >>> layer = nn.Linear(2, 2)
-    >>> unwrap_model(wrap_model(layer, "hooks")) is layer, unwrap_model(layer) is layer
-    (True, True)
-    """
-    return cast(GradSampleWrapper, module)._module if is_wrapped(module) else module
-
-
-def as_wrapper(module: nn.Module) -> GradSampleWrapper:
-    """``module``, a wrapper from :func:`dpnotebook.wrap_model` (any mode), typed as one."""
-    assert is_wrapped(module), f"{type(module).__name__} is not a grad-sample wrapper"
-    return cast(GradSampleWrapper, module)
 
 
 def sample_rate_of(data_loader: DataLoader) -> float:
@@ -199,7 +169,7 @@ def _refuse_unsupported(*, wrap_model: bool, clipping: str, rand_on_empty: bool,
             "clipping='adaptive' (AdaClipDPOptimizer) is not supported: its noisy count of unclipped "
             "samples spends privacy that dpnotebook's accountant does not record yet. Fix: use "
             "clipping='flat' (or 'per_layer') with a fixed max_grad_norm, or a grad-clip scheduler "
-            "(dpnotebook.schedulers) that changes it between epochs."
+            "(dpnotebook.privacy.StepGradClip, ...) that changes it between epochs."
         )
     if rand_on_empty:
         raise UnsupportedOptionError(
@@ -295,16 +265,17 @@ class PrivacyEngine:
 
         Args:
             module: the model; it is wrapped by :func:`dpnotebook.wrap_model`.
-            optimizer: an optimizer over ``module``'s parameters; it is wrapped in a :class:`~dpnotebook.privacy._optimizer.DPOptimizer`.
+            optimizer: an optimizer over ``module``'s parameters; it is wrapped in a
+                :class:`~dpnotebook.privacy.DPOptimizer`.
             data_loader: its dataset and ``len`` give ``q = 1 / len(data_loader)``; with
                 ``poisson_sampling`` it is replaced by a :class:`DPDataLoader`.
             noise_multiplier: sigma (>= 0).
             max_grad_norm: C (> 0); with ``clipping="per_layer"``, also a list of per-layer bounds.
             grad_sample_mode: how per-sample gradients are computed (``"hooks"``, ``"functorch"``, ...;
-                ``"ghost"``: only their norms, with a :class:`~dpnotebook.privacy._optimizer.GhostDPOptimizer`).
+                ``"ghost"``: only their norms, with a :class:`~dpnotebook.privacy.GhostDPOptimizer`).
             K: augmented rows per sample (augmentation multiplicity); the loader
                 must yield ``B*K`` rows, sample-major, e.g. with
-                :class:`~dpnotebook.privacy._data.AugmultCollate`.
+                :class:`~dpnotebook.privacy.AugmultCollate`.
                 Accounting counts samples, not rows.
             poisson_sampling: sample batches as the privacy analysis assumes. With
                 ``False`` the loader is kept and a :class:`~dpnotebook.errors.PrivacyWarning`
@@ -319,7 +290,7 @@ class PrivacyEngine:
                 :meth:`DPDataLoader.from_data_loader`).
             criterion: with ``grad_sample_mode="ghost"``, the loss to wrap: the
                 call then returns ``(module, optimizer, criterion, data_loader)`` with a
-                :class:`~dpnotebook.privacy._optimizer.DPLossFastGradientClipping`. Ignored
+                :class:`~dpnotebook.privacy.DPLossFastGradientClipping`. Ignored
                 in the other modes.
             wrap_model: only ``True``; ``False`` is refused with the reason, as are ``rand_on_empty=True`` and
                 adaptive clipping (``clipping="adaptive"`` and its keyword arguments).
@@ -498,7 +469,7 @@ class PrivacyEngine:
             module: the (wrapped or plain) model.
             optimizer: the optimizer, if its state should be saved too.
             checkpoint_dict: extra entries to store (epoch, ...), given back by :meth:`load_checkpoint`.
-            noise_scheduler, grad_clip_scheduler: schedulers (:mod:`dpnotebook.schedulers`) to save.
+            noise_scheduler, grad_clip_scheduler: schedulers (:class:`~dpnotebook.privacy.StepNoise`, ...) to save.
             module_state_dict_kwargs, torch_save_kwargs: passed to ``state_dict()`` and ``torch.save``.
 
         >>> import os, tempfile
@@ -548,4 +519,5 @@ class PrivacyEngine:
         return state
 
     def __repr__(self) -> str:
-        return f"PrivacyEngine(accountant={self.accountant.mechanism!r}, steps={len(self.accountant)}, secure_mode={self.secure_mode})"
+        steps, secure = len(self.accountant), self.secure_mode
+        return f"PrivacyEngine(accountant={self.accountant.mechanism!r}, steps={steps}, secure_mode={secure})"

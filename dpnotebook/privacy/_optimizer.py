@@ -37,14 +37,17 @@ mode. :func:`optimizer_class` maps a grad-sample mode to its optimizer class.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol, cast
 
 import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
 from dpnotebook.grad_sample.engine.accumulation import grad_sample_parts, grad_sample_rows
-from dpnotebook.grad_sample.engine.module import LOSS_REDUCTIONS  # one definition for wrappers and optimizers
+from dpnotebook.grad_sample.engine.module import (  # one definition for wrappers and optimizers
+    LOSS_REDUCTIONS,
+    GradSampleModule,
+)
 from dpnotebook.grad_sample.ghost.wrapper import GhostGradSampleModule, ghost_owner
 from dpnotebook.privacy import step_invariants as invariants  # each invariant of the step, in one place
 from dpnotebook.privacy._arguments import check_choice, check_positive_number
@@ -56,6 +59,10 @@ from dpnotebook.privacy.step_constants import PrivacyKnobs, StepConstants
 from dpnotebook.privacy.step_stats import StepStats, total_norms
 
 __all__ = [
+    "GradSampleWrapper",
+    "is_wrapped",
+    "unwrap_model",
+    "as_wrapper",
     "WrappedOptimizer",
     "DPOptimizer",
     "GhostDPOptimizer",
@@ -63,6 +70,39 @@ __all__ = [
     "DPTensorFastGradientClipping",
     "optimizer_class",
 ]
+
+
+class GradSampleWrapper(Protocol):
+    """What every mode's grad-sample wrapper has; they share no base class but ``nn.Module``."""
+
+    _module: nn.Module
+
+    def to_standard_module(self) -> nn.Module: ...
+
+    def allow_grad_accumulation(self) -> None: ...
+
+
+def is_wrapped(module: nn.Module) -> bool:
+    """Whether ``module`` is a grad-sample wrapper (from :func:`dpnotebook.wrap_model`, any mode)."""
+    return isinstance(module, GradSampleModule) or callable(getattr(type(module), "to_standard_module", None))
+
+
+def unwrap_model(module: nn.Module) -> nn.Module:
+    """The original model inside a grad-sample wrapper (or ``module`` itself).
+
+    >>> from torch import nn
+    >>> from dpnotebook import wrap_model
+    >>> layer = nn.Linear(2, 2)
+    >>> unwrap_model(wrap_model(layer, "hooks")) is layer, unwrap_model(layer) is layer
+    (True, True)
+    """
+    return cast(GradSampleWrapper, module)._module if is_wrapped(module) else module
+
+
+def as_wrapper(module: nn.Module) -> GradSampleWrapper:
+    """``module``, a wrapper from :func:`dpnotebook.wrap_model` (any mode), typed as one."""
+    assert is_wrapped(module), f"{type(module).__name__} is not a grad-sample wrapper"
+    return cast(GradSampleWrapper, module)
 
 
 class WrappedOptimizer(Optimizer):
@@ -301,7 +341,8 @@ class DPOptimizer(PrivacyKnobs, WrappedOptimizer):
         self.clip_and_accumulate()  # the last piece; its p.grad_sample stay until zero_grad
         passes = self.accumulated_iterations  # backward passes the last piece held (1 under Poisson sampling)
         params = self.params
-        invariants.check_no_raw_gradients(self.param_groups, params, invariants.models_holding(params, self._dp_model))
+        plain = unwrap_model(self._dp_model) if self._dp_model is not None else None
+        invariants.check_no_raw_gradients(self.param_groups, params, invariants.models_holding(params, plain))
         self.sampled_batches.check(sum(int(n.shape[0]) for n in self._norms))
         summed = self._summed or [torch.zeros_like(p) for p in params]
         std = self.noise_multiplier * self.max_grad_norm
@@ -465,7 +506,8 @@ class GhostDPOptimizer(DPOptimizer):
     """A :class:`DPOptimizer` for models wrapped in ghost mode (same arguments): no per-sample gradients in memory.
 
     Clipping asks the ghost wrapper for every sample's norm, then for the clip-factor-weighted sum of the
-    gradients; noise, scaling, virtual steps, statistics and hooks are the base class's. The wrapper is found from the optimizer's parameters, so the model must be
+    gradients; noise, scaling, virtual steps, statistics and hooks are the base class's.
+    The wrapper is found from the optimizer's parameters, so the model must be
     wrapped (``wrap_model(model, "ghost")``) before the first :meth:`step`.
     """
 

@@ -1,7 +1,7 @@
 """Training and evaluation loops shared by the examples and tutorials.
 
 They work with a private setup (from :meth:`PrivacyEngine.make_private
-<dpnotebook.privacy._engine.PrivacyEngine.make_private>`) and with a plain one,
+<dpnotebook.privacy.PrivacyEngine.make_private>`) and with a plain one,
 so the non-private baseline runs the very same code.
 
 >>> import torch
@@ -73,7 +73,7 @@ def train_epoch(
 
     Args:
         model: the model (wrapped or plain).
-        optimizer: a :class:`~dpnotebook.privacy._optimizer.DPOptimizer` or any optimizer.
+        optimizer: a :class:`~dpnotebook.privacy.DPOptimizer` or any optimizer.
         data_loader: yields ``(inputs, targets)``, moved to the model's device here.
         loss_fn: ``loss_fn(outputs, targets)``, reducing as the model's wrapper was told.
         progress: a tqdm bar to advance by one per batch; it shows the last batch's loss.
@@ -116,13 +116,13 @@ def fit(
 
     Args:
         model: the model (wrapped or plain).
-        optimizer: a :class:`~dpnotebook.privacy._optimizer.DPOptimizer` or any optimizer.
+        optimizer: a :class:`~dpnotebook.privacy.DPOptimizer` or any optimizer.
         data_loader: yields ``(inputs, targets)``.
         epochs: passes over ``data_loader``.
         loss_fn: ``loss_fn(outputs, targets)``.
         progress: show the bar.
         description: the bar's label.
-        privacy_engine: the :class:`~dpnotebook.privacy._engine.PrivacyEngine` that made the
+        privacy_engine: the :class:`~dpnotebook.privacy.PrivacyEngine` that made the
             optimizer private, to show its epsilon.
         delta: the delta of that epsilon (required with ``privacy_engine``).
 

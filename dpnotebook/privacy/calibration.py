@@ -136,7 +136,7 @@ def warn_if_noise_drowns_signal(noise_multiplier: float, expected_batch_size: fl
     every single coordinate of the averaged gradient has a larger std than the *whole* clipped
     signal's norm can reach (``C``): the model moves at random and training learns nothing,
     although the privacy guarantee holds. :meth:`PrivacyEngine.make_private
-    <dpnotebook.privacy._engine.PrivacyEngine.make_private>` calls it for every run, so a sigma
+    <dpnotebook.privacy.PrivacyEngine.make_private>` calls it for every run, so a sigma
     calibrated for an out-of-reach budget (say 65,536) is said, not silently returned.
 
     >>> import warnings

@@ -216,7 +216,7 @@ class _AllReduceMixin(_DPOptimizerBase):
             pass
 
     def _finish_batch(self) -> None:
-        """As :meth:`~dpnotebook.privacy._optimizer.DPOptimizer.add_noise`, with the all-reduce; a rank that raises here still joins it."""
+        """As :meth:`~dpnotebook.privacy.DPOptimizer.add_noise`, with the all-reduce; a rank that raises here still joins it."""
         try:
             super()._finish_batch()
         except RanksFailedError:
@@ -241,9 +241,9 @@ class _AllReduceMixin(_DPOptimizerBase):
 
 
 class DistributedDPOptimizer(_AllReduceMixin, DPOptimizer):
-    """A :class:`~dpnotebook.privacy._optimizer.DPOptimizer` whose clipped sums are all-reduced over the ranks, with noise added once (rank 0).
+    """A :class:`~dpnotebook.privacy.DPOptimizer` whose clipped sums are all-reduced over the ranks, with noise added once (rank 0).
 
-    Same arguments as :class:`~dpnotebook.privacy._optimizer.DPOptimizer`; ``expected_batch_size`` is the global
+    Same arguments as :class:`~dpnotebook.privacy.DPOptimizer`; ``expected_batch_size`` is the global
     one, ``q * N``. ``last_step_stats`` describes this rank's samples (its local
     clipped sum, and the noise only on rank 0); ``global_batch_size`` counts all ranks'.
     """

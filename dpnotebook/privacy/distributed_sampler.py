@@ -116,9 +116,9 @@ class DistributedPoissonBatchSampler(PoissonBatchSampler):
 
 
 class DistributedDPDataLoader(DPDataLoader):
-    """A :class:`~dpnotebook.privacy._data.DPDataLoader` that yields this rank's share of each global Poisson batch.
+    """A :class:`~dpnotebook.privacy.DPDataLoader` that yields this rank's share of each global Poisson batch.
 
-    Same arguments as :class:`~dpnotebook.privacy._data.DPDataLoader` (``dataset`` is the whole dataset, on
+    Same arguments as :class:`~dpnotebook.privacy.DPDataLoader` (``dataset`` is the whole dataset, on
     every rank). ``sample_rate`` and ``expected_batch_size`` (``q * N``) are the
     global ones, which the accountant and the optimizer need; ``len`` is the number
     of global steps per epoch, the same on every rank.

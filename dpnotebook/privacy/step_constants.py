@@ -4,7 +4,7 @@
 they are set (by the constructor, a setter, a scheduler). :class:`StepConstants`
 is the invariant that they, the expected batch size, the clipping and ``K`` do not
 change while a logical batch is accumulated: :meth:`DPOptimizer.clip_and_accumulate
-<dpnotebook.privacy._optimizer.DPOptimizer.clip_and_accumulate>` reads them at the first piece
+<dpnotebook.privacy.DPOptimizer.clip_and_accumulate>` reads them at the first piece
 and checks them at every later piece and at the step, so clipping and noise always use the
 same ``C`` (``docs/guarantees.md``, "Invariants of the DP step").
 

@@ -2,7 +2,7 @@
 
 A DP-SGD step is private only if the update it applies is the clipped, noised
 sum of one logical batch, computed once, with the constants the noise is
-calibrated to. :class:`~dpnotebook.privacy._optimizer.DPOptimizer` calls these
+calibrated to. :class:`~dpnotebook.privacy.DPOptimizer` calls these
 checks at the points where that could break (``docs/guarantees.md``,
 "Invariants", lists them with their tests):
 
@@ -102,10 +102,8 @@ def parameter_names(params: Iterable[nn.Parameter], models: Iterable[nn.Module] 
 
 
 def models_holding(params: Iterable[nn.Parameter], model: nn.Module | None = None) -> list[nn.Module]:
-    """The models whose parameter paths name ``params`` in errors: ``model`` (unwrapped) and their wrappers'."""
-    from dpnotebook.privacy._engine import unwrap_model
-
-    models = [unwrap_model(model)] if model is not None else []
+    """The models whose parameter paths name ``params`` in errors: ``model`` (the plain one) and their wrappers'."""
+    models = [model] if model is not None else []
     for p in params:
         for hook in (getattr(p, "_post_accumulate_grad_hooks", None) or {}).values():
             owner = getattr(getattr(hook, "__self__", None), "owner", None)  # a GradSampleStore's wrapper

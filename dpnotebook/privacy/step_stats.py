@@ -1,6 +1,6 @@
 """``StepStats``: what one DP-SGD step did, for printing and plotting.
 
-:class:`~dpnotebook.privacy._optimizer.DPOptimizer` fills one after every
+:class:`~dpnotebook.privacy.DPOptimizer` fills one after every
 step (``optimizer.last_step_stats``); the training monitor and the clipping
 widgets read it. The per-sample norms are computed from the data without noise,
 so they are not private: show them to a student, never publish them.

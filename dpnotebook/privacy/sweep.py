@@ -2,8 +2,8 @@
 
 One run (:func:`train_run`) trains a small MLP on in-memory tensors with the
 library's own pieces: Poisson batches from
-:class:`~dpnotebook.privacy._data.PoissonBatchSampler`, per-sample
-gradients in hooks mode, :class:`~dpnotebook.privacy._optimizer.DPOptimizer`,
+:class:`~dpnotebook.privacy.PoissonBatchSampler`, per-sample
+gradients in hooks mode, :class:`~dpnotebook.privacy.DPOptimizer`,
 and a noise multiplier calibrated by
 :func:`~dpnotebook.privacy.calibration.get_noise_multiplier` for exactly the
 steps the run takes. The batches are indexed straight out of the tensors (no
@@ -45,8 +45,7 @@ from tqdm.auto import tqdm
 from dpnotebook.models import MLP
 from dpnotebook.modes import wrap_model
 from dpnotebook.privacy._data import PoissonBatchSampler
-from dpnotebook.privacy._engine import as_wrapper
-from dpnotebook.privacy._optimizer import DPOptimizer
+from dpnotebook.privacy._optimizer import DPOptimizer, as_wrapper
 from dpnotebook.privacy._training import show_progress
 from dpnotebook.privacy.accounting import compute_epsilon
 from dpnotebook.privacy.calibration import get_noise_multiplier

@@ -1,8 +1,4 @@
-"""``opacus.utils.batch_memory_manager`` under dpnotebook.
-
->>> BatchMemoryManager.__module__
-'dpnotebook.privacy._data'
-"""
+"""``opacus.utils.batch_memory_manager`` under dpnotebook."""
 
 from dpnotebook.privacy import BatchMemoryManager
 

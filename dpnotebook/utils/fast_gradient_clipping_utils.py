@@ -1,8 +1,4 @@
-"""``opacus.utils.fast_gradient_clipping_utils`` under dpnotebook.
-
->>> DPLossFastGradientClipping.__module__
-'dpnotebook.privacy._optimizer'
-"""
+"""``opacus.utils.fast_gradient_clipping_utils`` under dpnotebook."""
 
 from dpnotebook.privacy import DPLossFastGradientClipping, DPTensorFastGradientClipping
 

@@ -11,7 +11,7 @@ from dpnotebook.audit import audit_sensitivity
 from dpnotebook.audit.families import FAMILIES
 from dpnotebook.audit.records import RECORDS, audit_case
 from dpnotebook.privacy import DPLossFastGradientClipping
-from dpnotebook.privacy._engine import is_wrapped
+from dpnotebook.privacy._optimizer import is_wrapped
 
 
 class DotLoss(nn.Module):

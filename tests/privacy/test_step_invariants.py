@@ -21,7 +21,7 @@ from dpnotebook import PrivacyEngine, wrap_model
 from dpnotebook.grad_sample.engine.ownership import wrapper_hooking
 from dpnotebook.mode_registry import optimizer_class
 from dpnotebook.privacy import BatchMemoryManager, DPOptimizer
-from dpnotebook.schedulers import ExponentialGradClip, StepGradClip, StepNoise
+from dpnotebook.privacy import ExponentialGradClip, StepGradClip, StepNoise
 
 MODES = ["hooks", "functorch", "ew", "ghost"]
 
