@@ -20,8 +20,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from dpnotebook import PrivacyEngine, wrap_model
 from dpnotebook.grad_sample.engine.ownership import wrapper_hooking
 from dpnotebook.mode_registry import optimizer_class
-from dpnotebook.privacy import BatchMemoryManager, DPOptimizer
-from dpnotebook.privacy import ExponentialGradClip, StepGradClip, StepNoise
+from dpnotebook.privacy import BatchMemoryManager, DPOptimizer, ExponentialGradClip, StepGradClip, StepNoise
 
 MODES = ["hooks", "functorch", "ew", "ghost"]
 
