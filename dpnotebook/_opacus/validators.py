@@ -79,7 +79,7 @@ class ModuleValidator:
             :func:`~dpnotebook.validators.register_module_fixer` (run by :func:`dpnotebook.fix` too).
     """
 
-    VALIDATORS: dict[type, Callable[..., list]] = {}
+    VALIDATORS: dict[type, Callable[..., list[Any]]] = {}
     FIXERS: dict[type, Callable[..., nn.Module]] = {}
 
     @classmethod
@@ -133,10 +133,10 @@ def _types(target: type | Sequence[type]) -> list[type]:
 
 def register_module_validator(
     target_class_or_classes: type | Sequence[type], validator_class: type[ModuleValidator] = ModuleValidator
-) -> Callable:
+) -> Callable[..., Any]:
     """Register ``fn(module) -> [errors]`` for these layer types (Opacus' decorator)."""
 
-    def decorator(fn: Callable[[nn.Module], list]) -> Callable[[nn.Module], list]:
+    def decorator(fn: Callable[[nn.Module], list[Any]]) -> Callable[[nn.Module], list[Any]]:
         types = tuple(_types(target_class_or_classes))
         for t in types:
             validator_class.VALIDATORS[t] = fn
@@ -159,7 +159,7 @@ def register_module_validator(
 
 def register_module_fixer(
     target_class_or_classes: type | Sequence[type], validator_class: type[ModuleValidator] = ModuleValidator
-) -> Callable:
+) -> Callable[..., Any]:
     """Register ``fn(module, **kwargs) -> replacement`` for these layer types (Opacus' decorator)."""
 
     def decorator(fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:

@@ -155,7 +155,7 @@ class SampledBatches:
         self.counts.append(int(examples))
         self.draws.append(self._marker.last if self._marker is not None else None)
 
-    def _forward(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+    def _forward(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
         """Forward hook: when the output's gradient flows back, its inputs' marks are recorded."""
         if not torch.is_grad_enabled():
             return

@@ -60,7 +60,7 @@ __all__ = [
 ]
 
 
-Collate = Callable[[list], Any]
+Collate = Callable[[list[Any]], Any]
 
 
 def _map_columns(batch: Any, index: slice) -> Any:
@@ -145,12 +145,12 @@ class EmptyBatchCollate:
     rows sliced away, so they match every other batch exactly.
     """
 
-    def __init__(self, collate_fn: Collate, dataset: Dataset) -> None:
+    def __init__(self, collate_fn: Collate, dataset: Dataset[Any]) -> None:
         self.collate_fn = collate_fn
         self.dataset = dataset
         self._empty: Any = None
 
-    def __call__(self, samples: list) -> Any:
+    def __call__(self, samples: list[Any]) -> Any:
         if samples:
             return self.collate_fn(samples)
         if self._empty is None:
@@ -158,7 +158,7 @@ class EmptyBatchCollate:
         return self._empty
 
 
-class DPDataLoader(DataLoader):
+class DPDataLoader(DataLoader[Any]):
     """A ``DataLoader`` with Poisson sampling (see the module docstring).
 
     Args:
@@ -188,7 +188,7 @@ class DPDataLoader(DataLoader):
 
     def __init__(
         self,
-        dataset: Dataset,
+        dataset: Dataset[Any],
         *,
         sample_rate: float,
         collate_fn: Collate | None = None,
@@ -242,7 +242,7 @@ class DPDataLoader(DataLoader):
     @classmethod
     def from_data_loader(
         cls,
-        loader: DataLoader,
+        loader: DataLoader[Any],
         *,
         generator: torch.Generator | None = None,
         secure_mode: bool = False,
@@ -324,7 +324,7 @@ def split_batch(batch: Any, *, max_physical_batch_size: int, K: int = 1) -> Iter
         yield _map_columns(batch, slice(start, start + step))
 
 
-def replaced_sampling(loader: DataLoader) -> list[str]:
+def replaced_sampling(loader: DataLoader[Any]) -> list[str]:
     """The options of ``loader`` that Poisson sampling replaces: ``shuffle=True``, ``drop_last=True``, a sampler.
 
     >>> import torch
@@ -347,7 +347,7 @@ def replaced_sampling(loader: DataLoader) -> list[str]:
     return replaced
 
 
-def warn_replaced_sampling(loader: DataLoader) -> None:
+def warn_replaced_sampling(loader: DataLoader[Any]) -> None:
     """Say which of ``loader``'s sampling options Poisson sampling ignores."""
     replaced = replaced_sampling(loader)
     if replaced:
@@ -382,13 +382,13 @@ class AugmultCollate:
         self.K = check_positive_int("K", K)
         self.collate_fn = collate_fn
 
-    def __call__(self, samples: list) -> Any:
+    def __call__(self, samples: list[Any]) -> Any:
         rows = [(self.augment(s[0]), *s[1:]) for s in samples for _ in range(self.K)]
         return self.collate_fn(rows)
 
 
 def augmult_data_loader(
-    dataset: Dataset,
+    dataset: Dataset[Any],
     *,
     augment: Callable[[Any], Any],
     K: int,
@@ -416,7 +416,7 @@ def augmult_data_loader(
     )
 
 
-def loader_k(data_loader: DataLoader) -> int | None:
+def loader_k(data_loader: DataLoader[Any]) -> int | None:
     """The ``K`` of ``data_loader``'s :class:`AugmultCollate` (``None`` if it has none).
 
     >>> from torch.utils.data import TensorDataset
@@ -443,7 +443,7 @@ class BatchMemoryManager:
     def __init__(
         self,
         *,
-        data_loader: DataLoader,
+        data_loader: DataLoader[Any],
         max_physical_batch_size: int,
         optimizer: DPOptimizer,
         K: int | None = None,

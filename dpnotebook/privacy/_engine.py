@@ -78,7 +78,7 @@ ADAPTIVE_CLIPPING_ARGS = (
 _WRAPPER_PREFIX = "_module."
 
 
-def sample_rate_of(data_loader: DataLoader) -> float:
+def sample_rate_of(data_loader: DataLoader[Any]) -> float:
     """q of a data loader: its own for a :class:`DPDataLoader`, else ``1 / len(data_loader)`` (in samples)."""
     return data_loader.sample_rate if isinstance(data_loader, DPDataLoader) else 1 / len(data_loader)
 
@@ -245,7 +245,7 @@ class PrivacyEngine:
         *,
         module: nn.Module,
         optimizer: Optimizer,
-        data_loader: DataLoader,
+        data_loader: DataLoader[Any],
         noise_multiplier: float,
         max_grad_norm: float | list[float],
         grad_sample_mode: str = "hooks",
@@ -260,7 +260,7 @@ class PrivacyEngine:
         wrap_model: bool = True,
         rand_on_empty: bool = False,
         **kwargs: Any,
-    ) -> tuple[nn.Module, DPOptimizer, DataLoader] | tuple[nn.Module, DPOptimizer, Any, DataLoader]:
+    ) -> tuple[nn.Module, DPOptimizer, DataLoader[Any]] | tuple[nn.Module, DPOptimizer, Any, DataLoader[Any]]:
         """Return ``(module, optimizer, data_loader)`` ready for DP-SGD.
 
         Args:
@@ -386,14 +386,14 @@ class PrivacyEngine:
         *,
         module: nn.Module,
         optimizer: Optimizer,
-        data_loader: DataLoader,
+        data_loader: DataLoader[Any],
         target_epsilon: float,
         target_delta: float,
         epochs: int,
         max_grad_norm: float | list[float],
         epsilon_tolerance: float = 0.01,
         **kwargs: Any,
-    ) -> tuple[nn.Module, DPOptimizer, DataLoader] | tuple[nn.Module, DPOptimizer, Any, DataLoader]:
+    ) -> tuple[nn.Module, DPOptimizer, DataLoader[Any]] | tuple[nn.Module, DPOptimizer, Any, DataLoader[Any]]:
         """As :meth:`make_private`, with the smallest sigma that spends at most ``target_epsilon`` in ``epochs``.
 
         Sigma is calibrated for exactly the steps the returned loader runs in ``epochs``

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
@@ -59,7 +59,7 @@ def show_progress(progress: bool | None) -> bool:
 def train_epoch(
     model: nn.Module,
     optimizer: Optimizer,
-    data_loader: DataLoader,
+    data_loader: DataLoader[Any],
     *,
     loss_fn: LossFn = F.cross_entropy,
     progress: tqdm | None = None,
@@ -100,7 +100,7 @@ def train_epoch(
 def fit(
     model: nn.Module,
     optimizer: Optimizer,
-    data_loader: DataLoader,
+    data_loader: DataLoader[Any],
     *,
     epochs: int,
     loss_fn: LossFn = F.cross_entropy,
@@ -155,7 +155,7 @@ def fit(
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, data_loader: DataLoader) -> float:
+def evaluate(model: nn.Module, data_loader: DataLoader[Any]) -> float:
     """The accuracy of ``model`` (unwrapped, in eval mode) on ``data_loader``'s ``(inputs, labels)``.
 
     Batches are moved to the model's device, so a model on the GPU works with a CPU data loader.
