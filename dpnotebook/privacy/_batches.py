@@ -39,8 +39,6 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
-__all__ = ["Draw", "DrawMarker", "DRAW_ATTRIBUTE", "mark_batch", "draws_in", "SampledBatches"]
-
 
 class Draw(NamedTuple):
     """Which batch a tensor came from: the ``number``-th batch handed out by the loader ``loader``."""

@@ -46,20 +46,6 @@ from dpnotebook.privacy._optimizer import DPOptimizer
 from dpnotebook.privacy.noise import secure_uniform
 from dpnotebook.privacy.schedule import steps_per_epoch
 
-__all__ = [
-    "PoissonBatchSampler",
-    "DPDataLoader",
-    "EmptyBatchCollate",
-    "split_batch",
-    "replaced_sampling",
-    "warn_replaced_sampling",
-    "AugmultCollate",
-    "augmult_data_loader",
-    "loader_k",
-    "BatchMemoryManager",
-]
-
-
 Collate = Callable[[list[Any]], Any]
 
 

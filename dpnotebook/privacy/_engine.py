@@ -59,14 +59,6 @@ from dpnotebook.privacy.layer_bounds import check_layer_bounds
 from dpnotebook.privacy.step_invariants import check_unowned, claim_parameters
 from dpnotebook.validation import raise_if_problems, validate
 
-__all__ = [
-    "PrivacyEngine",
-    "sample_rate_of",
-    "check_accountant_name",
-    "gcd_group_count",
-    "ADAPTIVE_CLIPPING_ARGS",
-]
-
 #: The keyword arguments of adaptive clipping, refused by :meth:`PrivacyEngine.make_private`.
 ADAPTIVE_CLIPPING_ARGS = (
     "target_unclipped_quantile",
@@ -111,48 +103,6 @@ def warn_not_poisson(sample_rate: float) -> None:
         PrivacyWarning,
         stacklevel=3,  # the line that called make_private
     )
-
-
-def _private_optimizer(
-    optimizer: Optimizer,
-    *,
-    module: nn.Module,
-    distributed: bool,
-    data_loader: Any,
-    noise_multiplier: float,
-    max_grad_norm: float | list[float],
-    expected_batch_size: float,
-    loss_reduction: str = "mean",
-    clipping: str = "flat",
-    generator: torch.Generator | None = None,
-    secure_mode: bool | None = None,
-) -> DPOptimizer:
-    """Wrap ``optimizer`` in the DP optimizer of ``module``'s grad-sample mode (:func:`optimizer_class`).
-
-    A distributed model (inside DPDDP or DDP) gets that class's all-reducing version; a
-    :class:`DPDataLoader` is tied to the optimizer, so that each step clips the samples of exactly one
-    batch it drew. The other arguments are the DP optimizer's.
-    """
-    from dpnotebook.privacy.distributed import distributed_optimizer_class
-
-    dp_class = optimizer_class(getattr(module, "grad_sample_mode", None))
-    if distributed:
-        dp_class = distributed_optimizer_class(dp_class)
-    dp_optimizer = dp_class(
-        optimizer,
-        noise_multiplier=noise_multiplier,
-        max_grad_norm=max_grad_norm,
-        expected_batch_size=expected_batch_size,
-        loss_reduction=loss_reduction,
-        clipping=clipping,
-        generator=generator,
-        secure_mode=secure_mode,
-    )
-    dp_optimizer._dp_model = module  # its K is one of a logical step's constants
-    claim_parameters(dp_optimizer, unwrap_model(module).parameters())  # the whole model: one DP optimizer per model
-    if isinstance(data_loader, DPDataLoader):  # each step must clip the examples of exactly one batch
-        dp_optimizer.sampled_batches.tie(data_loader, module)
-    return dp_optimizer
 
 
 def _refuse_unsupported(*, wrap_model: bool, clipping: str, rand_on_empty: bool, extra: dict[str, Any]) -> None:
@@ -313,7 +263,11 @@ class PrivacyEngine:
                     f"{name}={generator!r} with secure_mode=True: a seeded generator is predictable. "
                     f"Fix: drop {name}, or use PrivacyEngine(secure_mode=False) to reproduce a run."
                 )
-        from dpnotebook.privacy.distributed import check_distributed_setup, unwrap_distributed
+        from dpnotebook.privacy.distributed import (
+            check_distributed_setup,
+            distributed_optimizer_class,
+            unwrap_distributed,
+        )
 
         module, distributed = unwrap_distributed(module)  # DPDDP / DDP: the model inside, all-reduced by the optimizer
         check_distributed_setup(distributed, data_loader, poisson_sampling)
@@ -358,11 +312,12 @@ class PrivacyEngine:
                 accountant=type(self.accountant).__name__,
             )
 
-        dp_optimizer = _private_optimizer(
+        # the DP optimizer of the model's grad-sample mode (all-reducing for a distributed model)
+        dp_class = optimizer_class(getattr(module, "grad_sample_mode", None))
+        if distributed:
+            dp_class = distributed_optimizer_class(dp_class)
+        dp_optimizer = dp_class(
             optimizer,
-            module=module,
-            distributed=distributed,
-            data_loader=data_loader,
             noise_multiplier=noise_multiplier,
             max_grad_norm=max_grad_norm,
             expected_batch_size=expected_batch_size,
@@ -371,6 +326,10 @@ class PrivacyEngine:
             generator=noise_generator,
             secure_mode=self._secure_choice,
         )
+        dp_optimizer._dp_model = module  # its K is one of a logical step's constants
+        claim_parameters(dp_optimizer, unwrap_model(module).parameters())  # the whole model: one DP optimizer
+        if isinstance(data_loader, DPDataLoader):  # each step must clip the examples of exactly one batch
+            dp_optimizer.sampled_batches.tie(data_loader, module)
 
         def step_accountant(opt: DPOptimizer) -> None:
             self.accountant.step(noise_multiplier=opt.noise_multiplier, sample_rate=sample_rate)

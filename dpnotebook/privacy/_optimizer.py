@@ -58,19 +58,6 @@ from dpnotebook.privacy.noise import draw_noise, warn_insecure_noise_once
 from dpnotebook.privacy.step_constants import PrivacyKnobs, StepConstants
 from dpnotebook.privacy.step_stats import StepStats, total_norms
 
-__all__ = [
-    "GradSampleWrapper",
-    "is_wrapped",
-    "unwrap_model",
-    "as_wrapper",
-    "WrappedOptimizer",
-    "DPOptimizer",
-    "GhostDPOptimizer",
-    "DPLossFastGradientClipping",
-    "DPTensorFastGradientClipping",
-    "optimizer_class",
-]
-
 
 class GradSampleWrapper(Protocol):
     """What every mode's grad-sample wrapper has; they share no base class but ``nn.Module``."""

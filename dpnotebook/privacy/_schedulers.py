@@ -25,15 +25,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-__all__ = [
-    "ExponentialNoise",
-    "LambdaNoise",
-    "StepNoise",
-    "ExponentialGradClip",
-    "LambdaGradClip",
-    "StepGradClip",
-]
-
 
 class _Scheduler:
     """Sets ``optimizer.<knob>`` to :meth:`value` on every :meth:`step` (and once on construction)."""

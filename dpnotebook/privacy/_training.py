@@ -34,7 +34,6 @@ from dpnotebook.privacy._engine import unwrap_model
 if TYPE_CHECKING:
     from dpnotebook.privacy._engine import PrivacyEngine
 
-__all__ = ["train_epoch", "fit", "evaluate", "show_progress"]
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
 
