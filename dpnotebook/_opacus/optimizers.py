@@ -57,7 +57,7 @@ __all__ = [
 
 def _summed_grad(p: nn.Parameter) -> Tensor:
     """``p.summed_grad``, set before :meth:`DPOptimizer.add_noise` (torch's Parameter does not declare it)."""
-    return getattr(p, "summed_grad")  # noqa: B009 - torch's Parameter does not declare it
+    return getattr(p, "summed_grad")  # torch's Parameter does not declare it
 
 
 class DPOptimizer(_CoreDPOptimizer):
@@ -74,7 +74,7 @@ class DPOptimizer(_CoreDPOptimizer):
         self, summed: list[Tensor], params: list[nn.Parameter], std: float
     ) -> tuple[list[Tensor], float, float]:
         for p, s in zip(params, summed, strict=True):
-            setattr(p, "summed_grad", s.detach())  # noqa: B010 - (see _summed_grad); clip_and_accumulate set it too
+            setattr(p, "summed_grad", s.detach())  # (see _summed_grad); clip_and_accumulate set it too
         self.add_noise()
         grads = [cast(Tensor, p.grad) for p in params]  # add_noise's contract: it sets every p.grad
         noise_norm = total_norm([g - s for g, s in zip(grads, summed, strict=True)])
