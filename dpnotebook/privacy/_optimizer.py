@@ -275,7 +275,7 @@ class DPOptimizer(PrivacyKnobs, WrappedOptimizer):
         """Forget per-sample state that a piece's clipping consumed and that is not ``p.grad_sample`` (ghost)."""
 
     def clip_and_accumulate(self) -> None:
-        """Clip the per-sample gradients present now and add them to the logical batch's sum .
+        """Clip the per-sample gradients present now and add them to the logical batch's sum.
 
         The running sum is each parameter's ``p.summed_grad``; the clipped
         ``p.grad_sample`` stay (marked, so that no step clips them again) until
@@ -417,7 +417,7 @@ class DPOptimizer(PrivacyKnobs, WrappedOptimizer):
         return [g for g in found if g is not None]
 
     def _get_flat_grad_sample(self, p: Tensor) -> Tensor:
-        """``p.grad_sample`` as one tensor, the backward passes' rows concatenated .
+        """``p.grad_sample`` as one tensor, the backward passes' rows concatenated.
 
         Raises:
             ValueError: ``p`` has no per-sample gradients.
