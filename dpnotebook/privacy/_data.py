@@ -419,6 +419,25 @@ def loader_k(data_loader: DataLoader[Any]) -> int | None:
 class BatchMemoryManager:
     """Context manager yielding physical batches of at most ``max_physical_batch_size`` samples.
 
+    Each logical batch is cut into pieces; the optimizer's step on each piece but the last is a virtual step
+    (clip and accumulate), the step on the last adds the noise once and updates the model.
+
+    >>> from torch import nn
+    >>> from torch.utils.data import TensorDataset
+    >>> import dpnotebook
+    >>> model = dpnotebook.wrap_model(nn.Linear(2, 1), "hooks")
+    >>> loader = DPDataLoader(TensorDataset(torch.randn(40, 2)), sample_rate=0.5,
+    ...                       generator=torch.Generator().manual_seed(0))
+    >>> opt = DPOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), noise_multiplier=1.0,
+    ...                   max_grad_norm=1.0, expected_batch_size=20)
+    >>> with BatchMemoryManager(data_loader=loader, max_physical_batch_size=8, optimizer=opt) as batches:
+    ...     for (x,) in batches:
+    ...         opt.zero_grad()
+    ...         model(x).sum().backward()
+    ...         opt.step()
+    >>> opt.last_step_stats.virtual_steps > 1, len(batches)   # ceil(2 batches * 20 expected / 8)
+    (True, 5)
+
     Args:
         data_loader: yields logical batches (e.g. a :class:`DPDataLoader`).
         max_physical_batch_size: the most samples per physical batch.
