@@ -197,7 +197,7 @@ def token_cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
     """The mean next-token cross-entropy over a batch: ``logits [B, T, V]``, ``targets [B, T]``.
 
     Every row has ``T`` tokens, so this is the mean over rows of each row's mean token loss:
-    a ``loss_reduction="mean"`` loss for :class:`~dpnotebook.privacy.engine.PrivacyEngine`.
+    a ``loss_reduction="mean"`` loss for :class:`~dpnotebook.privacy.PrivacyEngine`.
 
     >>> logits = torch.zeros(2, 3, 5)                 # uniform over 5 words
     >>> round(token_cross_entropy(logits, torch.zeros(2, 3, dtype=torch.long)).item(), 4) == round(math.log(5), 4)

@@ -1,9 +1,5 @@
-"""``opacus.privacy_engine`` under dpnotebook.
+"""``opacus.privacy_engine`` under dpnotebook."""
 
->>> PrivacyEngine.__module__
-'dpnotebook.privacy.engine'
-"""
-
-from dpnotebook.privacy.engine import PrivacyEngine
+from dpnotebook.privacy import PrivacyEngine
 
 __all__ = ["PrivacyEngine"]

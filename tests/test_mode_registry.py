@@ -18,8 +18,7 @@ from dpnotebook.grad_sample import (
     GradSampleModuleNoOp,
 )
 from dpnotebook.privacy import PrivacyEngine
-from dpnotebook.privacy.ghost_optimizer import MODE_OPTIMIZERS, optimizer_class
-from dpnotebook.privacy.optimizer import DPOptimizer
+from dpnotebook.privacy._optimizer import MODE_OPTIMIZERS, DPOptimizer, optimizer_class
 
 
 class MarkedOptimizer(DPOptimizer):

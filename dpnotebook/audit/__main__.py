@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from dpnotebook.audit import FAMILIES, grid, matches, run_point, summarise
 from dpnotebook.modes import available_modes
-from dpnotebook.privacy.training import show_progress
+from dpnotebook.privacy._training import show_progress
 
 
 def parser() -> argparse.ArgumentParser:

@@ -64,7 +64,7 @@ from scipy.optimize import brentq
 from scipy.stats import beta, binom, norm
 from torch import Tensor, nn
 
-from dpnotebook.privacy.arguments import check_positive_int, check_positive_number, check_sample_rate
+from dpnotebook.privacy._arguments import check_positive_int, check_positive_number, check_sample_rate
 
 Array = npt.NDArray[Any]
 Records = tuple[Tensor, Tensor]

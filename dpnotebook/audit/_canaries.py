@@ -77,7 +77,7 @@ from dpnotebook.audit._attacks import (
 )
 from dpnotebook.device import check_device
 from dpnotebook.grad_sample._engine.accumulation import grad_sample_parts
-from dpnotebook.privacy.arguments import check_noise_multiplier, check_positive_int, check_sample_rate
+from dpnotebook.privacy._arguments import check_noise_multiplier, check_positive_int, check_sample_rate
 
 Array = npt.NDArray[Any]
 

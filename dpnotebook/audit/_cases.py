@@ -59,7 +59,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from dpnotebook.audit._sensitivity import SensitivityReport
 from dpnotebook.layers import DPLSTM, DPMultiheadAttention
 from dpnotebook.modes import wrap_model
-from dpnotebook.privacy.ghost_optimizer import optimizer_class
+from dpnotebook.privacy._optimizer import optimizer_class
 
 T = 5  # positions of a sequence sample
 
@@ -506,8 +506,7 @@ def two_make_private(mode: str, x: Tensor, weights: Tensor) -> tuple[Tensor, flo
 
 def clip_scheduler_in_batch_memory(mode: str, x: Tensor, weights: Tensor) -> tuple[Tensor, float]:
     """``ExponentialGradClip(gamma=0.5)`` stepped after every physical step of ``BatchMemoryManager``."""
-    from dpnotebook.privacy import BatchMemoryManager
-    from dpnotebook.schedulers import ExponentialGradClip
+    from dpnotebook.privacy import BatchMemoryManager, ExponentialGradClip
 
     model = _model()
     wrapped, optimizer, loader = _engine_step_setup(mode, model, list(model.parameters()), x, weights)

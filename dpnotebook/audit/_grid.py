@@ -31,7 +31,7 @@ from torch import Tensor
 from dpnotebook.audit._cases import FAMILIES, RECORDS, audit_case
 from dpnotebook.audit._sensitivity import FLOAT32_TOLERANCE, TOLERANCE, SensitivityReport, audit_sensitivity
 from dpnotebook.modes import available_modes
-from dpnotebook.privacy.arguments import check_choice
+from dpnotebook.privacy._arguments import check_choice
 
 Refusal = tuple[str | set[str], set[str] | None, bool | None, int | None, tuple[type[BaseException], ...], str, str]
 

@@ -45,8 +45,7 @@ from torch import Tensor, nn
 
 from dpnotebook.modes import wrap_model
 from dpnotebook.privacy._mechanisms import check_layer_bounds, total_bound
-from dpnotebook.privacy.engine_inputs import as_wrapper, unwrap_model
-from dpnotebook.privacy.ghost_optimizer import optimizer_class
+from dpnotebook.privacy._optimizer import as_wrapper, optimizer_class, unwrap_model
 from dpnotebook.testing import clean_copy
 
 #: ``batch(indices)``: the batch holding those samples (each sample's ``K`` rows, sample-major).

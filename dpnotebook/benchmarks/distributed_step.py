@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from dpnotebook import wrap_model
 from dpnotebook.models import SmallCNN
-from dpnotebook.privacy.ghost_optimizer import optimizer_class
+from dpnotebook.privacy._optimizer import optimizer_class
 
 __all__ = ["measure_steps", "rank_steps", "compare", "table", "main"]
 

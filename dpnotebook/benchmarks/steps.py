@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import dpnotebook
 from dpnotebook.benchmarks.models import build
-from dpnotebook.privacy.ghost_optimizer import optimizer_class
+from dpnotebook.privacy._optimizer import optimizer_class
 
 #: Noise multiplier, clipping bound and learning rate of every timed step.
 SIGMA, CLIP, LR = 1.0, 1.0, 0.05

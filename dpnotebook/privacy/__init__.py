@@ -2,18 +2,21 @@
 
 One concept per module (all private; this package is the face):
 
-* ``_mechanisms``: per-sample clipping, Gaussian noise (seedable or secure) and the textbook
-  mechanisms (randomized response, Laplace, Gaussian, subsampling, the Gaussian's RDP);
-* ``_step``: what a DP step must satisfy (its invariants) and :class:`StepStats`, what it did;
-* ``_accounting``: epsilon from Google's ``dp_accounting``, the noise multiplier a budget allows,
-  the steps a run takes;
-* ``optimizer``: :class:`DPOptimizer` (clip, sum, noise, scale, step);
-* ``data_loader``, ``augmult``, ``batch_memory``: Poisson sampling, augmentation multiplicity,
-  Opacus' :class:`BatchMemoryManager`;
-* ``engine``: :class:`PrivacyEngine` and ``make_private``; ``training``: train and evaluate loops;
-* ``_distributed``, ``_launch``: DP-SGD on several processes (:class:`DPDDP`);
-* ``_sweep``: privacy-utility sweeps of small runs;
-* ``arguments``: the checks behind every error message.
+* :mod:`~dpnotebook.privacy._mechanisms`: per-sample norms and clipping;
+* :mod:`~dpnotebook.privacy._mechanisms`: Gaussian noise, seedable or secure;
+* :class:`DPOptimizer` (clip, sum, noise, scale, step) and its ghost-clipping form;
+* :mod:`~dpnotebook.privacy._step`: :class:`StepStats`, what the last step did;
+* :class:`DPDataLoader`, :class:`BatchMemoryManager`, :class:`AugmultCollate`: Poisson sampling, physical
+  batches, augmentation multiplicity;
+* :mod:`~dpnotebook.privacy._accounting`: epsilon from Google's ``dp_accounting``;
+* :mod:`~dpnotebook.privacy._accounting`: the noise multiplier a privacy budget allows;
+* :mod:`~dpnotebook.privacy._mechanisms`: the textbook mechanisms (randomized response, Laplace,
+  Gaussian), amplification by subsampling and the Gaussian's RDP, for computing privacy by hand;
+* :class:`PrivacyEngine` and ``make_private``;
+* :mod:`~dpnotebook.privacy._distributed`, :mod:`~dpnotebook.privacy._distributed`,
+  :mod:`~dpnotebook.privacy._launch`: DP-SGD on several processes (``DPDDP``);
+* schedulers of sigma and C between epochs (:class:`StepNoise`, :class:`ExponentialGradClip`, ...);
+* :func:`fit`, :func:`train_epoch`, :func:`evaluate`: train and evaluate loops.
 
 >>> from dpnotebook.privacy import PrivacyEngine
 >>> PrivacyEngine(accountant="rdp")
@@ -34,16 +37,16 @@ from dpnotebook.privacy._accounting import (
     steps_per_epoch,
     subsampled_gaussian_rdp,
 )
-from dpnotebook.privacy._distributed import (
-    DPDDP,
-    DifferentiallyPrivateDistributedDataParallel,
-    DistributedDPDataLoader,  # from_data_loader(distributed=True)
-    DistributedDPOptimizer,
-    DistributedGhostDPOptimizer,
-    DistributedPoissonBatchSampler,
-    RanksFailedError,
+from dpnotebook.privacy._data import (
+    AugmultCollate,
+    BatchMemoryManager,
+    DPDataLoader,
+    PoissonBatchSampler,
+    augmult_data_loader,
+    split_batch,
 )
-from dpnotebook.privacy._launch import RankOutcome, run_on_ranks
+from dpnotebook.privacy._distributed import DistributedDPDataLoader  # from_data_loader(distributed=True)
+from dpnotebook.privacy._engine import PrivacyEngine
 from dpnotebook.privacy._mechanisms import (
     CLIPPING_MODES,
     ClipResult,
@@ -59,14 +62,23 @@ from dpnotebook.privacy._mechanisms import (
     per_sample_norms,
     randomized_response,
 )
+from dpnotebook.privacy._optimizer import (
+    DPLossFastGradientClipping,
+    DPOptimizer,
+    DPTensorFastGradientClipping,
+    GhostDPOptimizer,
+    unwrap_model,
+)
+from dpnotebook.privacy._schedulers import (
+    ExponentialGradClip,
+    ExponentialNoise,
+    LambdaGradClip,
+    LambdaNoise,
+    StepGradClip,
+    StepNoise,
+)
 from dpnotebook.privacy._step import StepStats
-from dpnotebook.privacy._sweep import RunResult, RunSetting, Summary, noise_on_average, summarise, sweep, train_run
-from dpnotebook.privacy.augmult import AugmultCollate, augmult_data_loader
-from dpnotebook.privacy.batch_memory import BatchMemoryManager
-from dpnotebook.privacy.data_loader import DPDataLoader, PoissonBatchSampler, split_batch
-from dpnotebook.privacy.engine import PrivacyEngine, unwrap_model
-from dpnotebook.privacy.optimizer import DPOptimizer
-from dpnotebook.privacy.training import evaluate, fit, train_epoch
+from dpnotebook.privacy._training import evaluate, fit, train_epoch
 
 __all__ = [
     # clipping
@@ -86,7 +98,17 @@ __all__ = [
     "randomized_response",
     # optimizer
     "DPOptimizer",
+    "GhostDPOptimizer",
+    "DPLossFastGradientClipping",
+    "DPTensorFastGradientClipping",
     "StepStats",
+    # schedulers of sigma and C
+    "ExponentialNoise",
+    "StepNoise",
+    "LambdaNoise",
+    "ExponentialGradClip",
+    "StepGradClip",
+    "LambdaGradClip",
     # data
     "AugmultCollate",
     "BatchMemoryManager",

@@ -37,7 +37,7 @@ import dp_accounting
 from dp_accounting.pld.privacy_loss_mechanism import AdjacencyType, GaussianPrivacyLoss
 
 from dpnotebook.errors import PrivacyWarning
-from dpnotebook.privacy.arguments import (
+from dpnotebook.privacy._arguments import (
     check_choice,
     check_delta,
     check_epsilon,

@@ -44,11 +44,10 @@ from torch import Tensor, nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.nn.parallel import DistributedDataParallel
 
+from dpnotebook.privacy._data import DPDataLoader, PoissonBatchSampler
 from dpnotebook.privacy._mechanisms import draw_noise, secure_uniform
+from dpnotebook.privacy._optimizer import DPOptimizer, GhostDPOptimizer
 from dpnotebook.privacy._step import total_norm
-from dpnotebook.privacy.data_loader import DPDataLoader, PoissonBatchSampler
-from dpnotebook.privacy.ghost_optimizer import GhostDPOptimizer
-from dpnotebook.privacy.optimizer import DPOptimizer
 
 
 class RanksFailedError(RuntimeError):

@@ -29,7 +29,7 @@ from torch import Tensor
 from dpnotebook.errors import PrivacyWarning
 from dpnotebook.grad_sample._contracts import flat_rows
 from dpnotebook.grad_sample._engine.precision import full_precision
-from dpnotebook.privacy.arguments import (
+from dpnotebook.privacy._arguments import (
     check_choice,
     check_max_grad_norm,
     check_noise_multiplier,

@@ -40,8 +40,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from dpnotebook.privacy._arguments import check_max_grad_norm, check_noise_multiplier
 from dpnotebook.privacy._mechanisms import total_bound
-from dpnotebook.privacy.arguments import check_max_grad_norm, check_noise_multiplier
 
 _NOISED = "_dpn_noised_version"  # on a p.grad a DP step wrote: its version counter then
 
@@ -167,10 +167,8 @@ def parameter_names(params: Iterable[nn.Parameter], models: Iterable[nn.Module] 
 
 
 def models_holding(params: Iterable[nn.Parameter], model: nn.Module | None = None) -> list[nn.Module]:
-    """The models whose parameter paths name ``params`` in errors: ``model`` (unwrapped) and their wrappers'."""
-    from dpnotebook.privacy.engine_inputs import unwrap_model
-
-    models = [unwrap_model(model)] if model is not None else []
+    """The models whose parameter paths name ``params`` in errors: ``model`` (the plain one) and their wrappers'."""
+    models = [model] if model is not None else []
     for p in params:
         for hook in (getattr(p, "_post_accumulate_grad_hooks", None) or {}).values():
             owner = getattr(getattr(hook, "__self__", None), "owner", None)  # a GradSampleStore's wrapper

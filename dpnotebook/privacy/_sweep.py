@@ -40,11 +40,10 @@ from tqdm.auto import tqdm
 from dpnotebook.models import MLP
 from dpnotebook.modes import wrap_model
 from dpnotebook.privacy._accounting import compute_epsilon, get_noise_multiplier, steps_for_epochs, steps_per_epoch
-from dpnotebook.privacy.arguments import check_positive_int, check_positive_number
-from dpnotebook.privacy.data_loader import PoissonBatchSampler
-from dpnotebook.privacy.engine_inputs import as_wrapper
-from dpnotebook.privacy.optimizer import DPOptimizer
-from dpnotebook.privacy.training import show_progress
+from dpnotebook.privacy._arguments import check_positive_int, check_positive_number
+from dpnotebook.privacy._data import PoissonBatchSampler
+from dpnotebook.privacy._optimizer import DPOptimizer, as_wrapper
+from dpnotebook.privacy._training import show_progress
 
 Tensors = TensorDataset | tuple[Tensor, Tensor]
 

@@ -1,2 +1,2 @@
 """``opacus.utils`` under dpnotebook: ``batch_memory_manager``, ``per_sample_gradients_utils``,
-``fast_gradient_clipping_utils``, each re-exporting dpnotebook's own implementation."""
+``fast_gradient_clipping_utils``."""

@@ -1,9 +1,5 @@
-"""``opacus.utils.batch_memory_manager`` under dpnotebook.
+"""``opacus.utils.batch_memory_manager`` under dpnotebook."""
 
->>> BatchMemoryManager.__module__
-'dpnotebook.privacy.batch_memory'
-"""
-
-from dpnotebook.privacy.batch_memory import BatchMemoryManager
+from dpnotebook.privacy import BatchMemoryManager
 
 __all__ = ["BatchMemoryManager"]

@@ -1,9 +1,5 @@
-"""``opacus.utils.fast_gradient_clipping_utils`` under dpnotebook.
+"""``opacus.utils.fast_gradient_clipping_utils`` under dpnotebook."""
 
->>> DPLossFastGradientClipping.__module__
-'dpnotebook.privacy.ghost_loss'
-"""
-
-from dpnotebook.privacy.ghost_loss import DPLossFastGradientClipping, DPTensorFastGradientClipping
+from dpnotebook.privacy import DPLossFastGradientClipping, DPTensorFastGradientClipping
 
 __all__ = ["DPLossFastGradientClipping", "DPTensorFastGradientClipping"]

@@ -17,7 +17,7 @@ from torch import nn
 
 import dpnotebook
 from dpnotebook.audit import GradientCanaries, audited_digits_run, unreached_coordinates
-from dpnotebook.privacy.optimizer import DPOptimizer
+from dpnotebook.privacy._optimizer import DPOptimizer
 
 DELTA = 1e-5
 SMALL = dict(members=200, canaries=50, gradient_canaries=1000, delta=DELTA)

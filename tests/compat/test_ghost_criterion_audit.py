@@ -8,8 +8,7 @@ import torch
 from torch import nn
 
 from dpnotebook.audit import FAMILIES, RECORDS, audit_case, audit_sensitivity
-from dpnotebook.privacy.engine import is_wrapped
-from dpnotebook.privacy.ghost_loss import DPLossFastGradientClipping
+from dpnotebook.privacy._optimizer import DPLossFastGradientClipping, is_wrapped
 
 
 class DotLoss(nn.Module):

@@ -16,7 +16,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
 
 from dpnotebook.privacy import DPDDP, BatchMemoryManager, PrivacyEngine, RanksFailedError
-from dpnotebook.privacy.augmult import AugmultCollate
+from dpnotebook.privacy._data import AugmultCollate
 
 N, FEATURES, CLASSES = 24, 6, 3
 

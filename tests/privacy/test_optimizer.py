@@ -67,7 +67,7 @@ class Tempered(nn.Module):
 @pytest.mark.parametrize("mode", ["hooks", "functorch", "ghost"])
 def test_zero_dim_parameter_equals_plain_sgd(mode):
     """A scalar parameter (per-sample gradients of shape [B]) is clipped and stepped like any other."""
-    from dpnotebook.privacy.ghost_optimizer import GhostDPOptimizer
+    from dpnotebook.privacy import GhostDPOptimizer
 
     x, y = batch()
     model = wrap_model(Tempered(), mode)

@@ -19,9 +19,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from dpnotebook import PrivacyEngine, wrap_model
 from dpnotebook.grad_sample._engine.hooks import wrapper_hooking
-from dpnotebook.privacy import BatchMemoryManager, DPOptimizer
-from dpnotebook.privacy.ghost_optimizer import optimizer_class
-from dpnotebook.schedulers import ExponentialGradClip, StepGradClip, StepNoise
+from dpnotebook.privacy import BatchMemoryManager, DPOptimizer, ExponentialGradClip, StepGradClip, StepNoise
+from dpnotebook.privacy._optimizer import optimizer_class
 
 MODES = ["hooks", "functorch", "ew", "ghost"]
 

@@ -1,1 +1,1 @@
-"""``opacus.accountants.analysis`` under dpnotebook: the RDP functions Opacus code imports (:mod:`.rdp`)."""
+"""``opacus.accountants.analysis`` under dpnotebook (:mod:`.rdp`)."""

@@ -174,7 +174,7 @@ class StaleRecordsGuard:
                 raise GradSampleError(
                     "ghost mode: the parameters changed after a backward pass whose clipped gradients "
                     "were never used, so an optimizer stepped without them (in ghost mode p.grad is "
-                    "not filled). Use dpnotebook.privacy.ghost_optimizer.GhostDPOptimizer, e.g. through "
+                    "not filled). Use dpnotebook.privacy._optimizer.GhostDPOptimizer, e.g. through "
                     "PrivacyEngine.make_private(grad_sample_mode='ghost'), or call zero_grad() between steps."
                 )
 
@@ -184,7 +184,7 @@ class GhostGradSampleModule(GradSampleModule):
     """Wraps ``module`` for ghost clipping: every sample's gradient norm and the clipped sum, no per-sample gradients.
 
     ``p.grad`` is not filled for the ghosted layers: train with
-    :class:`~dpnotebook.privacy.ghost_optimizer.GhostDPOptimizer`, or read :meth:`per_sample_norms`
+    :class:`~dpnotebook.privacy._optimizer.GhostDPOptimizer`, or read :meth:`per_sample_norms`
     and :meth:`weighted_sums`.
 
     Args: as :class:`~dpnotebook.grad_sample._engine.hooks.GradSampleModule`

@@ -35,7 +35,7 @@ import traitlets
 from scipy.stats import norm
 
 from dpnotebook.audit import AttackROC, dp_tpr_bound, gaussian_epsilon, gaussian_tpr
-from dpnotebook.privacy.arguments import check_delta, check_noise_multiplier
+from dpnotebook.privacy._arguments import check_delta, check_noise_multiplier
 from dpnotebook.widgets._validate import library_check, one_of, refuse
 
 if TYPE_CHECKING:

@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 from dpnotebook.grad_sample._engine.hooks import check_k
 from dpnotebook.privacy import clip_and_sum, per_sample_norms
-from dpnotebook.privacy.arguments import check_max_grad_norm
+from dpnotebook.privacy._arguments import check_max_grad_norm
 from dpnotebook.widgets._validate import int_at_least, library_check, refuse
 from dpnotebook.widgets.augment import augment_copies
 from dpnotebook.widgets.grads import compute_grad_samples, flatten_grad_samples

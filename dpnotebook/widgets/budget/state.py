@@ -33,7 +33,7 @@ from dpnotebook.privacy import (
     steps_for_epochs,
     steps_per_epoch,
 )
-from dpnotebook.privacy.arguments import check_choice, check_delta, check_epsilon, check_noise_multiplier
+from dpnotebook.privacy._arguments import check_choice, check_delta, check_epsilon, check_noise_multiplier
 from dpnotebook.widgets._validate import int_at_least, library_check, refuse
 
 __all__ = ["BudgetResult", "BudgetState"]

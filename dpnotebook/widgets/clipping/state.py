@@ -27,7 +27,7 @@ import traitlets
 from torch import Tensor
 
 from dpnotebook.privacy import CLIPPING_MODES, clip_and_sum, layer_thresholds
-from dpnotebook.privacy.arguments import check_choice, check_max_grad_norm
+from dpnotebook.privacy._arguments import check_choice, check_max_grad_norm
 from dpnotebook.widgets._validate import library_check, refuse
 from dpnotebook.widgets.grads import as_grad_samples, flatten_grad_samples
 

@@ -27,7 +27,7 @@ import traitlets
 from torch import Tensor
 
 from dpnotebook.privacy import clip_and_sum, gaussian_noise
-from dpnotebook.privacy.arguments import check_max_grad_norm, check_noise_multiplier
+from dpnotebook.privacy._arguments import check_max_grad_norm, check_noise_multiplier
 from dpnotebook.widgets._validate import int_at_least, library_check, refuse
 from dpnotebook.widgets.grads import as_grad_samples, flatten_grad_samples
 

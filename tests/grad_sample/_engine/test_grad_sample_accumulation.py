@@ -15,7 +15,7 @@ from dpnotebook import GradSampleError, wrap_model
 from dpnotebook.audit import audit_case, audit_sensitivity
 from dpnotebook.grad_sample._engine.accumulation import grad_sample_parts, grad_sample_rows
 from dpnotebook.privacy import clip_and_sum
-from dpnotebook.privacy.optimizer import DPOptimizer
+from dpnotebook.privacy._optimizer import DPOptimizer
 
 LIST_MODES = ("hooks", "functorch", "ew")
 
@@ -230,7 +230,7 @@ def test_the_sensitivity_bound_holds_over_two_backward_passes(mode: str, record:
 
 def test_the_ghost_optimizer_counts_one_iteration_as_opacus_ghost_clipping_does() -> None:
     """Its scaling must not depend on which layers the hooks engine happens to hold lists for."""
-    from dpnotebook.privacy.ghost_optimizer import GhostDPOptimizer
+    from dpnotebook.privacy._optimizer import GhostDPOptimizer
 
     model = nn.Sequential(nn.Linear(3, 4), Gain(), nn.Linear(4, 2))
     wrapped = wrap_model(model, "ghost", loss_reduction="sum")

@@ -17,7 +17,7 @@ from dpnotebook import GradSampleError, GradSampleModule
 from dpnotebook.grad_sample import GhostGradSampleModule
 from dpnotebook.grad_sample._engine.calls import count_rows
 from dpnotebook.grad_sample._engine.hooks import plan_units
-from dpnotebook.privacy.optimizer import DPOptimizer
+from dpnotebook.privacy._optimizer import DPOptimizer
 from dpnotebook.testing import reference_grad_samples
 
 C = 0.1

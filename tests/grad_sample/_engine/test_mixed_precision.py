@@ -23,7 +23,7 @@ from dpnotebook.audit import FAMILIES, RECORDS, TOLERANCE, audit_case, audit_sen
 from dpnotebook.errors import GradSampleError
 from dpnotebook.grad_sample._engine.precision import autocast_off, full_precision
 from dpnotebook.privacy import per_sample_norms
-from dpnotebook.privacy.ghost_optimizer import optimizer_class
+from dpnotebook.privacy._optimizer import optimizer_class
 
 MODES = ("hooks", "functorch", "ghost")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}

@@ -21,7 +21,7 @@ from dpnotebook.grad_sample.ghost._wrapper import GhostGradSampleModule
 from dpnotebook.grad_sample.samplers.linear_norm import linear_sq_norms, linear_strategy, settle_pays
 from dpnotebook.layers import DPGRU, DPLSTM, DPMultiheadAttention
 from dpnotebook.privacy import clip_and_sum, clip_factors, layer_thresholds
-from dpnotebook.privacy.ghost_optimizer import GhostDPOptimizer
+from dpnotebook.privacy._optimizer import GhostDPOptimizer
 from dpnotebook.testing import dot_loss, random_target, reference_grad_samples
 
 TOL = 1e-10

@@ -17,7 +17,7 @@ from torch import nn
 import dpnotebook
 from dpnotebook.grad_sample.samplers.linear_norm import linear_sq_norms
 from dpnotebook.grad_sample.samplers.rnn_norm import shared_gram_sq_norms
-from dpnotebook.privacy.ghost_optimizer import GhostDPOptimizer
+from dpnotebook.privacy._optimizer import GhostDPOptimizer
 from dpnotebook.testing import reference_grad_samples
 
 SLACK = 1 + 1e-5

@@ -18,17 +18,6 @@ import warnings
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = [
-    "check_noise_multiplier",
-    "check_max_grad_norm",
-    "check_sample_rate",
-    "check_delta",
-    "check_epsilon",
-    "check_choice",
-    "check_positive_int",
-    "check_positive_number",
-]
-
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)

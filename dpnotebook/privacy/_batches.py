@@ -1,50 +1,27 @@
-"""Every clipped sum comes from a batch the DP loader drew for that logical step.
+"""Every clipped sum comes from the one batch the DP loader drew for that logical step.
 
-The accountant counts one Poisson-sampled step at rate ``q`` per
-``optimizer.step()``. That is only true if the step's clipped sum holds the
-samples of exactly one batch that the optimizer's
-:class:`~dpnotebook.privacy.data_loader.DPDataLoader` drew for it, one
-per-sample gradient per example. Anything else is refused at the step:
+The accountant counts one Poisson-sampled step at rate ``q`` per ``optimizer.step()``. That is only true if
+the step's clipped sum holds the samples of exactly one batch that the optimizer's ``DPDataLoader`` drew for
+it, one per-sample gradient per example. :meth:`SampledBatches.check` (called once per logical step by
+``DPOptimizer.add_noise``) refuses anything else:
 
-* **no batch drawn since the last step**: the samples came from elsewhere (a
-  loop over the *original* ``DataLoader`` after ``make_private``, whose fixed
-  batches put each example in one known step: issue #28 measured 2.48 reported
-  against at least 4.38 spent), or ``step()`` was called twice on one batch;
-* **two batches drawn and trained on before one step**: they would share one
-  noise draw and one accountant step;
-* **more (or fewer) per-sample norms than examples**: rows are not samples (a
-  collate that emits ``K`` rows per example without ``K``, a wrong ``batch_first``).
+* **no batch drawn since the last step**: a loop over the *original* ``DataLoader`` after ``make_private``
+  (issue #28 measured 2.48 reported against at least 4.38 spent), or ``step()`` called twice on one batch;
+* **two batches drawn and trained on before one step**: one noise draw, one accountant step for both;
+* **more (or fewer) per-sample norms than examples**: rows are not samples (``K`` rows per example without
+  ``K``, a wrong ``batch_first``).
 
-Provenance decides where it can, not a count. The loader tells its optimizer
-every batch it hands out, so a step without one is refused whatever it clipped.
-The loader also marks every tensor of a batch with its
-:class:`~dpnotebook.privacy.draws.Draw`, and the wrapped model records the
-marks of its inputs whenever a backward pass goes through them: a step whose
-samples came from a batch drawn for an earlier step, or by another loader, is
-refused even when the counts agree. Only where the model's inputs carry no mark
-(moved to another device or transformed before the forward pass) does the
-number of examples decide which batch was trained on.
-
-The enforcement is here, in :meth:`SampledBatches.check`, which
-:meth:`DPOptimizer.add_noise <dpnotebook.privacy.optimizer.DPOptimizer.add_noise>`
-calls once per logical step; :meth:`SampledBatches.tie` connects a loader and a
-model to it (``make_private`` does). A batch drawn but not trained on (an
-evaluation pass over the loader, a loop that broke off, a backward pass whose
-gradients ``zero_grad()`` dropped) is forgotten at the next draw's step.
-
-A ``DPOptimizer`` used standalone (no loader tied to it, e.g. built by hand with
-your own sampler) is not checked: its accountant's ``q`` is then *assumed* to be
-the rate at which your own loop Poisson-samples each batch, one batch per step.
+Provenance decides where it can: the loader marks every tensor of a batch with its :class:`Draw`
+(:class:`DrawMarker`), and the tied model records the marks of its inputs when a backward pass goes through
+them (views keep the mark on ``._base``; a copy moved or transformed carries none, and then the number of
+examples decides). A batch drawn but not trained on is forgotten at the next draw's step. A ``DPOptimizer``
+with no loader tied is not checked: its ``q`` is then *assumed* to be your own loop's Poisson rate.
 
 >>> batches = SampledBatches()
 >>> batches.check(7)                  # standalone: nothing to compare with
 >>> batches.tied = True               # what tie(loader) sets
 >>> batches.drawn(5)
 >>> batches.check(5)                  # one batch of 5 examples, 5 norms clipped
->>> batches.check(1)
-Traceback (most recent call last):
-...
-RuntimeError: this optimizer step clipped 1 per-sample gradients, but its DPDataLoader handed out no batch since the last step...
 >>> batches.drawn(4); batches.drawn(6)
 >>> batches.check(10)
 Traceback (most recent call last):
@@ -54,15 +31,81 @@ RuntimeError: one optimizer step clipped the samples of 2 Poisson batches (4 + 6
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Mapping
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
-from dpnotebook.privacy.draws import Draw, DrawMarker, draws_in
 
-__all__ = ["SampledBatches"]
+class Draw(NamedTuple):
+    """Which batch a tensor came from: the ``number``-th batch handed out by the loader ``loader``."""
+
+    loader: int
+    number: int
+
+
+#: the attribute a DPDataLoader sets on every tensor of a batch it hands out
+DRAW_ATTRIBUTE = "_dpnotebook_draw"
+_loader_ids = itertools.count()
+
+
+class DrawMarker:
+    """Numbers the batches one loader hands out, and marks their tensors with their :class:`Draw`.
+
+    Attributes:
+        loader: a number no other loader of this process has.
+        last: the :class:`Draw` of the last batch marked (``None`` before the first).
+    """
+
+    def __init__(self) -> None:
+        self.loader = next(_loader_ids)
+        self.last: Draw | None = None
+
+    def mark(self, batch: Any) -> Draw:
+        """Mark ``batch`` as the next batch of this loader; return its draw."""
+        self.last = Draw(self.loader, self.last.number + 1 if self.last else 1)
+        mark_batch(batch, self.last)
+        return self.last
+
+
+def mark_batch(batch: Any, draw: Draw, depth: int = 0) -> None:
+    """Set ``draw`` on every tensor of ``batch`` (tensors, mappings, tuples and lists of them)."""
+    if isinstance(batch, Tensor):
+        setattr(batch, DRAW_ATTRIBUTE, draw)  # a Tensor takes Python attributes; views find it on ._base
+    elif depth < 4 and isinstance(batch, (Mapping, tuple, list)):
+        for value in batch.values() if isinstance(batch, Mapping) else batch:
+            if isinstance(value, (Tensor, Mapping, tuple, list)):
+                mark_batch(value, draw, depth + 1)
+
+
+def draws_in(inputs: Any, depth: int = 0) -> set[Draw]:
+    """The :class:`Draw` marks of the tensors in ``inputs`` (or of the tensors they are views of).
+
+    A tensor that a ``DPDataLoader`` handed out, or a slice of one (a ``BatchMemoryManager``
+    piece), carries its batch's mark; a copy (moved to another device, transformed) carries none.
+
+    >>> import torch
+    >>> from torch.utils.data import TensorDataset
+    >>> from dpnotebook.privacy._data import DPDataLoader
+    >>> loader = DPDataLoader(TensorDataset(torch.randn(10, 2)), sample_rate=1.0)
+    >>> (x,) = next(iter(loader))
+    >>> draws_in(x[:3]) == {loader.draws.last}, draws_in(x + 1)
+    (True, set())
+    """
+    found: set[Draw] = set()
+    if isinstance(inputs, Tensor):
+        for tensor in (inputs, inputs._base):
+            draw = getattr(tensor, DRAW_ATTRIBUTE, None)
+            if isinstance(draw, Draw):
+                found.add(draw)
+    elif depth < 4 and isinstance(inputs, (Mapping, tuple, list)):
+        for value in inputs.values() if isinstance(inputs, Mapping) else inputs:
+            if isinstance(value, (Tensor, Mapping, tuple, list)):
+                found |= draws_in(value, depth + 1)
+    return found
 
 
 def _tensors(output: Any, depth: int = 0) -> list[Tensor]:
@@ -80,8 +123,8 @@ class SampledBatches:
 
     Attributes:
         counts: the examples of each batch handed out since the last step, in order.
-        draws: the :class:`~dpnotebook.privacy.draws.Draw` of each of them (``None`` unknown).
-        tied: whether a :class:`~dpnotebook.privacy.data_loader.DPDataLoader` reports to it
+        draws: the :class:`~dpnotebook.privacy._batches.Draw` of each of them (``None`` unknown).
+        tied: whether a :class:`~dpnotebook.privacy.DPDataLoader` reports to it
             (only then does :meth:`check` refuse anything).
     """
 
@@ -110,7 +153,7 @@ class SampledBatches:
         self.counts.append(int(examples))
         self.draws.append(self._marker.last if self._marker is not None else None)
 
-    def _forward(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+    def _forward(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
         """Forward hook: when the output's gradient flows back, its inputs' marks are recorded."""
         if not torch.is_grad_enabled():
             return
@@ -216,7 +259,7 @@ def _rows_not_examples(clipped: int, examples: int) -> None:
         "that emits K rows per example while K was not passed (make_private(K=...)), batch_first that "
         "does not say where the batch dimension is, a model that adds or drops rows, a batch that the "
         "loader did not draw (another DataLoader), or two forward "
-        "passes of the batch before one backward (Opacus sums them into one row per example; dpnotebook "
+        "passes of the batch before one backward (one row per example summed from both would hide it; this library "
         "keeps each pass's rows and refuses, since two rows of one example would each be clipped to C: "
         "make one forward pass give one row per example (a module that takes both inputs), or step "
         "after each pass)."

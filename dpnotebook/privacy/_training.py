@@ -1,7 +1,7 @@
 """Training and evaluation loops shared by the examples and tutorials.
 
 They work with a private setup (from :meth:`PrivacyEngine.make_private
-<dpnotebook.privacy.engine.PrivacyEngine.make_private>`) and with a plain one,
+<dpnotebook.privacy.PrivacyEngine.make_private>`) and with a plain one,
 so the non-private baseline runs the very same code.
 
 >>> import torch
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
@@ -29,12 +29,11 @@ from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
-from dpnotebook.privacy.engine import unwrap_model
+from dpnotebook.privacy._optimizer import unwrap_model
 
 if TYPE_CHECKING:
-    from dpnotebook.privacy.engine import PrivacyEngine
+    from dpnotebook.privacy._engine import PrivacyEngine
 
-__all__ = ["train_epoch", "fit", "evaluate", "show_progress"]
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
 
@@ -59,7 +58,7 @@ def show_progress(progress: bool | None) -> bool:
 def train_epoch(
     model: nn.Module,
     optimizer: Optimizer,
-    data_loader: DataLoader,
+    data_loader: DataLoader[Any],
     *,
     loss_fn: LossFn = F.cross_entropy,
     progress: tqdm | None = None,
@@ -73,7 +72,7 @@ def train_epoch(
 
     Args:
         model: the model (wrapped or plain).
-        optimizer: a :class:`~dpnotebook.privacy.optimizer.DPOptimizer` or any optimizer.
+        optimizer: a :class:`~dpnotebook.privacy.DPOptimizer` or any optimizer.
         data_loader: yields ``(inputs, targets)``, moved to the model's device here.
         loss_fn: ``loss_fn(outputs, targets)``, reducing as the model's wrapper was told.
         progress: a tqdm bar to advance by one per batch; it shows the last batch's loss.
@@ -100,7 +99,7 @@ def train_epoch(
 def fit(
     model: nn.Module,
     optimizer: Optimizer,
-    data_loader: DataLoader,
+    data_loader: DataLoader[Any],
     *,
     epochs: int,
     loss_fn: LossFn = F.cross_entropy,
@@ -116,18 +115,18 @@ def fit(
 
     Args:
         model: the model (wrapped or plain).
-        optimizer: a :class:`~dpnotebook.privacy.optimizer.DPOptimizer` or any optimizer.
+        optimizer: a :class:`~dpnotebook.privacy.DPOptimizer` or any optimizer.
         data_loader: yields ``(inputs, targets)``.
         epochs: passes over ``data_loader``.
         loss_fn: ``loss_fn(outputs, targets)``.
         progress: show the bar.
         description: the bar's label.
-        privacy_engine: the :class:`~dpnotebook.privacy.engine.PrivacyEngine` that made the
+        privacy_engine: the :class:`~dpnotebook.privacy.PrivacyEngine` that made the
             optimizer private, to show its epsilon.
         delta: the delta of that epsilon (required with ``privacy_engine``).
 
     >>> from torch.utils.data import TensorDataset
-    >>> from dpnotebook.privacy.engine import PrivacyEngine
+    >>> from dpnotebook.privacy._engine import PrivacyEngine
     >>> fit(nn.Linear(2, 2), None, DataLoader(TensorDataset(torch.randn(4, 2))), epochs=1,
     ...     privacy_engine=PrivacyEngine())
     Traceback (most recent call last):
@@ -155,7 +154,7 @@ def fit(
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, data_loader: DataLoader) -> float:
+def evaluate(model: nn.Module, data_loader: DataLoader[Any]) -> float:
     """The accuracy of ``model`` (unwrapped, in eval mode) on ``data_loader``'s ``(inputs, labels)``.
 
     Batches are moved to the model's device, so a model on the GPU works with a CPU data loader.

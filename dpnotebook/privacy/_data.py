@@ -1,11 +1,12 @@
-"""Data loading for DP-SGD: Poisson sampling and physical batches.
+"""Data loading for DP-SGD: Poisson sampling, physical batches and augmentation multiplicity.
 
-The privacy analysis of DP-SGD assumes **Poisson sampling**: for every batch,
-each of the ``N`` samples is included independently with probability
-``q = expected_batch_size / N``. Batch sizes therefore vary, and a batch can
-be empty; an empty batch still counts as a step (it adds noise only), and it
-comes out as zero-length tensors of the right shapes and dtypes so the
-training loop needs no special case.
+The privacy analysis of DP-SGD assumes **Poisson sampling**: for every batch, each of the ``N`` samples is
+included independently with probability ``q = expected_batch_size / N``. Batch sizes therefore vary, and a
+batch can be empty; an empty batch still counts as a step (noise only) and comes out as zero-length tensors
+of the right shapes and dtypes, so the training loop needs no special case. ``make_private`` replaces a
+loader's own sampling (``shuffle``, ``drop_last``, a sampler) and says so (:func:`warn_replaced_sampling`).
+:class:`BatchMemoryManager` cuts each logical batch into physical pieces that fit in memory;
+:class:`AugmultCollate` turns each sampled sample into ``K`` augmented rows (accounting counts samples).
 
 >>> import torch
 >>> from torch.utils.data import TensorDataset
@@ -19,24 +20,33 @@ training loop needs no special case.
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sized
+from types import TracebackType
 from typing import Any, cast
 
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    Dataset,
+    IterableDataset,
+    RandomSampler,
+    Sampler,
+    SequentialSampler,
+)
 from torch.utils.data.dataloader import default_collate
 
 from dpnotebook.privacy._accounting import steps_per_epoch
+from dpnotebook.privacy._arguments import check_positive_int, check_sample_rate
+from dpnotebook.privacy._batches import DrawMarker
 from dpnotebook.privacy._mechanisms import secure_uniform
-from dpnotebook.privacy.arguments import check_positive_int, check_sample_rate
-from dpnotebook.privacy.draws import DrawMarker
+from dpnotebook.privacy._optimizer import DPOptimizer
 
-__all__ = ["PoissonBatchSampler", "DPDataLoader", "EmptyBatchCollate", "split_batch"]
-
-Collate = Callable[[list], Any]
+Collate = Callable[[list[Any]], Any]
 
 
 def _map_columns(batch: Any, index: slice) -> Any:
@@ -121,12 +131,12 @@ class EmptyBatchCollate:
     rows sliced away, so they match every other batch exactly.
     """
 
-    def __init__(self, collate_fn: Collate, dataset: Dataset) -> None:
+    def __init__(self, collate_fn: Collate, dataset: Dataset[Any]) -> None:
         self.collate_fn = collate_fn
         self.dataset = dataset
         self._empty: Any = None
 
-    def __call__(self, samples: list) -> Any:
+    def __call__(self, samples: list[Any]) -> Any:
         if samples:
             return self.collate_fn(samples)
         if self._empty is None:
@@ -134,7 +144,7 @@ class EmptyBatchCollate:
         return self._empty
 
 
-class DPDataLoader(DataLoader):
+class DPDataLoader(DataLoader[Any]):
     """A ``DataLoader`` with Poisson sampling (see the module docstring).
 
     Args:
@@ -152,7 +162,7 @@ class DPDataLoader(DataLoader):
         batch_listeners: functions called with the number of examples of each batch
             handed out (``make_private`` adds the optimizer's, which checks that each
             step clips the examples of exactly one batch).
-        draws: a :class:`~dpnotebook.privacy.draws.DrawMarker`: it marks every tensor of a batch handed
+        draws: a :class:`~dpnotebook.privacy._batches.DrawMarker`: it marks every tensor of a batch handed
             out with the batch's draw (``draws.last``), so the optimizer can tell where its samples came from.
     """
 
@@ -164,7 +174,7 @@ class DPDataLoader(DataLoader):
 
     def __init__(
         self,
-        dataset: Dataset,
+        dataset: Dataset[Any],
         *,
         sample_rate: float,
         collate_fn: Collate | None = None,
@@ -218,7 +228,7 @@ class DPDataLoader(DataLoader):
     @classmethod
     def from_data_loader(
         cls,
-        loader: DataLoader,
+        loader: DataLoader[Any],
         *,
         generator: torch.Generator | None = None,
         secure_mode: bool = False,
@@ -228,7 +238,7 @@ class DPDataLoader(DataLoader):
 
         A :class:`DPDataLoader` keeps its own sample rate and number of steps. Without
         ``generator`` (and ``secure_mode``), the batches are drawn with ``loader.generator``,
-        as in Opacus, so a seeded loader gives seeded batches. With
+        so a seeded loader gives seeded batches. With
         ``distributed=True`` (``torch.distributed`` initialised) it is a
         :class:`~dpnotebook.privacy.DistributedDPDataLoader`: this rank's
         share of each global Poisson batch, at the same ``q``.
@@ -274,7 +284,7 @@ def split_batch(batch: Any, *, max_physical_batch_size: int, K: int = 1) -> Iter
 
     Every tensor (and list) in ``batch`` is cut along dim 0; a sample's ``K``
     rows stay together. An empty batch yields nothing. Use with
-    :meth:`DPOptimizer.virtual_step <dpnotebook.privacy.optimizer.DPOptimizer.virtual_step>`::
+    :meth:`DPOptimizer.virtual_step <dpnotebook.privacy.DPOptimizer.virtual_step>`::
 
         for x, y in loader:
             for xb, yb in split_batch((x, y), max_physical_batch_size=32):
@@ -298,3 +308,189 @@ def split_batch(batch: Any, *, max_physical_batch_size: int, K: int = 1) -> Iter
     step = size * K
     for start in range(0, rows, step):
         yield _map_columns(batch, slice(start, start + step))
+
+
+def replaced_sampling(loader: DataLoader[Any]) -> list[str]:
+    """The options of ``loader`` that Poisson sampling replaces: ``shuffle=True``, ``drop_last=True``, a sampler.
+
+    >>> import torch
+    >>> from torch.utils.data import TensorDataset
+    >>> data = TensorDataset(torch.randn(10, 2))
+    >>> replaced_sampling(DataLoader(data, batch_size=2, shuffle=True, drop_last=True))
+    ['shuffle=True', 'drop_last=True']
+    >>> replaced_sampling(DataLoader(data, batch_size=2))
+    []
+    """
+    replaced = []
+    if isinstance(loader.sampler, RandomSampler):
+        replaced.append("shuffle=True")
+    elif not isinstance(loader.sampler, SequentialSampler):
+        replaced.append(f"sampler={type(loader.sampler).__name__}")
+    if loader.drop_last:
+        replaced.append("drop_last=True")
+    if loader.batch_sampler is not None and type(loader.batch_sampler) is not BatchSampler:
+        replaced.append(f"batch_sampler={type(loader.batch_sampler).__name__}")
+    return replaced
+
+
+def warn_replaced_sampling(loader: DataLoader[Any]) -> None:
+    """Say which of ``loader``'s sampling options Poisson sampling ignores."""
+    replaced = replaced_sampling(loader)
+    if replaced:
+        warnings.warn(
+            f"data_loader has {' and '.join(replaced)}: ignored. Poisson sampling replaces the loader's own "
+            f"sampling, as the privacy analysis requires: every sample joins each batch independently with "
+            f"probability q = 1/len(data_loader) = {1 / len(loader):.4g}, so batches vary in size and no "
+            f"sample is dropped. To silence this, build the DataLoader without {', '.join(replaced)}.",
+            UserWarning,
+            stacklevel=3,  # the user's make_private call
+        )
+
+
+class AugmultCollate:
+    """A ``collate_fn`` for augmentation multiplicity: ``K`` augmented copies of each sample.
+
+    From ``B`` samples ``(x, y, ...)`` it builds ``B*K`` rows, sample-major
+    (rows ``i*K .. i*K+K-1`` are ``augment(x_i)`` drawn ``K`` times), with the
+    other fields (labels) repeated ``K`` times. A model wrapped with the same
+    ``K`` averages each sample's ``K`` gradients before clipping, so privacy is
+    counted per sample, not per row.
+
+    >>> import torch
+    >>> collate = AugmultCollate(lambda x: x + 0.5, K=2)
+    >>> x, y = collate([(torch.tensor([0.0]), 7), (torch.tensor([1.0]), 8)])
+    >>> x.flatten().tolist(), y.tolist()
+    ([0.5, 0.5, 1.5, 1.5], [7, 7, 8, 8])
+    """
+
+    def __init__(self, augment: Callable[[Any], Any], *, K: int, collate_fn: Collate = default_collate) -> None:
+        self.augment = augment
+        self.K = check_positive_int("K", K)
+        self.collate_fn = collate_fn
+
+    def __call__(self, samples: list[Any]) -> Any:
+        rows = [(self.augment(s[0]), *s[1:]) for s in samples for _ in range(self.K)]
+        return self.collate_fn(rows)
+
+
+def augmult_data_loader(
+    dataset: Dataset[Any],
+    *,
+    augment: Callable[[Any], Any],
+    K: int,
+    sample_rate: float,
+    generator: torch.Generator | None = None,
+    secure_mode: bool = False,
+    **kwargs: Any,
+) -> DPDataLoader:
+    """A Poisson :class:`DPDataLoader` whose batches hold ``K`` augmented rows per sampled sample.
+
+    ``sample_rate`` and ``expected_batch_size`` count samples, not rows.
+
+    >>> import torch
+    >>> from torch.utils.data import TensorDataset
+    >>> data = TensorDataset(torch.randn(50, 3), torch.arange(50))
+    >>> loader = augmult_data_loader(data, augment=lambda x: x, K=4, sample_rate=0.2,
+    ...                              generator=torch.Generator().manual_seed(0))
+    >>> x, y = next(iter(loader))
+    >>> x.shape[0] == 4 * len(y.unique()), bool((y.view(-1, 4) == y[::4, None]).all())
+    (True, True)
+    """
+    collate = AugmultCollate(augment, K=K, collate_fn=kwargs.pop("collate_fn", default_collate))
+    return DPDataLoader(
+        dataset, sample_rate=sample_rate, collate_fn=collate, generator=generator, secure_mode=secure_mode, **kwargs
+    )
+
+
+def loader_k(data_loader: DataLoader[Any]) -> int | None:
+    """The ``K`` of ``data_loader``'s :class:`AugmultCollate` (``None`` if it has none).
+
+    >>> from torch.utils.data import TensorDataset
+    >>> import torch
+    >>> loader_k(DataLoader(TensorDataset(torch.zeros(4)), collate_fn=AugmultCollate(abs, K=3)))
+    3
+    """
+    collate = data_loader.collate_fn
+    if isinstance(collate, EmptyBatchCollate):
+        collate = collate.collate_fn
+    return collate.K if isinstance(collate, AugmultCollate) else None
+
+
+class BatchMemoryManager:
+    """Context manager yielding physical batches of at most ``max_physical_batch_size`` samples.
+
+    Each logical batch is cut into pieces; the optimizer's step on each piece but the last is a virtual step
+    (clip and accumulate), the step on the last adds the noise once and updates the model.
+
+    >>> from torch import nn
+    >>> from torch.utils.data import TensorDataset
+    >>> import dpnotebook
+    >>> model = dpnotebook.wrap_model(nn.Linear(2, 1), "hooks")
+    >>> loader = DPDataLoader(TensorDataset(torch.randn(40, 2)), sample_rate=0.5,
+    ...                       generator=torch.Generator().manual_seed(0))
+    >>> opt = DPOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), noise_multiplier=1.0,
+    ...                   max_grad_norm=1.0, expected_batch_size=20)
+    >>> with BatchMemoryManager(data_loader=loader, max_physical_batch_size=8, optimizer=opt) as batches:
+    ...     for (x,) in batches:
+    ...         opt.zero_grad()
+    ...         model(x).sum().backward()
+    ...         opt.step()
+    >>> opt.last_step_stats.virtual_steps > 1, len(batches)   # ceil(2 batches * 20 expected / 8)
+    (True, 5)
+
+    Args:
+        data_loader: yields logical batches (e.g. a :class:`DPDataLoader`).
+        max_physical_batch_size: the most samples per physical batch.
+        optimizer: the :class:`~dpnotebook.privacy.DPOptimizer` to tell which steps are virtual.
+        K: rows per sample (default: the data loader's augmentation multiplicity).
+    """
+
+    def __init__(
+        self,
+        *,
+        data_loader: DataLoader[Any],
+        max_physical_batch_size: int,
+        optimizer: DPOptimizer,
+        K: int | None = None,
+    ) -> None:
+        if not isinstance(optimizer, DPOptimizer):
+            raise TypeError(f"optimizer must be a DPOptimizer, got {type(optimizer).__name__}.")
+        self.data_loader = data_loader
+        self.max_physical_batch_size = check_positive_int("max_physical_batch_size", max_physical_batch_size)
+        self.optimizer = optimizer
+        self.K = (loader_k(data_loader) or 1) if K is None else check_positive_int("K", K)
+
+    def _batches(self) -> Iterator[Any]:
+        for batch in self.data_loader:
+            pieces = list(split_batch(batch, max_physical_batch_size=self.max_physical_batch_size, K=self.K))
+            pieces = pieces or [batch]  # an empty batch is still one (noise-only) step
+            for i, piece in enumerate(pieces):
+                self.optimizer.signal_skip_step(i < len(pieces) - 1)
+                yield piece
+
+    def __enter__(self) -> PhysicalBatches:
+        return PhysicalBatches(self)
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.optimizer.signal_skip_step(False)
+
+
+class PhysicalBatches:
+    """What ``with BatchMemoryManager(...) as batches`` gives: the physical batches, and their expected number.
+
+    ``len()`` is ``ceil(logical batches * expected batch size / max_physical_batch_size)``
+    (the Poisson batch sizes vary, so a pass may yield a few more or fewer).
+    """
+
+    def __init__(self, manager: BatchMemoryManager) -> None:
+        self.manager = manager
+
+    def __iter__(self) -> Iterator[Any]:
+        return self.manager._batches()
+
+    def __len__(self) -> int:
+        loader = self.manager.data_loader
+        expected = getattr(loader, "expected_batch_size", None) or loader.batch_size or 1
+        return math.ceil(len(loader) * expected / self.manager.max_physical_batch_size)
