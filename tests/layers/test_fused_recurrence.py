@@ -11,12 +11,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from dpnotebook.audit.records import RECORDS, audit_case
 from torch import nn
 from torch.nn.utils.rnn import pack_sequence
 
 import dpnotebook.layers.recurrence as recurrence
-from dpnotebook.audit import audit_sensitivity
+from dpnotebook.audit import RECORDS, audit_case, audit_sensitivity
 from dpnotebook.layers import DPGRU, DPLSTM, DPRNN
 from dpnotebook.layers.recurrence import choose_recurrence
 from dpnotebook.modes import wrap_model
