@@ -2,19 +2,19 @@
 
 One concept per module (all private; this package is the face):
 
-* :mod:`~dpnotebook.privacy._mechanisms`: per-sample norms and clipping;
-* :mod:`~dpnotebook.privacy._mechanisms`: Gaussian noise, seedable or secure;
+* :mod:`~dpnotebook.privacy._mechanisms`: per-sample norms and clipping, Gaussian noise (seedable or secure);
 * :class:`DPOptimizer` (clip, sum, noise, scale, step) and its ghost-clipping form;
 * :mod:`~dpnotebook.privacy._step`: :class:`StepStats`, what the last step did;
 * :class:`DPDataLoader`, :class:`BatchMemoryManager`, :class:`AugmultCollate`: Poisson sampling, physical
   batches, augmentation multiplicity;
-* :mod:`~dpnotebook.privacy._accounting`: epsilon from Google's ``dp_accounting``;
-* :mod:`~dpnotebook.privacy._accounting`: the noise multiplier a privacy budget allows;
+* :mod:`~dpnotebook.privacy._accounting`: epsilon from Google's ``dp_accounting``, and the noise multiplier
+  a privacy budget allows;
 * :mod:`~dpnotebook.privacy._mechanisms`: the textbook mechanisms (randomized response, Laplace,
   Gaussian), amplification by subsampling and the Gaussian's RDP, for computing privacy by hand;
 * :class:`PrivacyEngine` and ``make_private``;
-* :mod:`~dpnotebook.privacy._distributed`, :mod:`~dpnotebook.privacy._distributed`,
-  :mod:`~dpnotebook.privacy._launch`: DP-SGD on several processes (``DPDDP``);
+* :mod:`~dpnotebook.privacy._distributed`, :mod:`~dpnotebook.privacy._launch`: DP-SGD on several
+  processes (``DPDDP``);
+* :mod:`~dpnotebook.privacy._sweep`: privacy-utility sweeps (:func:`train_run`, :func:`sweep`);
 * schedulers of sigma and C between epochs (:class:`StepNoise`, :class:`ExponentialGradClip`, ...);
 * :func:`fit`, :func:`train_epoch`, :func:`evaluate`: train and evaluate loops.
 
@@ -45,8 +45,17 @@ from dpnotebook.privacy._data import (
     augmult_data_loader,
     split_batch,
 )
-from dpnotebook.privacy._distributed import DistributedDPDataLoader  # from_data_loader(distributed=True)
+from dpnotebook.privacy._distributed import (
+    DPDDP,
+    DifferentiallyPrivateDistributedDataParallel,
+    DistributedDPDataLoader,  # from_data_loader(distributed=True)
+    DistributedDPOptimizer,
+    DistributedGhostDPOptimizer,
+    DistributedPoissonBatchSampler,
+    RanksFailedError,
+)
 from dpnotebook.privacy._engine import PrivacyEngine
+from dpnotebook.privacy._launch import RankOutcome, run_on_ranks
 from dpnotebook.privacy._mechanisms import (
     CLIPPING_MODES,
     ClipResult,
@@ -78,6 +87,7 @@ from dpnotebook.privacy._schedulers import (
     StepNoise,
 )
 from dpnotebook.privacy._step import StepStats
+from dpnotebook.privacy._sweep import RunResult, RunSetting, Summary, noise_on_average, summarise, sweep, train_run
 from dpnotebook.privacy._training import evaluate, fit, train_epoch
 
 __all__ = [
