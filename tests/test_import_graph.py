@@ -220,9 +220,10 @@ def test_every_allowed_loop_is_still_there() -> None:
 
 
 # -- size ---------------------------------------------------------------------------------
-#: The package's lines (every line of every module). The lead lowers it as branches merge (issue #32:
-#: at most 18,000 with no feature lost).
-CEILING = 30_114
+#: The package's lines (every line of every module): 30,422 before issue #32's reshaping, 28,061 after
+#: its first round (2026-11-26). Lower it as modules shrink; never raise it without a feature that pays
+#: (the issue asks for at most 18,000 with no feature lost).
+CEILING = 28_100
 
 
 def line_counts() -> dict[str, int]:

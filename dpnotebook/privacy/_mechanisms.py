@@ -284,7 +284,7 @@ def secure_uniform(n: int) -> Tensor:
     (True, torch.float64)
     """
     if n == 0:
-        return torch.empty(0, dtype=torch.float64)
+        return torch.empty(0, dtype=torch.float64, device="cpu")  # the CPU, whatever the default device
     words = torch.frombuffer(bytearray(os.urandom(8 * n)), dtype=torch.int64)
     mantissa = (words >> 11) & ((1 << 53) - 1)  # the top 53 bits, as a non-negative int
     return (mantissa.to(torch.float64) + 1.0) / float(1 << 53)
@@ -345,7 +345,7 @@ def gaussian_noise(
         return torch.zeros(shape, dtype=dtype, device=device)
     if not secure:
         return torch.normal(0.0, std, size=shape, generator=generator, dtype=dtype, device=device)
-    total = torch.zeros(shape.numel(), dtype=torch.float64)
+    total = torch.zeros(shape.numel(), dtype=torch.float64, device="cpu")  # where the OS's random bytes land
     for _ in range(SECURE_NOISE_TERMS):
         total += secure_normal(shape.numel())
     noise = total * (std / math.sqrt(SECURE_NOISE_TERMS))

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from dpnotebook.grad_sample import GradSampleModule
-from dpnotebook.grad_sample._engine import registry
+from dpnotebook.grad_sample import _registry as registry
 
 #: layer type -> [(layer, input of B*K rows (B, K, batch_first) -> tensor, batch_first values it takes)]
 Example = tuple[Callable[[], nn.Module], Callable[[int, bool], torch.Tensor], tuple[bool, ...]]
