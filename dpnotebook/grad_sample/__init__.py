@@ -26,6 +26,7 @@ from dpnotebook.grad_sample._registry import (
     unregister_grad_sampler,
 )
 from dpnotebook.grad_sample.ghost._wrapper import GhostGradSampleModule
+from dpnotebook.grad_sample.samplers.buffers import reuse_result_buffers
 
 __all__ = [
     "GradSampleModule",
@@ -41,4 +42,5 @@ __all__ = [
     "register_norm_sampler",
     "unregister_norm_sampler",
     "materialise",
+    "reuse_result_buffers",
 ]

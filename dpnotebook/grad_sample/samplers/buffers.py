@@ -71,16 +71,25 @@ def result_buffer(layer: nn.Module, shape: tuple[int, ...], like: Tensor) -> Ten
     return t
 
 
-def reuse_result_buffers() -> None:
-    """Register the Linear and convolution samplers with fast forms that write into :func:`result_buffer`.
+def reuse_result_buffers(enabled: bool = True) -> None:
+    """Switch the reuse on (or, with ``enabled=False``, back off) for the Linear and convolution samplers.
 
-    Undo with ``register_grad_sampler(nn.Linear, fast=linear_grad_sampler_fast)(linear_grad_sampler)``
-    (and the same for the convolutions), or a fresh process.
+    On: their fast forms write into :func:`result_buffer`. Off: the plain fast forms again, each result a
+    fresh tensor. The formulas and every other layer are untouched; the numbers are the same either way.
+
+    >>> from torch import nn
+    >>> from dpnotebook.grad_sample import find_grad_sampler, reuse_result_buffers
+    >>> reuse_result_buffers()
+    >>> find_grad_sampler(nn.Linear(2, 2)).fast.keywords["out_for"].__name__
+    'result_buffer'
+    >>> reuse_result_buffers(False)
+    >>> find_grad_sampler(nn.Linear(2, 2)).fast.__name__
+    'linear_grad_sampler_fast'
     """
-    register_grad_sampler(nn.Linear, fast=partial(linear_grad_sampler_fast, out_for=result_buffer))(linear_grad_sampler)
-    register_grad_sampler(nn.Conv1d, nn.Conv2d, nn.Conv3d, fast=partial(conv_grad_sampler_fast, out_for=result_buffer))(
-        conv_grad_sampler
-    )
+    linear_fast = partial(linear_grad_sampler_fast, out_for=result_buffer) if enabled else linear_grad_sampler_fast
+    conv_fast = partial(conv_grad_sampler_fast, out_for=result_buffer) if enabled else conv_grad_sampler_fast
+    register_grad_sampler(nn.Linear, fast=linear_fast)(linear_grad_sampler)
+    register_grad_sampler(nn.Conv1d, nn.Conv2d, nn.Conv3d, fast=conv_fast)(conv_grad_sampler)
 
 
 __all__ = ["reuse_result_buffers", "result_buffer", "MIN_BYTES", "CAN_COUNT_STORAGE_USERS"]
