@@ -3,7 +3,7 @@
 One concept per module (all private; this package is the face):
 
 * :mod:`~dpnotebook.privacy._mechanisms`: per-sample norms and clipping, Gaussian noise (seedable or secure);
-* :class:`DPOptimizer` (clip, sum, noise, scale, step) and its ghost-clipping form;
+* :class:`~dpnotebook.privacy.DPOptimizer` (clip, sum, noise, scale, step) and its ghost-clipping form;
 * :mod:`~dpnotebook.privacy._step`: :class:`StepStats`, what the last step did;
 * :class:`DPDataLoader`, :class:`BatchMemoryManager`, :class:`AugmultCollate`: Poisson sampling, physical
   batches, augmentation multiplicity;

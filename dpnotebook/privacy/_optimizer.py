@@ -1,6 +1,6 @@
 """The DP optimizers: ``DPOptimizer`` (DP-SGD over any PyTorch optimizer) and its ghost-clipping form.
 
-One step of DP-SGD, in the order :class:`DPOptimizer` does it:
+One step of DP-SGD, in the order :class:`~dpnotebook.privacy.DPOptimizer` does it:
 
 1. **clip** every sample's gradient ``p.grad_sample[i]`` to norm ``<= C`` (``max_grad_norm``);
 2. **accumulate**: sum the clipped gradients over the batch (and over virtual steps);
@@ -496,7 +496,7 @@ def _owners_of(params: list[nn.Parameter]) -> list[GhostGradSampleModule]:
 
 
 class GhostDPOptimizer(DPOptimizer):
-    """A :class:`DPOptimizer` for models wrapped in ghost mode (same arguments): no per-sample gradients in memory.
+    """A :class:`~dpnotebook.privacy.DPOptimizer` for models wrapped in ghost mode (same arguments): no per-sample gradients in memory.
 
     Clipping asks the ghost wrapper for every sample's norm, then for the clip-factor-weighted sum of the
     gradients; noise, scaling, virtual steps, statistics and hooks are the base class's.
@@ -719,7 +719,7 @@ class DPLossFastGradientClipping:
         return f"DPLossFastGradientClipping({self.criterion!r}, loss_reduction={self.loss_reduction!r})"
 
 
-#: The DP optimizer of each grad-sample mode that needs its own (any other mode: :class:`DPOptimizer`).
+#: The DP optimizer of each grad-sample mode that needs its own (any other mode: :class:`~dpnotebook.privacy.DPOptimizer`).
 MODE_OPTIMIZERS: dict[str, type[DPOptimizer]] = {"ghost": GhostDPOptimizer}
 
 
