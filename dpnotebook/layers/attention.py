@@ -1,12 +1,12 @@
 """``DPMultiheadAttention``: a drop-in replacement for ``nn.MultiheadAttention``.
 
-Same constructor, parameter names, ``state_dict``, forward arguments and
-outputs as ``torch.nn.MultiheadAttention`` (masks, ``need_weights``,
-``is_causal``, ``add_bias_kv``, ``add_zero_attn``, ``kdim``/``vdim``, unbatched
-inputs), computed the way ``F.multi_head_attention_forward`` does it, but
-batch-first inside and through the units of
-:mod:`dpnotebook.layers.attention_units`, so hooks mode finds a sampler for
-every parameter. It also works as ``nn.TransformerEncoderLayer.self_attn``.
+Same constructor, parameter names, ``state_dict``, forward arguments and outputs (masks,
+``need_weights``, ``is_causal``, ``add_bias_kv``, ``add_zero_attn``, ``kdim``/``vdim``, unbatched
+inputs), computed as ``F.multi_head_attention_forward`` does, but batch-first inside and through the
+units of :mod:`dpnotebook.units` (:class:`~dpnotebook.units.InProjection`,
+:class:`~dpnotebook.units.AppendBias`, :class:`~dpnotebook.units.OutProjection`), so hooks mode finds
+a sampler for every parameter. Attention dropout runs outside every unit (hooks mode replays no
+forward). It also works as ``nn.TransformerEncoderLayer.self_attn``.
 
 >>> import torch
 >>> from torch import nn
@@ -27,11 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dpnotebook.layers.attention_units import AppendBias, InProjection, OutProjection
-from dpnotebook.layers.shared import SharedParameters, reshare
-
-#: the parameters the projection units share (re-pointed when one is replaced)
-_SHARED = ("in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight", "in_proj_bias", "bias_k", "bias_v")
+from dpnotebook.units import AppendBias, InProjection, OutProjection, SharedParameters, UnitOwner
 
 
 def float_mask(mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
@@ -48,7 +44,7 @@ def float_mask(mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
     return torch.zeros_like(mask, dtype=dtype).masked_fill_(mask, float("-inf"))
 
 
-class DPMultiheadAttention(nn.Module):
+class DPMultiheadAttention(UnitOwner):
     """Multi-head attention with hooks-mode per-sample gradients (see the module docstring).
 
     Args:
@@ -65,10 +61,17 @@ class DPMultiheadAttention(nn.Module):
         dtype: dtype of the parameters.
     """
 
-    _dpn_grad_samples_from_children = True  # hooks mode: the projection units hold the samplers
     merge_masks = nn.MultiheadAttention.merge_masks  # used by TransformerEncoderLayer's fast path
+    _reset_parameters = nn.MultiheadAttention._reset_parameters  # the same initialisation, in the same order
+    in_proj_bias: nn.Parameter | None
     bias_k: nn.Parameter | None  # None unless add_bias_kv (then bias_v is set too)
     bias_v: nn.Parameter | None
+    in_proj: InProjection  # the units: in_proj, or q_in_proj, k_in_proj, v_in_proj when kdim or vdim differ
+    q_in_proj: InProjection
+    k_in_proj: InProjection
+    v_in_proj: InProjection
+    append_bias_k: AppendBias  # with add_bias_kv
+    append_bias_v: AppendBias
 
     def __init__(
         self,
@@ -84,90 +87,31 @@ class DPMultiheadAttention(nn.Module):
         device: Any = None,
         dtype: torch.dtype | None = None,
     ) -> None:
-        if embed_dim <= 0 or num_heads <= 0:
-            raise ValueError(
-                f"embed_dim and num_heads must be greater than 0, got embed_dim={embed_dim} and "
-                f"num_heads={num_heads} instead"
-            )
         super().__init__()
-        factory = {"device": device, "dtype": dtype}
-        self.embed_dim, self.num_heads, self.dropout, self.batch_first = embed_dim, num_heads, dropout, batch_first
-        self.kdim = kdim if kdim is not None else embed_dim
-        self.vdim = vdim if vdim is not None else embed_dim
-        self._qkv_same_embed_dim = self.kdim == embed_dim and self.vdim == embed_dim
-        self.head_dim = embed_dim // num_heads
-        if self.head_dim * num_heads != embed_dim:
-            raise AssertionError("embed_dim must be divisible by num_heads")
-        E = embed_dim
-        if self._qkv_same_embed_dim:
-            self.in_proj_weight = nn.Parameter(torch.empty(3 * E, E, **factory))
-            for name in ("q_proj_weight", "k_proj_weight", "v_proj_weight"):
-                self.register_parameter(name, None)
-        else:
-            self.q_proj_weight = nn.Parameter(torch.empty(E, E, **factory))
-            self.k_proj_weight = nn.Parameter(torch.empty(E, self.kdim, **factory))
-            self.v_proj_weight = nn.Parameter(torch.empty(E, self.vdim, **factory))
-            self.register_parameter("in_proj_weight", None)
-        if bias:
-            self.in_proj_bias = nn.Parameter(torch.empty(3 * E, **factory))
-        else:
-            self.register_parameter("in_proj_bias", None)
-        self.out_proj = OutProjection(E, E, bias=bias, **factory)
-        if add_bias_kv:
-            self.bias_k = nn.Parameter(torch.empty(1, 1, E, **factory))
-            self.bias_v = nn.Parameter(torch.empty(1, 1, E, **factory))
-        else:
+        # torch's own checks and parameter layout, on the meta device (no memory)
+        ref = nn.MultiheadAttention(
+            embed_dim, num_heads, dropout, bias, add_bias_kv, add_zero_attn, kdim, vdim, batch_first, device="meta"
+        )
+        self.embed_dim, self.kdim, self.vdim, self.head_dim = ref.embed_dim, ref.kdim, ref.vdim, ref.head_dim
+        self.num_heads, self.dropout, self.batch_first = ref.num_heads, ref.dropout, ref.batch_first
+        self._qkv_same_embed_dim, self.add_zero_attn = ref._qkv_same_embed_dim, add_zero_attn
+        for name, p in ref._parameters.items():
+            self.register_parameter(
+                name, None if p is None else nn.Parameter(torch.empty(p.shape, device=device, dtype=dtype))
+            )
+        if not add_bias_kv:
             self.bias_k = self.bias_v = None
-        self.add_zero_attn = add_zero_attn
-        self._make_units()
-        self._units_made = True
-        self._reset_parameters()
-
-    def _make_units(self) -> None:
-        """Create the units that share this module's parameters (see ``_links``)."""
-        if self._qkv_same_embed_dim:
-            self.in_proj = InProjection(self.in_proj_weight, self.in_proj_bias)
-        else:
-            self.q_in_proj = InProjection(self.q_proj_weight, self.in_proj_bias)
-            self.k_in_proj = InProjection(self.k_proj_weight, self.in_proj_bias)
-            self.v_in_proj = InProjection(self.v_proj_weight, self.in_proj_bias)
-        if self.bias_k is not None and self.bias_v is not None:  # add_bias_kv creates both
-            self.append_bias_k, self.append_bias_v = AppendBias(self.bias_k), AppendBias(self.bias_v)
-
-    def _links(self) -> list[tuple[SharedParameters, dict[str, str]]]:
-        """``(unit, {slot: parameter name})`` for every unit."""
-        links: list[tuple[SharedParameters, dict[str, str]]]
-        if self._qkv_same_embed_dim:
-            links = [(self.in_proj, {"weight": "in_proj_weight", "bias": "in_proj_bias"})]
-        else:
-            links = [
-                (getattr(self, f"{p}_in_proj"), {"weight": f"{p}_proj_weight", "bias": "in_proj_bias"}) for p in "qkv"
-            ]
-        if "append_bias_k" in self._modules:
-            links += [(self.append_bias_k, {"bias": "bias_k"}), (self.append_bias_v, {"bias": "bias_v"})]
-        return links
-
-    def _reset_parameters(self) -> None:
-        """The initialisation of ``nn.MultiheadAttention``, in the same order."""
-        for w in (self.in_proj_weight, self.q_proj_weight, self.k_proj_weight, self.v_proj_weight):
-            if w is not None:
-                nn.init.xavier_uniform_(w)
-        if self.in_proj_bias is not None:
-            nn.init.constant_(self.in_proj_bias, 0.0)
-            nn.init.constant_(self.out_proj.bias, 0.0)
-        for bias in (self.bias_k, self.bias_v):
-            if bias is not None:
-                nn.init.xavier_normal_(bias)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        super().__setattr__(name, value)
-        if name in _SHARED and "_units_made" in self.__dict__:
-            reshare(self, self._links())  # a parameter object was replaced (e.g. load_state_dict(assign=True))
-
-    def _apply(self, fn: Any, recurse: bool = True) -> DPMultiheadAttention:
-        out = super()._apply(fn, recurse)
-        reshare(self, self._links())
-        return out
+        self.out_proj = OutProjection(embed_dim, embed_dim, bias=bias, device=device, dtype=dtype)
+        links: list[tuple[SharedParameters, dict[str, str]]] = []
+        for weight in ["in_proj_weight"] if self._qkv_same_embed_dim else [f"{p}_proj_weight" for p in "qkv"]:
+            unit = InProjection(getattr(self, weight), self.in_proj_bias)
+            setattr(self, "in_proj" if weight == "in_proj_weight" else f"{weight[0]}_in_proj", unit)
+            links.append((unit, {"weight": weight, "bias": "in_proj_bias"}))
+        for name in ("bias_k", "bias_v") if add_bias_kv else ():
+            setattr(self, f"append_{name}", AppendBias(getattr(self, name)))
+            links.append((getattr(self, f"append_{name}"), {"bias": name}))
+        self._unit_links = links
+        self._reset_parameters()  # type: ignore[misc]  # torch's, reading only what this class has
 
     # -- the forward pass ------------------------------------------------------
     def _project(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:

@@ -155,7 +155,7 @@ def test_gate_projection_called_on_its_own_says_what_is_wrong() -> None:
     lstm = DPLSTM(3, 4, batch_first=True)
     unit = lstm.gate_projections[0]
     wrapped = GradSampleModule(unit)
-    from dpnotebook.layers.gate_projection import HiddenRecord
+    from dpnotebook.units import HiddenRecord
 
     with pytest.raises(GradSampleError, match="outside its recurrent layer"):
         wrapped(torch.randn(2, 3, 3), HiddenRecord(reverse=False)).sum().backward()

@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from dpnotebook.grad_sample._contracts import group_rows, sum_rows
 from dpnotebook.grad_sample._registry import register_grad_sampler
-from dpnotebook.layers.attention_units import AppendBias, InProjection
+from dpnotebook.units import AppendBias, InProjection
 
 
 def _into_rows(full_shape: torch.Size, rows: tuple[int, int], g: Tensor) -> Tensor:

@@ -32,7 +32,7 @@ from torch import Tensor, nn
 
 from dpnotebook.grad_sample._contracts import group_rows, sum_rows
 from dpnotebook.grad_sample._registry import register_grad_sampler
-from dpnotebook.layers.gate_projection import GateProjection
+from dpnotebook.units import GateProjection
 
 
 @register_grad_sampler(GateProjection)

@@ -44,7 +44,7 @@ from dpnotebook.grad_sample._contracts import (
     register_norm_sampler,
 )
 from dpnotebook.grad_sample.samplers._device import scratch_bytes
-from dpnotebook.layers.attention_units import InProjection
+from dpnotebook.units import InProjection
 
 #: Largest scratch buffer (bytes) a norm computation fills at once; bigger batches go in chunks.
 CHUNK_BYTES = 32 * 2**20

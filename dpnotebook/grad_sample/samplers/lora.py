@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from dpnotebook.grad_sample._contracts import group_rows, sum_rows
 from dpnotebook.grad_sample._registry import register_grad_sampler
-from dpnotebook.layers.lora import LoRALinear
+from dpnotebook.units import LoRALinear
 
 __all__ = ["lora_grad_sampler"]
 

@@ -33,7 +33,7 @@ from dpnotebook.grad_sample._contracts import (
     register_norm_sampler,
 )
 from dpnotebook.grad_sample.samplers.conv import conv_per_sample_grads
-from dpnotebook.layers.attention_units import AppendBias
+from dpnotebook.units import AppendBias
 
 __all__: list[str] = []  # the group makers are found through the registry
 

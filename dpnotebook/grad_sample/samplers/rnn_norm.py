@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from dpnotebook.grad_sample._contracts import GhostCall, GhostGroup, Grads, Scratch, register_norm_sampler
 from dpnotebook.grad_sample.samplers.linear_norm import LinearPiece, _chunk, guard_gram, linear_piece, linear_strategy
-from dpnotebook.layers.gate_projection import GateProjection
+from dpnotebook.units import GateProjection
 
 __all__ = ["shared_gram_sq_norms", "shared_gram_pays"]
 
