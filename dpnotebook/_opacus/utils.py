@@ -1,52 +1,25 @@
-"""Opacus' helper functions: ``grad_sample.utils`` (``wrap_model``, ``get_gsm_class``) and
-``utils.per_sample_gradients_utils`` (``check_per_sample_gradients_are_correct``).
+"""Opacus' ``utils.per_sample_gradients_utils``: ``check_per_sample_gradients_are_correct``.
 
-``wrap_model`` is :func:`dpnotebook.wrap_model` (``batch_first`` and ``loss_reduction`` mean the same);
-``get_gsm_class`` gives the wrapper class of a mode. ``check_per_sample_gradients_are_correct`` compares a
-mode's ``grad_sample`` with dpnotebook's float64 microbatching oracle
+It compares a mode's ``grad_sample`` with dpnotebook's float64 microbatching oracle
 (:func:`dpnotebook.testing.reference_grad_samples`) for both loss reductions. Opacus'
-``register_norm_sampler`` takes a function returning norms; dpnotebook's takes a group maker, so it is not
-aliased.
+``grad_sample.utils`` (``wrap_model``, ``get_gsm_class``, ``register_grad_sampler``) is
+:mod:`dpnotebook.grad_sample.utils`, beside the mode registry it reads.
 
 >>> import torch
 >>> from torch import nn
->>> get_gsm_class("hooks").__name__, get_gsm_class("ghost").__name__
-('GradSampleModule', 'GhostGradSampleModule')
 >>> check_per_sample_gradients_are_correct(torch.randn(6, 3, 4), nn.Linear(4, 2))
 True
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor, nn
 
-from dpnotebook.grad_sample._registry import register_grad_sampler
-from dpnotebook.modes import wrap_model as _wrap_in_mode
+from dpnotebook.grad_sample.utils import wrap_model
 from dpnotebook.testing import _to64, clean_copy, random_target, reference_grad_samples, wrapped_grad_samples
 
-__all__ = ["wrap_model", "get_gsm_class", "register_grad_sampler", "check_per_sample_gradients_are_correct"]
-
-
-def wrap_model(model: nn.Module, grad_sample_mode: str, *args: Any, **kwargs: Any) -> nn.Module:
-    """Opacus' ``wrap_model(model, grad_sample_mode, batch_first=..., loss_reduction=...)``.
-
-    Raises:
-        TypeError: positional arguments after ``grad_sample_mode`` (give them by keyword).
-    """
-    if args:
-        raise TypeError(
-            f"wrap_model(model, {grad_sample_mode!r}, {', '.join(map(repr, args))}): give batch_first=, "
-            "loss_reduction= ... by keyword."
-        )
-    return _wrap_in_mode(model, grad_sample_mode, **kwargs)
-
-
-def get_gsm_class(grad_sample_mode: str) -> type:
-    """The wrapper class of ``grad_sample_mode`` (a ``ValueError`` names the registered modes)."""
-    return type(_wrap_in_mode(nn.Linear(1, 1), grad_sample_mode))
+__all__ = ["check_per_sample_gradients_are_correct"]
 
 
 def check_per_sample_gradients_are_correct(
@@ -79,7 +52,7 @@ def check_per_sample_gradients_are_correct(
     for reduction in ("sum", "mean"):
 
         def factory(m: nn.Module, reduction: str = reduction) -> nn.Module:
-            return _wrap_in_mode(m, grad_sample_mode, batch_first=batch_first, loss_reduction=reduction)
+            return wrap_model(m, grad_sample_mode, batch_first=batch_first, loss_reduction=reduction)
 
         got = wrapped_grad_samples(
             factory, clean_copy(module), [x], target, loss_reduction=reduction, batch_first=batch_first
