@@ -1,24 +1,11 @@
 """``fix(model)``: a copy of the model in which what :func:`~dpnotebook.validate` flags is repaired.
 
-Each repair is a *fixer*, registered for a layer type, that returns the
-replacement layer. The original model is never touched.
-
-============================  ==========================================================
-found (hooks mode)            replaced by
-============================  ==========================================================
-``BatchNorm1d/2d/3d``          ``GroupNorm(G, C)``, affine parameters copied (see
-                               :func:`group_count` for ``G``)
-``InstanceNorm`` with          the same layer with ``track_running_stats=False``,
-running stats                  affine parameters copied
-``Embedding(Bag)`` with        the same layer with ``scale_grad_by_freq=False``
-``scale_grad_by_freq``
-``RNN``, ``LSTM``, ``GRU``      ``DPRNN``, ``DPLSTM``, ``DPGRU``, weights copied
-``MultiheadAttention``         ``DPMultiheadAttention``, weights copied
-============================  ==========================================================
-
-The recurrent and attention replacements compute exactly what the originals
-compute; the normalisation ones do not (GroupNorm is not BatchNorm), so a
-model with BatchNorm needs training after ``fix``.
+Each repair is a *fixer*, registered for a layer type, that returns the replacement layer:
+``BatchNorm`` becomes ``GroupNorm`` (see :func:`group_count`), an ``InstanceNorm`` with running
+stats or an ``Embedding(Bag)`` with ``scale_grad_by_freq`` the same layer without them, and
+``RNN``/``LSTM``/``GRU``/``MultiheadAttention`` their :mod:`dpnotebook.layers` twin, with the weights
+copied. The DP layers compute what the originals compute; GroupNorm is not BatchNorm, so a model
+with BatchNorm needs training after ``fix``. The original model is never touched.
 
 >>> import torch
 >>> from torch import nn
@@ -31,15 +18,17 @@ from __future__ import annotations
 
 import copy
 import inspect
+import itertools
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from torch import Tensor, nn
 
 from dpnotebook.errors import UnsupportedModuleError
 from dpnotebook.layers import DPGRU, DPLSTM, DPRNN, DPMultiheadAttention
-from dpnotebook.validation import Problem, format_problems, validate
+from dpnotebook.validation import format_problems, validate
 
 __all__ = ["fix", "register_fixer", "group_count", "FixRefused"]
 
@@ -66,21 +55,11 @@ def register_fixer(*layer_types: type[nn.Module]) -> Callable[[Fixer], Fixer]:
     return decorator
 
 
-def _find_fixer(module: nn.Module) -> Fixer | None:
-    for cls in type(module).__mro__:
-        if cls in _FIXERS:
-            return _FIXERS[cls]
-    return None
-
-
 def group_count(channels: int, max_groups: int = 32) -> int:
     """Number of GroupNorm groups for ``channels``: the largest divisor ``G`` with ``G <= 32`` and ``G <= C/2``.
 
-    Up to 32 groups is the usual GroupNorm choice (Wu & He, 2018); ``G <= C/2``
-    keeps at least two channels in every group, because ``GroupNorm(C, C)``
-    normalises each channel on its own (instance normalisation), which throws
-    away the relative scale of the channels. With fewer than 4 channels this
-    leaves ``G = 1`` (one group of all channels).
+    Up to 32 groups is the usual choice (Wu & He, 2018); ``G <= C/2`` keeps two channels or more in a
+    group (``GroupNorm(C, C)`` would normalise each channel alone, losing their relative scale).
 
     >>> [group_count(c) for c in (1, 3, 4, 6, 16, 64, 96, 7)]
     [1, 1, 2, 3, 8, 32, 32, 1]
@@ -92,9 +71,7 @@ def group_count(channels: int, max_groups: int = 32) -> int:
 
 
 def _factory(module: nn.Module) -> dict[str, Any]:
-    tensor: Tensor | None = next(iter(module.parameters()), None)
-    if tensor is None:
-        tensor = next(iter(module.buffers()), None)
+    tensor: Tensor | None = next(itertools.chain(module.parameters(), module.buffers()), None)
     return {} if tensor is None else {"device": tensor.device, "dtype": tensor.dtype}
 
 
@@ -163,40 +140,24 @@ def _embedding_without_freq_scaling(emb: nn.Embedding | nn.EmbeddingBag) -> nn.M
     return new
 
 
-@register_fixer(nn.RNN, nn.LSTM, nn.GRU)
-def _rnn_to_dp(rnn: nn.RNNBase) -> nn.Module:
-    if rnn.proj_size:
-        raise FixRefused(f"dpnotebook.fix has no replacement for an LSTM with proj_size={rnn.proj_size}.")
-    args = dict(
-        num_layers=rnn.num_layers,
-        bias=rnn.bias,
-        batch_first=rnn.batch_first,
-        dropout=rnn.dropout,
-        bidirectional=rnn.bidirectional,
-        **_factory(rnn),
-    )
-    if isinstance(rnn, nn.RNN):
-        new: nn.Module = DPRNN(rnn.input_size, rnn.hidden_size, nonlinearity=rnn.nonlinearity, **args)
-    else:
-        new = (DPLSTM if isinstance(rnn, nn.LSTM) else DPGRU)(rnn.input_size, rnn.hidden_size, **args)
-    return _copy_weights(rnn, new)
+_DP_LAYERS: dict[type, type[nn.Module]] = {
+    nn.RNN: DPRNN,
+    nn.LSTM: DPLSTM,
+    nn.GRU: DPGRU,
+    nn.MultiheadAttention: DPMultiheadAttention,
+}
 
 
-@register_fixer(nn.MultiheadAttention)
-def _attention_to_dp(mha: nn.MultiheadAttention) -> nn.Module:
-    new = DPMultiheadAttention(
-        mha.embed_dim,
-        mha.num_heads,
-        dropout=mha.dropout,
-        bias=mha.in_proj_bias is not None,
-        add_bias_kv=mha.bias_k is not None,
-        add_zero_attn=mha.add_zero_attn,
-        kdim=mha.kdim,
-        vdim=mha.vdim,
-        batch_first=mha.batch_first,
-        **_factory(mha),
-    )
-    return _copy_weights(mha, new)
+@register_fixer(*_DP_LAYERS)
+def _to_dp_layer(layer: nn.Module) -> nn.Module:
+    """The DP twin, built with the layer's own arguments and holding its weights."""
+    if getattr(layer, "proj_size", 0):
+        raise FixRefused(f"dpnotebook.fix has no replacement for an LSTM with proj_size={layer.proj_size}.")
+    cls = next(_DP_LAYERS[c] for c in type(layer).__mro__ if c in _DP_LAYERS)
+    args = {name: vars(layer)[name] for name in inspect.signature(cls).parameters if name in vars(layer)}
+    if isinstance(layer, nn.MultiheadAttention):
+        args.update(bias=layer.in_proj_bias is not None, add_bias_kv=layer.bias_k is not None)
+    return _copy_weights(layer, cls(**args, **_factory(layer)))
 
 
 def _call_fixer(fixer: Fixer, module: nn.Module, options: dict[str, Any]) -> nn.Module:
@@ -236,31 +197,24 @@ def fix(model: nn.Module, *, mode: str = "hooks", root: str = "model", **options
     paths = dict.fromkeys(p.path for p in validate(fixed, mode=mode, root=root))
     for path in sorted(paths, key=lambda p: -p.count(".")):  # deepest first
         name = path[len(root) + 1 :]
-        fixer = _find_fixer(fixed.get_submodule(name))
+        old = fixed.get_submodule(name)
+        fixer = next((_FIXERS[c] for c in type(old).__mro__ if c in _FIXERS), None)
         if fixer is None:
             continue
         try:
-            new = _call_fixer(fixer, fixed.get_submodule(name), options)
+            new = _call_fixer(fixer, old, options)
         except FixRefused as why:
             reasons[path] = str(why)
             continue
-        logger.info("dpnotebook.fix: %s (%s) replaced by %r", path, type(fixed.get_submodule(name)).__name__, new)
-        if not name:
-            fixed = new
-        else:
-            parent, _, child = name.rpartition(".")
+        logger.info("dpnotebook.fix: %s (%s) replaced by %r", path, type(old).__name__, new)
+        parent, _, child = name.rpartition(".")
+        if name:
             setattr(fixed.get_submodule(parent), child, new)
-    left = validate(fixed, mode=mode, root=root)
-    if left:
-        refused = [
-            Problem(
-                p.path,
-                p.module_type,
-                f"{p.why} {reasons.get(p.path, 'No automatic repair is registered for it.')}",
-                p.fix,
-            )
-            for p in left
-        ]
+        else:
+            fixed = new
+    default = "No automatic repair is registered for it."
+    refused = [replace(p, why=f"{p.why} {reasons.get(p.path, default)}") for p in validate(fixed, mode=mode, root=root)]
+    if refused:
         raise UnsupportedModuleError(
             f"dpnotebook.fix cannot repair {len(refused)} submodule(s) automatically:\n"
             f"{format_problems(refused)}\nThe model was not changed.",

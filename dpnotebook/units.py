@@ -20,7 +20,6 @@ each object once (under its native name) and the unit saves nothing. The parent 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +31,6 @@ from dpnotebook.errors import GradSampleError
 
 __all__ = [
     "SharedParameters",
-    "reshare",
     "UnitOwner",
     "InProjection",
     "AppendBias",
@@ -69,23 +67,12 @@ class SharedParameters(nn.Module):
         """Load nothing: the parent loads these parameters (the same objects)."""
 
 
-def reshare(parent: nn.Module, links: Sequence[tuple[SharedParameters, dict[str, str]]]) -> None:
-    """Point each unit's slots at the parent's current parameters (after one was replaced, see :class:`UnitOwner`).
-
-    Args:
-        parent: the layer that owns the parameters.
-        links: ``(unit, {slot: parent attribute name})`` pairs.
-    """
-    for module, names in links:
-        module.share(**{slot: getattr(parent, name) for slot, name in names.items()})
-
-
 class UnitOwner(nn.Module):
     """A layer whose units share its parameters; it re-points them whenever one is replaced.
 
-    A parameter object is replaced by ``load_state_dict(assign=True)``, ``layer.weight = nn.Parameter(...)``
-    or ``.to()`` under ``torch.__future__.set_overwrite_module_params_on_conversion``. The layer sets
-    ``_unit_links``, ``(unit, {slot: parameter name})`` for each unit, once its units exist.
+    That happens in ``load_state_dict(assign=True)``, ``layer.weight = nn.Parameter(...)`` and ``.to()``
+    under ``torch.__future__.set_overwrite_module_params_on_conversion``. The layer sets ``_unit_links``,
+    ``(unit, {slot: parameter name})`` for each unit, once its units exist.
     """
 
     _dpn_grad_samples_from_children = True  # hooks mode reads the units' samplers, not the layer's
@@ -94,12 +81,17 @@ class UnitOwner(nn.Module):
     def __setattr__(self, name: str, value: Any) -> None:
         super().__setattr__(name, value)
         if any(name in names.values() for _, names in self._unit_links):
-            reshare(self, self._unit_links)
+            self._reshare()
 
     def _apply(self, fn: Any, recurse: bool = True) -> UnitOwner:
         out = super()._apply(fn, recurse)
-        reshare(self, self._unit_links)
+        self._reshare()
         return out
+
+    def _reshare(self) -> None:
+        """Point each unit's slots at this layer's current parameters."""
+        for unit, names in self._unit_links:
+            unit.share(**{slot: getattr(self, name) for slot, name in names.items()})
 
 
 class InProjection(SharedParameters):
