@@ -1,10 +1,8 @@
 """Opacus' accountant names: ``opacus.accountants``, ``.utils`` and ``.analysis.rdp`` over dpnotebook's accounting.
 
-``RDPAccountant`` is dpnotebook's; ``PRVAccountant`` is its PLD accountant (the same privacy loss
-distribution, computed by Google's ``dp_accounting``); ``GaussianAccountant`` ("gdp") is refused, its
-central-limit approximation can under-report epsilon. ``compute_rdp`` composes ``steps`` Poisson-subsampled
-Gaussian mechanisms in ``dp_accounting``'s RDP accountant and reads the RDP of each order;
-``get_privacy_spent`` is its RDP-to-(ε, δ) conversion, returning ε and the order that gives it.
+``PRVAccountant`` is dpnotebook's PLD accountant (the same privacy loss distribution, by
+``dp_accounting``); ``GaussianAccountant`` ("gdp") is refused: its central-limit approximation can
+under-report epsilon. ``compute_rdp`` and ``get_privacy_spent`` are ``dp_accounting``'s RDP accountant.
 
 >>> acc = RDPAccountant()
 >>> acc.step(noise_multiplier=1.0, sample_rate=0.01)
@@ -25,7 +23,7 @@ True
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any
 
 import dp_accounting
 import numpy as np
@@ -46,11 +44,8 @@ __all__ = [
     "get_privacy_spent",
 ]
 
-
-#: Opacus' accountant interface.
-IAccountant = Accountant
-#: Opacus' PRV accountant: dpnotebook's privacy-loss-distribution accountant.
-PRVAccountant = PLDAccountant
+IAccountant = Accountant  #: Opacus' accountant interface.
+PRVAccountant = PLDAccountant  #: Opacus' PRV accountant: dpnotebook's privacy-loss-distribution accountant.
 
 
 class GaussianAccountant:
@@ -93,20 +88,16 @@ def compute_rdp(
     *, q: float, noise_multiplier: float, steps: int, orders: Sequence[float] | float
 ) -> np.ndarray | float:
     """RDP of ``steps`` Poisson-subsampled Gaussian mechanisms (rate ``q``), at each of ``orders``."""
-    scalar = np.isscalar(orders)
-    order_list = [float(cast(float, orders))] if scalar else [float(a) for a in cast(Sequence[float], orders)]
-    accountant = dp_accounting.rdp.RdpAccountant(order_list)
-    accountant.compose(
-        dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(noise_multiplier)), int(steps)
-    )
-    rdp = getattr(accountant, "_rdp", None)  # dp_accounting keeps the composed RDP per order here
+    accountant = dp_accounting.rdp.RdpAccountant([float(a) for a in np.atleast_1d(orders)])
+    event = dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(noise_multiplier))
+    rdp = getattr(accountant.compose(event, int(steps)), "_rdp", None)  # dp_accounting's composed RDP per order
     if rdp is None:
         raise RuntimeError(
             "this dp_accounting version does not expose the RDP per order; "
             "use dpnotebook.accountants.RDPAccountant (get_epsilon) instead."
         )
     rdp = np.asarray(rdp, dtype=float)
-    return float(rdp[0]) if scalar else rdp
+    return float(rdp[0]) if np.isscalar(orders) else rdp
 
 
 def get_privacy_spent(

@@ -1,14 +1,10 @@
 """Opacus' optimizer names (``opacus.optimizers``, ``.optimizer``) over dpnotebook's DP optimizers.
 
-``DPOptimizer`` is dpnotebook's with Opacus' subclassing contract: ``add_noise`` reads each
-``p.summed_grad`` (the clipped sum of the logical batch) and writes ``p.grad``, so a subclass can add other
-noise (e.g. Laplace) over the same clipping, checks, scaling and statistics. ``pre_step``,
-``clip_and_accumulate``, ``grad_samples``, ``accumulated_iterations`` and ``signal_skip_step`` are on every
-dpnotebook DP optimizer; ``_check_processed_flag`` and ``_mark_as_processed`` are Opacus' private helpers
-(its Laplace-noise tutorial imports them). The accountant still assumes Gaussian noise of
-``noise_multiplier * max_grad_norm``: a subclass that adds other noise must do its own accounting, as in
-Opacus. ``DPPerLayerOptimizer`` is ``DPOptimizer`` (``clipping="per_layer"``);
-``DPOptimizerFastGradientClipping`` is the ghost-mode optimizer; ``AdaClipDPOptimizer`` is refused.
+``DPOptimizer`` has Opacus' subclassing contract: ``add_noise`` reads each ``p.summed_grad`` (the
+clipped sum of the logical batch) and writes ``p.grad``, so a subclass can add other noise over the
+same clipping, checks and statistics; the accountant still assumes Gaussian noise, so such a subclass
+does its own accounting, as in Opacus. ``_check_processed_flag`` and ``_mark_as_processed`` are Opacus'
+private helpers (its Laplace-noise tutorial imports them). ``AdaClipDPOptimizer`` is refused.
 
 >>> import torch
 >>> from torch import nn
@@ -38,7 +34,7 @@ from torch import Tensor, nn
 from dpnotebook.errors import UnsupportedOptionError
 from dpnotebook.privacy import DPOptimizer as _CoreDPOptimizer
 from dpnotebook.privacy import GhostDPOptimizer
-from dpnotebook.privacy._distributed import DistributedDPOptimizer
+from dpnotebook.privacy._distributed import DistributedDPOptimizer, distributed_optimizer_class
 from dpnotebook.privacy._mechanisms import draw_noise
 from dpnotebook.privacy._step import _check_processed_flag, _mark_as_processed, total_norm
 
@@ -54,36 +50,28 @@ __all__ = [
 ]
 
 
-def _summed_grad(p: nn.Parameter) -> Tensor:
-    """``p.summed_grad``, set before :meth:`DPOptimizer.add_noise` (torch's Parameter does not declare it)."""
-    return getattr(p, "summed_grad")  # torch's Parameter does not declare it
-
-
 class DPOptimizer(_CoreDPOptimizer):
     """dpnotebook's DP optimizer with Opacus' overridable ``add_noise`` (same constructor)."""
 
     def add_noise(self) -> None:
         """``p.grad = p.summed_grad + N(0, (noise_multiplier * max_grad_norm)^2)``; override for other noise."""
         std = self.noise_multiplier * self.max_grad_norm
-        params = self.params
-        for p, noise in zip(params, draw_noise(params, std, self.generator, self.secure_mode), strict=True):
-            p.grad = _summed_grad(p) + noise
+        for p, noise in zip(self.params, draw_noise(self.params, std, self.generator, self.secure_mode), strict=True):
+            p.grad = getattr(p, "summed_grad") + noise  # set by _noisy_sum (torch's Parameter does not declare it)
 
     def _noisy_sum(
         self, summed: list[Tensor], params: list[nn.Parameter], std: float
     ) -> tuple[list[Tensor], float, float]:
         for p, s in zip(params, summed, strict=True):
-            setattr(p, "summed_grad", s.detach())  # (see _summed_grad); clip_and_accumulate set it too
+            setattr(p, "summed_grad", s.detach())  # clip_and_accumulate sets it too
         self.add_noise()
         grads = [cast(Tensor, p.grad) for p in params]  # add_noise's contract: it sets every p.grad
         noise_norm = total_norm([g - s for g, s in zip(grads, summed, strict=True)])
         return grads, total_norm(summed), noise_norm
 
 
-#: Opacus' per-layer optimizer: dpnotebook's ``DPOptimizer`` with ``clipping="per_layer"``.
-DPPerLayerOptimizer = DPOptimizer
-#: Opacus' ghost-clipping optimizer: dpnotebook's :class:`~dpnotebook.privacy.GhostDPOptimizer`.
-DPOptimizerFastGradientClipping = GhostDPOptimizer
+DPPerLayerOptimizer = DPOptimizer  #: Opacus' per-layer optimizer: ``DPOptimizer`` with ``clipping="per_layer"``.
+DPOptimizerFastGradientClipping = GhostDPOptimizer  #: Opacus' ghost-clipping optimizer.
 
 
 class AdaClipDPOptimizer:
@@ -98,22 +86,13 @@ class AdaClipDPOptimizer:
 
 
 def get_optimizer_class(clipping: str, distributed: bool, grad_sample_mode: str | None = None) -> type:
-    """The optimizer class for these options, as Opacus' ``get_optimizer_class`` picks it.
-
-    ``distributed=True`` gives the all-reducing version (:mod:`dpnotebook.privacy._distributed`).
-    """
+    """The optimizer class for these options, as Opacus' ``get_optimizer_class`` picks it (all-reducing if ``distributed``)."""
     if distributed:
-        from dpnotebook.privacy._distributed import distributed_optimizer_class
-
         return distributed_optimizer_class(get_optimizer_class(clipping, False, grad_sample_mode))
     if clipping == "adaptive":
         return AdaClipDPOptimizer
     if clipping not in ("flat", "per_layer"):
         raise ValueError(f"clipping={clipping!r} is unknown; choose one of ['adaptive', 'flat', 'per_layer'].")
-    if grad_sample_mode == "ghost":
-        if clipping != "flat":
-            raise ValueError(
-                f"clipping={clipping!r} with grad_sample_mode='ghost': Opacus' ghost optimizer clips flat."
-            )
-        return GhostDPOptimizer
-    return DPOptimizer
+    if grad_sample_mode == "ghost" and clipping != "flat":
+        raise ValueError(f"clipping={clipping!r} with grad_sample_mode='ghost': Opacus' ghost optimizer clips flat.")
+    return GhostDPOptimizer if grad_sample_mode == "ghost" else DPOptimizer

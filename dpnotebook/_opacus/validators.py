@@ -1,14 +1,13 @@
 """Opacus' validation names (``opacus.validators``, ``.errors``, ``.module_validator``, ``.utils``).
 
-``ModuleValidator`` is a thin namespace over :func:`dpnotebook.validate` and :func:`dpnotebook.fix`:
-``validate`` returns the findings as Opacus does, a list of exceptions (raised all at once with
-``strict=True``); a model in eval mode is flagged; ``fix`` replaces BatchNorm by ``GroupNorm(gcd(32, C), C)``,
-Opacus' group count. The exceptions subclass :class:`dpnotebook.errors.UnsupportedModuleError`
-(``UnsupportedError`` is that class), so catching any of them catches what dpnotebook raises.
-``register_module_validator`` turns ``fn(module) -> [errors]`` into a check of :func:`dpnotebook.validate`
-(every mode; only on layers with trainable parameters of their own), ``register_module_fixer`` turns
-``fn(module, **kwargs) -> replacement`` into a fixer of :func:`dpnotebook.fix` (a fixer runs on the layers a
-check flags: register a validator for the type too).
+``ModuleValidator`` is a namespace over :func:`dpnotebook.validate` and :func:`dpnotebook.fix`:
+``validate`` returns a list of exceptions (raised together with ``strict=True``) and flags a model in
+eval mode; ``fix`` replaces BatchNorm by ``GroupNorm(gcd(32, C), C)``, Opacus' group count. The
+exceptions subclass :class:`dpnotebook.errors.UnsupportedModuleError` (``UnsupportedError`` is that
+class). ``register_module_validator`` turns ``fn(module) -> [errors]`` into a check of
+:func:`dpnotebook.validate` (every mode; layers with trainable parameters of their own only), and
+``register_module_fixer`` turns ``fn(module, **kwargs) -> replacement`` into a fixer of
+:func:`dpnotebook.fix` (it runs on the layers a check flags).
 
 >>> from torch import nn
 >>> model = nn.Sequential(nn.Conv2d(1, 16, 3), nn.BatchNorm2d(16))
@@ -33,7 +32,7 @@ from torch import nn
 from dpnotebook.errors import UnsupportedModuleError
 from dpnotebook.fixers import fix, register_fixer
 from dpnotebook.privacy._engine import gcd_group_count
-from dpnotebook.validation import Problem, register_check, validate
+from dpnotebook.validation import register_check, validate
 
 __all__ = [
     "UnsupportedError",
@@ -72,11 +71,8 @@ class ModuleValidator:
     """Opacus' validation namespace (class methods only).
 
     Attributes:
-        VALIDATORS: ``{layer type: fn(module) -> [errors]}`` registered with
-            :func:`~dpnotebook.validators.register_module_validator` (run by
-            :func:`dpnotebook.validate` too).
-        FIXERS: ``{layer type: fn(module, **kwargs) -> replacement}`` registered with
-            :func:`~dpnotebook.validators.register_module_fixer` (run by :func:`dpnotebook.fix` too).
+        VALIDATORS: ``{layer type: fn(module) -> [errors]}``, from :func:`register_module_validator`.
+        FIXERS: ``{layer type: fn(module, **kwargs) -> replacement}``, from :func:`register_module_fixer`.
     """
 
     VALIDATORS: dict[type, Callable[..., list[Any]]] = {}
@@ -85,18 +81,14 @@ class ModuleValidator:
     @classmethod
     def validate(cls, module: nn.Module, *, strict: bool = False) -> list[UnsupportedModuleError]:
         """One exception per problem :func:`dpnotebook.validate` finds (plus eval mode); raise them if ``strict``."""
-        errors: list[UnsupportedModuleError] = []
+        errors: list[UnsupportedModuleError] = [ShouldReplaceModuleError(str(p), [p]) for p in validate(module)]
         if not module.training:
-            errors.append(
-                IllegalModuleConfigurationError(
-                    "Model needs to be in training mode: call model.train() before making it private."
-                )
-            )
-        errors += [ShouldReplaceModuleError(str(p), [p]) for p in validate(module)]
+            why = "Model needs to be in training mode: call model.train() before making it private."
+            errors.insert(0, IllegalModuleConfigurationError(why))
         if strict and errors:
-            problems: list[Problem] = [p for e in errors for p in e.problems]
+            found = "\n".join(f"  - {e}" for e in errors)
             raise UnsupportedModuleError(
-                f"{len(errors)} problem(s) found:\n" + "\n".join(f"  - {e}" for e in errors), problems
+                f"{len(errors)} problem(s) found:\n{found}", [p for e in errors for p in e.problems]
             )
         return errors
 
@@ -127,8 +119,8 @@ class ModuleValidator:
         return fixed
 
 
-def _types(target: type | Sequence[type]) -> list[type]:
-    return list(target) if isinstance(target, Sequence) else [target]
+def _types(target: type | Sequence[type]) -> tuple[type, ...]:
+    return tuple(target) if isinstance(target, Sequence) else (target,)
 
 
 def register_module_validator(
@@ -137,19 +129,16 @@ def register_module_validator(
     """Register ``fn(module) -> [errors]`` for these layer types (Opacus' decorator)."""
 
     def decorator(fn: Callable[[nn.Module], list[Any]]) -> Callable[[nn.Module], list[Any]]:
-        types = tuple(_types(target_class_or_classes))
-        for t in types:
-            validator_class.VALIDATORS[t] = fn
+        types = _types(target_class_or_classes)
+        validator_class.VALIDATORS.update(dict.fromkeys(types, fn))
 
         def check(module: nn.Module) -> tuple[str, str] | None:
-            if type(module) not in types or validator_class.VALIDATORS.get(type(module)) is not fn:
-                return None
-            if not any(p.requires_grad for p in module.parameters(recurse=False)):
-                return None  # as in Opacus: validators run on layers with trainable parameters
-            errors = fn(module)
+            mine = type(module) in types and validator_class.VALIDATORS.get(type(module)) is fn
+            # as in Opacus: validators run on layers with trainable parameters of their own
+            errors = fn(module) if mine and any(p.requires_grad for p in module.parameters(recurse=False)) else []
             if not errors:
                 return None
-            return " ".join(str(e) for e in errors), f"see the validator {fn.__name__!r} registered for it."
+            return " ".join(map(str, errors)), f"see the validator {fn.__name__!r} registered for it."
 
         register_check(check)
         return fn
@@ -164,9 +153,7 @@ def register_module_fixer(
 
     def decorator(fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
         types = _types(target_class_or_classes)
-        for t in types:
-            validator_class.FIXERS[t] = fn
-        register_fixer(*types)(fn)
-        return fn
+        validator_class.FIXERS.update(dict.fromkeys(types, fn))
+        return register_fixer(*types)(fn)
 
     return decorator

@@ -1,16 +1,11 @@
 """One recurrent step of each cell, the loop over time for one direction, and its fused twin.
 
-Each step receives ``gx_t``, the input half of the gate pre-activations
-(precomputed for all steps by :class:`~dpnotebook.layers.gate_projection.GateProjection`),
-and adds the hidden half ``h_{t-1} W_hh^T``. The formulas and the order of the
-operations follow PyTorch's own CPU kernels, so outputs agree to rounding.
-
-:func:`run_direction` is that loop, written out in Python: the formula to read.
-:func:`run_fused` computes the same thing with PyTorch's fused RNN operator
-(cuDNN on a GPU): it feeds ``gx`` to the operator as its *input*, with an
-identity input weight, so the operator's gates are ``gx_t I + h_{t-1} W_hh^T``
-and the gradient it returns to ``gx`` is exactly ``g_t = dL/dgates_t``, what the
-grad samplers need. :func:`choose_recurrence` decides which one runs.
+Each step receives ``gx_t``, the input half of the gate pre-activations (precomputed for all steps
+by :class:`~dpnotebook.units.GateProjection`), and adds the hidden half ``h_{t-1} W_hh^T``, in the
+order of PyTorch's own CPU kernels. :func:`run_direction` is that loop in Python, the formula to
+read; :func:`run_fused` computes the same with PyTorch's fused RNN operator (cuDNN on a GPU), fed
+``gx`` as its input with an identity input weight, so the gradient it returns to ``gx`` is exactly
+``g_t = dL/dgates_t``. :func:`choose_recurrence` decides which runs (``docs/guarantees.md``).
 
 >>> import torch
 >>> gx = torch.zeros(3, 2, 4)                      # T=3 steps, B=2, one RNN gate of size H=4
@@ -45,8 +40,7 @@ def rnn_relu_step(gx: Tensor, state: State, w_hh_t: Tensor, b_hh: Tensor | None)
 def lstm_step(gx: Tensor, state: State, w_hh_t: Tensor, b_hh: Tensor | None) -> State:
     """Gates ``i, f, g, o``; ``c_t = f c_{t-1} + i g``; ``h_t = o tanh(c_t)``."""
     h, c = state
-    gates = torch.addmm(gx, h, w_hh_t)
-    i, f, g, o = gates.chunk(4, 1)
+    i, f, g, o = torch.addmm(gx, h, w_hh_t).chunk(4, 1)
     c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
     return torch.sigmoid(o) * torch.tanh(c), c
 
@@ -61,12 +55,7 @@ def gru_step(gx: Tensor, state: State, w_hh_t: Tensor, b_hh: Tensor | None) -> S
     return ((h - n) * z + n,)
 
 
-STEPS: dict[str, Step] = {
-    "RNN_TANH": rnn_tanh_step,
-    "RNN_RELU": rnn_relu_step,
-    "LSTM": lstm_step,
-    "GRU": gru_step,
-}
+STEPS: dict[str, Step] = {"RNN_TANH": rnn_tanh_step, "RNN_RELU": rnn_relu_step, "LSTM": lstm_step, "GRU": gru_step}
 
 
 def run_direction(
@@ -88,14 +77,11 @@ def run_direction(
         w_hh: hidden-to-hidden weight ``[G, H]``.
         b_hh: hidden bias, used here by GRU only (the others fold it into ``gx``).
         reverse: run from the last time step to the first.
-        mask: ``[T, B, 1]`` bool; where ``False`` the state is carried over unchanged
-            (a packed sequence that has ended, see :mod:`dpnotebook.layers.rnn`).
+        mask: ``[T, B, 1]`` bool; where ``False`` the state is carried over (a packed sequence that ended).
 
     Returns:
-        ``(states, final)``: the hidden state after each step ``[T, B, H]`` in time
-        order (a view of a batch-major ``[B, T, H]`` tensor, the layout of a
-        ``batch_first`` output and of the next layer's input), and the state after
-        the last step taken.
+        ``(states, final)``: the hidden state after each step, ``[T, B, H]`` in time order (a view of
+        a batch-major tensor), and the state after the last step taken.
     """
     step = STEPS[mode]
     w_hh_t = w_hh.t()
@@ -119,16 +105,11 @@ RECURRENCES = ("auto", "fused", "loop")
 def choose_recurrence(setting: str, gx: Tensor, mask: Tensor | None) -> str:
     """``"fused"`` or ``"loop"``: which of :func:`run_fused` and :func:`run_direction` runs (decided here only).
 
-    ``setting`` is the layer's ``recurrence`` attribute. ``"auto"`` fuses on a GPU
-    with cuDNN enabled (one kernel per layer and direction instead of a handful per
-    time step); on the CPU the loop is faster, because the fused operator spends
-    a ``G x G`` matrix product on the identity weight. ``"fused"`` fuses wherever
-    it can, ``"loop"`` never does. The loop runs whatever the setting for a packed
-    batch with unequal lengths (``mask``: the fused operator cannot freeze a
-    sample's state) and under ``torch.func`` transforms (``vmap`` has no rule for
-    the fused operator). cuDNN's RNN backward cannot be differentiated again: for
-    a double backward on a GPU use ``recurrence="loop"``, as ``nn.LSTM`` needs
-    ``torch.backends.cudnn.flags(enabled=False)``.
+    ``setting`` is the layer's ``recurrence``: ``"auto"`` fuses on a GPU with cuDNN enabled (on the
+    CPU the identity weight's ``G x G`` product makes the loop faster), ``"fused"`` wherever it can,
+    ``"loop"`` never. The loop runs whatever the setting for a packed batch of unequal lengths (the
+    fused operator cannot freeze a sample's state) and under ``torch.func`` transforms. cuDNN's RNN
+    backward cannot be differentiated again: for a double backward on a GPU use ``"loop"``.
 
     >>> gx = torch.zeros(3, 2, 4)
     >>> choose_recurrence("auto", gx, None), choose_recurrence("fused", gx, None)
@@ -149,11 +130,7 @@ def choose_recurrence(setting: str, gx: Tensor, mask: Tensor | None) -> str:
 def _constant(kind: str, size: int, dtype: torch.dtype, device: torch.device) -> Tensor:
     """The identity input weight (``"eye"``) or the zero input bias (``"zeros"``), made once per size."""
     with torch.inference_mode(False):  # an inference tensor could not be saved for a later backward
-        return (
-            torch.eye(size, dtype=dtype, device=device)
-            if kind == "eye"
-            else torch.zeros(size, dtype=dtype, device=device)
-        )
+        return (torch.eye if kind == "eye" else torch.zeros)(size, dtype=dtype, device=device)
 
 
 def run_fused(
@@ -161,9 +138,7 @@ def run_fused(
 ) -> tuple[Tensor, State]:
     """:func:`run_direction` (without ``mask``) by PyTorch's fused RNN operator: same arguments, same results.
 
-    The operator gets ``gx`` as its input and an identity input weight; for GRU
-    also ``b_hh``, which belongs inside the candidate gate ``r * (h W_hn^T + b_hn)``.
-    The reverse direction runs the operator on ``gx`` flipped in time.
+    For GRU the operator also gets ``b_hh``, which belongs inside the candidate gate ``r * (h W_hn^T + b_hn)``.
 
     >>> gx, h0, w = torch.randn(3, 2, 12), torch.randn(2, 4), torch.randn(12, 4)
     >>> fused, (h,) = run_fused("GRU", gx, (h0,), w, torch.ones(12), reverse=True)
@@ -181,9 +156,7 @@ def run_fused(
     op = getattr(torch._VF, mode.lower())
     # train: cuDNN keeps what its backward needs, whatever the module's mode (no dropout inside one layer)
     args = (len(params) == 4, 1, 0.0, torch.is_grad_enabled(), False, True)
-    with warnings.catch_warnings():
-        # cuDNN wants its weights in one buffer; ours are the identity and the layer's own W_hh, which it
-        # copies together on every call (G x (G + H) numbers, cheap next to the recurrence): a known cost.
+    with warnings.catch_warnings():  # cuDNN copies the identity and W_hh into one buffer per call: cheap
         warnings.filterwarnings("ignore", message="RNN module weights are not part of single contiguous chunk")
         if mode == "LSTM":
             out, h, c = op(xs, hx, params, *args)
