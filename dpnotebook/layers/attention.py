@@ -1,12 +1,9 @@
 """``DPMultiheadAttention``: a drop-in replacement for ``nn.MultiheadAttention``.
 
-Same constructor, parameter names, ``state_dict``, forward arguments and outputs (masks,
-``need_weights``, ``is_causal``, ``add_bias_kv``, ``add_zero_attn``, ``kdim``/``vdim``, unbatched
-inputs), computed as ``F.multi_head_attention_forward`` does, but batch-first inside and through the
-units of :mod:`dpnotebook.units` (:class:`~dpnotebook.units.InProjection`,
-:class:`~dpnotebook.units.AppendBias`, :class:`~dpnotebook.units.OutProjection`), so hooks mode finds
-a sampler for every parameter. Attention dropout runs outside every unit (hooks mode replays no
-forward). It also works as ``nn.TransformerEncoderLayer.self_attn``.
+Same constructor, parameter names, ``state_dict``, forward arguments and outputs, computed as
+``F.multi_head_attention_forward`` does, but batch-first inside and through the units of
+:mod:`dpnotebook.units`, so hooks mode finds a sampler for every parameter (attention dropout runs
+outside every unit). It also works as ``nn.TransformerEncoderLayer.self_attn``.
 
 >>> import torch
 >>> from torch import nn
@@ -45,20 +42,18 @@ def float_mask(mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
 
 
 class DPMultiheadAttention(UnitOwner):
-    """Multi-head attention with hooks-mode per-sample gradients (see the module docstring).
+    """Multi-head attention with hooks-mode per-sample gradients; the arguments of ``nn.MultiheadAttention``.
 
     Args:
-        embed_dim: total width of the model (split over the heads).
-        num_heads: number of attention heads; must divide ``embed_dim``.
+        embed_dim: total width of the model (split over the ``num_heads`` heads, which must divide it).
+        num_heads: number of attention heads.
         dropout: dropout on the attention weights (training only).
         bias: add biases to the input and output projections.
         add_bias_kv: append a learned bias to the key and value sequences.
         add_zero_attn: append a zero to the key and value sequences.
-        kdim: width of the keys (default ``embed_dim``).
-        vdim: width of the values (default ``embed_dim``).
+        kdim, vdim: width of the keys and values (default ``embed_dim``).
         batch_first: inputs are ``[B, T, E]`` rather than ``[T, B, E]``.
-        device: where to create the parameters.
-        dtype: dtype of the parameters.
+        device, dtype: of the parameters.
     """
 
     merge_masks = nn.MultiheadAttention.merge_masks  # used by TransformerEncoderLayer's fast path
@@ -198,25 +193,17 @@ class DPMultiheadAttention(UnitOwner):
     def _merged_mask(
         self, attn_mask: Tensor | None, key_padding_mask: Tensor | None, N: int, L: int, S: int, extra: int
     ) -> Tensor | None:
-        """``attn_mask`` (``[L, S]`` or ``[N*H, L, S]``) plus ``key_padding_mask`` (``[N, S]``) as ``[N|1, H|1, L, S]``.
-
-        ``extra`` zero columns are appended for ``bias_k`` and ``add_zero_attn``, as in torch.
-        """
+        """``attn_mask`` plus ``key_padding_mask`` as ``[N|1, H|1, L, S]``, zero columns appended for the ``extra`` keys."""
         if attn_mask is not None:
-            S0 = S - extra
-            if attn_mask.dim() == 2:
-                if tuple(attn_mask.shape) != (L, S0):
-                    raise RuntimeError(f"The shape of the 2D attn_mask is {attn_mask.shape}, but should be {(L, S0)}.")
-                attn_mask = attn_mask.reshape(1, 1, L, S0)
-            elif attn_mask.dim() == 3:
-                if tuple(attn_mask.shape) != (N * self.num_heads, L, S0):
-                    raise RuntimeError(
-                        f"The shape of the 3D attn_mask is {attn_mask.shape}, but should be {(N * self.num_heads, L, S0)}."
-                    )
-                attn_mask = attn_mask.reshape(N, self.num_heads, L, S0)
-            else:
+            H, S0 = self.num_heads, S - extra
+            expected = {2: (L, S0), 3: (N * H, L, S0)}.get(attn_mask.dim())
+            if expected is None:
                 raise RuntimeError(f"attn_mask's dimension {attn_mask.dim()} is not supported")
-            attn_mask = F.pad(attn_mask, (0, extra))
+            if tuple(attn_mask.shape) != expected:
+                raise RuntimeError(
+                    f"The shape of the {attn_mask.dim()}D attn_mask is {attn_mask.shape}, but should be {expected}."
+                )
+            attn_mask = F.pad(attn_mask.reshape(-1, H if attn_mask.dim() == 3 else 1, L, S0), (0, extra))
         if key_padding_mask is not None:
             if tuple(key_padding_mask.shape) != (N, S - extra):
                 raise AssertionError(

@@ -1,15 +1,11 @@
 """``DPRNN``, ``DPLSTM``, ``DPGRU``: drop-in replacements for ``nn.RNN/LSTM/GRU``.
 
-Same constructor arguments, parameter names, ``state_dict``, inputs and outputs (``PackedSequence``,
-initial states, unbatched input) as the ``torch.nn`` layers. Each layer and direction runs in two
-halves: a :class:`~dpnotebook.units.GateProjection` computes the input half of the gates for all
-time steps at once (its grad sampler gives the per-sample gradients of all four parameters), and
-:mod:`~dpnotebook.layers.recurrence` adds the hidden half step by step.
-
-A ``PackedSequence`` is padded (time-major, original sample order) and every step runs for every
-sample; the state of a sample whose sequence has ended is *frozen* (``h_t = h_{t-1}`` where
-``mask[t]`` is ``False``), so its gates receive a zero gradient, and the reverse direction stays at
-``h0`` until it reaches each sample's last element, as the packed computation does.
+Same constructor arguments, parameter names, ``state_dict``, inputs and outputs as the ``torch.nn``
+layers. Each layer and direction runs in two halves: a :class:`~dpnotebook.units.GateProjection`
+computes the input half of the gates for all time steps at once (its grad sampler gives the four
+parameters' per-sample gradients), and :mod:`~dpnotebook.layers.recurrence` adds the hidden half.
+A ``PackedSequence`` is padded and every step runs for every sample; a sample whose sequence has
+ended keeps its state (``h_t = h_{t-1}``), so its gates receive a zero gradient, as when packed.
 
 >>> import torch
 >>> from torch import nn
@@ -33,8 +29,6 @@ from torch.nn.utils.rnn import PackedSequence
 
 from dpnotebook.layers.recurrence import choose_recurrence, run_direction, run_fused
 from dpnotebook.units import GateProjection, HiddenRecord, UnitOwner
-
-GATES = {"RNN_TANH": 1, "RNN_RELU": 1, "LSTM": 4, "GRU": 3}
 
 
 @dataclass
@@ -90,9 +84,8 @@ def repack(out: Tensor, like: PackedSequence, padded: PaddedBatch) -> PackedSequ
 class DPRNNBase(UnitOwner):
     """The shared machinery of :class:`DPRNN`, :class:`DPLSTM` and :class:`DPGRU`.
 
-    Parameters live on this module under their ``torch.nn`` names (``weight_ih_l0``,
-    ``bias_hh_l1_reverse``...); ``gate_projections[l * D + d]`` shares those of layer ``l`` and
-    direction ``d``.
+    Parameters live here under their ``torch.nn`` names; ``gate_projections[l * D + d]`` shares those
+    of layer ``l`` and direction ``d``.
     """
 
     #: ``"auto"``, ``"fused"`` or ``"loop"``: how the recurrence runs (see
@@ -154,17 +147,7 @@ class DPRNNBase(UnitOwner):
 
     # -- the forward pass ------------------------------------------------------
     def forward(self, input: Tensor | PackedSequence, hx: Any = None) -> tuple[Any, Any]:
-        """Same inputs and outputs as the ``torch.nn`` layer.
-
-        Args:
-            input: ``[B, T, input_size]`` (``batch_first``), ``[T, B, input_size]``,
-                unbatched ``[T, input_size]``, or a ``PackedSequence``.
-            hx: initial state ``h0`` (``(h0, c0)`` for LSTM), each
-                ``[num_layers * num_directions, B, hidden_size]``; zeros if ``None``.
-
-        Returns:
-            ``(output, h_n)`` (``(output, (h_n, c_n))`` for LSTM), shaped as in ``torch.nn``.
-        """
+        """Same inputs (``[T, B, F]``, ``batch_first``, unbatched, ``PackedSequence``; ``hx``) and outputs as ``torch.nn``."""
         padded = pad_packed(input) if isinstance(input, PackedSequence) else None
         x = cast(Tensor, input) if padded is None else padded.x
         batched = padded is not None or x.dim() == 3
@@ -323,4 +306,4 @@ class DPGRU(DPRNNBase):
         )
 
 
-__all__ = ["DPRNNBase", "DPRNN", "DPLSTM", "DPGRU", "GATES", "PaddedBatch", "pad_packed", "repack"]
+__all__ = ["DPRNNBase", "DPRNN", "DPLSTM", "DPGRU", "PaddedBatch", "pad_packed", "repack"]
