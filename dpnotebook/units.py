@@ -1,12 +1,8 @@
 """The units that grad samplers compute formulas for, below both the samplers and the DP layers.
 
-A DP layer such as :class:`~dpnotebook.layers.DPLSTM` keeps its parameters under their ``torch.nn``
-names, so its ``state_dict`` is the native one; hooks mode computes per-sample gradients per
-submodule. Both hold because each parameter is registered twice: on the parent under its native
-name, and on a :class:`SharedParameters` unit under a short slot name. ``named_parameters()`` lists
-each object once (under its native name) and the unit saves nothing. The parent sets
-``_dpn_grad_samples_from_children = True`` so hooks mode reads the units' samplers. The
-:class:`LoRALinear` adapter is a unit of its own.
+A DP layer keeps its parameters under their ``torch.nn`` names (the native ``state_dict``) and also
+registers each on a :class:`SharedParameters` unit, whose grad sampler hooks mode runs.
+``named_parameters()`` lists each object once, under its native name, and a unit saves nothing.
 
 >>> import torch
 >>> from torch import nn
@@ -42,11 +38,7 @@ __all__ = [
 
 
 class SharedParameters(nn.Module):
-    """A module whose parameters belong to its parent (see the module docstring).
-
-    Args:
-        **slots: ``slot name -> Parameter`` (``None`` for an absent one, e.g. no bias).
-    """
+    """A module whose parameters belong to its parent; ``slots`` maps a slot name to a parameter (or ``None``)."""
 
     def __init__(self, **slots: nn.Parameter | None) -> None:
         super().__init__()
@@ -103,7 +95,7 @@ class InProjection(SharedParameters):
     """
 
     _dpn_batch_first = True
-    weight: nn.Parameter  # the slots SharedParameters registers (declared for the type checker)
+    weight: nn.Parameter  # the slots (declared for the type checker)
     bias: nn.Parameter | None
 
     def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None) -> None:
@@ -167,20 +159,15 @@ class HiddenRecord:
                 "its per-sample gradients need were never recorded. Call the DP layer itself."
             )
         first = self.h0.unsqueeze(1)
-        if self.reverse:
-            return torch.cat([self.states[:, 1:], first], 1)
-        return torch.cat([first, self.states[:, :-1]], 1)
+        return torch.cat([self.states[:, 1:], first] if self.reverse else [first, self.states[:, :-1]], 1)
 
 
 class GateProjection(SharedParameters):
     """``x_t W_ih^T + b_ih (+ b_hh)`` for all time steps of one recurrent layer and direction.
 
-    A recurrent step's gates are ``x_t W_ih^T + b_ih + h_{t-1} W_hh^T + b_hh``. This unit computes
-    the input half for every step in one product before the loop, so the gradient of its output is
-    ``g_t = dL/dgates_t`` for every ``t``, and its sampler gives all four parameters' per-sample
-    gradients (``sum_t g_t^T x_t``, ``sum_t g_t^T h_{t-1}``, ``sum_t g_t``) from the ``h_{t-1}`` the
-    layer writes into the :class:`HiddenRecord`. For GRU the hidden side of the candidate gate
-    receives ``r_t * g_t`` (:meth:`hidden_backprops`).
+    The gradient of its output is ``g_t = dL/dgates_t`` at every step, so its sampler gives all four
+    parameters' per-sample gradients (``sum_t g_t^T x_t``, ``sum_t g_t^T h_{t-1}``, ``sum_t g_t``), with
+    the ``h_{t-1}`` the layer writes into the :class:`HiddenRecord`.
 
     Args:
         mode: ``"LSTM"``, ``"GRU"``, ``"RNN_TANH"`` or ``"RNN_RELU"``.
@@ -231,8 +218,8 @@ class GateProjection(SharedParameters):
 class LoRALinear(nn.Module):
     """``y = x W^T + b + (alpha / r) (x A^T) B^T`` with ``W``, ``b`` frozen and ``A``, ``B`` trained.
 
-    Low-rank adaptation (Hu et al., 2021): DP-SGD clips and noises ``r * (in + out)`` numbers instead
-    of ``in * out``. ``B`` starts at zero, so a fresh adapter leaves the layer's output unchanged.
+    Low-rank adaptation (Hu et al., 2021): DP-SGD noises ``r * (in + out)`` numbers, not ``in * out``.
+    ``B`` starts at zero, so a fresh adapter leaves the layer's output unchanged.
 
     Args:
         in_features: the input width.
