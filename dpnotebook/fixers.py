@@ -118,19 +118,12 @@ def _batch_norm_to_group_norm(
 
 @register_fixer(nn.modules.instancenorm._InstanceNorm)
 def _instance_norm_without_running_stats(norm: nn.modules.instancenorm._InstanceNorm) -> nn.Module:
-    cls = type(norm)
     if isinstance(norm, nn.modules.lazy.LazyModuleMixin):
         raise FixRefused("construct it as nn.InstanceNorm*d(..., track_running_stats=False).")
-    new = cls(
-        norm.num_features,
-        eps=norm.eps,
-        # torch's _InstanceNorm.__init__ says float, but it stores momentum=None and its forward handles it
-        momentum=norm.momentum,  # type: ignore[arg-type]
-        affine=norm.affine,
-        track_running_stats=False,
-        **_factory(norm),
-    )
-    return _copy_weights(norm, new)
+    new = copy.deepcopy(norm)
+    new.track_running_stats = False
+    new.running_mean = new.running_var = new.num_batches_tracked = None
+    return new
 
 
 @register_fixer(nn.Embedding, nn.EmbeddingBag)

@@ -279,13 +279,10 @@ class LoRALinear(nn.Module):
         """
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"linear={type(linear).__name__} is invalid: from_linear takes an nn.Linear.")
-        has_bias = linear.bias is not None
-        layer = cls(linear.in_features, linear.out_features, rank=rank, alpha=alpha, bias=has_bias, generator=generator)
-        layer.to(device=linear.weight.device, dtype=linear.weight.dtype)
-        with torch.no_grad():
-            layer.weight.copy_(linear.weight)
-            if linear.bias is not None and layer.bias is not None:  # both or neither
-                layer.bias.copy_(linear.bias)
+        bias = linear.bias is not None
+        layer = cls(linear.in_features, linear.out_features, rank=rank, alpha=alpha, bias=bias, generator=generator)
+        layer = layer.to(device=linear.weight.device, dtype=linear.weight.dtype)
+        layer.load_state_dict(linear.state_dict(), strict=False)  # weight and bias; the adapter stays
         return layer
 
     def forward(self, x: Tensor) -> Tensor:
