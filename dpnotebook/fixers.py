@@ -48,8 +48,7 @@ def register_fixer(*layer_types: type[nn.Module]) -> Callable[[Fixer], Fixer]:
     """Register ``fn(layer) -> replacement`` for layers of these types (and their subclasses)."""
 
     def decorator(fn: Fixer) -> Fixer:
-        for t in layer_types:
-            _FIXERS[t] = fn
+        _FIXERS.update(dict.fromkeys(layer_types, fn))
         return fn
 
     return decorator

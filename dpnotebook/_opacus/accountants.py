@@ -23,7 +23,6 @@ True
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import dp_accounting
 import numpy as np
@@ -64,15 +63,11 @@ def get_noise_multiplier(
     steps: int | None = None,
     accountant: str = "rdp",
     epsilon_tolerance: float = 0.01,
-    **kwargs: Any,
 ) -> float:
-    """Opacus' signature (default ``accountant="rdp"``) over :func:`dpnotebook.privacy.get_noise_multiplier`.
+    """Opacus' signature (default ``accountant="rdp"``; ``epochs`` means ``epochs / sample_rate`` steps).
 
-    ``epochs`` means ``epochs / sample_rate`` steps, as in Opacus. Extra keyword
-    arguments (Opacus passes its accountant's options) are refused by name.
+    It is :func:`dpnotebook.privacy.get_noise_multiplier`; Python refuses other keyword arguments by name.
     """
-    if kwargs:
-        raise TypeError(f"get_noise_multiplier() got unexpected keyword argument(s) {sorted(kwargs)}.")
     return _calibrate(
         target_epsilon=target_epsilon,
         target_delta=target_delta,

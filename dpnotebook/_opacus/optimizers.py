@@ -86,7 +86,7 @@ class AdaClipDPOptimizer:
 
 
 def get_optimizer_class(clipping: str, distributed: bool, grad_sample_mode: str | None = None) -> type:
-    """The optimizer class for these options, as Opacus' ``get_optimizer_class`` picks it (all-reducing if ``distributed``)."""
+    """The optimizer class for these options, as Opacus' ``get_optimizer_class`` picks it (all-reducing if asked)."""
     if distributed:
         return distributed_optimizer_class(get_optimizer_class(clipping, False, grad_sample_mode))
     if clipping == "adaptive":

@@ -18,7 +18,7 @@ __all__ = ["wrap_model", "get_gsm_class", "register_grad_sampler"]
 
 
 def wrap_model(model: nn.Module, grad_sample_mode: str, *args: Any, **kwargs: Any) -> nn.Module:
-    """Opacus' ``wrap_model(model, grad_sample_mode, batch_first=..., loss_reduction=...)``: :func:`dpnotebook.wrap_model`.
+    """Opacus' ``wrap_model(model, grad_sample_mode, batch_first=, loss_reduction=)``: :func:`dpnotebook.wrap_model`.
 
     Raises:
         TypeError: positional arguments after ``grad_sample_mode`` (give them by keyword).

@@ -193,7 +193,7 @@ class DPMultiheadAttention(UnitOwner):
     def _merged_mask(
         self, attn_mask: Tensor | None, key_padding_mask: Tensor | None, N: int, L: int, S: int, extra: int
     ) -> Tensor | None:
-        """``attn_mask`` plus ``key_padding_mask`` as ``[N|1, H|1, L, S]``, zero columns appended for the ``extra`` keys."""
+        """``attn_mask`` plus ``key_padding_mask`` as ``[N|1, H|1, L, S]``, with zero columns for the ``extra`` keys."""
         if attn_mask is not None:
             H, S0 = self.num_heads, S - extra
             expected = {2: (L, S0), 3: (N * H, L, S0)}.get(attn_mask.dim())

@@ -147,7 +147,7 @@ class DPRNNBase(UnitOwner):
 
     # -- the forward pass ------------------------------------------------------
     def forward(self, input: Tensor | PackedSequence, hx: Any = None) -> tuple[Any, Any]:
-        """Same inputs (``[T, B, F]``, ``batch_first``, unbatched, ``PackedSequence``; ``hx``) and outputs as ``torch.nn``."""
+        """Same inputs (``[T, B, F]``, ``batch_first``, unbatched, ``PackedSequence``, ``hx``) and outputs as torch."""
         padded = pad_packed(input) if isinstance(input, PackedSequence) else None
         x = cast(Tensor, input) if padded is None else padded.x
         batched = padded is not None or x.dim() == 3
