@@ -134,10 +134,6 @@ class DPRNNBase(UnitOwner):
     def num_directions(self) -> int:
         return 2 if self.bidirectional else 1
 
-    @property
-    def _flat_weights(self) -> list[nn.Parameter]:
-        return [getattr(self, n) for n in self._flat_weights_names]
-
     def flatten_parameters(self) -> None:
         """Does nothing (``nn.LSTM`` packs its weights for cuDNN here); kept for compatibility."""
 
