@@ -1,10 +1,7 @@
 """Opacus' optimizer names (``opacus.optimizers``, ``.optimizer``) over dpnotebook's DP optimizers.
 
-``DPOptimizer`` has Opacus' subclassing contract: ``add_noise`` reads each ``p.summed_grad`` (the
-clipped sum of the logical batch) and writes ``p.grad``, so a subclass can add other noise over the
-same clipping, checks and statistics; the accountant still assumes Gaussian noise, so such a subclass
-does its own accounting, as in Opacus. ``_check_processed_flag`` and ``_mark_as_processed`` are Opacus'
-private helpers (its Laplace-noise tutorial imports them). ``AdaClipDPOptimizer`` is refused.
+``DPOptimizer``'s ``add_noise`` reads each ``p.summed_grad`` and writes ``p.grad``, so a subclass can add
+other noise (and does its own accounting, as in Opacus). ``AdaClipDPOptimizer`` is refused.
 
 >>> import torch
 >>> from torch import nn

@@ -1,13 +1,8 @@
 """Opacus' validation names (``opacus.validators``, ``.errors``, ``.module_validator``, ``.utils``).
 
-``ModuleValidator`` is a namespace over :func:`dpnotebook.validate` and :func:`dpnotebook.fix`:
-``validate`` returns a list of exceptions (raised together with ``strict=True``) and flags a model in
-eval mode; ``fix`` replaces BatchNorm by ``GroupNorm(gcd(32, C), C)``, Opacus' group count. The
-exceptions subclass :class:`dpnotebook.errors.UnsupportedModuleError` (``UnsupportedError`` is that
-class). ``register_module_validator`` turns ``fn(module) -> [errors]`` into a check of
-:func:`dpnotebook.validate` (every mode; layers with trainable parameters of their own only), and
-``register_module_fixer`` turns ``fn(module, **kwargs) -> replacement`` into a fixer of
-:func:`dpnotebook.fix` (it runs on the layers a check flags).
+``ModuleValidator`` is a namespace over :func:`dpnotebook.validate` and :func:`dpnotebook.fix` (eval mode
+is flagged; BatchNorm becomes ``GroupNorm(gcd(32, C), C)``); the exceptions subclass
+:class:`dpnotebook.errors.UnsupportedModuleError`. What differs is in ``docs/migration-from-opacus.md``.
 
 >>> from torch import nn
 >>> model = nn.Sequential(nn.Conv2d(1, 16, 3), nn.BatchNorm2d(16))
