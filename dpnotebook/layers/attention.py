@@ -136,11 +136,10 @@ class DPMultiheadAttention(UnitOwner):
     ) -> tuple[Tensor, Tensor | None]:
         """Same arguments and outputs as ``nn.MultiheadAttention.forward``."""
         batched = query.dim() == 3
-        if batched and not self.batch_first:  # work batch-first: [N, L, E]
-            query, key, value = self._transpose_same(query, key, value)
-        elif not batched:
-            query, key, value = self._transpose_same(query, key, value, unbatched=True)
-            key_padding_mask = None if key_padding_mask is None else key_padding_mask.unsqueeze(0)
+        if not (batched and self.batch_first):  # work batch-first: [N, L, E]
+            query, key, value = self._transpose_same(query, key, value, unbatched=not batched)
+        if not batched and key_padding_mask is not None:
+            key_padding_mask = key_padding_mask.unsqueeze(0)
         N, L, _ = query.shape
         H, hd = self.num_heads, self.head_dim
         if query.shape[-1] != self.embed_dim:
