@@ -29,8 +29,8 @@ import torch
 from opt_einsum import contract
 from torch import Tensor, nn
 
-from dpnotebook.grad_sample._contracts import group_rows, sum_rows
 from dpnotebook.grad_sample._registry import register_grad_sampler
+from dpnotebook.grad_sample.samplers._contracts import group_rows, sum_rows
 from dpnotebook.layers.attention_units import AppendBias, InProjection
 
 

@@ -38,9 +38,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dpnotebook.grad_sample._contracts import sum_rows
 from dpnotebook.grad_sample._registry import register_grad_sampler
-from dpnotebook.grad_sample.samplers._device import scratch_bytes
+from dpnotebook.grad_sample.samplers._contracts import scratch_bytes, sum_rows
 from dpnotebook.grad_sample.samplers.linear import OutFor
 
 Conv = nn.modules.conv._ConvNd

@@ -6,8 +6,8 @@ computed in float32 and ``eps`` stored as ``variance_epsilon``, and scale by a
 with ``torch.func``. Here they get what ``nn.RMSNorm`` has: ``x_hat`` exactly as
 their forward computes it (:func:`t5_x_hat`, :func:`llama_x_hat`: the dtypes
 differ), then the shared affine formula
-(:func:`~dpnotebook.grad_sample._contracts.affine_grads`) for the grad
-sampler and :func:`~dpnotebook.grad_sample._contracts.materialise` for ghost mode.
+(:func:`~dpnotebook.grad_sample.samplers._contracts.affine_grads`) for the grad
+sampler and :func:`~dpnotebook.grad_sample.samplers._contracts.materialise` for ghost mode.
 
 A class is registered only while its ``forward`` is, statement for statement (its
 syntax tree: comments and layout aside), the one these formulas were written
@@ -38,8 +38,8 @@ from typing import cast
 import torch
 from torch import Tensor, nn
 
-from dpnotebook.grad_sample._contracts import Grads, affine_grads, materialise, register_norm_sampler
 from dpnotebook.grad_sample._registry import register_grad_sampler
+from dpnotebook.grad_sample.samplers._contracts import Grads, affine_grads, materialise, register_norm_sampler
 
 
 def _eps(layer: nn.Module) -> float:

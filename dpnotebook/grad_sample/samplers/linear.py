@@ -24,8 +24,8 @@ from typing import cast
 import torch
 from torch import Tensor, nn
 
-from dpnotebook.grad_sample._contracts import group_rows, sum_rows
 from dpnotebook.grad_sample._registry import register_grad_sampler
+from dpnotebook.grad_sample.samplers._contracts import group_rows, sum_rows
 
 #: ``out_for(layer, shape, like)``: the tensor a fast form writes its result into.
 OutFor = Callable[[nn.Module, tuple[int, ...], Tensor], Tensor]

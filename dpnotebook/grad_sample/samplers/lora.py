@@ -26,8 +26,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from dpnotebook.grad_sample._contracts import group_rows, sum_rows
 from dpnotebook.grad_sample._registry import register_grad_sampler
+from dpnotebook.grad_sample.samplers._contracts import group_rows, sum_rows
 from dpnotebook.layers.lora import LoRALinear
 
 __all__ = ["lora_grad_sampler"]

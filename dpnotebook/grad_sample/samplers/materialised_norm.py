@@ -11,7 +11,7 @@ buffer; a norm layer through its registered grad sampler
 (:func:`dpnotebook.grad_sample.materialise`).
 
 >>> from torch import nn
->>> from dpnotebook.grad_sample._contracts import ghost_handler
+>>> from dpnotebook.grad_sample.samplers._contracts import ghost_handler
 >>> ghost_handler(nn.Conv2d(1, 2, 3)).make_group is conv_group, ghost_handler(nn.LayerNorm(4)).materialises
 (True, True)
 """
@@ -23,7 +23,7 @@ from typing import cast
 
 from torch import nn
 
-from dpnotebook.grad_sample._contracts import (
+from dpnotebook.grad_sample.samplers._contracts import (
     GhostCall,
     GhostGroup,
     Grads,

@@ -6,8 +6,8 @@ Each is an affine map after a normalisation that has no parameters:
 position the parameters are shared across; only ``x_hat`` differs by layer, and
 each sampler recomputes it with PyTorch's own function (without the affine part,
 and without touching running statistics).
-:func:`~dpnotebook.grad_sample._contracts.affine_grads` forms the sums; the tests hold it to the
-formula, :func:`~dpnotebook.grad_sample._contracts.affine_reference_grads`, and the float64 oracle.
+:func:`~dpnotebook.grad_sample.samplers._contracts.affine_grads` forms the sums; the tests hold it to the
+formula, :func:`~dpnotebook.grad_sample.samplers._contracts.affine_reference_grads`, and the float64 oracle.
 
 :func:`channels_first_layer_norm_grad_sampler` is the LayerNorm formula for a
 ``nn.LayerNorm`` subclass applied over dim 1 of ``[N, C, ...]`` (torchvision's and
@@ -35,8 +35,8 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dpnotebook.grad_sample._contracts import affine_grads
 from dpnotebook.grad_sample._registry import register_grad_sampler
+from dpnotebook.grad_sample.samplers._contracts import affine_grads
 
 Grads = dict[nn.Parameter, Tensor]
 # In every sampler x_hat is a fresh tensor of ours, so affine_grads may overwrite it.

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from dpnotebook.grad_sample._contracts import GhostCall, GhostGroup, Grads, Scratch, register_norm_sampler
+from dpnotebook.grad_sample.samplers._contracts import GhostCall, GhostGroup, Grads, Scratch, register_norm_sampler
 from dpnotebook.grad_sample.samplers.linear_norm import LinearPiece, _chunk, guard_gram, linear_piece, linear_strategy
 from dpnotebook.layers.gate_projection import GateProjection
 

@@ -1,29 +1,15 @@
 """The contracts every sampler meets: sample rows, and the norm samplers of ghost mode with their registry.
 
-**Sample rows.** Every sampler receives tensors with the batch in dimension 0
-holding ``B*K`` rows, sample-major. :func:`group_rows`, :func:`sum_rows` and
-:func:`flat_rows` fold a sample's ``K`` copies together with everything else
-that is summed over (time steps, pixels), so that no sampler builds ``B*K``
-per-row gradients.
+**Sample rows.** A sampler receives tensors whose dim 0 holds ``B*K`` rows, sample-major;
+:func:`group_rows`, :func:`sum_rows` and :func:`flat_rows` fold a sample's ``K`` copies
+together with what else is summed over, so that no sampler builds ``B*K`` per-row gradients.
 
-**Norm samplers.** A norm sampler tells ghost mode how to get a layer's
-per-sample gradient norms and its clipped sum without the hooks engine: a group
-maker ``make_group(module, calls, K, scratch)`` registered for the layer's type
-(:func:`register_norm_sampler`), as a grad sampler is registered for the hooks
-engine. A *group* gathers every call of one layer in one forward pass (a layer
-called twice has the sum of both calls as its per-sample gradient, and norms do
-not add up, so the calls are joined first) and answers
-
-* :meth:`GhostGroup.sq_norms`: every sample's squared gradient norm, per parameter;
-* :meth:`GhostGroup.weighted_sums`: ``sum_b w_b * (sample b's gradient)`` per
-  parameter, for the clip factors ``w`` (no second backward).
-
-The built-in norm samplers sit beside their grad samplers in
-:mod:`dpnotebook.grad_sample.samplers` (``linear_norm``, ``rnn_norm``,
-``materialised_norm``); a layer type with none is left to the hooks engine inside
-ghost mode. Your own layer takes part the simplest way by materialising: its
-registered grad sampler forms the per-sample gradients, and ghost mode takes
-their norms and weighted sum (:func:`materialise`):
+**Norm samplers.** A group maker ``make_group(module, calls, K, scratch)``, registered per
+layer type (:func:`register_norm_sampler`), gathers every call of one layer in one forward
+pass into a :class:`GhostGroup` (norms do not add up over calls, so the calls are joined
+first) that gives each sample's squared gradient norms and the weighted sum
+``sum_b w_b g_b``. A layer type with none is left to the hooks engine inside ghost mode.
+Your own layer takes part by materialising its registered grad sampler's gradients:
 
 >>> import torch
 >>> from torch import nn
@@ -58,7 +44,7 @@ from torch import Tensor, nn
 from dpnotebook.errors import GradSampleError
 from dpnotebook.grad_sample._engine.calls import LayerCall
 from dpnotebook.grad_sample._engine.layer_hooks import bound_arguments, sampler_grad_samples, to_batch_first
-from dpnotebook.grad_sample._registry import find_grad_sampler, load_optional_samplers
+from dpnotebook.grad_sample._registry import check_layer_types, find_grad_sampler, load_optional_samplers
 
 Grads = dict[nn.Parameter, Tensor]
 
@@ -68,6 +54,8 @@ __all__ = [
     "sum_rows",
     "affine_grads",
     "affine_reference_grads",
+    "scratch_bytes",
+    "ACCELERATOR_SCRATCH_BYTES",
     "Grads",
     "Scratch",
     "GhostCall",
@@ -110,8 +98,7 @@ def sum_rows(t: Tensor, K: int, keep: int) -> Tensor:
     [7.0, 7.0, 7.0]
     """
     split = t.dim() - keep
-    middle = K * math.prod(t.shape[1:split])
-    summed = t.reshape(t.shape[0] // K, middle, *t.shape[split:]).sum(1)
+    summed = t.reshape(t.shape[0] // K, K * math.prod(t.shape[1:split]), *t.shape[split:]).sum(1)
     return summed / K if K > 1 else summed
 
 
@@ -120,16 +107,16 @@ def affine_reference_grads(
 ) -> tuple[Tensor, Tensor]:
     """The reference form of every norm layer's affine part ``y = x_hat * weight + bias``.
 
-    Sample ``b``'s weight gradient is the sum of ``x_hat * g`` over every position
-    the parameter is shared across, averaged over the sample's ``K`` copies; its
-    bias gradient is the same sum of ``g``.
+    Sample ``b``'s weight gradient is the sum of ``x_hat * g`` over every position the
+    parameter is shared across, averaged over the sample's ``K`` copies; its bias gradient
+    is the same sum of ``g``.
 
     Args:
-        x_hat: the normalised input, same shape as ``backprops``; ``B*K`` rows in dim 0.
+        x_hat: the normalised input, same shape as ``backprops`` (``B*K`` rows in dim 0).
         backprops: gradient of the loss w.r.t. ``y``.
         K: augmentation multiplicity.
-        param_dims: the dims the parameters span: ``(1,)`` for GroupNorm and InstanceNorm,
-            the trailing ``len(normalized_shape)`` dims for LayerNorm and RMSNorm, e.g. ``(-2, -1)``.
+        param_dims: the dims the parameters span: ``(1,)`` for GroupNorm and InstanceNorm, the trailing
+            ``len(normalized_shape)`` dims for LayerNorm and RMSNorm, e.g. ``(-2, -1)``.
 
     Returns:
         ``(weight_grads, bias_grads)``, each ``[B, *parameter shape]``.
@@ -141,8 +128,8 @@ def affine_reference_grads(
     spanned = {d % x_hat.dim() for d in param_dims}
     positions = [d for d in range(1, x_hat.dim()) if d not in spanned]
 
-    def per_sample(t: Tensor) -> Tensor:  # [B*K, ...] -> sum over positions -> mean over the K copies
-        per_row = t.sum(dim=positions) if positions else t  # (a sum over no dims would sum them all)
+    def per_sample(t: Tensor) -> Tensor:  # sum over positions (a sum over no dims would sum all), mean over K
+        per_row = t.sum(dim=positions) if positions else t
         return per_row.reshape(per_row.shape[0] // K, K, *per_row.shape[1:]).mean(1)
 
     return per_sample(x_hat * backprops), per_sample(backprops)
@@ -153,9 +140,9 @@ def affine_grads(
 ) -> Grads:
     """:func:`affine_reference_grads` for the present, trainable ``layer.weight`` and ``layer.bias``: the fast form.
 
-    It sums positions without a channels-last copy (``channels_dim1``: the parameters
-    span dim 1, as in GroupNorm and InstanceNorm) and, with ``overwrite_x_hat``, forms
-    ``x_hat * backprops`` in ``x_hat``'s own memory (the caller's scratch).
+    ``channels_dim1``: the parameters span dim 1 (GroupNorm, InstanceNorm), and positions are
+    summed without a channels-last copy. ``overwrite_x_hat``: form ``x_hat * backprops`` in
+    ``x_hat``'s memory (the caller's scratch).
 
     >>> ln, x_hat, g = nn.LayerNorm(2), torch.ones(4, 2), torch.ones(4, 2)
     >>> affine_grads(ln, x_hat, g, K=2, channels_dim1=False)[ln.weight].tolist(), x_hat[0].tolist()
@@ -165,12 +152,9 @@ def affine_grads(
     ref = weight if weight is not None else bias
     if ref is None:
         return {}
-    keep = ref.dim()
 
     def reduce(t: Tensor) -> Tensor:
-        if channels_dim1:  # [rows, C, *positions]: positions summed in place, no channels-last copy
-            return sum_rows(t.flatten(2).sum(2) if t.dim() > 2 else t, K, keep)
-        return sum_rows(t, K, keep)
+        return sum_rows(t.flatten(2).sum(2) if channels_dim1 and t.dim() > 2 else t, K, ref.dim())
 
     out: Grads = {}
     if weight is not None and weight.requires_grad:
@@ -178,6 +162,21 @@ def affine_grads(
     if bias is not None and bias.requires_grad:
         out[bias] = reduce(backprops)
     return out
+
+
+#: Scratch budget per chunk on a non-CPU device: a GPU holds this easily, and fewer chunks mean fewer launches.
+ACCELERATOR_SCRATCH_BYTES = 256 * 2**20
+
+
+def scratch_bytes(cpu_budget: int, t: Tensor) -> int:
+    """The scratch budget for work on ``t``: the budget measured on a CPU there, the accelerator's elsewhere.
+
+    >>> scratch_bytes(8 * 2**20, torch.ones(1)) == 8 * 2**20
+    True
+    >>> scratch_bytes(8 * 2**20, torch.ones(1, device="meta")) == ACCELERATOR_SCRATCH_BYTES
+    True
+    """
+    return cpu_budget if t.device.type == "cpu" else max(cpu_budget, ACCELERATOR_SCRATCH_BYTES)
 
 
 # -- the norm-sampler protocol ---------------------------------------------------------------------------------
@@ -216,10 +215,8 @@ class GhostCall:
         return self.backprops
 
     def activations(self) -> list[Any]:
-        return [
-            to_batch_first(a, self.call.batch_dim)
-            for a in bound_arguments(self.call.module, self.call.args, self.call.kwargs)
-        ]
+        c = self.call
+        return [to_batch_first(a, c.batch_dim) for a in bound_arguments(c.module, c.args, c.kwargs)]
 
 
 class GhostGroup:
@@ -228,17 +225,15 @@ class GhostGroup:
     how = "materialised"
 
     def sq_norms(self) -> Grads:
+        """Every sample's squared gradient norm, per parameter: ``{p: [B]}``."""
         raise NotImplementedError
 
     def weighted_sums(self, weights: Grads) -> Grads:
+        """``sum_b w_b * (sample b's gradient)`` per parameter, for the clip factors ``weights``."""
         raise NotImplementedError
 
     def drop(self, keep: Tensor) -> None:
-        """Zero every record of the samples where ``keep`` (``[B]`` bools) is False.
-
-        A sample with clip factor 0 (a non-finite norm) must add nothing; but
-        ``0 * nan`` is ``nan``, so its rows are masked, not only its weight.
-        """
+        """Zero every record of the samples where ``keep`` (``[B]`` bools) is False (``0 * nan`` is ``nan``)."""
         raise NotImplementedError
 
 
@@ -252,11 +247,7 @@ def keep_rows(x: Tensor, keep: Tensor) -> Tensor:
 
 
 class MaterialisedGroup(GhostGroup):
-    """Per-sample gradients held in full (``{p: [B, *p.shape]}``), each multiplied by ``scale`` when used.
-
-    The registered sampler's gradients (summed over calls), a convolution's, and
-    the ``p.grad_sample`` of layers left to the hooks engine all take this form.
-    """
+    """Per-sample gradients held in full (``{p: [B, *p.shape]}``), each multiplied by ``scale`` when used."""
 
     def __init__(self, grads: Grads, scale: float = 1.0) -> None:
         self.grads, self.scale = grads, scale
@@ -312,13 +303,10 @@ class GhostHandler(NamedTuple):
     Attributes:
         make_group: builds the layer's :class:`GhostGroup` from its calls in one forward pass.
         outside: names of parameters the layer's owner also uses outside its forward (an RNN's recurrence).
-        materialises: its groups hold per-sample gradients (a :class:`MaterialisedGroup`), which add up
-            over calls; so ghost mode makes one per call as soon as the call's backprops arrive and lets
-            go of the call's inputs and backprops (memory then grows with B, not with the B*K rows).
-        settles: for a layer that does not always materialise, ``settles(module, call, K)`` says whether
-            forming this call's per-sample gradients is the cheaper path to its norms and clipped sum
-            (for a linear layer :func:`~dpnotebook.grad_sample.samplers.linear_norm.settle_pays`); if so
-            the call is settled as above, with the layer's registered grad sampler.
+        materialises: its groups are :class:`MaterialisedGroup`, which add up over calls, so each call is
+            made into one as its backprops arrive and its inputs let go (memory grows with B, not B*K).
+        settles: ``settles(module, call, K)``: whether forming this call's per-sample gradients (with the
+            registered grad sampler) is the cheaper path, for a layer that does not always materialise.
     """
 
     make_group: GroupMaker
@@ -327,13 +315,13 @@ class GhostHandler(NamedTuple):
     settles: Callable[[nn.Module, GhostCall, int], bool] | None = None
 
     def settles_call(self, module: nn.Module, call: GhostCall, K: int) -> bool:
-        """Whether ``call`` is settled (made into per-sample gradients) as soon as its backprops arrive."""
+        """Whether ``call`` is made into per-sample gradients as soon as its backprops arrive."""
         return self.materialises or (self.settles is not None and self.settles(module, call, K))
 
     def settled_group(self, module: nn.Module, call: GhostCall, K: int, scratch: Scratch) -> MaterialisedGroup:
         """The per-sample gradients of one settled call."""
         if self.materialises:
-            return cast(MaterialisedGroup, self.make_group(module, [call], K, scratch))  # it materialises
+            return cast(MaterialisedGroup, self.make_group(module, [call], K, scratch))
         group = materialise(module, [call], K)
         group.how = "materialised (direct)"
         return group
@@ -365,15 +353,13 @@ def register_norm_sampler(
     Raises:
         TypeError: a layer type that is not an ``nn.Module`` subclass.
     """
-    for t in layer_types:
-        if not (isinstance(t, type) and issubclass(t, nn.Module)):
-            raise TypeError(f"register_norm_sampler({t!r}): layer types must be nn.Module subclasses.")
+    check_layer_types("register_norm_sampler", layer_types)
+    # ghost_handler gives the handler only to modules of layer_types, so it may take them as L
+    settle = cast("Callable[[nn.Module, GhostCall, int], bool] | None", settles)
 
     def decorator(make_group: M) -> M:
-        # ghost_handler gives the handler only to modules of layer_types, so it may take them as L
-        settle = cast("Callable[[nn.Module, GhostCall, int], bool] | None", settles)
         for t in layer_types:
-            _NORM_SAMPLERS[t] = GhostHandler(make_group, outside=outside, materialises=materialises, settles=settle)
+            _NORM_SAMPLERS[t] = GhostHandler(make_group, outside, materialises, settle)
         return make_group
 
     return decorator
