@@ -54,6 +54,7 @@ __all__ = [
     "sum_rows",
     "affine_grads",
     "affine_reference_grads",
+    "weight_and_bias",
     "scratch_bytes",
     "ACCELERATOR_SCRATCH_BYTES",
     "Grads",
@@ -148,19 +149,31 @@ def affine_grads(
     >>> affine_grads(ln, x_hat, g, K=2, channels_dim1=False)[ln.weight].tolist(), x_hat[0].tolist()
     ([[1.0, 1.0], [1.0, 1.0]], [1.0, 1.0])
     """
-    weight, bias = getattr(layer, "weight", None), getattr(layer, "bias", None)
-    ref = weight if weight is not None else bias
-    if ref is None:
-        return {}
+    ref = getattr(layer, "weight", None)
+    ref = ref if ref is not None else getattr(layer, "bias", None)
+    keep = ref.dim() if ref is not None else 0  # (no parameter: nothing is reduced)
 
     def reduce(t: Tensor) -> Tensor:
-        return sum_rows(t.flatten(2).sum(2) if channels_dim1 and t.dim() > 2 else t, K, ref.dim())
+        return sum_rows(t.flatten(2).sum(2) if channels_dim1 and t.dim() > 2 else t, K, keep)
 
+    return weight_and_bias(
+        layer,
+        lambda: reduce(x_hat.mul_(backprops) if overwrite_x_hat else x_hat * backprops),
+        lambda: reduce(backprops),
+    )
+
+
+def weight_and_bias(layer: nn.Module, weight: Callable[[], Tensor], bias: Callable[[], Tensor]) -> Grads:
+    """``{layer.weight: weight(), layer.bias: bias()}`` for those present and trainable (each formed only then).
+
+    >>> lin = nn.Linear(2, 1, bias=False)
+    >>> list(weight_and_bias(lin, lambda: torch.zeros(3, 1, 2), lambda: torch.zeros(3, 1)).values())[0].shape
+    torch.Size([3, 1, 2])
+    """
     out: Grads = {}
-    if weight is not None and weight.requires_grad:
-        out[weight] = reduce(x_hat.mul_(backprops) if overwrite_x_hat else x_hat * backprops)
-    if bias is not None and bias.requires_grad:
-        out[bias] = reduce(backprops)
+    for p, grads in ((getattr(layer, "weight", None), weight), (getattr(layer, "bias", None), bias)):
+        if p is not None and p.requires_grad:
+            out[p] = grads()
     return out
 
 

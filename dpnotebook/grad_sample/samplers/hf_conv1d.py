@@ -30,25 +30,18 @@ from dpnotebook.grad_sample.samplers._contracts import (
     group_rows,
     register_norm_sampler,
     sum_rows,
+    weight_and_bias,
 )
 from dpnotebook.grad_sample.samplers.linear_norm import LinearGroup, linear_piece, linear_settles
-
-
-def _params(layer: nn.Module) -> tuple[nn.Parameter, nn.Parameter | None]:
-    return cast(nn.Parameter, layer.weight), cast("nn.Parameter | None", getattr(layer, "bias", None))
 
 
 @register_grad_sampler(Conv1D)
 def conv1d_grad_sampler(layer: nn.Module, activations: list[Tensor], backprops: Tensor, K: int) -> Grads:
     """Per-sample gradients of ``layer.weight`` (``[B, in, out]``) and ``layer.bias``."""
-    weight, bias = _params(layer)
-    out: Grads = {}
-    if weight.requires_grad:
-        a, g = group_rows(activations[0], K), group_rows(backprops, K)
-        out[weight] = torch.einsum("bni,bno->bio", a, g) / K
-    if bias is not None and bias.requires_grad:
-        out[bias] = sum_rows(backprops, K, keep=1)
-    return out
+    a, g = group_rows(activations[0], K), group_rows(backprops, K)
+    return weight_and_bias(
+        layer, lambda: torch.einsum("bni,bno->bio", a, g) / K, lambda: sum_rows(backprops, K, keep=1)
+    )
 
 
 @register_norm_sampler(Conv1D, settles=linear_settles)
@@ -56,7 +49,8 @@ def conv1d_group(module: nn.Module, calls: list[GhostCall], K: int, scratch: Scr
     """``Conv1D``: a linear layer's group over the calls' positions, its weight transposed."""
     piece = linear_piece([(c.activations()[0], c.received(), c.scale) for c in calls], K)
     piece.transposed = True
-    return LinearGroup(*_params(module), {None: piece})
+    weight, bias = cast(nn.Parameter, module.weight), cast("nn.Parameter | None", getattr(module, "bias", None))
+    return LinearGroup(weight, bias, {None: piece})
 
 
 #: Conv1D's group: a :class:`LinearGroup` whose piece is transposed.
