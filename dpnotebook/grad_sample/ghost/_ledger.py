@@ -39,8 +39,6 @@ Groups = list[tuple[int, dict[nn.Module, GhostGroup]]]
 #: ``{p: [(forward_id, samples), ...]}``: the blocks of rows of each ``p.grad_sample`` (the hooks engine's store).
 Blocks = dict[nn.Parameter, list[tuple[int, int]]]
 
-__all__ = ["GhostLedger"]
-
 
 def _dropped(weights: Tensor | Grads) -> Tensor | None:
     """``[B]``: samples some weight drops (0, or not finite), or ``None``; their records are zeroed (``0 * nan``).

@@ -39,8 +39,6 @@ from dpnotebook.modes import register_mode
 #: A layer the hooks engine handles: ``(path, layer, its grad sampler or None for torch.func)``.
 Unit = tuple[str, nn.Module, SamplerEntry | None]
 
-__all__ = ["GhostGradSampleModule", "ghost_owner", "Tap", "GhostStore", "StaleRecordsGuard"]
-
 
 class Tap(torch.autograd.Function):
     """Identity on a layer's output that hands the output's gradient to ``sink``.
@@ -73,11 +71,7 @@ def grad_mark(p: nn.Parameter) -> tuple[int, int] | None:
 
 
 class GhostStore(GradSampleStore):
-    """The hooks engine's store, told that a ghosted parameter whose ``.grad`` did not change got none.
-
-    Autograd calls post-accumulate-grad hooks for the parameters fed to the tap; one whose
-    ``.grad`` really changed was used outside its layer, and the store's check reports it.
-    """
+    """The hooks engine's store, told that a ghosted parameter fed to a tap whose ``.grad`` did not change got none."""
 
     def __init__(self, owner: Any) -> None:
         super().__init__(owner)
@@ -145,13 +139,9 @@ class StaleRecordsGuard:
 class GhostGradSampleModule(GradSampleModule):
     """Wraps ``module`` for ghost clipping: every sample's gradient norm and the clipped sum, no per-sample gradients.
 
-    ``p.grad`` is not filled for the ghosted layers: train with
-    :class:`~dpnotebook.privacy._optimizer.GhostDPOptimizer`, or read :meth:`per_sample_norms`
-    and :meth:`weighted_sums`. Args: as :class:`~dpnotebook.grad_sample._engine.hooks.GradSampleModule`
-    (``force_functorch`` has no meaning here).
-
-    Attributes:
-        ghost_paths: the paths of the layers handled by ghost norms.
+    ``p.grad`` is not filled for the ghosted layers (:attr:`ghost_paths`): train with
+    :class:`~dpnotebook.privacy._optimizer.GhostDPOptimizer`, or read :meth:`per_sample_norms` and
+    :meth:`weighted_sums`. Args: as :class:`~dpnotebook.grad_sample._engine.hooks.GradSampleModule`.
     """
 
     grad_sample_mode = "ghost"
@@ -214,6 +204,7 @@ class GhostGradSampleModule(GradSampleModule):
 
     @property
     def ghost_paths(self) -> list[str]:
+        """The paths of the layers handled by ghost norms."""
         return [path for path, *_ in getattr(self, "_ghost_units", [])]
 
     @property

@@ -48,29 +48,6 @@ from dpnotebook.grad_sample._registry import check_layer_types, find_grad_sample
 
 Grads = dict[nn.Parameter, Tensor]
 
-__all__ = [
-    "group_rows",
-    "flat_rows",
-    "sum_rows",
-    "affine_grads",
-    "affine_reference_grads",
-    "weight_and_bias",
-    "scratch_bytes",
-    "ACCELERATOR_SCRATCH_BYTES",
-    "Grads",
-    "Scratch",
-    "GhostCall",
-    "GhostGroup",
-    "keep_rows",
-    "MaterialisedGroup",
-    "materialise",
-    "GhostHandler",
-    "register_norm_sampler",
-    "unregister_norm_sampler",
-    "ghost_handler",
-    "norm_sampler_types",
-]
-
 
 # -- sample rows -----------------------------------------------------------------------------------------------
 def group_rows(t: Tensor, K: int) -> Tensor:
@@ -108,19 +85,10 @@ def affine_reference_grads(
 ) -> tuple[Tensor, Tensor]:
     """The reference form of every norm layer's affine part ``y = x_hat * weight + bias``.
 
-    Sample ``b``'s weight gradient is the sum of ``x_hat * g`` over every position the
-    parameter is shared across, averaged over the sample's ``K`` copies; its bias gradient
-    is the same sum of ``g``.
-
-    Args:
-        x_hat: the normalised input, same shape as ``backprops`` (``B*K`` rows in dim 0).
-        backprops: gradient of the loss w.r.t. ``y``.
-        K: augmentation multiplicity.
-        param_dims: the dims the parameters span: ``(1,)`` for GroupNorm and InstanceNorm, the trailing
-            ``len(normalized_shape)`` dims for LayerNorm and RMSNorm, e.g. ``(-2, -1)``.
-
-    Returns:
-        ``(weight_grads, bias_grads)``, each ``[B, *parameter shape]``.
+    Sample ``b``'s weight gradient is the sum of ``x_hat * backprops`` over the positions the
+    parameter is shared across (all dims but ``param_dims``: ``(1,)`` for GroupNorm, ``(-2, -1)``
+    for a LayerNorm over two dims), averaged over its ``K`` copies; its bias gradient the same
+    sum of ``backprops``. Returns ``(weight_grads, bias_grads)``, each ``[B, *parameter shape]``.
 
     >>> x_hat, g = torch.tensor([[1.0, -1.0], [3.0, 1.0]]), torch.tensor([[2.0, 2.0], [1.0, 1.0]])  # 1 sample, K=2
     >>> affine_reference_grads(x_hat, g, K=2, param_dims=(-1,))
@@ -201,12 +169,9 @@ class Scratch(Protocol):
 
 @dataclass
 class GhostCall:
-    """One recorded call: the layer's inputs, and (after backward) its output's gradient.
+    """One recorded call (``call``) and, after backward, its output's gradient (``backprops``, batch-first).
 
-    Attributes:
-        call: what the forward pass saw (as the hooks engine records it).
-        backprops: gradient of the loss w.r.t. the output, batch-first, ``B*K`` rows.
-        scale: undoes the loss reduction and averages over K (``rows/K`` for a mean, ``1/K`` for a sum).
+    ``scale`` undoes the loss reduction and averages over K (``rows/K`` for a mean, ``1/K`` for a sum).
     """
 
     call: LayerCall
@@ -214,8 +179,7 @@ class GhostCall:
     scale: float = 1.0
 
     @property
-    def released(self) -> bool:
-        """Its per-sample gradients were formed and its inputs and backprops let go."""
+    def released(self) -> bool:  # its per-sample gradients were formed, its inputs and backprops let go
         return self.call.released
 
     def release(self) -> None:
@@ -311,15 +275,10 @@ GroupMaker = Callable[[nn.Module, list[GhostCall], int, Scratch], GhostGroup]
 
 
 class GhostHandler(NamedTuple):
-    """How ghost mode treats one kind of layer (see :func:`register_norm_sampler`).
+    """How ghost mode treats one kind of layer: the arguments of :func:`register_norm_sampler`.
 
-    Attributes:
-        make_group: builds the layer's :class:`GhostGroup` from its calls in one forward pass.
-        outside: names of parameters the layer's owner also uses outside its forward (an RNN's recurrence).
-        materialises: its groups are :class:`MaterialisedGroup`, which add up over calls, so each call is
-            made into one as its backprops arrive and its inputs let go (memory grows with B, not B*K).
-        settles: ``settles(module, call, K)``: whether forming this call's per-sample gradients (with the
-            registered grad sampler) is the cheaper path, for a layer that does not always materialise.
+    A call that *settles* (always, if the groups materialise) is made into per-sample gradients as
+    its backprops arrive and its inputs let go: memory grows with B, not B*K.
     """
 
     make_group: GroupMaker
@@ -355,13 +314,13 @@ def register_norm_sampler(
     materialises: bool = False,
     settles: Callable[[L, GhostCall, int], bool] | None = None,
 ) -> Callable[[M], M]:
-    """Decorator: ghost mode handles ``layer_types`` with the decorated group maker.
+    """Decorator: ghost mode handles ``layer_types`` with the decorated ``make_group(module, calls, K, scratch)``.
 
     Args:
         *layer_types: ``nn.Module`` subclasses (a subclass that overrides ``forward`` is not matched).
-        outside: names of parameters the layer's owner also uses outside the layer's forward.
-        materialises: the maker's groups hold per-sample gradients, made call by call.
-        settles: ``settles(module, call, K)``: whether a call is settled as soon as its backprops arrive.
+        outside: names of parameters the layer's owner also uses outside its forward (an RNN's recurrence).
+        materialises: the maker's groups are :class:`MaterialisedGroup`, made call by call.
+        settles: ``settles(module, call, K)``: whether forming a call's per-sample gradients is cheaper.
 
     Raises:
         TypeError: a layer type that is not an ``nn.Module`` subclass.

@@ -138,29 +138,16 @@ def conv_weight_grads_grouped(layer: Conv, x: Tensor, g: Tensor, K: int) -> Tens
     if layer.padding_mode == "zeros" and pads[0::2] == pads[1::2]:  # symmetric zero padding: left to the kernel
         padding = pads[0::2][::-1]
     else:  # 'same' with an even kernel, reflect, circular...: padded here
-        x, padding = (
-            F.pad(x, pads, mode="constant" if layer.padding_mode == "zeros" else layer.padding_mode),
-            [0] * dims,
-        )
+        mode = "constant" if layer.padding_mode == "zeros" else layer.padding_mode
+        x, padding = F.pad(x, pads, mode=mode), [0] * dims
     xs = x.unflatten(0, (B, K)).transpose(0, 1).reshape(K, -1, *x.shape[2:])  # [K, B*C_in, ...]
     gs = g.unflatten(0, (B, K)).transpose(0, 1).reshape(K, -1, *g.shape[2:])  # [K, B*C_out, ...]
     weight = layer.weight.detach().to(x.dtype)
     shape_only = weight.expand(B, *weight.shape).reshape(-1, *weight.shape[1:])
     # convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
     #                      output_padding, groups, output_mask): only the weight gradient is asked for
-    grads = torch.ops.aten.convolution_backward(
-        gs,
-        xs,
-        shape_only,
-        None,
-        layer.stride,
-        padding,
-        layer.dilation,
-        False,
-        [0] * dims,
-        B * layer.groups,
-        [False, True, False],
-    )[1]
+    options = (layer.stride, padding, layer.dilation, False, [0] * dims, B * layer.groups, [False, True, False])
+    grads = torch.ops.aten.convolution_backward(gs, xs, shape_only, None, *options)[1]
     return grads.view(B, *weight.shape)
 
 
