@@ -11,7 +11,7 @@ one forward pass, while the hooks engine's ``p.grad_sample`` (``sampled``) cover
 >>> model.allow_grad_accumulation()
 >>> for rows in (4, 5):                     # two forward passes before one step
 ...     model(torch.randn(rows, 3)).sum().backward()
->>> [B for B, _ in model._ledger.groups()], model._ledger.layout({})
+>>> [B for B, _ in model._ledger.groups().values()], model._ledger.layout({})
 ([4, 5], [(1, 4), (2, 5)])
 """
 
@@ -35,7 +35,8 @@ from dpnotebook.grad_sample.samplers._contracts import (
     materialise,
 )
 
-Groups = list[tuple[int, dict[nn.Module, GhostGroup]]]
+#: ``{forward_id: (samples, {layer: group})}``, in the order the forward passes ran.
+Groups = dict[int, tuple[int, dict[nn.Module, GhostGroup]]]
 #: ``{p: [(forward_id, samples), ...]}``: the blocks of rows of each ``p.grad_sample`` (the hooks engine's store).
 Blocks = dict[nn.Parameter, list[tuple[int, int]]]
 
@@ -67,7 +68,6 @@ class GhostLedger:
         self.pending: dict[int, dict[nn.Module, list[GhostCall]]] = {}
         self.settled: dict[int, dict[nn.Module, MaterialisedGroup]] = {}
         self._groups: Groups | None = None
-        self._fids: list[int] = []  # forward id of each entry of groups()
         self._buffers: dict[tuple[Any, ...], Tensor] = {}
 
     def record(self, forward_id: int, module: nn.Module, call: GhostCall) -> None:
@@ -97,9 +97,9 @@ class GhostLedger:
         self.pending, self.settled, self._groups = {}, {}, None
 
     def groups(self) -> Groups:
-        """``(samples, {layer: group})`` for each forward pass, in the order they ran."""
+        """``{forward_id: (samples, {layer: group})}``, in the order the forward passes ran."""
         if self._groups is None:
-            groups: Groups = []
+            groups: Groups = {}
             for fid, layers in self.pending.items():
                 rows = next(c.call.rows for calls in layers.values() for c in calls)
                 settled = self.settled.get(fid, {})
@@ -115,8 +115,8 @@ class GhostLedger:
                         made[m] = settled[m]
                     elif done:
                         made[m] = self.handlers[m].make_group(m, done, self.K, partial(self._scratch, m, len(groups)))
-                groups.append((rows // self.K, made))
-            self._groups, self._fids = groups, list(self.pending)
+                groups[fid] = (rows // self.K, made)
+            self._groups = groups
         return self._groups
 
     def _scratch(
@@ -135,8 +135,7 @@ class GhostLedger:
         Raises:
             GradSampleError: a block of ``p.grad_sample`` and the records of its forward pass disagree on B.
         """
-        groups = self.groups()
-        passes = dict(zip(self._fids, (B for B, _ in groups), strict=True))
+        passes = {fid: B for fid, (B, _) in self.groups().items()}
         for p, held in blocks.items():
             for fid, n in held:
                 if passes.setdefault(fid, n) != n:
@@ -167,8 +166,7 @@ class GhostLedger:
     def _passes(self, layout: list[tuple[int, int]]) -> list[tuple[int, dict[nn.Module, GhostGroup]]]:
         """``(samples, groups)`` of each forward pass of ``layout`` (no groups: it reached no ghosted layer)."""
         groups = self.groups()
-        made = dict(zip(self._fids, (m for _, m in groups), strict=True))
-        return [(n, made.get(fid, {})) for fid, n in layout]
+        return [(n, groups[fid][1] if fid in groups else {}) for fid, n in layout]
 
     @staticmethod
     def num_samples(layout: list[tuple[int, int]]) -> int:
@@ -224,4 +222,4 @@ class GhostLedger:
 
     def strategies(self, paths: dict[nn.Module, str]) -> dict[str, str]:
         """``{path: how}``: how each recorded layer's norms are computed."""
-        return {paths[m]: group.how for _, made in self.groups() for m, group in made.items()}
+        return {paths[m]: group.how for _, made in self.groups().values() for m, group in made.items()}
