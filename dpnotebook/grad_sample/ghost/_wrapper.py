@@ -212,14 +212,6 @@ class GhostGradSampleModule(GradSampleModule):
         """``(path, how)``: ``"ghost"``, a sampler's name (materialised) or ``"torch.func"``."""
         return sorted([(p, "ghost") for p in self.ghost_paths] + super().units)
 
-    def _active(self, m: nn.Module) -> bool:
-        return (
-            self.hooks_enabled
-            and torch.is_grad_enabled()
-            and not capture_is_paused()
-            and any(p is not None and p.requires_grad for p in m._parameters.values())
-        )
-
     def _forward(self, *args: Any, **kwargs: Any) -> Any:
         self._stale.check(holds_records=bool(self._ledger.pending), allow_accumulation=self._store.allow_accumulation)
         try:
@@ -230,9 +222,10 @@ class GhostGradSampleModule(GradSampleModule):
             self._held = []
 
     def _detach_params(self, m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        saved: dict[str, nn.Parameter] = {}
-        if self._active(m) and not self._broadcast.batch_free_call(args, kwargs):  # batch-free: meeting points
-            saved = {n: p for n, p in m._parameters.items() if p is not None and p.requires_grad}
+        saved = {n: p for n, p in m._parameters.items() if p is not None and p.requires_grad}
+        recording = self.hooks_enabled and torch.is_grad_enabled() and not capture_is_paused()
+        if not recording or (saved and self._broadcast.batch_free_call(args, kwargs)):  # batch-free: meeting points
+            saved = {}
         self._swapped.setdefault(id(m), []).append(saved)
         for n, p in saved.items():
             m._parameters[n] = cast(nn.Parameter, p.detach())  # a stand-in until _tap_output puts p back
