@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dpnotebook.grad_sample._contracts import flat_rows
 from dpnotebook.grad_sample._engine.accumulation import grad_sample_rows
+from dpnotebook.grad_sample.samplers._contracts import flat_rows
 from dpnotebook.modes import available_modes, wrap_model
 from dpnotebook.testing import clean_copy, reference_grad_samples
 

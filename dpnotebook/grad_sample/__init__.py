@@ -14,7 +14,6 @@ The modes register their wrapper classes in :mod:`dpnotebook.modes`.
 """
 
 from dpnotebook.grad_sample import samplers  # noqa: F401  (importing samplers fills the registry)
-from dpnotebook.grad_sample._contracts import materialise, register_norm_sampler, unregister_norm_sampler
 from dpnotebook.grad_sample._engine.ew import GradSampleModuleExpandedWeights
 from dpnotebook.grad_sample._engine.functorch import FunctorchGradSampleModule
 from dpnotebook.grad_sample._engine.hooks import GradSampleModule, plan_units
@@ -26,6 +25,7 @@ from dpnotebook.grad_sample._registry import (
     unregister_grad_sampler,
 )
 from dpnotebook.grad_sample.ghost._wrapper import GhostGradSampleModule
+from dpnotebook.grad_sample.samplers._contracts import materialise, register_norm_sampler, unregister_norm_sampler
 from dpnotebook.grad_sample.samplers.buffers import reuse_result_buffers
 
 __all__ = [

@@ -1,10 +1,8 @@
 """The registry of per-layer grad samplers.
 
-A grad sampler turns what a layer saw in the forward pass (its *activations*)
-and what came back in the backward pass (the gradient of the loss with respect
-to its output, the *backprops*) into per-sample gradients of its parameters.
-
-Samplers are registered per layer type:
+A grad sampler turns what a layer saw in the forward pass (its *activations*) and what came
+back in the backward pass (the gradient of the loss w.r.t. its output, the *backprops*) into
+per-sample gradients of its parameters. Samplers are registered per layer type:
 
 >>> import torch
 >>> from torch import nn
@@ -23,15 +21,10 @@ Samplers are registered per layer type:
 >>> find_grad_sampler(Scale(3)).name
 'scale_sampler'
 
-The full signature is ``fn(layer, activations, backprops, K) -> {param: grad_sample}``.
-Opacus-style samplers ``fn(layer, activations, backprops)`` are accepted too;
-dpnotebook then averages each group of ``K`` per-row gradients itself.
-
-A sampler states the formula; a faster route to the same numbers is attached at
-registration, ``register_grad_sampler(nn.Conv2d, fast=conv_grad_sampler_fast)``, and
-runs in its place whenever no autograd graph of the result is asked for
-(:meth:`SamplerEntry.form`). One test holds every attached fast form equal to its
-formula (``tests/grad_sample/samplers/test_fast_forms.py``).
+A sampler states the formula; a faster route to the same numbers is attached at registration
+(``register_grad_sampler(nn.Conv2d, fast=conv_grad_sampler_fast)``) and runs whenever no
+autograd graph of the result is asked for (:meth:`SamplerEntry.form`).
+``tests/grad_sample/samplers/test_fast_forms.py`` holds every fast form equal to its formula.
 """
 
 from __future__ import annotations
@@ -39,7 +32,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import sys
-from collections.abc import Callable, Iterator, MutableMapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, MutableMapping, Sequence
 from dataclasses import dataclass
 
 from torch import Tensor, nn
@@ -63,14 +56,11 @@ class SamplerEntry:
 
     Attributes:
         fn: The sampler function.
-        takes_k: ``True`` for ``fn(layer, activations, backprops, K)``; ``False``
-            for Opacus-style ``fn(layer, activations, backprops)``, whose per-row
-            results dpnotebook averages over each sample's ``K`` rows.
-        batch_first_always: The layer's inputs and outputs always have the batch
-            in dimension 0, whatever the wrapper's ``batch_first`` says
-            (``EmbeddingBag`` outputs ``[bags, D]``, for instance).
-        fast: The same numbers by a faster route (``fn(layer, activations, backprops, K)``),
-            or ``None``: see :meth:`form`.
+        takes_k: ``True`` for ``fn(layer, activations, backprops, K)``; ``False`` for a per-row
+            ``fn(layer, activations, backprops)``, whose results are averaged over each sample's ``K`` rows.
+        batch_first_always: The layer's inputs and outputs always have the batch in dim 0, whatever
+            the wrapper's ``batch_first`` says (``EmbeddingBag`` outputs ``[bags, D]``).
+        fast: The same numbers by a faster route (``fn(layer, activations, backprops, K)``), or ``None``.
     """
 
     fn: GradSampler
@@ -83,16 +73,12 @@ class SamplerEntry:
         return getattr(self.fn, "__name__", repr(self.fn))
 
     def form(self, activations: Sequence[object], backprops: Tensor) -> GradSampler:
-        """What runs on these inputs: the fast form, or the formula where a graph is needed.
+        """The fast form, or the formula where the backprops or an activation require a gradient.
 
-        A fast form may write in place and skip autograd, so the formula runs whenever the
-        backprops or an activation require a gradient (double backward, gradient penalties).
+        A fast form may write in place and skip autograd (double backward, gradient penalties need the graph).
         """
-        if self.fast is None or backprops.requires_grad:
-            return self.fn
-        if any(isinstance(a, Tensor) and a.requires_grad for a in activations):
-            return self.fn
-        return self.fast
+        needs_graph = backprops.requires_grad or any(isinstance(a, Tensor) and a.requires_grad for a in activations)
+        return self.fn if self.fast is None or needs_graph else self.fast
 
 
 _SAMPLERS: dict[type[nn.Module], SamplerEntry] = {}
@@ -106,10 +92,19 @@ def _takes_k(fn: GradSampler) -> bool:
     if len(positional) == 3:
         return False
     raise TypeError(
-        f"grad sampler {getattr(fn, '__name__', fn)!r} takes {len(positional)} positional "
-        "arguments; expected fn(layer, activations, backprops, K) or the Opacus-style "
-        "fn(layer, activations, backprops)."
+        f"grad sampler {getattr(fn, '__name__', fn)!r} takes {len(positional)} positional arguments; "
+        "expected fn(layer, activations, backprops, K) or the per-row fn(layer, activations, backprops)."
     )
+
+
+def check_layer_types(caller: str, layer_types: Iterable[object]) -> None:
+    """Raise ``TypeError`` for an entry of ``layer_types`` that is not an ``nn.Module`` subclass."""
+    for t in layer_types:
+        if not (isinstance(t, type) and issubclass(t, nn.Module)):
+            raise TypeError(
+                f"{caller} takes nn.Module subclasses, got {t!r} (a {type(t).__name__}); "
+                f"pass the class itself, e.g. {caller}(nn.Linear)."
+            )
 
 
 def register_grad_sampler(
@@ -119,34 +114,29 @@ def register_grad_sampler(
 
     The contract of ``fn(layer, activations, backprops, K) -> {param: grad_sample}``:
 
-    - ``activations`` is a **list**: the layer's forward inputs, one entry per argument
-      (``(x,) = activations`` for a one-input layer). Each tensor holds the ``B*K`` rows in
-      dim 0, sample-major: sample ``i``'s ``K`` augmented copies are rows ``i*K ... i*K+K-1``
-      (a ``batch_first=False`` model's rows are moved to dim 0 before the call, unless
+    - ``activations`` is a **list**, one entry per forward argument (``(x,) = activations``); each
+      tensor holds the ``B*K`` rows in dim 0, sample-major: sample ``i``'s ``K`` copies are rows
+      ``i*K ... i*K+K-1`` (a ``batch_first=False`` model's rows are moved to dim 0 first, unless
       ``batch_first_always``).
-    - ``backprops`` is the gradient of the loss with respect to the layer's output, rows in
-      dim 0. The wrapper accounts for the loss reduction (``"mean"`` or ``"sum"``): use it as given.
-    - Return, for each parameter that requires a gradient, a tensor ``[B, *param.shape]``
-      whose entry ``i`` is the **average over sample i's K rows** of each row's gradient
-      (summed over positions for a sequence). An Opacus-style ``fn(layer, activations, backprops)``
-      returns per-row gradients ``[B*K, *param.shape]`` instead, and dpnotebook averages them.
+    - ``backprops`` is the gradient of the loss w.r.t. the layer's output, rows in dim 0, the loss
+      reduction already accounted for: use it as given.
+    - Return, for each parameter that requires a gradient, ``[B, *param.shape]`` whose entry ``i`` is
+      the **average over sample i's K rows** of each row's gradient (summed over positions). A per-row
+      ``fn(layer, activations, backprops)`` returns ``[B*K, *param.shape]`` instead, averaged for it.
 
-    The module docstring's ``Scale`` sampler follows it; check yours with
-    :func:`dpnotebook.testing.check_grad_sampler`.
+    Check yours with :func:`dpnotebook.testing.check_grad_sampler`.
 
     Args:
-        *layer_types: ``nn.Module`` subclasses the sampler handles. A subclass
-            that does not override ``forward`` inherits its parent's sampler.
+        *layer_types: ``nn.Module`` subclasses; a subclass that keeps ``forward`` inherits the sampler.
         batch_first_always: The layer always sees the batch in dimension 0.
-        fast: A faster ``fn(layer, activations, backprops, K)`` giving the same numbers
-            (it may skip autograd): it runs instead of ``fn`` when no graph is needed.
+        fast: A faster ``fn(layer, activations, backprops, K)`` giving the same numbers (it may skip
+            autograd): it runs instead of ``fn`` when no graph is needed.
 
     Returns:
         A decorator that registers the function and returns it unchanged.
 
     Raises:
-        TypeError: if a type is not an ``nn.Module`` subclass or the function
-            has the wrong number of arguments.
+        TypeError: a type is not an ``nn.Module`` subclass, or the function has the wrong number of arguments.
 
     >>> from torch import nn
     >>> from dpnotebook.grad_sample import register_grad_sampler
@@ -155,14 +145,7 @@ def register_grad_sampler(
     ...
     TypeError: register_grad_sampler takes nn.Module subclasses, got 'Linear' (a str); pass the class itself, e.g. register_grad_sampler(nn.Linear).
     """
-    for t in layer_types:
-        if not (isinstance(t, type) and issubclass(t, nn.Module)):
-            raise TypeError(
-                f"register_grad_sampler takes nn.Module subclasses, got {t!r} "
-                f"(a {type(t).__name__}); pass the class itself, e.g. "
-                "register_grad_sampler(nn.Linear)."
-            )
-
+    check_layer_types("register_grad_sampler", layer_types)
     if fast is not None and not _takes_k(fast):
         raise TypeError(
             f"register_grad_sampler(fast={getattr(fast, '__name__', fast)!r}): a fast form takes K; "
@@ -183,23 +166,21 @@ def unregister_grad_sampler(layer_type: type[nn.Module]) -> None:
     _SAMPLERS.pop(layer_type, None)
 
 
-#: ``{module of an optional library: our module that registers samplers for its layers}``; ours is
-#: imported by :func:`load_optional_samplers` once theirs is (a model holding such a layer has imported it).
+#: ``{module of an optional library: our module that registers samplers for its layers}``.
 OPTIONAL_SAMPLERS = {
     "transformers.pytorch_utils": "dpnotebook.grad_sample.samplers.hf_conv1d",
     "transformers.models.t5.modeling_t5": "dpnotebook.grad_sample.samplers.hf_rms_norm",
     "transformers.models.llama.modeling_llama": "dpnotebook.grad_sample.samplers.hf_rms_norm",
 }
 
-
 _UNLOADABLE: set[str] = set()
 
 
 def load_optional_samplers() -> None:
-    """Register the samplers of the optional libraries' layers whose modules are imported (see :data:`OPTIONAL_SAMPLERS`).
+    """Import our module of :data:`OPTIONAL_SAMPLERS` for each of theirs already imported (a model holds its layers).
 
-    A version of the library whose layer ours cannot import (renamed, moved) is skipped once and for all:
-    its layers then have no sampler and are replayed with ``torch.func``, exactly but slower.
+    One that fails to import (their layer renamed or moved) is skipped for good: those layers are replayed
+    with ``torch.func``, exactly but slower.
     """
     for theirs, ours in OPTIONAL_SAMPLERS.items():
         if theirs in sys.modules and ours not in sys.modules and ours not in _UNLOADABLE:
@@ -212,25 +193,20 @@ def load_optional_samplers() -> None:
 def find_grad_sampler(module: nn.Module) -> SamplerEntry | None:
     """The sampler for ``module``'s type, or ``None``.
 
-    The exact type is looked up first, then its base classes, but a base class's
-    sampler is only inherited while ``forward`` is inherited too: a subclass
-    that computes something else must register its own sampler.
+    The exact type first, then its base classes, whose sampler is inherited only while
+    ``forward`` is too: a subclass that computes something else must register its own.
     """
     load_optional_samplers()
     cls = type(module)
     if cls in _SAMPLERS:
         return _SAMPLERS[cls]
-    for base in cls.__mro__[1:]:
-        if base in _SAMPLERS and cls.forward is base.forward:
-            return _SAMPLERS[base]
-    return None
+    return next((_SAMPLERS[b] for b in cls.__mro__[1:] if b in _SAMPLERS and cls.forward is b.forward), None)
 
 
 class GradSamplerView(MutableMapping[type[nn.Module], GradSampler]):
-    """The registry as Opacus' ``GradSampleModule.GRAD_SAMPLERS`` dict: ``{layer type: sampler function}``.
+    """The registry as the ``GradSampleModule.GRAD_SAMPLERS`` dict ``{layer type: sampler function}``.
 
-    Setting an item registers the function (with or without ``K``, as
-    :func:`register_grad_sampler`); deleting one unregisters it.
+    Setting an item registers the function (as :func:`register_grad_sampler`); deleting one unregisters it.
 
     >>> from torch import nn
     >>> from dpnotebook import GradSampleModule

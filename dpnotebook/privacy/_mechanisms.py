@@ -27,8 +27,8 @@ import torch
 from torch import Tensor
 
 from dpnotebook.errors import PrivacyWarning
-from dpnotebook.grad_sample._contracts import flat_rows
 from dpnotebook.grad_sample._engine.precision import full_precision
+from dpnotebook.grad_sample.samplers._contracts import flat_rows
 from dpnotebook.privacy._arguments import (
     check_choice,
     check_max_grad_norm,

@@ -19,8 +19,8 @@ from torch import Tensor, nn
 
 from dpnotebook.compare import mode_result
 from dpnotebook.errors import GradSampleError
-from dpnotebook.grad_sample._contracts import flat_rows
 from dpnotebook.grad_sample._engine.hooks import GradSampleModule, check_k
+from dpnotebook.grad_sample.samplers._contracts import flat_rows
 from dpnotebook.modes import Unwrappable, wrap_model
 
 __all__ = ["run_mode", "compute_grad_samples", "flatten_grad_samples", "as_grad_samples", "few_threads"]

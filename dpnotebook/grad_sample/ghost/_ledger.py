@@ -1,21 +1,17 @@
 """The ghost records of a batch, and what they add up to: norms and clipped sums.
 
-A :class:`GhostLedger` keeps the wrapper's records (one ``GhostCall`` per call
-of a ghosted layer), forward pass by forward pass, until the optimizer has used
-them. It groups each pass's calls by layer (one ``GhostGroup`` per layer, built
-once and reused until a new record arrives; a layer whose group holds
-per-sample gradients is *settled* as each call's backprops arrive, and the
-call's inputs and backprops let go), then adds up every sample's squared norm
-and the weighted sums ``Σ_b w_b g_b`` per parameter: a sample is in exactly one
-forward pass, while the ``p.grad_sample`` the hooks engine left (``sampled``)
-covers all samples in order.
+A :class:`GhostLedger` keeps the wrapper's records (one ``GhostCall`` per call of a ghosted
+layer), forward pass by forward pass, groups each pass's calls by layer (a ``GhostGroup``; a
+call whose group holds per-sample gradients is *settled* as its backprops arrive), then adds
+up each sample's squared norms and the weighted sums ``Σ_b w_b g_b``: a sample is in exactly
+one forward pass, while the hooks engine's ``p.grad_sample`` (``sampled``) covers all in order.
 
 >>> from dpnotebook.grad_sample import GhostGradSampleModule
 >>> model = GhostGradSampleModule(nn.Linear(3, 2))
 >>> model.allow_grad_accumulation()
 >>> for rows in (4, 5):                     # two forward passes before one step
 ...     model(torch.randn(rows, 3)).sum().backward()
->>> [B for B, _ in model._ledger.groups()], model._ledger.layout({})
+>>> [B for B, _ in model._ledger.groups().values()], model._ledger.layout({})
 ([4, 5], [(1, 4), (2, 5)])
 """
 
@@ -29,7 +25,8 @@ import torch
 from torch import Tensor, nn
 
 from dpnotebook.errors import GradSampleError
-from dpnotebook.grad_sample._contracts import (
+from dpnotebook.grad_sample._engine.precision import autocast_off
+from dpnotebook.grad_sample.samplers._contracts import (
     GhostCall,
     GhostGroup,
     GhostHandler,
@@ -37,19 +34,15 @@ from dpnotebook.grad_sample._contracts import (
     MaterialisedGroup,
     materialise,
 )
-from dpnotebook.grad_sample._engine.precision import autocast_off
 
-Groups = list[tuple[int, dict[nn.Module, GhostGroup]]]
+#: ``{forward_id: (samples, {layer: group})}``, in the order the forward passes ran.
+Groups = dict[int, tuple[int, dict[nn.Module, GhostGroup]]]
 #: ``{p: [(forward_id, samples), ...]}``: the blocks of rows of each ``p.grad_sample`` (the hooks engine's store).
 Blocks = dict[nn.Parameter, list[tuple[int, int]]]
 
-__all__ = ["GhostLedger"]
-
 
 def _dropped(weights: Tensor | Grads) -> Tensor | None:
-    """``[B]``: samples some weight drops (0: a non-finite norm; or not finite itself), or ``None`` if none.
-
-    Their records are zeroed before the weighted sums: ``0 * nan`` would be ``nan``.
+    """``[B]``: samples some weight drops (0, or not finite), or ``None``; their records are zeroed (``0 * nan``).
 
     >>> _dropped(torch.tensor([1.0, 0.5])) is None, _dropped(torch.tensor([0.0, float("nan"), 1.0])).tolist()
     (True, [True, True, False])
@@ -61,29 +54,28 @@ def _dropped(weights: Tensor | Grads) -> Tensor | None:
     return torch.stack(bad).any(0)
 
 
-class GhostLedger:
-    """Every ghost record since the last :meth:`clear`, forward pass by forward pass.
+def _add(out: Grads, more: Grads) -> Grads:
+    for p, t in more.items():
+        out[p] = out[p] + t if p in out else t
+    return out
 
-    Args:
-        handlers: each ghosted layer's :class:`~dpnotebook.grad_sample._contracts.GhostHandler`.
-        K: rows per sample (augmentation multiplicity).
-    """
+
+class GhostLedger:
+    """Every ghost record since the last :meth:`clear`, by forward pass; ``handlers``: each layer's ``GhostHandler``."""
 
     def __init__(self, handlers: dict[nn.Module, GhostHandler], K: int) -> None:
         self.handlers, self.K = handlers, K
         self.pending: dict[int, dict[nn.Module, list[GhostCall]]] = {}
         self.settled: dict[int, dict[nn.Module, MaterialisedGroup]] = {}
         self._groups: Groups | None = None
-        self._fids: list[int] = []  # forward id of each entry of groups()
         self._buffers: dict[tuple[Any, ...], Tensor] = {}
 
     def record(self, forward_id: int, module: nn.Module, call: GhostCall) -> None:
-        """Keep ``call`` of ``module`` in forward pass ``forward_id`` (its backprops come later)."""
         self.pending.setdefault(forward_id, {}).setdefault(module, []).append(call)
 
     @autocast_off()  # per-sample work in float32 even inside torch.autocast (engine.precision)
     def received(self, call: GhostCall) -> None:
-        """``call`` received (more) backprops: settle it if its handler says so, and rebuild the groups."""
+        """``call`` received (more) backprops: settle it if its handler says so; the groups are rebuilt."""
         self._groups = None
         m, fid = call.call.module, call.call.forward_id
         handler = self.handlers[m]
@@ -105,9 +97,9 @@ class GhostLedger:
         self.pending, self.settled, self._groups = {}, {}, None
 
     def groups(self) -> Groups:
-        """``(samples, {layer: group})`` for each forward pass, in the order they ran."""
+        """``{forward_id: (samples, {layer: group})}``, in the order the forward passes ran."""
         if self._groups is None:
-            groups: Groups = []
+            groups: Groups = {}
             for fid, layers in self.pending.items():
                 rows = next(c.call.rows for calls in layers.values() for c in calls)
                 settled = self.settled.get(fid, {})
@@ -123,14 +115,14 @@ class GhostLedger:
                         made[m] = settled[m]
                     elif done:
                         made[m] = self.handlers[m].make_group(m, done, self.K, partial(self._scratch, m, len(groups)))
-                groups.append((rows // self.K, made))
-            self._groups, self._fids = groups, list(self.pending)
+                groups[fid] = (rows // self.K, made)
+            self._groups = groups
         return self._groups
 
     def _scratch(
         self, m: nn.Module, ordinal: int | tuple[Any, ...], key: tuple[Any, ...], shape: tuple[int, ...], like: Tensor
     ) -> Tensor:
-        """A buffer kept from step to step for layer ``m`` (in the ``ordinal``-th forward pass, or settled call)."""
+        """A buffer kept from step to step for layer ``m`` (in the ``ordinal``-th forward pass or settled call)."""
         full = (id(m), ordinal, key)
         buf = self._buffers.get(full)
         if buf is None or tuple(buf.shape) != tuple(shape) or buf.dtype != like.dtype or buf.device != like.device:
@@ -138,16 +130,12 @@ class GhostLedger:
         return buf
 
     def layout(self, blocks: Blocks, name: Callable[[nn.Parameter], str] = repr) -> list[tuple[int, int]]:
-        """``(forward_id, samples)`` of every forward pass, in forward order: the records' and ``blocks``'.
-
-        A forward pass that reached the ghosted layers but not a parameter left to
-        the hooks engine (or the other way round) still has its place.
+        """``(forward_id, samples)`` of every forward pass the records or ``blocks`` saw, in forward order.
 
         Raises:
             GradSampleError: a block of ``p.grad_sample`` and the records of its forward pass disagree on B.
         """
-        groups = self.groups()
-        passes = dict(zip(self._fids, (B for B, _ in groups), strict=True))
+        passes = {fid: B for fid, (B, _) in self.groups().items()}
         for p, held in blocks.items():
             for fid, n in held:
                 if passes.setdefault(fid, n) != n:
@@ -178,8 +166,7 @@ class GhostLedger:
     def _passes(self, layout: list[tuple[int, int]]) -> list[tuple[int, dict[nn.Module, GhostGroup]]]:
         """``(samples, groups)`` of each forward pass of ``layout`` (no groups: it reached no ghosted layer)."""
         groups = self.groups()
-        made = dict(zip(self._fids, (m for _, m in groups), strict=True))
-        return [(n, made.get(fid, {})) for fid, n in layout]
+        return [(n, groups[fid][1] if fid in groups else {}) for fid, n in layout]
 
     @staticmethod
     def num_samples(layout: list[tuple[int, int]]) -> int:
@@ -197,26 +184,16 @@ class GhostLedger:
                 for p, sq in group.sq_norms().items():
                     if Bf == B and p not in out:  # one forward pass holds every sample: nothing to place
                         out[p] = sq
-                        continue
-                    if p not in out:
-                        out[p] = sq.new_zeros(B)
-                    out[p][offset : offset + Bf] += sq
+                    else:
+                        out.setdefault(p, sq.new_zeros(B))[offset : offset + Bf] += sq
             offset += Bf
-        for p, sq in sampled.sq_norms().items():
-            out[p] = out[p] + sq if p in out else sq
-        return out
+        return _add(out, sampled.sq_norms())
 
     @autocast_off()
     def weighted_sums(
         self, weights: Tensor | Grads, sampled: MaterialisedGroup, layout: list[tuple[int, int]]
     ) -> Grads:
-        """``sum_b w_b * (sample b's gradient)`` for each parameter the records reach.
-
-        Args:
-            weights: ``[B]`` (one weight per sample) or ``{p: [B]}`` (per parameter).
-            sampled: the per-sample gradients held in full (aligned to ``layout``), weighted the same way.
-            layout: :meth:`layout`.
-        """
+        """``sum_b w_b * (sample b's gradient)`` per parameter, ``weights`` ``[B]`` or ``{p: [B]}``, ``sampled`` too."""
         per_param = isinstance(weights, dict)
         dropped = _dropped(weights)
         if dropped is not None:  # a NaN weight times a zeroed row is still NaN
@@ -236,16 +213,13 @@ class GhostLedger:
                 }
                 if dropped is not None and w:
                     group.drop(~dropped[offset : offset + Bf])
-                for p, s in group.weighted_sums(w).items():
-                    out[p] = out[p] + s if p in out else s
+                _add(out, group.weighted_sums(w))
             offset += Bf
         w = weights if isinstance(weights, dict) else {p: weights for p in sampled.grads}
         if dropped is not None:
             sampled.drop(~dropped)
-        for p, s in sampled.weighted_sums(w).items():
-            out[p] = out[p] + s if p in out else s
-        return out
+        return _add(out, sampled.weighted_sums(w))
 
     def strategies(self, paths: dict[nn.Module, str]) -> dict[str, str]:
         """``{path: how}``: how each recorded layer's norms are computed."""
-        return {paths[m]: group.how for _, made in self.groups() for m, group in made.items()}
+        return {paths[m]: group.how for _, made in self.groups().values() for m, group in made.items()}

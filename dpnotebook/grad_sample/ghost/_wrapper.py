@@ -1,15 +1,10 @@
 """Ghost mode: per-sample gradient norms and the clipped sum, without per-sample gradients.
 
-DP-SGD needs every sample's gradient norm (for its clip factor ``c_b``) and the
-clipped sum ``Σ_b c_b g_b``, not the ``B`` gradients themselves. For each layer
-with a norm sampler, :class:`GhostGradSampleModule` runs the forward with
-*detached* parameters (so autograd never computes the weight gradient DP-SGD
-would throw away) and records what the layer saw and, through a hook or a
-:class:`Tap` on its output, what came back; a ``GhostLedger`` (``_ledger.py``)
-turns the records into norms and, once the clip factors are known, the clipped
-sum. Other layers are left to the hooks engine and join through ``p.grad_sample``.
-A record that went stale is refused (:func:`check_inputs_unchanged`,
-:class:`StaleRecordsGuard`).
+For each layer with a norm sampler, :class:`GhostGradSampleModule` runs the forward with
+*detached* parameters (autograd never computes the weight gradient DP-SGD would throw away)
+and records what the layer saw and, through a hook or a :class:`Tap` on its output, what came
+back; a ``GhostLedger`` turns the records into norms and clipped sums. Other layers are left
+to the hooks engine and join through ``p.grad_sample``. Stale records are refused.
 
 >>> model = GhostGradSampleModule(nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 2)))
 >>> model(torch.randn(5, 4)).sum().backward()
@@ -30,7 +25,6 @@ import torch
 from torch import Tensor, nn
 
 from dpnotebook.errors import GradSampleError
-from dpnotebook.grad_sample._contracts import GhostCall, GhostHandler, Grads, MaterialisedGroup, ghost_handler
 from dpnotebook.grad_sample._engine.accumulation import GradSampleStore, grad_sample_rows
 from dpnotebook.grad_sample._engine.calls import LayerCall, capture_is_paused, detach_tree, loss_scale
 from dpnotebook.grad_sample._engine.hooks import GradSampleModule
@@ -39,23 +33,19 @@ from dpnotebook.grad_sample._engine.provenance import ProbeLayer
 from dpnotebook.grad_sample._registry import SamplerEntry
 from dpnotebook.grad_sample.ghost._ledger import GhostLedger
 from dpnotebook.grad_sample.samplers import linear_norm, materialised_norm, rnn_norm  # noqa: F401  (register them)
+from dpnotebook.grad_sample.samplers._contracts import GhostCall, GhostHandler, Grads, MaterialisedGroup, ghost_handler
 from dpnotebook.modes import register_mode
-from dpnotebook.validation import Problem, raise_if_problems, validate
 
 #: A layer the hooks engine handles: ``(path, layer, its grad sampler or None for torch.func)``.
 Unit = tuple[str, nn.Module, SamplerEntry | None]
-
-__all__ = ["GhostGradSampleModule", "ghost_owner", "Tap", "GhostStore", "StaleRecordsGuard"]
 
 
 class Tap(torch.autograd.Function):
     """Identity on a layer's output that hands the output's gradient to ``sink``.
 
-    Used where nothing before the layer requires grad (the model's first layers):
-    its inputs include the layer's parameters, so the output requires grad all
-    the same. ``mark_dirty`` returns the very tensor (no view), so in-place
-    operations after the layer (``ReLU(inplace=True)``) work. Elsewhere a plain
-    tensor hook on the output does (no graph change at all).
+    Used where nothing before the layer requires grad: its inputs include the layer's
+    parameters, so the output requires grad all the same. ``mark_dirty`` returns the very
+    tensor (no view), so in-place operations after the layer work.
 
     >>> got, w = [], torch.nn.Parameter(torch.ones(2))
     >>> out = Tap.apply(torch.zeros(2), got.append, w)      # nothing before requires grad
@@ -81,12 +71,7 @@ def grad_mark(p: nn.Parameter) -> tuple[int, int] | None:
 
 
 class GhostStore(GradSampleStore):
-    """The hooks engine's store, told that a ghosted parameter whose ``.grad`` did not change got none.
-
-    Autograd calls post-accumulate-grad hooks for the parameters fed to the tap
-    even though the tap gives them no gradient; a parameter whose ``.grad``
-    really changed was used outside its layer, and the store's check reports it.
-    """
+    """The hooks engine's store, told that a ghosted parameter fed to a tap whose ``.grad`` did not change got none."""
 
     def __init__(self, owner: Any) -> None:
         super().__init__(owner)
@@ -97,36 +82,13 @@ class GhostStore(GradSampleStore):
             super()._on_grad(p)
 
 
-def input_versions(call: LayerCall) -> list[int]:
-    """The version counters of ``call``'s tensor inputs (taken when the layer ran)."""
-    return [a._version for a in call.args if isinstance(a, Tensor)]
-
-
-def check_inputs_unchanged(call: LayerCall, versions: list[int]) -> None:
-    """Raise if an input of ``call`` was modified in place since :func:`input_versions` gave ``versions``.
-
-    Raises:
-        GradSampleError: an input changed; the layer's record no longer matches its backprops.
-    """
-    if input_versions(call) != versions:
-        raise GradSampleError(
-            f"{call.path} ({type(call.module).__name__}): its input was modified in place after the layer "
-            "used it, so ghost mode cannot compute its gradient norms. Avoid in-place operations on "
-            "layer inputs (e.g. use ReLU(inplace=False) before this layer)."
-        )
-
-
 class StaleRecordsGuard:
     """The ghosted layers' parameter versions when a batch's first record came, checked before a forward pass.
 
-    In ghost mode a batch's clipped gradients exist only as records until a
-    ``GhostDPOptimizer`` step uses them and ``zero_grad()`` clears them. While
-    records are held, a new forward pass is refused when gradient accumulation
-    is forbidden (the records would mix two batches) or when the ghosted layers'
-    parameters changed (an optimizer stepped without the clipped gradients).
-
-    Args:
-        layers: the ghosted layers (their parameters are read at each use: a parameter may be replaced).
+    A batch's clipped gradients exist only as records until a ``GhostDPOptimizer`` step uses
+    them and ``zero_grad()`` clears them. While records are held, a forward pass is refused
+    when accumulation is forbidden or the parameters changed (a step went without them).
+    ``layers``' parameters are read at each use (a parameter may be replaced).
 
     >>> layer = nn.Linear(2, 1)
     >>> guard = StaleRecordsGuard([layer])
@@ -148,19 +110,13 @@ class StaleRecordsGuard:
         return [p for m in self.layers for p in m._parameters.values() if p is not None]
 
     def new_batch(self) -> None:
-        """Remember the parameters' versions (called when a batch's first record arrives)."""
         self.versions = {id(p): p._version for p in self._params()}
 
     def forget(self) -> None:
-        """The records were cleared: there is nothing left to go stale."""
         self.versions = {}
 
     def check(self, holds_records: bool, allow_accumulation: bool) -> None:
-        """Raise if the records held (``holds_records``) went stale.
-
-        Raises:
-            GradSampleError: accumulation is forbidden, or the parameters changed since the batch began.
-        """
+        """Raise ``GradSampleError`` if records are held and accumulation is forbidden or the parameters changed."""
         if not holds_records:
             return
         if not allow_accumulation:
@@ -183,15 +139,9 @@ class StaleRecordsGuard:
 class GhostGradSampleModule(GradSampleModule):
     """Wraps ``module`` for ghost clipping: every sample's gradient norm and the clipped sum, no per-sample gradients.
 
-    ``p.grad`` is not filled for the ghosted layers: train with
-    :class:`~dpnotebook.privacy._optimizer.GhostDPOptimizer`, or read :meth:`per_sample_norms`
-    and :meth:`weighted_sums`.
-
-    Args: as :class:`~dpnotebook.grad_sample._engine.hooks.GradSampleModule`
-    (``force_functorch`` has no meaning here).
-
-    Attributes:
-        ghost_paths: the paths of the layers handled by ghost norms.
+    ``p.grad`` is not filled for the ghosted layers (:attr:`ghost_paths`): train with
+    :class:`~dpnotebook.privacy._optimizer.GhostDPOptimizer`, or read :meth:`per_sample_norms` and
+    :meth:`weighted_sums`. Args: as :class:`~dpnotebook.grad_sample._engine.hooks.GradSampleModule`.
     """
 
     grad_sample_mode = "ghost"
@@ -203,15 +153,6 @@ class GhostGradSampleModule(GradSampleModule):
             )
         super().__init__(module, **kwargs)
 
-    @classmethod
-    def validate(cls, module: nn.Module, *, strict: bool = False) -> list[Problem]:
-        """The problems of hooks mode, on which ghost mode builds."""
-        problems = validate(module, mode="hooks")
-        if strict:
-            raise_if_problems(problems)
-        return problems
-
-    # -- planning: which layers are ghosted, which go to the hooks engine -------------
     def _split_plan(self) -> tuple[list[tuple[str, nn.Module, SamplerEntry | None, GhostHandler]], list[Unit]]:
         units = self._all_units()
         owners = Counter(id(p) for _, m, e in units for p in set(m.parameters(recurse=e is None)))
@@ -263,21 +204,13 @@ class GhostGradSampleModule(GradSampleModule):
 
     @property
     def ghost_paths(self) -> list[str]:
+        """The paths of the layers handled by ghost norms."""
         return [path for path, *_ in getattr(self, "_ghost_units", [])]
 
     @property
     def units(self) -> list[tuple[str, str]]:
         """``(path, how)``: ``"ghost"``, a sampler's name (materialised) or ``"torch.func"``."""
         return sorted([(p, "ghost") for p in self.ghost_paths] + super().units)
-
-    # -- the forward pass ---------------------------------------------------------
-    def _active(self, m: nn.Module) -> bool:
-        return (
-            self.hooks_enabled
-            and torch.is_grad_enabled()
-            and not capture_is_paused()
-            and any(p is not None and p.requires_grad for p in m._parameters.values())
-        )
 
     def _forward(self, *args: Any, **kwargs: Any) -> Any:
         self._stale.check(holds_records=bool(self._ledger.pending), allow_accumulation=self._store.allow_accumulation)
@@ -289,10 +222,10 @@ class GhostGradSampleModule(GradSampleModule):
             self._held = []
 
     def _detach_params(self, m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if not self._active(m) or self._broadcast.batch_free_call(args, kwargs):  # batch-free: meeting points
-            self._swapped.setdefault(id(m), []).append({})
-            return
         saved = {n: p for n, p in m._parameters.items() if p is not None and p.requires_grad}
+        recording = self.hooks_enabled and torch.is_grad_enabled() and not capture_is_paused()
+        if not recording or (saved and self._broadcast.batch_free_call(args, kwargs)):  # batch-free: meeting points
+            saved = {}
         self._swapped.setdefault(id(m), []).append(saved)
         for n, p in saved.items():
             m._parameters[n] = cast(nn.Parameter, p.detach())  # a stand-in until _tap_output puts p back
@@ -354,7 +287,12 @@ class GhostGradSampleModule(GradSampleModule):
         call = record.call
         if record.released:
             raise second_backward_error(call, "ghost")
-        check_inputs_unchanged(call, versions)
+        if input_versions(call) != versions:
+            raise GradSampleError(
+                f"{call.path} ({type(call.module).__name__}): its input was modified in place after the layer "
+                "used it, so ghost mode cannot compute its gradient norms. Avoid in-place operations on "
+                "layer inputs (e.g. use ReLU(inplace=False) before this layer)."
+            )
         g = to_batch_first(grad, call.batch_dim).detach()
         record.backprops = g if record.backprops is None else record.backprops + g
         record.scale = loss_scale(self.loss_reduction, call.rows) / self.K
@@ -362,15 +300,10 @@ class GhostGradSampleModule(GradSampleModule):
         for p in accounted:  # used outside the layer by design (an RNN's recurrence): accounted for here
             self._store._sampled.add(id(p))
 
-    # -- after backward: norms and weighted sums (added up by the ledger) ------------
-    def _trainable(self) -> list[nn.Parameter]:
-        return [p for p in self._module.parameters() if p.requires_grad]
-
     def _sampled(self) -> tuple[MaterialisedGroup, list[tuple[int, int]]]:
-        """The ``p.grad_sample`` that the hooks engine filled for the layers ghost mode leaves to it,
-        aligned with the ghost records forward pass by forward pass, and the passes' ``(forward_id, samples)``."""
+        """The hooks engine's ``p.grad_sample``, aligned with the ghost records, and the passes' layout."""
         if self._hooks is None:
-            params = self._trainable()
+            params = [p for p in self._module.parameters() if p.requires_grad]
         else:  # only the hooks engine's units can hold grad_sample: no walk over the whole model
             params = [
                 p for _, m, entry in self._hooks.units for p in m.parameters(recurse=entry is None) if p.requires_grad
@@ -396,11 +329,7 @@ class GhostGradSampleModule(GradSampleModule):
         return torch.stack(norms).sum(0).sqrt() if norms else torch.zeros(self.num_samples())
 
     def weighted_sums(self, weights: Tensor | Grads) -> Grads:
-        """``sum_b w_b * (sample b's gradient)`` for each trainable parameter reached by the batch.
-
-        Args:
-            weights: ``[B]`` (one weight per sample, e.g. flat clip factors) or ``{p: [B]}`` (per parameter).
-        """
+        """``sum_b w_b * (sample b's gradient)`` per trainable parameter, for ``weights`` ``[B]`` or ``{p: [B]}``."""
         return self._ledger.weighted_sums(weights, *self._sampled())
 
     def strategies(self) -> dict[str, str]:
@@ -425,6 +354,10 @@ class GhostGradSampleModule(GradSampleModule):
 
     def __repr__(self) -> str:
         return "Ghost" + super().__repr__()
+
+
+def input_versions(call: LayerCall) -> list[int]:
+    return [a._version for a in call.args if isinstance(a, Tensor)]
 
 
 def ghost_owner(p: nn.Parameter) -> GhostGradSampleModule | None:

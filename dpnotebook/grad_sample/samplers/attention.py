@@ -1,14 +1,8 @@
 """Grad samplers for the units of :class:`~dpnotebook.layers.DPMultiheadAttention`.
 
-* :class:`~dpnotebook.layers.attention_units.InProjection` uses rows ``w0:w1`` of the
-  parent's packed in-projection weight: a linear layer's sampler
-  (``sum_t g_t x_t^T`` per sample, see :mod:`~dpnotebook.grad_sample.samplers.linear`)
-  whose result is placed at those rows, zeros elsewhere;
-* :class:`~dpnotebook.layers.attention_units.AppendBias` appends ``bias_k`` or ``bias_v``
-  as one more position of every sequence: its gradient is the backprop at that
-  position.
-
-Both average over each sample's ``K`` copies.
+``InProjection`` uses rows ``w0:w1`` of the packed in-projection weight: a linear layer's
+sampler, its result placed at those rows. ``AppendBias`` appends ``bias_k`` or ``bias_v`` as one
+more position: its gradient is the backprop there. Both average over each sample's ``K`` copies.
 
 >>> import torch
 >>> from dpnotebook.grad_sample import GradSampleModule
@@ -27,10 +21,10 @@ from typing import Any
 
 import torch
 from opt_einsum import contract
-from torch import Tensor, nn
+from torch import Tensor
 
-from dpnotebook.grad_sample._contracts import group_rows, sum_rows
 from dpnotebook.grad_sample._registry import register_grad_sampler
+from dpnotebook.grad_sample.samplers._contracts import Grads, group_rows, sum_rows
 from dpnotebook.units import AppendBias, InProjection
 
 
@@ -44,12 +38,10 @@ def _into_rows(full_shape: torch.Size, rows: tuple[int, int], g: Tensor) -> Tens
 
 
 @register_grad_sampler(InProjection)
-def in_projection_grad_sampler(
-    unit: InProjection, activations: list[Any], backprops: Tensor, K: int
-) -> dict[nn.Parameter, Tensor]:
+def in_projection_grad_sampler(unit: InProjection, activations: list[Any], backprops: Tensor, K: int) -> Grads:
     """Per-sample gradients of the rows of ``weight`` and ``bias`` that this call used."""
     x, weight_rows, bias_rows = activations
-    out: dict[nn.Parameter, Tensor] = {}
+    out: Grads = {}
     if unit.weight.requires_grad:
         g = contract("bno,bni->boi", group_rows(backprops, K), group_rows(x, K)) / K
         out[unit.weight] = _into_rows(unit.weight.shape, weight_rows, g)
@@ -59,9 +51,7 @@ def in_projection_grad_sampler(
 
 
 @register_grad_sampler(AppendBias)
-def append_bias_grad_sampler(
-    unit: AppendBias, activations: list[Any], backprops: Tensor, K: int
-) -> dict[nn.Parameter, Tensor]:
+def append_bias_grad_sampler(unit: AppendBias, activations: list[Any], backprops: Tensor, K: int) -> Grads:
     """The backprop at the appended position, averaged over each sample's K rows."""
     if not unit.bias.requires_grad:
         return {}

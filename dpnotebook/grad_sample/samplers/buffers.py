@@ -1,16 +1,11 @@
 """Opt-in: reuse each layer's per-sample gradient tensor from one step to the next.
 
-A per-sample gradient is ``B`` times the size of its parameter: for a 784x512
-layer and ``B=128``, 200 MB. A fresh tensor that size costs page faults every
-step, and on some machines they cost more than the product itself: on this
-project's 2-core CPU, 0.9 s against 0.25 s for the 784x512 layer, and a DP-SGD
-step of the benchmark MLP took 2.4x as long without reuse. :func:`reuse_result_buffers`
-re-registers the Linear and convolution samplers with fast forms that write
-into the tensor they returned last step, for the same layer, when nothing but
-this cache refers to it any more (``p.grad_sample`` was cleared by ``zero_grad``,
-and no variable, view or saved tensor shares its memory). Results a user keeps
-are therefore never overwritten. Telling that needs PyTorch's private
-``torch._C._storage_Use_Count``, which is why this is not the default path.
+A per-sample gradient is ``B`` times its parameter's size, and a fresh tensor that size can cost
+more in page faults than the product that fills it (``docs/performance.md``).
+:func:`reuse_result_buffers` re-registers the Linear and convolution samplers with fast forms
+that write into the tensor they returned last step for the same layer, when nothing but this
+cache refers to it any more, so results a user keeps are never overwritten. Telling that needs
+PyTorch's private ``torch._C._storage_Use_Count``, which is why this is not the default path.
 
 >>> import torch
 >>> from torch import nn
@@ -49,10 +44,8 @@ _KEPT: weakref.WeakKeyDictionary[nn.Module, Tensor] = weakref.WeakKeyDictionary(
 
 def _only_cached(t: Tensor) -> bool:
     """Whether nothing but the cache refers to ``t`` or shares its memory."""
-    if not CAN_COUNT_STORAGE_USERS:
-        return False
     # References: the cache, the caller's variable, this function's argument, getrefcount's own.
-    if sys.getrefcount(t) > 4:
+    if not CAN_COUNT_STORAGE_USERS or sys.getrefcount(t) > 4:
         return False
     try:
         return torch._C._storage_Use_Count(t.untyped_storage()._cdata) <= 2  # t itself + the temporary
@@ -72,10 +65,9 @@ def result_buffer(layer: nn.Module, shape: tuple[int, ...], like: Tensor) -> Ten
 
 
 def reuse_result_buffers(enabled: bool = True) -> None:
-    """Switch the reuse on (or, with ``enabled=False``, back off) for the Linear and convolution samplers.
+    """Switch the reuse on (or, with ``enabled=False``, back off) for the Linear and convolution fast forms.
 
-    On: their fast forms write into :func:`result_buffer`. Off: the plain fast forms again, each result a
-    fresh tensor. The formulas and every other layer are untouched; the numbers are the same either way.
+    On, they write into :func:`result_buffer`; off, each result is a fresh tensor. The numbers are the same.
 
     >>> from torch import nn
     >>> from dpnotebook.grad_sample import find_grad_sampler, reuse_result_buffers

@@ -1,27 +1,12 @@
 """Grad sampler for ``nn.Conv1d``, ``nn.Conv2d`` and ``nn.Conv3d``: cut out the windows, then the Linear formula.
 
-A convolution applies one Linear map to every output position's input window
-(its *patch*), for each group of channels. So sample ``b``'s weight gradient is
-the Linear formula summed over positions ``p`` and the sample's ``K`` copies:
+A convolution applies one Linear map to every output position's input window (its *patch*),
+per group of channels, so sample ``b``'s weight gradient is ``(1/K) sum_{copies, p} g_p patch_p^T``:
+:func:`unfold_patches` (im2col as strided views) and one einsum (:func:`conv_weight_grads`).
+The fast form (:func:`conv_grad_sampler_fast`) gives the same numbers in chunks of samples, by
+im2col into one batched product (``"unfold"``) or one grouped weight-gradient call whose ``B``
+groups are the samples (``"grouped"``), as :func:`conv_method` picks.
 
-    ``grad_b = (1/K) sum_{copies, p} g_p patch_p^T``
-
-:func:`unfold_patches` cuts the windows out (im2col, as strided views) and
-:func:`conv_weight_grads` contracts them with the backprops in one einsum. That is
-what the registered sampler runs, and the form Opacus uses too.
-
-The fast form, attached at registration (:func:`conv_grad_sampler_fast`, run when no
-autograd graph is asked for), gives the same numbers in chunks of samples, by the
-method :func:`conv_method` picks for the device and the shapes:
-
-* ``"unfold"``: the same patches, copied once straight into the layout of one
-  batched matrix product, ``[b, C_out, K*P] x [b, K*P, C_in*k]``;
-* ``"grouped"``: one weight-gradient call of a convolution with ``B`` times the
-  groups (:func:`conv_weight_grads_grouped`): the ``B`` samples become ``B``
-  groups whose batch is the ``K`` copies.
-
->>> import torch
->>> from torch import nn
 >>> from dpnotebook.testing import check_grad_sampler
 >>> _ = torch.manual_seed(0)
 >>> check_grad_sampler(nn.Conv2d(2, 4, 3, padding=1, groups=2), torch.randn(6, 2, 5, 5), K=3).ok
@@ -32,22 +17,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dpnotebook.grad_sample._contracts import sum_rows
 from dpnotebook.grad_sample._registry import register_grad_sampler
-from dpnotebook.grad_sample.samplers._device import scratch_bytes
+from dpnotebook.grad_sample.samplers._contracts import Grads, scratch_bytes, sum_rows, weight_and_bias
 from dpnotebook.grad_sample.samplers.linear import OutFor
 
 Conv = nn.modules.conv._ConvNd
 
 
 def _explicit_padding(layer: Conv) -> list[int]:
-    """F.pad-style padding (last spatial dim first) equal to what the layer applies."""
+    """``F.pad``-style padding (last spatial dim first) equal to what the layer applies."""
     if layer.padding_mode != "zeros":  # the layer pads itself, then convolves with padding 0
         return list(layer._reversed_padding_repeated_twice)
     if layer.padding == "valid":
@@ -63,8 +46,6 @@ def _explicit_padding(layer: Conv) -> list[int]:
 def unfold_patches(x: Tensor, layer: Conv) -> Tensor:
     """``[N, C, *spatial] -> [N, C, *out_spatial, *kernel]``: each output position's input window.
 
-    >>> import torch
-    >>> from torch import nn
     >>> conv = nn.Conv2d(1, 1, kernel_size=2, stride=2)
     >>> unfold_patches(torch.arange(16.).reshape(1, 1, 4, 4), conv)[0, 0, 1, 1]
     tensor([[10., 11.],
@@ -82,8 +63,6 @@ def unfold_patches(x: Tensor, layer: Conv) -> Tensor:
 def conv_weight_grads(layer: Conv, x: Tensor, g: Tensor, K: int) -> Tensor:
     """The formula: ``[B, *weight.shape]``, sample ``b``'s ``(1/K) sum_{copies, p} g_p patch_p^T`` per group.
 
-    >>> import torch
-    >>> from torch import nn
     >>> conv = nn.Conv1d(1, 1, 2, bias=False)
     >>> x, g = torch.ones(2, 1, 3), torch.ones(2, 1, 2)   # one sample, K=2 copies, 2 positions
     >>> conv_weight_grads(conv, x, g, K=2)
@@ -104,52 +83,32 @@ def conv_bias_grads(g: Tensor, K: int) -> Tensor:
     return sum_rows(g.flatten(2).sum(2), K, keep=1)
 
 
-def conv_grad_sampler(layer: Conv, activations: list[Tensor], backprops: Tensor, K: int) -> dict[nn.Parameter, Tensor]:
+def conv_grad_sampler(layer: Conv, activations: list[Tensor], backprops: Tensor, K: int) -> Grads:
     """Per-sample gradients of a convolution's weight and bias (any groups), by the formula."""
-    # torch's stubs type a convolution's weight and bias as Tensors; they are the layer's Parameters
-    weight, bias = cast(nn.Parameter, layer.weight), cast("nn.Parameter | None", layer.bias)
-    out: dict[nn.Parameter, Tensor] = {}
-    if weight.requires_grad:
-        out[weight] = conv_weight_grads(layer, activations[0], backprops, K)
-    if bias is not None and bias.requires_grad:
-        out[bias] = conv_bias_grads(backprops, K)
-    return out
+    x = activations[0]
+    return weight_and_bias(
+        layer, lambda: conv_weight_grads(layer, x, backprops, K), lambda: conv_bias_grads(backprops, K)
+    )
 
 
-# ---- the fast form: the same numbers, in chunks, by the method that is fastest where it runs ----
-
-#: Bytes of scratch (im2col patches, grouped-call inputs) per chunk of samples on the CPU, divided
-#: by K so that memory does not grow with K (a chunk holds at least one sample's K rows) ...
+#: Bytes of scratch per chunk of samples on the CPU, divided by K (memory does not grow with K) ...
 CHUNK_BYTES = 8 * 2**20
-#: ... but never below this: chunks of one or two samples make many small calls, and at
-#: K=16 they cost a quarter more time than chunks of 2 MB (SampleConvNet, B=32).
+#: ... but never below this (many small calls cost more).
 MIN_CHUNK_BYTES = 2 * 2**20
-#: On the CPU, a ``Conv2d`` whose output has at most this many positions per channel goes by im2col ...
+#: On the CPU, a ``Conv2d`` with at most this many output positions per channel goes by im2col ...
 UNFOLD_MAX_POSITIONS = 196
-#: ... and so does one with at most this many input channels, whatever its output.
+#: ... and so does one with at most this many input channels.
 UNFOLD_MAX_IN_CHANNELS = 4
-#: On another device, im2col while ``C_in * kernel * positions`` is at most this (the patches of one row).
-#: Two H100 measurements of the suite's layers (docs/performance.md) put the crossover between 73,728
-#: (ResNet 128->128 on 8x8 and 32->64 stride 2: im2col 1.3-1.9x faster) and 147,456 (64->64 on 16x16:
-#: the grouped call 1.4-1.7x faster).
+#: On another device, im2col while one row's patches hold at most this many numbers (docs/performance.md).
 ACCELERATOR_UNFOLD_MAX_PATCH = 2**17
 
 
 def conv_method(layer: Conv, x: Tensor, g: Tensor, K: int) -> str:
     """``"unfold"`` or ``"grouped"``: how :func:`conv_per_sample_grads` forms this layer's gradients.
 
-    A fixed rule on the device and the shapes, each measured where it decides
-    (``docs/performance.md``). On the CPU (2 cores): im2col for a ``Conv2d`` without
-    groups whose output has at most :data:`UNFOLD_MAX_POSITIONS` positions per
-    channel or whose input has at most :data:`UNFOLD_MAX_IN_CHANNELS` channels,
-    the grouped call otherwise. On a GPU (an H100, float32, B = 512 and 2048):
-    im2col for a convolution without groups while one row's patches hold at
-    most :data:`ACCELERATOR_UNFOLD_MAX_PATCH` numbers (launch-bound small layers:
-    2-6x faster than the grouped call), the grouped call for many channels over
-    large images and for grouped convolutions (2-3x faster than im2col there).
+    A fixed rule on the device and the shapes, measured where it decides (``docs/performance.md``):
+    grouped convolutions always go grouped; see the constants above for the rest.
 
-    >>> import torch
-    >>> from torch import nn
     >>> conv_method(nn.Conv1d(2, 3, 3), torch.randn(4, 2, 8), torch.randn(4, 3, 6), K=1)
     'grouped'
     >>> conv_method(nn.Conv2d(16, 32, 4, 2), torch.randn(4, 16, 13, 13), torch.randn(4, 32, 5, 5), K=1)
@@ -170,8 +129,6 @@ def conv_method(layer: Conv, x: Tensor, g: Tensor, K: int) -> str:
 def conv_weight_grads_grouped(layer: Conv, x: Tensor, g: Tensor, K: int) -> Tensor:
     """``[B, *weight.shape]``: each sample's weight gradient *summed* over its K rows, in one grouped call.
 
-    >>> import torch
-    >>> from torch import nn
     >>> conv = nn.Conv1d(1, 1, 2, bias=False)
     >>> conv_weight_grads_grouped(conv, torch.ones(2, 1, 3), torch.ones(2, 1, 2), K=2)
     tensor([[[[4., 4.]]]])
@@ -181,37 +138,23 @@ def conv_weight_grads_grouped(layer: Conv, x: Tensor, g: Tensor, K: int) -> Tens
     if layer.padding_mode == "zeros" and pads[0::2] == pads[1::2]:  # symmetric zero padding: left to the kernel
         padding = pads[0::2][::-1]
     else:  # 'same' with an even kernel, reflect, circular...: padded here
-        x, padding = (
-            F.pad(x, pads, mode="constant" if layer.padding_mode == "zeros" else layer.padding_mode),
-            [0] * dims,
-        )
+        mode = "constant" if layer.padding_mode == "zeros" else layer.padding_mode
+        x, padding = F.pad(x, pads, mode=mode), [0] * dims
     xs = x.unflatten(0, (B, K)).transpose(0, 1).reshape(K, -1, *x.shape[2:])  # [K, B*C_in, ...]
     gs = g.unflatten(0, (B, K)).transpose(0, 1).reshape(K, -1, *g.shape[2:])  # [K, B*C_out, ...]
     weight = layer.weight.detach().to(x.dtype)
     shape_only = weight.expand(B, *weight.shape).reshape(-1, *weight.shape[1:])
     # convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
     #                      output_padding, groups, output_mask): only the weight gradient is asked for
-    grads = torch.ops.aten.convolution_backward(
-        gs,
-        xs,
-        shape_only,
-        None,
-        layer.stride,
-        padding,
-        layer.dilation,
-        False,
-        [0] * dims,
-        B * layer.groups,
-        [False, True, False],
-    )[1]
+    options = (layer.stride, padding, layer.dilation, False, [0] * dims, B * layer.groups, [False, True, False])
+    grads = torch.ops.aten.convolution_backward(gs, xs, shape_only, None, *options)[1]
     return grads.view(B, *weight.shape)
 
 
 def _unfold_chunk(layer: Conv, x: Tensor, g: Tensor, K: int, out: Tensor, work: Tensor | None = None) -> Tensor:
     """``[b, C_out, C_in*k]`` into ``out``: :func:`conv_weight_grads` (unscaled) as one batched product.
 
-    The patches of a sample's K rows are copied once, side by side, ``[b, C_in*k, K*P]``
-    (faster than ``F.unfold`` on CPU), into ``work`` when given (a buffer the caller keeps).
+    A sample's K rows' patches are copied once, side by side, into ``work`` when given.
     """
     d = len(layer.kernel_size)
     patches = unfold_patches(x, layer)  # [r, C, *out, *kernel]
@@ -232,15 +175,14 @@ def conv_per_sample_grads(
     method: str | None = None,
     workspace: Callable[[tuple[int, ...]], Tensor] | None = None,
 ) -> Tensor:
-    """Each sample's weight gradient (summed over its K rows, not yet scaled) written into ``out``.
+    """Each sample's weight gradient (summed over its K rows, unscaled) written into ``out`` ``[B, *weight.shape]``.
 
     Args:
         layer: the convolution; ``x``, ``g``: its input ``[B*K, C_in, ...]`` and backprops ``[B*K, C_out, ...]``.
         K: rows per sample.
-        out: ``[B, *weight.shape]``; returned filled.
+        out: returned filled.
         method: ``"unfold"`` (no groups) or ``"grouped"``; default :func:`conv_method`.
-        workspace: ``workspace(shape)`` gives a buffer kept from step to step for one chunk's
-            im2col patches (ghost mode's scratch); without it they go into a new tensor per chunk.
+        workspace: ``workspace(shape)`` gives a buffer kept between steps for one chunk's im2col patches.
     """
     B = x.shape[0] // K
     if B == 0:
@@ -268,23 +210,17 @@ def conv_per_sample_grads(
 
 def conv_grad_sampler_fast(
     layer: Conv, activations: list[Tensor], backprops: Tensor, K: int, out_for: OutFor | None = None
-) -> dict[nn.Parameter, Tensor]:
-    """:func:`conv_grad_sampler`'s numbers by :func:`conv_per_sample_grads` (no autograd graph).
+) -> Grads:
+    """:func:`conv_grad_sampler`'s numbers by :func:`conv_per_sample_grads`, into ``out_for``'s tensor if given."""
 
-    ``out_for(layer, shape, like)`` gives the tensor to write into (opt-in reuse,
-    :mod:`~dpnotebook.grad_sample.samplers.buffers`); by default a new one.
-    """
-    weight, bias = cast(nn.Parameter, layer.weight), cast("nn.Parameter | None", layer.bias)
-    out: dict[nn.Parameter, Tensor] = {}
-    if weight.requires_grad:
+    def weight() -> Tensor:
         x = activations[0]
-        shape = (x.shape[0] // K, *weight.shape)
+        shape = (x.shape[0] // K, *layer.weight.shape)
         buf = backprops.new_empty(shape) if out_for is None else out_for(layer, shape, backprops)
         grads = conv_per_sample_grads(layer, x, backprops, K, buf)
-        out[weight] = grads.div_(K) if K > 1 else grads
-    if bias is not None and bias.requires_grad:
-        out[bias] = conv_bias_grads(backprops, K)
-    return out
+        return grads.div_(K) if K > 1 else grads
+
+    return weight_and_bias(layer, weight, lambda: conv_bias_grads(backprops, K))
 
 
 register_grad_sampler(nn.Conv1d, nn.Conv2d, nn.Conv3d, fast=conv_grad_sampler_fast)(conv_grad_sampler)

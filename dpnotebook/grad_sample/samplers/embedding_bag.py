@@ -1,15 +1,9 @@
 """Grad sampler for ``nn.EmbeddingBag`` (modes ``sum`` and ``mean``).
 
-Each output row is one bag, and each bag is one row of the batch. A bag's
-output is ``sum_j w_j E[idx_j]``, with ``w_j`` the ``per_sample_weights`` (sum
-mode) or ``1/len(bag)`` (mean mode), positions holding ``padding_idx`` left
-out. So the bag's weight gradient puts ``w_j * backprop[bag]`` on row
-``idx_j``: one vectorised scatter-add for all bags, no loop over the batch.
-
-That scatter-add, :func:`embedding_bag_weight_grads`, is both the reference
-form and the registered sampler's path: no buffer is reused and no input is
-overwritten, so there is no separate fast form. The tests check it against the
-float64 oracle.
+Each bag is one row of the batch, its output ``sum_j w_j E[idx_j]`` (``w_j`` the
+``per_sample_weights``, or ``1/len(bag)`` in mean mode; ``padding_idx`` left out). So the bag's
+weight gradient puts ``w_j * backprop[bag]`` on row ``idx_j``: one scatter-add for all bags,
+both the formula and the path that runs (no separate fast form).
 """
 
 from __future__ import annotations
@@ -28,7 +22,6 @@ def bag_of_each_index(
 ) -> tuple[Tensor, Tensor]:
     """Flattened indices and the bag each belongs to.
 
-    >>> import torch
     >>> bag_of_each_index(torch.tensor([4, 5, 6]), torch.tensor([0, 2]), 2, False)
     (tensor([4, 5, 6]), tensor([0, 0, 1]))
     """
@@ -52,26 +45,12 @@ def embedding_bag_weight_grads(
     backprops: Tensor,
     K: int,
 ) -> Tensor:
-    """The reference form (and the registered path): ``[B, V, D]``, sample ``b``'s weight gradient.
+    """The formula: ``[B, V, D]``, sample ``b``'s weight gradient, averaged over its ``K`` bags.
 
-    Position ``j`` of bag ``r`` adds ``w_j * g_r`` to row ``idx_j``, where ``g_r`` is
-    the bag's backprop and ``w_j`` its weight: ``per_sample_weights[j]`` (or 1) in sum
-    mode, ``1/(number of non-padding positions of the bag)`` in mean mode, 0 where
-    ``idx_j == padding_idx``. Sample ``b`` sums over its ``K`` bags and divides by ``K``.
+    Position ``j`` of bag ``r`` adds ``w_j * g_r`` to row ``idx_j``: ``w_j`` is ``per_sample_weights[j]``
+    (or 1) in sum mode, ``1/(non-padding positions of the bag)`` in mean mode, 0 for ``padding_idx``.
+    ``indices``: ``[bags, length]``, or 1-D with ``offsets``; ``backprops``: ``[B*K, D]``.
 
-    Args:
-        layer: the ``nn.EmbeddingBag`` (mode ``sum`` or ``mean``).
-        indices: ``[bags, length]``, or 1-D with ``offsets``; ``B*K`` bags, sample-major.
-        offsets: where each bag starts in a 1-D ``indices`` (``None`` for 2-D).
-        per_sample_weights: one weight per index (sum mode only), or ``None``.
-        backprops: ``[B*K, D]`` gradients of the loss w.r.t. the bags' outputs.
-        K: augmentation multiplicity.
-
-    Returns:
-        ``[B, V, D]``: every sample's weight gradient, averaged over its copies.
-
-    >>> import torch
-    >>> from torch import nn
     >>> bag = nn.EmbeddingBag(3, 1, mode="mean")
     >>> idx, offsets, g = torch.tensor([0, 1, 1, 2]), torch.tensor([0, 3]), torch.ones(2, 1)  # K=2 bags
     >>> embedding_bag_weight_grads(bag, idx, offsets, None, g, K=2).squeeze(-1)
@@ -97,10 +76,7 @@ def embedding_bag_weight_grads(
 def embedding_bag_grad_sampler(
     layer: nn.EmbeddingBag, activations: list[Tensor | None], backprops: Tensor, K: int
 ) -> dict[nn.Parameter, Tensor]:
-    """Per-sample gradient of ``layer.weight``; activations are ``[input, offsets, per_sample_weights]``.
-
-    The plain formula itself: :func:`embedding_bag_weight_grads`, no faster path.
-    """
+    """Per-sample gradient of ``layer.weight``; activations are ``[input, offsets, per_sample_weights]``."""
     weight = cast(nn.Parameter, layer.weight)  # torch's stubs type it as a Tensor; it is the layer's Parameter
     if not weight.requires_grad:
         return {}

@@ -1,16 +1,12 @@
-"""Grad sampler for :class:`~dpnotebook.layers.gate_projection.GateProjection`, the input side of a recurrent layer.
+"""Grad sampler for :class:`~dpnotebook.units.GateProjection`, the input side of a recurrent layer.
 
-For one sample, with ``g_t = dL/dgates_t`` at time step ``t`` (see
-:mod:`dpnotebook.layers.gate_projection` for why the projection receives it)::
+Per sample, with ``g_t = dL/dgates_t`` (see :mod:`dpnotebook.units`)::
 
     dL/dW_ih = sum_t g_t^T x_t        dL/dW_hh = sum_t g'_t^T h_{t-1}
     dL/db_ih = sum_t g_t              dL/db_hh = sum_t g'_t
 
-where ``g'_t = g_t`` except for GRU's candidate gate, whose hidden side receives
-``r_t * g_t``. The ``h_{t-1}`` come from the
-:class:`~dpnotebook.layers.gate_projection.HiddenRecord` the layer filled
-during its loop. Summing over a sample's ``K`` copies and dividing by ``K`` folds
-the augmented copies, as in :mod:`~dpnotebook.grad_sample.samplers.linear`.
+where ``g'_t = g_t`` except for GRU's candidate gate (``r_t * g_t``); the ``h_{t-1}`` come from
+the layer's ``HiddenRecord``. A sample's ``K`` copies are summed and divided by ``K``.
 
 >>> import torch
 >>> from dpnotebook.grad_sample import GradSampleModule
@@ -28,23 +24,21 @@ from typing import Any
 
 import torch
 from opt_einsum import contract
-from torch import Tensor, nn
+from torch import Tensor
 
-from dpnotebook.grad_sample._contracts import group_rows, sum_rows
 from dpnotebook.grad_sample._registry import register_grad_sampler
+from dpnotebook.grad_sample.samplers._contracts import Grads, group_rows, sum_rows
 from dpnotebook.units import GateProjection
 
 
 @register_grad_sampler(GateProjection)
-def gate_projection_grad_sampler(
-    unit: GateProjection, activations: list[Any], backprops: Tensor, K: int
-) -> dict[nn.Parameter, Tensor]:
+def gate_projection_grad_sampler(unit: GateProjection, activations: list[Any], backprops: Tensor, K: int) -> Grads:
     """Per-sample gradients of all four parameters of one recurrent layer and direction."""
     x, record = activations[0], activations[1]
     with torch.no_grad():
         h_prev = record.hidden_inputs().to(backprops.dtype)
         g_hh = unit.hidden_backprops(x, h_prev, backprops)
-    out: dict[nn.Parameter, Tensor] = {}
+    out: Grads = {}
     for weight, g, a in ((unit.weight_ih, backprops, x), (unit.weight_hh, g_hh, h_prev)):
         if weight.requires_grad:
             out[weight] = contract("bno,bni->boi", group_rows(g, K), group_rows(a, K)) / K

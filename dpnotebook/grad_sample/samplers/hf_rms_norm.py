@@ -1,23 +1,11 @@
 """Hugging Face's RMS norms, ``T5LayerNorm`` (T5) and ``LlamaRMSNorm`` (Llama): ``y = weight * x_hat``.
 
-Both normalise the last dimension by its root mean square, with the variance
-computed in float32 and ``eps`` stored as ``variance_epsilon``, and scale by a
-``weight`` (no bias). Without a sampler, hooks and ghost mode replay each of them
-with ``torch.func``. Here they get what ``nn.RMSNorm`` has: ``x_hat`` exactly as
-their forward computes it (:func:`t5_x_hat`, :func:`llama_x_hat`: the dtypes
-differ), then the shared affine formula
-(:func:`~dpnotebook.grad_sample._contracts.affine_grads`) for the grad
-sampler and :func:`~dpnotebook.grad_sample._contracts.materialise` for ghost mode.
-
-A class is registered only while its ``forward`` is, statement for statement (its
-syntax tree: comments and layout aside), the one these formulas were written
-from (transformers 5.24, :data:`KNOWN_FORWARDS`). Another ``forward`` (a later
-version that shifts, adds a bias or scales by ``1 + weight``) is not registered:
-its layers stay ``torch.func`` units, exact and slower, and :data:`UNRECOGNISED`
-says why. ``transformers`` is not a dependency: this module is imported, and
-registers both, by
-:func:`~dpnotebook.grad_sample._registry.load_optional_samplers` as soon as
-either model's module has been imported (a model holding such a layer has).
+They get what ``nn.RMSNorm`` has: ``x_hat`` exactly as their forward computes it (:func:`t5_x_hat`,
+:func:`llama_x_hat`: the dtypes differ), then the affine formula for the grad sampler and
+``materialise`` for ghost mode. A class is registered only while its ``forward`` is, statement for
+statement, the one these were written from (:data:`KNOWN_FORWARDS`); another stays a ``torch.func``
+unit, and :data:`UNRECOGNISED` says why. ``transformers`` is not a dependency: this module is
+imported once either model's module is (see ``_registry.load_optional_samplers``).
 
 >>> import torch
 >>> from transformers.models.llama.modeling_llama import LlamaRMSNorm
@@ -38,8 +26,8 @@ from typing import cast
 import torch
 from torch import Tensor, nn
 
-from dpnotebook.grad_sample._contracts import Grads, affine_grads, materialise, register_norm_sampler
 from dpnotebook.grad_sample._registry import register_grad_sampler
+from dpnotebook.grad_sample.samplers._contracts import Grads, affine_grads, materialise, register_norm_sampler
 
 
 def _eps(layer: nn.Module) -> float:
@@ -48,11 +36,9 @@ def _eps(layer: nn.Module) -> float:
 
 def t5_x_hat(layer: nn.Module, x: Tensor) -> Tensor:
     """``T5LayerNorm``'s normalised input: the variance in float32, ``x`` kept in its dtype, cast to a half weight's."""
-    variance = x.to(torch.float32).pow(2).mean(-1, keepdim=True)
-    x_hat = x * torch.rsqrt(variance + _eps(layer))
-    weight = layer.weight
-    assert isinstance(weight, Tensor)
-    return x_hat.to(weight.dtype) if weight.dtype in (torch.float16, torch.bfloat16) else x_hat
+    x_hat = x * torch.rsqrt(x.to(torch.float32).pow(2).mean(-1, keepdim=True) + _eps(layer))
+    dtype = cast(Tensor, layer.weight).dtype
+    return x_hat.to(dtype) if dtype in (torch.float16, torch.bfloat16) else x_hat
 
 
 def llama_x_hat(layer: nn.Module, x: Tensor) -> Tensor:
@@ -111,13 +97,12 @@ def same_forward(cls: type[nn.Module], source: str) -> bool:
 
 def hf_rms_norm_grad_sampler(layer: nn.Module, activations: list[Tensor], backprops: Tensor, K: int) -> Grads:
     """Per-sample gradient of ``layer.weight`` (``[B, hidden]``): ``sum_t backprop_t * x_hat_t``, averaged over K."""
-    x_hat = _X_HAT[type(layer)](layer, activations[0])
-    # Must equal affine_reference_grads(x_hat, backprops, K, param_dims=(-1,)), as nn.RMSNorm's
-    return affine_grads(layer, x_hat, backprops, K, channels_dim1=False, overwrite_x_hat=True)  # x_hat is ours
+    x_hat = _X_HAT[type(layer)](layer, activations[0])  # ours: affine_grads may overwrite it
+    return affine_grads(layer, x_hat, backprops, K, channels_dim1=False, overwrite_x_hat=True)
 
 
 def register_known(module_name: str, class_name: str) -> type[nn.Module] | None:
-    """Register both samplers for ``module_name.class_name`` if its ``forward`` is the known one; the class or ``None``."""
+    """Register both samplers for ``module_name.class_name`` if its ``forward`` is the known one: the class, or ``None``."""
     source, x_hat = KNOWN_FORWARDS[(module_name, class_name)]
     key = f"{module_name}.{class_name}"
     try:

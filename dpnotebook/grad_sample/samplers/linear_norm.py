@@ -1,21 +1,11 @@
 """Ghost norms of a linear layer: every sample's gradient norm without its gradient.
 
-A linear layer applied at ``n`` positions of sample ``b`` (its ``K`` copies times
-``T`` time steps, folded together by ``group_rows``), with inputs ``a_t`` (rows of
-``A``, ``[n, in]``) and output gradients ``δ_t`` (rows of ``G``, ``[n, out]``), has
-the weight gradient ``g_b = Σ_t δ_t a_tᵀ = Gᵀ A``. Its squared norm can be had two
-ways (:func:`linear_sq_norms`):
-
-* **Gram** ("ghost norm"): ``‖g_b‖² = Σ_{t,t'} (a_t·a_t')(δ_t·δ_t') = <A Aᵀ, G Gᵀ>``,
-  two ``[n, n]`` matrices, ``n² (in + out)`` multiply-adds;
-* **materialised** ("direct"): form ``Gᵀ A``, ``n·in·out`` multiply-adds.
-
-The clipped sum ``Σ_b c_b g_b = (c-weighted G)ᵀ A`` needs no per-sample gradient
-either: one matrix product over all rows (:func:`linear_weighted_sum`). Which
-path is cheaper is a measured rule (:func:`settle_pays`).
-
-An embedding is a linear layer on one-hot inputs: ``a_t·a_t'`` is 1 where the
-indices match, so its norms come from matching indices (:func:`embedding_sq_norms`).
+A linear layer at the ``n`` positions of sample ``b`` (``K`` copies times ``T`` steps), with
+inputs ``A`` ``[n, in]`` and output gradients ``G`` ``[n, out]``, has the weight gradient
+``g_b = Gᵀ A``. Its squared norm is either the **Gram** form ``<A Aᵀ, G Gᵀ>`` (``n² (in + out)``
+multiply-adds) or **direct**, ``Gᵀ A`` formed (``n·in·out``); the clipped sum ``Σ_b c_b g_b`` is
+one matrix product over all rows. An embedding is a linear layer on one-hot inputs: its norms
+come from matching indices.
 
 >>> A, G = torch.randn(3, 5, 4), torch.randn(3, 5, 2)      # B=3 samples, n=5 positions
 >>> direct = torch.einsum("bno,bni->boi", G, A).flatten(1).pow(2).sum(1)
@@ -32,7 +22,7 @@ from typing import cast
 import torch
 from torch import Tensor, nn
 
-from dpnotebook.grad_sample._contracts import (
+from dpnotebook.grad_sample.samplers._contracts import (
     GhostCall,
     GhostGroup,
     Grads,
@@ -42,24 +32,19 @@ from dpnotebook.grad_sample._contracts import (
     keep_rows,
     materialise,
     register_norm_sampler,
+    scratch_bytes,
 )
-from dpnotebook.grad_sample.samplers._device import scratch_bytes
 from dpnotebook.units import InProjection
 
 #: Largest scratch buffer (bytes) a norm computation fills at once; bigger batches go in chunks.
 CHUNK_BYTES = 32 * 2**20
-#: A Gram norm below ``GRAM_TRUST * eps * (in + out)`` times its cancellation-free bound
-#: ``(Σ_t ‖a_t‖ ‖δ_t‖)²`` is recomputed directly in float64 (:func:`guard_gram`). Above it,
-#: rounding (at most ``eps * (in + out)`` of the bound) moves it by at most ``1 / GRAM_TRUST``.
+#: A Gram norm below ``GRAM_TRUST * eps * (in + out)`` times its cancellation-free bound is recomputed
+#: in float64 (:func:`guard_gram`); above it, rounding moves it by at most ``1 / GRAM_TRUST``.
 GRAM_TRUST = 100.0
-#: What one per-sample gradient entry costs beyond its multiply-adds, in multiply-adds: writing it, reading it
-#: back for its norm and for the weighted sum (memory-bound passes). Fitted on a CPU, one thread, B = 32, with
-#: the two real paths (see :func:`settle_pays`): ``[n, in, out]`` = ``[64, 128, 1000]`` (``n² (in + out)`` is
-#: 36 times ``in * out``) and ``[64, 128, 512]`` (40) were faster settled, ``[64, 192, 768]`` (27),
-#: ``[64, 384, 384]`` (21) and ``[64, 512, 512]`` (16) faster on the Gram path.
+#: What one per-sample gradient entry costs beyond its multiply-adds (writing it, reading it back
+#: twice), in multiply-adds: fitted on a CPU (docs/performance.md).
 SETTLE_PASSES = 30
 
-#: The formulas; the group makers registered below are found through the registry.
 __all__ = [
     "linear_sq_norms",
     "linear_weighted_sum",
@@ -75,12 +60,9 @@ __all__ = [
 
 
 def linear_sq_norms(A: Tensor, G: Tensor, *, strategy: str | None = None) -> Tensor:
-    """``‖G_bᵀ A_b‖²`` for every sample ``b``: shape ``[B]``.
+    """``‖G_bᵀ A_b‖²`` for every sample ``b`` (``A`` ``[B, n, in]``, ``G`` ``[B, n, out]``): shape ``[B]``.
 
-    Args:
-        A: activations ``[B, n, in]``.
-        G: backprops ``[B, n, out]``.
-        strategy: ``"outer"``, ``"gram"`` or ``"direct"``; default: the cheaper (:func:`linear_strategy`).
+    ``strategy``: ``"outer"``, ``"gram"`` or ``"direct"``; default: the cheaper (:func:`linear_strategy`).
     """
     B, n, d_in = A.shape
     strategy = strategy or linear_strategy(n, d_in, G.shape[2])
@@ -130,16 +112,11 @@ def linear_strategy(n: int, d_in: int, d_out: int) -> str:
 
 
 def settle_pays(n: int, d_in: int, d_out: int) -> bool:
-    """Whether forming (and keeping) the per-sample gradients is the cheaper *whole* path: norms and clipped sum.
+    """Whether forming the per-sample gradients is the cheaper *whole* path, norms and clipped sum.
 
-    * **Gram**: ``n² (in + out)`` for the norms, then the weighted sum: ``n * in * out`` per sample;
-    * **settled**: form ``G_bᵀ A_b`` (``n * in * out``), then its norm and the weighted sum read it
-      back: ``SETTLE_PASSES * in * out`` (memory-bound passes, see :data:`SETTLE_PASSES`).
-
-    Both pay ``n * in * out``, so settling wins when ``n² (in + out) > SETTLE_PASSES * in * out``, and
-    whenever the direct norm is the cheaper norm (that forms the per-sample gradients anyway). The norms
-    alone would keep the Gram path for a transformer's layers (``n = 64``, ``128 -> 256``) where it
-    costs 1.4x the settled path.
+    Both paths pay ``n * in * out`` (the weighted sum, or forming them), so settling wins when the
+    Gram norms' ``n² (in + out)`` exceed the settled gradients' ``SETTLE_PASSES * in * out``
+    read-backs, or when the direct norm is the cheaper norm.
 
     >>> settle_pays(64, 128, 256), settle_pays(16, 128, 128), settle_pays(1024, 128, 384)
     (True, False, True)
@@ -152,14 +129,11 @@ def settle_pays(n: int, d_in: int, d_out: int) -> bool:
 
 
 def guard_gram(A: Tensor, G: Tensor, sq: Tensor) -> Tensor:
-    """Gram norms ``sq`` made safe from cancellation: suspect samples recomputed directly in float64.
+    """Gram norms ``sq`` made safe from cancellation (``docs/guarantees.md``): suspect samples redone in float64.
 
-    ``<A Aᵀ, G Gᵀ>`` adds ``n²`` products as large as ``‖a_t‖ ‖a_s‖ ‖δ_t‖ ‖δ_s‖``; when a
-    sample's positions cancel (nearly equal inputs, opposite backprops) the float32 sum is
-    rounding noise (too small, negative or NaN) and the sample would be clipped too little.
-    A sample whose Gram norm is below ``GRAM_TRUST * eps * (in + out)`` times
-    ``(Σ_t ‖a_t‖ ‖δ_t‖)²`` (or not finite) gets ``‖G_bᵀ A_b‖`` in float64, plus
-    ``n * eps * Σ_t ‖a_t‖ ‖δ_t‖``: the rounding the float32 weighted sum may add to it.
+    A sample whose Gram norm is below ``GRAM_TRUST * eps * (in + out)`` times ``(Σ_t ‖a_t‖ ‖δ_t‖)²``
+    (or not finite) gets ``‖G_bᵀ A_b‖`` in float64 plus ``n * eps * Σ_t ‖a_t‖ ‖δ_t‖`` (the
+    rounding the float32 weighted sum may add).
 
     >>> a = torch.full((1, 2, 64), 1000.0); a[0, 1, 0] += 0.01   # two nearly equal positions
     >>> g = torch.ones(1, 2, 64); g[0, 1] = -1.0                 # opposite backprops
@@ -181,7 +155,7 @@ def guard_gram(A: Tensor, G: Tensor, sq: Tensor) -> Tensor:
 
 
 def _chunk(B: int, per_sample: int, like: Tensor) -> int:
-    budget = scratch_bytes(CHUNK_BYTES, like)  # measured on a CPU; larger on a GPU (fast/device.py)
+    budget = scratch_bytes(CHUNK_BYTES, like)
     return max(1, min(B, budget // max(1, per_sample * like.element_size())))
 
 
@@ -197,13 +171,8 @@ def _in_chunks(A: Tensor, G: Tensor, per_sample: int, norms: Callable[[Tensor, T
 def embedding_sq_norms(idx: Tensor, G: Tensor, V: int) -> Tensor:
     """Squared norm of each sample's embedding gradient, by matching indices: shape ``[B]``.
 
-    Sample ``b`` adds ``G[b, t]`` to row ``idx[b, t]``; positions with equal indices add
-    up before squaring. One sort (``unique``) finds them all.
-
-    Args:
-        idx: ``[B, n]`` indices (positions to leave out already have zero backprops).
-        G: ``[B, n, D]`` backprops.
-        V: number of embeddings.
+    Sample ``b`` adds ``G[b, t]`` ``[B, n, D]`` to row ``idx[b, t]`` ``[B, n]`` of ``V``; positions
+    with equal indices add up before squaring (one ``unique`` finds them).
 
     >>> embedding_sq_norms(torch.tensor([[1, 1, 2]]), torch.tensor([[[1.0], [2.0], [5.0]]]), V=3)  # (1+2)² + 5²
     tensor([34.])
@@ -228,13 +197,13 @@ def embedding_weighted_sum(idx: Tensor, G: Tensor, weights: Tensor, V: int) -> T
     return G.new_zeros(V, G.shape[-1]).index_add_(0, idx.reshape(-1), G.reshape(B * n, -1) * rows)
 
 
-# -- the norm samplers: a layer's calls folded into samples, then the formulas above -------------------------
 class LinearPiece:
-    """``G_bᵀ A_b`` (scaled) for every sample, never formed unless it is the cheaper way to its norm.
+    """``scale * G_bᵀ A_b`` for every sample (``A`` ``[B, n, in]``, ``G`` ``[B, n, out]``), formed only if cheaper.
 
-    Args:
-        A: activations ``[B, n, in]``; G: backprops ``[B, n, out]``; scale: multiplies every gradient.
+    ``transposed``: the weight is stored ``[in, out]`` (its gradient ``A_bᵀ G_b``, same norms).
     """
+
+    transposed = False
 
     def __init__(self, A: Tensor, G: Tensor, scale: float) -> None:
         self.A, self.G, self.scale = A, G, scale
@@ -245,10 +214,10 @@ class LinearPiece:
         return linear_sq_norms(self.A, self.G, strategy=self.strategy) * self.scale**2
 
     def weight_sum(self, w: Tensor) -> Tensor:
-        return linear_weighted_sum(self.A, self.G, w * self.scale)
+        A, G = (self.G, self.A) if self.transposed else (self.A, self.G)
+        return linear_weighted_sum(A, G, w * self.scale)
 
     def drop(self, keep: Tensor) -> None:
-        """Zero the inputs and backprops of the samples where ``keep`` is False."""
         self.A, self.G, self._bias = keep_rows(self.A, keep), keep_rows(self.G, keep), None
 
     def bias_grads(self) -> Tensor:
@@ -258,22 +227,18 @@ class LinearPiece:
 
 
 def linear_piece(calls: list[tuple[Tensor, Tensor, float]], K: int) -> LinearPiece:
-    """One :class:`LinearPiece` for several ``(activations, backprops, scale)`` calls, positions side by side.
-
-    The calls of one forward pass hold the same rows (the wrapper checks it), hence the same scale.
-    """
+    """One :class:`LinearPiece` for ``(activations, backprops, scale)`` calls of one pass (same rows and scale)."""
     if len(calls) == 1:
         return LinearPiece(group_rows(calls[0][0], K), group_rows(calls[0][1], K), calls[0][2])
-    A = torch.cat([group_rows(a, K) for a, _, _ in calls], 1)
-    G = torch.cat([group_rows(g, K) for _, g, _ in calls], 1)
-    return LinearPiece(A, G, calls[0][2])
+    A = torch.cat([group_rows(a, K) for a, _, _ in calls], 1)  # positions side by side
+    return LinearPiece(A, torch.cat([group_rows(g, K) for _, g, _ in calls], 1), calls[0][2])
 
 
 class LinearGroup(GhostGroup):
-    """A weight (and bias) used as ``x @ weight[rows].T + bias[rows]``, ``rows`` per block of calls."""
+    """A weight (and bias) used as ``x @ weight[rows].T + bias[rows]``, ``rows`` per block of calls (``None``: all)."""
 
     def __init__(
-        self, weight: nn.Parameter, bias: nn.Parameter | None, blocks: dict[tuple[int, int], LinearPiece]
+        self, weight: nn.Parameter, bias: nn.Parameter | None, blocks: dict[tuple[int, int] | None, LinearPiece]
     ) -> None:
         self.weight, self.bias, self.blocks = weight, bias, blocks
         self.how = "ghost " + "+".join(sorted({b.strategy for b in blocks.values()}))
@@ -296,12 +261,13 @@ class LinearGroup(GhostGroup):
                 rows: piece.weight_sum(weights[p]) if is_weight else weights[p].to(p.dtype) @ piece.bias_grads()
                 for rows, piece in self.blocks.items()
             }
-            if list(parts) == [(0, p.shape[0])]:
-                out[p] = parts[(0, p.shape[0])]
+            if len(parts) == 1 and next(iter(parts)) in (None, (0, p.shape[0])):
+                out[p] = next(iter(parts.values()))
                 continue
             out[p] = torch.zeros_like(p)
-            for (r0, r1), part in parts.items():
-                out[p][r0:r1] += part
+            for rows, part in parts.items():
+                assert rows is not None  # several blocks: each has its rows
+                out[p][rows[0] : rows[1]] += part
         return out
 
     def drop(self, keep: Tensor) -> None:
@@ -339,14 +305,14 @@ def linear_group(
     """
     # torch's stubs type Linear.weight and .bias as Tensors; they are the layer's Parameters
     weight, bias = cast(nn.Parameter, module.weight), cast("nn.Parameter | None", getattr(module, "bias", None))
-    blocks: dict[tuple[int, int], list[tuple[Tensor, Tensor, float]]] = {}
+    blocks: dict[tuple[int, int] | None, list[tuple[Tensor, Tensor, float]]] = {}
     for c in calls:
         acts = c.activations()
-        rows = (0, weight.shape[0]) if len(acts) < 3 else tuple(acts[1])
+        rows = None if len(acts) < 3 else tuple(acts[1])
         if len(acts) >= 3 and tuple(acts[2]) != rows:
             return materialise(module, calls, K)  # weight and bias rows differ: not a plain window
         blocks.setdefault(rows, []).append((acts[0], c.received(), c.scale))
-    spans = sorted(blocks)
+    spans = sorted(r for r in blocks if r is not None)
     if any(a[1] > b[0] for a, b in itertools.pairwise(spans)):
         return materialise(module, calls, K)  # overlapping windows: their gradients would add up
     return LinearGroup(weight, bias, {r: linear_piece(v, K) for r, v in blocks.items()})

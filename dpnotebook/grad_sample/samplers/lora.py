@@ -1,16 +1,8 @@
-"""Grad sampler for :class:`~dpnotebook.layers.lora.LoRALinear`.
+"""Grad sampler for :class:`~dpnotebook.layers.lora.LoRALinear`: ``y_t = W x_t + b + s B (A x_t)``, ``s = alpha / r``.
 
-With ``u_t = A x_t`` (``[r]``) and ``s = alpha / r``, the layer's output at
-position ``t`` is ``y_t = W x_t + b + s B u_t``. For backprops ``g_t = dL/dy_t``:
-
-* ``dL/dB = s * sum_t g_t u_t^T`` (``[out, r]``): a linear layer's weight
-  gradient, with ``u`` as its input;
-* ``dL/dA = s * sum_t (B^T g_t) x_t^T`` (``[r, in]``): the backprops pulled
-  back through ``B`` first;
-* ``dL/dW = sum_t g_t x_t^T`` and ``dL/db = sum_t g_t``, only if the base is unfrozen.
-
-As for ``nn.Linear``, a sample's ``K`` copies join the sum over ``t``, and
-dividing by ``K`` averages them: one batched product per parameter.
+For backprops ``g_t``: ``dL/dB = s sum_t g_t (A x_t)^T``, ``dL/dA = s sum_t (B^T g_t) x_t^T``, and
+``dL/dW``, ``dL/db`` as a linear layer's if the base is unfrozen; a sample's ``K`` copies join the
+sum over ``t``, divided by ``K``.
 
 >>> import torch
 >>> from dpnotebook.layers.lora import LoRALinear
@@ -24,23 +16,21 @@ True
 from __future__ import annotations
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from dpnotebook.grad_sample._contracts import group_rows, sum_rows
 from dpnotebook.grad_sample._registry import register_grad_sampler
+from dpnotebook.grad_sample.samplers._contracts import Grads, group_rows, sum_rows
 from dpnotebook.units import LoRALinear
 
 __all__ = ["lora_grad_sampler"]
 
 
 @register_grad_sampler(LoRALinear)
-def lora_grad_sampler(
-    layer: LoRALinear, activations: list[Tensor], backprops: Tensor, K: int
-) -> dict[nn.Parameter, Tensor]:
+def lora_grad_sampler(layer: LoRALinear, activations: list[Tensor], backprops: Tensor, K: int) -> Grads:
     """Per-sample gradients of ``lora_A`` and ``lora_B`` (and of ``weight``, ``bias`` if they are trained)."""
     x = group_rows(activations[0], K)  # [B, n, in], n = K * positions
     g = group_rows(backprops, K)  # [B, n, out]
-    out: dict[nn.Parameter, Tensor] = {}
+    out: Grads = {}
     factor = layer.scale / K
     if layer.lora_B.requires_grad:
         u = torch.matmul(x, layer.lora_A.t())  # [B, n, r]

@@ -1,17 +1,12 @@
 """Ghost mode's materialised layers: convolutions and norm layers, whose per-sample gradients are small.
 
-A convolution's weight, and a norm layer's one entry per channel, are small next
-to their activations, so ghost mode forms their per-sample gradients call by
-call, as each call's backprops arrive, lets go of the call's inputs and
-backprops, and later takes the gradients' norms and weighted sum
-(a ``MaterialisedGroup``). A convolution
-goes through the fast seam
-:func:`~dpnotebook.grad_sample.samplers.conv.conv_per_sample_grads` in a reused
-buffer; a norm layer through its registered grad sampler
-(:func:`dpnotebook.grad_sample.materialise`).
+Their per-sample gradients are formed call by call as the backprops arrive (the call's inputs
+let go), then their norms and weighted sum taken (a ``MaterialisedGroup``): a convolution's by
+:func:`~dpnotebook.grad_sample.samplers.conv.conv_per_sample_grads` in reused buffers, a norm
+layer's by its registered grad sampler (:func:`dpnotebook.grad_sample.materialise`).
 
 >>> from torch import nn
->>> from dpnotebook.grad_sample._contracts import ghost_handler
+>>> from dpnotebook.grad_sample.samplers._contracts import ghost_handler
 >>> ghost_handler(nn.Conv2d(1, 2, 3)).make_group is conv_group, ghost_handler(nn.LayerNorm(4)).materialises
 (True, True)
 """
@@ -23,7 +18,7 @@ from typing import cast
 
 from torch import nn
 
-from dpnotebook.grad_sample._contracts import (
+from dpnotebook.grad_sample.samplers._contracts import (
     GhostCall,
     GhostGroup,
     Grads,
@@ -46,7 +41,6 @@ def conv_group(
 ) -> GhostGroup:
     """``nn.Conv1d/2d/3d``: :func:`conv_per_sample_grads` in the caller's reused buffers, summed over calls."""
     grads: Grads = {}
-    # torch's stubs type a convolution's weight and bias as Tensors; they are the layer's Parameters
     weight, bias = cast(nn.Parameter, layer.weight), cast("nn.Parameter | None", layer.bias)
     for i, c in enumerate(calls):  # the calls of one forward pass: same rows, same scale
         x, g = c.activations()[0], c.received()

@@ -1,24 +1,14 @@
 """Grad samplers for the normalisation layers: LayerNorm, GroupNorm, InstanceNorm, RMSNorm.
 
-Each is an affine map after a normalisation that has no parameters:
-``y = x_hat * weight + bias``. So each sample's gradients are sums of
-``backprop * x_hat`` (weight) and ``backprop`` (bias) over its K copies and every
-position the parameters are shared across; only ``x_hat`` differs by layer, and
-each sampler recomputes it with PyTorch's own function (without the affine part,
-and without touching running statistics).
-:func:`~dpnotebook.grad_sample._contracts.affine_grads` forms the sums; the tests hold it to the
-formula, :func:`~dpnotebook.grad_sample._contracts.affine_reference_grads`, and the float64 oracle.
-
-:func:`channels_first_layer_norm_grad_sampler` is the LayerNorm formula for a
-``nn.LayerNorm`` subclass applied over dim 1 of ``[N, C, ...]`` (torchvision's and
-ConvNeXt's ``LayerNorm2d``: permute to channels-last, layer-norm, permute back). Such
-a subclass overrides ``forward``, so it does not inherit ``nn.LayerNorm``'s sampler,
-and nothing but its author can say that its ``forward`` is this formula: it is
-not registered for any class; register it for yours (``docs/real-models.md``):
+Each is an affine map ``y = x_hat * weight + bias`` after a normalisation without parameters,
+so each sample's gradients are sums of ``backprop * x_hat`` and ``backprop`` over its K copies
+and the positions the parameters are shared across
+(:func:`~dpnotebook.grad_sample.samplers._contracts.affine_grads`); each sampler recomputes
+``x_hat`` with PyTorch's own function. :func:`channels_first_layer_norm_grad_sampler` is the
+formula of a ``nn.LayerNorm`` subclass over dim 1 of ``[N, C, ...]`` (``LayerNorm2d``): it
+overrides ``forward``, so only its author can register it (``docs/real-models.md``):
 
 >>> import torch
->>> import torch.nn.functional as F
->>> from torch import nn
 >>> from dpnotebook import register_grad_sampler
 >>> from dpnotebook.testing import check_grad_sampler
 >>> class MyLayerNorm2d(nn.LayerNorm):
@@ -35,10 +25,9 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dpnotebook.grad_sample._contracts import affine_grads
 from dpnotebook.grad_sample._registry import register_grad_sampler
+from dpnotebook.grad_sample.samplers._contracts import Grads, affine_grads
 
-Grads = dict[nn.Parameter, Tensor]
 # In every sampler x_hat is a fresh tensor of ours, so affine_grads may overwrite it.
 
 
@@ -85,7 +74,7 @@ def channels_first_layer_norm_grad_sampler(
     """Per-sample gradients of a ``nn.LayerNorm`` over dim 1 of ``[N, C, ...]`` (weight and bias ``[C]``).
 
     Raises:
-        ValueError: ``layer.normalized_shape`` is not one dimension (the channels), or the input has no dim 2.
+        ValueError: ``normalized_shape`` is not one dimension, or the input has no dim 2.
     """
     x = activations[0]
     if len(layer.normalized_shape) != 1 or x.dim() < 3:

@@ -1,12 +1,9 @@
 """Recurrent layers in ghost mode: the ``GateProjection`` of ``DPLSTM``, ``DPGRU`` and ``DPRNN``.
 
-One layer and direction of an RNN has an input-side weight (applied to
-``x_t``) and a hidden-side weight (applied to ``h_{t-1}``); both receive the
-gate backprops ``g_t`` (GRU: the hidden side of its candidate gate receives
-``r_t * g_t``). So each is a Linear piece over the ``K*T`` positions of a
-sample, and for LSTM and RNN the two pieces share ``G``: their Gram norms need
-``G Gᵀ`` once (:func:`shared_gram_sq_norms`).
-The hidden states come from the record the layer filled during its forward.
+One layer and direction has an input-side weight (on ``x_t``) and a hidden-side weight (on
+``h_{t-1}``, from the layer's record), both fed the gate backprops ``g_t`` (GRU's candidate
+gate: ``r_t * g_t`` on the hidden side): two Linear pieces over a sample's ``K*T`` positions.
+Sharing ``G``, their Gram norms need ``G Gᵀ`` once (:func:`shared_gram_sq_norms`).
 """
 
 from __future__ import annotations
@@ -14,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from dpnotebook.grad_sample._contracts import GhostCall, GhostGroup, Grads, Scratch, register_norm_sampler
+from dpnotebook.grad_sample.samplers._contracts import GhostCall, GhostGroup, Grads, Scratch, register_norm_sampler
 from dpnotebook.grad_sample.samplers.linear_norm import LinearPiece, _chunk, guard_gram, linear_piece, linear_strategy
 from dpnotebook.units import GateProjection
 
@@ -106,10 +103,7 @@ class GateGroup(GhostGroup):
 
 
 def gate_settles(unit: GateProjection, call: GhostCall, K: int) -> bool:
-    """Whether both sides' per-sample gradients are the cheaper way to the norms, so the call is settled.
-
-    A sample's ``n = K * T`` positions against the input and hidden sizes; a
-    shared Gram matrix, when it pays, keeps the call ghosted.
+    """Whether both sides' per-sample gradients (``n = K * T`` positions) are the cheaper path: settle the call.
 
     >>> from dpnotebook.layers import DPLSTM
     >>> from dpnotebook.grad_sample._engine.calls import LayerCall

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from dpnotebook.grad_sample._contracts import flat_rows
+from dpnotebook.grad_sample.samplers._contracts import flat_rows
 from dpnotebook.privacy import CLIPPING_MODES
 from dpnotebook.widgets._explorer import Explorer
 from dpnotebook.widgets.clipping import plots

@@ -291,7 +291,7 @@ def test_settled_layers_over_two_forward_passes_equal_each_pass_alone() -> None:
 
 
 def test_settled_groups_of_one_forward_pass_must_share_their_scale() -> None:
-    from dpnotebook.grad_sample._contracts import MaterialisedGroup
+    from dpnotebook.grad_sample.samplers._contracts import MaterialisedGroup
 
     w = nn.Parameter(torch.zeros(2))
     group = MaterialisedGroup({w: torch.ones(3, 2)}, 0.5)

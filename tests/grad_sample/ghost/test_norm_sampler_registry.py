@@ -9,7 +9,7 @@ from torch import Tensor, nn
 import dpnotebook
 from dpnotebook.audit import audit_sensitivity
 from dpnotebook.grad_sample import register_norm_sampler, unregister_grad_sampler, unregister_norm_sampler
-from dpnotebook.grad_sample._contracts import ghost_handler, materialise, norm_sampler_types
+from dpnotebook.grad_sample.samplers._contracts import ghost_handler, materialise, norm_sampler_types
 
 
 class Scale(nn.Module):

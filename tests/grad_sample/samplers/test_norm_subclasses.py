@@ -15,7 +15,12 @@ import dpnotebook
 from dpnotebook.audit import RECORDS, AuditCase, Family, audit_sensitivity
 from dpnotebook.audit._cases import MAX_K, _apply_record
 from dpnotebook.grad_sample import find_grad_sampler, register_grad_sampler, unregister_grad_sampler
-from dpnotebook.grad_sample._contracts import ghost_handler, materialise, register_norm_sampler, unregister_norm_sampler
+from dpnotebook.grad_sample.samplers._contracts import (
+    ghost_handler,
+    materialise,
+    register_norm_sampler,
+    unregister_norm_sampler,
+)
 from dpnotebook.grad_sample.samplers.norms import channels_first_layer_norm_grad_sampler
 from dpnotebook.testing import check_grad_sampler
 from tests.grad_sample.ghost.test_ghost import check

@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from dpnotebook.grad_sample import _registry as registry
-from dpnotebook.grad_sample._contracts import affine_grads, affine_reference_grads
-from dpnotebook.grad_sample.samplers import _device, buffers, conv, linear_norm
+from dpnotebook.grad_sample.samplers import _contracts, buffers, conv, linear_norm
+from dpnotebook.grad_sample.samplers._contracts import affine_grads, affine_reference_grads
 from dpnotebook.grad_sample.samplers.conv import conv_method, conv_per_sample_grads, conv_weight_grads
 from dpnotebook.grad_sample.samplers.embedding import embedding_grad_sampler_fast, embedding_weight_grads
 from dpnotebook.grad_sample.samplers.embedding_bag import embedding_bag_grad_sampler, embedding_bag_weight_grads
@@ -96,8 +96,10 @@ def test_the_cpu_conv_rule_does_not_decide_another_device() -> None:
 
 def test_scratch_budgets_are_the_cpus_only_on_the_cpu() -> None:
     budget = max(conv.CHUNK_BYTES, linear_norm.CHUNK_BYTES)
-    assert _device.scratch_bytes(budget, torch.empty(1)) == budget
-    assert _device.scratch_bytes(budget, torch.empty(1, device="meta")) == _device.ACCELERATOR_SCRATCH_BYTES > budget
+    assert _contracts.scratch_bytes(budget, torch.empty(1)) == budget
+    assert (
+        _contracts.scratch_bytes(budget, torch.empty(1, device="meta")) == _contracts.ACCELERATOR_SCRATCH_BYTES > budget
+    )
     per_sample = 2**20  # 4 MiB of float32 scratch per sample
     assert linear_norm._chunk(512, per_sample, torch.empty(1)) == 8
     assert linear_norm._chunk(512, per_sample, torch.empty(1, device="meta")) == 64

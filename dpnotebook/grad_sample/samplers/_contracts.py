@@ -1,29 +1,15 @@
 """The contracts every sampler meets: sample rows, and the norm samplers of ghost mode with their registry.
 
-**Sample rows.** Every sampler receives tensors with the batch in dimension 0
-holding ``B*K`` rows, sample-major. :func:`group_rows`, :func:`sum_rows` and
-:func:`flat_rows` fold a sample's ``K`` copies together with everything else
-that is summed over (time steps, pixels), so that no sampler builds ``B*K``
-per-row gradients.
+**Sample rows.** A sampler receives tensors whose dim 0 holds ``B*K`` rows, sample-major;
+:func:`group_rows`, :func:`sum_rows` and :func:`flat_rows` fold a sample's ``K`` copies
+together with what else is summed over, so that no sampler builds ``B*K`` per-row gradients.
 
-**Norm samplers.** A norm sampler tells ghost mode how to get a layer's
-per-sample gradient norms and its clipped sum without the hooks engine: a group
-maker ``make_group(module, calls, K, scratch)`` registered for the layer's type
-(:func:`register_norm_sampler`), as a grad sampler is registered for the hooks
-engine. A *group* gathers every call of one layer in one forward pass (a layer
-called twice has the sum of both calls as its per-sample gradient, and norms do
-not add up, so the calls are joined first) and answers
-
-* :meth:`GhostGroup.sq_norms`: every sample's squared gradient norm, per parameter;
-* :meth:`GhostGroup.weighted_sums`: ``sum_b w_b * (sample b's gradient)`` per
-  parameter, for the clip factors ``w`` (no second backward).
-
-The built-in norm samplers sit beside their grad samplers in
-:mod:`dpnotebook.grad_sample.samplers` (``linear_norm``, ``rnn_norm``,
-``materialised_norm``); a layer type with none is left to the hooks engine inside
-ghost mode. Your own layer takes part the simplest way by materialising: its
-registered grad sampler forms the per-sample gradients, and ghost mode takes
-their norms and weighted sum (:func:`materialise`):
+**Norm samplers.** A group maker ``make_group(module, calls, K, scratch)``, registered per
+layer type (:func:`register_norm_sampler`), gathers every call of one layer in one forward
+pass into a :class:`GhostGroup` (norms do not add up over calls, so the calls are joined
+first) that gives each sample's squared gradient norms and the weighted sum
+``sum_b w_b g_b``. A layer type with none is left to the hooks engine inside ghost mode.
+Your own layer takes part by materialising its registered grad sampler's gradients:
 
 >>> import torch
 >>> from torch import nn
@@ -58,29 +44,9 @@ from torch import Tensor, nn
 from dpnotebook.errors import GradSampleError
 from dpnotebook.grad_sample._engine.calls import LayerCall
 from dpnotebook.grad_sample._engine.layer_hooks import bound_arguments, sampler_grad_samples, to_batch_first
-from dpnotebook.grad_sample._registry import find_grad_sampler, load_optional_samplers
+from dpnotebook.grad_sample._registry import check_layer_types, find_grad_sampler, load_optional_samplers
 
 Grads = dict[nn.Parameter, Tensor]
-
-__all__ = [
-    "group_rows",
-    "flat_rows",
-    "sum_rows",
-    "affine_grads",
-    "affine_reference_grads",
-    "Grads",
-    "Scratch",
-    "GhostCall",
-    "GhostGroup",
-    "keep_rows",
-    "MaterialisedGroup",
-    "materialise",
-    "GhostHandler",
-    "register_norm_sampler",
-    "unregister_norm_sampler",
-    "ghost_handler",
-    "norm_sampler_types",
-]
 
 
 # -- sample rows -----------------------------------------------------------------------------------------------
@@ -110,8 +76,7 @@ def sum_rows(t: Tensor, K: int, keep: int) -> Tensor:
     [7.0, 7.0, 7.0]
     """
     split = t.dim() - keep
-    middle = K * math.prod(t.shape[1:split])
-    summed = t.reshape(t.shape[0] // K, middle, *t.shape[split:]).sum(1)
+    summed = t.reshape(t.shape[0] // K, K * math.prod(t.shape[1:split]), *t.shape[split:]).sum(1)
     return summed / K if K > 1 else summed
 
 
@@ -120,19 +85,10 @@ def affine_reference_grads(
 ) -> tuple[Tensor, Tensor]:
     """The reference form of every norm layer's affine part ``y = x_hat * weight + bias``.
 
-    Sample ``b``'s weight gradient is the sum of ``x_hat * g`` over every position
-    the parameter is shared across, averaged over the sample's ``K`` copies; its
-    bias gradient is the same sum of ``g``.
-
-    Args:
-        x_hat: the normalised input, same shape as ``backprops``; ``B*K`` rows in dim 0.
-        backprops: gradient of the loss w.r.t. ``y``.
-        K: augmentation multiplicity.
-        param_dims: the dims the parameters span: ``(1,)`` for GroupNorm and InstanceNorm,
-            the trailing ``len(normalized_shape)`` dims for LayerNorm and RMSNorm, e.g. ``(-2, -1)``.
-
-    Returns:
-        ``(weight_grads, bias_grads)``, each ``[B, *parameter shape]``.
+    Sample ``b``'s weight gradient is the sum of ``x_hat * backprops`` over the positions the
+    parameter is shared across (all dims but ``param_dims``: ``(1,)`` for GroupNorm, ``(-2, -1)``
+    for a LayerNorm over two dims), averaged over its ``K`` copies; its bias gradient the same
+    sum of ``backprops``. Returns ``(weight_grads, bias_grads)``, each ``[B, *parameter shape]``.
 
     >>> x_hat, g = torch.tensor([[1.0, -1.0], [3.0, 1.0]]), torch.tensor([[2.0, 2.0], [1.0, 1.0]])  # 1 sample, K=2
     >>> affine_reference_grads(x_hat, g, K=2, param_dims=(-1,))
@@ -141,8 +97,8 @@ def affine_reference_grads(
     spanned = {d % x_hat.dim() for d in param_dims}
     positions = [d for d in range(1, x_hat.dim()) if d not in spanned]
 
-    def per_sample(t: Tensor) -> Tensor:  # [B*K, ...] -> sum over positions -> mean over the K copies
-        per_row = t.sum(dim=positions) if positions else t  # (a sum over no dims would sum them all)
+    def per_sample(t: Tensor) -> Tensor:  # sum over positions (a sum over no dims would sum all), mean over K
+        per_row = t.sum(dim=positions) if positions else t
         return per_row.reshape(per_row.shape[0] // K, K, *per_row.shape[1:]).mean(1)
 
     return per_sample(x_hat * backprops), per_sample(backprops)
@@ -153,31 +109,55 @@ def affine_grads(
 ) -> Grads:
     """:func:`affine_reference_grads` for the present, trainable ``layer.weight`` and ``layer.bias``: the fast form.
 
-    It sums positions without a channels-last copy (``channels_dim1``: the parameters
-    span dim 1, as in GroupNorm and InstanceNorm) and, with ``overwrite_x_hat``, forms
-    ``x_hat * backprops`` in ``x_hat``'s own memory (the caller's scratch).
+    ``channels_dim1``: the parameters span dim 1 (GroupNorm, InstanceNorm), and positions are
+    summed without a channels-last copy. ``overwrite_x_hat``: form ``x_hat * backprops`` in
+    ``x_hat``'s memory (the caller's scratch).
 
     >>> ln, x_hat, g = nn.LayerNorm(2), torch.ones(4, 2), torch.ones(4, 2)
     >>> affine_grads(ln, x_hat, g, K=2, channels_dim1=False)[ln.weight].tolist(), x_hat[0].tolist()
     ([[1.0, 1.0], [1.0, 1.0]], [1.0, 1.0])
     """
-    weight, bias = getattr(layer, "weight", None), getattr(layer, "bias", None)
-    ref = weight if weight is not None else bias
-    if ref is None:
-        return {}
-    keep = ref.dim()
+    ref = getattr(layer, "weight", None)
+    ref = ref if ref is not None else getattr(layer, "bias", None)
+    keep = ref.dim() if ref is not None else 0  # (no parameter: nothing is reduced)
 
     def reduce(t: Tensor) -> Tensor:
-        if channels_dim1:  # [rows, C, *positions]: positions summed in place, no channels-last copy
-            return sum_rows(t.flatten(2).sum(2) if t.dim() > 2 else t, K, keep)
-        return sum_rows(t, K, keep)
+        return sum_rows(t.flatten(2).sum(2) if channels_dim1 and t.dim() > 2 else t, K, keep)
 
+    return weight_and_bias(
+        layer,
+        lambda: reduce(x_hat.mul_(backprops) if overwrite_x_hat else x_hat * backprops),
+        lambda: reduce(backprops),
+    )
+
+
+def weight_and_bias(layer: nn.Module, weight: Callable[[], Tensor], bias: Callable[[], Tensor]) -> Grads:
+    """``{layer.weight: weight(), layer.bias: bias()}`` for those present and trainable (each formed only then).
+
+    >>> lin = nn.Linear(2, 1, bias=False)
+    >>> list(weight_and_bias(lin, lambda: torch.zeros(3, 1, 2), lambda: torch.zeros(3, 1)).values())[0].shape
+    torch.Size([3, 1, 2])
+    """
     out: Grads = {}
-    if weight is not None and weight.requires_grad:
-        out[weight] = reduce(x_hat.mul_(backprops) if overwrite_x_hat else x_hat * backprops)
-    if bias is not None and bias.requires_grad:
-        out[bias] = reduce(backprops)
+    for p, grads in ((getattr(layer, "weight", None), weight), (getattr(layer, "bias", None), bias)):
+        if p is not None and p.requires_grad:
+            out[p] = grads()
     return out
+
+
+#: Scratch budget per chunk on a non-CPU device: a GPU holds this easily, and fewer chunks mean fewer launches.
+ACCELERATOR_SCRATCH_BYTES = 256 * 2**20
+
+
+def scratch_bytes(cpu_budget: int, t: Tensor) -> int:
+    """The scratch budget for work on ``t``: the budget measured on a CPU there, the accelerator's elsewhere.
+
+    >>> scratch_bytes(8 * 2**20, torch.ones(1)) == 8 * 2**20
+    True
+    >>> scratch_bytes(8 * 2**20, torch.ones(1, device="meta")) == ACCELERATOR_SCRATCH_BYTES
+    True
+    """
+    return cpu_budget if t.device.type == "cpu" else max(cpu_budget, ACCELERATOR_SCRATCH_BYTES)
 
 
 # -- the norm-sampler protocol ---------------------------------------------------------------------------------
@@ -189,12 +169,9 @@ class Scratch(Protocol):
 
 @dataclass
 class GhostCall:
-    """One recorded call: the layer's inputs, and (after backward) its output's gradient.
+    """One recorded call (``call``) and, after backward, its output's gradient (``backprops``, batch-first).
 
-    Attributes:
-        call: what the forward pass saw (as the hooks engine records it).
-        backprops: gradient of the loss w.r.t. the output, batch-first, ``B*K`` rows.
-        scale: undoes the loss reduction and averages over K (``rows/K`` for a mean, ``1/K`` for a sum).
+    ``scale`` undoes the loss reduction and averages over K (``rows/K`` for a mean, ``1/K`` for a sum).
     """
 
     call: LayerCall
@@ -202,8 +179,7 @@ class GhostCall:
     scale: float = 1.0
 
     @property
-    def released(self) -> bool:
-        """Its per-sample gradients were formed and its inputs and backprops let go."""
+    def released(self) -> bool:  # its per-sample gradients were formed, its inputs and backprops let go
         return self.call.released
 
     def release(self) -> None:
@@ -216,10 +192,8 @@ class GhostCall:
         return self.backprops
 
     def activations(self) -> list[Any]:
-        return [
-            to_batch_first(a, self.call.batch_dim)
-            for a in bound_arguments(self.call.module, self.call.args, self.call.kwargs)
-        ]
+        c = self.call
+        return [to_batch_first(a, c.batch_dim) for a in bound_arguments(c.module, c.args, c.kwargs)]
 
 
 class GhostGroup:
@@ -228,17 +202,15 @@ class GhostGroup:
     how = "materialised"
 
     def sq_norms(self) -> Grads:
+        """Every sample's squared gradient norm, per parameter: ``{p: [B]}``."""
         raise NotImplementedError
 
     def weighted_sums(self, weights: Grads) -> Grads:
+        """``sum_b w_b * (sample b's gradient)`` per parameter, for the clip factors ``weights``."""
         raise NotImplementedError
 
     def drop(self, keep: Tensor) -> None:
-        """Zero every record of the samples where ``keep`` (``[B]`` bools) is False.
-
-        A sample with clip factor 0 (a non-finite norm) must add nothing; but
-        ``0 * nan`` is ``nan``, so its rows are masked, not only its weight.
-        """
+        """Zero every record of the samples where ``keep`` (``[B]`` bools) is False (``0 * nan`` is ``nan``)."""
         raise NotImplementedError
 
 
@@ -252,11 +224,7 @@ def keep_rows(x: Tensor, keep: Tensor) -> Tensor:
 
 
 class MaterialisedGroup(GhostGroup):
-    """Per-sample gradients held in full (``{p: [B, *p.shape]}``), each multiplied by ``scale`` when used.
-
-    The registered sampler's gradients (summed over calls), a convolution's, and
-    the ``p.grad_sample`` of layers left to the hooks engine all take this form.
-    """
+    """Per-sample gradients held in full (``{p: [B, *p.shape]}``), each multiplied by ``scale`` when used."""
 
     def __init__(self, grads: Grads, scale: float = 1.0) -> None:
         self.grads, self.scale = grads, scale
@@ -307,18 +275,10 @@ GroupMaker = Callable[[nn.Module, list[GhostCall], int, Scratch], GhostGroup]
 
 
 class GhostHandler(NamedTuple):
-    """How ghost mode treats one kind of layer (see :func:`register_norm_sampler`).
+    """How ghost mode treats one kind of layer: the arguments of :func:`register_norm_sampler`.
 
-    Attributes:
-        make_group: builds the layer's :class:`GhostGroup` from its calls in one forward pass.
-        outside: names of parameters the layer's owner also uses outside its forward (an RNN's recurrence).
-        materialises: its groups hold per-sample gradients (a :class:`MaterialisedGroup`), which add up
-            over calls; so ghost mode makes one per call as soon as the call's backprops arrive and lets
-            go of the call's inputs and backprops (memory then grows with B, not with the B*K rows).
-        settles: for a layer that does not always materialise, ``settles(module, call, K)`` says whether
-            forming this call's per-sample gradients is the cheaper path to its norms and clipped sum
-            (for a linear layer :func:`~dpnotebook.grad_sample.samplers.linear_norm.settle_pays`); if so
-            the call is settled as above, with the layer's registered grad sampler.
+    A call that *settles* (always, if the groups materialise) is made into per-sample gradients as
+    its backprops arrive and its inputs let go: memory grows with B, not B*K.
     """
 
     make_group: GroupMaker
@@ -327,13 +287,13 @@ class GhostHandler(NamedTuple):
     settles: Callable[[nn.Module, GhostCall, int], bool] | None = None
 
     def settles_call(self, module: nn.Module, call: GhostCall, K: int) -> bool:
-        """Whether ``call`` is settled (made into per-sample gradients) as soon as its backprops arrive."""
+        """Whether ``call`` is made into per-sample gradients as soon as its backprops arrive."""
         return self.materialises or (self.settles is not None and self.settles(module, call, K))
 
     def settled_group(self, module: nn.Module, call: GhostCall, K: int, scratch: Scratch) -> MaterialisedGroup:
         """The per-sample gradients of one settled call."""
         if self.materialises:
-            return cast(MaterialisedGroup, self.make_group(module, [call], K, scratch))  # it materialises
+            return cast(MaterialisedGroup, self.make_group(module, [call], K, scratch))
         group = materialise(module, [call], K)
         group.how = "materialised (direct)"
         return group
@@ -354,26 +314,24 @@ def register_norm_sampler(
     materialises: bool = False,
     settles: Callable[[L, GhostCall, int], bool] | None = None,
 ) -> Callable[[M], M]:
-    """Decorator: ghost mode handles ``layer_types`` with the decorated group maker.
+    """Decorator: ghost mode handles ``layer_types`` with the decorated ``make_group(module, calls, K, scratch)``.
 
     Args:
         *layer_types: ``nn.Module`` subclasses (a subclass that overrides ``forward`` is not matched).
-        outside: names of parameters the layer's owner also uses outside the layer's forward.
-        materialises: the maker's groups hold per-sample gradients, made call by call.
-        settles: ``settles(module, call, K)``: whether a call is settled as soon as its backprops arrive.
+        outside: names of parameters the layer's owner also uses outside its forward (an RNN's recurrence).
+        materialises: the maker's groups are :class:`MaterialisedGroup`, made call by call.
+        settles: ``settles(module, call, K)``: whether forming a call's per-sample gradients is cheaper.
 
     Raises:
         TypeError: a layer type that is not an ``nn.Module`` subclass.
     """
-    for t in layer_types:
-        if not (isinstance(t, type) and issubclass(t, nn.Module)):
-            raise TypeError(f"register_norm_sampler({t!r}): layer types must be nn.Module subclasses.")
+    check_layer_types("register_norm_sampler", layer_types)
+    # ghost_handler gives the handler only to modules of layer_types, so it may take them as L
+    settle = cast("Callable[[nn.Module, GhostCall, int], bool] | None", settles)
 
     def decorator(make_group: M) -> M:
-        # ghost_handler gives the handler only to modules of layer_types, so it may take them as L
-        settle = cast("Callable[[nn.Module, GhostCall, int], bool] | None", settles)
         for t in layer_types:
-            _NORM_SAMPLERS[t] = GhostHandler(make_group, outside=outside, materialises=materialises, settles=settle)
+            _NORM_SAMPLERS[t] = GhostHandler(make_group, outside, materialises, settle)
         return make_group
 
     return decorator
