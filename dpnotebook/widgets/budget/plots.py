@@ -38,12 +38,7 @@ def _fit(art: EpsilonArtists, epochs: np.ndarray, values: list[np.ndarray]) -> N
 
 
 def draw_epsilon_curves(
-    ax: Axes,
-    epochs: np.ndarray,
-    epsilons: np.ndarray,
-    *,
-    target_epsilon: float,
-    required: np.ndarray | None = None,
+    ax: Axes, epochs: np.ndarray, epsilons: np.ndarray, *, target_epsilon: float, required: np.ndarray | None = None
 ) -> EpsilonArtists:
     """Epsilon (y) against epochs (x): the current curve with its end marked, the curve at the
     sigma that meets the target (dashed), and the target (dotted)."""

@@ -18,8 +18,7 @@ from typing import Any
 
 import ipywidgets
 
-from dpnotebook.widgets._debounce import Debouncer
-from dpnotebook.widgets._explorer import Explorer
+from dpnotebook.widgets._explorer import Debouncer, Explorer
 from dpnotebook.widgets.budget import plots
 from dpnotebook.widgets.budget.state import BudgetResult, BudgetState
 

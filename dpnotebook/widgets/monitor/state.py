@@ -25,12 +25,7 @@ from dpnotebook.widgets._validate import int_at_least, non_negative, refuse, uni
 __all__ = ["METRICS", "MonitorState"]
 
 #: The metrics a monitor plots, in order, with their axis titles.
-METRICS = {
-    "loss": "loss",
-    "accuracy": "accuracy",
-    "epsilon": "epsilon spent",
-    "clip_fraction": "fraction clipped",
-}
+METRICS = {"loss": "loss", "accuracy": "accuracy", "epsilon": "epsilon spent", "clip_fraction": "fraction clipped"}
 
 
 def _check(name: str, value: Any) -> float:
