@@ -30,8 +30,8 @@ __all__ = ["GradientExplorer"]
 
 
 class GradientExplorer(Explorer[GradientState]):
-    """Norms of every sample's gradient per layer; one sample's gradient as a heatmap;
-    the grad-sample modes side by side with their largest difference.
+    """Norms of every sample's gradient per layer, one sample's gradient as a heatmap, and the
+    grad-sample modes side by side with their largest difference.
 
     Args:
         model: the model (it is wrapped and unwrapped again, not changed).
