@@ -1,10 +1,5 @@
-"""What every explorer shares: controls bound to a validated state, an error area, a static figure.
-
-A subclass builds its figure once (:meth:`Explorer._build`), moves its artists to show
-the state (:meth:`Explorer._update`) and lists its controls (:meth:`Explorer._controls`).
-Exceptions raised by callbacks are shown inside the widget; pages rendered without a
-kernel get a PNG of the figure. :class:`Debouncer` postpones slow work until the
-sliders stop moving.
+"""What every explorer shares: controls bound to a validated state, an error area, a static figure,
+and a :class:`Debouncer` that postpones slow work until the sliders stop moving.
 
 >>> area = ErrorArea()
 >>> area.show(ValueError("max_grad_norm=-1 is invalid"))
@@ -39,15 +34,8 @@ S = TypeVar("S", bound=traitlets.HasTraits)  # an explorer's state class
 
 
 class Debouncer:
-    """Postpone ``fn`` until ``delay`` seconds passed without a newer call.
-
-    Inside a Jupyter kernel (a running asyncio loop) each call replaces the pending one;
-    without a running loop, or with ``delay=0``, a call runs at once.
-
-    Args:
-        fn: the slow function.
-        delay: seconds of quiet before ``fn`` runs.
-    """
+    """Postpone ``fn`` until ``delay`` seconds passed without a newer call, in a running event loop
+    (a Jupyter kernel); without one, or with ``delay=0``, a call runs at once."""
 
     def __init__(self, fn: Callable[..., Any], delay: float = 0.25) -> None:
         if delay < 0:
@@ -151,7 +139,8 @@ def _widen(control: ipywidgets.Widget, value: Any) -> None:
 
 
 class Explorer(Generic[S]):
-    """Base class of the explorers: state + figure + controls + error area.
+    """Base class of the explorers: a subclass builds its figure once (:meth:`_build`), moves its artists
+    to show the state (:meth:`_update`) and lists its controls (:meth:`_controls`).
 
     Args:
         state: the validated state (a ``traitlets.HasTraits``).
@@ -194,15 +183,12 @@ class Explorer(Generic[S]):
         self.host.redraw()
 
     def _build(self, fig: Figure) -> None:
-        """Create the axes and artists once."""
         raise NotImplementedError
 
     def _update(self) -> None:
-        """Move the artists to show the state (no drawing)."""
         raise NotImplementedError
 
     def _controls(self) -> list[ipywidgets.Widget]:
-        """The control widgets, usually made with :meth:`bind`."""
         return []
 
     def _hide_label(self) -> None:
@@ -275,8 +261,7 @@ class Explorer(Generic[S]):
 
         return Image(data=self._png(), format="png")
 
-    def _png(self) -> bytes:
-        """The figure as PNG, with the summary line drawn in it."""
+    def _png(self) -> bytes:  # with the summary line drawn in it
         if self.label is None:
             return self.host.png()
         self.host.freeze_layout()

@@ -37,10 +37,7 @@ BACKENDS = ("auto", "ipympl", "image", "static")
 
 
 def lighten(fig: Figure, *, nbins: int = 4, labelsize: float = 8) -> None:
-    """At most ``nbins`` plain major tick labels per axis and no minor ticks (most of a redraw's cost).
-
-    Call it after the axes' scales are set (setting a scale resets the tickers).
-    """
+    """At most ``nbins`` plain tick labels per axis, no minor ticks (most of a redraw's cost); after setting scales."""
     for ax in fig.axes:
         for axis in (ax.xaxis, ax.yaxis):
             if not axis.get_ticklocs().size:  # ticks switched off on purpose
@@ -127,8 +124,7 @@ class FigureHost:
         self.after_layout: list[Callable[[], None]] = []
         self._draw_cid = self.figure.canvas.mpl_connect("draw_event", self._on_first_draw)
 
-    def _on_first_draw(self, event: object = None) -> None:
-        """After the first draw, by whoever, keep the layout (constrained layout is most of a redraw)."""
+    def _on_first_draw(self, event: object = None) -> None:  # whoever drew: keep that layout from now on
         if not self._frozen:
             self.figure.set_layout_engine("none")
             pin_labels(self.figure)

@@ -1,8 +1,6 @@
 """``PrivacyBudgetExplorer``: epsilon against epochs, and the sigma a target epsilon needs.
 
-Accountant calls are slow (tens of milliseconds for RDP, more for PLD), so a
-setting not seen before is computed once the sliders stop moving (debounced),
-and every result is cached.
+Accountant calls are slow, so a new setting is computed once the sliders stop moving; results are cached.
 
 >>> ex = PrivacyBudgetExplorer(accountant="rdp", epochs=3, backend="static")
 >>> before = ex.curves.current.get_ydata()[-1]
@@ -29,9 +27,8 @@ class PrivacyBudgetExplorer(Explorer[BudgetState]):
     """Epsilon spent against epochs for sigma, batch size, dataset size, delta and accountant.
 
     Args:
-        noise_multiplier, batch_size, dataset_size, epochs, delta, accountant, target_epsilon:
-            the starting settings, see :class:`BudgetState`.
-        points: how many epochs along the curve epsilon is computed at.
+        noise_multiplier, batch_size, dataset_size, epochs, delta, accountant, target_epsilon, points:
+            see :class:`BudgetState`.
         debounce: seconds of quiet before a new setting is computed (in a kernel).
         backend: see :class:`~dpnotebook.widgets._figure.FigureHost`.
     """
@@ -107,26 +104,26 @@ class PrivacyBudgetExplorer(Explorer[BudgetState]):
         r = s.cached()
         if r is None and self.debouncer.immediate:
             r = s.compute()
+        pending = r is None
+        if pending:
+            self.debouncer()
+        else:
+            self.debouncer.cancel()
+            self._shown = r
+        shown = self._shown
+        if shown is not None:
+            plots.update_epsilon_curves(
+                self.curves,
+                shown.epochs,
+                shown.epsilons,
+                target_epsilon=s.target_epsilon,
+                required=shown.required_epsilons,
+                pending=pending,
+            )
         if r is None:
-            old = self._shown
-            if old is not None:
-                plots.update_epsilon_curves(
-                    self.curves,
-                    old.epochs,
-                    old.epsilons,
-                    target_epsilon=s.target_epsilon,
-                    required=old.required_epsilons,
-                    pending=True,
-                )
             self.label.set_text("computing epsilon ...")
             self.status.value = "<i>computing ...</i>"
-            self.debouncer()
             return
-        self.debouncer.cancel()
-        self._shown = r
-        plots.update_epsilon_curves(
-            self.curves, r.epochs, r.epsilons, target_epsilon=s.target_epsilon, required=r.required_epsilons
-        )
         self.label.set_text(self._text(r))
         note = s.delta_note()
         self.status.value = f"epsilon = <b>{r.epsilon:.3g}</b>" + (
