@@ -237,6 +237,10 @@ class Explorer(Generic[S]):
         self.controls[name] = control
         return control
 
+    def bind_all(self, **controls: ipywidgets.ValueWidget) -> list[ipywidgets.Widget]:
+        """:meth:`bind` each control to the trait of its keyword; the bound controls, in order."""
+        return [self.bind(name, control) for name, control in controls.items()]
+
     def set(self, **values: Any) -> None:
         """Set several state traits, then redraw once.
 

@@ -131,4 +131,4 @@ def bounded_cache(cache: dict[Any, Any], key: Any, compute: Callable[[], T], lim
         if len(cache) > limit:
             cache.clear()
         cache[key] = compute()
-    return cache[key]  # type: ignore[no-any-return]
+    return cache[key]

@@ -105,12 +105,14 @@ class PrivacyAttackExplorer(Explorer[AttackState]):
         self.label.set_text(self._text(v))
 
     def _controls(self) -> list[ipywidgets.Widget]:
-        s: AttackState = self.state
-        sigma = ipywidgets.FloatLogSlider(base=10, min=-1, max=1, step=0.01, description="sigma", readout_format=".3g")
-        threshold = ipywidgets.FloatSlider(min=-3.0, max=4.0, step=0.01, description="threshold")
-        delta = ipywidgets.FloatLogSlider(base=10, min=-10, max=-1, step=0.1, description="delta", readout_format=".1e")
-        controls = [self.bind("noise_multiplier", sigma), self.bind("threshold", threshold), self.bind("delta", delta)]
-        if s.attacks:
-            attack = ipywidgets.Dropdown(options=list(s.attacks), description="attack")
-            controls.append(self.bind("selected", attack))
-        return controls
+        attacks = list(self.state.attacks)
+        return self.bind_all(
+            noise_multiplier=ipywidgets.FloatLogSlider(
+                base=10, min=-1, max=1, step=0.01, description="sigma", readout_format=".3g"
+            ),
+            threshold=ipywidgets.FloatSlider(min=-3.0, max=4.0, step=0.01, description="threshold"),
+            delta=ipywidgets.FloatLogSlider(
+                base=10, min=-10, max=-1, step=0.1, description="delta", readout_format=".1e"
+            ),
+            **({"selected": ipywidgets.Dropdown(options=attacks, description="attack")} if attacks else {}),
+        )

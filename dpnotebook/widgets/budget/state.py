@@ -88,7 +88,7 @@ class BudgetState(traitlets.HasTraits):
 
     def __init__(self, *, points: int = 8, **values: object) -> None:
         self.points = int_at_least("points", points, 2)
-        self._results: dict[tuple, BudgetResult] = {}
+        self._results: dict[tuple[Any, ...], BudgetResult] = {}
         super().__init__(**values)
 
     @traitlets.validate("noise_multiplier")

@@ -131,23 +131,15 @@ class PrivacyBudgetExplorer(Explorer[BudgetState]):
         )
 
     def _controls(self) -> list[ipywidgets.Widget]:
-        s: BudgetState = self.state
         sigma = ipywidgets.FloatLogSlider(
             base=10, min=-1, max=1.3, step=0.01, description="sigma", readout_format=".3g"
         )
-        batch = ipywidgets.IntText(description="batch size")
-        size = ipywidgets.IntText(description="dataset size")
-        epochs = ipywidgets.IntSlider(min=1, max=max(100, s.epochs), description="epochs")
-        delta = ipywidgets.FloatText(description="delta")
-        accountant = ipywidgets.ToggleButtons(options=["rdp", "pld"], description="accountant")
-        target = ipywidgets.FloatText(description="target eps")
-        return [
-            self.bind("noise_multiplier", sigma),
-            self.bind("batch_size", batch),
-            self.bind("dataset_size", size),
-            self.bind("epochs", epochs),
-            self.bind("delta", delta),
-            self.bind("accountant", accountant),
-            self.bind("target_epsilon", target),
-            self.status,
-        ]
+        return self.bind_all(
+            noise_multiplier=sigma,
+            batch_size=ipywidgets.IntText(description="batch size"),
+            dataset_size=ipywidgets.IntText(description="dataset size"),
+            epochs=ipywidgets.IntSlider(min=1, max=max(100, self.state.epochs), description="epochs"),
+            delta=ipywidgets.FloatText(description="delta"),
+            accountant=ipywidgets.ToggleButtons(options=["rdp", "pld"], description="accountant"),
+            target_epsilon=ipywidgets.FloatText(description="target eps"),
+        ) + [self.status]

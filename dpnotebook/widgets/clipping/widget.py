@@ -67,7 +67,7 @@ class ClippingExplorer(Explorer[ClippingState]):
         batch: tuple[Tensor, Tensor] | None = None,
         loss_fn: Callable[[Tensor, Tensor], Tensor] | None = None,
         *,
-        grad_samples: Mapping[str, Tensor] | list | None = None,
+        grad_samples: Mapping[str, Tensor] | list[Tensor] | None = None,
         toy: ToyProblem | None = None,
         max_grad_norm: float | None = None,
         clipping: str = "flat",

@@ -87,4 +87,4 @@ class GradientExplorer(Explorer[GradientState]):
         layer = ipywidgets.Dropdown(options=s.layers, description="layer")
         sample = ipywidgets.IntSlider(min=0, max=s.batch_size - 1, description="sample")
         mode = ipywidgets.ToggleButtons(options=s.modes, description="mode")
-        return [self.bind("layer", layer), self.bind("sample", sample), self.bind("mode", mode), self.table]
+        return [*self.bind_all(layer=layer, sample=sample, mode=mode), self.table]

@@ -50,7 +50,7 @@ class NoiseExplorer(Explorer[NoiseState]):
         batch: tuple[Tensor, Tensor] | None = None,
         loss_fn: Callable[[Tensor, Tensor], Tensor] | None = None,
         *,
-        grad_samples: Mapping[str, Tensor] | list | None = None,
+        grad_samples: Mapping[str, Tensor] | list[Tensor] | None = None,
         toy: ToyProblem | None = None,
         noise_multiplier: float = 1.0,
         batch_size: int | None = None,
@@ -101,9 +101,9 @@ class NoiseExplorer(Explorer[NoiseState]):
         self.label.set_text(self._text(v))
 
     def _controls(self) -> list[ipywidgets.Widget]:
-        s: NoiseState = self.state
-        sigma = ipywidgets.FloatSlider(min=0.0, max=10.0, step=0.05, description="sigma")
-        batch = ipywidgets.IntSlider(min=1, max=s.pool_size, description="batch size")
-        draws = ipywidgets.IntSlider(min=1, max=100, description="draws")
-        c = self.bind("max_grad_norm", c_slider(s.max_grad_norm))
-        return [self.bind("noise_multiplier", sigma), self.bind("batch_size", batch), c, self.bind("draws", draws)]
+        return self.bind_all(
+            noise_multiplier=ipywidgets.FloatSlider(min=0.0, max=10.0, step=0.05, description="sigma"),
+            batch_size=ipywidgets.IntSlider(min=1, max=self.state.pool_size, description="batch size"),
+            max_grad_norm=c_slider(self.state.max_grad_norm),
+            draws=ipywidgets.IntSlider(min=1, max=100, description="draws"),
+        )
