@@ -48,8 +48,7 @@ def run_mode(
 ) -> dict[str, Tensor] | Tensor:
     """One forward and backward pass in grad-sample ``mode``; what the mode computed.
 
-    The model is wrapped with :func:`dpnotebook.wrap_model` and unwrapped again, its
-    ``.grad`` cleared; the result is read with :func:`dpnotebook.compare.mode_result`.
+    The model is wrapped with :func:`dpnotebook.wrap_model` and unwrapped again, its ``.grad`` cleared.
 
     Args:
         model: a plain ``nn.Module`` (or a :class:`~dpnotebook.GradSampleModule`, used as is with its own ``K``).

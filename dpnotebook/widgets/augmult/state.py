@@ -1,10 +1,8 @@
 """The augmentation-multiplicity explorer's state: K copies per sample, averaged.
 
-For every ``K`` up to ``k_max`` the per-sample gradients come from
-:class:`~dpnotebook.GradSampleModule` with that ``K`` (the mean over each
-sample's ``K`` augmented copies), twice with independent augmentations, which
-measures how much of a sample's gradient is augmentation noise:
-``variance = E ||g_i(draw a) - g_i(draw b)||^2 / 2`` shrinks like ``1/K``.
+For every ``K <= k_max``, per-sample gradients (each the mean over ``K`` copies) come from
+:class:`~dpnotebook.GradSampleModule`, twice with independent augmentations; the augmentation
+variance ``E ||g_i(draw a) - g_i(draw b)||^2 / 2`` shrinks like ``1/K``.
 
 >>> s = AugmultState(k_max=4)
 >>> s.K, len(s.table.norm)
@@ -47,7 +45,7 @@ class AugmultTable:
     Attributes:
         norms: per-sample gradient norms, one ``[B]`` array per K.
         norm: mean per-sample norm per K.
-        variance: augmentation variance of a sample's gradient per K (see the module docstring).
+        variance: augmentation variance of a sample's gradient per K.
         grad_samples: the per-sample gradients per K (draw a), by parameter name.
     """
 
@@ -76,8 +74,7 @@ class AugmultState(traitlets.HasTraits):
         x: ``B`` samples (not yet augmented).
         y: their targets.
         loss_fn: ``loss_fn(output, targets)``, averaged.
-        augment: ``augment(x, K, seed) -> [B*K, ...]`` sample-major copies (default:
-            :func:`~dpnotebook.widgets.augment.augment_copies` with Gaussian noise of std 1).
+        augment: ``augment(x, K, seed) -> [B*K, ...]`` sample-major copies (default: Gaussian noise of std 1).
         k_max: the largest K offered.
         K: the starting K.
         max_grad_norm: the starting C (default: the median norm at K=1).

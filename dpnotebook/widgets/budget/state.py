@@ -49,8 +49,7 @@ class BudgetResult:
         epochs: the epochs where epsilon was computed.
         epsilons: epsilon after each of them, at the current sigma.
         epsilon: epsilon after all the epochs.
-        required_sigma: the smallest sigma whose epsilon after all the epochs is <= the
-            target (``nan`` when it cannot be found; see ``required_error``).
+        required_sigma: the smallest sigma meeting the target after all the epochs (``nan``: not found).
         required_epsilons: epsilon against ``epochs`` at ``required_sigma``.
         required_error: why ``required_sigma`` could not be found, or ``""``.
     """
