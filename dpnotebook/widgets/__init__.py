@@ -1,19 +1,12 @@
 """Interactive widgets for teaching DP deep learning (ipywidgets 8 + matplotlib).
 
-Each explorer is a validated state (``explorer.state``, traitlets), pure plotting
-functions (``dpnotebook.widgets.<name>.plots``) and thin widget wiring, all
-driven by the same library code that trains models. Display one in a notebook
-by leaving it last in a cell; a page rendered without a kernel shows its PNG.
-
-* :class:`GradientExplorer`: per-sample gradients layer by layer; the grad-sample modes agree.
-* :class:`ClippingExplorer`: the bound C, norms, fraction clipped, clipping bias;
-  :func:`clipping_stats` gives the same figures without a widget.
-* :class:`NoiseExplorer`: sigma, B, C and the noise on the averaged gradient.
-* :class:`PrivacyBudgetExplorer`: epsilon against epochs; the sigma a target needs.
-* :class:`AugmultExplorer`: averaging over K augmented copies.
-* :class:`TrainingMonitor`: live curves of a training run, as a callback.
-* :class:`PrivacyAttackExplorer`: epsilon as an attacker's limit: the Gaussian mechanism's trade-off curve,
-  a threshold attack on it, and real attacks' ROC curves under their bounds.
+Each explorer is a validated state (``explorer.state``, traitlets), pure plotting functions
+(``dpnotebook.widgets.<name>.plots``) and thin widget wiring, driven by the library code that
+trains models: :class:`GradientExplorer` (per-sample gradients, the modes agree),
+:class:`ClippingExplorer` (C and the clipping bias; :func:`clipping_stats` without a widget),
+:class:`NoiseExplorer` (sigma, B, C and the noise), :class:`PrivacyBudgetExplorer` (epsilon
+against epochs), :class:`AugmultExplorer` (K augmented copies), :class:`TrainingMonitor` (live
+curves, as a callback) and :class:`PrivacyAttackExplorer` (epsilon as an attacker's limit).
 
 >>> from dpnotebook.widgets import ClippingExplorer
 >>> ex = ClippingExplorer(backend="static")

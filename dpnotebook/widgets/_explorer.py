@@ -1,36 +1,95 @@
-"""What every explorer shares: controls bound to a validated state, an error area, a static figure.
-
-A subclass builds its figure once (:meth:`Explorer._build`), updates its
-artists from the state (:meth:`Explorer._update`) and lists its controls
-(:meth:`Explorer._controls`). This base class keeps the controls and the state
-in step, shows any exception raised by a callback inside the widget, and
-gives a PNG of the figure to pages rendered without a kernel.
+"""What every explorer shares: controls bound to a validated state, an error area, a static figure,
+and a :class:`Debouncer` that postpones slow work until the sliders stop moving.
 
 >>> area = ErrorArea()
 >>> area.show(ValueError("max_grad_norm=-1 is invalid"))
 >>> area.message
 'ValueError: max_grad_norm=-1 is invalid'
+>>> calls = []
+>>> d = Debouncer(calls.append, delay=0.2)
+>>> d(1); d(2)                     # no event loop here: both run at once
+>>> calls
+[1, 2]
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
-import functools
 import html
+import math
 import traceback
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 import ipywidgets
 import traitlets
+from matplotlib.figure import Figure
 
-from dpnotebook.widgets._figure import FigureHost
-from dpnotebook.widgets._style import lighten
+from dpnotebook.widgets._figure import FigureHost, lighten
 
-__all__ = ["ErrorArea", "Explorer"]
+__all__ = ["ErrorArea", "Explorer", "Debouncer", "c_slider"]
 
-F = TypeVar("F", bound=Callable[..., Any])
 S = TypeVar("S", bound=traitlets.HasTraits)  # an explorer's state class
+
+
+class Debouncer:
+    """Postpone ``fn`` until ``delay`` seconds passed without a newer call, in a running event loop
+    (a Jupyter kernel); without one, or with ``delay=0``, a call runs at once."""
+
+    def __init__(self, fn: Callable[..., Any], delay: float = 0.25) -> None:
+        if delay < 0:
+            raise ValueError(f"delay={delay!r} is invalid: it must be >= 0 seconds.")
+        self.fn = fn
+        self.delay = delay
+        self._handle: asyncio.TimerHandle | None = None
+        self._args: tuple[tuple[Any, ...], dict[str, Any]] | None = None
+
+    @property
+    def pending(self) -> bool:
+        """``True`` while a call waits to run."""
+        return self._handle is not None
+
+    def _loop(self) -> asyncio.AbstractEventLoop | None:
+        try:
+            return asyncio.get_running_loop() if self.delay > 0 else None
+        except RuntimeError:
+            return None
+
+    @property
+    def immediate(self) -> bool:
+        """``True`` when a call would run at once (no delay, or no running event loop)."""
+        return self._loop() is None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        self.cancel()
+        loop = self._loop()
+        if loop is None:
+            self.fn(*args, **kwargs)
+        else:
+            self._args = (args, kwargs)
+            self._handle = loop.call_later(self.delay, self.flush)
+
+    def cancel(self) -> None:
+        """Drop the pending call, if any."""
+        if self._handle is not None:
+            self._handle.cancel()
+        self._handle = self._args = None
+
+    def flush(self) -> None:
+        """Run the pending call now, if any."""
+        if self._args is not None:
+            args, kwargs = self._args
+            self._handle = self._args = None
+            self.fn(*args, **kwargs)
+
+
+def c_slider(max_grad_norm: float, description: str = "C", decades: float = 2) -> ipywidgets.FloatLogSlider:
+    """A log slider for C spanning ``decades`` on each side of ``max_grad_norm`` (rounded out)."""
+    lo = math.floor(math.log10(max_grad_norm)) - decades
+    return ipywidgets.FloatLogSlider(
+        base=10, min=lo, max=lo + 2 * decades, step=0.01, description=description, readout_format=".3g"
+    )
 
 
 class ErrorArea:
@@ -61,11 +120,9 @@ class ErrorArea:
 
     def clear(self) -> None:
         """Hide the message."""
-        if self.exception is not None or self.message:
-            self.exception = None
-            self.message = ""
-            self.view.value = ""
-            self.view.layout.display = "none"
+        self.exception = None
+        self.message = self.view.value = ""
+        self.view.layout.display = "none"
 
 
 def _widen(control: ipywidgets.Widget, value: Any) -> None:
@@ -75,22 +132,15 @@ def _widen(control: ipywidgets.Widget, value: Any) -> None:
     if isinstance(control, ipywidgets.FloatLogSlider):
         if value <= 0:
             return
-        import math
-
-        exponent = math.log(value, control.base)
-        if exponent > control.max:
-            control.max = math.ceil(exponent)
-        if exponent < control.min:
-            control.min = math.floor(exponent)
+        value = math.log(value, control.base)
+        control.max, control.min = max(control.max, math.ceil(value)), min(control.min, math.floor(value))
     else:
-        if value > control.max:
-            control.max = value
-        if value < control.min:
-            control.min = value
+        control.max, control.min = max(control.max, value), min(control.min, value)
 
 
 class Explorer(Generic[S]):
-    """Base class of the explorers: state + figure + controls + error area.
+    """Base class of the explorers: a subclass builds its figure once (:meth:`_build`), moves its artists
+    to show the state (:meth:`_update`) and lists its controls (:meth:`_controls`).
 
     Args:
         state: the validated state (a ``traitlets.HasTraits``).
@@ -103,22 +153,16 @@ class Explorer(Generic[S]):
         controls: the control widgets, by the name of the trait they drive.
         error: where exceptions raised in callbacks are shown.
         widget: the ``ipywidgets.VBox`` to display.
-        label: the figure's one-line summary (a ``Text``), or ``None``. Live, it is
-            shown as :attr:`caption` (HTML) above the figure; static pictures draw it.
-        caption: the ``ipywidgets.HTML`` showing :attr:`label`'s text.
+        label: the figure's one-line summary (a ``Text``), or ``None``: live it is hidden and shown
+            as :attr:`caption` (HTML) above the figure; static pictures draw it.
     """
 
     watch: tuple[str, ...] = ()
-    #: at most this many tick labels per axis (see :func:`~dpnotebook.widgets._style.lighten`)
+    #: at most this many tick labels per axis (see :func:`~dpnotebook.widgets._figure.lighten`)
     tick_bins: int = 4
 
     def __init__(
-        self,
-        state: S,
-        *,
-        figsize: tuple[float, float] = (9.0, 3.0),
-        backend: str = "auto",
-        dpi: float = 72,
+        self, state: S, *, figsize: tuple[float, float] = (9.0, 3.0), backend: str = "auto", dpi: float = 72
     ) -> None:
         self.state = state
         self.error = ErrorArea()
@@ -132,52 +176,23 @@ class Explorer(Generic[S]):
         self.host.after_layout.append(self._hide_label)
         self._update()
         self._sync_caption()
-        self.widget = ipywidgets.VBox(
-            [
-                ipywidgets.HBox(self._controls(), layout=ipywidgets.Layout(flex_flow="row wrap")),
-                self.caption,
-                self.host.view,
-                self.error.view,
-            ]
-        )
+        controls = ipywidgets.HBox(self._controls(), layout=ipywidgets.Layout(flex_flow="row wrap"))
+        self.widget = ipywidgets.VBox([controls, self.caption, self.host.view, self.error.view])
         if self.watch:
-            self.state.observe(self._on_state, names=list(self.watch))
+            self.state.observe(lambda change: self.refresh(), names=list(self.watch))
         self.host.redraw()
 
-    # -- to be provided by subclasses -----------------------------------------
-    def _build(self, fig: Any) -> None:
-        """Create the axes and artists once."""
+    def _build(self, fig: Figure) -> None:
         raise NotImplementedError
 
     def _update(self) -> None:
-        """Move the artists to show the state (no drawing)."""
         raise NotImplementedError
 
     def _controls(self) -> list[ipywidgets.Widget]:
-        """The control widgets, usually made with :meth:`bind`."""
         return []
 
-    # -- wiring -----------------------------------------------------------------
-    def guard(self, fn: F) -> F:
-        """Wrap a callback so that an exception is shown in the widget instead of lost."""
-
-        @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            try:
-                return fn(*args, **kwargs)
-            except Exception as exc:  # noqa: BLE001 - shown to the user
-                self.error.show(exc)
-                return None
-
-        return wrapper  # type: ignore[return-value]
-
-    def _on_state(self, change: dict) -> None:
-        self.refresh()
-
     def _hide_label(self) -> None:
-        # Live, the summary line is the HTML caption (text is most of a redraw's cost);
-        # the figure keeps room for it and shows it in static pictures (see _png).
-        if self.label is not None:
+        if self.label is not None:  # live, the caption shows it (text is most of a redraw's cost)
             self.label.set_visible(False)
 
     def _sync_caption(self) -> None:
@@ -205,7 +220,7 @@ class Explorer(Generic[S]):
         """Keep ``control.value`` and ``state.<name>`` equal; refused values are shown and undone."""
         self._set_control(control, getattr(self.state, name))
 
-        def on_control(change: dict) -> None:
+        def on_control(change: dict[str, Any]) -> None:
             if self._syncing:
                 return
             try:
@@ -214,17 +229,17 @@ class Explorer(Generic[S]):
                 self.error.show(exc)
                 self._set_control(control, getattr(self.state, name))
             else:
-                if not isinstance(self.error.exception, traitlets.TraitError):
-                    return
-                self.error.clear()
-
-        def on_state(change: dict) -> None:
-            self._set_control(control, change["new"])
+                if isinstance(self.error.exception, traitlets.TraitError):
+                    self.error.clear()
 
         control.observe(on_control, names="value")
-        self.state.observe(on_state, names=name)
+        self.state.observe(lambda change: self._set_control(control, change["new"]), names=name)
         self.controls[name] = control
         return control
+
+    def bind_all(self, **controls: ipywidgets.ValueWidget) -> list[ipywidgets.Widget]:
+        """:meth:`bind` each control to the trait of its keyword; the bound controls, in order."""
+        return [self.bind(name, control) for name, control in controls.items()]
 
     def set(self, **values: Any) -> None:
         """Set several state traits, then redraw once.
@@ -239,9 +254,8 @@ class Explorer(Generic[S]):
             for key, value in values.items():
                 setattr(self.state, key, value)
 
-    # -- display ----------------------------------------------------------------
     @property
-    def figure(self) -> Any:
+    def figure(self) -> Figure:
         """The matplotlib figure (created once, updated in place)."""
         return self.host.figure
 
@@ -251,8 +265,7 @@ class Explorer(Generic[S]):
 
         return Image(data=self._png(), format="png")
 
-    def _png(self) -> bytes:
-        """The figure as PNG, with the summary line drawn in it."""
+    def _png(self) -> bytes:  # with the summary line drawn in it
         if self.label is None:
             return self.host.png()
         self.host.freeze_layout()
@@ -267,7 +280,7 @@ class Explorer(Generic[S]):
     def _repr_png_(self) -> bytes:
         return self._png()
 
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict:
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
         data = dict(self.widget._repr_mimebundle_(include=include, exclude=exclude) or {})
         data["image/png"] = base64.b64encode(self._png()).decode("ascii")
         return data

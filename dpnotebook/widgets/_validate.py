@@ -1,8 +1,7 @@
-"""Refusing bad values with a message that names the argument and the value.
+"""Refusing bad values with a message that names the argument and the value (and the states' cache).
 
-Every check raises :class:`WidgetValueError`, which is both a ``ValueError``
-(what the rest of dpnotebook raises) and a ``traitlets.TraitError`` (what a
-``@validate`` handler is expected to raise).
+Every check raises :class:`WidgetValueError`, both a ``ValueError`` (what the rest of
+dpnotebook raises) and a ``traitlets.TraitError`` (what a ``@validate`` handler raises).
 
 >>> positive("max_grad_norm", 0.0)
 Traceback (most recent call last):
@@ -15,24 +14,15 @@ dpnotebook.widgets.WidgetValueError: max_grad_norm=0.0 is invalid: it must be a 
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import traitlets
 
-T = TypeVar("T")
+from dpnotebook.privacy._arguments import check_delta, check_max_grad_norm, check_noise_multiplier
 
-__all__ = [
-    "WidgetValueError",
-    "refuse",
-    "library_check",
-    "positive",
-    "non_negative",
-    "open_unit",
-    "unit_interval",
-    "int_at_least",
-    "one_of",
-]
+T = TypeVar("T")
 
 
 class WidgetValueError(traitlets.TraitError, ValueError):
@@ -66,54 +56,42 @@ def refuse(name: str, value: Any, why: str) -> None:
     raise WidgetValueError(f"{name}={value!r} is invalid: {why}")
 
 
-def _number(name: str, value: Any) -> float:
+def _number(name: str, value: Any, ok: Callable[[float], bool], why: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(float(value)):
         refuse(name, value, "it must be a real number.")
+    if not ok(float(value)):
+        refuse(name, value, why)
     return float(value)
 
 
 def positive(name: str, value: Any) -> float:
     """``value`` as a float, refused unless finite and ``> 0``."""
-    v = _number(name, value)
-    if not (v > 0 and math.isfinite(v)):
-        refuse(name, value, "it must be a number > 0.")
-    return v
+    return _number(name, value, lambda v: 0 < v < math.inf, "it must be a number > 0.")
 
 
 def non_negative(name: str, value: Any) -> float:
     """``value`` as a float, refused unless finite and ``>= 0``."""
-    v = _number(name, value)
-    if not (v >= 0 and math.isfinite(v)):
-        refuse(name, value, "it must be a number >= 0.")
-    return v
+    return _number(name, value, lambda v: 0 <= v < math.inf, "it must be a number >= 0.")
 
 
 def open_unit(name: str, value: Any) -> float:
     """``value`` as a float, refused unless ``0 < value < 1``."""
-    v = _number(name, value)
-    if not 0 < v < 1:
-        refuse(name, value, "it must lie strictly between 0 and 1.")
-    return v
+    return _number(name, value, lambda v: 0 < v < 1, "it must lie strictly between 0 and 1.")
 
 
 def unit_interval(name: str, value: Any) -> float:
     """``value`` as a float, refused unless ``0 <= value <= 1``."""
-    v = _number(name, value)
-    if not 0 <= v <= 1:
-        refuse(name, value, "it must lie between 0 and 1.")
-    return v
+    return _number(name, value, lambda v: 0 <= v <= 1, "it must lie between 0 and 1.")
 
 
 def int_at_least(name: str, value: Any, low: int, high: int | None = None) -> int:
     """``value`` as an int, refused unless ``low <= value`` (and ``<= high`` if given)."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        else:
-            refuse(name, value, "it must be an integer.")
+        refuse(name, value, "it must be an integer.")
     if value < low or (high is not None and value > high):
-        bound = f">= {low}" if high is None else f"between {low} and {high}"
-        refuse(name, value, f"it must be an integer {bound}.")
+        refuse(name, value, f"it must be an integer {f'>= {low}' if high is None else f'between {low} and {high}'}.")
     return int(value)
 
 
@@ -122,3 +100,35 @@ def one_of(name: str, value: Any, choices: Sequence[Any]) -> Any:
     if value not in choices:
         refuse(name, value, f"choose one of {list(choices)}.")
     return value
+
+
+def noisy_sigma(value: Any) -> float:
+    """``noise_multiplier`` as the library checks it, refused at 0 (epsilon would be infinite)."""
+    sigma = library_check(check_noise_multiplier, value)
+    if sigma == 0:
+        refuse("noise_multiplier", value, "without noise epsilon is infinite; use sigma > 0.")
+    return sigma
+
+
+def quiet_delta(value: Any) -> float:
+    """``delta`` as the library checks it, without its warnings (a widget shows its own note)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return library_check(check_delta, value)
+
+
+def finite_c(value: Any) -> float:
+    """``max_grad_norm`` as the library checks it, refused when infinite (the widgets draw C)."""
+    c = library_check(check_max_grad_norm, value)
+    if math.isinf(c):
+        refuse("max_grad_norm", value, "the widget needs a finite bound C.")
+    return c
+
+
+def bounded_cache(cache: dict[Any, Any], key: Any, compute: Callable[[], T], limit: int = 256) -> T:
+    """``cache[key]``, computed by ``compute()`` the first time; the cache is emptied past ``limit`` entries."""
+    if key not in cache:
+        if len(cache) > limit:
+            cache.clear()
+        cache[key] = compute()
+    return cache[key]

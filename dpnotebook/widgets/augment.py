@@ -1,7 +1,4 @@
-"""Seeded augmentations that make ``K`` copies of each sample, sample-major, for augmentation multiplicity.
-
-Copy ``k`` of sample ``i`` is the same for every ``K > k``: the ``K``-copy
-batch extends the ``(K-1)``-copy one, so curves against ``K`` are smooth.
+"""Seeded augmentations: ``K`` copies of each sample, sample-major; copy ``k`` is the same for every ``K > k``.
 
 >>> import torch
 >>> x = torch.zeros(2, 3)
@@ -29,7 +26,6 @@ def _copy(x: Tensor, k: int, kind: str, strength: float, seed: int) -> Tensor:
     gen = torch.Generator().manual_seed(seed * 100_003 + k)
     if kind == "noise":
         return x + strength * torch.randn(x.shape, generator=gen, dtype=x.dtype)
-    # shift: roll each image by a random whole number of pixels in the last two dims
     s = int(round(strength))
     shifts = torch.randint(-s, s + 1, (x.shape[0], 2), generator=gen)
     return torch.stack(
@@ -43,13 +39,13 @@ def augment_copies(x: Tensor, K: int, *, kind: str = "noise", strength: float = 
     Args:
         x: ``B`` samples, ``[B, ...]``.
         K: copies per sample (>= 1).
-        kind: ``"noise"`` (add Gaussian noise of std ``strength``) or ``"shift"``
-            (roll images ``[B, ..., H, W]`` by up to ``strength`` pixels each way).
+        kind: ``"noise"`` (Gaussian noise of std ``strength``) or ``"shift"`` (roll images
+            ``[B, ..., H, W]`` by up to ``strength`` pixels each way).
         strength: the noise std, or the largest shift in pixels.
         seed: copies are seeded by ``(seed, copy index)``.
 
     Returns:
-        A tensor ``[B*K, ...]`` whose rows ``i*K .. i*K+K-1`` are the copies of sample ``i``.
+        ``[B*K, ...]``: rows ``i*K .. i*K+K-1`` are the copies of sample ``i``.
     """
     K = check_k(K)
     one_of("kind", kind, AUGMENTATIONS)

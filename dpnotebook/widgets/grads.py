@@ -28,56 +28,39 @@ __all__ = ["run_mode", "compute_grad_samples", "flatten_grad_samples", "as_grad_
 #: Inputs with at most this many numbers are computed on one thread (see :func:`few_threads`).
 SMALL_INPUT = 200_000
 
+LossFn = Callable[[Tensor, Tensor], Tensor]
+
 
 @contextlib.contextmanager
 def few_threads(small: bool = True) -> Iterator[None]:
-    """Run the block on one intra-op thread if ``small``, then restore the thread count.
-
-    For teaching-sized batches, waking a second thread costs more than the work
-    itself, badly so on a busy 2-core Binder machine (measured: 25 ms instead of 2 ms).
-    """
-    if not small:
-        yield
-        return
+    """Run the block on one intra-op thread if ``small`` (waking a second costs more than tiny work)."""
     before = torch.get_num_threads()
-    torch.set_num_threads(1)
+    if small:
+        torch.set_num_threads(1)
     try:
         yield
     finally:
         torch.set_num_threads(before)
 
 
-LossFn = Callable[[Tensor, Tensor], Tensor]
-
-
 def run_mode(
-    model: nn.Module,
-    inputs: Tensor,
-    targets: Tensor,
-    loss_fn: LossFn,
-    *,
-    mode: str = "hooks",
-    K: int = 1,
+    model: nn.Module, inputs: Tensor, targets: Tensor, loss_fn: LossFn, *, mode: str = "hooks", K: int = 1
 ) -> dict[str, Tensor] | Tensor:
     """One forward and backward pass in grad-sample ``mode``; what the mode computed.
 
-    The model is wrapped with :func:`dpnotebook.wrap_model` and unwrapped again,
-    and its ``.grad`` are cleared, so it is left as it was. The result is read
-    with :func:`dpnotebook.compare.mode_result`, as :func:`dpnotebook.compare.compare_modes` does.
+    The model is wrapped with :func:`dpnotebook.wrap_model` and unwrapped again, its ``.grad`` cleared.
 
     Args:
-        model: a plain ``nn.Module`` (or a :class:`~dpnotebook.GradSampleModule`, used as
-            is with its own ``K``).
-        inputs: ``B*K`` rows, sample-major (the ``K`` copies of sample ``i`` are rows ``i*K .. i*K+K-1``).
+        model: a plain ``nn.Module`` (or a :class:`~dpnotebook.GradSampleModule`, used as is with its own ``K``).
+        inputs: ``B*K`` rows, sample-major (the copies of sample ``i`` are rows ``i*K .. i*K+K-1``).
         targets: ``B`` targets (repeated ``K`` times for the copies) or ``B*K`` targets.
         loss_fn: ``loss_fn(output, targets)`` averaged over rows.
         mode: a grad-sample mode (:func:`dpnotebook.available_modes`).
         K: augmentation multiplicity.
 
     Returns:
-        ``{name: [B, *p.shape]}`` for every trainable parameter, or, for a mode that
-        computes the norms without forming per-sample gradients (``"ghost"``), each
-        sample's total gradient norm ``[B]`` (detached copies either way).
+        ``{name: [B, *p.shape]}`` for every trainable parameter, or, for a mode that computes
+        norms only (``"ghost"``), each sample's total gradient norm ``[B]`` (detached copies).
 
     Raises:
         GradSampleError: the mode left a parameter without a per-sample gradient.
@@ -90,15 +73,14 @@ def run_mode(
     try:
         wrapped.zero_grad()
         with few_threads(inputs.numel() <= SMALL_INPUT):
-            loss = loss_fn(wrapped(inputs), targets)
-            loss.backward()
+            loss_fn(wrapped(inputs), targets).backward()
         result = mode_result(wrapped, model if given is None else given._module)
         if isinstance(result, Tensor):
             return result.detach().clone()
         missing = [name for name, g in result.items() if g is None]
         if missing:
             raise GradSampleError(f"grad_sample_mode={mode!r} left no per-sample gradient for {missing}.")
-        return {name: g.detach().clone() for name, g in result.items() if g is not None}  # none is None now
+        return {name: g.detach().clone() for name, g in result.items() if g is not None}
     finally:
         if given is None:
             cast(Unwrappable, wrapped).to_standard_module()  # every mode's wrapper has it
@@ -108,13 +90,7 @@ def run_mode(
 
 
 def compute_grad_samples(
-    model: nn.Module,
-    inputs: Tensor,
-    targets: Tensor,
-    loss_fn: LossFn,
-    *,
-    mode: str = "hooks",
-    K: int = 1,
+    model: nn.Module, inputs: Tensor, targets: Tensor, loss_fn: LossFn, *, mode: str = "hooks", K: int = 1
 ) -> dict[str, Tensor]:
     """Each sample's gradient by parameter name, ``{name: [B, *p.shape]}``, from :func:`run_mode`.
 

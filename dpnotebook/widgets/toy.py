@@ -1,8 +1,4 @@
-"""A 2-D toy problem: logistic regression in the plane, seeded and generated in code.
-
-Its weight has two entries, so each per-sample gradient is an arrow in the
-plane and clipping is a ball you can see. Per-sample gradients come from the
-same :class:`~dpnotebook.GradSampleModule` that trains real models.
+"""A 2-D toy problem: logistic regression in the plane, seeded, so each per-sample gradient is an arrow.
 
 >>> toy = make_toy(n=8, seed=0)
 >>> toy.x.shape, toy.y.shape
@@ -13,7 +9,7 @@ torch.Size([8, 1, 2])
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -40,8 +36,7 @@ def make_blobs(
         seed: the random seed; the same seed gives the same points.
         separation: distance of each blob's centre from the origin.
         spread: standard deviation of each blob.
-        outliers: how many of the ``n`` points are pushed far out with the wrong label
-            (they have large gradients, which clipping tames).
+        outliers: how many points are pushed far out with the wrong label (large gradients).
 
     Returns:
         ``(x, y)``: ``x`` float32 ``[n, 2]``, ``y`` float32 ``[n]`` of 0s and 1s.
@@ -76,14 +71,7 @@ class ToyMLP(nn.Sequential):
 
 @dataclass
 class ToyProblem:
-    """Data, a model and a loss, ready for per-sample gradients.
-
-    Attributes:
-        x: inputs ``[n, 2]``.
-        y: 0/1 labels ``[n]``.
-        model: the model; by default ``nn.Linear(2, 1, bias=False)`` (logistic regression).
-        loss_fn: ``loss_fn(model(x), y)``, averaged over rows.
-    """
+    """Inputs ``x [n, 2]``, 0/1 labels ``y [n]``, a model and an averaged ``loss_fn(model(x), y)``."""
 
     x: Tensor
     y: Tensor
@@ -108,8 +96,7 @@ def make_toy(
     Args:
         n: number of points.
         seed: the random seed of the data.
-        weight: the model's weight (the point where gradients are taken); a poor
-            one on purpose, so gradients are large and varied.
+        weight: the model's weight (where gradients are taken); poor on purpose, so gradients vary.
         outliers: far, mislabelled points (see :func:`make_blobs`).
         model: use this model instead of logistic regression (e.g. :class:`ToyMLP`).
     """
@@ -119,3 +106,21 @@ def make_toy(
         with torch.no_grad():
             model.weight.copy_(torch.tensor([list(weight)], dtype=torch.float32))
     return ToyProblem(x=x, y=y, model=model)
+
+
+def grad_samples_of(
+    model: nn.Module | None,
+    batch: tuple[Tensor, Tensor] | None,
+    loss_fn: LossFn | None,
+    grad_samples: Mapping[str, Tensor] | list[Tensor] | None,
+    toy: ToyProblem | None,
+    n: int = 64,
+) -> Mapping[str, Tensor] | list[Tensor]:
+    """The explorers' per-sample gradients: ``grad_samples``, else ``model``'s on ``batch``, else the toy's."""
+    if grad_samples is not None:
+        return grad_samples
+    if model is not None:
+        if batch is None or loss_fn is None:
+            raise ValueError("model given without batch=(inputs, targets) and loss_fn: pass all three.")
+        return compute_grad_samples(model, batch[0], batch[1], loss_fn)
+    return (toy if toy is not None else make_toy(n)).grad_samples()

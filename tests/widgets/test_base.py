@@ -10,8 +10,7 @@ import matplotlib.pyplot as plt
 import pytest
 import traitlets
 
-from dpnotebook.widgets._debounce import Debouncer
-from dpnotebook.widgets._explorer import ErrorArea, Explorer
+from dpnotebook.widgets._explorer import Debouncer, ErrorArea, Explorer
 from dpnotebook.widgets._figure import FigureHost
 from dpnotebook.widgets._validate import (
     WidgetValueError,

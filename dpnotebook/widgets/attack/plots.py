@@ -56,18 +56,17 @@ def _area(x: np.ndarray, y: np.ndarray, threshold: float) -> np.ndarray:
 def draw_densities(
     ax: Axes, x: np.ndarray, density_out: np.ndarray, density_in: np.ndarray, *, threshold: float
 ) -> DensityArtists:
-    """The output's density without (``D``, blue) and with (``D'``, red) the record; shaded: where the attacker
-    says 'in' (the blue area is the FPR, the red one the TPR). No legend: text is most of a redraw's cost."""
-    (out_line,) = ax.plot(x, density_out, color="C0", label="without the record (D)")
-    (in_line,) = ax.plot(x, density_in, color="C3", label="with it (D')")
-    fpr_area = PolyCollection([_area(x, density_out, threshold)], color="C0", alpha=0.25, lw=0)
-    tpr_area = PolyCollection([_area(x, density_in, threshold)], color="C3", alpha=0.25, lw=0)
-    ax.add_collection(fpr_area)
-    ax.add_collection(tpr_area)
+    """The output's density without (``D``, blue) and with (``D'``, red) the record; shaded: where the
+    attacker says 'in' (the blue area is the FPR, the red one the TPR)."""
+    (out_line,) = ax.plot([], [], color="C0", label="without the record (D)")
+    (in_line,) = ax.plot([], [], color="C3", label="with it (D')")
+    areas = [PolyCollection([], color=color, alpha=0.25, lw=0) for color in ("C0", "C3")]
+    for area in areas:
+        ax.add_collection(area)
     threshold_line = ax.axvline(threshold, color="k", ls="--", lw=1)
     ax.set_xlabel("mechanism output")
     ax.set_ylabel("density")
-    art = DensityArtists(ax, out_line, in_line, threshold_line, fpr_area, tpr_area)
+    art = DensityArtists(ax, out_line, in_line, threshold_line, *areas)
     update_densities(art, x, density_out, density_in, threshold=threshold)
     return art
 
@@ -121,7 +120,7 @@ def update_tradeoff(
 
 @dataclass
 class RocArtists:
-    """One ROC line per attack, and the selected attack's (epsilon, delta) bound."""
+    """One ROC line per attack, the selected attack's (epsilon, delta) bound and exact trade-off curve."""
 
     ax: Axes
     lines: dict[str, Line2D]
@@ -129,12 +128,8 @@ class RocArtists:
     curve: Line2D
 
 
-def _floor(values: np.ndarray, floor: float) -> np.ndarray:
-    return np.maximum(values, floor)
-
-
-def _or_nan(values: np.ndarray | None, like: np.ndarray, floor: float) -> np.ndarray:
-    return np.full_like(like, np.nan) if values is None else _floor(values, floor)
+def _floored(values: np.ndarray | None, like: np.ndarray, floor: float) -> np.ndarray:
+    return np.full_like(like, np.nan) if values is None else np.maximum(values, floor)
 
 
 def draw_rocs(
@@ -148,15 +143,14 @@ def draw_rocs(
     floor: float = 1e-3,
 ) -> RocArtists:
     """Real attacks' ROC curves on log-log axes (low FPR is where an attack matters): the selected one
-    thick and coloured, the others thin and grey, and the bound the selected model's epsilon allows
-    (dashed), and its target's exact trade-off curve if known (green). Rates below ``floor`` are drawn at it. No legend (text is most of a redraw's cost): the
-    caller names the selected attack in the title."""
+    red, the others grey, with the bound of its model's epsilon (dashed) and its target's exact trade-off
+    curve if known (green). Rates below ``floor`` are drawn at it. No legend (text is costly to redraw)."""
     ax.plot([floor, 1], [floor, 1], color="0.8", lw=1)
     lines = {}
     for label, (fpr, tpr) in rocs.items():
-        (lines[label],) = ax.plot(_floor(fpr, floor), _floor(tpr, floor), label=label, drawstyle="steps-post")
-    (bound_line,) = ax.plot(fpr_grid, _or_nan(bound, fpr_grid, floor), color="k", ls="--", lw=1)
-    (curve_line,) = ax.plot(fpr_grid, _or_nan(curve, fpr_grid, floor), color="C2", lw=1.5)
+        (lines[label],) = ax.plot(_floored(fpr, fpr, floor), _floored(tpr, tpr, floor), label=label, ds="steps-post")
+    (bound_line,) = ax.plot([], [], color="k", ls="--", lw=1)
+    (curve_line,) = ax.plot([], [], color="C2", lw=1.5)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(floor, 1)
@@ -179,8 +173,7 @@ def update_rocs(
 ) -> None:
     """Colour and thicken the selected attack's line, grey the others, and draw its bound and curve."""
     for label, line in art.lines.items():
-        line.set_linewidth(2.5 if label == selected else 1.0)
-        line.set_color("C3" if label == selected else "0.6")
-        line.set_zorder(3 if label == selected else 2)
-    art.bound.set_data(fpr_grid, _or_nan(bound, fpr_grid, floor))
-    art.curve.set_data(fpr_grid, _or_nan(curve, fpr_grid, floor))
+        on = label == selected
+        line.set(linewidth=2.5 if on else 1.0, color="C3" if on else "0.6", zorder=3 if on else 2)
+    art.bound.set_data(fpr_grid, _floored(bound, fpr_grid, floor))
+    art.curve.set_data(fpr_grid, _floored(curve, fpr_grid, floor))

@@ -1,13 +1,10 @@
 """The attack explorer's state: the Gaussian mechanism, an attacker's threshold, and real attacks.
 
-The mechanism answers a query of sensitivity 1 with Gaussian noise of std ``sigma``: on the
-dataset without the record the output is ``N(0, sigma^2)``, with it ``N(1, sigma^2)``. The
-attacker says "the record is in" when the output is at least ``threshold``; that gives one
-point ``(FPR, TPR)`` on the trade-off curve ``mu = 1 / sigma``
-(:func:`~dpnotebook.audit.gaussian_tpr`), which lies under the
-``(epsilon, delta)`` bound (:func:`~dpnotebook.audit.dp_tpr_bound`) for the mechanism's
-epsilon at ``delta``. ``attacks`` holds ROC curves of real attacks, each with the epsilon
-its model was trained at.
+The mechanism adds noise of std ``sigma`` to a query of sensitivity 1: without the record the
+output is ``N(0, sigma^2)``, with it ``N(1, sigma^2)``. Saying "in" when the output is at least
+``threshold`` gives one point ``(FPR, TPR)`` on the trade-off curve of ``mu = 1 / sigma``
+(:func:`~dpnotebook.audit.gaussian_tpr`), under the ``(epsilon, delta)`` bound
+(:func:`~dpnotebook.audit.dp_tpr_bound`). ``attacks`` holds real attacks' ROC curves and epsilons.
 
 >>> s = AttackState(noise_multiplier=1.0, threshold=0.5)
 >>> v = s.view()
@@ -25,18 +22,16 @@ from __future__ import annotations
 
 import functools
 import math
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import traitlets
 from scipy.stats import norm
 
 from dpnotebook.audit import AttackROC, dp_tpr_bound, gaussian_epsilon, gaussian_tpr
-from dpnotebook.privacy._arguments import check_delta, check_noise_multiplier
-from dpnotebook.widgets._validate import library_check, one_of, refuse
+from dpnotebook.widgets._validate import noisy_sigma, one_of, quiet_delta, refuse
 
 if TYPE_CHECKING:
     from dpnotebook.audit import AuditedRun
@@ -117,10 +112,9 @@ def simulated_attacks(
 def attacks_from_runs(runs: Mapping[str, AuditedRun], *, records: str = "canaries") -> dict[str, Attack]:
     """``{label: Attack}`` from ``{label: AuditedRun}`` (:func:`~dpnotebook.audit.audited_digits_run`).
 
-    The ROC is the run's loss attack on its canaries (``records="canaries"``: the records a model
-    can only fit by memorising them) or on its digits (``"digits"``); the epsilon is the accountant's; the curve
-    of a private run is its trade-off curve from the privacy loss distribution
-    (:func:`~dpnotebook.audit.pld_tpr`, about 0.2 s a run).
+    The ROC is the run's loss attack on its canaries (``records="canaries"``) or its digits (``"digits"``),
+    the epsilon the accountant's, the curve of a private run its exact trade-off curve
+    (:func:`~dpnotebook.audit.pld_tpr`).
     """
     from dpnotebook.audit import pld_tpr
 
@@ -163,29 +157,25 @@ class AttackState(traitlets.HasTraits):
         super().__init__(**values)
 
     @traitlets.validate("noise_multiplier")
-    def _check_sigma(self, proposal: dict) -> float:
-        sigma = library_check(check_noise_multiplier, proposal["value"])
-        if sigma == 0:
-            refuse("noise_multiplier", proposal["value"], "without noise epsilon is infinite; use sigma > 0.")
+    def _check_sigma(self, proposal: dict[str, Any]) -> float:
+        sigma = noisy_sigma(proposal["value"])
         if sigma > 100:
             refuse("noise_multiplier", proposal["value"], "use sigma <= 100 (the curves are then the diagonal).")
         return sigma
 
     @traitlets.validate("threshold")
-    def _check_threshold(self, proposal: dict) -> float:
+    def _check_threshold(self, proposal: dict[str, Any]) -> float:
         t = proposal["value"]
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
             refuse("threshold", t, "it must be a finite number (the output value above which the attacker says 'in').")
         return float(t)
 
     @traitlets.validate("delta")
-    def _check_delta(self, proposal: dict) -> float:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return library_check(check_delta, proposal["value"])
+    def _check_delta(self, proposal: dict[str, Any]) -> float:
+        return quiet_delta(proposal["value"])
 
     @traitlets.validate("selected")
-    def _check_selected(self, proposal: dict) -> str:
+    def _check_selected(self, proposal: dict[str, Any]) -> str:
         if not self.attacks:
             if proposal["value"]:
                 refuse("selected", proposal["value"], "no attacks were given.")

@@ -25,16 +25,13 @@ __all__ = ["PrivacyAttackExplorer"]
 
 
 class PrivacyAttackExplorer(Explorer[AttackState]):
-    """Left: the Gaussian mechanism's output with and without one record, and an attacker's
-    threshold. Middle: the attacker's (FPR, TPR) on the trade-off curve, under the bound
-    ``TPR <= e^eps FPR + delta`` of the mechanism's epsilon. Right: real attacks' ROC curves
-    (log-log); the selected one in red, with the best any attack can do against its target (green,
-    when known) and the bound of its target's epsilon (dashed).
+    """The Gaussian mechanism's output with and without one record and an attacker's threshold; the
+    attacker's (FPR, TPR) on the trade-off curve under ``TPR <= e^eps FPR + delta``; real attacks' ROC
+    curves (log-log), the selected one red with its target's best attacks (green) and bound (dashed).
 
     Args:
-        attacks: ``{label: Attack}`` (e.g. from
-            :func:`~dpnotebook.widgets.attack.state.attacks_from_runs`); by default attacks on
-            the Gaussian mechanism at sigma 0.5, 1 and 2 (:func:`~dpnotebook.widgets.attack.state.simulated_attacks`).
+        attacks: ``{label: Attack}`` (e.g. :func:`~dpnotebook.widgets.attack.state.attacks_from_runs`);
+            default: :func:`~dpnotebook.widgets.attack.state.simulated_attacks` at sigma 0.5, 1 and 2.
         noise_multiplier, threshold, delta, selected: see :class:`AttackState`.
         backend: see :class:`~dpnotebook.widgets._figure.FigureHost`.
     """
@@ -77,14 +74,12 @@ class PrivacyAttackExplorer(Explorer[AttackState]):
         eps = s.attacks[s.selected].epsilon
         return f"{s.selected} (eps {'inf' if math.isinf(eps) else f'{eps:.3g}'}): attack red, best green"
 
-    def _rocs(self) -> dict:
+    def _rocs(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         # each ROC read at FPR_GRID (the best TPR at FPR <= each grid point): ~200 points a line, not thousands
-        s: AttackState = self.state
-        rocs = {}
-        for label, a in s.attacks.items():
-            index = np.searchsorted(a.roc.fpr, FPR_GRID + 1e-12, side="right") - 1
-            rocs[label] = (FPR_GRID, a.roc.tpr[index])
-        return rocs
+        index = {
+            k: np.searchsorted(a.roc.fpr, FPR_GRID + 1e-12, side="right") - 1 for k, a in self.state.attacks.items()
+        }
+        return {k: (FPR_GRID, self.state.attacks[k].roc.tpr[i]) for k, i in index.items()}
 
     def _build(self, fig: Any) -> None:
         s: AttackState = self.state
@@ -110,12 +105,14 @@ class PrivacyAttackExplorer(Explorer[AttackState]):
         self.label.set_text(self._text(v))
 
     def _controls(self) -> list[ipywidgets.Widget]:
-        s: AttackState = self.state
-        sigma = ipywidgets.FloatLogSlider(base=10, min=-1, max=1, step=0.01, description="sigma", readout_format=".3g")
-        threshold = ipywidgets.FloatSlider(min=-3.0, max=4.0, step=0.01, description="threshold")
-        delta = ipywidgets.FloatLogSlider(base=10, min=-10, max=-1, step=0.1, description="delta", readout_format=".1e")
-        controls = [self.bind("noise_multiplier", sigma), self.bind("threshold", threshold), self.bind("delta", delta)]
-        if s.attacks:
-            attack = ipywidgets.Dropdown(options=list(s.attacks), description="attack")
-            controls.append(self.bind("selected", attack))
-        return controls
+        attacks = list(self.state.attacks)
+        return self.bind_all(
+            noise_multiplier=ipywidgets.FloatLogSlider(
+                base=10, min=-1, max=1, step=0.01, description="sigma", readout_format=".3g"
+            ),
+            threshold=ipywidgets.FloatSlider(min=-3.0, max=4.0, step=0.01, description="threshold"),
+            delta=ipywidgets.FloatLogSlider(
+                base=10, min=-10, max=-1, step=0.1, description="delta", readout_format=".1e"
+            ),
+            **({"selected": ipywidgets.Dropdown(options=attacks, description="attack")} if attacks else {}),
+        )

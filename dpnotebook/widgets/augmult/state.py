@@ -1,10 +1,8 @@
 """The augmentation-multiplicity explorer's state: K copies per sample, averaged.
 
-For every ``K`` up to ``k_max`` the per-sample gradients come from
-:class:`~dpnotebook.GradSampleModule` with that ``K`` (the mean over each
-sample's ``K`` augmented copies), twice with independent augmentations, which
-measures how much of a sample's gradient is augmentation noise:
-``variance = E ||g_i(draw a) - g_i(draw b)||^2 / 2`` shrinks like ``1/K``.
+For every ``K <= k_max``, per-sample gradients (each the mean over ``K`` copies) come from
+:class:`~dpnotebook.GradSampleModule`, twice with independent augmentations; the augmentation
+variance ``E ||g_i(draw a) - g_i(draw b)||^2 / 2`` shrinks like ``1/K``.
 
 >>> s = AugmultState(k_max=4)
 >>> s.K, len(s.table.norm)
@@ -19,10 +17,10 @@ dpnotebook.widgets.WidgetValueError: K=0 is invalid: K is the number of augmente
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import numpy as np
 import traitlets
@@ -30,15 +28,14 @@ from torch import Tensor, nn
 
 from dpnotebook.grad_sample._engine.hooks import check_k
 from dpnotebook.privacy import clip_and_sum, per_sample_norms
-from dpnotebook.privacy._arguments import check_max_grad_norm
-from dpnotebook.widgets._validate import int_at_least, library_check, refuse
+from dpnotebook.widgets._validate import bounded_cache, finite_c, int_at_least, library_check, refuse
 from dpnotebook.widgets.augment import augment_copies
-from dpnotebook.widgets.grads import compute_grad_samples, flatten_grad_samples
+from dpnotebook.widgets.grads import LossFn, compute_grad_samples, flatten_grad_samples
 from dpnotebook.widgets.toy import ToyMLP, bce_loss, make_blobs
 
 __all__ = ["AugmultTable", "AugmultState"]
 
-Augment = Callable[[Tensor, int], Tensor]
+Augment = Callable[..., Tensor]
 
 
 @dataclass
@@ -48,7 +45,7 @@ class AugmultTable:
     Attributes:
         norms: per-sample gradient norms, one ``[B]`` array per K.
         norm: mean per-sample norm per K.
-        variance: augmentation variance of a sample's gradient per K (see the module docstring).
+        variance: augmentation variance of a sample's gradient per K.
         grad_samples: the per-sample gradients per K (draw a), by parameter name.
     """
 
@@ -58,26 +55,15 @@ class AugmultTable:
     grad_samples: list[dict[str, Tensor]]
 
 
-def _stats(
-    model: nn.Module,
-    x: Tensor,
-    y: Tensor,
-    loss_fn: Callable,
-    augment: Augment,
-    k_max: int,
-    seeds: tuple[Augment, Augment],
-) -> AugmultTable:
-    norms, mean_norm, variance, grads = [], [], [], []
+def _stats(model: nn.Module, x: Tensor, y: Tensor, loss_fn: LossFn, augment: Augment, k_max: int) -> AugmultTable:
+    norms, variance, grads = [], [], []
     for k in range(1, k_max + 1):
-        ga = compute_grad_samples(model, seeds[0](x, k), y, loss_fn, K=k)
-        gb = compute_grad_samples(model, seeds[1](x, k), y, loss_fn, K=k)
-        n = per_sample_norms(ga).double().cpu().numpy()
+        ga, gb = (compute_grad_samples(model, augment(x, k, seed=seed), y, loss_fn, K=k) for seed in (0, 1))
         diff = flatten_grad_samples(ga).double() - flatten_grad_samples(gb).double()
-        norms.append(n)
-        mean_norm.append(n.mean())
+        norms.append(per_sample_norms(ga).double().cpu().numpy())
         variance.append(float((diff.pow(2).sum(1) / 2).mean()))
         grads.append(ga)
-    return AugmultTable(norms, np.array(mean_norm), np.array(variance), grads)
+    return AugmultTable(norms, np.array([n.mean() for n in norms]), np.array(variance), grads)
 
 
 class AugmultState(traitlets.HasTraits):
@@ -88,8 +74,7 @@ class AugmultState(traitlets.HasTraits):
         x: ``B`` samples (not yet augmented).
         y: their targets.
         loss_fn: ``loss_fn(output, targets)``, averaged.
-        augment: ``augment(x, K, seed) -> [B*K, ...]`` sample-major copies (default:
-            :func:`~dpnotebook.widgets.augment.augment_copies` with Gaussian noise of std 1).
+        augment: ``augment(x, K, seed) -> [B*K, ...]`` sample-major copies (default: Gaussian noise of std 1).
         k_max: the largest K offered.
         K: the starting K.
         max_grad_norm: the starting C (default: the median norm at K=1).
@@ -118,37 +103,30 @@ class AugmultState(traitlets.HasTraits):
             raise ValueError("pass x, y and loss_fn together with model.")
         self.k_max = int_at_least("k_max", k_max, 1, 64)
         augment = augment if augment is not None else partial(augment_copies, kind="noise", strength=1.0)
-        seeds = (partial(augment, seed=0), partial(augment, seed=1))
-        self.table = _stats(model, x, y, loss_fn, augment=augment, k_max=self.k_max, seeds=seeds)
+        self.table = _stats(model, x, y, loss_fn, augment, self.k_max)
         if max_grad_norm is None:
             max_grad_norm = float(np.median(self.table.norms[0])) or 1.0
         super().__init__(K=K, max_grad_norm=max_grad_norm)
         self._fractions: dict[float, np.ndarray] = {}
 
     @traitlets.validate("K")
-    def _check_k(self, proposal: dict) -> int:
+    def _check_k(self, proposal: dict[str, Any]) -> int:
         k = library_check(check_k, proposal["value"])
         if k > self.k_max:
             refuse("K", k, f"it must be <= k_max={self.k_max} (the largest K computed).")
         return k
 
     @traitlets.validate("max_grad_norm")
-    def _check_c(self, proposal: dict) -> float:
-        c = library_check(check_max_grad_norm, proposal["value"])
-        if math.isinf(c):
-            refuse("max_grad_norm", proposal["value"], "the widget needs a finite bound.")
-        return c
+    def _check_c(self, proposal: dict[str, Any]) -> float:
+        return finite_c(proposal["value"])
 
     def fractions(self) -> np.ndarray:
         """Fraction of samples clipped at the current C, for every K (cached per C)."""
         c = self.max_grad_norm
-        if c not in self._fractions:
-            if len(self._fractions) > 256:
-                self._fractions.clear()
-            self._fractions[c] = np.array(
-                [clip_and_sum(g, max_grad_norm=c).fraction_clipped for g in self.table.grad_samples]
-            )
-        return self._fractions[c]
+        grads = self.table.grad_samples
+        return bounded_cache(
+            self._fractions, c, lambda: np.array([clip_and_sum(g, max_grad_norm=c).fraction_clipped for g in grads])
+        )
 
     def norms(self) -> np.ndarray:
         """Per-sample norms at the current K."""

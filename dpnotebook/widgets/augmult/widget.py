@@ -10,14 +10,13 @@ True
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
 import ipywidgets
 from torch import Tensor, nn
 
-from dpnotebook.widgets._explorer import Explorer
+from dpnotebook.widgets._explorer import Explorer, c_slider
 from dpnotebook.widgets.augmult import plots
 from dpnotebook.widgets.augmult.state import AugmultState
 
@@ -80,6 +79,4 @@ class AugmultExplorer(Explorer[AugmultState]):
     def _controls(self) -> list[ipywidgets.Widget]:
         s: AugmultState = self.state
         k = ipywidgets.IntSlider(min=1, max=s.k_max, description="K")
-        lo = math.floor(math.log10(s.max_grad_norm)) - 2
-        c = ipywidgets.FloatLogSlider(base=10, min=lo, max=lo + 4, step=0.01, description="C", readout_format=".3g")
-        return [self.bind("K", k), self.bind("max_grad_norm", c)]
+        return [self.bind("K", k), self.bind("max_grad_norm", c_slider(s.max_grad_norm))]

@@ -31,32 +31,20 @@ class EpsilonArtists:
     target: Line2D
 
 
-def _fit(art: EpsilonArtists, epochs: np.ndarray, values: list[np.ndarray]) -> None:
-    finite = np.concatenate([v[np.isfinite(v)] for v in values] + [np.array([1e-3])])
-    art.ax.set_xlim(0, max(float(epochs[-1]), 1.0) * 1.05)
-    art.ax.set_ylim(0, float(finite.max()) * 1.15)
-
-
 def draw_epsilon_curves(
-    ax: Axes,
-    epochs: np.ndarray,
-    epsilons: np.ndarray,
-    *,
-    target_epsilon: float,
-    required: np.ndarray | None = None,
+    ax: Axes, epochs: np.ndarray, epsilons: np.ndarray, *, target_epsilon: float, required: np.ndarray | None = None
 ) -> EpsilonArtists:
     """Epsilon (y) against epochs (x): the current curve with its end marked, the curve at the
     sigma that meets the target (dashed), and the target (dotted)."""
-    (current,) = ax.plot(epochs, epsilons, marker=".", color="C0", label="epsilon at current sigma")
-    (final,) = ax.plot(epochs[-1:], epsilons[-1:], "o", color="C0", ms=9)
-    req = required if required is not None else np.full(len(epochs), np.nan)
-    (required_line,) = ax.plot(epochs, req, ls="--", color="C2", label="at the sigma needed for the target")
+    (current,) = ax.plot([], [], marker=".", color="C0", label="epsilon at current sigma")
+    (final,) = ax.plot([], [], "o", color="C0", ms=9)
+    (required_line,) = ax.plot([], [], ls="--", color="C2", label="at the sigma needed for the target")
     target = ax.axhline(target_epsilon, color="C3", ls=":", label="target epsilon")
     ax.set_xlabel("epochs")
     ax.set_ylabel("epsilon")
     ax.legend(fontsize="small", loc="upper left")
     art = EpsilonArtists(ax, current, final, required_line, target)
-    _fit(art, epochs, [epsilons, req, np.array([target_epsilon])])
+    update_epsilon_curves(art, epochs, epsilons, target_epsilon=target_epsilon, required=required)
     return art
 
 
@@ -77,4 +65,6 @@ def update_epsilon_curves(
     art.target.set_ydata([target_epsilon, target_epsilon])
     for line in (art.current, art.final, art.required):
         line.set_alpha(0.3 if pending else 1.0)
-    _fit(art, epochs, [epsilons, req, np.array([target_epsilon])])
+    finite = np.concatenate([v[np.isfinite(v)] for v in (epsilons, req, np.array([target_epsilon, 1e-3]))])
+    art.ax.set_xlim(0, max(float(epochs[-1]), 1.0) * 1.05)
+    art.ax.set_ylim(0, float(finite.max()) * 1.15)

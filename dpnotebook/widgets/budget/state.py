@@ -1,9 +1,7 @@
 """The privacy-budget explorer's state: sigma, batch and dataset size, epochs, delta, accountant.
 
-Every epsilon comes from ``dpnotebook.privacy._accounting`` (``compute_epsilon``)
-and ``dpnotebook.privacy._accounting`` (``get_noise_multiplier``); results are
-cached here and there, so moving
-back to a setting seen before costs nothing.
+Every epsilon comes from the library's ``compute_epsilon`` and ``get_noise_multiplier``; results are
+cached, so moving back to a setting seen before costs nothing.
 
 >>> s = BudgetState(noise_multiplier=1.0, batch_size=256, dataset_size=60000, epochs=5, accountant="rdp")
 >>> s.sample_rate, s.steps(5)
@@ -22,6 +20,8 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
 import numpy as np
 import traitlets
@@ -33,10 +33,12 @@ from dpnotebook.privacy import (
     steps_for_epochs,
     steps_per_epoch,
 )
-from dpnotebook.privacy._arguments import check_choice, check_delta, check_epsilon, check_noise_multiplier
-from dpnotebook.widgets._validate import int_at_least, library_check, refuse
+from dpnotebook.privacy._arguments import check_choice, check_delta, check_epsilon
+from dpnotebook.widgets._validate import bounded_cache, int_at_least, library_check, noisy_sigma, quiet_delta, refuse
 
 __all__ = ["BudgetResult", "BudgetState"]
+
+_KEY = ("noise_multiplier", "sample_rate", "epochs", "delta", "accountant", "target_epsilon", "points")
 
 
 @dataclass
@@ -47,8 +49,7 @@ class BudgetResult:
         epochs: the epochs where epsilon was computed.
         epsilons: epsilon after each of them, at the current sigma.
         epsilon: epsilon after all the epochs.
-        required_sigma: the smallest sigma whose epsilon after all the epochs is <= the
-            target (``nan`` when it cannot be found; see ``required_error``).
+        required_sigma: the smallest sigma meeting the target after all the epochs (``nan``: not found).
         required_epsilons: epsilon against ``epochs`` at ``required_sigma``.
         required_error: why ``required_sigma`` could not be found, or ``""``.
     """
@@ -86,49 +87,43 @@ class BudgetState(traitlets.HasTraits):
 
     def __init__(self, *, points: int = 8, **values: object) -> None:
         self.points = int_at_least("points", points, 2)
-        self._results: dict[tuple, BudgetResult] = {}
+        self._results: dict[tuple[Any, ...], BudgetResult] = {}
         super().__init__(**values)
 
     @traitlets.validate("noise_multiplier")
-    def _check_sigma(self, proposal: dict) -> float:
-        sigma = library_check(check_noise_multiplier, proposal["value"])
-        if sigma == 0:
-            refuse("noise_multiplier", proposal["value"], "without noise epsilon is infinite; use sigma > 0.")
-        return sigma
+    def _check_sigma(self, proposal: dict[str, Any]) -> float:
+        return noisy_sigma(proposal["value"])
 
     @traitlets.validate("batch_size")
-    def _check_batch(self, proposal: dict) -> int:
+    def _check_batch(self, proposal: dict[str, Any]) -> int:
         b = int_at_least("batch_size", proposal["value"], 1)
         if b > self.dataset_size:
             refuse("batch_size", b, f"it must be <= dataset_size={self.dataset_size}.")
         return b
 
     @traitlets.validate("dataset_size")
-    def _check_dataset(self, proposal: dict) -> int:
+    def _check_dataset(self, proposal: dict[str, Any]) -> int:
         n = int_at_least("dataset_size", proposal["value"], 1)
         if n < self.batch_size:
             refuse("dataset_size", n, f"it must be >= batch_size={self.batch_size}.")
         return n
 
     @traitlets.validate("epochs")
-    def _check_epochs(self, proposal: dict) -> int:
+    def _check_epochs(self, proposal: dict[str, Any]) -> int:
         return int_at_least("epochs", proposal["value"], 1, 10_000)
 
     @traitlets.validate("delta")
-    def _check_delta(self, proposal: dict) -> float:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return library_check(check_delta, proposal["value"])
+    def _check_delta(self, proposal: dict[str, Any]) -> float:
+        return quiet_delta(proposal["value"])
 
     @traitlets.validate("accountant")
-    def _check_accountant(self, proposal: dict) -> str:
+    def _check_accountant(self, proposal: dict[str, Any]) -> str:
         return library_check(check_choice, "accountant", proposal["value"], available_accountants())
 
     @traitlets.validate("target_epsilon")
-    def _check_target(self, proposal: dict) -> float:
+    def _check_target(self, proposal: dict[str, Any]) -> float:
         return library_check(check_epsilon, proposal["value"])
 
-    # -- derived ------------------------------------------------------------------
     @property
     def sample_rate(self) -> float:
         """q = batch_size / dataset_size."""
@@ -149,40 +144,23 @@ class BudgetState(traitlets.HasTraits):
         """The epochs where epsilon is computed (always includes 1 and ``epochs``)."""
         return np.unique(np.linspace(1, self.epochs, min(self.epochs, self.points)).round().astype(int))
 
-    def key(self) -> tuple:
-        return (
-            self.noise_multiplier,
-            self.sample_rate,
-            self.epochs,
-            self.delta,
-            self.accountant,
-            self.target_epsilon,
-            self.points,
-        )
+    def key(self) -> tuple[Any, ...]:
+        """What a result depends on."""
+        return tuple(getattr(self, name) for name in _KEY)
 
     def cached(self) -> BudgetResult | None:
         """The result for the current settings if it was computed before, else ``None``."""
         return self._results.get(self.key())
 
     def _curve(self, sigma: float, grid: np.ndarray) -> np.ndarray:
-        return np.array(
-            [
-                compute_epsilon(
-                    noise_multiplier=sigma,
-                    sample_rate=self.sample_rate,
-                    steps=self.steps(e),
-                    delta=self.delta,
-                    accountant=self.accountant,
-                )
-                for e in grid
-            ]
-        )
+        eps = partial(compute_epsilon, sample_rate=self.sample_rate, delta=self.delta, accountant=self.accountant)
+        return np.array([eps(noise_multiplier=sigma, steps=self.steps(e)) for e in grid])
 
     def compute(self) -> BudgetResult:
         """Epsilon curves and the required sigma (slow the first time: accountant calls)."""
-        key = self.key()
-        if key in self._results:
-            return self._results[key]
+        return bounded_cache(self._results, self.key(), self._compute, limit=512)
+
+    def _compute(self) -> BudgetResult:
         grid = self.epoch_grid()
         eps = self._curve(self.noise_multiplier, grid)
         error, required, required_eps = "", float("nan"), np.full(len(grid), np.nan)
@@ -197,8 +175,4 @@ class BudgetState(traitlets.HasTraits):
             required_eps = self._curve(required, grid)
         except ValueError as exc:
             error = str(exc)
-        result = BudgetResult(grid, eps, float(eps[-1]), required, required_eps, error)
-        if len(self._results) > 512:
-            self._results.clear()
-        self._results[key] = result
-        return result
+        return BudgetResult(grid, eps, float(eps[-1]), required, required_eps, error)

@@ -1,8 +1,6 @@
 """``PrivacyBudgetExplorer``: epsilon against epochs, and the sigma a target epsilon needs.
 
-Accountant calls are slow (tens of milliseconds for RDP, more for PLD), so a
-setting not seen before is computed once the sliders stop moving (debounced),
-and every result is cached.
+Accountant calls are slow, so a new setting is computed once the sliders stop moving; results are cached.
 
 >>> ex = PrivacyBudgetExplorer(accountant="rdp", epochs=3, backend="static")
 >>> before = ex.curves.current.get_ydata()[-1]
@@ -18,8 +16,7 @@ from typing import Any
 
 import ipywidgets
 
-from dpnotebook.widgets._debounce import Debouncer
-from dpnotebook.widgets._explorer import Explorer
+from dpnotebook.widgets._explorer import Debouncer, Explorer
 from dpnotebook.widgets.budget import plots
 from dpnotebook.widgets.budget.state import BudgetResult, BudgetState
 
@@ -30,9 +27,8 @@ class PrivacyBudgetExplorer(Explorer[BudgetState]):
     """Epsilon spent against epochs for sigma, batch size, dataset size, delta and accountant.
 
     Args:
-        noise_multiplier, batch_size, dataset_size, epochs, delta, accountant, target_epsilon:
-            the starting settings, see :class:`BudgetState`.
-        points: how many epochs along the curve epsilon is computed at.
+        noise_multiplier, batch_size, dataset_size, epochs, delta, accountant, target_epsilon, points:
+            see :class:`BudgetState`.
         debounce: seconds of quiet before a new setting is computed (in a kernel).
         backend: see :class:`~dpnotebook.widgets._figure.FigureHost`.
     """
@@ -108,26 +104,26 @@ class PrivacyBudgetExplorer(Explorer[BudgetState]):
         r = s.cached()
         if r is None and self.debouncer.immediate:
             r = s.compute()
+        pending = r is None
+        if pending:
+            self.debouncer()
+        else:
+            self.debouncer.cancel()
+            self._shown = r
+        shown = self._shown
+        if shown is not None:
+            plots.update_epsilon_curves(
+                self.curves,
+                shown.epochs,
+                shown.epsilons,
+                target_epsilon=s.target_epsilon,
+                required=shown.required_epsilons,
+                pending=pending,
+            )
         if r is None:
-            old = self._shown
-            if old is not None:
-                plots.update_epsilon_curves(
-                    self.curves,
-                    old.epochs,
-                    old.epsilons,
-                    target_epsilon=s.target_epsilon,
-                    required=old.required_epsilons,
-                    pending=True,
-                )
             self.label.set_text("computing epsilon ...")
             self.status.value = "<i>computing ...</i>"
-            self.debouncer()
             return
-        self.debouncer.cancel()
-        self._shown = r
-        plots.update_epsilon_curves(
-            self.curves, r.epochs, r.epsilons, target_epsilon=s.target_epsilon, required=r.required_epsilons
-        )
         self.label.set_text(self._text(r))
         note = s.delta_note()
         self.status.value = f"epsilon = <b>{r.epsilon:.3g}</b>" + (
@@ -135,23 +131,15 @@ class PrivacyBudgetExplorer(Explorer[BudgetState]):
         )
 
     def _controls(self) -> list[ipywidgets.Widget]:
-        s: BudgetState = self.state
         sigma = ipywidgets.FloatLogSlider(
             base=10, min=-1, max=1.3, step=0.01, description="sigma", readout_format=".3g"
         )
-        batch = ipywidgets.IntText(description="batch size")
-        size = ipywidgets.IntText(description="dataset size")
-        epochs = ipywidgets.IntSlider(min=1, max=max(100, s.epochs), description="epochs")
-        delta = ipywidgets.FloatText(description="delta")
-        accountant = ipywidgets.ToggleButtons(options=["rdp", "pld"], description="accountant")
-        target = ipywidgets.FloatText(description="target eps")
-        return [
-            self.bind("noise_multiplier", sigma),
-            self.bind("batch_size", batch),
-            self.bind("dataset_size", size),
-            self.bind("epochs", epochs),
-            self.bind("delta", delta),
-            self.bind("accountant", accountant),
-            self.bind("target_epsilon", target),
-            self.status,
-        ]
+        return self.bind_all(
+            noise_multiplier=sigma,
+            batch_size=ipywidgets.IntText(description="batch size"),
+            dataset_size=ipywidgets.IntText(description="dataset size"),
+            epochs=ipywidgets.IntSlider(min=1, max=max(100, self.state.epochs), description="epochs"),
+            delta=ipywidgets.FloatText(description="delta"),
+            accountant=ipywidgets.ToggleButtons(options=["rdp", "pld"], description="accountant"),
+            target_epsilon=ipywidgets.FloatText(description="target eps"),
+        ) + [self.status]

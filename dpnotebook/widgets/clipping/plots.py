@@ -24,6 +24,7 @@ from matplotlib.ticker import NullFormatter
 
 __all__ = [
     "log_bins",
+    "log_histogram_axes",
     "HistogramArtists",
     "draw_norm_histogram",
     "update_norm_histogram",
@@ -47,6 +48,16 @@ def log_bins(values: np.ndarray, num: int = 30) -> np.ndarray:
     return np.geomspace(lo, hi, num + 1)
 
 
+def log_histogram_axes(ax: Axes, edges: np.ndarray, top: float, xlabel: str) -> None:
+    """Log x over ``edges``, y from 0 to above ``top`` counts, labelled."""
+    ax.set_xscale("log")
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlim(edges[0], edges[-1])
+    ax.set_ylim(0, max(top, 1) * 1.15)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("samples")
+
+
 @dataclass
 class HistogramArtists:
     """The histogram of norms, the line at C, and an optional second histogram."""
@@ -59,23 +70,10 @@ class HistogramArtists:
 
 
 def draw_norm_histogram(
-    ax: Axes,
-    norms: np.ndarray,
-    *,
-    max_grad_norm: float,
-    layer_norms: np.ndarray | None = None,
-    bins: int = 30,
+    ax: Axes, norms: np.ndarray, *, max_grad_norm: float, layer_norms: np.ndarray | None = None, bins: int = 30
 ) -> HistogramArtists:
-    """Histogram (log x) of per-sample gradient norms with a vertical line at C.
-
-    Args:
-        ax: where to draw.
-        norms: each sample's total norm ``[B]``.
-        max_grad_norm: C.
-        layer_norms: optional ``[L, B]`` norms per layer, drawn as a second,
-            hidden histogram (shown for per-layer clipping).
-        bins: number of bins.
-    """
+    """Histogram (log x) of per-sample norms ``[B]`` with a vertical line at C; ``layer_norms``
+    ``[L, B]``, if given, make a second, hidden histogram (shown for per-layer clipping)."""
     pooled = norms if layer_norms is None else np.concatenate([norms, layer_norms.ravel()])
     edges = log_bins(pooled, bins)
     counts, _ = np.histogram(norms, edges)
@@ -88,12 +86,8 @@ def draw_norm_histogram(
         art.layer_hist = ax.stairs(counts_l, edges, color="C2", lw=1.5, label="layer norm", visible=False)
         art.layer_line = ax.axvline(max_grad_norm, color="C2", ls="--", lw=1.5, visible=False)
         top = max(top, counts_l.max())
-    ax.set_xscale("log")
-    ax.xaxis.set_minor_formatter(NullFormatter())
-    ax.set_xlim(edges[0], edges[-1])
-    ax.set_ylim(0, max(top, 1) * 1.15)
-    ax.set_xlabel("per-sample norm (red: C" + (", green: per layer)" if layer_norms is not None else ")"))
-    ax.set_ylabel("samples")
+    per_layer = ", green: per layer)" if layer_norms is not None else ")"
+    log_histogram_axes(ax, edges, top, f"per-sample norm (red: C{per_layer}")
     return art
 
 
@@ -154,10 +148,6 @@ class ArrowArtists:
     ball: Circle
 
 
-def _origin(n: int) -> np.ndarray:
-    return np.zeros(n)
-
-
 def draw_arrows(
     ax: Axes,
     vectors: np.ndarray,
@@ -170,12 +160,10 @@ def draw_arrows(
     """Per-sample gradients ``[B, 2]`` as arrows from the origin, and the clipping ball of radius C."""
     n = len(vectors)
     kw: dict[str, Any] = dict(angles="xy", scale_units="xy", scale=1, width=0.004)
-    raw = ax.quiver(_origin(n), _origin(n), vectors[:, 0], vectors[:, 1], color="0.7", **kw)
-    clip = ax.quiver(_origin(n), _origin(n), clipped[:, 0], clipped[:, 1], color="C0", alpha=0.8, **kw)
+    raw = ax.quiver(np.zeros(n), np.zeros(n), vectors[:, 0], vectors[:, 1], color="0.7", **kw)
+    clip = ax.quiver(np.zeros(n), np.zeros(n), clipped[:, 0], clipped[:, 1], color="C0", alpha=0.8, **kw)
     m = np.stack([mean, clipped_mean])
-    means = ax.quiver(
-        _origin(2), _origin(2), m[:, 0], m[:, 1], color=["k", "C3"], angles="xy", scale_units="xy", scale=1, width=0.012
-    )
+    means = ax.quiver([0, 0], [0, 0], m[:, 0], m[:, 1], color=["k", "C3"], **(kw | {"width": 0.012}))
     ball = Circle((0, 0), max_grad_norm, fill=False, color="C3", lw=2, ls="--")
     ax.add_patch(ball)
     r = float(np.abs(vectors).max()) * 1.1 if n else 1.0

@@ -1,7 +1,6 @@
 """The clipping explorer's state: a bound C, a clipping mode, and what clipping does to a batch.
 
-All the clipping is done by :func:`dpnotebook.privacy.clip_and_sum`,
-the function the optimizer uses.
+All the clipping is done by :func:`dpnotebook.privacy.clip_and_sum`, the optimizer's function.
 
 >>> import torch
 >>> g = {"w": torch.tensor([[3.0, 4.0], [0.3, 0.4]])}
@@ -20,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -27,8 +27,8 @@ import traitlets
 from torch import Tensor
 
 from dpnotebook.privacy import CLIPPING_MODES, clip_and_sum, layer_thresholds
-from dpnotebook.privacy._arguments import check_choice, check_max_grad_norm
-from dpnotebook.widgets._validate import library_check, refuse
+from dpnotebook.privacy._arguments import check_choice
+from dpnotebook.widgets._validate import bounded_cache, finite_c, library_check
 from dpnotebook.widgets.grads import as_grad_samples, flatten_grad_samples
 
 __all__ = ["ClippingStats", "ClippingState", "clipping_stats"]
@@ -71,30 +71,23 @@ class ClippingStats:
         )
 
 
-def _cosine(a: np.ndarray, b: np.ndarray) -> float:
-    na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
-    return float(a @ b / (na * nb)) if na > 0 and nb > 0 else float("nan")
-
-
 def clipping_stats(grad_samples: Mapping[str, Tensor], max_grad_norm: float, clipping: str = "flat") -> ClippingStats:
     """Clip ``grad_samples`` with :func:`~dpnotebook.privacy.clip_and_sum` and measure the bias."""
     result = clip_and_sum(grad_samples, max_grad_norm=max_grad_norm, clipping=clipping)
-    batch = result.batch_size
     mean = flatten_grad_samples(grad_samples).double().mean(0).cpu().numpy()
-    clipped_mean = torch.cat([s.flatten() for s in result.summed]).double().cpu().numpy() / batch
-    norm_mean = float(np.linalg.norm(mean))
-    threshold = max_grad_norm if clipping == "flat" else layer_thresholds(max_grad_norm, len(grad_samples))
+    clipped_mean = torch.cat([s.flatten() for s in result.summed]).double().cpu().numpy() / result.batch_size
+    na, nb = float(np.linalg.norm(clipped_mean)), float(np.linalg.norm(mean))
     return ClippingStats(
         max_grad_norm=float(max_grad_norm),
         clipping=clipping,
         fraction_clipped=result.fraction_clipped,
         mean=mean,
         clipped_mean=clipped_mean,
-        cosine=_cosine(clipped_mean, mean),
-        norm_ratio=float(np.linalg.norm(clipped_mean)) / norm_mean if norm_mean > 0 else float("nan"),
+        cosine=float(clipped_mean @ mean / (na * nb)) if na > 0 and nb > 0 else math.nan,
+        norm_ratio=na / nb if nb > 0 else math.nan,
         norms=result.norms.double().cpu().numpy(),
         factors=result.factors.double().cpu().numpy(),
-        layer_threshold=threshold,
+        layer_threshold=max_grad_norm if clipping == "flat" else layer_thresholds(max_grad_norm, len(grad_samples)),
     )
 
 
@@ -111,7 +104,11 @@ class ClippingState(traitlets.HasTraits):
     clipping = traitlets.Unicode("flat")
 
     def __init__(
-        self, grad_samples: Mapping[str, Tensor] | list, *, max_grad_norm: float | None = None, clipping: str = "flat"
+        self,
+        grad_samples: Mapping[str, Tensor] | list[Tensor],
+        *,
+        max_grad_norm: float | None = None,
+        clipping: str = "flat",
     ) -> None:
         self.grad_samples = as_grad_samples(grad_samples)
         self.norms = clipping_stats(self.grad_samples, math.inf).norms
@@ -122,15 +119,11 @@ class ClippingState(traitlets.HasTraits):
         self._curves: dict[str, dict[str, np.ndarray]] = {}
 
     @traitlets.validate("max_grad_norm")
-    def _check_c(self, proposal: dict) -> float:
-        value = proposal["value"]
-        library_check(check_max_grad_norm, value)
-        if math.isinf(value):
-            refuse("max_grad_norm", value, "the widget needs a finite bound; a large one clips nothing.")
-        return float(value)
+    def _check_c(self, proposal: dict[str, Any]) -> float:
+        return finite_c(proposal["value"])
 
     @traitlets.validate("clipping")
-    def _check_clipping(self, proposal: dict) -> str:
+    def _check_clipping(self, proposal: dict[str, Any]) -> str:
         return library_check(check_choice, "clipping", proposal["value"], CLIPPING_MODES)
 
     @property
@@ -153,22 +146,14 @@ class ClippingState(traitlets.HasTraits):
     def stats(self) -> ClippingStats:
         """:func:`clipping_stats` at the current bound and mode (cached)."""
         key = (self.max_grad_norm, self.clipping)
-        if key not in self._cache:
-            if len(self._cache) > 256:
-                self._cache.clear()
-            self._cache[key] = clipping_stats(self.grad_samples, *key)
-        return self._cache[key]
+        return bounded_cache(self._cache, key, lambda: clipping_stats(self.grad_samples, *key))
 
     def curves(self, num: int = 40) -> dict[str, np.ndarray]:
         """Fraction clipped, cosine and norm ratio against C over :meth:`norm_range` (cached per mode)."""
         if self.clipping not in self._curves:
-            lo, hi = self.norm_range()
-            grid = np.geomspace(lo, hi, num)
+            grid = np.geomspace(*self.norm_range(), num)
             rows = [clipping_stats(self.grad_samples, float(c), self.clipping) for c in grid]
-            self._curves[self.clipping] = {
-                "C": grid,
-                "fraction_clipped": np.array([r.fraction_clipped for r in rows]),
-                "cosine": np.array([r.cosine for r in rows]),
-                "norm_ratio": np.array([r.norm_ratio for r in rows]),
+            self._curves[self.clipping] = {"C": grid} | {
+                k: np.array([getattr(r, k) for r in rows]) for k in ("fraction_clipped", "cosine", "norm_ratio")
             }
         return self._curves[self.clipping]

@@ -22,12 +22,12 @@ import torch
 from torch import Tensor, nn
 
 from dpnotebook.grad_sample.samplers._contracts import flat_rows
-from dpnotebook.privacy import CLIPPING_MODES
+from dpnotebook.privacy import CLIPPING_MODES, per_layer_norms
 from dpnotebook.widgets._explorer import Explorer
 from dpnotebook.widgets.clipping import plots
 from dpnotebook.widgets.clipping.state import ClippingState, ClippingStats
-from dpnotebook.widgets.grads import compute_grad_samples, flatten_grad_samples
-from dpnotebook.widgets.toy import ToyProblem, make_toy
+from dpnotebook.widgets.grads import flatten_grad_samples
+from dpnotebook.widgets.toy import ToyProblem, grad_samples_of
 
 __all__ = ["ClippingExplorer", "clipped_vectors"]
 
@@ -45,10 +45,8 @@ def clipped_vectors(grad_samples: Mapping[str, Tensor], stats: ClippingStats) ->
 class ClippingExplorer(Explorer[ClippingState]):
     """Per-sample gradient norms, the bound C, and the bias clipping puts in the mean gradient.
 
-    Give one of: a ``model`` with a ``batch=(inputs, targets)`` and ``loss_fn``;
-    precomputed ``grad_samples`` (``{name: [B, *shape]}``); a ``toy`` problem.
-    With nothing, the 2-D logistic-regression toy is used and its gradients are
-    drawn as arrows with the clipping ball.
+    Give a ``model`` with ``batch`` and ``loss_fn``, or ``grad_samples``, or a ``toy``; with
+    nothing, the 2-D toy, whose gradients are drawn as arrows with the clipping ball.
 
     Args:
         model: a model whose per-sample gradients are computed (hooks mode).
@@ -69,26 +67,17 @@ class ClippingExplorer(Explorer[ClippingState]):
         batch: tuple[Tensor, Tensor] | None = None,
         loss_fn: Callable[[Tensor, Tensor], Tensor] | None = None,
         *,
-        grad_samples: Mapping[str, Tensor] | list | None = None,
+        grad_samples: Mapping[str, Tensor] | list[Tensor] | None = None,
         toy: ToyProblem | None = None,
         max_grad_norm: float | None = None,
         clipping: str = "flat",
         backend: str = "auto",
     ) -> None:
-        if grad_samples is None:
-            if model is not None:
-                if batch is None or loss_fn is None:
-                    raise ValueError("model given without batch=(inputs, targets) and loss_fn: pass all three.")
-                grad_samples = compute_grad_samples(model, batch[0], batch[1], loss_fn)
-            else:
-                toy = toy if toy is not None else make_toy()
-                grad_samples = toy.grad_samples()
-        state = ClippingState(grad_samples, max_grad_norm=max_grad_norm, clipping=clipping)
+        grads = grad_samples_of(model, batch, loss_fn, grad_samples, toy)
+        state = ClippingState(grads, max_grad_norm=max_grad_norm, clipping=clipping)
         self._vectors = flatten_grad_samples(state.grad_samples).double().cpu().numpy()
-        two_d = state.is_2d
-        super().__init__(state, figsize=(12.0, 3.6) if two_d else (9.0, 3.4), backend=backend)
+        super().__init__(state, figsize=(12.0, 3.6) if state.is_2d else (9.0, 3.4), backend=backend)
 
-    # -- figure -----------------------------------------------------------------
     def _build(self, fig: Any) -> None:
         s: ClippingState = self.state
         stats = s.stats()
@@ -105,8 +94,6 @@ class ClippingExplorer(Explorer[ClippingState]):
             )
         layer_norms = None
         if s.num_layers > 1:
-            from dpnotebook.privacy import per_layer_norms
-
             layer_norms = per_layer_norms(s.grad_samples).double().cpu().numpy()
         self.hist = plots.draw_norm_histogram(axes[-2], s.norms, max_grad_norm=s.max_grad_norm, layer_norms=layer_norms)
         self.curves = plots.draw_bias_curves(axes[-1], s.curves(), max_grad_norm=s.max_grad_norm)
@@ -138,13 +125,7 @@ class ClippingExplorer(Explorer[ClippingState]):
     def _controls(self) -> list[ipywidgets.Widget]:
         lo, hi = self.state.norm_range()
         slider = ipywidgets.FloatLogSlider(
-            base=10,
-            min=math.log10(lo),
-            max=math.log10(hi),
-            step=0.01,
-            description="C",
-            readout_format=".3g",
-            continuous_update=True,
+            base=10, min=math.log10(lo), max=math.log10(hi), step=0.01, description="C", readout_format=".3g"
         )
         mode = ipywidgets.ToggleButtons(options=list(CLIPPING_MODES), description="clipping")
         return [self.bind("max_grad_norm", slider), self.bind("clipping", mode)]

@@ -34,9 +34,8 @@ __all__ = [
 
 
 def gradient_image(g: np.ndarray) -> np.ndarray:
-    """A 2-D picture of one gradient: a matrix as is, a vector as one row, convolution
-    filters ``[out, in, *kernel]`` as a mosaic (rows: output channels, columns: input channels)
-    separated by NaN gaps."""
+    """A 2-D picture of one gradient: a matrix as is, a vector as one row, convolution filters
+    ``[out, in, *kernel]`` as a mosaic (rows: output channels) separated by NaN gaps."""
     g = np.asarray(g, dtype=float)
     if g.ndim <= 1:
         return g.reshape(1, -1)
@@ -101,10 +100,8 @@ def update_gradient(art: GradientArtists, g: np.ndarray, *, title: str | None = 
 
 @dataclass
 class NormArtists:
-    """One line of per-sample norms per layer, the selected sample's line and marker.
-
-    The title names the highlighted layer (a legend of every layer costs more to draw
-    than the rest of the figure)."""
+    """One line of per-sample norms per layer, the selected sample's line and marker (the title names
+    the highlighted layer: a legend costs more to draw than the rest)."""
 
     ax: Axes
     lines: list[Line2D]

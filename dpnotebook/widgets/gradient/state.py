@@ -1,7 +1,5 @@
-"""The gradient explorer's state: per-sample gradients of one batch in every grad-sample mode.
-
-Every mode of :func:`dpnotebook.available_modes` is run once on the batch; a
-mode that fails keeps its error text, to be shown instead of its gradients.
+"""The gradient explorer's state: per-sample gradients of one batch in every grad-sample mode (a failing
+mode keeps its error text, shown instead of its gradients).
 
 >>> import torch
 >>> from torch import nn
@@ -18,6 +16,7 @@ dpnotebook.widgets.WidgetValueError: sample=9 is invalid: it must be an integer 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch  # noqa: F401  (the doctests use it)
@@ -50,11 +49,8 @@ def grad_samples_by_mode(
     loss_fn: Callable[[Tensor, Tensor], Tensor],
     modes: Sequence[str] | None = None,
 ) -> tuple[dict[str, dict[str, Tensor]], dict[str, Tensor], dict[str, str]]:
-    """Per-sample gradients in each mode, the norms of modes that compute only norms, and errors.
-
-    Each mode runs once through :func:`~dpnotebook.widgets.grads.run_mode`, which reads
-    its result with :func:`dpnotebook.compare.mode_result`. (To measure modes against
-    the float64 oracle, with timings, see :func:`dpnotebook.compare.compare_modes`.)
+    """Per-sample gradients in each mode (one :func:`~dpnotebook.widgets.grads.run_mode` each), the norms
+    of modes that compute only norms, and errors (against the float64 oracle: :func:`dpnotebook.compare.compare_modes`).
 
     Returns:
         ``(grads, norms_only, errors)``: ``grads[mode][param_name]`` is ``[B, *shape]``;
@@ -120,25 +116,21 @@ class GradientState(traitlets.HasTraits):
         super().__init__(layer=self.layers[0], sample=0, mode=self.reference)
 
     @traitlets.validate("layer")
-    def _check_layer(self, proposal: dict) -> str:
+    def _check_layer(self, proposal: dict[str, Any]) -> str:
         return one_of("layer", proposal["value"], self.layers)
 
     @traitlets.validate("sample")
-    def _check_sample(self, proposal: dict) -> int:
+    def _check_sample(self, proposal: dict[str, Any]) -> int:
         return int_at_least("sample", proposal["value"], 0, self.batch_size - 1)
 
     @traitlets.validate("mode")
-    def _check_mode(self, proposal: dict) -> str:
+    def _check_mode(self, proposal: dict[str, Any]) -> str:
         mode = proposal["value"]
         if mode in self.errors:
             refuse("mode", mode, f"this mode failed on the model: {self.errors[mode]}")
         if mode in self.norms_only:
-            refuse(
-                "mode",
-                mode,
-                "this mode computes per-sample gradient norms without forming the gradients "
-                "(the table compares its norms); pick another mode to see gradients.",
-            )
+            why = "this mode computes per-sample gradient norms without forming the gradients; pick another mode."
+            refuse("mode", mode, why)
         return one_of("mode", mode, list(self.grads))
 
     def layer_norms(self) -> np.ndarray:
@@ -153,14 +145,12 @@ class GradientState(traitlets.HasTraits):
 
     def comparison_rows(self) -> list[tuple[str, str]]:
         """``(mode, "max |difference| vs reference" or the error)`` for each mode."""
-        rows = []
-        for mode in self.modes:
+
+        def row(mode: str) -> str:
             if mode in self.errors:
-                rows.append((mode, f"failed: {self.errors[mode]}"))
-            elif mode in self.norms_only:
-                rows.append((mode, f"norms only: max |norm difference| = {self.norm_differences[mode]:.2e}"))
-            elif mode == self.reference:
-                rows.append((mode, "reference"))
-            else:
-                rows.append((mode, f"max |difference| = {self.differences[mode]:.2e}"))
-        return rows
+                return f"failed: {self.errors[mode]}"
+            if mode in self.norms_only:
+                return f"norms only: max |norm difference| = {self.norm_differences[mode]:.2e}"
+            return "reference" if mode == self.reference else f"max |difference| = {self.differences[mode]:.2e}"
+
+        return [(mode, row(mode)) for mode in self.modes]

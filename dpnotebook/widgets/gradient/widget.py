@@ -30,8 +30,8 @@ __all__ = ["GradientExplorer"]
 
 
 class GradientExplorer(Explorer[GradientState]):
-    """Norms of every sample's gradient per layer; one sample's gradient as a heatmap;
-    the grad-sample modes side by side with their largest difference.
+    """Norms of every sample's gradient per layer, one sample's gradient as a heatmap, and the
+    grad-sample modes side by side with their largest difference.
 
     Args:
         model: the model (it is wrapped and unwrapped again, not changed).
@@ -87,4 +87,4 @@ class GradientExplorer(Explorer[GradientState]):
         layer = ipywidgets.Dropdown(options=s.layers, description="layer")
         sample = ipywidgets.IntSlider(min=0, max=s.batch_size - 1, description="sample")
         mode = ipywidgets.ToggleButtons(options=s.modes, description="mode")
-        return [self.bind("layer", layer), self.bind("sample", sample), self.bind("mode", mode), self.table]
+        return [*self.bind_all(layer=layer, sample=sample, mode=mode), self.table]

@@ -20,17 +20,12 @@ from typing import Any
 
 import traitlets
 
-from dpnotebook.widgets._validate import int_at_least, non_negative, refuse, unit_interval
+from dpnotebook.widgets._validate import int_at_least, non_negative, positive, refuse, unit_interval
 
 __all__ = ["METRICS", "MonitorState"]
 
 #: The metrics a monitor plots, in order, with their axis titles.
-METRICS = {
-    "loss": "loss",
-    "accuracy": "accuracy",
-    "epsilon": "epsilon spent",
-    "clip_fraction": "fraction clipped",
-}
+METRICS = {"loss": "loss", "accuracy": "accuracy", "epsilon": "epsilon spent", "clip_fraction": "fraction clipped"}
 
 
 def _check(name: str, value: Any) -> float:
@@ -66,41 +61,35 @@ class MonitorState(traitlets.HasTraits):
         self.step = 0
 
     @traitlets.validate("total_steps")
-    def _check_total(self, proposal: dict) -> int | None:
+    def _check_total(self, proposal: dict[str, Any]) -> int | None:
         value = proposal["value"]
         return None if value is None else int_at_least("total_steps", value, 1)
 
     @traitlets.validate("redraw_every")
-    def _check_redraw(self, proposal: dict) -> float:
+    def _check_redraw(self, proposal: dict[str, Any]) -> float:
         return non_negative("redraw_every", proposal["value"])
 
     @traitlets.validate("target_epsilon")
-    def _check_target(self, proposal: dict) -> float | None:
+    def _check_target(self, proposal: dict[str, Any]) -> float | None:
         value = proposal["value"]
-        if value is not None and not (non_negative("target_epsilon", value) > 0):
-            refuse("target_epsilon", value, "it must be a number > 0.")
-        return value
+        return None if value is None else positive("target_epsilon", value)
 
     def record(self, step: int | None = None, **values: float | None) -> int:
-        """Check and store the given metrics at ``step`` (default: the last step + 1).
-
-        Metrics left ``None`` are not recorded at this step. All values are checked
-        before any is stored.
+        """Check, then store, the given metrics at ``step`` (default: the last step + 1); ``None`` ones are skipped.
 
         Returns:
             The step recorded.
         """
-        unknown = set(values) - set(METRICS)
+        unknown = sorted(set(values) - set(METRICS))
         if unknown:
-            refuse(sorted(unknown)[0], values[sorted(unknown)[0]], f"unknown metric; use {list(METRICS)}.")
+            refuse(unknown[0], values[unknown[0]], f"unknown metric; use {list(METRICS)}.")
         step = self.step + 1 if step is None else int_at_least("step", step, 0)
         if step < self.step:
             refuse("step", step, f"steps must not go back (the last one was {self.step}).")
         checked = {k: _check(k, v) for k, v in values.items() if v is not None}
         for key, value in checked.items():
-            xs, ys = self.history[key]
-            xs.append(step)
-            ys.append(value)
+            self.history[key][0].append(step)
+            self.history[key][1].append(value)
         self.step = step
         return step
 

@@ -1,6 +1,4 @@
-"""``TrainingMonitor``: live loss, accuracy, epsilon and clip-fraction curves with a progress bar.
-
-Use it as a callback in a plain training loop:
+"""``TrainingMonitor``: live loss, accuracy, epsilon and clip-fraction curves with a progress bar, as a callback:
 
 >>> monitor = TrainingMonitor(total_steps=3, redraw_every=0, progress=False, backend="static")
 >>> for step in range(1, 4):
@@ -28,7 +26,7 @@ __all__ = ["TrainingMonitor"]
 
 
 def _progress_bar(total: int | None, enabled: bool) -> tuple[Any, ipywidgets.Widget | None]:
-    """A tqdm bar: the notebook one (its widget is returned, to sit in the monitor) or the text one."""
+    """A tqdm bar: the notebook one and its widget (shown in the monitor), or the text one."""
     if not enabled:
         return None, None
     if in_kernel():
@@ -99,7 +97,6 @@ class TrainingMonitor(Explorer[MonitorState]):
     def _controls(self) -> list[ipywidgets.Widget]:
         return [self._progress_view] if self._progress_view is not None else []
 
-    # -- the callback -------------------------------------------------------------
     def update(
         self,
         step: int | None = None,
@@ -113,8 +110,8 @@ class TrainingMonitor(Explorer[MonitorState]):
         """Record one step's metrics (``None`` ones are skipped) and redraw if it is time.
 
         Raises:
-            WidgetValueError: a metric is invalid (e.g. ``accuracy=1.5``, a nan loss) or
-                ``step`` went back. Nothing is recorded then.
+            WidgetValueError: a metric is invalid (``accuracy=1.5``, a nan loss) or ``step`` went back
+                (nothing is recorded then).
         """
         s: MonitorState = self.state
         before = s.step

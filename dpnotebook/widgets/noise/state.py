@@ -1,8 +1,7 @@
 """The noise explorer's state: sigma, batch size and C over a pool of per-sample gradients.
 
-Clipping is :func:`~dpnotebook.privacy.clip_and_sum` and noise is
-:func:`~dpnotebook.privacy.gaussian_noise` with std ``sigma * C``, as in
-the optimizer; the noisy averaged gradient is ``(clipped sum + noise) / B``.
+Clipping is :func:`~dpnotebook.privacy.clip_and_sum` and noise :func:`~dpnotebook.privacy.gaussian_noise`
+with std ``sigma * C``, as in the optimizer; the noisy averaged gradient is ``(clipped sum + noise) / B``.
 
 >>> import torch
 >>> s = NoiseState({"w": torch.randn(32, 2)}, noise_multiplier=1.0, batch_size=16, max_grad_norm=1.0)
@@ -20,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -27,16 +27,16 @@ import traitlets
 from torch import Tensor
 
 from dpnotebook.privacy import clip_and_sum, gaussian_noise
-from dpnotebook.privacy._arguments import check_max_grad_norm, check_noise_multiplier
-from dpnotebook.widgets._validate import int_at_least, library_check, refuse
+from dpnotebook.privacy._arguments import check_noise_multiplier
+from dpnotebook.widgets._validate import bounded_cache, finite_c, int_at_least, library_check
 from dpnotebook.widgets.grads import as_grad_samples, flatten_grad_samples
 
 __all__ = ["NoiseView", "NoiseState", "projection_basis"]
 
 
 def projection_basis(direction: np.ndarray, *, seed: int = 0) -> np.ndarray:
-    """Two orthonormal rows ``[2, D]``: ``direction`` normalised, and a seeded random vector
-    orthogonal to it. In 2-D, the plane's own axes.
+    """Two orthonormal rows ``[2, D]``: ``direction`` normalised and a seeded random vector
+    orthogonal to it; in 2-D, the plane's own axes.
 
     >>> projection_basis(np.array([3.0, 4.0])).tolist()
     [[1.0, 0.0], [0.0, 1.0]]
@@ -79,8 +79,7 @@ class NoiseState(traitlets.HasTraits):
     """sigma, B, C and the number of noise draws, validated, over a pool of per-sample gradients.
 
     Args:
-        grad_samples: the pool, ``{name: [N, *shape]}``; a batch is its first ``B`` samples
-            after a seeded shuffle.
+        grad_samples: the pool, ``{name: [N, *shape]}``; a batch is its first ``B`` samples after a seeded shuffle.
         noise_multiplier: sigma.
         batch_size: B (default ``min(16, N)``).
         max_grad_norm: C (default: the median per-sample norm).
@@ -95,7 +94,7 @@ class NoiseState(traitlets.HasTraits):
 
     def __init__(
         self,
-        grad_samples: Mapping[str, Tensor] | list,
+        grad_samples: Mapping[str, Tensor] | list[Tensor],
         *,
         noise_multiplier: float = 1.0,
         batch_size: int | None = None,
@@ -114,86 +113,64 @@ class NoiseState(traitlets.HasTraits):
         self.basis = projection_basis(flat.mean(0).cpu().numpy(), seed=seed)
         if max_grad_norm is None:
             max_grad_norm = float(flat.norm(dim=1).median()) or 1.0
+        batch_size = min(16, self.pool_size) if batch_size is None else batch_size
         super().__init__(
-            noise_multiplier=noise_multiplier,
-            max_grad_norm=max_grad_norm,
-            draws=draws,
-            batch_size=min(16, self.pool_size) if batch_size is None else batch_size,
+            noise_multiplier=noise_multiplier, max_grad_norm=max_grad_norm, draws=draws, batch_size=batch_size
         )
 
     @traitlets.validate("noise_multiplier")
-    def _check_sigma(self, proposal: dict) -> float:
+    def _check_sigma(self, proposal: dict[str, Any]) -> float:
         return library_check(check_noise_multiplier, proposal["value"])
 
     @traitlets.validate("max_grad_norm")
-    def _check_c(self, proposal: dict) -> float:
-        value = library_check(check_max_grad_norm, proposal["value"])
-        if math.isinf(value):
-            refuse("max_grad_norm", proposal["value"], "the noise std sigma * C must be finite.")
-        return value
+    def _check_c(self, proposal: dict[str, Any]) -> float:
+        return finite_c(proposal["value"])
 
     @traitlets.validate("batch_size")
-    def _check_b(self, proposal: dict) -> int:
+    def _check_b(self, proposal: dict[str, Any]) -> int:
         return int_at_least("batch_size", proposal["value"], 1, self.pool_size)
 
     @traitlets.validate("draws")
-    def _check_draws(self, proposal: dict) -> int:
+    def _check_draws(self, proposal: dict[str, Any]) -> int:
         return int_at_least("draws", proposal["value"], 1, 500)
 
     def _clipped(self, batch_size: int) -> tuple[np.ndarray, np.ndarray, float]:
-        key = (batch_size, self.max_grad_norm)
-        if key not in self._cache:
-            if len(self._cache) > 512:
-                self._cache.clear()
-            self._cache[key] = self._clip(batch_size)
-        return self._cache[key]
+        """``(clipped sum, true mean, fraction clipped)`` of the first ``batch_size`` samples (cached)."""
 
-    def _clip(self, batch_size: int) -> tuple[np.ndarray, np.ndarray, float]:
-        batch = {k: v[:batch_size] for k, v in self.pool.items()}
-        result = clip_and_sum(batch, max_grad_norm=self.max_grad_norm)
-        summed = torch.cat([s.flatten() for s in result.summed]).double().cpu().numpy()
-        true_mean = flatten_grad_samples(batch).double().mean(0).cpu().numpy()
-        return summed, true_mean, result.fraction_clipped
+        def clip() -> tuple[np.ndarray, np.ndarray, float]:
+            batch = {k: v[:batch_size] for k, v in self.pool.items()}
+            result = clip_and_sum(batch, max_grad_norm=self.max_grad_norm)
+            summed = torch.cat([s.flatten() for s in result.summed]).double().cpu().numpy()
+            return summed, flatten_grad_samples(batch).double().mean(0).cpu().numpy(), result.fraction_clipped
+
+        return bounded_cache(self._cache, (batch_size, self.max_grad_norm), clip, limit=512)
+
+    def _snr(self, summed: np.ndarray, b: int) -> float:
+        noise_norm = self.noise_multiplier * self.max_grad_norm * math.sqrt(self.dim) / b
+        return float(np.linalg.norm(summed / b) / noise_norm) if noise_norm > 0 else math.inf
 
     def view(self) -> NoiseView:
         """Clip the batch, add ``draws`` noise draws, average and project."""
-        b, sigma, c = self.batch_size, self.noise_multiplier, self.max_grad_norm
+        b, std = self.batch_size, self.noise_multiplier * self.max_grad_norm
         summed, true_mean, fraction = self._clipped(b)
+        generators = (torch.Generator().manual_seed(self.seed + j) for j in range(self.draws))
         noise = np.stack(
-            [
-                gaussian_noise(
-                    (self.dim,),
-                    std=sigma * c,
-                    generator=torch.Generator().manual_seed(self.seed + j),
-                    dtype=torch.float64,
-                )
-                .cpu()
-                .numpy()
-                for j in range(self.draws)
-            ]
+            [gaussian_noise((self.dim,), std=std, generator=g, dtype=torch.float64).numpy() for g in generators]
         )
         noisy = (summed[None, :] + noise) / b
-        clipped_mean = summed / b
-        noise_norm = sigma * c * math.sqrt(self.dim) / b
         norms = np.linalg.norm(noisy, axis=1) * np.linalg.norm(true_mean)
-        cosine = float(np.mean(noisy @ true_mean / np.where(norms > 0, norms, np.inf)))
         return NoiseView(
             true_mean=self.basis @ true_mean,
-            clipped_mean=self.basis @ clipped_mean,
+            clipped_mean=self.basis @ (summed / b),
             noisy=noisy @ self.basis.T,
-            noise_std=sigma * c / b,
-            snr=float(np.linalg.norm(clipped_mean) / noise_norm) if noise_norm > 0 else math.inf,
-            cosine=cosine,
+            noise_std=std / b,
+            snr=self._snr(summed, b),
+            cosine=float(np.mean(noisy @ true_mean / np.where(norms > 0, norms, np.inf))),
             fraction_clipped=fraction,
         )
 
     def snr_curve(self, num: int = 16) -> tuple[np.ndarray, np.ndarray]:
         """``(batch sizes, SNR)``: signal-to-noise ratio against B at the current sigma and C."""
         sizes = np.unique(np.geomspace(1, self.pool_size, num).round().astype(int))
-        sigma, c = self.noise_multiplier, self.max_grad_norm
-        snr = []
-        for b in sizes:
-            summed, _, _ = self._clipped(int(b))
-            noise_norm = sigma * c * math.sqrt(self.dim) / b
-            snr.append(np.linalg.norm(summed / b) / noise_norm if noise_norm > 0 else np.nan)
-        return sizes, np.array(snr)
+        snr = [self._snr(self._clipped(int(b))[0], int(b)) for b in sizes]
+        return sizes, np.where(np.isinf(snr), np.nan, snr)

@@ -17,11 +17,10 @@ from typing import Any
 import ipywidgets
 from torch import Tensor, nn
 
-from dpnotebook.widgets._explorer import Explorer
-from dpnotebook.widgets.grads import compute_grad_samples
+from dpnotebook.widgets._explorer import Explorer, c_slider
 from dpnotebook.widgets.noise import plots
 from dpnotebook.widgets.noise.state import NoiseState, NoiseView
-from dpnotebook.widgets.toy import ToyProblem, make_toy
+from dpnotebook.widgets.toy import ToyProblem, grad_samples_of
 
 __all__ = ["NoiseExplorer"]
 
@@ -30,9 +29,8 @@ class NoiseExplorer(Explorer[NoiseState]):
     """The true mean gradient against noisy averaged gradients (2-D projection), and the
     signal-to-noise ratio against the batch size.
 
-    Give a ``model`` with ``batch`` and ``loss_fn``, or ``grad_samples``, or a
-    ``toy``; by default the 2-D toy with 256 points. In more than 2 dimensions,
-    the plane shown holds the mean gradient's direction and a random one.
+    Give a ``model`` with ``batch`` and ``loss_fn``, or ``grad_samples``, or a ``toy`` (default: the
+    2-D toy, 256 points). In more dimensions the plane shown holds the mean gradient and a random direction.
 
     Args:
         model: a model whose per-sample gradients form the pool.
@@ -52,7 +50,7 @@ class NoiseExplorer(Explorer[NoiseState]):
         batch: tuple[Tensor, Tensor] | None = None,
         loss_fn: Callable[[Tensor, Tensor], Tensor] | None = None,
         *,
-        grad_samples: Mapping[str, Tensor] | list | None = None,
+        grad_samples: Mapping[str, Tensor] | list[Tensor] | None = None,
         toy: ToyProblem | None = None,
         noise_multiplier: float = 1.0,
         batch_size: int | None = None,
@@ -61,15 +59,8 @@ class NoiseExplorer(Explorer[NoiseState]):
         seed: int = 0,
         backend: str = "auto",
     ) -> None:
-        if grad_samples is None:
-            if model is not None:
-                if batch is None or loss_fn is None:
-                    raise ValueError("model given without batch=(inputs, targets) and loss_fn: pass all three.")
-                grad_samples = compute_grad_samples(model, batch[0], batch[1], loss_fn)
-            else:
-                grad_samples = (toy if toy is not None else make_toy(256)).grad_samples()
         state = NoiseState(
-            grad_samples,
+            grad_samples_of(model, batch, loss_fn, grad_samples, toy, n=256),
             noise_multiplier=noise_multiplier,
             batch_size=batch_size,
             max_grad_norm=max_grad_norm,
@@ -110,15 +101,9 @@ class NoiseExplorer(Explorer[NoiseState]):
         self.label.set_text(self._text(v))
 
     def _controls(self) -> list[ipywidgets.Widget]:
-        s: NoiseState = self.state
-        sigma = ipywidgets.FloatSlider(min=0.0, max=10.0, step=0.05, description="sigma")
-        batch = ipywidgets.IntSlider(min=1, max=s.pool_size, description="batch size")
-        lo = math.floor(math.log10(s.max_grad_norm)) - 2
-        c = ipywidgets.FloatLogSlider(base=10, min=lo, max=lo + 4, step=0.01, description="C", readout_format=".3g")
-        draws = ipywidgets.IntSlider(min=1, max=100, description="draws")
-        return [
-            self.bind("noise_multiplier", sigma),
-            self.bind("batch_size", batch),
-            self.bind("max_grad_norm", c),
-            self.bind("draws", draws),
-        ]
+        return self.bind_all(
+            noise_multiplier=ipywidgets.FloatSlider(min=0.0, max=10.0, step=0.05, description="sigma"),
+            batch_size=ipywidgets.IntSlider(min=1, max=self.state.pool_size, description="batch size"),
+            max_grad_norm=c_slider(self.state.max_grad_norm),
+            draws=ipywidgets.IntSlider(min=1, max=100, description="draws"),
+        )
