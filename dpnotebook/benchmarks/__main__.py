@@ -22,7 +22,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,7 @@ import torch
 from dpnotebook.benchmarks.memory import peak_mb, reset_peak, rss_mb
 from dpnotebook.benchmarks.models import MODELS, TRANSFORMER_MODELS
 from dpnotebook.benchmarks.profile_ops import PROFILE_BATCH, profile_table
-from dpnotebook.benchmarks.steps import MODES, OPACUS_MODES, make_step
+from dpnotebook.benchmarks.steps import MODES, OPACUS_MODES, make_step, timer
 
 Row = dict[str, Any]
 Key = tuple[str, int, int, str]  # model, B, K, what
@@ -94,20 +94,6 @@ def plan(
             ]
             out += [Config(m, k_batch, K, w) for w in whats]
     return out
-
-
-def timer(device: str) -> Callable[[Callable[[], None]], float]:
-    """A function that runs a step on ``device`` and returns its milliseconds (CUDA synchronised)."""
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-
-    def timed(step: Callable[[], None]) -> float:
-        sync()
-        start = time.perf_counter()
-        step()
-        sync()
-        return (time.perf_counter() - start) * 1e3
-
-    return timed
 
 
 def measure(

@@ -97,14 +97,11 @@ def export(repo: Path, rev: str, into: Path) -> str:
     return commit
 
 
-def _env(tree: Path) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(tree)}
-
-
 def imported_from(tree: Path) -> str:
     """Where ``import dpnotebook`` resolves in a child run in ``tree``; raise if that is not ``tree``."""
     cmd = [sys.executable, "-c", "import dpnotebook; print(dpnotebook.__file__)"]
-    path = subprocess.run(cmd, cwd=tree, env=_env(tree), check=True, capture_output=True, text=True).stdout.strip()
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    path = subprocess.run(cmd, cwd=tree, env=env, check=True, capture_output=True, text=True).stdout.strip()
     if not Path(path).resolve().is_relative_to(tree.resolve()):
         raise RuntimeError(f"a child in {tree} imports dpnotebook from {path}, not from the exported tree")
     return path

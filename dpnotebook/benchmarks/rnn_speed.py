@@ -19,7 +19,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from dpnotebook.benchmarks.__main__ import timer
+from dpnotebook.benchmarks.steps import timer
 from dpnotebook.layers import DPLSTM, DPRNNBase
 
 RUNS = ("loop", "fused")

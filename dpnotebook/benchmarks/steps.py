@@ -18,6 +18,7 @@ Every step has the same DP-SGD settings (:data:`SIGMA`, :data:`CLIP`, :data:`LR`
 
 from __future__ import annotations
 
+import time
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -41,6 +42,20 @@ OPACUS_MODES = ("hooks", "functorch", "ew", "ghost")
 Step = Callable[[], None]
 Loss = Callable[[Tensor, Tensor], Tensor]
 Inputs = Tensor | tuple[Tensor, ...]
+
+
+def timer(device: str) -> Callable[[Callable[[], None]], float]:
+    """A function that runs a step on ``device`` and returns its milliseconds (CUDA synchronised)."""
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+
+    def timed(step: Callable[[], None]) -> float:
+        sync()
+        start = time.perf_counter()
+        step()
+        sync()
+        return (time.perf_counter() - start) * 1e3
+
+    return timed
 
 
 def _tuple(inputs: Inputs) -> tuple[Tensor, ...]:
@@ -235,4 +250,5 @@ __all__ = [
     "opacus_available",
     "opacus_step",
     "make_step",
+    "timer",
 ]

@@ -25,8 +25,7 @@ import torch
 from torch import nn
 
 import dpnotebook
-from dpnotebook.benchmarks.__main__ import timer
-from dpnotebook.benchmarks.steps import OPACUS_MODES, Step, dpsgd_step, opacus_step, plain_step
+from dpnotebook.benchmarks.steps import OPACUS_MODES, Step, dpsgd_step, opacus_step, plain_step, timer
 from dpnotebook.benchmarks.zoo import ZOO, build, check_zoo_model, oracle, prepared
 from dpnotebook.compare import error_against
 from dpnotebook.testing import clean_copy, dot_loss
