@@ -371,7 +371,7 @@ def cast_inputs(inputs: tuple[Tensor, ...], dtype: torch.dtype) -> tuple[Tensor,
 
 def oracle(
     model: nn.Module, name: str, rows: int, *, K: int = 1, seed: int = 1
-) -> tuple[Any, Tensor, dict[str, Tensor]]:
+) -> tuple[tuple[Tensor, ...], Tensor, dict[str, Tensor]]:
     """A float64 batch of zoo model ``name``, a random target and the oracle's per-sample gradients of ``model``."""
     inputs = cast_inputs(build(name).batch(rows * K, seed=seed)[0], torch.float64)
     target = random_target(model, inputs)
