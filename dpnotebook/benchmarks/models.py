@@ -57,8 +57,7 @@ class TextTransformer(nn.Module):
     """Embedding 10000x128, one encoder layer (4 heads, feed-forward 256), mean pool, classifier.
 
     Args:
-        attention: the attention class put into ``nn.TransformerEncoderLayer.self_attn``
-            (``DPMultiheadAttention`` by default; ``nn.MultiheadAttention`` for the native model).
+        attention: the class of ``self_attn`` (``nn.MultiheadAttention`` for the native model).
 
     >>> TextTransformer()(torch.zeros(2, 64, dtype=torch.long)).shape
     torch.Size([2, 10])
@@ -142,14 +141,8 @@ Data = Callable[..., tuple[tuple[Tensor, ...], Tensor]]
 
 @dataclass(frozen=True)
 class BenchModel:
-    """A benchmark model: how to build it (``flavour`` picks the layer implementations), its data, its loss.
-
-    Attributes:
-        make: ``make(flavour) -> nn.Module``; flavour ``"dp"`` (dpnotebook layers),
-            ``"native"`` (torch.nn layers) or ``"opacus"`` (Opacus' DP layers).
-        data: ``data(rows, seed) -> (inputs, targets)``; ``model(*inputs)`` runs it.
-        loss: ``loss(output, targets)``, the mean over rows.
-    """
+    """A benchmark model: ``make(flavour)`` builds it with dpnotebook's layers (``"dp"``), torch.nn's
+    (``"native"``) or Opacus' (``"opacus"``); ``data(rows, seed) -> (inputs, targets)``; ``loss``, a mean."""
 
     make: Callable[[str], nn.Module]
     data: Data

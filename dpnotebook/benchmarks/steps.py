@@ -34,9 +34,8 @@ from dpnotebook.privacy._optimizer import optimizer_class
 
 #: Noise multiplier, clipping bound and learning rate of every timed step.
 SIGMA, CLIP, LR = 1.0, 1.0, 0.05
-#: dpnotebook's modes, read from the mode registry.
+#: dpnotebook's modes (the mode registry's), and Opacus 1.6's.
 MODES = tuple(dpnotebook.available_modes())
-#: Opacus 1.6's modes (its own names).
 OPACUS_MODES = ("hooks", "functorch", "ew", "ghost")
 
 Step = Callable[[], None]

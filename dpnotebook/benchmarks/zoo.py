@@ -1,11 +1,7 @@
 """The model zoo: tiny configurations of real architectures, each with its batch and its loss.
 
-Five Hugging Face models (:func:`dpnotebook.models.tiny_transformer`, nothing downloaded) and three
-replicas with the module structure of torchvision's (``docs/real-models.md`` describes each):
-``bert``, ``distilbert``, ``gpt2``, ``t5``, ``llama``, ``resnet`` (BatchNorm), ``vit``
-(``nn.MultiheadAttention``) and ``convnext`` (channels-first ``LayerNorm2d``, its samplers registered here).
-
-:func:`build` returns a :class:`ZooCase`, so that a test or a benchmark runs any of them the same way:
+Five Hugging Face models (:func:`dpnotebook.models.tiny_transformer`) and three replicas of torchvision's
+(``resnet``, ``vit``, ``convnext``); ``docs/real-models.md`` describes each. A test or a benchmark runs any:
 
 >>> model, batch, loss = build("convnext")
 >>> inputs, targets = batch(3)
@@ -18,8 +14,6 @@ wrapper and returns its relative error against the float64 oracle:
 >>> result = check_zoo_model("resnet", "hooks", rows=2)
 >>> result.max_rel_err < 1e-10, result.fallback, result.whole_model
 (True, [], False)
-
-``python -m dpnotebook.benchmarks.zoo_table`` prints the zoo table (:mod:`dpnotebook.benchmarks.zoo_table`).
 """
 
 from __future__ import annotations
@@ -336,15 +330,9 @@ def build(name: str, *, seed: int = 0, dtype: torch.dtype = torch.float32) -> Zo
 
 @dataclass
 class ZooCheck:
-    """What :func:`check_zoo_model` found.
-
-    Attributes:
-        max_rel_err: largest ``|got - oracle|`` over the largest ``|oracle|`` (``inf`` where a parameter
-            has no per-sample gradient, or one of another shape).
-        units: the wrapper's ``(path, how)`` units (empty for a mode without units).
-        fallback: the paths of the ``torch.func`` units.
-        whole_model: whether one ``torch.func`` unit is the whole model.
-    """
+    """What :func:`check_zoo_model` found: the largest ``|got - oracle|`` over the largest ``|oracle|`` (``inf``
+    where a per-sample gradient is missing or misshapen), the wrapper's ``(path, how)`` units, the paths of
+    the ``torch.func`` ones, and whether one of them is the whole model."""
 
     max_rel_err: float
     units: list[tuple[str, str]] = field(default_factory=list)
@@ -388,8 +376,7 @@ def check_zoo_model(
 
     Args:
         K, rows: rows per sample, and samples B.
-        dtype: the dtype the mode runs in (the oracle is always float64).
-        seed: seeds the weights and the batch.
+        dtype, seed: the dtype the mode runs in (the oracle's is float64); the seed of weights and batch.
 
     Raises:
         GradSampleError, UnsupportedModuleError: the mode refuses the model (the message says why).
