@@ -1,21 +1,8 @@
 """``python -m dpnotebook.benchmarks``: DP-SGD against the non-private step (and Opacus), every mode.
 
-Examples::
-
-    python -m dpnotebook.benchmarks --quick                      # a meaningful subset, a few minutes
-    python -m dpnotebook.benchmarks --compare-opacus --json out.json
-    python -m dpnotebook.benchmarks --models MLP --batch 128 --modes ghost hooks --kinds dpsgd
-    python -m dpnotebook.benchmarks --report out.json            # the tables again
-    python -m dpnotebook.benchmarks --profile-ops                # aten ops per DP step, dpnotebook and Opacus
-    python -m dpnotebook.benchmarks --transformers               # ghost vs hooks on BERT, GPT-2, Llama, ... (1 thread)
-
-Each configuration (model, B, K, what; :mod:`~dpnotebook.benchmarks.steps` names them) runs in a
-fresh subprocess, so that its peak resident memory (``VmHWM``, reset before the first step) is its
-own. Inside, after warm-up, its steps are timed *alternately* with the non-private step on the same
-rows, and its ratio divides by that reference, timed **in the row's own process**, not by the
-``nonprivate`` row's time: the load of a shared machine differs between processes. The results
-table prints the reference next to each ratio, so that ``169.6 ms`` at ``×2.32`` reads as 2.32
-times its own 73.1 ms reference even when the ``nonprivate`` row says 143.6 ms.
+Each configuration (model, B, K, what: :mod:`~dpnotebook.benchmarks.steps`) runs in a fresh subprocess
+(its peak memory is its own), its steps timed alternately with the non-private step on the same rows:
+its ratio divides by that reference, timed in its own process (``docs/performance.md``).
 
 >>> [c.what for c in plan(["MLP"], [8], modes=["ghost"], kinds=["dpsgd"], ks=[1])]
 ['nonprivate', 'dpsgd_ghost']
@@ -35,7 +22,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -45,21 +32,21 @@ import torch
 from dpnotebook.benchmarks.memory import peak_mb, reset_peak, rss_mb
 from dpnotebook.benchmarks.models import MODELS, TRANSFORMER_MODELS
 from dpnotebook.benchmarks.profile_ops import PROFILE_BATCH, profile_table
-from dpnotebook.benchmarks.steps import MODES, OPACUS_MODES, make_step
+from dpnotebook.benchmarks.steps import MODES, OPACUS_MODES, make_step, timer
 
 Row = dict[str, Any]
 Key = tuple[str, int, int, str]  # model, B, K, what
 
 # ---------------------------------------------------------------- the suite: plan and measure
 
-#: Models whose DP flavour swaps in dpnotebook's DP layers (so a second non-private row is shown).
+#: Models whose DP flavour swaps in dpnotebook's DP layers (a second non-private row).
 DP_LAYER_MODELS = ("TextTransformer", "LSTMClassifier")
 KINDS = ("gsm", "dpsgd", "naive")
 
 
 @dataclass(frozen=True)
 class Config:
-    """One row of the results: ``what`` (see :mod:`~dpnotebook.benchmarks.steps`) on ``model`` with B samples of K rows."""
+    """One row of the results: ``what`` on ``model`` with B samples of K rows."""
 
     model: str
     batch: int
@@ -84,8 +71,7 @@ def plan(
         models, batches: the grid for K=1.
         modes: dpnotebook grad-sample modes.
         kinds: ``"gsm"`` (per-sample gradients only), ``"dpsgd"``, ``"naive"`` (microbatching).
-        ks: augmentation multiplicities; each K > 1 runs at B=``k_batch``, with the
-            non-private step on the same B*K rows and ``k_modes``.
+        ks, k_batch, k_modes: each K > 1 runs at B=``k_batch`` in ``k_modes``.
         opacus: add Opacus' configurations (K=1).
     """
     modes, kinds, ks = list(modes), list(kinds), list(ks)
@@ -110,19 +96,6 @@ def plan(
     return out
 
 
-def _timer(device: str) -> Callable[[Callable[[], None]], float]:
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-
-    def timed(step: Callable[[], None]) -> float:
-        sync()
-        start = time.perf_counter()
-        step()
-        sync()
-        return (time.perf_counter() - start) * 1e3
-
-    return timed
-
-
 def measure(
     cfg: Config,
     *,
@@ -136,22 +109,16 @@ def measure(
 ) -> Row:
     """Run one configuration in this process: its time, its ratio to the non-private step, its memory.
 
-    ``rss0_mb`` is the resident memory once the model and data are built;
-    ``peak_mb`` the peak during the warm-up steps (read before the reference
-    model is built), so ``peak_mb - rss0_mb`` is what the step itself needs.
-    With ``rival``, a ghost configuration also times the same configuration in hooks mode in
-    each round (``rival_median_ms``, ``rival_min_ms``): the two modes under the same load.
-    Then rounds, each timing one reference step and one step of the
-    configuration: at least ``steps`` of them, and more until the rounds have
-    taken ``min_seconds`` (at most ``max_steps``). A 10 ms step timed ten times
-    on a shared machine moves its median by a third; a few seconds of rounds
-    steady it.
+    ``peak_mb - rss0_mb`` is what the step itself needs (peak of the warm-up steps over the memory once
+    built). Then rounds of one reference step and one step: at least ``steps``, and more until they took
+    ``min_seconds`` (at most ``max_steps``). With ``rival``, a ghost configuration also times hooks mode
+    in each round (``rival_median_ms``, ``rival_min_ms``).
     """
     torch.set_num_threads(threads)
     step = make_step(cfg.model, cfg.what, cfg.batch, cfg.K, device)
     rss0 = rss_mb()  # interpreter, libraries, model and data
     reset_peak()
-    timed = _timer(device)
+    timed = timer(device)
     for _ in range(warmup):
         timed(step)
     peak = peak_mb()
@@ -184,8 +151,8 @@ def measure(
 
 
 def run_in_subprocess(cfg: Config, *, timeout: float = 600, tree: Path | None = None, **kwargs: object) -> Row:
-    """:func:`measure` in a fresh interpreter (with ``tree`` as its working directory and ``PYTHONPATH``:
-    another revision's checkout); an error becomes ``{"error": ...}`` in the row."""
+    """:func:`measure` in a fresh interpreter (in ``tree``, another revision's checkout, when given);
+    an error becomes ``{"error": ...}`` in the row."""
     cmd = [sys.executable, "-m", "dpnotebook.benchmarks", "--child", json.dumps({"cfg": asdict(cfg), **kwargs})]
     env = None if tree is None else {**os.environ, "PYTHONPATH": str(tree)}
     try:
@@ -201,8 +168,7 @@ def run_in_subprocess(cfg: Config, *, timeout: float = 600, tree: Path | None = 
 def child_main(payload: str) -> None:
     """Entry point of the subprocess: measure the configuration and print one JSON line."""
     args = json.loads(payload)
-    cfg = Config(**args.pop("cfg"))
-    print(json.dumps(measure(cfg, **args)))
+    print(json.dumps(measure(Config(**args.pop("cfg")), **args)))
 
 
 # ---------------------------------------------------------------- the tables
@@ -213,11 +179,7 @@ def _f(x: float | None, digits: int = 1) -> str:
 
 
 def results_table(rows: Iterable[Row]) -> str:
-    """Markdown table: one line per configuration; ratio = time / the non-private step timed in the same process.
-
-    The reference each ratio uses is printed beside it (``non-private ref. median ms``), and a
-    line under the table says so (see the module docstring).
-    """
+    """Markdown table: one line per configuration; ratio = time / the non-private step timed in the same process."""
     lines = [
         "| model | B | K | config | median ms | min ms | non-private ref. median ms (same process) | "
         "ratio to the ref. (medians) | ratio (minima) | peak RSS MB | Δ RSS MB | n | note |",
@@ -229,11 +191,10 @@ def results_table(rows: Iterable[Row]) -> str:
                 f"| {r['model']} | {r['batch']} | {r['K']} | {r['what']} | ERROR | | | | | | | | {r['error'][:120]} |"
             )
             continue
-        delta = r["peak_mb"] - r["rss0_mb"]
         lines.append(
             f"| {r['model']} | {r['batch']} | {r['K']} | {r['what']} | {_f(r['median_ms'])} | {_f(r['min_ms'])} | "
             f"{_f(r.get('ref_median_ms'))} | ×{_f(r['ratio'], 2)} | ×{_f(r.get('ratio_min'), 2)} | "
-            f"{r['peak_mb']:.0f} | {delta:.0f} | {r['n']} | {r.get('note', '')} |"
+            f"{r['peak_mb']:.0f} | {_own(r):.0f} | {r['n']} | {r.get('note', '')} |"
         )
     lines.append(
         "\nEach ratio divides by the non-private step timed in the same process, interleaved with the row's "
@@ -243,7 +204,6 @@ def results_table(rows: Iterable[Row]) -> str:
 
 
 def _own(r: Row) -> float:
-    """The memory the step itself needs: its peak minus the resident memory before it."""
     return r["peak_mb"] - r["rss0_mb"]
 
 
@@ -280,7 +240,7 @@ def opacus_table(rows: Iterable[Row]) -> str:
 
 
 def multiplicity_table(rows: Iterable[Row]) -> str:
-    """For each K: per-sample-gradient memory (the step's own peak minus the non-private step's, same rows) and the step ratio."""
+    """For each K: the step ratio and per-sample-gradient memory (the step's own peak minus the non-private step's)."""
     index = _index(rows)
     lines = [
         "| model | B | K | config | step / non-private on B*K rows | per-sample-grad MB | vs K=1 |",
@@ -303,9 +263,8 @@ def multiplicity_table(rows: Iterable[Row]) -> str:
 
 
 def ghost_hooks_table(rows: Iterable[Row], kind: str = "dpsgd") -> str:
-    """Ghost and hooks mode side by side for each model, B and K: each step's time, its ratio to the
-    non-private step timed in its own process, and ghost's ratio over hooks' (by medians, and by minima);
-    with ``--rival``, also ghost's median over that of hooks mode timed in the ghost row's own process.
+    """Ghost and hooks mode side by side for each model, B and K: times, ratios to the non-private step,
+    ghost's ratio over hooks' (medians, minima, and with ``--rival`` in the ghost row's own process).
 
     >>> rows = [{"model": "M", "batch": 8, "K": 1, "what": w, "median_ms": t, "min_ms": t, "ratio": r,
     ...          "ratio_min": r, "ref_median_ms": 10.0} for w, t, r in [("dpsgd_hooks", 20.0, 2.0),
@@ -328,19 +287,20 @@ def ghost_hooks_table(rows: Iterable[Row], kind: str = "dpsgd") -> str:
         same = _f(ghost["median_ms"] / ghost["rival_median_ms"], 2) if ghost.get("rival_median_ms") else ""
         lines.append(
             f"| {m} | {b} | {k} | {_f(hooks['median_ms'])} (×{_f(hooks['ratio'], 2)}) | "
-            f"{_f(ghost['median_ms'])} (×{_f(ghost['ratio'], 2)}) | {ghost['ratio'] / hooks['ratio']:.2f} | {by_min} | "
-            f"{same} |"
+            f"{_f(ghost['median_ms'])} (×{_f(ghost['ratio'], 2)}) | {ghost['ratio'] / hooks['ratio']:.2f} | "
+            f"{by_min} | {same} |"
         )
     return "\n".join(lines)
 
 
 # ---------------------------------------------------------------- the command line
 
+#: ``--quick``: every model at B=128, hooks and ghost, K in {1, 16} on SampleConvNet.
 QUICK = {
     "models": list(MODELS),
     "batch": [128],
     "modes": ["hooks", "ghost"],
-    "kinds": ["gsm", "dpsgd", "naive"],
+    "kinds": list(KINDS),
     "ks": [1, 16],
     "k_models": ["SampleConvNet"],
 }
@@ -354,66 +314,38 @@ TRANSFORMERS = {
     "threads": 1,
     "rival": True,
 }
+#: The options :func:`measure` takes, passed on to each configuration's process.
+SETTINGS = ("steps", "warmup", "threads", "device", "min_seconds", "max_steps", "rival")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The suite's options (``--help``); bad values are refused with the fix."""
     p = argparse.ArgumentParser(prog="python -m dpnotebook.benchmarks", description=__doc__.split("\n\n")[0])
-    p.add_argument("--models", nargs="+", choices=sorted({*MODELS, *TRANSFORMER_MODELS}), default=list(MODELS))
-    p.add_argument("--batch", nargs="+", type=int, default=[32, 128], help="samples per batch B (default 32 128)")
-    p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
-    p.add_argument(
-        "--kinds",
-        nargs="+",
-        choices=KINDS,
-        default=list(KINDS),
-        help="gsm: per-sample grads only; dpsgd; naive: microbatching",
-    )
-    p.add_argument(
-        "--ks", nargs="+", type=int, default=[1, 4, 16], help="augmentation multiplicities K (default 1 4 16)"
-    )
-    p.add_argument("--k-batch", type=int, default=32, help="B of the K > 1 configurations (default 32)")
-    p.add_argument(
-        "--k-models", nargs="+", choices=sorted(MODELS), help="models of the K > 1 configurations (default: --models)"
-    )
-    p.add_argument("--k-modes", nargs="+", choices=MODES, default=["hooks", "ghost"])
-    p.add_argument("--steps", type=int, default=10, help="timed steps per configuration, at least (default 10)")
-    p.add_argument(
-        "--min-seconds",
-        type=float,
-        default=2.0,
-        help="then go on timing until the configuration's rounds took this long (default 2.0)",
-    )
-    p.add_argument("--max-steps", type=int, default=200, help="... but time at most this many steps (default 200)")
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default 2)")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--timeout", type=float, default=600, help="seconds per configuration")
-    p.add_argument("--compare-opacus", action="store_true", help="also run Opacus 1.6 on the same models (K=1)")
-    p.add_argument(
-        "--quick",
-        action="store_true",
-        help="preset: every model at B=128, hooks and ghost, K in {1,16} on SampleConvNet",
-    )
-    p.add_argument(
-        "--transformers",
-        action="store_true",
-        help="preset: the Hugging Face transformers (BERT, DistilBERT, GPT-2, T5, Llama; T=64, hidden 128) and "
-        "TextTransformer at B=32, DP-SGD in hooks and ghost mode, 1 thread, --rival",
-    )
-    p.add_argument(
-        "--profile-ops",
-        action="store_true",
-        help="count the aten operations (GPU kernel launches) of one DP step, every mode, next to Opacus 1.6",
-    )
-    p.add_argument("--profile-batch", type=int, default=PROFILE_BATCH, help="B of --profile-ops (default 16)")
-    p.add_argument(
-        "--rival",
-        action="store_true",
-        help="each ghost configuration also times hooks mode in the same process, round by round",
-    )
-    p.add_argument("--json", metavar="PATH", help="write all rows and the settings as JSON")
-    p.add_argument("--report", metavar="PATH", help="print the tables of an earlier --json file and exit")
-    p.add_argument("--child", help=argparse.SUPPRESS)
+    add = p.add_argument
+    add("--models", nargs="+", choices=sorted({*MODELS, *TRANSFORMER_MODELS}), default=list(MODELS))
+    add("--batch", nargs="+", type=int, default=[32, 128], help="samples per batch B (default 32 128)")
+    add("--modes", nargs="+", choices=MODES, default=list(MODES))
+    add("--kinds", nargs="+", choices=KINDS, default=list(KINDS), help="gsm: per-sample grads; naive: microbatching")
+    add("--ks", nargs="+", type=int, default=[1, 4, 16], help="augmentation multiplicities K (default 1 4 16)")
+    add("--k-batch", type=int, default=32, help="B of the K > 1 configurations (default 32)")
+    add("--k-models", nargs="+", choices=sorted(MODELS), help="models of the K > 1 configurations (default --models)")
+    add("--k-modes", nargs="+", choices=MODES, default=["hooks", "ghost"])
+    add("--steps", type=int, default=10, help="timed steps per configuration, at least (default 10)")
+    add("--min-seconds", type=float, default=2.0, help="then time until this long has passed (default 2.0)")
+    add("--max-steps", type=int, default=200, help="... but at most this many steps (default 200)")
+    add("--warmup", type=int, default=3)
+    add("--threads", type=int, default=2, help="torch.set_num_threads (default 2)")
+    add("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    add("--timeout", type=float, default=600, help="seconds per configuration")
+    add("--compare-opacus", action="store_true", help="also run Opacus 1.6 on the same models (K=1)")
+    add("--quick", action="store_true", help="preset: every model at B=128, hooks and ghost, K in {1,16}")
+    add("--transformers", action="store_true", help="preset: Hugging Face models, ghost vs hooks, B=32, --rival")
+    add("--profile-ops", action="store_true", help="count the aten ops of one DP step, every mode, and Opacus'")
+    add("--profile-batch", type=int, default=PROFILE_BATCH, help="B of --profile-ops (default 16)")
+    add("--rival", action="store_true", help="ghost configurations also time hooks mode in the same process")
+    add("--json", metavar="PATH", help="write all rows and the settings as JSON")
+    add("--report", metavar="PATH", help="print the tables of an earlier --json file and exit")
+    add("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     for preset, values in ((args.quick, QUICK), (args.transformers, TRANSFORMERS)):
         for key, value in values.items() if preset else ():
@@ -433,29 +365,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def configurations(args: argparse.Namespace) -> list[Config]:
     """The configurations of the parsed options: the K=1 grid, then the K > 1 configurations."""
     configs = plan(args.models, args.batch, modes=args.modes, kinds=args.kinds, ks=[], opacus=args.compare_opacus)
-    return configs + plan(
-        args.k_models or args.models,
-        [],
-        modes=args.modes,
-        kinds=args.kinds,
-        ks=args.ks,
-        k_batch=args.k_batch,
-        k_modes=args.k_modes,
-    )
+    k_plan = {"ks": args.ks, "k_batch": args.k_batch, "k_modes": args.k_modes}
+    return configs + plan(args.k_models or args.models, [], modes=args.modes, kinds=args.kinds, **k_plan)
+
+
+def environment() -> Row:
+    """torch's and Python's versions and the machine, for a JSON file's settings."""
+    return {"torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine()}
 
 
 def print_tables(rows: list[Row]) -> None:
-    """The results table, then dpnotebook against Opacus and the cost of K when the rows hold them."""
+    """The results table, then (where the rows hold them) against Opacus, the cost of K, ghost against hooks."""
     print(results_table(rows))
-    if any(r["what"].startswith("opacus_") for r in rows):
+    whats = {r["what"] for r in rows}
+    if any(w.startswith("opacus_") for w in whats):
         print("\n" + opacus_table(rows))
     if any(r["K"] > 1 for r in rows):
         print("\n" + multiplicity_table(rows))
-    if any(r["what"] == "dpsgd_ghost" for r in rows) and any(r["what"] == "dpsgd_hooks" for r in rows):
+    if {"dpsgd_ghost", "dpsgd_hooks"} <= whats:
         print("\n" + ghost_hooks_table(rows))
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the suite (or ``--report``, ``--profile-ops``) and print its tables."""
     args = parse_args(argv)
     if args.child:
         child_main(args.child)
@@ -470,28 +402,17 @@ def main(argv: list[str] | None = None) -> int:
         print(profile_table(args.models, args.modes, batch=args.profile_batch))
         return 0
     configs = configurations(args)
-    keys = ("steps", "warmup", "threads", "device", "min_seconds", "max_steps", "rival")
-    settings = {k: getattr(args, k) for k in keys}
+    settings = {k: getattr(args, k) for k in SETTINGS}
     print(f"{len(configs)} configurations, each in its own process ({settings})", file=sys.stderr)
     rows, start = [], time.time()
     for i, cfg in enumerate(configs, 1):
-        row = run_in_subprocess(cfg, timeout=args.timeout, **settings)
-        rows.append(row)
+        rows.append(row := run_in_subprocess(cfg, timeout=args.timeout, **settings))
         shown = row.get("error") or f"{row['median_ms']:.1f} ms, x{row['ratio']:.2f}, peak {row['peak_mb']:.0f} MB"
-        print(
-            f"[{i}/{len(configs)} {time.time() - start:.0f}s] {cfg.model} B={cfg.batch} K={cfg.K} {cfg.what}: {shown}",
-            file=sys.stderr,
-        )
+        print(f"[{i}/{len(configs)} {time.time() - start:.0f}s] {cfg}: {shown}", file=sys.stderr)
     print_tables(rows)
     if args.json:
-        meta = {
-            "torch": torch.__version__,
-            "python": platform.python_version(),
-            "machine": platform.machine(),
-            **settings,
-        }
         with open(args.json, "w") as f:
-            json.dump({"settings": meta, "rows": rows}, f, indent=1)
+            json.dump({"settings": {**environment(), **settings}, "rows": rows}, f, indent=1)
     return 0
 
 

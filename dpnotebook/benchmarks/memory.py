@@ -2,17 +2,10 @@
 
 ``python -m dpnotebook.benchmarks.memory [--batch 32] [--ks 1 16] [--modes hooks ghost] [--repeats 3]``
 
-On Linux the figures come from ``/proc/self/status``: ``VmRSS`` (now) and ``VmHWM`` (the peak),
-which a new program starts afresh and :func:`reset_peak` restarts (``clear_refs``), so a
-benchmark can leave its warm-up out. ``ru_maxrss`` is the fallback elsewhere; on Linux it would
-carry over the peak of the process that launched this one (a 400 MB Jupyter kernel, say).
-
-Every configuration runs in its own subprocess; we read its peak over its second and third
-steps. For each K we run the same B*K rows twice: a plain forward+backward, and the same with
-per-sample gradients. Their difference is what per-sample gradients cost, and it is what should
-grow with B, not with B*K: the forward activations of B*K rows are needed either way. In ghost
-mode the per-sample norms are computed too (that is where its convolutions form their
-per-sample gradients).
+On Linux the figures are ``VmRSS`` and ``VmHWM`` of ``/proc/self/status`` (:func:`reset_peak` restarts
+the peak); ``ru_maxrss`` elsewhere. Each K runs the same B*K rows in their own processes twice: a plain
+forward+backward, and the same with per-sample gradients (ghost mode: and the norms). The difference,
+what per-sample gradients cost, should grow with B, not with B*K (``docs/performance.md``).
 
 >>> peak_mb() >= rss_mb() > 0
 True
@@ -50,8 +43,7 @@ def rss_mb() -> float:
     >>> rss_mb() > 0
     True
     """
-    now = _status_mb("VmRSS")
-    return now if now is not None else _maxrss_mb()
+    return _status_mb("VmRSS") or _maxrss_mb()
 
 
 def peak_mb() -> float:
@@ -60,8 +52,7 @@ def peak_mb() -> float:
     >>> peak_mb() > 0
     True
     """
-    peak = _status_mb("VmHWM")
-    return peak if peak is not None else _maxrss_mb()
+    return _status_mb("VmHWM") or _maxrss_mb()
 
 
 def reset_peak() -> None:
@@ -101,16 +92,7 @@ def _measure(mode: str, batch: int, K: int, private: bool) -> dict[str, Any]:
 
 
 def _peak(mode: str, batch: int, K: int, private: bool) -> float:
-    args = [
-        sys.executable,
-        "-m",
-        "dpnotebook.benchmarks.memory",
-        "--child",
-        mode,
-        str(batch),
-        str(K),
-        str(int(private)),
-    ]
+    args = [sys.executable, "-m", "dpnotebook.benchmarks.memory", "--child", mode, *map(str, (batch, K, int(private)))]
     out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])["peak_mb"]
 
@@ -124,9 +106,8 @@ def run(mode: str, batch: int, ks: list[int], repeats: int = 3) -> list[dict[str
             for private in (False, True):
                 peaks[private].append(_peak(mode, batch, K, private))
         plain_mb, private_mb = statistics.median(peaks[False]), statistics.median(peaks[True])
-        rows.append(
-            {"K": K, "plain_peak_mb": plain_mb, "private_peak_mb": private_mb, "grad_sample_mb": private_mb - plain_mb}
-        )
+        row = {"K": K, "plain_peak_mb": plain_mb, "private_peak_mb": private_mb}
+        rows.append({**row, "grad_sample_mb": private_mb - plain_mb})
     return rows
 
 

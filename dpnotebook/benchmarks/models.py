@@ -1,15 +1,8 @@
-"""The networks the benchmarks measure (same shapes as the Opacus baseline we compare with).
-
-Each model comes with a function that makes a batch for it (:data:`MODELS`),
-so that the suite, the tests and a notebook build the very same thing:
+"""The networks the benchmarks measure (the shapes of the Opacus baseline), each with its batch and its loss:
 
 >>> model, inputs, targets, loss = build("MLP", batch=2)
 >>> model(*inputs).shape, targets.shape
 (torch.Size([2, 10]), torch.Size([2]))
-
-The recurrent and attention layers are constructor arguments, so that the same
-network can be built with ``dpnotebook.layers`` (hooks and ghost modes need them),
-with ``torch.nn`` or with Opacus' own DP layers.
 """
 
 from __future__ import annotations
@@ -23,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dpnotebook.benchmarks.zoo import hf_case, token_batch
+from dpnotebook.benchmarks.zoo import hf_case, image_batch, token_batch
 from dpnotebook.layers import DPLSTM, DPMultiheadAttention
 
 VOCAB, SEQ_LEN, NUM_CLASSES = 10_000, 64, 10
@@ -32,7 +25,6 @@ VOCAB, SEQ_LEN, NUM_CLASSES = 10_000, 64, 10
 class SampleConvNet(nn.Module):
     """The MNIST network of the Opacus README: two convolutions, two linear layers.
 
-    >>> import torch
     >>> SampleConvNet()(torch.zeros(2, 1, 28, 28)).shape
     torch.Size([2, 10])
     """
@@ -65,8 +57,7 @@ class TextTransformer(nn.Module):
     """Embedding 10000x128, one encoder layer (4 heads, feed-forward 256), mean pool, classifier.
 
     Args:
-        attention: the attention class put into ``nn.TransformerEncoderLayer.self_attn``
-            (``DPMultiheadAttention`` by default; ``nn.MultiheadAttention`` for the native model).
+        attention: the class of ``self_attn`` (``nn.MultiheadAttention`` for the native model).
 
     >>> TextTransformer()(torch.zeros(2, 64, dtype=torch.long)).shape
     torch.Size([2, 10])
@@ -76,8 +67,7 @@ class TextTransformer(nn.Module):
         super().__init__()
         self.embedding = nn.Embedding(VOCAB, d)
         self.encoder = nn.TransformerEncoderLayer(d, 4, dim_feedforward=256, dropout=0.0, batch_first=True)
-        # torch types self_attn as nn.MultiheadAttention, but the layer only calls it (and reads the
-        # attributes DPMultiheadAttention has too), so another attention module works
+        # typed nn.MultiheadAttention, but the layer only calls it and reads attributes DPMultiheadAttention has
         self.encoder.self_attn = attention(d, 4, batch_first=True)  # type: ignore[assignment]
         self.fc = nn.Linear(d, NUM_CLASSES)
 
@@ -146,35 +136,21 @@ class SmallResNetGN(nn.Module):
 
 
 Loss = Callable[[Tensor, Tensor], Tensor]
-Data = Callable[[int, int], tuple[tuple[Tensor, ...], Tensor]]
+Data = Callable[..., tuple[tuple[Tensor, ...], Tensor]]
 
 
 @dataclass(frozen=True)
 class BenchModel:
-    """A benchmark model: how to build it (``flavour`` picks the layer implementations), its data, its loss.
-
-    Attributes:
-        make: ``make(flavour) -> nn.Module``; flavour ``"dp"`` (dpnotebook layers),
-            ``"native"`` (torch.nn layers) or ``"opacus"`` (Opacus' DP layers).
-        data: ``data(rows, seed) -> (inputs, targets)``; ``model(*inputs)`` runs it.
-        loss: ``loss(output, targets)``, the mean over rows.
-    """
+    """A benchmark model: ``make(flavour)`` builds it with dpnotebook's layers (``"dp"``), torch.nn's
+    (``"native"``) or Opacus' (``"opacus"``); ``data(rows, seed) -> (inputs, targets)``; ``loss``, a mean."""
 
     make: Callable[[str], nn.Module]
     data: Data
     loss: Loss = F.cross_entropy
 
 
-def _images(*shape: int) -> Data:
-    def data(rows: int, seed: int) -> tuple[tuple[Tensor, ...], Tensor]:
-        gen = torch.Generator().manual_seed(seed)
-        return (torch.randn(rows, *shape, generator=gen),), torch.randint(0, NUM_CLASSES, (rows,), generator=gen)
-
-    return data
-
-
 def _flavoured(native: Callable[..., nn.Module], dp: Callable[..., nn.Module]) -> Callable[[str], Any]:
-    """The layer class of a flavour; ``"opacus"`` takes Opacus' class of ``dp``'s name (imported then)."""
+    """The layer class of a flavour (Opacus' class of ``dp``'s name imported only for ``"opacus"``)."""
 
     def pick(flavour: str) -> Any:
         if flavour == "opacus":
@@ -188,11 +164,11 @@ _attention, _lstm = _flavoured(nn.MultiheadAttention, DPMultiheadAttention), _fl
 _tokens = token_batch("class", vocab=VOCAB, length=SEQ_LEN, classes=NUM_CLASSES)
 
 MODELS: dict[str, BenchModel] = {
-    "SampleConvNet": BenchModel(lambda f: SampleConvNet(), _images(1, 28, 28)),
-    "MLP": BenchModel(lambda f: MLP(), _images(784)),
+    "SampleConvNet": BenchModel(lambda f: SampleConvNet(), image_batch(1, 28, 28, classes=NUM_CLASSES)),
+    "MLP": BenchModel(lambda f: MLP(), image_batch(784, classes=NUM_CLASSES)),
     "TextTransformer": BenchModel(lambda f: TextTransformer(_attention(f)), _tokens),
     "LSTMClassifier": BenchModel(lambda f: LSTMClassifier(_lstm(f)), _tokens),
-    "SmallResNetGN": BenchModel(lambda f: SmallResNetGN(), _images(3, 32, 32)),
+    "SmallResNetGN": BenchModel(lambda f: SmallResNetGN(), image_batch(3, 32, 32, classes=NUM_CLASSES)),
 }
 
 
@@ -203,14 +179,13 @@ def _hf(kind: str) -> BenchModel:
     return BenchModel(lambda flavour: make(), data, loss)  # every flavour is the same model
 
 
-#: The zoo's Hugging Face architectures (:func:`~dpnotebook.benchmarks.zoo.hf_case`) at CPU-realistic
-#: shapes: T = 64, hidden 128, two layers, four heads, vocabulary 1000 (the zoo's are test-sized).
-#: ``python -m dpnotebook.benchmarks --transformers`` runs them with ghost and hooks.
+#: The zoo's Hugging Face architectures at CPU-realistic shapes (T = 64, hidden 128, two layers, four heads,
+#: vocabulary 1000), which ``python -m dpnotebook.benchmarks --transformers`` runs.
 TRANSFORMER_MODELS = {name: _hf(name.lower()) for name in ("BERT", "DistilBERT", "GPT2", "T5", "Llama")}
 
 
 class Built(NamedTuple):
-    """A benchmark model with its batch and its loss: ``loss(model(*inputs), targets)`` is a step's loss."""
+    """A benchmark model, its batch and its loss: ``loss(model(*inputs), targets)`` is a step's loss."""
 
     model: nn.Module
     inputs: tuple[Tensor, ...]
@@ -223,8 +198,7 @@ def build(name: str, batch: int, *, K: int = 1, flavour: str = "dp", seed: int =
 
     Args:
         name: a key of :data:`MODELS` or :data:`TRANSFORMER_MODELS`.
-        batch: samples B.
-        K: rows per sample (augmentation multiplicity); the batch holds ``B*K`` rows.
+        batch, K: samples B and rows per sample (augmentation multiplicity).
         flavour: ``"dp"``, ``"native"`` or ``"opacus"`` (see :class:`BenchModel`).
         seed: seeds the weights and the data.
 

@@ -1,23 +1,9 @@
 """Operations per DP step: a proxy for GPU kernel launches that the CPU can measure.
 
-On a GPU the small kernels of a DP step are launch-bound: their count matters
-as much as their arithmetic. ``torch.profiler`` on the CPU sees the same aten
-operations the GPU would launch, so :func:`count_ops` runs one step (after a
-warm-up step) and counts its **kernels**: the innermost aten operations that do
-work (``aten::linear`` is not counted, the ``aten::addmm`` it calls is; an op whose
-aten children do no work, as ``aten::mm`` calling ``aten::resolve_conj``, counts
-itself). Left out are the ops that launch nothing on a GPU: views, allocations,
-metadata and no-op conversions (:data:`NO_KERNEL`), and two CPU artefacts, the
-copy of a Python scalar into a 0-dim tensor (``t / 2``) and the fill a CPU
-reduction starts its output with (a CUDA reduction is one kernel). A
-``torch._foreach_*`` op counts once: on a GPU it is one multi-tensor kernel (for
-lists of up to hundreds of tensors), on the CPU a loop of per-tensor ops.
-``python -m dpnotebook.benchmarks --profile-ops`` prints dpnotebook's count in
-every mode next to Opacus 1.6's for every suite model.
-
-It is a proxy: it weighs a tiny kernel like a large matmul, and it cannot see
-what CUDA libraries fuse or split. It measures what a change of the Python code
-does to the number of launches.
+:func:`count_ops` profiles one step (after a warm-up) and counts its kernels: the innermost aten ops that
+do work, leaving out those that launch nothing on a GPU (:data:`NO_KERNEL`) and two CPU artefacts; a
+``torch._foreach_*`` op counts once (one multi-tensor kernel on a GPU). A tiny kernel weighs as much as a
+large matmul (``docs/performance.md``). ``python -m dpnotebook.benchmarks --profile-ops`` prints the counts.
 
 >>> from dpnotebook.benchmarks.steps import make_step
 >>> count = count_ops(make_step("MLP", "dpsgd_hooks", batch=4))
@@ -45,8 +31,8 @@ NO_KERNEL = frozenset(
     for name in (
         "view _unsafe_view reshape alias as_strided t transpose permute expand expand_as select slice "
         "unsqueeze squeeze narrow unflatten flatten movedim unbind split split_with_sizes chunk diagonal "
-        "detach detach_ lift_fresh empty empty_like empty_strided new_empty new_empty_strided resize_ set_ is_nonzero item "
-        "_local_scalar_dense size stride numel dim is_same_size result_type _has_compatible_shallow_copy_type "
+        "detach detach_ lift_fresh empty empty_like empty_strided new_empty new_empty_strided resize_ set_ is_nonzero "
+        "item _local_scalar_dense size stride numel dim is_same_size result_type _has_compatible_shallow_copy_type "
         "_reshape_alias view_as squeeze_ unsqueeze_ t_ transpose_ as_strided_ _nested_tensor_from_mask_left_aligned "
         "requires_grad_ record_stream to resolve_conj resolve_neg contiguous conj _conj"
     ).split()
@@ -115,10 +101,9 @@ _REDUCTIONS = frozenset(
 
 
 def _cpu_artefact(name: str, parent: str, shapes: list[Any]) -> bool:
-    """A leaf op the CPU runs and a GPU would not launch: a Python scalar copied into a 0-dim tensor
-    (``aten::_to_copy``, ``aten::copy_`` or ``aten::fill_`` of a ``[]`` tensor), or a CPU reduction's initial fill.
+    """A leaf op a GPU would not launch: a Python scalar copied into a 0-dim tensor, or a CPU reduction's first fill.
 
-    >>> _cpu_artefact("aten::copy_", "aten::_to_copy", [[], [], []]), _cpu_artefact("aten::fill_", "aten::sum", [[4], []])
+    >>> _cpu_artefact("aten::copy_", "aten::_to_copy", [[], [], []]), _cpu_artefact("aten::fill_", "aten::sum", [[4]])
     (True, True)
     >>> _cpu_artefact("aten::copy_", "aten::addmm", [[16, 10], [16, 10], []])
     False
@@ -138,11 +123,8 @@ def _count(model: str, what: str, batch: int) -> OpCount | str:
 
 
 def profile_table(models: list[str], modes: list[str], *, batch: int = PROFILE_BATCH, opacus: bool = True) -> str:
-    """A markdown table: leaf aten ops per DP step, dpnotebook and Opacus 1.6 in each mode, for ``models``.
-
-    A cell is ``dpnotebook / Opacus``; ``-`` where Opacus is not installed (or not asked for),
-    the exception's name where a step cannot run. The last column compares the best modes.
-    """
+    """A markdown table of kernels per DP step: ``dpnotebook / Opacus 1.6`` in each mode (``-`` without Opacus,
+    the exception's name where a step cannot run), then the best modes."""
     from dpnotebook.benchmarks.steps import OPACUS_MODES, opacus_available
 
     opacus = opacus and opacus_available() is not None

@@ -6,22 +6,11 @@ For maintainers checking a change for speed regressions::
     python -m dpnotebook.benchmarks.revisions main HEAD --models MLP --batch 128 --modes ghost --kinds dpsgd
     python -m dpnotebook.benchmarks.revisions --report out.json      # the table again
 
-Each revision's ``dpnotebook/`` is exported with ``git archive <rev> dpnotebook | tar -x`` into a
-temporary folder (committed files only: uncommitted edits are not measured; nothing is left in
-the repository's worktree list; the folders are removed at the end or on Ctrl-C). Every option of
-``python -m dpnotebook.benchmarks`` (``--quick``, ``--models``, ``--kinds``, ``--steps`` ...) selects
-the configurations, planned by this checkout's :func:`~dpnotebook.benchmarks.__main__.plan`.
-
-Each configuration runs in a fresh process of that revision's own code,
-``python -m dpnotebook.benchmarks --child <payload>`` with ``PYTHONPATH`` and the working directory
-set to the exported tree (checked before the run: the tree wins over the editable install). That
-hidden entry point takes the same JSON payload in bd22ad1 and since, so both sides are measured as
-the suite measures them; a revision whose child fails gets an error in that row, not a crash.
-
-For each configuration the two revisions run alternately for ``--rounds`` rounds (A B, B A,
-A B, ...), so a burst of load elsewhere tends to hit both. The table gives each side's median
-step time over the rounds, their ratio B/A, and the spread of the per-round ratios (min-max):
-a spread that contains 1.0 is within noise.
+Each revision's committed ``dpnotebook/`` is exported (``git archive``) into a temporary folder, and
+each configuration (planned from this checkout's suite options) runs in a fresh process of that
+revision's code (``python -m dpnotebook.benchmarks --child``), the two revisions alternating for
+``--rounds`` rounds. The table gives each side's median, their ratio B/A and the spread of the
+per-round ratios: a spread that contains 1.0 is within noise.
 """
 
 from __future__ import annotations
@@ -29,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -40,19 +28,16 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
-import torch
-
-from dpnotebook.benchmarks.__main__ import Config, Row, configurations, run_in_subprocess
+from dpnotebook.benchmarks.__main__ import Config, Row, configurations, environment, run_in_subprocess
 from dpnotebook.benchmarks.__main__ import parse_args as suite_args
 
+#: The suite's settings that every revision's child takes (``--rival`` is newer).
 SETTINGS = ("steps", "warmup", "threads", "device", "min_seconds", "max_steps")
 
 
 def compare(a_ms: list[float], b_ms: list[float]) -> dict[str, float | bool]:
-    """Medians of both sides, their ratio B/A, and the min and max of the per-round ratios.
-
-    Round ``i`` pairs ``a_ms[i]`` with ``b_ms[i]``; ``within_noise`` says whether 1.0 lies
-    between the smallest and the largest per-round ratio.
+    """Medians of both sides, their ratio B/A, and the min and max of the per-round ratios (round ``i`` pairs
+    ``a_ms[i]`` with ``b_ms[i]``); ``within_noise``: whether 1.0 lies between them.
 
     >>> r = compare([10.0, 12.0, 11.0], [11.0, 12.0, 9.9])
     >>> r["median_a"], r["median_b"], round(r["ratio"], 3), r["ratio_min"], r["ratio_max"], r["within_noise"]
@@ -62,15 +47,8 @@ def compare(a_ms: list[float], b_ms: list[float]) -> dict[str, float | bool]:
         raise ValueError(f"need one time per round on each side, got {len(a_ms)} and {len(b_ms)}")
     per_round = [b / a for a, b in zip(a_ms, b_ms, strict=True)]
     lo, hi = min(per_round), max(per_round)
-    median_a, median_b = statistics.median(a_ms), statistics.median(b_ms)
-    return {
-        "median_a": median_a,
-        "median_b": median_b,
-        "ratio": median_b / median_a,
-        "ratio_min": lo,
-        "ratio_max": hi,
-        "within_noise": lo <= 1.0 <= hi,
-    }
+    a, b = statistics.median(a_ms), statistics.median(b_ms)
+    return dict(median_a=a, median_b=b, ratio=b / a, ratio_min=lo, ratio_max=hi, within_noise=lo <= 1 <= hi)
 
 
 def label(row: Row) -> str:
@@ -83,12 +61,8 @@ def label(row: Row) -> str:
 
 
 def table(rows: list[Row], a: str, b: str) -> str:
-    """The comparison as a Markdown table (one line per configuration; errors shown as such).
-
-    The last two columns are steadier under load: each side's ratio to the non-private step that
-    its own process timed alternately with it (load that slows a whole process cancels out), and
-    the ratio of the fastest single steps over all rounds (the least disturbed ones).
-    """
+    """The comparison as a Markdown table; the last two columns, steadier under load, compare each side's ratio
+    to the non-private step timed in its own process, and the fastest single steps."""
     lines = [
         f"| configuration | {a} median ms | {b} median ms | ratio B/A | spread (min-max) | within noise "
         "| B/A of the ratio to non-private (spread) | B/A of the fastest steps |",
@@ -110,14 +84,11 @@ def table(rows: list[Row], a: str, b: str) -> str:
 
 def export(repo: Path, rev: str, into: Path) -> str:
     """Write ``rev``'s ``dpnotebook/`` into ``into`` (``git archive | tar -x``); return the full commit id."""
-    commit = subprocess.run(
-        ["git", "-C", str(repo), "rev-parse", "--verify", f"{rev}^{{commit}}"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
+    git = ["git", "-C", str(repo)]
+    found = subprocess.run([*git, "rev-parse", "--verify", f"{rev}^{{commit}}"], check=True, capture_output=True)
+    commit = found.stdout.decode().strip()
     into.mkdir(parents=True)
-    archive = subprocess.Popen(["git", "-C", str(repo), "archive", commit, "dpnotebook"], stdout=subprocess.PIPE)
+    archive = subprocess.Popen([*git, "archive", commit, "dpnotebook"], stdout=subprocess.PIPE)
     subprocess.run(["tar", "-x", "-C", str(into)], stdin=archive.stdout, check=True)
     if archive.stdout is not None:
         archive.stdout.close()
@@ -126,21 +97,18 @@ def export(repo: Path, rev: str, into: Path) -> str:
     return commit
 
 
-def _env(tree: Path) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(tree)}
-
-
 def imported_from(tree: Path) -> str:
     """Where ``import dpnotebook`` resolves in a child run in ``tree``; raise if that is not ``tree``."""
     cmd = [sys.executable, "-c", "import dpnotebook; print(dpnotebook.__file__)"]
-    path = subprocess.run(cmd, cwd=tree, env=_env(tree), check=True, capture_output=True, text=True).stdout.strip()
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    path = subprocess.run(cmd, cwd=tree, env=env, check=True, capture_output=True, text=True).stdout.strip()
     if not Path(path).resolve().is_relative_to(tree.resolve()):
         raise RuntimeError(f"a child in {tree} imports dpnotebook from {path}, not from the exported tree")
     return path
 
 
 def summarize(row: Row) -> Row:
-    """``row`` (a configuration with its ``a_runs`` and ``b_runs``: the children's rows) with the comparison added."""
+    """``row`` (a configuration with its children's rows, ``a_runs`` and ``b_runs``) with the comparison added."""
     runs = {side: row[f"{side}_runs"] for side in ("a", "b")}
     row = {k: v for k, v in row.items() if k in ("model", "batch", "K", "what", "a_runs", "b_runs")}
     errors = [x["error"] for side in ("a", "b") for x in runs[side] if "error" in x]
@@ -161,10 +129,8 @@ def run(
     timeout: float,
     done: Callable[[list[Row]], None] = lambda rows: None,
 ) -> list[Row]:
-    """Every configuration on both trees (keys ``"a"``, ``"b"``), alternately, ``rounds`` times each.
-
-    ``done`` gets the rows so far after each configuration (the JSON is written as the run goes).
-    """
+    """Every configuration on both trees (keys ``"a"``, ``"b"``), alternately, ``rounds`` times each;
+    ``done`` gets the rows so far after each configuration."""
     out: list[Row] = []
     start = time.time()
     for i, cfg in enumerate(configs, 1):
@@ -207,14 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     args = suite_args(rest)
     settings = {k: getattr(args, k) for k in SETTINGS}
     configs = configurations(args)
-    meta = {
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "machine": platform.machine(),
-        "cpus": os.cpu_count(),
-        "rounds": own.rounds,
-        **settings,
-    }
+    meta = {**environment(), "cpus": os.cpu_count(), "rounds": own.rounds, **settings}
     revisions: dict[str, dict[str, str]] = {}
     started = time.time()
 
@@ -222,8 +181,8 @@ def main(argv: list[str] | None = None) -> int:
         if own.json:
             seconds = round(time.time() - started)
             with open(own.json, "w") as f:
-                data = {"revisions": revisions, "settings": {**meta, "seconds": seconds, "complete": complete}}
-                json.dump({**data, "rows": rows}, f, indent=1)
+                meta.update(seconds=seconds, complete=complete)
+                json.dump({"revisions": revisions, "settings": meta, "rows": rows}, f, indent=1)
 
     tmp = Path(tempfile.mkdtemp(prefix="dpnotebook-revisions-"))
     try:

@@ -1,19 +1,9 @@
 """Time DPLSTM against nn.LSTM, side by side: ``python -m dpnotebook.benchmarks.rnn_speed [--device cuda]``.
 
-Two tables, each for both recurrences of the DP layer (``loop``: the Python
-loop over time; ``fused``: PyTorch's fused RNN operator, cuDNN on a GPU; see
-:func:`~dpnotebook.layers.recurrence.choose_recurrence`, which picks one for
-``"auto"``):
-
-* the layer: one forward and backward pass of ``nn.LSTM`` and of ``DPLSTM`` with
-  the same weights and input (no per-sample gradients: the DP layer's cost as a
-  plain layer);
-* the benchmark suite's ``LSTMClassifier`` step: the non-private step with
-  ``nn.LSTM``, the same with ``DPLSTM`` ("DPLSTM without privacy"), and the DP-SGD
-  step in hooks and ghost mode, each as a ratio to the non-private ``nn.LSTM`` step.
-
-The runs alternate so that a busy machine slows all alike, and the fastest of
-several runs is reported (on a busy machine fewer ``--threads`` give steadier figures).
+Both recurrences of the DP layer (``loop`` in Python, ``fused``: PyTorch's RNN operator, cuDNN on a GPU)
+in two tables: the layer's forward and backward pass against ``nn.LSTM`` with the same weights, and the
+suite's ``LSTMClassifier`` steps (non-private with ``DPLSTM``, DP-SGD in hooks and ghost mode) as ratios
+to the non-private ``nn.LSTM`` step. The runs alternate; the fastest of ``--repeats`` counts.
 
 >>> times = compare(batch=4, steps=3, input_size=2, hidden=3, repeats=2)
 >>> sorted(times)
@@ -23,13 +13,13 @@ several runs is reported (on a busy machine fewer ``--threads`` give steadier fi
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
 from torch import nn
 
+from dpnotebook.benchmarks.steps import timer
 from dpnotebook.layers import DPLSTM, DPRNNBase
 
 RUNS = ("loop", "fused")
@@ -57,17 +47,12 @@ def _fwd_bwd(model: nn.Module, x: torch.Tensor) -> Callable[[], None]:
 
 def _best(runs: dict[str, Callable[[], None]], repeats: int, device: str) -> dict[str, float]:
     """Fastest time in seconds of each run, the runs alternating (after one warm-up run each)."""
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-    best = {name: float("inf") for name in runs}
+    timed, best = timer(device), {name: float("inf") for name in runs}
     for run in runs.values():
         run()
     for _ in range(repeats):
         for name, run in runs.items():
-            sync()
-            start = time.perf_counter()
-            run()
-            sync()
-            best[name] = min(best[name], time.perf_counter() - start)
+            best[name] = min(best[name], timed(run) / 1e3)
     return best
 
 
@@ -80,13 +65,8 @@ def compare(
     repeats: int = 10,
     device: str = "cpu",
 ) -> dict[str, float]:
-    """Fastest forward+backward time in seconds of ``nn.LSTM`` and of ``DPLSTM`` with each recurrence.
-
-    Args:
-        batch, steps, input_size, hidden, num_layers: the problem size.
-        repeats: timed runs per contender (after one warm-up run each).
-        device: where to run (``"cpu"``, ``"cuda"``).
-    """
+    """Fastest forward+backward time in seconds of ``nn.LSTM`` and of ``DPLSTM`` with each recurrence,
+    over ``repeats`` timed runs after a warm-up one, on ``device``."""
     torch.manual_seed(0)
     native = nn.LSTM(input_size, hidden, num_layers, batch_first=True).to(device)
     x = torch.randn(batch, steps, input_size, device=device)
@@ -100,11 +80,8 @@ def compare(
 
 
 def compare_steps(batch: int = 128, repeats: int = 10, device: str = "cpu") -> dict[str, float]:
-    """Fastest time in seconds of the suite's ``LSTMClassifier`` steps, for each recurrence of the DP layer.
-
-    Keys: ``nonprivate`` (``nn.LSTM``), and ``<what> <recurrence>`` for ``what`` in
-    ``nonprivate_dplayers``, ``dpsgd_hooks``, ``dpsgd_ghost``.
-    """
+    """Fastest time in seconds of the suite's ``LSTMClassifier`` steps: ``nonprivate`` (``nn.LSTM``), and
+    ``<what> <recurrence>`` for ``nonprivate_dplayers``, ``dpsgd_hooks`` and ``dpsgd_ghost``."""
     from dpnotebook.benchmarks.steps import make_step
 
     runs = {"nonprivate": make_step("LSTMClassifier", "nonprivate", batch, device=device)}

@@ -1,7 +1,6 @@
 """One training step of each benchmarked configuration, as a closure ``step()``; dpnotebook's and Opacus 1.6's.
 
-Every step runs ``loss(model(*inputs), targets)`` with the same DP-SGD settings (:data:`SIGMA`,
-:data:`CLIP`, :data:`LR`). A suite configuration is named by what it runs:
+Every step has the same DP-SGD settings (:data:`SIGMA`, :data:`CLIP`, :data:`LR`). A configuration's name:
 
 =========================  ===================================================================
 ``nonprivate``             plain SGD step with ``torch.nn`` layers (the reference)
@@ -13,14 +12,13 @@ Every step runs ``loss(model(*inputs), targets)`` with the same DP-SGD settings 
 ``opacus_dpsgd_<mode>``    Opacus 1.6's DP-SGD step via ``PrivacyEngine.make_private``
 =========================  ===================================================================
 
-Opacus (the optional extra ``opacus==1.6.0``) is imported only when an Opacus step is asked for.
-
 >>> step = make_step("MLP", "dpsgd_ghost", batch=4, K=2)
 >>> step()
 """
 
 from __future__ import annotations
 
+import time
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -36,9 +34,8 @@ from dpnotebook.privacy._optimizer import optimizer_class
 
 #: Noise multiplier, clipping bound and learning rate of every timed step.
 SIGMA, CLIP, LR = 1.0, 1.0, 0.05
-#: dpnotebook's modes, read from the mode registry.
+#: dpnotebook's modes (the mode registry's), and Opacus 1.6's.
 MODES = tuple(dpnotebook.available_modes())
-#: Opacus 1.6's modes (its own names).
 OPACUS_MODES = ("hooks", "functorch", "ew", "ghost")
 
 Step = Callable[[], None]
@@ -46,12 +43,26 @@ Loss = Callable[[Tensor, Tensor], Tensor]
 Inputs = Tensor | tuple[Tensor, ...]
 
 
+def timer(device: str) -> Callable[[Callable[[], None]], float]:
+    """A function that runs a step on ``device`` and returns its milliseconds (CUDA synchronised)."""
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+
+    def timed(step: Callable[[], None]) -> float:
+        sync()
+        start = time.perf_counter()
+        step()
+        sync()
+        return (time.perf_counter() - start) * 1e3
+
+    return timed
+
+
 def _tuple(inputs: Inputs) -> tuple[Tensor, ...]:
     return (inputs,) if isinstance(inputs, Tensor) else tuple(inputs)
 
 
 def flavour_of(what: str) -> str:
-    """Which layer implementations a configuration uses (see :class:`~dpnotebook.benchmarks.models.BenchModel`).
+    """Which layer implementations (:class:`~dpnotebook.benchmarks.models.BenchModel`) a configuration uses.
 
     >>> flavour_of("nonprivate"), flavour_of("dpsgd_hooks"), flavour_of("gsm_ew"), flavour_of("opacus_dpsgd_hooks")
     ('native', 'dp', 'native', 'opacus')
@@ -92,8 +103,7 @@ def gsm_step(model: nn.Module, mode: str, inputs: Inputs, targets: Tensor, loss:
 
 
 def dpsgd_step(model: nn.Module, mode: str, x: Inputs, y: Tensor, K: int = 1, *, loss: Loss = F.cross_entropy) -> Step:
-    """A full DP-SGD step (per-sample gradients or norms, clipping, noise, SGD update) of ``model`` on
-    ``x, y`` (``B*K`` rows) in grad-sample ``mode`` with the mode's optimizer; tutorial 06 times it.
+    """A full DP-SGD step of ``model`` on ``x, y`` (``B*K`` rows) in ``mode`` with the mode's optimizer.
 
     >>> from torch import nn
     >>> step = dpsgd_step(nn.Linear(3, 2), "ghost", torch.randn(8, 3), torch.randint(0, 2, (8,)), K=2)
@@ -145,7 +155,7 @@ def opacus_available() -> str | None:
 
 
 class _RowLoss(nn.Module):
-    """A loss as an Opacus criterion: its ghost mode sets ``reduction = "none"`` and wants one loss per row."""
+    """A loss as an Opacus criterion (its ghost mode sets ``reduction = "none"``: one loss per row)."""
 
     def __init__(self, loss: Loss) -> None:
         super().__init__()
@@ -161,8 +171,8 @@ class _RowLoss(nn.Module):
 def opacus_step(
     model: nn.Module, kind: str, mode: str, inputs: Inputs, targets: Tensor, loss: Loss, batch: int
 ) -> Step:
-    """One Opacus 1.6 step in its ``mode``: ``kind`` ``"gsm"`` (per-sample gradients) or ``"dpsgd"``
-    (``PrivacyEngine.make_private`` on fixed-size batches of ``batch`` rows).
+    """One Opacus 1.6 step in its ``mode``: per-sample gradients (``kind="gsm"``) or DP-SGD (``"dpsgd"``,
+    ``PrivacyEngine.make_private`` on fixed-size batches).
 
     Raises:
         ImportError: Opacus is not installed (``pip install opacus==1.6.0``).
@@ -200,14 +210,13 @@ def opacus_step(
 
 
 def make_step(name: str, what: str, batch: int, K: int = 1, device: str = "cpu", seed: int = 0) -> Step:
-    """The step of suite configuration ``what`` on benchmark model ``name`` with ``batch`` samples of ``K`` rows.
+    """The step of configuration ``what`` on benchmark model ``name`` with ``batch`` samples of ``K`` rows.
 
     Raises:
-        ValueError: ``what`` is not a configuration name (see the module docstring).
+        ValueError: ``what`` is not a configuration name.
     """
     model, inputs, targets, loss = build(name, batch, K=K, flavour=flavour_of(what), seed=seed)
-    model, targets = model.to(device), targets.to(device)
-    inputs = tuple(x.to(device) for x in inputs)
+    model, targets, inputs = model.to(device), targets.to(device), tuple(x.to(device) for x in inputs)
     kind, _, mode = what.partition("_")
     if what in ("nonprivate", "nonprivate_dplayers"):
         return plain_step(model, inputs, targets, loss)
@@ -240,4 +249,5 @@ __all__ = [
     "opacus_available",
     "opacus_step",
     "make_step",
+    "timer",
 ]

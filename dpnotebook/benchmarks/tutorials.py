@@ -2,11 +2,9 @@
 
 ``python -m dpnotebook.benchmarks.tutorials [tutorials/*.ipynb]``
 
-Each notebook's code cells run top to bottom in a fresh Python process, in an IPython
-shell (so ``display(..., display_id=True)`` and magics behave as in a kernel, without the
-kernel's own ~60 MB); a cell that raises stops the run with its traceback. We report the wall
-time and the process's peak resident memory (``VmHWM``), against the budgets
-the tutorials promise: 60 s each, 5 minutes together, 1.5 GB (Binder gives 2 GB).
+Each notebook's code cells run in a fresh process, in an IPython shell (as in a kernel, without the
+kernel's ~60 MB); its wall time and peak memory (``VmHWM``) are checked against the tutorials' budgets:
+60 s each, 5 minutes together, 1.5 GB.
 """
 
 from __future__ import annotations

@@ -1,26 +1,10 @@
-"""Slider-to-redrawn-figure latency of each widget.
+"""Slider-to-redrawn-figure latency of each widget: ``python -m dpnotebook.benchmarks.widget_latency [--json]``.
 
-``python -m dpnotebook.benchmarks.widget_latency [--repeats 15] [--json]``
-
-For each widget a control is moved programmatically (``control.value = v``,
-exactly what a slider move does in the kernel: validation, state, artist
-updates) and the figure is then drawn for real with ``fig.canvas.draw()``
-(Agg). Two columns:
-
-* ``agg``: the widget is built with ``backend="static"`` (its callback does not
-  draw), so the time is *callback + one full Agg draw*: what ipympl pays in the
-  kernel before sending the picture.
-* ``image``: ``backend="image"``, the fallback without ipympl: the callback
-  draws and PNG-encodes into an ``ipywidgets.Image`` itself (no extra draw).
-
-The medians are reported with the 90th percentile, the fastest move, and the
-median CPU time of this process (``time.process_time``), which other programs
-on a shared machine disturb less than the wall clock. The goal is <= 50 ms. The
-privacy-budget explorer is timed twice: moving among settings seen before
-(cached), and to new ones (accountant calls, which a notebook runs debounced).
-
-For scale, a ``reference`` row times a bare matplotlib figure (three axes, a
-histogram, a line, 200 arrows) whose line moves; and the load average is printed.
+Each control is moved programmatically (``control.value = v``, what a slider move runs in the kernel).
+``agg``: the widget built with ``backend="static"``, then one full Agg draw (what ipympl pays);
+``image``: ``backend="image"``, whose callback draws and PNG-encodes itself. Medians, 90th percentile,
+fastest move and median CPU time, against a goal of 50 ms; a ``reference`` row times a bare matplotlib
+figure, and the privacy-budget explorer is also timed on new settings (accountant calls).
 """
 
 from __future__ import annotations
@@ -63,9 +47,12 @@ def _cnn() -> Any:
     return SmallCNN(channels=(8, 16))
 
 
-def _cases() -> list[tuple[str, str, Callable[[str], Any], list[Any], Callable[[Any, Any], None]]]:
-    """``(widget, control, build(backend), values, move(explorer, value))``."""
-    import functools
+Move = Callable[[Any, Any], None]
+
+
+def _cases() -> list[tuple[str, str, Callable[..., Any], list[Any], str | Move]]:
+    """``(widget, control, build(backend=...), values, the slider's name or move(explorer, value))``."""
+    from functools import partial
 
     from torch import nn
 
@@ -74,8 +61,8 @@ def _cases() -> list[tuple[str, str, Callable[[str], Any], list[Any], Callable[[
     x, y = _digits(64)
     ce = nn.functional.cross_entropy
 
-    def slider(name: str) -> Callable[[Any, Any], None]:
-        return lambda ex, v: setattr(ex.controls[name], "value", v)
+    def on_cnn(cls: Any) -> Callable[..., Any]:
+        return lambda backend: cls(_cnn(), (x, y), ce, backend=backend)
 
     def monitor_move(ex: Any, v: Any) -> None:
         ex.update(loss=1.0 / (1 + v), accuracy=0.5, epsilon=0.01 * ex.state.step, clip_fraction=0.3)
@@ -86,80 +73,33 @@ def _cases() -> list[tuple[str, str, Callable[[str], Any], list[Any], Callable[[
             m.update(loss=1.0 / (1 + i), accuracy=0.5, epsilon=0.01 * i, clip_fraction=0.3, force=False)
         return m
 
-    shift = functools.partial(w.augment_copies, kind="shift", strength=1)
-    c_values = [0.05, 0.1, 0.2, 0.5, 1.0, 2.0]
+    def augmult(backend: str) -> Any:
+        shift = partial(w.augment_copies, kind="shift", strength=1)
+        return w.AugmultExplorer(_cnn(), x[:32], y[:32], ce, augment=shift, k_max=8, backend=backend)
+
+    cs, sigmas = [0.05, 0.1, 0.2, 0.5, 1.0, 2.0], [0.5, 1.0, 2.0, 4.0]
+    budget = partial(w.PrivacyBudgetExplorer, accountant="rdp", debounce=0)
+    attack = "PrivacyAttackExplorer (3 simulated attacks)"
     return [
-        (
-            "GradientExplorer (SmallCNN, 64 digits)",
-            "sample",
-            lambda b: w.GradientExplorer(_cnn(), (x, y), ce, backend=b),
-            list(range(0, 64, 5)),
-            slider("sample"),
-        ),
-        (
-            "ClippingExplorer (2-D toy, arrows)",
-            "C",
-            lambda b: w.ClippingExplorer(backend=b),
-            c_values,
-            slider("max_grad_norm"),
-        ),
-        (
-            "ClippingExplorer (SmallCNN, 64 digits)",
-            "C",
-            lambda b: w.ClippingExplorer(_cnn(), (x, y), ce, backend=b),
-            c_values,
-            slider("max_grad_norm"),
-        ),
-        (
-            "NoiseExplorer (SmallCNN, 64 digits)",
-            "sigma",
-            lambda b: w.NoiseExplorer(_cnn(), (x, y), ce, backend=b),
-            [0.5, 1.0, 2.0, 4.0],
-            slider("noise_multiplier"),
-        ),
-        (
-            "NoiseExplorer (2-D toy)",
-            "batch size",
-            lambda b: w.NoiseExplorer(backend=b),
-            [4, 8, 16, 32, 64],
-            slider("batch_size"),
-        ),
-        (
-            "PrivacyBudgetExplorer, seen settings",
-            "sigma",
-            lambda b: w.PrivacyBudgetExplorer(accountant="rdp", backend=b, debounce=0),
-            [0.8, 1.0, 1.2],
-            slider("noise_multiplier"),
-        ),
-        ("AugmultExplorer (toy MLP)", "K", lambda b: w.AugmultExplorer(backend=b), list(range(1, 17, 3)), slider("K")),
-        (
-            "AugmultExplorer (SmallCNN, 32 digits, shifts)",
-            "K",
-            lambda b: w.AugmultExplorer(_cnn(), x[:32], y[:32], ce, augment=shift, k_max=8, backend=b),
-            list(range(1, 9)),
-            slider("K"),
-        ),
-        ("TrainingMonitor (200 steps so far)", "update()", monitor, list(range(1000)), monitor_move),
-        (
-            "PrivacyAttackExplorer (3 simulated attacks)",
-            "threshold",
-            lambda b: w.PrivacyAttackExplorer(backend=b),
-            [0.2, 0.5, 0.8, 1.1],
-            slider("threshold"),
-        ),
-        (
-            "PrivacyAttackExplorer (3 simulated attacks)",
-            "sigma",
-            lambda b: w.PrivacyAttackExplorer(backend=b),
-            [0.5, 0.8, 1.3, 2.0],
-            slider("noise_multiplier"),
-        ),
+        ("GradientExplorer (SmallCNN, 64 digits)", "sample", on_cnn(w.GradientExplorer), [*range(0, 64, 5)], "sample"),
+        ("ClippingExplorer (2-D toy, arrows)", "C", w.ClippingExplorer, cs, "max_grad_norm"),
+        ("ClippingExplorer (SmallCNN, 64 digits)", "C", on_cnn(w.ClippingExplorer), cs, "max_grad_norm"),
+        ("NoiseExplorer (SmallCNN, 64 digits)", "sigma", on_cnn(w.NoiseExplorer), sigmas, "noise_multiplier"),
+        ("NoiseExplorer (2-D toy)", "batch size", w.NoiseExplorer, [4, 8, 16, 32, 64], "batch_size"),
+        ("PrivacyBudgetExplorer, seen settings", "sigma", budget, [0.8, 1.0, 1.2], "noise_multiplier"),
+        ("AugmultExplorer (toy MLP)", "K", w.AugmultExplorer, [*range(1, 17, 3)], "K"),
+        ("AugmultExplorer (SmallCNN, 32 digits, shifts)", "K", augmult, [*range(1, 9)], "K"),
+        ("TrainingMonitor (200 steps so far)", "update()", monitor, [*range(1000)], monitor_move),
+        (attack, "threshold", w.PrivacyAttackExplorer, [0.2, 0.5, 0.8, 1.1], "threshold"),
+        (attack, "sigma", w.PrivacyAttackExplorer, [0.5, 0.8, 1.3, 2.0], "noise_multiplier"),
     ]
 
 
-def _time(
-    explorer: Any, values: list[Any], move: Callable[[Any, Any], None], repeats: int, draw: bool
-) -> tuple[list[float], list[float]]:
+def _slider(name: str) -> Move:
+    return lambda ex, v: setattr(ex.controls[name], "value", v)
+
+
+def _time(explorer: Any, values: list[Any], move: Move, repeats: int, draw: bool) -> tuple[list[float], list[float]]:
     """Wall and CPU milliseconds of ``repeats`` moves (each followed by a draw if ``draw``)."""
     cycle = itertools.cycle(values)
     for _ in range(3):  # warm up: first layout, caches
@@ -208,8 +148,8 @@ def _budget_cold(repeats: int) -> tuple[list[float], list[float]]:
     from dpnotebook.widgets import PrivacyBudgetExplorer
 
     ex = PrivacyBudgetExplorer(accountant="rdp", backend="static", debounce=0)
-    values = iter([0.9 + 0.0137 * i for i in range(1, repeats + 10)])
-    return _time(ex, [0.0], lambda e, _: setattr(e.controls["noise_multiplier"], "value", next(values)), repeats, True)
+    values = [0.9 + 0.0137 * i for i in range(1, repeats + 10)]  # never seen before: no cache
+    return _time(ex, values, _slider("noise_multiplier"), repeats, True)
 
 
 def _summary(times: tuple[list[float], list[float]], prefix: str) -> dict[str, float]:
@@ -227,29 +167,19 @@ def run(repeats: int = 15) -> list[dict[str, Any]]:
     """Time every case; one row per widget and control."""
     import matplotlib.pyplot as plt
 
-    rows = [
-        {
-            "widget": "reference: bare 3-axes matplotlib figure",
-            "control": "line",
-            **_summary(_reference(repeats), "agg"),
-        }
-    ]
+    rows: list[dict[str, Any]] = [{"widget": "reference: bare 3-axes matplotlib figure", "control": "line"}]
+    rows[0].update(_summary(_reference(repeats), "agg"))
     for name, control, build, values, move in _cases():
         row: dict[str, Any] = {"widget": name, "control": control}
         for backend, draw in (("static", True), ("image", False)):
             figures = len(plt.get_fignums())
-            explorer = build(backend)
-            row.update(_summary(_time(explorer, values, move, repeats, draw), "agg" if draw else "image"))
+            explorer = build(backend=backend)
+            times = _time(explorer, values, _slider(move) if isinstance(move, str) else move, repeats, draw)
+            row.update(_summary(times, "agg" if draw else "image"))
             assert len(plt.get_fignums()) == figures, "a slider move opened a figure"
         rows.append(row)
-    rows.append(
-        {
-            "widget": "PrivacyBudgetExplorer, new settings (rdp)",
-            "control": "sigma",
-            **_summary(_budget_cold(max(3, repeats // 3)), "agg"),
-        }
-    )
-    return rows
+    cold = _summary(_budget_cold(max(3, repeats // 3)), "agg")
+    return [*rows, {"widget": "PrivacyBudgetExplorer, new settings (rdp)", "control": "sigma", **cold}]
 
 
 def _table(rows: list[dict[str, Any]]) -> str:

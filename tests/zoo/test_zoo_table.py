@@ -1,4 +1,4 @@
-"""``python -m dpnotebook.benchmarks.zoo`` runs on the smallest settings and prints every mode (no timing is
+"""``python -m dpnotebook.benchmarks.zoo_table`` runs on the smallest settings and prints every mode (no timing is
 asserted); the snippets of ``docs/real-models.md`` run as they are."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 import dpnotebook
 from dpnotebook.benchmarks.zoo import ZOO, build
-from dpnotebook.benchmarks.zoo.__main__ import main, zoo_table
+from dpnotebook.benchmarks.zoo_table import main, zoo_table
 from tests.test_doc_snippets import ROOT, snippets
 
 

@@ -1,26 +1,15 @@
-"""``python -m dpnotebook.benchmarks.zoo``: the zoo table, every zoo model in every mode, next to Opacus 1.6.
+"""``python -m dpnotebook.benchmarks.zoo_table``: every zoo model in every mode, next to Opacus 1.6.
 
-Per model and mode (:func:`dpnotebook.available_modes`):
-
-* **error**: the largest ``|got - oracle| / max |oracle|`` of a float32 run against the float64 oracle
-  (:func:`~dpnotebook.benchmarks.zoo.check_zoo_model`), or the refusal;
-* **fallback**: how many ``torch.func`` units the wrapper runs, ``whole`` when one is the whole model;
-* **DP / plain**: a full DP-SGD step (on the model after ``dpnotebook.fix``) over a plain SGD step of the
-  model as built, timed alternately: the median over the pairs of one DP step and the plain step right
-  after it. These steps take milliseconds and a shared machine's load changes within seconds; the ratio
-  of neighbouring steps cancels most of it, where a ratio of two medians over the run does not. The DP
-  and plain columns are the medians.
-
-Then Opacus 1.6 (``--opacus``): its best mode among those whose per-sample gradients match the oracle
-(``1e-6`` relative, float64; its ghost mode forms none, so it is timed but not checked), on the model
-after ``dpnotebook.fix`` for functorch mode (BatchNorm to GroupNorm) and Opacus' ``ModuleValidator.fix``
-(its own ``DPMultiheadAttention``), or why none runs.
+Per model and mode: the float32 error against the float64 oracle (or the refusal), the ``torch.func``
+units (``whole`` when one is the whole model), and a DP-SGD step over a plain SGD step, timed
+alternately (the median of the ratios of neighbouring steps). With ``--opacus``, Opacus' best mode
+among those whose per-sample gradients match the oracle, or why none runs (``docs/real-models.md``).
 
 Examples::
 
-    python -m dpnotebook.benchmarks.zoo                          # every model and mode, B=16
-    python -m dpnotebook.benchmarks.zoo --opacus --steps 20
-    python -m dpnotebook.benchmarks.zoo --models vit bert --modes hooks ghost --batch 4
+    python -m dpnotebook.benchmarks.zoo_table                          # every model and mode, B=16
+    python -m dpnotebook.benchmarks.zoo_table --opacus --steps 20
+    python -m dpnotebook.benchmarks.zoo_table --models vit bert --modes hooks ghost --batch 4
 """
 
 from __future__ import annotations
@@ -29,7 +18,6 @@ import argparse
 import platform
 import statistics
 import sys
-import time
 import warnings
 from typing import Any
 
@@ -37,10 +25,10 @@ import torch
 from torch import nn
 
 import dpnotebook
-from dpnotebook.benchmarks.steps import OPACUS_MODES, Step, dpsgd_step, opacus_step, plain_step
-from dpnotebook.benchmarks.zoo import ZOO, build, check_zoo_model, prepared
+from dpnotebook.benchmarks.steps import OPACUS_MODES, Step, dpsgd_step, opacus_step, plain_step, timer
+from dpnotebook.benchmarks.zoo import ZOO, build, check_zoo_model, oracle, prepared
 from dpnotebook.compare import error_against
-from dpnotebook.testing import clean_copy, dot_loss, random_target, reference_grad_samples
+from dpnotebook.testing import clean_copy, dot_loss
 
 #: The relative error above which Opacus' per-sample gradients count as wrong.
 OPACUS_TOL = 1e-6
@@ -48,8 +36,7 @@ OPACUS_TOL = 1e-6
 
 def first_line(e: BaseException, width: int = 90) -> str:
     """``Type: message`` cut to its first sentence and ``width`` characters."""
-    text = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-    text = text.split(". ")[0]
+    text = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".split(". ")[0]
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
@@ -58,23 +45,18 @@ def time_side_by_side(dp: Step, plain: Step, *, steps: int, warmup: int) -> tupl
     for _ in range(warmup):
         dp()
         plain()
-    times: tuple[list[float], list[float]] = ([], [])
-    for _ in range(steps):
-        for step, out in ((dp, times[0]), (plain, times[1])):
-            start = time.perf_counter()
-            step()
-            out.append((time.perf_counter() - start) * 1e3)
-    ratios = [d / p for d, p in zip(*times, strict=True)]
-    return statistics.median(times[0]), statistics.median(times[1]), statistics.median(ratios)
+    timed = timer("cpu")
+    pairs = [(timed(dp), timed(plain)) for _ in range(steps)]
+    dp_ms, plain_ms = zip(*pairs, strict=True)
+    return statistics.median(dp_ms), statistics.median(plain_ms), statistics.median([d / p for d, p in pairs])
 
 
 def _opacus_model(name: str, dtype: torch.dtype) -> nn.Module:
     from opacus.validators import ModuleValidator
 
-    # BatchNorm becomes dpnotebook's GroupNorm (at least two channels per group: Opacus' own choice, one per
-    # group here, fails on the tiny ResNet's 1x1 maps); then Opacus' fix (its DPMultiheadAttention)
-    model = dpnotebook.fix(build(name).model, mode="functorch")
-    return ModuleValidator.fix(model).to(dtype)  # its new layers are made in float32
+    # BatchNorm becomes dpnotebook's GroupNorm (Opacus' own, one channel per group, fails on 1x1 maps),
+    # then Opacus' fix makes its DPMultiheadAttention (in float32)
+    return ModuleValidator.fix(dpnotebook.fix(build(name).model, mode="functorch")).to(dtype)
 
 
 def opacus_error(name: str, mode: str, rows: int = 3) -> float:
@@ -82,10 +64,7 @@ def opacus_error(name: str, mode: str, rows: int = 3) -> float:
     from opacus.grad_sample.utils import wrap_model
 
     model = _opacus_model(name, torch.float64)
-    inputs, _ = build(name).batch(rows, seed=1)
-    inputs = tuple(x.double() if x.is_floating_point() else x for x in inputs)
-    target = random_target(model, inputs)
-    ref = reference_grad_samples(model, inputs, target=target)
+    inputs, target, ref = oracle(model, name, rows)
     copy_ = clean_copy(model)
     wrapped = wrap_model(copy_, grad_sample_mode=mode, batch_first=True, loss_reduction="sum")
     dot_loss(wrapped(*inputs), target).backward()
@@ -93,8 +72,7 @@ def opacus_error(name: str, mode: str, rows: int = 3) -> float:
 
 
 def _steps(name: str, mode: str, batch: int, *, opacus: bool = False) -> tuple[Step, Step]:
-    """A DP-SGD step of zoo model ``name`` in ``mode`` (after ``dpnotebook.fix``, or Opacus' model and
-    ``make_private``), and a plain SGD step of the model as built."""
+    """A DP-SGD step of zoo model ``name`` in ``mode`` (dpnotebook's, or Opacus'), and a plain SGD step."""
     model, make_batch, loss = build(name)
     inputs, targets = make_batch(batch)
     plain = plain_step(model, inputs, targets, loss)
@@ -105,17 +83,16 @@ def _steps(name: str, mode: str, batch: int, *, opacus: bool = False) -> tuple[S
 
 def opacus_figure(name: str, batch: int, *, steps: int, warmup: int) -> str:
     """Opacus' best DP step over the plain step (``"x3.10 (hooks)"``, or ``"none runs"``), then what went
-    wrong in each mode that did not run or did not match the oracle."""
+    wrong in each mode that did not run or did not match the oracle (its ghost mode forms none: not checked)."""
     warnings.filterwarnings("ignore", module="opacus")
     best: tuple[float, str] | None = None
     failures = []
     for mode in OPACUS_MODES:
         try:
-            if mode != "ghost":
-                err = opacus_error(name, mode)
-                if not err <= OPACUS_TOL:
-                    failures.append(f"{mode}: wrong (error {err:.1e})")
-                    continue
+            err = opacus_error(name, mode) if mode != "ghost" else 0.0
+            if not err <= OPACUS_TOL:
+                failures.append(f"{mode}: wrong (error {err:.1e})")
+                continue
             step, plain = _steps(name, mode, batch, opacus=True)
             step()
             ratio = time_side_by_side(step, plain, steps=steps, warmup=warmup)[2]
@@ -124,8 +101,7 @@ def opacus_figure(name: str, batch: int, *, steps: int, warmup: int) -> str:
             continue
         if best is None or ratio < best[0]:
             best = (ratio, mode)
-    shown = f"x{best[0]:.2f} ({best[1]})" if best is not None else "none runs"
-    return "; ".join([shown, *failures])
+    return "; ".join([f"x{best[0]:.2f} ({best[1]})" if best is not None else "none runs", *failures])
 
 
 def zoo_rows(
@@ -172,7 +148,8 @@ def zoo_table(rows: list[dict[str, Any]]) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m dpnotebook.benchmarks.zoo", description=__doc__.split("\n\n")[0])
+    """The options (see the module docstring); bad sizes are refused with the fix."""
+    p = argparse.ArgumentParser(prog="python -m dpnotebook.benchmarks.zoo_table", description=__doc__.split("\n\n")[0])
     p.add_argument("--models", nargs="+", choices=list(ZOO), default=list(ZOO))
     p.add_argument("--modes", nargs="+", choices=dpnotebook.available_modes(), default=dpnotebook.available_modes())
     p.add_argument("--batch", type=int, default=16, help="rows per timed step (default 16)")
@@ -189,17 +166,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Print the zoo table."""
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    rows = zoo_rows(
-        args.models,
-        args.modes,
-        batch=args.batch,
-        steps=args.steps,
-        warmup=args.warmup,
-        opacus=args.opacus,
-        log=sys.stderr,
-    )
+    settings = {k: getattr(args, k) for k in ("batch", "steps", "warmup", "opacus")}
+    rows = zoo_rows(args.models, args.modes, **settings, log=sys.stderr)
     print(
         f"zoo table: B={args.batch}, median of {args.steps} timed pairs after {args.warmup} warm-up, "
         f"{args.threads} thread(s), torch {torch.__version__}, {platform.machine()}, "

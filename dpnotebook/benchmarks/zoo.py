@@ -1,46 +1,19 @@
 """The model zoo: tiny configurations of real architectures, each with its batch and its loss.
 
-Five Hugging Face models (:func:`dpnotebook.models.tiny_transformer`: nothing is downloaded) and
-three replicas with the module structure of torchvision's (torchvision is not a dependency):
-
-==============  ==========================================================================
-``bert``        ``BertForSequenceClassification`` (position table looked up once, ``[1, T]``)
-``distilbert``  ``DistilBertForSequenceClassification``
-``gpt2``        ``GPT2LMHeadModel`` (tied embeddings, ``Conv1D``)
-``t5``          ``T5ForConditionalGeneration`` (relative attention bias; ``decoder_input_ids``)
-``llama``       ``LlamaForCausalLM`` (RMSNorm, rotary embeddings)
-``resnet``      torchvision's ResNet: BatchNorm (``fix`` makes it GroupNorm), ``out += identity``
-``vit``         torchvision's ViT: class token on the root, position embedding on the encoder,
-                ``nn.MultiheadAttention`` (``fix`` makes it ``DPMultiheadAttention``)
-``convnext``    torchvision's ConvNeXt: channels-last ``LayerNorm2d`` (its samplers registered here, as a
-                user would: ``docs/real-models.md``), ``[C, 1, 1]`` layer scale,
-                depthwise 7x7 convolution
-==============  ==========================================================================
-
-:func:`build` returns a :class:`ZooCase`: the model (its output is a tensor: the Hugging Face
-models return their ``.logits`` through :class:`dpnotebook.models.Logits`), ``batch(rows, seed)``
-returning ``(inputs, targets)``, and ``loss(output, targets)`` (the mean over rows), so that a test
-or a benchmark runs any of them the same way:
+Five Hugging Face models (:func:`dpnotebook.models.tiny_transformer`) and three replicas of torchvision's
+(``resnet``, ``vit``, ``convnext``); ``docs/real-models.md`` describes each. A test or a benchmark runs any:
 
 >>> model, batch, loss = build("convnext")
 >>> inputs, targets = batch(3)
 >>> loss(model(*inputs), targets).shape
 torch.Size([])
 
-
-:func:`check_zoo_model` fixes a zoo model for a mode (:func:`dpnotebook.fix`), validates it, runs
-one batch through the mode's wrapper and compares with the float64 oracle
-(:func:`~dpnotebook.testing.reference_grad_samples`): per sample and per parameter for the modes
-that fill ``p.grad_sample``; by the per-sample norms and the clipped sums of ``clip_and_sum`` (the
-bound at the oracle's median norm: some samples clipped, some not) for a mode whose wrapper forms
-only those (ghost). The error is relative, ``max |got - oracle| / max |oracle|`` (``inf`` where a
-parameter has no per-sample gradient, or one of another shape):
+:func:`check_zoo_model` fixes a zoo model for a mode, validates it, runs one batch through the mode's
+wrapper and returns its relative error against the float64 oracle:
 
 >>> result = check_zoo_model("resnet", "hooks", rows=2)
 >>> result.max_rel_err < 1e-10, result.fallback, result.whole_model
 (True, [], False)
-
-``python -m dpnotebook.benchmarks.zoo`` prints the zoo table (:mod:`dpnotebook.benchmarks.zoo.__main__`).
 """
 
 from __future__ import annotations
@@ -74,26 +47,16 @@ Loss = Callable[[Tensor, Tensor], Tensor]
 
 
 class ZooCase(NamedTuple):
-    """A zoo model, how to make its batch, and its loss.
-
-    Attributes:
-        model: the module (its output is one tensor).
-        batch: ``batch(rows, seed=0) -> (inputs, targets)``; ``model(*inputs)`` runs it.
-        loss: ``loss(model(*inputs), targets)``: cross-entropy, mean over rows (and tokens).
-    """
+    """A zoo model (its output is one tensor), ``batch(rows, seed=0) -> (inputs, targets)`` and its mean loss."""
 
     model: nn.Module
     batch: Batch
     loss: Loss
 
 
-# ---------------------------------------------------------------- Hugging Face models
-
-
 def token_batch(targets: str, *, vocab: int = VOCAB, length: int = SEQ_LEN, classes: int = NUM_CLASSES) -> Batch:
-    """Random token ids ``[rows, length]`` and their targets: a class per row (``"class"``), a token per
-    position (``"tokens"``), or, for an encoder-decoder (``"seq2seq"``), a token per position with the
-    decoder's inputs (those tokens shifted right) as a second input."""
+    """Random token ids ``[rows, length]`` with a class per row (``"class"``), a token per position
+    (``"tokens"``), or a token per position and the decoder's inputs, shifted right (``"seq2seq"``)."""
 
     def batch(rows: int, seed: int = 0) -> tuple[tuple[Tensor, ...], Tensor]:
         gen = torch.Generator().manual_seed(seed)
@@ -104,6 +67,16 @@ def token_batch(targets: str, *, vocab: int = VOCAB, length: int = SEQ_LEN, clas
         if targets == "tokens":
             return (ids,), labels
         return (ids, torch.cat([labels.new_zeros(rows, 1), labels[:, :-1]], dim=1)), labels
+
+    return batch
+
+
+def image_batch(*shape: int, classes: int = NUM_CLASSES) -> Batch:
+    """Random images of ``shape`` with a class each."""
+
+    def batch(rows: int, seed: int = 0) -> tuple[tuple[Tensor, ...], Tensor]:
+        gen = torch.Generator().manual_seed(seed)
+        return (torch.randn(rows, *shape, generator=gen),), torch.randint(0, classes, (rows,), generator=gen)
 
     return batch
 
@@ -119,23 +92,13 @@ def hf_case(
     heads: int = 2,
     classes: int = NUM_CLASSES,
 ) -> tuple[Callable[[], nn.Module], Batch, Loss]:
-    """``(make the model, make a batch, loss)`` of the Hugging Face architecture ``kind``
-    (:func:`dpnotebook.models.tiny_transformer`; its weights drawn from torch's global generator);
-    the defaults are the zoo's size."""
+    """``(make the model, make a batch, loss)`` of the Hugging Face architecture ``kind`` (weights from torch's
+    global generator); the defaults are the zoo's size."""
     targets = {"bert": "class", "distilbert": "class", "t5": "seq2seq"}.get(kind, "tokens")
     size = {"length": positions, "width": width, "layers": layers, "heads": heads}
     make = partial(tiny_transformer, kind, vocab, **size, num_labels=classes, seed=None)
     loss = F.cross_entropy if targets == "class" else token_cross_entropy
     return make, token_batch(targets, vocab=vocab, length=length, classes=classes), loss
-
-
-# ---------------------------------------------------------------- torchvision replicas
-
-
-def _image_batch(rows: int, seed: int = 0) -> tuple[tuple[Tensor, ...], Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(rows, 3, IMAGE, IMAGE, generator=gen)
-    return (x,), torch.randint(0, NUM_CLASSES, (rows,), generator=gen)
 
 
 class BasicBlock(nn.Module):
@@ -163,7 +126,7 @@ class BasicBlock(nn.Module):
 
 
 class ResNet(nn.Module):
-    """torchvision's ``ResNet`` with one ``BasicBlock`` per stage (``widths`` per stage).
+    """torchvision's ``ResNet`` with one ``BasicBlock`` per stage.
 
     >>> ResNet()(torch.zeros(2, 3, 12, 12)).shape
     torch.Size([2, 3])
@@ -271,8 +234,7 @@ class LayerNorm2d(nn.LayerNorm):
         return x.permute(0, 3, 1, 2)
 
 
-# What a user does for their own channels-first LayerNorm (docs/real-models.md): our formula, registered for the class
-# (its forward is overridden, so nn.LayerNorm's samplers do not apply). Ghost mode materialises it like nn.LayerNorm.
+# what a user does for their own channels-first LayerNorm (docs/real-models.md)
 register_grad_sampler(LayerNorm2d)(channels_first_layer_norm_grad_sampler)
 register_norm_sampler(LayerNorm2d, materialises=True)(materialise)
 
@@ -312,10 +274,8 @@ class CNBlock(nn.Module):
 
 
 class ConvNeXt(nn.Module):
-    """torchvision's ``ConvNeXt``: 4x4 stem, stages of ``CNBlock`` with downsampling between, head.
-
-    ``layer_scale`` is 0.5 rather than torchvision's 1e-6, so that the blocks'
-    gradients are not negligible in the comparisons.
+    """torchvision's ``ConvNeXt``: 4x4 stem, stages of ``CNBlock`` with downsampling between, head
+    (``layer_scale`` 0.5, not 1e-6, so that the blocks' gradients count in the comparisons).
 
     >>> ConvNeXt()(torch.zeros(2, 3, 12, 12)).shape
     torch.Size([2, 3])
@@ -340,27 +300,20 @@ class ConvNeXt(nn.Module):
         return self.classifier(self.avgpool(self.features(x)))
 
 
-# ---------------------------------------------------------------- the registry
-
+_images = image_batch(3, IMAGE, IMAGE)
 #: ``name -> (make the model, make a batch, loss)``.
 ZOO: dict[str, tuple[Callable[[], nn.Module], Batch, Loss]] = {
     **{kind: hf_case(kind) for kind in TRANSFORMERS},
-    "resnet": (ResNet, _image_batch, F.cross_entropy),
-    "vit": (VisionTransformer, _image_batch, F.cross_entropy),
-    "convnext": (ConvNeXt, _image_batch, F.cross_entropy),
+    "resnet": (ResNet, _images, F.cross_entropy),
+    "vit": (VisionTransformer, _images, F.cross_entropy),
+    "convnext": (ConvNeXt, _images, F.cross_entropy),
 }
 #: The zoo models that come from Hugging Face ``transformers``.
 HF_MODELS = tuple(TRANSFORMERS)
 
 
 def build(name: str, *, seed: int = 0, dtype: torch.dtype = torch.float32) -> ZooCase:
-    """The zoo model ``name`` (weights seeded by ``seed``, in ``dtype``), its batch maker and its loss.
-
-    Args:
-        name: a key of :data:`ZOO`.
-        seed: seeds the weights (``batch`` takes its own seed).
-        dtype: the parameters' dtype (``torch.float64`` for the oracle comparisons); ``batch``
-            makes float32 images, cast them alike.
+    """The zoo model ``name`` (weights seeded by ``seed``, parameters in ``dtype``), its batch maker and its loss.
 
     Raises:
         ValueError: ``name`` is not in the zoo (the message lists the zoo).
@@ -375,19 +328,11 @@ def build(name: str, *, seed: int = 0, dtype: torch.dtype = torch.float32) -> Zo
     return ZooCase(make().to(dtype), batch, loss)
 
 
-# ---------------------------------------------------------------- against the oracle
-
-
 @dataclass
 class ZooCheck:
-    """What :func:`check_zoo_model` found.
-
-    Attributes:
-        max_rel_err: largest ``|got - oracle|`` over the largest ``|oracle|`` entry.
-        units: the wrapper's ``(path, how)`` units (empty for a mode without units, e.g. ew).
-        fallback: the paths of the ``torch.func`` units.
-        whole_model: whether one ``torch.func`` unit is the whole model.
-    """
+    """What :func:`check_zoo_model` found: the largest ``|got - oracle|`` over the largest ``|oracle|`` (``inf``
+    where a per-sample gradient is missing or misshapen), the wrapper's ``(path, how)`` units, the paths of
+    the ``torch.func`` ones, and whether one of them is the whole model."""
 
     max_rel_err: float
     units: list[tuple[str, str]] = field(default_factory=list)
@@ -407,8 +352,18 @@ def prepared(name: str, mode: str, *, dtype: torch.dtype = torch.float64, seed: 
     return fixed
 
 
-def _cast(inputs: tuple[Tensor, ...], dtype: torch.dtype) -> tuple[Tensor, ...]:
+def cast_inputs(inputs: tuple[Tensor, ...], dtype: torch.dtype) -> tuple[Tensor, ...]:
+    """The floating-point inputs in ``dtype`` (token ids stay)."""
     return tuple(x.to(dtype) if x.is_floating_point() else x for x in inputs)
+
+
+def oracle(
+    model: nn.Module, name: str, rows: int, *, K: int = 1, seed: int = 1
+) -> tuple[tuple[Tensor, ...], Tensor, dict[str, Tensor]]:
+    """A float64 batch of zoo model ``name``, a random target and the oracle's per-sample gradients of ``model``."""
+    inputs = cast_inputs(build(name).batch(rows * K, seed=seed)[0], torch.float64)
+    target = random_target(model, inputs)
+    return inputs, target, reference_grad_samples(model, inputs, target=target, K=K)
 
 
 def check_zoo_model(
@@ -416,23 +371,22 @@ def check_zoo_model(
 ) -> ZooCheck:
     """Fix, validate, wrap and run zoo model ``name`` in ``mode`` on ``rows`` samples of ``K`` rows.
 
+    The error is per sample and per parameter for the modes that fill ``p.grad_sample``; for ghost mode,
+    by the per-sample norms and the clipped sums (bound at the oracle's median norm).
+
     Args:
         K, rows: rows per sample, and samples B.
-        dtype: the dtype the mode runs in (the oracle is always float64).
-        seed: seeds the weights and the batch.
+        dtype, seed: the dtype the mode runs in (the oracle's is float64); the seed of weights and batch.
 
     Raises:
         GradSampleError, UnsupportedModuleError: the mode refuses the model (the message says why).
     """
     model = prepared(name, mode, dtype=torch.float64, seed=seed)
-    inputs, _ = build(name).batch(rows * K, seed=seed + 1)
-    inputs64 = _cast(inputs, torch.float64)
-    target = random_target(model, inputs64)
-    ref = reference_grad_samples(model, inputs64, target=target, K=K)
+    inputs, target, ref = oracle(model, name, rows, K=K, seed=seed + 1)
     copy_ = clean_copy(model).to(dtype)
     wrapped = dpnotebook.wrap_model(copy_, mode, K=K, loss_reduction="sum")
     try:
-        dot_loss(wrapped(*_cast(inputs, dtype)), target.to(dtype)).backward()
+        dot_loss(wrapped(*cast_inputs(inputs, dtype)), target.to(dtype)).backward()
         named = [(n, p) for n, p in copy_.named_parameters() if p.requires_grad]
         if hasattr(wrapped, "weighted_sums"):
             err = _clipped_sum_error(wrapped, named, ref)
@@ -450,7 +404,7 @@ def _result(err: float, units: list[tuple[str, str]]) -> ZooCheck:
 
 
 def units_after_a_step(name: str, mode: str, *, rows: int = 2) -> ZooCheck:
-    """The units of zoo model ``name`` in ``mode`` after one forward and backward pass (no oracle: ``max_rel_err`` is NaN).
+    """The units of zoo model ``name`` in ``mode`` after one forward and backward pass (``max_rel_err`` is NaN).
 
     >>> units_after_a_step("vit", "functorch").units
     [('model', 'torch.func')]
@@ -468,17 +422,14 @@ def units_after_a_step(name: str, mode: str, *, rows: int = 2) -> ZooCheck:
 
 
 def _clipped_sum_error(wrapped: Any, named: list[tuple[str, nn.Parameter]], ref: dict[str, Tensor]) -> float:
-    oracle_norms = clip_and_sum([ref[n] for n, _ in named], max_grad_norm=float("inf")).norms
-    C = float(oracle_norms.median())
-    oracle = clip_and_sum([ref[n] for n, _ in named], max_grad_norm=C)
+    C = float(clip_and_sum([ref[n] for n, _ in named], max_grad_norm=float("inf")).norms.median())
+    want = clip_and_sum([ref[n] for n, _ in named], max_grad_norm=C)
     norms = wrapped.per_sample_norms().double()
     sums = wrapped.weighted_sums(clip_factors(norms, C))
-    scale = float(oracle.norms.max())
-    err = (norms - oracle.norms).abs().max().item()
-    for (_, p), want in zip(named, oracle.summed, strict=True):
-        got = sums.get(p, torch.zeros_like(p)).double()
-        err = max(err, (got - want).abs().max().item())
-    return err / scale
+    err = (norms - want.norms).abs().max().item()
+    for (_, p), summed in zip(named, want.summed, strict=True):
+        err = max(err, (sums.get(p, torch.zeros_like(p)).double() - summed).abs().max().item())
+    return err / float(want.norms.max())
 
 
 __all__ = [
@@ -492,8 +443,11 @@ __all__ = [
     "LayerNorm2d",
     "hf_case",
     "token_batch",
+    "image_batch",
     "check_zoo_model",
     "units_after_a_step",
     "prepared",
+    "oracle",
+    "cast_inputs",
     "ZooCheck",
 ]
