@@ -58,12 +58,8 @@ ORDER: list[tuple[str, list[str]]] = [
 #: Upward imports allowed as ``(importer, imported)``: none is left (issue #32). Do not add to it.
 ALLOWED_UPWARD: set[tuple[str, str]] = set()
 
-#: Imports that close a loop between folders without running up the layers (the imported module sits
-#: low, in a folder that imports back), as ``(importer, imported)``; the lead empties it as above.
-ALLOWED_LOOPS: set[tuple[str, str]] = {
-    # the zoo's command line times its models with the suite's steps, whose models come from the zoo (bench branch)
-    ("dpnotebook.benchmarks.zoo.__main__", "dpnotebook.benchmarks.steps"),
-}
+#: Imports allowed to close a loop between folders, as ``(importer, imported)``: none is left. Do not add to it.
+ALLOWED_LOOPS: set[tuple[str, str]] = set()
 
 
 def modules() -> dict[str, Path]:
