@@ -1,18 +1,7 @@
-"""Checks of tutorial 01 (per-sample gradients): a linear layer's per-sample gradient norms without the gradients.
+"""Checks of tutorial 01 (per-sample gradients): norms without materialising, and the clipping factors.
 
-The answer is ``linear_weight_norms(a, g)``: activations ``a`` ``[B, in]`` or ``[B, T, in]`` and
-backprops ``g`` ``[B, out]`` or ``[B, T, out]`` to the ``[B]`` norms of the weight gradients
-``sum_t g_t a_tᵀ``. The check compares with the definition (the gradients built in float64) and
-watches every tensor the answer creates: one as large as the ``B`` gradients means they were built.
-
->>> import torch
->>> from dpnotebook.exercises import judge
->>> def materialised(a, g):
-...     if a.dim() == 2:
-...         a, g = a[:, None], g[:, None]
-...     return torch.einsum("bto,bti->boi", g, a).flatten(1).norm(dim=1)
->>> judge("01.norm_without_materialising", materialised).hint
-'right numbers, but you built a tensor of ... entries (the B per-sample gradients have ...): ...'
+``01.norm_without_materialising`` compares with the float64 definition and watches every tensor the
+answer creates: one as large as the ``B`` per-sample gradients means they were built.
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
 """Checks of tutorial 02 (write a grad sampler): ``nn.Linear`` as an einsum, the ``Gate`` layer, a LoRA adapter.
 
-Each check calls the student's sampler on float64 inputs to name the common mistake (a missing ``/K``,
-a transposed result, positions not summed, the chain-rule factor), then runs
-:func:`dpnotebook.testing.check_grad_sampler` against the float64 oracle.
-
->>> from dpnotebook.exercises import judge
->>> from dpnotebook.grad_sample.samplers.linear import linear_grad_sampler
->>> judge("02.linear_einsum", linear_grad_sampler).solved
-True
+Each check names the common mistake on float64 inputs (a missing ``/K``, a transposed result, positions
+not summed, the chain-rule factor), then runs :func:`dpnotebook.testing.check_grad_sampler`.
 """
 
 from __future__ import annotations

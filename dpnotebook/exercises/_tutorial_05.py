@@ -1,16 +1,5 @@
-"""Checks of tutorial 05 (augmentation multiplicity): the ε of a run nobody has trained yet.
-
-The question: the K = 4 runs, rerun with K = 16 copies and for 50 epochs instead of 25 (same σ, same
-sample rate). The answer is the number of steps that run takes and the ε it would spend, computed
-before training; ``engine.get_epsilon`` of the runs above gives the ε of 25 epochs, not this one.
-The check recognises the usual slips: the 25-epoch ε copied, steps or sample rate multiplied by K,
-steps counted from the dataset size, ε doubled for twice the epochs.
-
->>> from dpnotebook.exercises import judge
->>> from dpnotebook.privacy import compute_epsilon
->>> judge("05.epsilon_any_K", compute_epsilon(noise_multiplier=1.2, sample_rate=4 * 128 / 1438,
-...       steps=550, delta=1e-5), steps=550).hint
-'that is the ε of a sample rate K·128/1438: the accountant counts samples, not rows, so q = 128/1438 whatever K is'
+"""Checks of tutorial 05 (augmentation multiplicity): the steps and ε of a K = 16, 50-epoch run, computed before
+training; the hints recognise the usual slips (the 25-epoch ε, steps or q times K, ε doubled).
 """
 
 from __future__ import annotations

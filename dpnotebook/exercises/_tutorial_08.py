@@ -1,27 +1,7 @@
-"""Checkers for tutorial 08 (what epsilon means).
+"""Checks of tutorial 08 (what epsilon means): the best threshold, the ε for a margin, the ε an attack proves.
 
-* ``08.best_threshold``: the student's ``best_threshold(member_scores, nonmember_scores)``
-  must reach the largest advantage ``TPR - FPR`` that any threshold reaches on those scores,
-  as :func:`~dpnotebook.audit.attack_roc` computes it, on several score sets.
-* ``08.epsilon_for_margin``: the student's ``epsilon_for_margin(margin, delta)`` must give
-  the largest epsilon at which *every* ``(epsilon, delta)``-DP training keeps every attacker's
-  advantage within ``margin``: :func:`~dpnotebook.audit.advantage_bound` of the answer
-  must equal ``margin``.
-* ``08.epsilon_from_attack``: the student's ``epsilon_from_attack(tp, members, fp, nonmembers, delta)``
-  must give the largest epsilon that an attack's counts refute at 95% confidence: the *lower* end of
-  TPR's and the *upper* end of FPR's two-sided 95% Clopper–Pearson interval (each end fails with
-  probability 2.5%, both together with at most 5%) put into *both* inequalities ``TPR <= e^eps FPR + delta`` and
-  ``1 - TPR >= e^-eps (1 - FPR - delta)``, and 0 when neither is violated. The check computes the
-  answer itself from ``scipy.stats.beta``; no library function returns it.
-
->>> import numpy as np
->>> from dpnotebook.audit import attack_roc
->>> check_best_threshold(lambda m, n: attack_roc(m, n).best_threshold)
-'reaches the best advantage on every score set'
->>> check_epsilon_for_margin(lambda margin, delta: float(np.log((1 + margin - 2 * delta) / (1 - margin))))
-'advantage_bound(epsilon_for_margin(m, d), d) == m for every margin and delta tried'
->>> check_epsilon_from_attack(lambda tp, n, fp, nn, delta: _refuted(tp, n, fp, nn, delta))
-'the epsilon each attack proves, with intervals on both rates and both inequalities'
+The last is computed here from ``scipy.stats.beta`` (95% Clopper–Pearson ends on both rates, both inequalities
+of (ε, δ)-DP); no library function returns it.
 """
 
 from __future__ import annotations
