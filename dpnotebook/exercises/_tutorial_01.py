@@ -16,7 +16,7 @@ from dpnotebook.exercises._core import ExerciseFailed, register_check, require
 
 
 class _LargestTensor(TorchFunctionMode):
-    """Records the largest number of entries of any tensor a torch function returns."""
+    """Records the most entries of any tensor a torch function returns."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -81,26 +81,13 @@ def check_norms(linear_weight_norms: Callable[[Tensor, Tensor], Tensor]) -> str:
     return "‖g aᵀ‖ = ‖g‖‖a‖ and the Gram form agree with the gradients' norms; no [B, out, in] tensor was built"
 
 
-def _clip_factors(norms: Tensor, C: float) -> Tensor:
-    return (C / norms).clamp(max=1.0)
-
-
 @register_check(
     "01.per_sample_norms",
     todo="compute norms (one number per sample: the length of its whole gradient, every parameter together) "
     "and factors (the factor clipping at C multiplies each sample's gradient by)",
 )
 def check_per_sample_norms(norms: Tensor, factors: Tensor, oracle: dict[str, Tensor], C: float) -> str:
-    """The 8 per-sample norms from the oracle's gradients and the clipping factors at ``C``, against the library.
-
-    The hints name the usual slips (squared norms, the parameters' norms added or kept apart, a factor
-    above 1, the factor upside down) without giving the code.
-
-    >>> import torch
-    >>> oracle = {"w": torch.tensor([[3.0, 0.0], [0.3, 0.0]]), "b": torch.tensor([[4.0], [0.4]])}
-    >>> check_per_sample_norms(torch.tensor([5.0, 0.5]), torch.tensor([0.2, 1.0]), oracle, C=1.0)
-    'the norms match dpnotebook.privacy.per_sample_norms; clipping at C = 1 shrinks 1 of 2 samples and leaves 1 as they are'
-    """
+    """The per-sample norms of the oracle's gradients and the clipping factors at ``C``, against the library."""
     from dpnotebook.privacy import per_sample_norms
 
     want = per_sample_norms(list(oracle.values())).double()
@@ -136,7 +123,7 @@ def check_per_sample_norms(norms: Tensor, factors: Tensor, oracle: dict[str, Ten
         + ("" if isinstance(factors, Tensor) else f"; got {type(factors).__name__}"),
     )
     f = factors.detach().double().cpu()
-    right = _clip_factors(want, C)
+    right = (C / want).clamp(max=1.0)
     if torch.allclose(f, want / C, rtol=1e-5) or torch.allclose(f, (want / C).clamp(max=1.0), rtol=1e-5):
         raise ExerciseFailed(
             "the factor is upside down: a gradient of norm n, multiplied by the factor, must come out with norm "

@@ -17,12 +17,11 @@ from dpnotebook.exercises._core import ExerciseFailed, register_check, require
 from dpnotebook.grad_sample import find_grad_sampler, register_grad_sampler, unregister_grad_sampler
 from dpnotebook.testing import check_grad_sampler
 
+Sampler = Callable[..., Any]
+
 
 def _same(got: object, want: Tensor) -> bool:
     return isinstance(got, Tensor) and got.shape == want.shape and torch.allclose(got.double(), want, atol=1e-10)
-
-
-Sampler = Callable[..., Any]
 
 
 def _call(sampler: Sampler, layer: nn.Module, x: Tensor, g: Tensor, K: int) -> dict[Any, Any]:
@@ -45,7 +44,7 @@ def _registered(sampler: Sampler, layer: nn.Module, name: str, layer_name: str) 
 
 
 def _oracle(cases: Iterable[tuple[nn.Module, Tensor, int, bool]]) -> None:
-    """``check_grad_sampler`` on each ``(layer, input, K, batch_first)``; a mismatch is the student's to fix."""
+    """``check_grad_sampler`` on each ``(layer, input, K, batch_first)``."""
     try:
         for layer, x, K, batch_first in cases:
             check_grad_sampler(layer, x, K=K, batch_first=batch_first)
@@ -60,12 +59,6 @@ def _k_times(K: int, *pairs: tuple[Any, Tensor]) -> None:
 
 class _StudentLinear(nn.Linear):
     """A Linear of its own type, so the student's sampler is registered without replacing the built-in one."""
-
-
-def _linear_expected(layer: nn.Linear, x: Tensor, g: Tensor, K: int) -> tuple[Tensor, Tensor]:
-    B = x.shape[0] // K
-    a, b = x.reshape(B, -1, x.shape[-1]), g.reshape(B, -1, g.shape[-1])
-    return torch.einsum("bto,bti->boi", b, a) / K, b.sum(1) / K
 
 
 @register_check(
@@ -86,9 +79,9 @@ def check_linear_einsum(sampler: Sampler) -> str:
             "the dict has no entry for layer.bias: its per-sample gradient is the "
             "backprops summed over positions (and averaged over the K copies)",
         )
-        weight, bias = _linear_expected(layer, x, g, K)
-        got = result[layer.weight]
         B = shape[0] // K
+        a, b = x.reshape(B, -1, 4), g.reshape(B, -1, 3)
+        weight, bias, got = torch.einsum("bto,bti->boi", b, a) / K, b.sum(1) / K, result[layer.weight]
         require(isinstance(got, Tensor), "the weight's entry is not a tensor")
         if got.shape == weight.transpose(1, 2).shape and got.shape != weight.shape:
             raise ExerciseFailed(
@@ -135,13 +128,6 @@ def check_linear_einsum(sampler: Sampler) -> str:
     return "matches the float64 oracle for K=1 and 2, with and without positions, batch_first=False too"
 
 
-def _gate_terms(layer: nn.Module, x: Tensor, g: Tensor, K: int) -> tuple[Tensor, Tensor]:
-    B = x.shape[0] // K
-    through = (g * x).reshape(B, -1, x.shape[-1]).sum(1) / K  # d loss / d (sigmoid(w)) per sample
-    s = torch.sigmoid(cast(Tensor, layer.w).detach())  # the notebook's Gate: w is its Parameter
-    return through, s
-
-
 @register_check("02.gate_sampler", todo="derive d loss / d w_j, complete gate_sampler (with K) and run its cell")
 def check_gate_sampler(sampler: Sampler, layer_type: type[nn.Module]) -> str:
     """The student's ``Gate`` sampler (``layer_type`` is the notebook's ``Gate`` class)."""
@@ -152,7 +138,8 @@ def check_gate_sampler(sampler: Sampler, layer_type: type[nn.Module]) -> str:
         g = torch.randn(2 * K, 7, 5, dtype=torch.float64)
         result = _call(sampler, layer, x, g, K)
         require(layer.w in result, "the dict has no entry for layer.w")
-        through, s = _gate_terms(layer, x, g, K)
+        through = (g * x).reshape(2, -1, 5).sum(1) / K  # d loss / d (sigmoid(w)) per sample
+        s = torch.sigmoid(cast(Tensor, layer.w).detach())  # the notebook's Gate: w is its Parameter
         got = result[layer.w]
         right = through * s * (1 - s)
         require(

@@ -74,11 +74,7 @@ def _classic(epsilon: float, delta: float, sensitivity: float) -> float:
 
 
 def exact_gaussian_sigma(epsilon: float, delta: float, sensitivity: float) -> float:
-    """The smallest noise std at which the Gaussian mechanism is (ε, δ)-DP (Balle & Wang 2018), for the hints.
-
-    >>> round(exact_gaussian_sigma(0.5, 1e-5, 1.0), 3)
-    7.032
-    """
+    """The smallest noise std at which the Gaussian mechanism is (ε, δ)-DP (Balle & Wang 2018), for the hints."""
     from scipy.optimize import brentq
 
     from dpnotebook.audit import gaussian_delta
