@@ -76,15 +76,10 @@ def linear_from_conv1d(layer: nn.Module) -> nn.Linear:
         )
     weight = cast(Tensor, layer.weight)
     bias = cast("Tensor | None", layer.bias)
-    linear = nn.Linear(weight.shape[0], weight.shape[1], bias=bias is not None)
-    linear.to(device=weight.device, dtype=weight.dtype)
-    with torch.no_grad():
-        linear.weight.copy_(weight.T)
-        if bias is not None:
-            linear.bias.copy_(bias)
-    linear.weight.requires_grad_(weight.requires_grad)
+    linear = nn.Linear(*weight.shape, bias=bias is not None, device=weight.device, dtype=weight.dtype)
+    linear.weight = nn.Parameter(weight.detach().T.clone(), requires_grad=weight.requires_grad)
     if bias is not None:
-        linear.bias.requires_grad_(bias.requires_grad)
+        linear.bias = nn.Parameter(bias.detach().clone(), requires_grad=bias.requires_grad)
     return linear
 
 

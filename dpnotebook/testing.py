@@ -72,18 +72,11 @@ def reference_grad_samples(
 ) -> dict[str, Tensor]:
     """Per-sample gradients by microbatching, in float64: the definition itself.
 
-    Row ``r`` alone goes through a float64 copy of ``module``; sample ``i``'s gradient is the mean
-    of the gradients of ``loss_fn(output_r, target_r)`` over its rows ``i*K .. i*K+K-1``.
-
-    Args:
-        module: not changed (a float64 copy is used).
-        inputs: positional inputs holding ``B*K`` rows.
-        target: per-row targets for ``loss_fn`` (default: :func:`random_target`).
-        loss_fn: loss of one row, summed (no mean over rows).
-        K: augmentation multiplicity.
-        batch_first: rows in dim 0 (``True``) or dim 1.
-        split: ``split(inputs, r)`` returns the inputs of row ``r`` alone, for inputs that plain
-            slicing cannot split (an EmbeddingBag's offsets).
+    Row ``r`` of ``inputs`` (``B*K`` rows, in dim 0 or, without ``batch_first``, dim 1) alone goes
+    through a float64 copy of ``module``; sample ``i``'s gradient is the mean of the gradients of
+    ``loss_fn(output_r, target_r)`` (default: :func:`dot_loss` with :func:`random_target`) over its rows
+    ``i*K .. i*K+K-1``. ``split(inputs, r)``, if given, returns row ``r``'s inputs where slicing cannot
+    (an EmbeddingBag's offsets).
 
     Returns:
         ``{parameter name: [B, *shape] float64 tensor}`` for every trainable parameter.
@@ -196,14 +189,11 @@ def check_grad_sampler(
 
     Args:
         module: the layer (or model) to check; it is copied, never changed.
-        *inputs: its inputs, holding ``B*K`` rows.
-        K: augmentation multiplicity.
-        batch_first: rows in dim 0 (``True``) or dim 1.
-        loss_reduction: ``"mean"`` or ``"sum"``, as in :class:`~dpnotebook.grad_sample.GradSampleModule`.
+        *inputs: its inputs, holding ``B*K`` rows (``K``, ``batch_first`` and ``split`` as in
+            :func:`reference_grad_samples`; ``loss_reduction`` as in ``GradSampleModule``).
         dtype: run the samplers in this dtype (the oracle always uses float64).
         tolerance: largest accepted relative error (1e-10 for float64, 1e-5 for float32). An absolute
             error below 1e-12 (float64) or 1e-6 (float32) also passes, for gradients that are exactly zero.
-        split: see :func:`reference_grad_samples`.
         fallback: also check the torch.func fallback, which needs every batched input to hold the rows
             in the batch dim (turn it off for an EmbeddingBag's 1-D indices with offsets).
 

@@ -70,11 +70,7 @@ class Verdict:
         return self.status is Status.SOLVED
 
     def line(self) -> str:
-        """The one line :func:`check` prints.
-
-        >>> Verdict("02.x", Status.NOT_YET, "fill in the sampler").line()
-        '✗ 02.x: not yet solved — fill in the sampler'
-        """
+        """The one line :func:`check` prints, e.g. ``✗ 02.x: not yet solved — fill in the sampler``."""
         mark = "✓" if self.solved else "✗"
         return f"{mark} {self.exercise_id}: {self.status.value}" + (f" — {self.hint}" if self.hint else "")
 
@@ -109,17 +105,9 @@ def tutorial_prefix(exercise_id: str) -> str:
 
 
 def register_check(exercise_id: str, todo: str = _DEFAULT_TODO) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Decorator registering a checker for ``exercise_id`` (``"NN.name"``).
+    """Decorator registering a checker for ``exercise_id``, with ``todo``: what to do while the answer is the stub.
 
-    :func:`check` imports ``dpnotebook.exercises._tutorial_NN`` the first time it meets an id with
-    that prefix, so a new tutorial's checkers need only that module.
-
-    Args:
-        exercise_id: The exercise's id.
-        todo: What the student should do while the answer is still the stub.
-
-    Returns:
-        The decorator; it returns the checker unchanged.
+    :func:`check` imports ``dpnotebook.exercises._tutorial_NN`` the first time it meets an id ``"NN.name"``.
     """
     tutorial_prefix(exercise_id)
 
@@ -166,9 +154,6 @@ def number(value: Any, hint: str, *, finite: bool = False) -> float:
     """``value`` as a float if it is a real number (not a bool or NaN; not inf if ``finite``), else
     :class:`ExerciseFailed` with ``hint``.
 
-    >>> import numpy as np
-    >>> number(2, "return one number"), number(np.float64(0.5), "return one number")
-    (2.0, 0.5)
     >>> number("2", "return one number")
     Traceback (most recent call last):
     ...
@@ -252,13 +237,8 @@ def judge(exercise_id: str, answer: Any, **context: Any) -> Verdict:
 def check(exercise_id: str, answer: Any, **context: Any) -> Verdict:
     """Check ``answer`` for ``exercise_id``, print one line saying so, and return the :class:`Verdict`.
 
-    Args:
-        exercise_id: The registered id, e.g. ``"02.linear_einsum"``.
-        answer: What the student wrote: usually the function defined in the exercise cell.
-        **context: Anything else the checker needs from the notebook (a model, a budget ...).
-
-    Returns:
-        The verdict.
+    ``answer`` is usually the function the exercise cell defines; ``context`` is anything else the checker
+    needs from the notebook (a model, a budget ...).
 
     Raises:
         ValueError: ``exercise_id`` is malformed or has no checker (the notebook's mistake).

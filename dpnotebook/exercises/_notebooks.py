@@ -37,8 +37,7 @@ _CHECK_CALL = re.compile(r"""\bcheck\(\s*["'](\d\d[a-z]?\.[A-Za-z0-9_.]+)["']"""
 def parse_solutions(text: str) -> dict[str, str]:
     """Split a solutions file into ``{exercise_id: source}``; text before the first block is ignored.
 
-    Raises:
-        ValueError: an id appears twice.
+    Raises ``ValueError`` when an id appears twice.
     """
     blocks: dict[str, list[str]] = {}
     current: list[str] | None = None
@@ -89,8 +88,7 @@ def _text(value: str | list[str]) -> str:
 def exercise_cells(notebook: dict[str, Any]) -> dict[str, int]:
     """``{exercise_id: cell index}`` of the code cells tagged ``exercise``.
 
-    Raises:
-        ValueError: a tagged cell has no ``exercise_id`` or repeats one.
+    Raises ``ValueError`` when a tagged cell has no ``exercise_id`` or repeats one.
     """
     found: dict[str, int] = {}
     for index, cell in enumerate(notebook["cells"]):
@@ -157,8 +155,7 @@ def problems(notebook_path: Path, solutions_dir: Path | None = None) -> list[str
 def solved(notebook_path: Path, solutions_dir: Path | None = None) -> dict[str, Any]:
     """The notebook with every tagged cell's source replaced by its solution, all outputs cleared.
 
-    Raises:
-        ValueError: the notebook and its solutions file do not match (see :func:`problems`).
+    Raises ``ValueError`` when the notebook and its solutions file do not match (see :func:`problems`).
     """
     notebook = read_notebook(notebook_path)
     cells = exercise_cells(notebook)
