@@ -161,10 +161,7 @@ def capability_markdown(rows: list[CapabilityRow] | None = None) -> str:
     modes = list(rows[0].cells)
     lines = ["| feature | " + " | ".join(modes) + " |", "|---|" + "---|" * len(modes)]
     for row in rows:
-        cells = []
-        for m in modes:
-            cell = row.cells[m]
-            cells.append(cell.status if not cell.note else f"{cell.status} ({cell.note})")
+        cells = (f"{c.status} ({c.note})" if c.note else c.status for c in (row.cells[m] for m in modes))
         lines.append(f"| {row.feature} | " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines)
 

@@ -76,7 +76,9 @@ def linear_from_conv1d(layer: nn.Module) -> nn.Linear:
         )
     weight = cast(Tensor, layer.weight)
     bias = cast("Tensor | None", layer.bias)
-    linear = nn.Linear(*weight.shape, bias=bias is not None, device=weight.device, dtype=weight.dtype)
+    linear = nn.Linear(
+        weight.shape[0], weight.shape[1], bias=bias is not None, device=weight.device, dtype=weight.dtype
+    )
     linear.weight = nn.Parameter(weight.detach().T.clone(), requires_grad=weight.requires_grad)
     if bias is not None:
         linear.bias = nn.Parameter(bias.detach().clone(), requires_grad=bias.requires_grad)

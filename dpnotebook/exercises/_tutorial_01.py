@@ -45,10 +45,8 @@ def check_norms(linear_weight_norms: Callable[[Tensor, Tensor], Tensor]) -> str:
     """The norms for T = 1 and T = 3, against the materialised definition, and without materialising."""
     B, d_in, d_out = 4, 48, 40
     for T in (None, 3):
-        shape_a = (B, d_in) if T is None else (B, T, d_in)
-        shape_g = (B, d_out) if T is None else (B, T, d_out)
-        a = torch.randn(shape_a, dtype=torch.float64)
-        g = torch.randn(shape_g, dtype=torch.float64)
+        lead = (B,) if T is None else (B, T)
+        a, g = torch.randn(*lead, d_in, dtype=torch.float64), torch.randn(*lead, d_out, dtype=torch.float64)
         with _LargestTensor() as watch:
             got = linear_weight_norms(a, g)
         want = _definition(a, g)
@@ -103,8 +101,7 @@ def check_per_sample_norms(norms: Tensor, factors: Tensor, oracle: dict[str, Ten
         norms.shape == want.shape,
         f"norms should hold one number per sample, shape [{B}]; got {list(norms.shape)}",
     )
-    got = norms.detach().double().cpu()
-    want = want.cpu()
+    got, want = norms.detach().double().cpu(), want.cpu()
     if torch.allclose(got, want.square(), rtol=1e-5):
         raise ExerciseFailed("those are squared norms: a norm is the square root of the sum of squares")
     if torch.allclose(got, per_parameter.sum(0), rtol=1e-5):
@@ -125,10 +122,7 @@ def check_per_sample_norms(norms: Tensor, factors: Tensor, oracle: dict[str, Ten
     f = factors.detach().double().cpu()
     right = (C / want).clamp(max=1.0)
     if torch.allclose(f, want / C, rtol=1e-5) or torch.allclose(f, (want / C).clamp(max=1.0), rtol=1e-5):
-        raise ExerciseFailed(
-            "the factor is upside down: a gradient of norm n, multiplied by the factor, must come out with norm "
-            "at most C"
-        )
+        raise ExerciseFailed("the factor is upside down: a gradient of norm n, times the factor, must have norm <= C")
     if bool((f > 1 + 1e-9).any()):
         raise ExerciseFailed(
             "some factors are above 1, so they would make a short gradient longer: clipping only shrinks "
