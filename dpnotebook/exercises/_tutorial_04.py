@@ -18,12 +18,6 @@ def _epsilon(sigma: float, steps: int) -> float:
     return compute_epsilon(noise_multiplier=sigma, sample_rate=BATCH / N, steps=steps, delta=DELTA, accountant="pld")
 
 
-def _steps() -> int:
-    from dpnotebook.privacy import steps_for_epochs, steps_per_epoch
-
-    return steps_for_epochs(EPOCHS, steps_per_epoch(BATCH / N))
-
-
 @register_check(
     "04.sigma_for_budget",
     todo="find sigma with get_noise_multiplier, then compute its epsilon with "
@@ -31,11 +25,13 @@ def _steps() -> int:
 )
 def check_sigma_for_budget(sigma: Any, epsilon: Any) -> str:
     """σ keeps ε ≤ 1, is the smallest such σ to within 5%, and ``epsilon`` is the accountant's ε for it."""
+    from dpnotebook.privacy import steps_for_epochs, steps_per_epoch
+
     require(
         isinstance(sigma, (int, float)) and not isinstance(sigma, bool) and sigma > 0,
         f"sigma = {sigma!r}: it should be a positive number, the noise multiplier",
     )
-    steps = _steps()
+    steps = steps_for_epochs(EPOCHS, steps_per_epoch(BATCH / N))
     spent = _epsilon(float(sigma), steps)
     if spent > TARGET:
         raise ExerciseFailed(

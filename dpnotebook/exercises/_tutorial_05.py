@@ -19,19 +19,15 @@ def _epsilon(sample_rate: float, steps: int) -> float:
     return compute_epsilon(noise_multiplier=SIGMA, sample_rate=sample_rate, steps=steps, delta=DELTA)
 
 
-def _per_epoch() -> int:
-    from dpnotebook.privacy import steps_per_epoch
-
-    return steps_per_epoch(BATCH / N)
-
-
 @register_check(
     "05.epsilon_any_K",
     todo=f"count the steps a run of {EPOCHS} epochs with K = {K} takes, then compute the ε it would spend",
 )
 def check_epsilon_any_k(my_epsilon: Any, steps: Any) -> str:
     """``steps`` and ``my_epsilon`` of the K = 16, 50-epoch run, computed from σ, q and the steps alone."""
-    per_epoch = _per_epoch()
+    from dpnotebook.privacy import steps_per_epoch
+
+    per_epoch = steps_per_epoch(BATCH / N)
     want_steps = EPOCHS * per_epoch
     pending(steps, f"count the steps first: {EPOCHS} epochs of len(loader) batches")
     require(isinstance(steps, int), f"steps = {steps!r}: it should be a whole number of steps")

@@ -4,10 +4,10 @@ disjoint people (parallel composition) and with the same people (sequential, one
 
 from __future__ import annotations
 
-import math
+import functools
 from typing import Any
 
-from dpnotebook.exercises._core import ExerciseFailed, pending, register_check, require
+from dpnotebook.exercises._core import ExerciseFailed, close, pending, register_check, require
 
 SIGMA_PRE, BATCH_PRE, EPOCHS_PRE, DELTA = 4.0, 64, 20, 1e-5
 
@@ -21,8 +21,7 @@ def _pretraining(n_public: int) -> tuple[float, int]:
     return compute_epsilon(noise_multiplier=SIGMA_PRE, sample_rate=q, steps=steps, delta=DELTA), steps
 
 
-def _close(a: float, b: float) -> bool:
-    return math.isclose(a, b, rel_tol=2e-3)
+_close = functools.partial(close, rel=2e-3)
 
 
 @register_check(
