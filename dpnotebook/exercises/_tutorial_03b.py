@@ -36,9 +36,8 @@ def check_rr_epsilon(rr_epsilon: Callable[[float], float]) -> str:
         slips = [
             (
                 math.log(p / (1 - p)) if p > 0 else math.nan,
-                "that is ln(p / (1 - p)), the epsilon when the answer "
-                "that is not the truth is always the lie. Here it is a fair coin, which says the truth half the "
-                "time: P(yes | yes) = p + (1 - p) / 2",
+                "that is ln(p / (1 - p)), the epsilon when the answer that is not the truth is always the lie. Here "
+                "it is a fair coin, which says the truth half the time: P(yes | yes) = p + (1 - p) / 2",
             ),
             (
                 (1 + p) / (1 - p),
