@@ -120,7 +120,7 @@ def prepare_fine_tuning(
     alpha: float | None = None,
     seed: int = 0,
 ) -> nn.Module:
-    """A copy of ``pretrained`` set up for fine-tuning ``how`` (see the module docstring); ``pretrained`` is not changed.
+    """A copy of ``pretrained`` (not changed) set up for fine-tuning ``how`` (see the module docstring).
 
     Args:
         pretrained: a model whose last ``nn.Linear`` is its head (after :func:`replace_conv1d` for ``"lora"``).

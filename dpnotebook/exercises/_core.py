@@ -172,7 +172,7 @@ def close(a: float, b: float, rel: float = 1e-6, abs_tol: float = 1e-12) -> bool
 def spot_slip(
     got: float, slips: Iterable[tuple[float, str]], right: float, *, rel: float = 1e-6, prefix: str = ""
 ) -> None:
-    """Raise :class:`ExerciseFailed` with the hint of the first slip whose value ``got`` equals (and ``right`` does not).
+    """Raise :class:`ExerciseFailed` with the hint of the first slip whose value ``got`` equals (``right`` does not).
 
     >>> spot_slip(4.0, [(4.0, "squared: take the root")], right=2.0, prefix="norm = 4: ")
     Traceback (most recent call last):
