@@ -33,7 +33,6 @@ _PRIVACY = (
     "create_accountant",
     "clip_and_sum",
 )
-_LAZY = {name: "dpnotebook.privacy" for name in _PRIVACY}
 
 __all__ = [
     "GradSampleModule",
@@ -55,8 +54,8 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(import_module(_LAZY[name]), name)
+    if name in _PRIVACY:
+        return getattr(import_module("dpnotebook.privacy"), name)
     raise AttributeError(f"module 'dpnotebook' has no attribute {name!r}; see dpnotebook.__all__")
 
 

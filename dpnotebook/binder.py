@@ -1,8 +1,5 @@
-"""Launch-on-Binder links, built from the one repository URL in ``pyproject.toml``.
-
-Moving the repository means changing ``[project.urls] Repository`` and running
-``make badges`` (``python -m dpnotebook.binder --update README.md tutorials``),
-which rewrites every badge.
+"""Launch-on-Binder links, built from ``[project.urls] Repository`` in ``pyproject.toml``; ``make badges``
+(``python -m dpnotebook.binder --update README.md tutorials``) rewrites every badge.
 
 >>> binder_url("01_per_sample_gradients.ipynb")
 'https://mybinder.org/v2/gh/dpnotebook/dpnotebook/main?labpath=tutorials%2F01_per_sample_gradients.ipynb'
@@ -45,11 +42,8 @@ def badge_markdown(notebook: str | None = None) -> str:
 
 
 def update_badges(paths: list[Path]) -> list[Path]:
-    """Rewrite the badges in Markdown files and notebooks (folders are searched for ``*.ipynb``).
-
-    Returns:
-        The files that changed.
-    """
+    """Rewrite the badges in Markdown files and notebooks (folders are searched for ``*.ipynb``); returns the
+    files that changed."""
     files: list[Path] = []
     for path in paths:
         files += sorted(path.glob("*.ipynb")) if path.is_dir() else [path]

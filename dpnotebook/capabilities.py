@@ -1,10 +1,8 @@
 """What each grad-sample mode can do, found by running it (never written by hand).
 
-Every feature is a tiny model and input. For each mode we compute per-sample
-gradients and compare them with the float64 oracle: the cell says ``yes`` when
-they agree (for a mode that computes only per-sample norms, such as ``ghost``,
-the norms are compared), ``no`` with the mode's own error when it refuses, and ``WRONG``
-if a mode ever returned wrong numbers (the tests assert that never happens).
+Every feature is a tiny model and input, run in each mode against the float64 oracle: ``yes`` when
+they agree (the norms, for a norms-only mode such as ``ghost``), ``no`` with the mode's own error
+when it refuses, ``WRONG`` if a mode ever returned wrong numbers (the tests assert it never does).
 
 >>> from dpnotebook.capabilities import capability_table
 >>> row = capability_table(features=["padding='same'"])[0]
@@ -16,17 +14,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from dpnotebook.compare import error_against, mode_result
+from dpnotebook.layers import DPLSTM, DPMultiheadAttention, DPRNNBase
 from dpnotebook.modes import available_modes, wrap_model
 from dpnotebook.testing import random_target, reference_grad_samples
-
-if TYPE_CHECKING:
-    from dpnotebook.layers import DPRNNBase
 
 __all__ = ["Cell", "CapabilityRow", "capability_table", "capability_markdown", "FEATURES"]
 
@@ -81,50 +77,33 @@ def _mlp() -> nn.Module:
     return nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
 
 
-def _features() -> dict[str, Callable[[], tuple[nn.Module, tuple[Any, ...], dict[str, Any]]]]:
-    from dpnotebook.layers import DPLSTM, DPMultiheadAttention
+Build = Callable[[Callable[..., Tensor]], tuple[nn.Module, tuple[Any, ...], dict[str, Any]]]
 
-    g = torch.Generator().manual_seed(0)
-
-    def randn(*shape: int) -> Tensor:
-        return torch.randn(*shape, generator=g)
-
-    return {
-        "batch_first=False": lambda: (_mlp(), (randn(3, 4, 3),), {"batch_first": False}),
-        "recurrent (DPLSTM)": lambda: (_LastStep(DPLSTM(3, 4, batch_first=True)), (randn(4, 5, 3),), {}),
-        "padding='same'": lambda: (nn.Conv2d(2, 3, 3, padding="same"), (randn(4, 2, 5, 5),), {}),
-        "empty batch": lambda: (_mlp(), (randn(0, 3),), {}),
-        "K > 1": lambda: (
-            nn.Sequential(nn.Conv1d(2, 3, 2), nn.Flatten(), nn.Linear(9, 2)),
-            (randn(6, 2, 4),),
-            {"K": 3},
-        ),
-        "custom grad sampler": lambda: (nn.Sequential(nn.Linear(3, 3), _Scale(3)), (randn(4, 3),), {"K": 2}),
-        "native nn.LSTM": lambda: (_LastStep(nn.LSTM(3, 4, batch_first=True)), (randn(4, 5, 3),), {}),
-        "native nn.MultiheadAttention": lambda: (
-            _SelfAttention(nn.MultiheadAttention(4, 2, batch_first=True)),
-            (randn(4, 3, 4),),
-            {},
-        ),
-        "DPMultiheadAttention": lambda: (
-            _SelfAttention(DPMultiheadAttention(4, 2, batch_first=True)),
-            (randn(4, 3, 4),),
-            {},
-        ),
-    }
-
-
-FEATURES = [
-    "batch_first=False",
-    "recurrent (DPLSTM)",
-    "padding='same'",
-    "empty batch",
-    "K > 1",
-    "custom grad sampler",
-    "native nn.LSTM",
-    "native nn.MultiheadAttention",
-    "DPMultiheadAttention",
-]
+#: Each feature's model, inputs (drawn with the ``randn`` given) and wrapper keywords.
+_BUILDERS: dict[str, Build] = {
+    "batch_first=False": lambda randn: (_mlp(), (randn(3, 4, 3),), {"batch_first": False}),
+    "recurrent (DPLSTM)": lambda randn: (_LastStep(DPLSTM(3, 4, batch_first=True)), (randn(4, 5, 3),), {}),
+    "padding='same'": lambda randn: (nn.Conv2d(2, 3, 3, padding="same"), (randn(4, 2, 5, 5),), {}),
+    "empty batch": lambda randn: (_mlp(), (randn(0, 3),), {}),
+    "K > 1": lambda randn: (
+        nn.Sequential(nn.Conv1d(2, 3, 2), nn.Flatten(), nn.Linear(9, 2)),
+        (randn(6, 2, 4),),
+        {"K": 3},
+    ),
+    "custom grad sampler": lambda randn: (nn.Sequential(nn.Linear(3, 3), _Scale(3)), (randn(4, 3),), {"K": 2}),
+    "native nn.LSTM": lambda randn: (_LastStep(nn.LSTM(3, 4, batch_first=True)), (randn(4, 5, 3),), {}),
+    "native nn.MultiheadAttention": lambda randn: (
+        _SelfAttention(nn.MultiheadAttention(4, 2, batch_first=True)),
+        (randn(4, 3, 4),),
+        {},
+    ),
+    "DPMultiheadAttention": lambda randn: (
+        _SelfAttention(DPMultiheadAttention(4, 2, batch_first=True)),
+        (randn(4, 3, 4),),
+        {},
+    ),
+}
+FEATURES = list(_BUILDERS)
 
 
 @dataclass(frozen=True)
@@ -141,9 +120,9 @@ class CapabilityRow:
     cells: dict[str, Cell]
 
 
-def _run(mode: str, build: Callable[[], tuple[nn.Module, tuple[Any, ...], dict[str, Any]]]) -> Cell:
+def _run(mode: str, build: Build, randn: Callable[..., Tensor]) -> Cell:
     torch.manual_seed(0)
-    model, inputs, kwargs = build()
+    model, inputs, kwargs = build(randn)
     K, batch_first = kwargs.get("K", 1), kwargs.get("batch_first", True)
     ref = reference_grad_samples(model, inputs, K=K, batch_first=batch_first)
     target = random_target(model.double(), tuple(x.double() for x in inputs)).float()
@@ -162,19 +141,18 @@ def _run(mode: str, build: Callable[[], tuple[nn.Module, tuple[Any, ...], dict[s
 
 
 def capability_table(*, modes: list[str] | None = None, features: list[str] | None = None) -> list[CapabilityRow]:
-    """Run every feature in every mode (a few seconds on a laptop CPU).
-
-    Args:
-        modes: modes to run (default: every registered mode).
-        features: feature names from :data:`FEATURES` (default: all).
-    """
+    """Run each of ``features`` (default: :data:`FEATURES`) in each of ``modes`` (default: all registered)."""
     _register_scale_sampler()
-    builders = _features()
-    unknown = [f for f in features or [] if f not in builders]
+    unknown = [f for f in features or [] if f not in _BUILDERS]
     if unknown:
         raise ValueError(f"unknown feature(s) {unknown}; choose from {FEATURES}.")
+    g = torch.Generator().manual_seed(0)
+
+    def randn(*shape: int) -> Tensor:
+        return torch.randn(*shape, generator=g)
+
     modes = modes or available_modes()
-    return [CapabilityRow(f, {m: _run(m, builders[f]) for m in modes}) for f in (features or FEATURES)]
+    return [CapabilityRow(f, {m: _run(m, _BUILDERS[f], randn) for m in modes}) for f in (features or FEATURES)]
 
 
 def capability_markdown(rows: list[CapabilityRow] | None = None) -> str:
@@ -183,10 +161,7 @@ def capability_markdown(rows: list[CapabilityRow] | None = None) -> str:
     modes = list(rows[0].cells)
     lines = ["| feature | " + " | ".join(modes) + " |", "|---|" + "---|" * len(modes)]
     for row in rows:
-        cells = []
-        for m in modes:
-            cell = row.cells[m]
-            cells.append(cell.status if not cell.note else f"{cell.status} ({cell.note})")
+        cells = (f"{c.status} ({c.note})" if c.note else c.status for c in (row.cells[m] for m in modes))
         lines.append(f"| {row.feature} | " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines)
 

@@ -14,6 +14,7 @@ import statistics
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -31,17 +32,9 @@ LossFn = Callable[[Tensor, Tensor], Tensor]
 
 @dataclass(frozen=True)
 class ModeComparison:
-    """One mode on one batch.
-
-    Attributes:
-        mode: the mode's name, or ``"oracle"`` for one float64 backward pass per row.
-        max_error: largest ``|mode - oracle|`` over all per-sample gradients, relative
-            to the largest oracle entry; for a mode that computes only per-sample norms
-            (``"ghost"``), over the norms, relative to the largest norm.
-        ms: median milliseconds for one forward+backward with per-sample gradients.
-        agrees: ``max_error <= tolerance``.
-        error: the mode's error message when it refused the model.
-    """
+    """One mode (or ``"oracle"``) on one batch: its :func:`error_against` the oracle, the median
+    milliseconds of one forward+backward, whether the error is within the tolerance, and the mode's
+    error message when it refused the model."""
 
     mode: str
     max_error: float
@@ -71,7 +64,8 @@ def mode_result(wrapped: nn.Module, model: nn.Module) -> dict[str, Tensor | None
 
 
 def error_against(result: Mapping[str, Tensor | None] | Tensor, ref: dict[str, Tensor]) -> float:
-    """Largest difference from the oracle, relative to its largest entry (``inf`` if something is missing).
+    """Largest difference from the oracle, relative to its largest entry (``inf`` if something is missing);
+    for per-sample norms (a norms-only mode such as ``"ghost"``), from the oracle's norms.
 
     >>> import torch
     >>> ref = {"w": torch.tensor([[3.0, 4.0]], dtype=torch.float64)}
@@ -85,19 +79,14 @@ def error_against(result: Mapping[str, Tensor | None] | Tensor, ref: dict[str, T
         scale = norms.abs().max().item() if norms.numel() else 1.0
         diff = (result.double() - norms).abs().max().item() if norms.numel() else 0.0
         return diff / (scale or 1.0)
-    pairs: list[tuple[Tensor, Tensor]] = []  # (result, oracle) per parameter
-    for n, r in ref.items():
-        g = result.get(n)
-        if g is None or g.shape != r.shape:
-            return float("inf")
-        pairs.append((g, r))
+    got = {n: result.get(n) for n in ref}
+    if any(g is None or g.shape != r.shape for g, r in zip(got.values(), ref.values(), strict=True)):
+        return float("inf")
     scale = max((r.abs().max().item() for r in ref.values() if r.numel()), default=1.0) or 1.0
-    diff = max(((g.double() - r).abs().max().item() for g, r in pairs if r.numel()), default=0.0)
-    return diff / scale
-
-
-def _row_loss(loss_fn: LossFn) -> LossFn:
-    return lambda out, target: loss_fn(out, target) * out.shape[0]  # one row: mean == sum
+    return (
+        max(((cast(Tensor, got[n]).double() - r).abs().max().item() for n, r in ref.items() if r.numel()), default=0.0)
+        / scale
+    )
 
 
 def compare_modes(
@@ -115,8 +104,7 @@ def compare_modes(
 
     Args:
         model: a plain module (copied for each mode; never changed).
-        inputs: ``B*K`` rows, sample-major.
-        targets: one target per row.
+        inputs: ``B*K`` rows, sample-major, and ``targets`` one per row.
         loss_fn: ``loss_fn(outputs, targets)``, a mean over rows.
         K: augmentation multiplicity.
         modes: which modes (default: all registered).
@@ -126,12 +114,12 @@ def compare_modes(
     Returns:
         The oracle first, then one :class:`ModeComparison` per mode.
     """
-    row_loss = _row_loss(loss_fn)
-    ref = reference_grad_samples(model, [inputs], target=targets, loss_fn=row_loss, K=K)
-    oracle_s = median_seconds(
-        lambda: reference_grad_samples(model, [inputs], target=targets, loss_fn=row_loss, K=K), repeats=1
-    )
-    results = [ModeComparison("oracle", 0.0, oracle_s * 1e3, True)]
+
+    def oracle() -> dict[str, Tensor]:  # one row each: its mean loss times 1 row is its summed loss
+        return reference_grad_samples(model, [inputs], target=targets, loss_fn=loss_fn, K=K)
+
+    ref = oracle()
+    results = [ModeComparison("oracle", 0.0, median_seconds(oracle, repeats=1) * 1e3, True)]
     for mode in modes or available_modes():
         copy_ = clean_copy(model)
         try:

@@ -49,15 +49,10 @@ def split_tensors(
 
 
 def load_digits_tensors(*, test_fraction: float = 0.2, seed: int = 0) -> tuple[TensorDataset, TensorDataset]:
-    """scikit-learn's handwritten digits (1797 images 8x8, 10 classes), split into train and test.
+    """scikit-learn's handwritten digits (1797 images 8x8, 10 classes), split as :func:`split_tensors` does.
 
-    The images are ``[1, 8, 8]`` float32 in ``[0, 1]`` (the 0..16 pixel values
-    divided by 16), the labels int64. The data ship with scikit-learn, so it
-    works offline.
-
-    Args:
-        test_fraction: the fraction of images held out for testing.
-        seed: seeds the shuffle before the split.
+    The images are ``[1, 8, 8]`` float32 in ``[0, 1]`` (pixel values / 16), the labels int64; the data
+    ship with scikit-learn, so it works offline.
 
     Returns:
         ``(train, test)``, two ``TensorDataset`` of ``(image, label)``.
@@ -75,10 +70,8 @@ def load_digits_tensors(*, test_fraction: float = 0.2, seed: int = 0) -> tuple[T
 def split_by_classes(
     dataset: TensorDataset, classes: tuple[int, ...] | list[int]
 ) -> tuple[TensorDataset, TensorDataset]:
-    """Split ``(inputs, labels)`` into the samples of ``classes`` and the rest, each relabelled ``0, 1, ...``.
-
-    For a "public" part to pretrain on and a "private" part to train on privately:
-    the two share no sample and no class. Labels keep their order within each part.
+    """Split ``(inputs, labels)`` into the samples of ``classes`` and the rest, each relabelled ``0, 1, ...``
+    in order: a "public" part and a "private" part that share no sample and no class.
 
     >>> import torch
     >>> data = TensorDataset(torch.arange(6.0), torch.tensor([0, 1, 2, 3, 4, 1]))
@@ -105,18 +98,9 @@ def make_order_task(
 ) -> tuple[TensorDataset, TensorDataset]:
     """A generated text task that needs word order: does word ``1`` come before word ``2``?
 
-    Each sequence holds random "words" ``3 .. vocab-1`` with word ``1`` and word
-    ``2`` placed once each at random positions; the label is ``1`` when ``1``
-    comes first. A bag of words sees both orders as the same sentence, so only a
-    model that reads in order (an LSTM, attention with positions) can beat chance.
-    Word ``0`` is left free for padding.
-
-    Args:
-        n: number of sequences (half of each label, in expectation).
-        length: tokens per sequence (at least 2).
-        vocab: vocabulary size, including the words 0, 1 and 2 (at least 4).
-        test_fraction: fraction held out for testing.
-        seed: seeds the generator.
+    Random words ``3 .. vocab-1`` (``0`` is left for padding) with words ``1`` and ``2`` once each; the
+    label is ``1`` when ``1`` comes first, so a bag of words cannot beat chance. ``length >= 2`` tokens
+    per sequence, ``vocab >= 4`` words; split as :func:`split_tensors` does.
 
     Returns:
         ``(train, test)``: ``TensorDataset`` of ``(tokens [length] int64, label int64)``.
@@ -141,10 +125,8 @@ def make_order_task(
 
 
 def random_shift(max_shift: int = 1, *, seed: int = 0) -> Callable[[torch.Tensor], torch.Tensor]:
-    """An augmentation for images ``[C, H, W]``: shift by up to ``max_shift`` pixels each way, zero-filled.
-
-    Each call draws a new shift from the augmentation's own seeded generator, so a
-    run is reproducible. Use it with :func:`dpnotebook.privacy.augmult_data_loader`.
+    """An augmentation for images ``[C, H, W]``: shift by up to ``max_shift`` pixels each way, zero-filled,
+    drawn from its own seeded generator (for :func:`dpnotebook.privacy.augmult_data_loader`).
 
     >>> import torch
     >>> shift = random_shift(1, seed=0)
@@ -206,18 +188,9 @@ TEXT_STYLES: dict[str, tuple[str, ...]] = {
 def make_template_text(style: str, n: int, *, length: int = 16, seed: int = 0) -> TensorDataset:
     """Generated text for a language model: ``n`` blocks of ``length`` tokens from a style's sentence templates.
 
-    Sentences are drawn from :data:`TEXT_STYLES` ``[style]`` (templates and slot words uniformly at
-    random), written one after the other, and cut into blocks of ``length + 1`` tokens. The
-    ``"public"`` style talks about animals in a park; the ``"private"`` one is a shifted
-    distribution: other templates, and names, a clinic and verbs that public text never uses
-    (they share the vocabulary :data:`TEXT_VOCABULARY`, so one model reads both). Each block is
-    one record: the unit of privacy when the private style is trained with DP-SGD.
-
-    Args:
-        style: a key of :data:`TEXT_STYLES` (``"public"`` or ``"private"``).
-        n: number of blocks (records).
-        length: tokens per block that the model reads (at least 1).
-        seed: seeds the draws.
+    Sentences drawn uniformly from :data:`TEXT_STYLES` ``[style]``, one after the other, cut into blocks
+    of ``length + 1`` tokens, each block one record. ``"private"`` is a shifted distribution of the shared
+    :data:`TEXT_VOCABULARY`: other templates, and names, a clinic and verbs that public text never uses.
 
     Returns:
         ``TensorDataset`` of ``(inputs [length], targets [length])`` int64: a block and the same block

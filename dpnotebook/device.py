@@ -1,9 +1,4 @@
-"""Where a tutorial runs: the CUDA GPU when one is present, the CPU otherwise, said in one line.
-
->>> device = default_device(announce=False)
->>> device.type in {"cpu", "cuda"}
-True
-"""
+"""Where a tutorial runs: the CUDA GPU when one is present, the CPU otherwise, said in one line."""
 
 from __future__ import annotations
 
@@ -13,40 +8,22 @@ __all__ = ["check_device", "default_device"]
 
 
 def default_device(announce: bool = True) -> torch.device:
-    """The first CUDA GPU when PyTorch sees one, else the CPU; prints which unless told not to.
-
-    Every tutorial starts with ``device = dpnotebook.default_device()``, so the same notebook
-    uses a GPU where there is one (Colab, a lab machine) and the CPU on a laptop or Binder,
-    and its reader knows which of the two produced the numbers they see.
-
-    Args:
-        announce: Print one line naming the device (and the GPU's model).
-
-    Returns:
-        ``torch.device("cuda")`` or ``torch.device("cpu")``.
+    """The first CUDA GPU when PyTorch sees one, else the CPU; with ``announce``, prints one line naming it.
 
     >>> import torch
     >>> default_device().type == ("cuda" if torch.cuda.is_available() else "cpu")  # doctest: +ELLIPSIS
     device: ...
     True
     """
-    if torch.cuda.is_available():
-        device = torch.device("cuda")
-        where = f"cuda ({torch.cuda.get_device_name(device)})"
-    else:
-        device = torch.device("cpu")
-        where = "cpu (no CUDA GPU found)"
+    gpu = torch.cuda.is_available()
     if announce:
-        print(f"device: {where}", flush=True)
-    return device
+        print(f"device: {f'cuda ({torch.cuda.get_device_name()})' if gpu else 'cpu (no CUDA GPU found)'}", flush=True)
+    return torch.device("cuda" if gpu else "cpu")
 
 
 def check_device(device: torch.device | str, name: str = "device") -> torch.device:
-    """``device`` as a ``torch.device``, refused with the fix if it is not one this machine has.
-
-    Args:
-        device: a ``torch.device`` or its name (``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...).
-        name: the argument's name, for the error message.
+    """``device`` (a ``torch.device`` or its name) as a ``torch.device``, refused with the fix, naming the
+    argument ``name``, if it is not one this machine has.
 
     Raises:
         TypeError: ``device`` is neither a ``torch.device`` nor a string.

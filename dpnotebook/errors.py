@@ -1,9 +1,5 @@
-"""Exceptions raised by dpnotebook.
-
-Each one subclasses the standard exception a user would catch anyway
-(``ValueError`` for a bad argument or model, ``RuntimeError`` for something that
-went wrong while computing), so ``except ValueError`` keeps working.
-"""
+"""Exceptions raised by dpnotebook, each a subclass of the standard exception a user would catch anyway
+(``ValueError`` for a bad argument or model, ``RuntimeError`` for a failed computation)."""
 
 from __future__ import annotations
 
@@ -19,10 +15,8 @@ __all__ = [
 
 
 class UnsupportedModuleError(ValueError, NotImplementedError):
-    """The model holds layers that per-sample gradients cannot be computed for.
-
-    A ``ValueError``, and a ``NotImplementedError`` too: Opacus' ``GradSampleModule``
-    raises the latter for such models, so an Opacus user's ``except`` keeps working.
+    """The model holds layers that per-sample gradients cannot be computed for (a ``ValueError``, and the
+    ``NotImplementedError`` Opacus' ``GradSampleModule`` raises for them).
 
     >>> from torch import nn
     >>> from dpnotebook import GradSampleModule, UnsupportedModuleError
@@ -43,9 +37,7 @@ class UnsupportedModuleError(ValueError, NotImplementedError):
 
 class UnsupportedOptionError(ValueError, NotImplementedError):
     """An option that Opacus has and dpnotebook refuses by design; the message says why and what to use.
-
-    A ``ValueError`` (a bad argument, as every dpnotebook argument check) and a
-    ``NotImplementedError`` (what Opacus raises for what it does not do).
+    A ``ValueError`` (a bad argument) and the ``NotImplementedError`` Opacus raises for what it does not do.
 
     >>> from dpnotebook import PrivacyEngine
     >>> try:
@@ -102,17 +94,6 @@ class GradSamplerMismatch(AssertionError):
 
 
 class PrivacyWarning(UserWarning):
-    """The run is set up so that the privacy guarantee, or the epsilon reported, may not hold as stated.
-
-    Raised as a warning, not an error, where the choice is the user's (shuffled
-    batches instead of Poisson sampling, noise that is not cryptographically
-    secure); the message says what it costs and how to do otherwise.
-
-    >>> import warnings
-    >>> from dpnotebook.errors import PrivacyWarning
-    >>> with warnings.catch_warnings(record=True) as caught:
-    ...     warnings.simplefilter("always")
-    ...     warnings.warn("epsilon assumes Poisson sampling", PrivacyWarning)
-    >>> caught[0].category.__name__
-    'PrivacyWarning'
-    """
+    """The privacy guarantee, or the epsilon reported, may not hold as stated: a warning where the choice is
+    the user's (shuffled batches instead of Poisson sampling, noise that is not cryptographically secure);
+    the message says what it costs and how to do otherwise."""

@@ -1,28 +1,11 @@
 """Ready a pretrained classifier for (private) fine-tuning on new classes: what to train, what to freeze.
 
-The recipe that makes DP-SGD work on real models is to pretrain on public data
-and train privately on top. DP-SGD's noise has one coordinate per *trained*
-parameter (its norm is about ``sigma * C * sqrt(d)``), while the clipped signal
-is at most ``C`` per sample whatever ``d`` is: training fewer parameters keeps
-more of the signal. :func:`prepare_fine_tuning` gives the usual choices:
-
-* ``"scratch"``: a freshly initialised model of the same architecture, all trained;
-* ``"all"``: the pretrained model with a new head, all layers trained;
-* ``"last"``: the pretrained body frozen, only a new head trained;
-* ``"lora"``: a new head, and low-rank adapters (:class:`~dpnotebook.layers.lora.LoRALinear`)
-  on the body's linear layers, whose weights stay frozen.
-
-The head is the model's last ``nn.Linear`` (in ``named_modules`` order). With
-``num_classes=None`` the pretrained head is kept (a language model's output layer):
-trained under ``"last"``, frozen with the body under ``"lora"``.
-
-Hugging Face GPT-2 computes its attention and MLP projections with
-``transformers.pytorch_utils.Conv1D`` (``y = x W + b``, ``W`` of shape ``[in, out]``):
-``"lora"`` first replaces each by the ``nn.Linear`` that computes the same
-(:func:`replace_conv1d`), then adapts it. For a language model,
-:class:`~dpnotebook.models.Logits` turns a Hugging Face causal LM into
-``tokens -> logits`` (:func:`~dpnotebook.models.tiny_gpt2` builds a small one),
-:func:`token_cross_entropy` is its loss and :func:`perplexity` its score.
+DP-SGD's noise has one coordinate per *trained* parameter while the clipped signal is at most ``C`` per
+sample: training fewer parameters keeps more of the signal. :func:`prepare_fine_tuning` knows
+``"scratch"`` (a fresh model, all trained), ``"all"`` (a new head, all trained), ``"last"`` (only a new
+head trained) and ``"lora"`` (a new head, and :class:`~dpnotebook.layers.lora.LoRALinear` adapters on
+the frozen body's linear layers; a GPT-2 ``Conv1D`` is first replaced by :func:`replace_conv1d`). The
+head is the last ``nn.Linear``. :func:`token_cross_entropy` and :func:`perplexity` serve language models.
 
 >>> import torch
 >>> from dpnotebook.models import MLP
@@ -75,16 +58,13 @@ def _head_name(model: nn.Module) -> str:
 
 
 def _conv1d_type() -> type[nn.Module] | None:
-    # Only a model built by transformers holds a Conv1D, and then transformers is imported already.
     module = sys.modules.get("transformers.pytorch_utils")
     return getattr(module, "Conv1D", None)
 
 
 def linear_from_conv1d(layer: nn.Module) -> nn.Linear:
-    """The ``nn.Linear`` that computes what a ``transformers`` ``Conv1D`` computes (its weight transposed).
-
-    ``Conv1D(nf, nx)`` holds ``weight`` ``[nx, nf]`` (in, out) and returns ``x @ weight + bias``;
-    the ``nn.Linear(nx, nf)`` returned holds ``weight.T`` (a copy) and the same bias.
+    """The ``nn.Linear`` that computes what a ``transformers`` ``Conv1D`` (``x @ weight + bias``) computes,
+    holding a copy of its weight transposed and of its bias.
 
     Raises:
         TypeError: ``layer`` is not a ``transformers.pytorch_utils.Conv1D``.
@@ -96,22 +76,17 @@ def linear_from_conv1d(layer: nn.Module) -> nn.Linear:
         )
     weight = cast(Tensor, layer.weight)
     bias = cast("Tensor | None", layer.bias)
-    linear = nn.Linear(weight.shape[0], weight.shape[1], bias=bias is not None)
-    linear.to(device=weight.device, dtype=weight.dtype)
-    with torch.no_grad():
-        linear.weight.copy_(weight.T)
-        if bias is not None:
-            linear.bias.copy_(bias)
-    linear.weight.requires_grad_(weight.requires_grad)
+    linear = nn.Linear(
+        weight.shape[0], weight.shape[1], bias=bias is not None, device=weight.device, dtype=weight.dtype
+    )
+    linear.weight = nn.Parameter(weight.detach().T.clone(), requires_grad=weight.requires_grad)
     if bias is not None:
-        linear.bias.requires_grad_(bias.requires_grad)
+        linear.bias = nn.Parameter(bias.detach().clone(), requires_grad=bias.requires_grad)
     return linear
 
 
 def replace_conv1d(model: nn.Module) -> list[str]:
     """Replace, in place, every ``transformers`` ``Conv1D`` of ``model`` by :func:`linear_from_conv1d`'s ``nn.Linear``.
-
-    The model computes the same function afterwards; its state-dict holds the transposed weights.
 
     Returns:
         The qualified names of the replaced layers (empty for a model without ``Conv1D``).
@@ -145,7 +120,7 @@ def prepare_fine_tuning(
     alpha: float | None = None,
     seed: int = 0,
 ) -> nn.Module:
-    """A copy of ``pretrained`` set up for fine-tuning ``how`` (see the module docstring); ``pretrained`` is not changed.
+    """A copy of ``pretrained`` (not changed) set up for fine-tuning ``how`` (see the module docstring).
 
     Args:
         pretrained: a model whose last ``nn.Linear`` is its head (after :func:`replace_conv1d` for ``"lora"``).
@@ -196,8 +171,7 @@ def prepare_fine_tuning(
 def token_cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
     """The mean next-token cross-entropy over a batch: ``logits [B, T, V]``, ``targets [B, T]``.
 
-    Every row has ``T`` tokens, so this is the mean over rows of each row's mean token loss:
-    a ``loss_reduction="mean"`` loss for :class:`~dpnotebook.privacy.PrivacyEngine`.
+    Every row has ``T`` tokens, so it is a ``loss_reduction="mean"`` loss (the mean of the rows' losses).
 
     >>> logits = torch.zeros(2, 3, 5)                 # uniform over 5 words
     >>> round(token_cross_entropy(logits, torch.zeros(2, 3, dtype=torch.long)).item(), 4) == round(math.log(5), 4)
@@ -208,10 +182,8 @@ def token_cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
 
 @torch.no_grad()
 def perplexity(model: nn.Module, data_loader: DataLoader[Any]) -> float:
-    """``exp`` of the mean next-token cross-entropy of ``model`` (unwrapped, in eval mode) on ``(tokens, targets)``.
-
-    A model that spreads its guess evenly over ``V`` words scores ``V``; a perfect one scores 1.
-    """
+    """``exp`` of the mean next-token cross-entropy of ``model`` (unwrapped, in eval mode) on ``(tokens, targets)``:
+    ``V`` for an even guess over ``V`` words, 1 for a perfect model."""
     plain = unwrap_model(model)
     was_training = plain.training
     plain.eval()

@@ -1,8 +1,7 @@
 """Small models that train fast on a CPU and work with every grad-sample mode.
 
-No batch normalisation (it mixes the samples of a batch); ``tanh``
-activations, which tend to do better than ReLU under DP-SGD (Papernot et al.,
-"Tempered Sigmoid Activations for Deep Learning with Differential Privacy", 2021).
+No batch normalisation (it mixes the samples of a batch); ``tanh`` activations, which tend to do
+better than ReLU under DP-SGD (Papernot et al. 2021).
 
 >>> import torch
 >>> from dpnotebook.models import SmallCNN, MLP
@@ -24,16 +23,8 @@ __all__ = ["SmallCNN", "MLP", "SequenceClassifier", "Logits", "TRANSFORMERS", "t
 
 
 class SmallCNN(nn.Module):
-    """Two 3x3 convolutions with ``tanh`` and 2x2 max pooling, then a linear classifier.
-
-    For ``image_size`` 8 (digits) the feature map is ``channels[1] x 2 x 2``.
-
-    Args:
-        in_channels: image channels (1 for grey).
-        num_classes: outputs.
-        channels: the two convolutions' widths.
-        image_size: the input's height and width (divisible by 4).
-    """
+    """Two 3x3 convolutions (widths ``channels``) with ``tanh`` and 2x2 max pooling, then a linear classifier;
+    ``image_size`` (the input's height and width) must be divisible by 4."""
 
     def __init__(
         self, *, in_channels: int = 1, num_classes: int = 10, channels: tuple[int, int] = (16, 32), image_size: int = 8
@@ -57,13 +48,7 @@ class SmallCNN(nn.Module):
 
 
 class MLP(nn.Module):
-    """Flatten, one hidden ``tanh`` layer, linear output.
-
-    Args:
-        in_features: the number of input values per sample (64 for 8x8 digits).
-        hidden: the hidden width.
-        num_classes: outputs.
-    """
+    """Flatten, one hidden ``tanh`` layer of width ``hidden``, linear output (``in_features`` 64 for 8x8 digits)."""
 
     def __init__(self, *, in_features: int = 64, hidden: int = 64, num_classes: int = 10) -> None:
         super().__init__()
@@ -78,16 +63,9 @@ class MLP(nn.Module):
 class SequenceClassifier(nn.Module):
     """Embedding, then an LSTM or a one-layer transformer encoder, then a linear classifier.
 
-    Built from ``torch.nn`` layers on purpose: ``dpnotebook.fix(model)`` turns the
-    ``nn.LSTM`` / ``nn.MultiheadAttention`` inside into their DP versions.
-
-    Args:
-        kind: ``"lstm"`` (reads the last hidden state) or ``"transformer"``
-            (learned positions, mean over positions).
-        vocab: vocabulary size.
-        dim: embedding and hidden width.
-        num_classes: outputs.
-        max_length: longest sequence (for the transformer's positions).
+    ``kind`` is ``"lstm"`` (reads the last hidden state) or ``"transformer"`` (learned positions up to
+    ``max_length``, mean over positions). Built from ``torch.nn`` layers on purpose: ``dpnotebook.fix``
+    turns the ``nn.LSTM`` / ``nn.MultiheadAttention`` inside into their DP versions.
 
     >>> import torch
     >>> SequenceClassifier("transformer", vocab=10, dim=8)(torch.zeros(3, 5, dtype=torch.long)).shape
@@ -115,8 +93,7 @@ class SequenceClassifier(nn.Module):
         h = self.embed(tokens)
         if self.kind == "lstm":
             return self.head(self.encoder(h)[0][:, -1])
-        # positions looked up per row (not once for all rows), so each sample's use of the
-        # position table is its own and per-sample gradients can see it
+        # positions looked up per row, so that each sample's use of the table is its own
         steps = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens)
         return self.head(self.encoder(h + self.positions(steps)).mean(dim=1))
 
@@ -124,14 +101,8 @@ class SequenceClassifier(nn.Module):
 class Logits(nn.Module):
     """A Hugging Face model called as a user calls it, with named inputs; returns its ``.logits``.
 
-    ``Logits(gpt2)(tokens)`` is ``gpt2(input_ids=tokens).logits``; ``keys`` names each positional
-    input in order (T5: ``("input_ids", "decoder_input_ids")``). Nothing else changes: a language
-    model's position table, looked up once with ``[1, T]`` ids and broadcast over the batch, gets
-    per-sample gradients in every mode (hooks and ghost mode follow it to where it meets the batch).
-
-    Args:
-        model: the Hugging Face model; its output has ``.logits``.
-        keys: the keyword of each positional input.
+    ``Logits(gpt2)(tokens)`` is ``gpt2(input_ids=tokens).logits``; ``keys`` names each positional input in
+    order (T5: ``("input_ids", "decoder_input_ids")``).
     """
 
     def __init__(self, model: nn.Module, keys: tuple[str, ...] = ("input_ids",)) -> None:
@@ -166,9 +137,8 @@ def tiny_transformer(
 ) -> Logits:
     """A small, freshly initialised Hugging Face model (nothing is downloaded), as :class:`Logits`.
 
-    The architecture at toy size, dropout off (so every grad-sample mode, functorch included, can
-    replay the forward): feed-forward ``2 * width``, ``length`` positions (T5: 8 relative buckets up
-    to ``length``; Llama: ``heads // 2`` key/value heads, grouped-query attention).
+    Dropout off (so every mode can replay the forward), feed-forward ``2 * width``, ``length`` positions
+    (T5: 8 relative buckets; Llama: ``heads // 2`` key/value heads).
 
     Args:
         kind: a key of :data:`TRANSFORMERS`; ``"bert"`` and ``"distilbert"`` classify a sequence into
@@ -179,7 +149,7 @@ def tiny_transformer(
         layers: transformer blocks (T5: in the encoder and in the decoder).
         heads: attention heads.
         num_labels: classes of the classifiers.
-        seed: seeds the initialisation; ``None`` draws from torch's global generator.
+        seed: seeds the initialisation; ``None`` uses torch's global generator.
 
     Raises:
         ValueError: ``kind`` is unknown.
@@ -224,7 +194,6 @@ def tiny_transformer(
         ),
     }  # fmt: skip
     config = configs[kind]()
-    # keywords a PretrainedConfig takes that some configurations' stubs do not declare
     config.vocab_size, config.num_labels, config.decoder_start_token_id = vocab_size, num_labels, 0
     keys = ("input_ids", "decoder_input_ids") if kind == "t5" else ("input_ids",)
     with torch.random.fork_rng(devices=[], enabled=seed is not None):
@@ -236,8 +205,7 @@ def tiny_transformer(
 def tiny_gpt2(
     vocab_size: int, *, length: int, width: int = 32, layers: int = 2, heads: int = 2, seed: int = 0
 ) -> Logits:
-    """:func:`tiny_transformer` for GPT-2 (tutorial 11): token and position tables, pre-norm blocks whose
-    projections are ``transformers`` ``Conv1D`` layers, and an output layer tied to the token table.
+    """:func:`tiny_transformer` for GPT-2 (tutorial 11), whose projections are ``transformers`` ``Conv1D`` layers.
 
     >>> tiny_gpt2(10, length=6, width=8, layers=1)(torch.zeros(3, 6, dtype=torch.long)).shape
     torch.Size([3, 6, 10])

@@ -1,8 +1,7 @@
 """The obviously correct oracle, and a checker for grad samplers (yours included).
 
-``reference_grad_samples`` computes per-sample gradients the slow way: one
-backward pass per row, in float64, then the mean over each sample's ``K`` rows.
-Everything else in dpnotebook is tested against it.
+:func:`reference_grad_samples` computes per-sample gradients the slow way: one backward pass per
+row, in float64, then the mean over each sample's ``K`` rows. Everything else is tested against it.
 
 >>> import torch
 >>> from torch import nn
@@ -17,7 +16,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast, overload
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -25,9 +24,6 @@ from torch import Tensor, nn
 from dpnotebook.errors import GradSamplerMismatch
 from dpnotebook.grad_sample._engine.accumulation import grad_sample_rows
 from dpnotebook.modes import Unwrappable
-
-if TYPE_CHECKING:
-    from dpnotebook.grad_sample import GradSampleModule
 
 __all__ = [
     "reference_grad_samples",
@@ -60,26 +56,8 @@ def clean_copy(module: nn.Module) -> nn.Module:
     return strip_dpnotebook_hooks(copy.deepcopy(module))
 
 
-@overload
-def _to64(x: Tensor) -> Tensor: ...
-@overload
-def _to64(x: object) -> object: ...
-def _to64(x: object) -> object:
+def _to64(x: Any) -> Any:
     return x.to(torch.float64) if isinstance(x, Tensor) and x.is_floating_point() else x
-
-
-def row_slicer(batch_dim: int, rows: int) -> Split:
-    """Default row split: every tensor with ``rows`` entries in ``batch_dim`` is sliced there."""
-
-    def split(inputs: tuple[Any, ...], r: int) -> tuple[Any, ...]:
-        return tuple(
-            x.narrow(batch_dim, r, 1)
-            if isinstance(x, Tensor) and x.dim() > batch_dim and x.shape[batch_dim] == rows
-            else x
-            for x in inputs
-        )
-
-    return split
 
 
 def reference_grad_samples(
@@ -94,25 +72,15 @@ def reference_grad_samples(
 ) -> dict[str, Tensor]:
     """Per-sample gradients by microbatching, in float64: the definition itself.
 
-    Row ``r`` alone goes through a float64 copy of ``module``; the gradient of
-    ``loss_fn(output_r, target_r)`` is taken; sample ``i``'s gradient is the
-    mean over its rows ``i*K .. i*K+K-1``.
-
-    Args:
-        module: not changed (a float64 copy is used).
-        inputs: positional inputs holding ``B*K`` rows.
-        target: per-row targets for ``loss_fn`` (default: :func:`random_target`).
-        loss_fn: loss of one row, summed (no mean over rows).
-        K: augmentation multiplicity.
-        batch_first: rows in dim 0 (``True``) or dim 1.
-        split: ``split(inputs, r)`` returns the inputs of row ``r`` alone, for
-            inputs that plain slicing cannot split (an EmbeddingBag's offsets).
+    Row ``r`` of ``inputs`` (``B*K`` rows, in dim 0 or, without ``batch_first``, dim 1) alone goes
+    through a float64 copy of ``module``; sample ``i``'s gradient is the mean of the gradients of
+    ``loss_fn(output_r, target_r)`` (default: :func:`dot_loss` with :func:`random_target`) over its rows
+    ``i*K .. i*K+K-1``. ``split(inputs, r)``, if given, returns row ``r``'s inputs where slicing cannot
+    (an EmbeddingBag's offsets).
 
     Returns:
         ``{parameter name: [B, *shape] float64 tensor}`` for every trainable parameter.
 
-    >>> import torch
-    >>> from torch import nn
     >>> lin = nn.Linear(2, 1, bias=False)
     >>> with torch.no_grad():
     ...     _ = lin.weight.fill_(1.0)
@@ -123,13 +91,16 @@ def reference_grad_samples(
     bd = 0 if batch_first else 1
     model = clean_copy(module).to(torch.float64)
     inputs = tuple(_to64(x) for x in inputs)
-    if target is None:
-        target = random_target(model, inputs)
-    target = _to64(target)
+    target = _to64(random_target(model, inputs) if target is None else target)
     rows = target.shape[bd]
     if rows % K:
         raise ValueError(f"the inputs hold {rows} rows, which K={K} does not divide.")
-    split = split or row_slicer(bd, rows)
+
+    def by_slicing(inputs: tuple[Any, ...], r: int) -> tuple[Any, ...]:
+        sliced = (isinstance(x, Tensor) and x.dim() > bd and x.shape[bd] == rows for x in inputs)
+        return tuple(x.narrow(bd, r, 1) if s else x for x, s in zip(inputs, sliced, strict=True))
+
+    split = split or by_slicing
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     out = {n: torch.zeros(rows // K, *p.shape, dtype=torch.float64, device=p.device) for n, p in named}
     for r in range(rows):
@@ -155,12 +126,8 @@ class ReportRow:
 
 @dataclass
 class GradSamplerReport:
-    """Per-parameter comparison of grad samplers with the oracle.
-
-    Attributes:
-        rows: one :class:`ReportRow` per parameter and strategy.
-        tolerance: the largest relative error accepted.
-    """
+    """Per-parameter comparison of grad samplers with the oracle: one :class:`ReportRow` per parameter and
+    strategy, and the largest relative error accepted."""
 
     rows: list[ReportRow]
     tolerance: float
@@ -186,23 +153,6 @@ class GradSamplerReport:
     __repr__ = __str__
 
 
-def _compare(strategy: str, got: dict[str, Tensor], ref: dict[str, Tensor], tol: float, atol: float) -> list[ReportRow]:
-    # One scale for the whole module (its largest oracle entry), so that a parameter whose
-    # true gradient is exactly zero is judged against the module's gradients, not against 0.
-    scale = max((r.abs().max().item() for r in ref.values() if r.numel()), default=0.0)
-    rows = []
-    for name, r in ref.items():
-        g = got.get(name)
-        if g is None or tuple(g.shape) != tuple(r.shape):
-            shape = tuple(g.shape) if g is not None else ()
-            rows.append(ReportRow(strategy, name, shape, float("inf"), float("inf"), False))
-            continue
-        err = (g.to(torch.float64) - r).abs().max().item() if r.numel() else 0.0
-        rel = err / scale if scale > 0 else err
-        rows.append(ReportRow(strategy, name, tuple(g.shape), err, rel, rel <= tol or err <= atol))
-    return rows
-
-
 def wrapped_grad_samples(
     wrapper_factory: Callable[[nn.Module], nn.Module],
     module: nn.Module,
@@ -219,7 +169,6 @@ def wrapped_grad_samples(
     if loss_reduction == "mean":
         loss = loss / target.shape[0 if batch_first else 1]
     loss.backward()
-    # p.grad_sample: set by the wrapper's backward (not an attribute torch knows), a tensor or one per backward pass
     result = {n: cast(Tensor, grad_sample_rows(p)) for n, p in module.named_parameters() if p.requires_grad}
     cast(Unwrappable, wrapped).to_standard_module()  # every mode's wrapper has it
     return result
@@ -240,19 +189,13 @@ def check_grad_sampler(
 
     Args:
         module: the layer (or model) to check; it is copied, never changed.
-        *inputs: its inputs, holding ``B*K`` rows.
-        K: augmentation multiplicity.
-        batch_first: rows in dim 0 (``True``) or dim 1.
-        loss_reduction: ``"mean"`` or ``"sum"``, as in :class:`GradSampleModule`.
+        *inputs: its inputs, holding ``B*K`` rows (``K``, ``batch_first`` and ``split`` as in
+            :func:`reference_grad_samples`; ``loss_reduction`` as in ``GradSampleModule``).
         dtype: run the samplers in this dtype (the oracle always uses float64).
-        tolerance: largest accepted relative error (1e-10 for float64, 1e-5 for float32).
-            An absolute error below 1e-12 (float64) or 1e-6 (float32) also passes, for
-            gradients that are exactly zero (a LayerNorm over a single feature).
-        split: see :func:`reference_grad_samples`.
-        fallback: also check the torch.func fallback. It replays the layer one
-            sample at a time, so it needs every batched input to hold the rows in
-            the batch dim; turn it off for flattened inputs such as an
-            EmbeddingBag's 1-D indices with offsets.
+        tolerance: largest accepted relative error (1e-10 for float64, 1e-5 for float32). An absolute
+            error below 1e-12 (float64) or 1e-6 (float32) also passes, for gradients that are exactly zero.
+        fallback: also check the torch.func fallback, which needs every batched input to hold the rows
+            in the batch dim (turn it off for an EmbeddingBag's 1-D indices with offsets).
 
     Returns:
         A :class:`GradSamplerReport`; print it for a table.
@@ -263,13 +206,14 @@ def check_grad_sampler(
     from dpnotebook.grad_sample import GradSampleModule
 
     tol = tolerance if tolerance is not None else (1e-10 if dtype == torch.float64 else 1e-5)
-    atol = 1e-12 if dtype == torch.float64 else 1e-6  # for gradients that are exactly zero
+    atol = 1e-12 if dtype == torch.float64 else 1e-6
     ref = reference_grad_samples(module, inputs, K=K, batch_first=batch_first, split=split)
+    # one scale for the module (its largest oracle entry): a parameter whose true gradient is 0 is judged against it
+    scale = max((r.abs().max().item() for r in ref.values() if r.numel()), default=0.0)
     target = random_target(clean_copy(module).to(torch.float64), tuple(_to64(x) for x in inputs))
-    cast = tuple(x.to(dtype) if isinstance(x, Tensor) and x.is_floating_point() else x for x in inputs)
+    cast_inputs = tuple(x.to(dtype) if isinstance(x, Tensor) and x.is_floating_point() else x for x in inputs)
     rows: list[ReportRow] = []
-    strategies = [("registered sampler", False)] + ([("torch.func fallback", True)] if fallback else [])
-    for strategy, force in strategies:
+    for force in [False, True] if fallback else [False]:
         copy_ = clean_copy(module).to(dtype)
 
         def factory(m: nn.Module, force: bool = force) -> GradSampleModule:
@@ -280,11 +224,21 @@ def check_grad_sampler(
         wrapped = factory(copy_)
         how = sorted({h for _, h in wrapped.units})
         wrapped.to_standard_module()
-        label = f"{strategy} ({', '.join(how)})" if not force else strategy
         if not force and how == ["torch.func"]:
-            continue  # no registered sampler: the fallback row below covers it
-        got = wrapped_grad_samples(factory, copy_, cast, target, loss_reduction=loss_reduction, batch_first=batch_first)
-        rows += _compare(label, got, ref, tol, atol)
+            continue  # no registered sampler: the fallback row covers it
+        label = "torch.func fallback" if force else f"registered sampler ({', '.join(how)})"
+        got = wrapped_grad_samples(
+            factory, copy_, cast_inputs, target, loss_reduction=loss_reduction, batch_first=batch_first
+        )
+        for name, r in ref.items():
+            g = got.get(name)
+            if g is None or tuple(g.shape) != tuple(r.shape):
+                shape = tuple(g.shape) if g is not None else ()
+                rows.append(ReportRow(label, name, shape, float("inf"), float("inf"), False))
+                continue
+            err = (g.to(torch.float64) - r).abs().max().item() if r.numel() else 0.0
+            rel = err / scale if scale > 0 else err
+            rows.append(ReportRow(label, name, tuple(g.shape), err, rel, rel <= tol or err <= atol))
     report = GradSamplerReport(rows, tol)
     if not report.ok:
         raise GradSamplerMismatch(f"per-sample gradients differ from the oracle:\n{report}", report)

@@ -1,11 +1,8 @@
 """Which layers per-sample gradients can be computed for, and how to fix the rest.
 
-A check looks at one submodule and returns ``(why, fix)`` or ``None``. Checks
-live in one list, so a new rule is one decorated function. Some problems exist
-in every grad-sample mode (batch normalisation mixes samples), others only in
-some (``nn.LSTM`` has no hooks-mode sampler, but ExpandedWeights handles it),
-so a check may name the modes it applies to. :func:`dpnotebook.fixers.fix`
-repairs what it can.
+A check looks at one submodule and returns ``(why, fix)`` or ``None``; a new rule is one decorated
+function, which may name the modes it applies to (``nn.LSTM`` has no hooks-mode sampler, but
+ExpandedWeights handles it). :func:`dpnotebook.fixers.fix` repairs what it can.
 
 >>> from torch import nn
 >>> from dpnotebook.validation import validate
@@ -34,14 +31,8 @@ __all__ = ["Problem", "validate", "register_check", "raise_if_problems"]
 
 @dataclass(frozen=True)
 class Problem:
-    """One submodule that cannot be used as it is.
-
-    Attributes:
-        path: where it sits, e.g. ``"model.features.3"``.
-        module_type: its class name, e.g. ``"BatchNorm2d"``.
-        why: what goes wrong with per-sample gradients.
-        fix: what to do instead.
-    """
+    """One submodule that cannot be used as it is: where it sits (``"model.features.3"``), its class name,
+    what goes wrong with per-sample gradients, and what to do instead."""
 
     path: str
     module_type: str
@@ -61,13 +52,9 @@ def register_check(fn: Check, *, modes: Iterable[str] | None = None) -> Check: .
 @overload
 def register_check(fn: None = None, *, modes: Iterable[str] | None = None) -> Callable[[Check], Check]: ...
 def register_check(fn: Check | None = None, *, modes: Iterable[str] | None = None) -> Check | Callable[[Check], Check]:
-    """Add a check ``fn(module) -> (why, fix) | None`` run on every submodule.
+    """Add a check ``fn(module) -> (why, fix) | None`` run on every submodule in ``modes`` (default: all).
 
-    Use it as ``@register_check`` (every mode) or ``@register_check(modes=["hooks"])``.
-
-    Args:
-        fn: the check.
-        modes: the grad-sample modes in which the check applies (default: all).
+    Use it as ``@register_check`` or ``@register_check(modes=["hooks"])``.
     """
 
     def add(check: Check) -> Check:
@@ -112,17 +99,13 @@ def _embedding_freq_scaling(module: nn.Module) -> tuple[str, str] | None:
 
 
 # -- recurrent layers and attention: it depends on the mode -------------------------
-def _dp_name(module: nn.Module) -> str:
-    return "DPMultiheadAttention" if isinstance(module, nn.MultiheadAttention) else f"DP{type(module).__name__}"
-
-
 def _rnn_fix(module: nn.RNNBase) -> str:
     if getattr(module, "proj_size", 0):
         return (
             "DPLSTM has no proj_size: use grad_sample_mode='ew', or an LSTM without proj_size followed by an nn.Linear."
         )
     return (
-        f"replace it with dpnotebook.layers.{_dp_name(module)} (same arguments, parameter names and "
+        f"replace it with dpnotebook.layers.DP{type(module).__name__} (same arguments, parameter names and "
         "state_dict); dpnotebook.fix(model) swaps it in with the weights copied. "
         "grad_sample_mode='ew' handles it too."
     )
@@ -201,9 +184,8 @@ def validate(model: nn.Module, *, mode: str = "hooks", root: str = "model") -> l
 
     Args:
         model: the module to inspect; it is not changed.
-        mode: a registered grad-sample mode (:func:`dpnotebook.available_modes`); checks tied to
-            other modes are skipped. A mode that builds on another runs its checks (``"ghost"``
-            runs those of ``"hooks"``).
+        mode: a registered grad-sample mode; a mode that builds on another runs its checks (``"ghost"``
+            those of ``"hooks"``).
         root: the name that paths start with.
 
     Raises:
@@ -220,16 +202,13 @@ def validate(model: nn.Module, *, mode: str = "hooks", root: str = "model") -> l
     ValueError: mode='hook' is unknown; choose one of ['ew', 'functorch', 'ghost', 'hooks'].
     """
     mode = validates_as(mode)
-    problems = []
-    for name, sub in model.named_modules():
-        for check, modes in _CHECKS:
-            if modes is not None and mode not in modes:
-                continue
-            found = check(sub)
-            if found is not None:
-                path = f"{root}.{name}" if name else root
-                problems.append(Problem(path, type(sub).__name__, *found))
-    return problems
+    return [
+        Problem(f"{root}.{name}" if name else root, type(sub).__name__, *found)
+        for name, sub in model.named_modules()
+        for check, modes in _CHECKS
+        if modes is None or mode in modes
+        if (found := check(sub)) is not None
+    ]
 
 
 def format_problems(problems: list[Problem]) -> str:

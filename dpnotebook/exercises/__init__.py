@@ -4,13 +4,10 @@
 >>> Verdict("02.x", Status.SOLVED).solved
 True
 
-Checkers live in ``dpnotebook.exercises._tutorial_NN`` (one module per tutorial, built from the shared
-checks of :mod:`~dpnotebook.exercises`: :func:`require`, :func:`number`, :func:`spot_slip`, :func:`pending`)
-and are imported the first time :func:`check` meets an id starting with ``NN``. The lecturer's commands:
-``python -m dpnotebook.exercises solve tutorials/ OUT_DIR`` (the solution set, from ``solutions/`` beside
-``tutorials/``) and ``python -m dpnotebook.exercises student tutorials/ [OUT_DIR] [--clear-outputs]``
-(validate, and copy, the student set; without outputs with ``--clear-outputs``); the functions behind
-them are :func:`solved`, :func:`problems`, :func:`exercise_cells` and :func:`parse_solutions`.
+Checkers live in ``dpnotebook.exercises._tutorial_NN``, one module per tutorial built from the shared
+checks (:func:`require`, :func:`number`, :func:`spot_slip`, :func:`pending`). The lecturer's commands
+(``python -m dpnotebook.exercises solve|student``) use :func:`solved`, :func:`problems`,
+:func:`exercise_cells` and :func:`parse_solutions`.
 """
 
 from dpnotebook.exercises._core import (

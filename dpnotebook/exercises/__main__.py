@@ -1,16 +1,11 @@
-"""The lecturer's two commands.
+"""The lecturer's two commands: write the solution set, validate (and copy) the student set.
 
-``python -m dpnotebook.exercises solve tutorials/ OUT_DIR [--execute]`` writes the solution set:
-every notebook with its exercise cells replaced by the blocks of ``solutions/<stem>.py`` (the
-``solutions/`` folder beside ``tutorials/``, or ``--solutions DIR``), outputs cleared, or run
-with ``--execute``, where a failing check stops the command.
-
-``python -m dpnotebook.exercises student tutorials/ [OUT_DIR] [--clear-outputs]`` validates the
-student set (every exercise cell is a stub with a solution block, every block has a cell, every
-check cell's stored output says "not yet solved") and, given ``OUT_DIR``, copies the notebooks
-there; with ``--clear-outputs`` the copies hold no outputs, so that no "predict first" prompt is
-answered before the student runs the cell. It exits with status 1 and lists the problems when
-anything is off.
+``python -m dpnotebook.exercises solve tutorials/ OUT_DIR [--execute]`` writes every notebook with its
+exercise cells replaced by the blocks of ``solutions/<stem>.py``, outputs cleared (or run with
+``--execute``, where a failing check stops the command). ``python -m dpnotebook.exercises student
+tutorials/ [OUT_DIR] [--clear-outputs]`` checks the student set (see :func:`problems`) and copies it
+to ``OUT_DIR``, without outputs with ``--clear-outputs`` so that no "predict first" prompt is answered
+in advance; it exits with status 1 and lists the problems when anything is off.
 """
 
 from __future__ import annotations
@@ -20,29 +15,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from dpnotebook.exercises._notebooks import (
-    default_solutions_dir,
-    execute,
-    problems,
-    read_notebook,
-    solved,
-    without_outputs,
-    write_notebook,
-)
-
-
-def _notebooks(folder: Path) -> list[Path]:
-    found = sorted(Path(folder).glob("*.ipynb"))
-    if not found:
-        raise SystemExit(f"no notebooks in {folder!s}: give the tutorials folder, e.g. 'tutorials/'")
-    return found
-
-
-def _validate(notebooks: list[Path], solutions_dir: Path) -> None:
-    found = [problem for notebook in notebooks for problem in problems(notebook, solutions_dir)]
-    if found:
-        print("\n".join(found), file=sys.stderr)
-        raise SystemExit(1)
+from dpnotebook.exercises._notebooks import execute, problems, read_notebook, solved, without_outputs, write_notebook
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -68,18 +41,20 @@ def main(argv: list[str] | None = None) -> None:
             "--clear-outputs writes a cleared copy and needs OUT_DIR: "
             "python -m dpnotebook.exercises student tutorials/ OUT_DIR --clear-outputs"
         )
-
-    notebooks = _notebooks(args.tutorials)
-    solutions_dir = default_solutions_dir(args.tutorials) if args.solutions is None else args.solutions
-    _validate(notebooks, solutions_dir)
+    notebooks = sorted(Path(args.tutorials).glob("*.ipynb"))
+    if not notebooks:
+        raise SystemExit(f"no notebooks in {args.tutorials!s}: give the tutorials folder, e.g. 'tutorials/'")
+    found = [problem for notebook in notebooks for problem in problems(notebook, args.solutions)]
+    if found:
+        print("\n".join(found), file=sys.stderr)
+        raise SystemExit(1)
     if args.command == "student":
-        if args.out_dir is not None:
+        for notebook in notebooks if args.out_dir is not None else []:
             args.out_dir.mkdir(parents=True, exist_ok=True)
-            for notebook in notebooks:
-                if args.clear_outputs:
-                    write_notebook(without_outputs(read_notebook(notebook)), args.out_dir / notebook.name)
-                else:
-                    shutil.copyfile(notebook, args.out_dir / notebook.name)
+            if args.clear_outputs:
+                write_notebook(without_outputs(read_notebook(notebook)), args.out_dir / notebook.name)
+            else:
+                shutil.copyfile(notebook, args.out_dir / notebook.name)
         print(
             f"student set: {len(notebooks)} notebooks, every exercise a stub with a solution"
             + (f"; copied to {args.out_dir}" if args.out_dir is not None else "")
@@ -87,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
         )
         return
     for notebook in notebooks:
-        result = solved(notebook, solutions_dir)
+        result = solved(notebook, args.solutions)
         if args.execute:
             print(f"running {notebook.name} ...", flush=True)
             result = execute(result, cwd=notebook.parent.resolve())

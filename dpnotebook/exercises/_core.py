@@ -1,24 +1,13 @@
 """Checking a tutorial exercise: the registry of checkers and the verdict a student sees.
 
-A checker is a function registered under an exercise id such as ``"02.linear_einsum"``
-(the tutorial's number, a dot, a name; the number is two digits, with a letter for a tutorial
-slotted between two others, as ``"03b"``). It receives the student's answer and
-any context the notebook passes, compares the answer with the library or an oracle, and
-either returns (solved; optionally with a sentence to print) or raises
-:class:`ExerciseFailed` with a hint that names the common mistake.
-
-:func:`check` turns that into one printed line and a :class:`Verdict`:
-
-- **solved** — the checker returned;
-- **not yet solved** — the answer is still the stub (``None``, ``...``, or a function
-  that raises :class:`NotImplementedError`);
-- **not right yet** — the checker raised :class:`ExerciseFailed`, or the answer raised
-  an error of its own.
-
-In a student's notebook :func:`check` never raises. With the environment variable
-``DPNOTEBOOK_EXERCISES=solutions`` (set by the tests that run the solved notebooks)
-anything but *solved* raises :class:`AssertionError`, so a solution that stops passing
-its check fails the build.
+A checker is registered under an id such as ``"02.linear_einsum"`` (the tutorial's number, with a
+letter for one slotted between two others as ``"03b"``, a dot, a name). It receives the answer and
+the notebook's context and returns (solved, optionally with a sentence) or raises
+:class:`ExerciseFailed` with a hint naming the mistake. :func:`check` prints one line: *solved*,
+*not yet solved* (the answer is still the stub: ``None``, ``...`` or a function raising
+``NotImplementedError``) or *not right yet*. It never raises in a student's notebook; with
+``DPNOTEBOOK_EXERCISES=solutions`` (the tests of the solved notebooks) anything but *solved*
+raises ``AssertionError``.
 
 >>> @register_check("99.double", todo="write double(x) returning 2 * x")
 ... def _check_double(double):
@@ -69,13 +58,7 @@ class Status(enum.Enum):
 
 @dataclass(frozen=True)
 class Verdict:
-    """What :func:`check` decided about one answer.
-
-    Attributes:
-        exercise_id: The exercise checked, e.g. ``"02.linear_einsum"``.
-        status: :class:`Status` — solved, not yet solved (still the stub), or not right yet.
-        hint: What to do next (not yet / not right), or what the solution achieved (solved).
-    """
+    """What :func:`check` decided: the exercise, its :class:`Status`, and the hint (or what was achieved)."""
 
     exercise_id: str
     status: Status
@@ -87,11 +70,7 @@ class Verdict:
         return self.status is Status.SOLVED
 
     def line(self) -> str:
-        """The one line :func:`check` prints.
-
-        >>> Verdict("02.x", Status.NOT_YET, "fill in the sampler").line()
-        '✗ 02.x: not yet solved — fill in the sampler'
-        """
+        """The one line :func:`check` prints, e.g. ``✗ 02.x: not yet solved — fill in the sampler``."""
         mark = "✓" if self.solved else "✗"
         return f"{mark} {self.exercise_id}: {self.status.value}" + (f" — {self.hint}" if self.hint else "")
 
@@ -104,34 +83,11 @@ class ExerciseFailed(Exception):
         self.hint = hint
 
 
-class NotYetSolved(Exception):
+class NotYetSolved(ExerciseFailed):
     """Raised by a checker when part of the answer is still a stub; its message says what is left to do."""
 
-    def __init__(self, hint: str) -> None:
-        super().__init__(hint)
-        self.hint = hint
 
-
-#: A checker: the student's answer (and the notebook's context) in, a sentence or ``None`` out.
-Checker = Callable[..., Any]
-
-
-@dataclass(frozen=True)
-class _Check:
-    function: Checker
-    todo: str
-
-
-_CHECKS: dict[str, _Check] = {}
-
-
-def _validated_id(exercise_id: str) -> str:
-    if not isinstance(exercise_id, str) or not _ID.match(exercise_id):
-        raise ValueError(
-            f"exercise_id={exercise_id!r} is not an exercise id. Fix: use the tutorial's two-digit number "
-            "(and its letter, if it has one), a dot and a name, e.g. '02.linear_einsum' or '03b.rr_epsilon'."
-        )
-    return exercise_id
+_CHECKS: dict[str, tuple[Callable[..., Any], str]] = {}  # id: (checker, todo)
 
 
 def tutorial_prefix(exercise_id: str) -> str:
@@ -140,47 +96,36 @@ def tutorial_prefix(exercise_id: str) -> str:
     >>> tutorial_prefix("02.linear_einsum"), tutorial_prefix("03b.rr_epsilon")
     ('02', '03b')
     """
-    return _validated_id(exercise_id).split(".", 1)[0]
+    if not isinstance(exercise_id, str) or not _ID.match(exercise_id):
+        raise ValueError(
+            f"exercise_id={exercise_id!r} is not an exercise id. Fix: use the tutorial's two-digit number "
+            "(and its letter, if it has one), a dot and a name, e.g. '02.linear_einsum' or '03b.rr_epsilon'."
+        )
+    return exercise_id.split(".", 1)[0]
 
 
-def register_check(exercise_id: str, todo: str = _DEFAULT_TODO) -> Callable[[Checker], Checker]:
-    """Decorator registering a checker for ``exercise_id``.
+def register_check(exercise_id: str, todo: str = _DEFAULT_TODO) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator registering a checker for ``exercise_id``, with ``todo``: what to do while the answer is the stub.
 
-    Args:
-        exercise_id: ``"NN.name"``; ``NN`` is the tutorial's number (``"03b"`` for a tutorial
-            with a letter). :func:`check` imports ``dpnotebook.exercises._tutorial_NN`` the first
-            time it meets an id with that prefix, so a new tutorial's checkers need only that module.
-        todo: What the student should do while the answer is still the stub.
-
-    Returns:
-        The decorator; it returns the checker unchanged.
-
-    >>> @register_check("99.demo")
-    ... def _demo(answer):
-    ...     require(answer == 1, "the answer is 1")
-    >>> check("99.demo", 1).solved
-    ✓ 99.demo: solved
-    True
-    >>> _ = unregister_check("99.demo")
+    :func:`check` imports ``dpnotebook.exercises._tutorial_NN`` the first time it meets an id ``"NN.name"``.
     """
-    _validated_id(exercise_id)
+    tutorial_prefix(exercise_id)
 
-    def decorator(function: Checker) -> Checker:
-        _CHECKS[exercise_id] = _Check(function, todo)
+    def decorator(function: Callable[..., Any]) -> Callable[..., Any]:
+        _CHECKS[exercise_id] = (function, todo)
         return function
 
     return decorator
 
 
-def unregister_check(exercise_id: str) -> Checker:
+def unregister_check(exercise_id: str) -> Callable[..., Any]:
     """Remove a checker (tests and doctests use it); returns the function removed."""
-    return _CHECKS.pop(exercise_id).function
+    return _CHECKS.pop(exercise_id)[0]
 
 
 def require(condition: bool, hint: str) -> None:
     """Raise :class:`ExerciseFailed` with ``hint`` unless ``condition`` holds.
 
-    >>> require(1 + 1 == 2, "arithmetic")
     >>> require(False, "off by one")
     Traceback (most recent call last):
     ...
@@ -206,16 +151,13 @@ def pending(value: Any, hint: str) -> None:
 
 
 def number(value: Any, hint: str, *, finite: bool = False) -> float:
-    """``value`` as a float if it is a real number (not a bool, not NaN; not inf if ``finite``), else
+    """``value`` as a float if it is a real number (not a bool or NaN; not inf if ``finite``), else
     :class:`ExerciseFailed` with ``hint``.
 
-    >>> import numpy as np
-    >>> number(2, "return one number"), number(np.float64(0.5), "return one number")
-    (2.0, 0.5)
-    >>> number("2", "rr_epsilon(0.1) returned '2': return one number")
+    >>> number("2", "return one number")
     Traceback (most recent call last):
     ...
-    dpnotebook.exercises._core.ExerciseFailed: rr_epsilon(0.1) returned '2': return one number
+    dpnotebook.exercises._core.ExerciseFailed: return one number
     """
     real = isinstance(value, numbers.Real) and not isinstance(value, bool) and not math.isnan(value)
     require(real and (not finite or math.isfinite(value)), hint)
@@ -230,9 +172,7 @@ def close(a: float, b: float, rel: float = 1e-6, abs_tol: float = 1e-12) -> bool
 def spot_slip(
     got: float, slips: Iterable[tuple[float, str]], right: float, *, rel: float = 1e-6, prefix: str = ""
 ) -> None:
-    """Raise :class:`ExerciseFailed` with the hint of the first slip whose value ``got`` equals (and ``right`` does not).
-
-    A checker lists the values the common mistakes give, each with the hint that names the mistake.
+    """Raise :class:`ExerciseFailed` with the hint of the first slip whose value ``got`` equals (``right`` does not).
 
     >>> spot_slip(4.0, [(4.0, "squared: take the root")], right=2.0, prefix="norm = 4: ")
     Traceback (most recent call last):
@@ -244,32 +184,14 @@ def spot_slip(
             raise ExerciseFailed(prefix + hint)
 
 
-def _lookup(exercise_id: str) -> _Check:
-    _validated_id(exercise_id)
-    if exercise_id not in _CHECKS:
-        module = f"dpnotebook.exercises._tutorial_{tutorial_prefix(exercise_id)}"
-        try:
-            import_module(module)
-        except ModuleNotFoundError as err:
-            if err.name != module:
-                raise
-    if exercise_id not in _CHECKS:
-        raise ValueError(
-            f"exercise_id={exercise_id!r} has no registered checker. Fix: define it with "
-            f"@register_check({exercise_id!r}) in dpnotebook/exercises/_tutorial_{tutorial_prefix(exercise_id)}.py."
-        )
-    return _CHECKS[exercise_id]
-
-
-def _not_implemented(err: BaseException) -> bool:
-    """Whether ``err`` is, or was raised while handling, a ``NotImplementedError`` (a stub called)."""
+def _not_implemented(err: BaseException | None) -> bool:
+    """Whether ``err``, or an error it was raised from or while handling, is a ``NotImplementedError``."""
     seen: set[int] = set()
-    link: BaseException | None = err  # err, then what it was raised from or while handling
-    while link is not None and id(link) not in seen:
-        if isinstance(link, NotImplementedError):
+    while err is not None and id(err) not in seen:
+        if isinstance(err, NotImplementedError):
             return True
-        seen.add(id(link))
-        link = link.__cause__ or link.__context__
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
     return False
 
 
@@ -285,18 +207,28 @@ def judge(exercise_id: str, answer: Any, **context: Any) -> Verdict:
     "your answer raised AttributeError: 'int' object has no attribute 'missing'"
     >>> _ = unregister_check("99.half")
     """
-    registered = _lookup(exercise_id)
+    module = f"dpnotebook.exercises._tutorial_{tutorial_prefix(exercise_id)}"
+    if exercise_id not in _CHECKS:
+        try:
+            import_module(module)
+        except ModuleNotFoundError as err:
+            if err.name != module:
+                raise
+    if exercise_id not in _CHECKS:
+        raise ValueError(
+            f"exercise_id={exercise_id!r} has no registered checker. Fix: define it with "
+            f"@register_check({exercise_id!r}) in {module.replace('.', '/')}.py."
+        )
+    function, todo = _CHECKS[exercise_id]
     if is_stub(answer):
-        return Verdict(exercise_id, Status.NOT_YET, registered.todo)
+        return Verdict(exercise_id, Status.NOT_YET, todo)
     try:
-        message = registered.function(answer, **context)
+        message = function(answer, **context)
     except ExerciseFailed as err:
-        return Verdict(exercise_id, Status.WRONG, err.hint)
-    except NotYetSolved as err:
-        return Verdict(exercise_id, Status.NOT_YET, err.hint)
+        return Verdict(exercise_id, Status.NOT_YET if isinstance(err, NotYetSolved) else Status.WRONG, err.hint)
     except Exception as err:  # noqa: BLE001 - the student's code raised: show them what, never a traceback
         if _not_implemented(err):
-            return Verdict(exercise_id, Status.NOT_YET, registered.todo)
+            return Verdict(exercise_id, Status.NOT_YET, todo)
         first_line = (str(err).strip().splitlines() or [""])[0]
         return Verdict(exercise_id, Status.WRONG, f"your answer raised {type(err).__name__}: {first_line}")
     return Verdict(exercise_id, Status.SOLVED, message or "")
@@ -305,19 +237,12 @@ def judge(exercise_id: str, answer: Any, **context: Any) -> Verdict:
 def check(exercise_id: str, answer: Any, **context: Any) -> Verdict:
     """Check ``answer`` for ``exercise_id``, print one line saying so, and return the :class:`Verdict`.
 
-    Args:
-        exercise_id: The registered id, e.g. ``"02.linear_einsum"``.
-        answer: What the student wrote: usually the function defined in the exercise cell.
-        **context: Anything else the checker needs from the notebook (a model, a budget ...).
-
-    Returns:
-        The verdict. Never raises for a wrong or unfinished answer, unless the environment
-        variable ``DPNOTEBOOK_EXERCISES`` is ``"solutions"``: then anything but *solved*
-        raises ``AssertionError``.
+    ``answer`` is usually the function the exercise cell defines; ``context`` is anything else the checker
+    needs from the notebook (a model, a budget ...).
 
     Raises:
         ValueError: ``exercise_id`` is malformed or has no checker (the notebook's mistake).
-        AssertionError: in solutions mode, when the answer is not solved.
+        AssertionError: ``DPNOTEBOOK_EXERCISES=solutions`` and the answer is not solved.
 
     >>> import os
     >>> @register_check("99.one")

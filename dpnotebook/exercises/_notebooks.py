@@ -1,12 +1,10 @@
 """The student set and the solution set of the tutorials: tagged stub cells and solution blocks.
 
-In a tutorial an exercise is a code cell tagged ``exercise`` whose metadata holds its
-``exercise_id``; its source is the stub the student completes, and a later cell calls
-``dpnotebook.exercises.check("<id>", ...)``. The committed notebooks are the **student
-set**. The solutions live outside the students' folder, in ``solutions/<notebook stem>.py``
-beside ``tutorials/`` (Binder opens ``tutorials/``, so a student does not meet them), one
-block per exercise, each introduced by a line ``# %% exercise <id>``; a block's code
-replaces the tagged cell's source to make the **solution set**.
+An exercise is a code cell tagged ``exercise`` whose metadata holds its ``exercise_id``; its source
+is the stub, and a later cell calls ``dpnotebook.exercises.check("<id>", ...)``. The committed
+notebooks are the **student set**. The solutions live in ``solutions/<notebook stem>.py`` beside
+``tutorials/`` (out of the students' way on Binder), one block per exercise after a line
+``# %% exercise <id>``; a block replaces its cell's source in the **solution set**.
 
 >>> text = '''# Solutions to 99_demo
 ... # %% exercise 99.first
@@ -39,8 +37,7 @@ _CHECK_CALL = re.compile(r"""\bcheck\(\s*["'](\d\d[a-z]?\.[A-Za-z0-9_.]+)["']"""
 def parse_solutions(text: str) -> dict[str, str]:
     """Split a solutions file into ``{exercise_id: source}``; text before the first block is ignored.
 
-    Raises:
-        ValueError: an id appears twice.
+    Raises ``ValueError`` when an id appears twice.
     """
     blocks: dict[str, list[str]] = {}
     current: list[str] | None = None
@@ -57,28 +54,20 @@ def parse_solutions(text: str) -> dict[str, str]:
     return {key: "\n".join(lines).strip("\n") for key, lines in blocks.items()}
 
 
-def default_solutions_dir(tutorials: Path) -> Path:
-    """Where the solutions of the notebooks in ``tutorials`` live by default: ``solutions/`` beside that folder.
-
-    >>> default_solutions_dir(Path("course/tutorials")).as_posix()
-    'course/solutions'
-    """
-    return Path(tutorials).parent / "solutions"
-
-
 def solutions_path(notebook: Path, solutions_dir: Path | None = None) -> Path:
-    """Where ``notebook``'s solutions live: ``<solutions_dir>/<stem>.py``.
-
-    Args:
-        notebook: The student notebook, e.g. ``tutorials/02_write_a_grad_sampler.ipynb``.
-        solutions_dir: The solutions folder; by default :func:`default_solutions_dir` of the
-            notebook's folder (``solutions/`` beside ``tutorials/``).
+    """Where ``notebook``'s solutions live: ``<solutions_dir>/<stem>.py``, by default in ``solutions/`` beside
+    the notebook's folder.
 
     >>> solutions_path(Path("tutorials/02_x.ipynb")).as_posix()
     'solutions/02_x.py'
     """
-    folder = default_solutions_dir(Path(notebook).parent) if solutions_dir is None else Path(solutions_dir)
+    folder = Path(notebook).parent.parent / "solutions" if solutions_dir is None else Path(solutions_dir)
     return folder / f"{Path(notebook).stem}.py"
+
+
+def _blocks(notebook: Path, solutions_dir: Path | None) -> tuple[Path, dict[str, str]]:
+    path = solutions_path(notebook, solutions_dir)
+    return path, parse_solutions(path.read_text(encoding="utf-8")) if path.exists() else {}
 
 
 def read_notebook(path: Path) -> dict[str, Any]:
@@ -92,16 +81,14 @@ def write_notebook(notebook: dict[str, Any], path: Path) -> None:
     Path(path).write_text(json.dumps(notebook, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def _source(cell: dict[str, Any]) -> str:
-    source = cell.get("source", "")
-    return "".join(source) if isinstance(source, list) else source
+def _text(value: str | list[str]) -> str:
+    return "".join(value) if isinstance(value, list) else value
 
 
 def exercise_cells(notebook: dict[str, Any]) -> dict[str, int]:
     """``{exercise_id: cell index}`` of the code cells tagged ``exercise``.
 
-    Raises:
-        ValueError: a tagged cell has no ``exercise_id`` or repeats one.
+    Raises ``ValueError`` when a tagged cell has no ``exercise_id`` or repeats one.
     """
     found: dict[str, int] = {}
     for index, cell in enumerate(notebook["cells"]):
@@ -122,55 +109,45 @@ def check_cells(notebook: dict[str, Any]) -> dict[str, list[int]]:
     found: dict[str, list[int]] = {}
     for index, cell in enumerate(notebook["cells"]):
         if cell["cell_type"] == "code":
-            for exercise_id in _CHECK_CALL.findall(_source(cell)):
+            for exercise_id in _CHECK_CALL.findall(_text(cell.get("source", ""))):
                 found.setdefault(exercise_id, []).append(index)
     return found
-
-
-def _output_text(cell: dict[str, Any]) -> str:
-    parts = []
-    for output in cell.get("outputs", []):
-        text = output.get("text", output.get("data", {}).get("text/plain", ""))
-        parts.append("".join(text) if isinstance(text, list) else text)
-    return "".join(parts)
 
 
 def problems(notebook_path: Path, solutions_dir: Path | None = None) -> list[str]:
     """Everything wrong with a student notebook and its solutions file; empty when all is well.
 
-    ``solutions_dir`` is passed to :func:`solutions_path`. Checked: every tagged cell has a
-    solution block and every block a tagged cell; ids start with the notebook's number; each exercise has a check cell after it whose stored output
-    says "not yet solved"; a solution differs from its stub.
+    Checked: every tagged cell has a solution block and every block a tagged cell; ids start with the
+    notebook's number; each exercise has a check cell after it whose stored output says "not yet
+    solved"; a solution differs from its stub. ``solutions_dir`` is passed to :func:`solutions_path`.
     """
-    notebook_path = Path(notebook_path)
+    name = Path(notebook_path).name
     notebook = read_notebook(notebook_path)
     try:
         cells = exercise_cells(notebook)
     except ValueError as err:
-        return [f"{notebook_path.name}: {err}"]
-    path = solutions_path(notebook_path, solutions_dir)
-    blocks = parse_solutions(path.read_text(encoding="utf-8")) if path.exists() else {}
-    found = []
-    for exercise_id in sorted(set(cells) - set(blocks)):
-        found.append(
-            f"{notebook_path.name}: exercise {exercise_id!r} has no block '# %% exercise {exercise_id}' in {path}"
-        )
-    for exercise_id in sorted(set(blocks) - set(cells)):
-        found.append(f"{path}: block {exercise_id!r} has no cell tagged {TAG!r} in {notebook_path.name}")
+        return [f"{name}: {err}"]
+    path, blocks = _blocks(notebook_path, solutions_dir)
+    found = [
+        f"{name}: exercise {i!r} has no block '# %% exercise {i}' in {path}" for i in sorted(set(cells) - set(blocks))
+    ]
+    found += [f"{path}: block {i!r} has no cell tagged {TAG!r} in {name}" for i in sorted(set(blocks) - set(cells))]
     checks = check_cells(notebook)
     for exercise_id, index in cells.items():
-        if not notebook_path.name.startswith(tutorial_prefix(exercise_id) + "_"):
-            found.append(f"{notebook_path.name}: exercise id {exercise_id!r} does not start with the notebook's number")
+        if not name.startswith(tutorial_prefix(exercise_id) + "_"):
+            found.append(f"{name}: exercise id {exercise_id!r} does not start with the notebook's number")
         later = [i for i in checks.get(exercise_id, []) if i > index]
         if not later:
-            found.append(f"{notebook_path.name}: exercise {exercise_id!r} (cell {index}) has no check cell after it")
+            found.append(f"{name}: exercise {exercise_id!r} (cell {index}) has no check cell after it")
         for i in later:
-            if Status.NOT_YET.value not in _output_text(notebook["cells"][i]):
+            outputs = notebook["cells"][i].get("outputs", [])
+            text = "".join(_text(o.get("text", o.get("data", {}).get("text/plain", ""))) for o in outputs)
+            if Status.NOT_YET.value not in text:
                 found.append(
-                    f"{notebook_path.name}: the stored output of cell {i}, checking {exercise_id!r}, does not say "
+                    f"{name}: the stored output of cell {i}, checking {exercise_id!r}, does not say "
                     f"{Status.NOT_YET.value!r}: the committed notebook must hold the unsolved stub, executed"
                 )
-        if exercise_id in blocks and blocks[exercise_id].strip() == _source(notebook["cells"][index]).strip():
+        if exercise_id in blocks and blocks[exercise_id].strip() == _text(notebook["cells"][index]["source"]).strip():
             found.append(f"{path}: the solution of {exercise_id!r} is the stub itself")
     return found
 
@@ -178,18 +155,13 @@ def problems(notebook_path: Path, solutions_dir: Path | None = None) -> list[str
 def solved(notebook_path: Path, solutions_dir: Path | None = None) -> dict[str, Any]:
     """The notebook with every tagged cell's source replaced by its solution, all outputs cleared.
 
-    ``solutions_dir`` is passed to :func:`solutions_path`.
-
-    Raises:
-        ValueError: the notebook and its solutions file do not match (see :func:`problems`).
+    Raises ``ValueError`` when the notebook and its solutions file do not match (see :func:`problems`).
     """
-    notebook_path = Path(notebook_path)
-    notebook = copy.deepcopy(read_notebook(notebook_path))
+    notebook = read_notebook(notebook_path)
     cells = exercise_cells(notebook)
     if not cells:
         return notebook
-    path = solutions_path(notebook_path, solutions_dir)
-    blocks = parse_solutions(path.read_text(encoding="utf-8")) if path.exists() else {}
+    path, blocks = _blocks(notebook_path, solutions_dir)
     if set(cells) != set(blocks):
         raise ValueError(
             f"{notebook_path}: exercises {sorted(cells)} but solution blocks {sorted(blocks)} in {path}. "
@@ -201,9 +173,7 @@ def solved(notebook_path: Path, solutions_dir: Path | None = None) -> dict[str, 
 
 
 def without_outputs(notebook: dict[str, Any]) -> dict[str, Any]:
-    """A copy of ``notebook`` with every code cell's outputs and execution count cleared, and no stored widget state.
-
-    The student set handed out this way keeps every "predict first" prompt unspoiled.
+    """A copy of ``notebook`` without outputs, execution counts and stored widget state.
 
     >>> cell = {"cell_type": "code", "source": "1", "outputs": [{"text": "1"}], "execution_count": 3, "metadata": {}}
     >>> nb = {"cells": [cell], "metadata": {"widgets": {"state": {}}}}
@@ -224,10 +194,9 @@ def without_outputs(notebook: dict[str, Any]) -> dict[str, Any]:
 def execute(notebook: dict[str, Any], cwd: Path, timeout: int = 600) -> dict[str, Any]:
     """Run ``notebook`` in a fresh kernel with ``DPNOTEBOOK_EXERCISES=solutions``; returns it executed.
 
-    Needs ``nbclient`` (installed with Jupyter). A check that is not solved raises in its cell,
-    which ``nbclient`` reports as ``CellExecutionError``.
+    Needs ``nbclient``; a check that is not solved raises ``CellExecutionError``.
     """
-    from nbclient import NotebookClient  # imported here: only the tests and ``solve --execute`` need it
+    from nbclient import NotebookClient
     from nbformat import reads
 
     previous = os.environ.get(ENVIRONMENT_VARIABLE)

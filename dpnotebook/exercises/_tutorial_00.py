@@ -1,12 +1,4 @@
-"""Checks of tutorial 00 (quickstart): train again within a smaller budget, ε ≤ 2.
-
-The answer is the second run's ``PrivacyEngine``; the check reads its accountant (steps and ε)
-and compares the second optimizer's noise multiplier with the first run's.
-
->>> from dpnotebook.exercises import judge
->>> judge("00.smaller_budget", "an engine").hint
-'engine2 is a str: make it the PrivacyEngine of the new run (engine2 = PrivacyEngine(accountant="pld"))'
-"""
+"""Checks of tutorial 00 (quickstart): train again within ε ≤ 2; the answer is the second run's engine."""
 
 from __future__ import annotations
 

@@ -1,18 +1,7 @@
-"""Checks of tutorial 01 (per-sample gradients): a linear layer's per-sample gradient norms without the gradients.
+"""Checks of tutorial 01 (per-sample gradients): norms without materialising, and the clipping factors.
 
-The answer is ``linear_weight_norms(a, g)``: activations ``a`` ``[B, in]`` or ``[B, T, in]`` and
-backprops ``g`` ``[B, out]`` or ``[B, T, out]`` to the ``[B]`` norms of the weight gradients
-``sum_t g_t a_tᵀ``. The check compares with the definition (the gradients built in float64) and
-watches every tensor the answer creates: one as large as the ``B`` gradients means they were built.
-
->>> import torch
->>> from dpnotebook.exercises import judge
->>> def materialised(a, g):
-...     if a.dim() == 2:
-...         a, g = a[:, None], g[:, None]
-...     return torch.einsum("bto,bti->boi", g, a).flatten(1).norm(dim=1)
->>> judge("01.norm_without_materialising", materialised).hint
-'right numbers, but you built a tensor of ... entries (the B per-sample gradients have ...): ...'
+``01.norm_without_materialising`` compares with the float64 definition and watches every tensor the
+answer creates: one as large as the ``B`` per-sample gradients means they were built.
 """
 
 from __future__ import annotations
@@ -27,7 +16,7 @@ from dpnotebook.exercises._core import ExerciseFailed, register_check, require
 
 
 class _LargestTensor(TorchFunctionMode):
-    """Records the largest number of entries of any tensor a torch function returns."""
+    """Records the most entries of any tensor a torch function returns."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -56,10 +45,8 @@ def check_norms(linear_weight_norms: Callable[[Tensor, Tensor], Tensor]) -> str:
     """The norms for T = 1 and T = 3, against the materialised definition, and without materialising."""
     B, d_in, d_out = 4, 48, 40
     for T in (None, 3):
-        shape_a = (B, d_in) if T is None else (B, T, d_in)
-        shape_g = (B, d_out) if T is None else (B, T, d_out)
-        a = torch.randn(shape_a, dtype=torch.float64)
-        g = torch.randn(shape_g, dtype=torch.float64)
+        lead = (B,) if T is None else (B, T)
+        a, g = torch.randn(*lead, d_in, dtype=torch.float64), torch.randn(*lead, d_out, dtype=torch.float64)
         with _LargestTensor() as watch:
             got = linear_weight_norms(a, g)
         want = _definition(a, g)
@@ -92,26 +79,13 @@ def check_norms(linear_weight_norms: Callable[[Tensor, Tensor], Tensor]) -> str:
     return "‖g aᵀ‖ = ‖g‖‖a‖ and the Gram form agree with the gradients' norms; no [B, out, in] tensor was built"
 
 
-def _clip_factors(norms: Tensor, C: float) -> Tensor:
-    return (C / norms).clamp(max=1.0)
-
-
 @register_check(
     "01.per_sample_norms",
     todo="compute norms (one number per sample: the length of its whole gradient, every parameter together) "
     "and factors (the factor clipping at C multiplies each sample's gradient by)",
 )
 def check_per_sample_norms(norms: Tensor, factors: Tensor, oracle: dict[str, Tensor], C: float) -> str:
-    """The 8 per-sample norms from the oracle's gradients and the clipping factors at ``C``, against the library.
-
-    The hints name the usual slips (squared norms, the parameters' norms added or kept apart, a factor
-    above 1, the factor upside down) without giving the code.
-
-    >>> import torch
-    >>> oracle = {"w": torch.tensor([[3.0, 0.0], [0.3, 0.0]]), "b": torch.tensor([[4.0], [0.4]])}
-    >>> check_per_sample_norms(torch.tensor([5.0, 0.5]), torch.tensor([0.2, 1.0]), oracle, C=1.0)
-    'the norms match dpnotebook.privacy.per_sample_norms; clipping at C = 1 shrinks 1 of 2 samples and leaves 1 as they are'
-    """
+    """The per-sample norms of the oracle's gradients and the clipping factors at ``C``, against the library."""
     from dpnotebook.privacy import per_sample_norms
 
     want = per_sample_norms(list(oracle.values())).double()
@@ -127,8 +101,7 @@ def check_per_sample_norms(norms: Tensor, factors: Tensor, oracle: dict[str, Ten
         norms.shape == want.shape,
         f"norms should hold one number per sample, shape [{B}]; got {list(norms.shape)}",
     )
-    got = norms.detach().double().cpu()
-    want = want.cpu()
+    got, want = norms.detach().double().cpu(), want.cpu()
     if torch.allclose(got, want.square(), rtol=1e-5):
         raise ExerciseFailed("those are squared norms: a norm is the square root of the sum of squares")
     if torch.allclose(got, per_parameter.sum(0), rtol=1e-5):
@@ -147,12 +120,9 @@ def check_per_sample_norms(norms: Tensor, factors: Tensor, oracle: dict[str, Ten
         + ("" if isinstance(factors, Tensor) else f"; got {type(factors).__name__}"),
     )
     f = factors.detach().double().cpu()
-    right = _clip_factors(want, C)
+    right = (C / want).clamp(max=1.0)
     if torch.allclose(f, want / C, rtol=1e-5) or torch.allclose(f, (want / C).clamp(max=1.0), rtol=1e-5):
-        raise ExerciseFailed(
-            "the factor is upside down: a gradient of norm n, multiplied by the factor, must come out with norm "
-            "at most C"
-        )
+        raise ExerciseFailed("the factor is upside down: a gradient of norm n, times the factor, must have norm <= C")
     if bool((f > 1 + 1e-9).any()):
         raise ExerciseFailed(
             "some factors are above 1, so they would make a short gradient longer: clipping only shrinks "

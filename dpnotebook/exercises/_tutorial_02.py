@@ -1,13 +1,7 @@
 """Checks of tutorial 02 (write a grad sampler): ``nn.Linear`` as an einsum, the ``Gate`` layer, a LoRA adapter.
 
-Each check calls the student's sampler on float64 inputs to name the common mistake (a missing ``/K``,
-a transposed result, positions not summed, the chain-rule factor), then runs
-:func:`dpnotebook.testing.check_grad_sampler` against the float64 oracle.
-
->>> from dpnotebook.exercises import judge
->>> from dpnotebook.grad_sample.samplers.linear import linear_grad_sampler
->>> judge("02.linear_einsum", linear_grad_sampler).solved
-True
+Each check names the common mistake on float64 inputs (a missing ``/K``, a transposed result, positions
+not summed, the chain-rule factor), then runs :func:`dpnotebook.testing.check_grad_sampler`.
 """
 
 from __future__ import annotations
@@ -23,12 +17,11 @@ from dpnotebook.exercises._core import ExerciseFailed, register_check, require
 from dpnotebook.grad_sample import find_grad_sampler, register_grad_sampler, unregister_grad_sampler
 from dpnotebook.testing import check_grad_sampler
 
+Sampler = Callable[..., Any]
+
 
 def _same(got: object, want: Tensor) -> bool:
     return isinstance(got, Tensor) and got.shape == want.shape and torch.allclose(got.double(), want, atol=1e-10)
-
-
-Sampler = Callable[..., Any]
 
 
 def _call(sampler: Sampler, layer: nn.Module, x: Tensor, g: Tensor, K: int) -> dict[Any, Any]:
@@ -51,7 +44,7 @@ def _registered(sampler: Sampler, layer: nn.Module, name: str, layer_name: str) 
 
 
 def _oracle(cases: Iterable[tuple[nn.Module, Tensor, int, bool]]) -> None:
-    """``check_grad_sampler`` on each ``(layer, input, K, batch_first)``; a mismatch is the student's to fix."""
+    """``check_grad_sampler`` on each ``(layer, input, K, batch_first)``."""
     try:
         for layer, x, K, batch_first in cases:
             check_grad_sampler(layer, x, K=K, batch_first=batch_first)
@@ -66,12 +59,6 @@ def _k_times(K: int, *pairs: tuple[Any, Tensor]) -> None:
 
 class _StudentLinear(nn.Linear):
     """A Linear of its own type, so the student's sampler is registered without replacing the built-in one."""
-
-
-def _linear_expected(layer: nn.Linear, x: Tensor, g: Tensor, K: int) -> tuple[Tensor, Tensor]:
-    B = x.shape[0] // K
-    a, b = x.reshape(B, -1, x.shape[-1]), g.reshape(B, -1, g.shape[-1])
-    return torch.einsum("bto,bti->boi", b, a) / K, b.sum(1) / K
 
 
 @register_check(
@@ -92,9 +79,9 @@ def check_linear_einsum(sampler: Sampler) -> str:
             "the dict has no entry for layer.bias: its per-sample gradient is the "
             "backprops summed over positions (and averaged over the K copies)",
         )
-        weight, bias = _linear_expected(layer, x, g, K)
-        got = result[layer.weight]
         B = shape[0] // K
+        a, b = x.reshape(B, -1, 4), g.reshape(B, -1, 3)
+        weight, bias, got = torch.einsum("bto,bti->boi", b, a) / K, b.sum(1) / K, result[layer.weight]
         require(isinstance(got, Tensor), "the weight's entry is not a tensor")
         if got.shape == weight.transpose(1, 2).shape and got.shape != weight.shape:
             raise ExerciseFailed(
@@ -111,11 +98,7 @@ def check_linear_einsum(sampler: Sampler) -> str:
             f"the weight gradients have shape {list(got.shape)}, expected "
             f"{list(weight.shape)} = [B, out_features, in_features]",
         )
-        if K > 1 and _same(got, weight * K):
-            raise ExerciseFailed(
-                "the weight gradient is K times too large: a sample's gradient is the *mean* "
-                "over its K copies, so divide the sum by K"
-            )
+        _k_times(K, (got, weight))
         if len(shape) == 3 and not _same(got, weight):
             raise ExerciseFailed(
                 "right for one position per row, wrong for sequences: sum g_t a_tᵀ over the "
@@ -141,24 +124,17 @@ def check_linear_einsum(sampler: Sampler) -> str:
     return "matches the float64 oracle for K=1 and 2, with and without positions, batch_first=False too"
 
 
-def _gate_terms(layer: nn.Module, x: Tensor, g: Tensor, K: int) -> tuple[Tensor, Tensor]:
-    B = x.shape[0] // K
-    through = (g * x).reshape(B, -1, x.shape[-1]).sum(1) / K  # d loss / d (sigmoid(w)) per sample
-    s = torch.sigmoid(cast(Tensor, layer.w).detach())  # the notebook's Gate: w is its Parameter
-    return through, s
-
-
 @register_check("02.gate_sampler", todo="derive d loss / d w_j, complete gate_sampler (with K) and run its cell")
 def check_gate_sampler(sampler: Sampler, layer_type: type[nn.Module]) -> str:
     """The student's ``Gate`` sampler (``layer_type`` is the notebook's ``Gate`` class)."""
     _registered(sampler, layer_type(3), "gate_sampler", "Gate")
     layer = layer_type(5).double()
     for K in (1, 3):
-        x = torch.randn(2 * K, 7, 5, dtype=torch.float64)
-        g = torch.randn(2 * K, 7, 5, dtype=torch.float64)
+        x, g = torch.randn(2, 2 * K, 7, 5, dtype=torch.float64)  # activations and backprops
         result = _call(sampler, layer, x, g, K)
         require(layer.w in result, "the dict has no entry for layer.w")
-        through, s = _gate_terms(layer, x, g, K)
+        through = (g * x).reshape(2, -1, 5).sum(1) / K  # d loss / d (sigmoid(w)) per sample
+        s = torch.sigmoid(cast(Tensor, layer.w).detach())  # the notebook's Gate: w is its Parameter
         got = result[layer.w]
         right = through * s * (1 - s)
         require(

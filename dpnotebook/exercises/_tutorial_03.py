@@ -1,12 +1,5 @@
-"""Checks of tutorial 03 (clipping): the smallest bound C in a grid that clips at most a given fraction.
-
-The answer is ``smallest_bound(grads, grid, max_fraction)``. The check runs it on the notebook's
-per-sample gradients and on generated ones, with several fractions, and compares with what
-:func:`dpnotebook.widgets.clipping_stats` (the library's clipping) says about every C of the grid.
-
->>> from dpnotebook.exercises import judge
->>> judge("03.clipping_bound", lambda grads, grid, max_fraction: grid[-1], grads=None).hint
-'C = ... clips at most ... but C = ... in the grid does too: return the smallest'
+"""Checks of tutorial 03 (clipping): the smallest bound C in a grid that clips at most a given fraction,
+against :func:`dpnotebook.widgets.clipping_stats` on the notebook's gradients and generated ones.
 """
 
 from __future__ import annotations

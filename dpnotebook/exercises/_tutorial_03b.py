@@ -1,19 +1,8 @@
-"""Checks of tutorial 03b (privacy by hand): three privacy quantities, each from its formula.
+"""Checks of tutorial 03b (privacy by hand): randomized response's ε, Theorem A.1's σ, and the RDP ε of k Gaussians.
 
-``rr_epsilon(p)`` of randomized response (``ln((1 + p) / (1 - p))``); ``classic_sigma(epsilon, delta,
-sensitivity)`` of Theorem A.1 (Dwork & Roth 2014, ``sensitivity sqrt(2 ln(1.25 / delta)) / epsilon``, a
-``ValueError`` outside ``0 < epsilon < 1``); ``rdp_epsilon(k, sigma, delta)``, ``k`` Gaussians composed
-by Rényi DP and converted classically, minimised over every real order (Mironov 2017). No library
-function returns these, so the checks compare with the formulas and recognise the library's
-neighbouring quantities (the exact Gaussian sigma, dp_accounting's tighter conversion, integer
-orders) to say why they are not the answer.
-
->>> import math
->>> check_rr_epsilon(lambda p: math.log((1 + p) / (1 - p)) if p < 1 else math.inf)
-'rr_epsilon(p) = ln((1 + p) / (1 - p)) for every p tried, ln 3 at p = 1/2, and inf at p = 1'
->>> from dpnotebook.exercises import judge
->>> judge("03b.rr_epsilon", lambda p: math.log(p / (1 - p))).hint
-'rr_epsilon(0.1) = -2.197: that is ln(p / (1 - p)), the epsilon when the answer that is not the truth is always the lie. Here it is a fair coin, which says the truth half the time: P(yes | yes) = p + (1 - p) / 2'
+No library function returns these, so the checks compare with the formulas and recognise the library's
+neighbouring quantities (the exact Gaussian σ, tighter conversions, integer orders) to say why they are not
+the answer.
 """
 
 from __future__ import annotations
@@ -47,9 +36,8 @@ def check_rr_epsilon(rr_epsilon: Callable[[float], float]) -> str:
         slips = [
             (
                 math.log(p / (1 - p)) if p > 0 else math.nan,
-                "that is ln(p / (1 - p)), the epsilon when the answer "
-                "that is not the truth is always the lie. Here it is a fair coin, which says the truth half the "
-                "time: P(yes | yes) = p + (1 - p) / 2",
+                "that is ln(p / (1 - p)), the epsilon when the answer that is not the truth is always the lie. Here "
+                "it is a fair coin, which says the truth half the time: P(yes | yes) = p + (1 - p) / 2",
             ),
             (
                 (1 + p) / (1 - p),
@@ -85,11 +73,7 @@ def _classic(epsilon: float, delta: float, sensitivity: float) -> float:
 
 
 def exact_gaussian_sigma(epsilon: float, delta: float, sensitivity: float) -> float:
-    """The smallest noise std at which the Gaussian mechanism is (ε, δ)-DP (Balle & Wang 2018), for the hints.
-
-    >>> round(exact_gaussian_sigma(0.5, 1e-5, 1.0), 3)
-    7.032
-    """
+    """The smallest noise std at which the Gaussian mechanism is (ε, δ)-DP (Balle & Wang 2018), for the hints."""
     from scipy.optimize import brentq
 
     from dpnotebook.audit import gaussian_delta

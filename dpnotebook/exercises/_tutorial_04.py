@@ -1,15 +1,5 @@
-"""Checks of tutorial 04 (noise and the privacy budget): choose σ for a budget, justify it with the accountant.
-
-The setting: tutorial 00's 1438 training digits, expected batch size 64 (``q = 64/1438``), 20
-epochs of a Poisson loader (the steps counted by ``dpnotebook.privacy._accounting``), target
-ε ≤ 1 at δ = 1e-5 with the PLD accountant. The answer is ``sigma``; the justification is the ε
-the student computed for it with :func:`dpnotebook.privacy.compute_epsilon`.
-
->>> from dpnotebook.exercises import judge
->>> judge("04.sigma_for_budget", 10.0, epsilon=...).hint
-'σ = 10.00 gives ε = 0.321: more noise than needed (σ = 9.50 also stays within ε ≤ 1). Find the smallest σ, ...'
->>> judge("04.sigma_for_budget", 2.0, epsilon=...).hint
-'σ = 2.00 spends ε = ... > 1.0 over the 440 steps 20 epochs run at q = 64/1438: pass sample_rate=64/1438 ...'
+"""Checks of tutorial 04 (noise and the privacy budget): the smallest σ for ε ≤ 1 (PLD, δ = 1e-5) over 20
+epochs of 1438 digits at expected batch 64, and the ε the student computed for it.
 """
 
 from __future__ import annotations
@@ -28,12 +18,6 @@ def _epsilon(sigma: float, steps: int) -> float:
     return compute_epsilon(noise_multiplier=sigma, sample_rate=BATCH / N, steps=steps, delta=DELTA, accountant="pld")
 
 
-def _steps() -> int:
-    from dpnotebook.privacy import steps_for_epochs, steps_per_epoch
-
-    return steps_for_epochs(EPOCHS, steps_per_epoch(BATCH / N))
-
-
 @register_check(
     "04.sigma_for_budget",
     todo="find sigma with get_noise_multiplier, then compute its epsilon with "
@@ -41,11 +25,13 @@ def _steps() -> int:
 )
 def check_sigma_for_budget(sigma: Any, epsilon: Any) -> str:
     """σ keeps ε ≤ 1, is the smallest such σ to within 5%, and ``epsilon`` is the accountant's ε for it."""
+    from dpnotebook.privacy import steps_for_epochs, steps_per_epoch
+
     require(
         isinstance(sigma, (int, float)) and not isinstance(sigma, bool) and sigma > 0,
         f"sigma = {sigma!r}: it should be a positive number, the noise multiplier",
     )
-    steps = _steps()
+    steps = steps_for_epochs(EPOCHS, steps_per_epoch(BATCH / N))
     spent = _epsilon(float(sigma), steps)
     if spent > TARGET:
         raise ExerciseFailed(

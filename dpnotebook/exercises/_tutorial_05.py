@@ -1,16 +1,5 @@
-"""Checks of tutorial 05 (augmentation multiplicity): the ε of a run nobody has trained yet.
-
-The question: the K = 4 runs, rerun with K = 16 copies and for 50 epochs instead of 25 (same σ, same
-sample rate). The answer is the number of steps that run takes and the ε it would spend, computed
-before training; ``engine.get_epsilon`` of the runs above gives the ε of 25 epochs, not this one.
-The check recognises the usual slips: the 25-epoch ε copied, steps or sample rate multiplied by K,
-steps counted from the dataset size, ε doubled for twice the epochs.
-
->>> from dpnotebook.exercises import judge
->>> from dpnotebook.privacy import compute_epsilon
->>> judge("05.epsilon_any_K", compute_epsilon(noise_multiplier=1.2, sample_rate=4 * 128 / 1438,
-...       steps=550, delta=1e-5), steps=550).hint
-'that is the ε of a sample rate K·128/1438: the accountant counts samples, not rows, so q = 128/1438 whatever K is'
+"""Checks of tutorial 05 (augmentation multiplicity): the steps and ε of a K = 16, 50-epoch run, computed before
+training; the hints recognise the usual slips (the 25-epoch ε, steps or q times K, ε doubled).
 """
 
 from __future__ import annotations
@@ -30,19 +19,15 @@ def _epsilon(sample_rate: float, steps: int) -> float:
     return compute_epsilon(noise_multiplier=SIGMA, sample_rate=sample_rate, steps=steps, delta=DELTA)
 
 
-def _per_epoch() -> int:
-    from dpnotebook.privacy import steps_per_epoch
-
-    return steps_per_epoch(BATCH / N)
-
-
 @register_check(
     "05.epsilon_any_K",
     todo=f"count the steps a run of {EPOCHS} epochs with K = {K} takes, then compute the ε it would spend",
 )
 def check_epsilon_any_k(my_epsilon: Any, steps: Any) -> str:
     """``steps`` and ``my_epsilon`` of the K = 16, 50-epoch run, computed from σ, q and the steps alone."""
-    per_epoch = _per_epoch()
+    from dpnotebook.privacy import steps_per_epoch
+
+    per_epoch = steps_per_epoch(BATCH / N)
     want_steps = EPOCHS * per_epoch
     pending(steps, f"count the steps first: {EPOCHS} epochs of len(loader) batches")
     require(isinstance(steps, int), f"steps = {steps!r}: it should be a whole number of steps")

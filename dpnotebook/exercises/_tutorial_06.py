@@ -1,19 +1,6 @@
-"""Checks of tutorial 06 (the modes compared): which modes handle an ``nn.EmbeddingBag``, and why the others refuse.
+"""Checks of tutorial 06 (the modes compared): which modes handle an ``nn.EmbeddingBag``, and each refusal.
 
-The answer is a set of mode names, ``works``, and a dict ``refusals`` holding, for every mode left
-out of ``works``, the error that mode raised on the model (the ``error`` of its
-:func:`dpnotebook.compare.compare_modes` row). The check runs ``compare_modes`` on the notebook's model
-itself. Its hints never say which mode is misplaced, only how many: the set cannot be found by
-guessing mode after mode, and the refusals cannot be written without running the modes.
-
->>> import torch
->>> from dpnotebook.exercises import judge
->>> bag = torch.nn.Sequential(torch.nn.EmbeddingBag(20, 4, mode="mean"), torch.nn.Linear(4, 3))
->>> words, labels = torch.randint(0, 20, (4, 5)), torch.randint(0, 3, (4,))
->>> judge("06.embedding_bag_modes", {"hooks", "oracle"}, refusals={}, model=bag, inputs=words, targets=labels).hint
-'"oracle" is the float64 reference every mode is compared with, not a mode: leave it out'
->>> judge("06.embedding_bag_modes", {"hooks"}, refusals={}, model=bag, inputs=words, targets=labels).hint
-'2 of the 4 modes are on the wrong side: run compare_modes(bag_model, words, labels) and read every row'
+The hints say how many modes are misplaced, never which, so the set cannot be found by guessing.
 """
 
 from __future__ import annotations

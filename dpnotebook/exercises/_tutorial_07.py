@@ -1,17 +1,4 @@
-"""Checks of tutorial 07 (recurrent and attention models): make an ``nn.GRU`` ready for hooks mode.
-
-The answer is the fixed model; the check compares it with the original ``nn.GRU`` (type, weights,
-outputs) and asks :func:`dpnotebook.validate` whether anything is left.
-
->>> import torch
->>> import dpnotebook
->>> from dpnotebook.exercises import judge
->>> gru = torch.nn.GRU(3, 4, batch_first=True)
->>> judge("07.fix_gru", torch.nn.GRU(3, 4, batch_first=True), original=gru, inputs=torch.randn(2, 5, 3)).hint
-'fixed_gru is still a GRU: dpnotebook.fix(gru) returns a copy with DPGRU swapped in'
->>> judge("07.fix_gru", dpnotebook.fix(gru), original=gru, inputs=torch.randn(2, 5, 3)).solved
-True
-"""
+"""Checks of tutorial 07 (recurrent and attention models): make an ``nn.GRU`` ready for hooks mode."""
 
 from __future__ import annotations
 

@@ -1,27 +1,7 @@
-"""Checkers for tutorial 08 (what epsilon means).
+"""Checks of tutorial 08 (what epsilon means): the best threshold, the ε for a margin, the ε an attack proves.
 
-* ``08.best_threshold``: the student's ``best_threshold(member_scores, nonmember_scores)``
-  must reach the largest advantage ``TPR - FPR`` that any threshold reaches on those scores,
-  as :func:`~dpnotebook.audit.attack_roc` computes it, on several score sets.
-* ``08.epsilon_for_margin``: the student's ``epsilon_for_margin(margin, delta)`` must give
-  the largest epsilon at which *every* ``(epsilon, delta)``-DP training keeps every attacker's
-  advantage within ``margin``: :func:`~dpnotebook.audit.advantage_bound` of the answer
-  must equal ``margin``.
-* ``08.epsilon_from_attack``: the student's ``epsilon_from_attack(tp, members, fp, nonmembers, delta)``
-  must give the largest epsilon that an attack's counts refute at 95% confidence: the *lower* end of
-  TPR's and the *upper* end of FPR's two-sided 95% Clopper–Pearson interval (each end fails with
-  probability 2.5%, both together with at most 5%) put into *both* inequalities ``TPR <= e^eps FPR + delta`` and
-  ``1 - TPR >= e^-eps (1 - FPR - delta)``, and 0 when neither is violated. The check computes the
-  answer itself from ``scipy.stats.beta``; no library function returns it.
-
->>> import numpy as np
->>> from dpnotebook.audit import attack_roc
->>> check_best_threshold(lambda m, n: attack_roc(m, n).best_threshold)
-'reaches the best advantage on every score set'
->>> check_epsilon_for_margin(lambda margin, delta: float(np.log((1 + margin - 2 * delta) / (1 - margin))))
-'advantage_bound(epsilon_for_margin(m, d), d) == m for every margin and delta tried'
->>> check_epsilon_from_attack(lambda tp, n, fp, nn, delta: _refuted(tp, n, fp, nn, delta))
-'the epsilon each attack proves, with intervals on both rates and both inequalities'
+The last is computed here from ``scipy.stats.beta`` (95% Clopper–Pearson ends on both rates, both inequalities
+of (ε, δ)-DP); no library function returns it.
 """
 
 from __future__ import annotations
@@ -30,7 +10,7 @@ import math
 from collections.abc import Callable
 
 import numpy as np
-from scipy.stats import beta
+from scipy.stats import beta, norm
 
 from dpnotebook.audit import advantage_bound, attack_roc, gaussian_epsilon
 from dpnotebook.exercises._core import ExerciseFailed, number, register_check, spot_slip
@@ -98,7 +78,7 @@ def check_epsilon_for_margin(epsilon_for_margin: Callable[[float, float], float]
                     "right without delta, but delta adds to what an attacker can gain: the bound is "
                     "(e^eps - 1 + 2 delta) / (e^eps + 1); solve it with delta"
                 )
-            if delta > 0 and math.isclose(eps, gaussian_epsilon(2 * _gauss_mu(margin), delta), rel_tol=1e-3):
+            if delta > 0 and math.isclose(eps, gaussian_epsilon(2 * norm.ppf((1 + margin) / 2), delta), rel_tol=1e-3):
                 raise ExerciseFailed(
                     "that is the epsilon of the Gaussian mechanism with this best advantage; the "
                     "question is about every (epsilon, delta)-DP training: use the bound "
@@ -114,13 +94,6 @@ def check_epsilon_for_margin(epsilon_for_margin: Callable[[float, float], float]
                 f"(its bound is {got:.4f}, not {margin})"
             )
     return "advantage_bound(epsilon_for_margin(m, d), d) == m for every margin and delta tried"
-
-
-def _gauss_mu(margin: float) -> float:
-    """Half the mu whose Gaussian best advantage ``2 Phi(mu / 2) - 1`` is ``margin``."""
-    from scipy.stats import norm
-
-    return float(norm.ppf((1 + margin) / 2))
 
 
 # (true positives, members, false positives, non-members, delta): a strong attack at a low FPR, one whose
@@ -154,16 +127,9 @@ def _refuted(
     else:
         tpr, fpr = low(tp, members), high(fp, nonmembers)
     first = math.log((tpr - delta) / fpr) if tpr > delta and fpr > 0 else (math.inf if tpr > delta else -math.inf)
-    second = math.log((1 - fpr - delta) / (1 - tpr)) if 1 - fpr - delta > 0 and tpr < 1 else -math.inf
+    both = corners != "first"  # "first": the safe corners, the first inequality only
+    second = math.log((1 - fpr - delta) / (1 - tpr)) if both and 1 - fpr - delta > 0 and tpr < 1 else -math.inf
     return max(0.0, first, second)
-
-
-def _first_only(tp: int, members: int, fp: int, nonmembers: int, delta: float) -> float:
-    tpr, fpr = (
-        float(beta.ppf(0.025, tp, members - tp + 1)) if tp else 0.0,
-        float(beta.ppf(0.975, fp + 1, nonmembers - fp)),
-    )
-    return max(0.0, math.log((tpr - delta) / fpr)) if tpr > delta else 0.0
 
 
 @register_check(
@@ -207,7 +173,7 @@ def check_epsilon_from_attack(epsilon_from_attack: Callable[[int, int, int, int,
                 "e^-eps (1 - FPR - delta); subtract delta before taking the logarithm",
             ),
             (
-                _first_only(tp, n, fp, nn, delta),
+                _refuted(tp, n, fp, nn, delta, corners="first"),
                 "you used only TPR <= e^eps FPR + delta; an attack with a high TPR at a high FPR violates "
                 "the second inequality, 1 - TPR >= e^-eps (1 - FPR - delta): take the larger of the two",
             ),

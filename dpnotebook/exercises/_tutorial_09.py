@@ -1,18 +1,5 @@
-"""Checkers for tutorial 09 (DP-SGD from scratch).
-
-``09.per_layer_privatize``: the student's ``privatize_per_layer(grads, *, C, sigma,
-expected_batch_size, generator)`` is compared with the library's per-layer
-:func:`~dpnotebook.privacy.clip_and_sum` and the optimizer's noise
-(:func:`~dpnotebook.privacy._mechanisms.draw_noise`), first without noise, then with it.
-
->>> import torch, math
->>> from dpnotebook.privacy import clip_and_sum
->>> def solution(grads, *, C, sigma, expected_batch_size, generator):
-...     summed = clip_and_sum(grads, max_grad_norm=C, clipping="per_layer").summed
-...     return [(s + torch.normal(0.0, sigma * C, s.shape, generator=generator)) / expected_batch_size
-...             for s in summed]
->>> check_per_layer_privatize(solution)
-'the same noisy average as clip_and_sum(clipping="per_layer") and the optimizer\\'s noise'
+"""Checks of tutorial 09 (DP-SGD from scratch): per-layer clipping and noise, against the library's per-layer
+:func:`~dpnotebook.privacy.clip_and_sum` and the optimizer's noise, first without noise, then with it.
 """
 
 from __future__ import annotations

@@ -1,30 +1,13 @@
-"""Checkers for tutorial 11 (public pretraining, private training).
-
-``11.not_public``: what the pipeline would spend if the "public" digits were private data too. The
-student computes three numbers: ``epsilon_pretrain``, the ε of pretraining the digits 0–4 with DP-SGD
-(σ = 4, expected batch 64, 20 epochs); ``epsilon_disjoint``, the ε of the whole pipeline (that
-pretraining, then the notebook's private fine-tune) when each person's data lies in only one of the two
-parts — parallel composition, the larger of the two; and ``epsilon_same_people``, when every person has
-data in both parts — sequential composition, both phases in one accountant. The hints name the usual
-slips (ε's added, the wrong kind of composition, the wrong sample rate).
-
->>> from types import SimpleNamespace
->>> fine_tune = SimpleNamespace(noise_multiplier=2.0, steps=100, setting=SimpleNamespace(batch_size=64, delta=1e-5))
->>> from dpnotebook.privacy import compute_epsilon
->>> pre, _ = _pretraining(716)
->>> ft = compute_epsilon(noise_multiplier=2.0, sample_rate=64 / 722, steps=100, delta=1e-5)
->>> check_not_public((pre, pre + ft, pre + ft), fine_tune=fine_tune, n_public=716, n_private=722)
-Traceback (most recent call last):
-...
-dpnotebook.exercises._core.ExerciseFailed: epsilon_disjoint adds the two ε's; but a person in only one part ...
+"""Checks of tutorial 11 (public pretraining): ε of pretraining on the "public" digits, of the pipeline with
+disjoint people (parallel composition) and with the same people (sequential, one accountant for both phases).
 """
 
 from __future__ import annotations
 
-import math
+import functools
 from typing import Any
 
-from dpnotebook.exercises._core import ExerciseFailed, pending, register_check, require
+from dpnotebook.exercises._core import ExerciseFailed, close, pending, register_check, require
 
 SIGMA_PRE, BATCH_PRE, EPOCHS_PRE, DELTA = 4.0, 64, 20, 1e-5
 
@@ -38,8 +21,7 @@ def _pretraining(n_public: int) -> tuple[float, int]:
     return compute_epsilon(noise_multiplier=SIGMA_PRE, sample_rate=q, steps=steps, delta=DELTA), steps
 
 
-def _close(a: float, b: float) -> bool:
-    return math.isclose(a, b, rel_tol=2e-3)
+_close = functools.partial(close, rel=2e-3)
 
 
 @register_check(
