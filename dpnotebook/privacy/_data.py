@@ -1,12 +1,9 @@
 """Data loading for DP-SGD: Poisson sampling, physical batches and augmentation multiplicity.
 
-The privacy analysis of DP-SGD assumes **Poisson sampling**: for every batch, each of the ``N`` samples is
-included independently with probability ``q = expected_batch_size / N``. Batch sizes therefore vary, and a
-batch can be empty; an empty batch still counts as a step (noise only) and comes out as zero-length tensors
-of the right shapes and dtypes, so the training loop needs no special case. ``make_private`` replaces a
-loader's own sampling (``shuffle``, ``drop_last``, a sampler) and says so (:func:`warn_replaced_sampling`).
-:class:`BatchMemoryManager` cuts each logical batch into physical pieces that fit in memory;
-:class:`AugmultCollate` turns each sampled sample into ``K`` augmented rows (accounting counts samples).
+The privacy analysis assumes **Poisson sampling**: each of the ``N`` samples joins every batch independently
+with probability ``q``. Batch sizes vary; an empty batch is still a (noise-only) step and comes out as
+zero-row tensors. :class:`BatchMemoryManager` cuts logical batches into physical pieces;
+:class:`AugmultCollate` turns each sample into ``K`` augmented rows (accounting counts samples).
 
 >>> import torch
 >>> from torch.utils.data import TensorDataset
@@ -50,7 +47,7 @@ Collate = Callable[[list[Any]], Any]
 
 
 def _map_columns(batch: Any, index: slice) -> Any:
-    """Apply ``index`` (a slice of rows) to every tensor, and every list of plain items, in ``batch``."""
+    """Apply ``index`` (a slice of rows) to every tensor and list of plain items in ``batch``."""
     if isinstance(batch, Tensor):
         return batch[index]
     if isinstance(batch, Mapping):
@@ -113,23 +110,21 @@ class PoissonBatchSampler(Sampler[list[int]]):
     def __iter__(self) -> Iterator[list[int]]:
         self.drawn.clear()  # a new pass: counts of a pass that broke off are stale
         for _ in range(self.steps):
-            if self.secure_mode:
-                uniform = secure_uniform(self.num_samples)
-            else:
-                # float64: float32 uniforms lie on a grid of 2^-24, so `u < q` would include
-                # each sample with q rounded up to that grid, not with probability q
-                uniform = torch.rand(self.num_samples, generator=self.generator, dtype=torch.float64)
-            indices = torch.nonzero(uniform < self.sample_rate).flatten().tolist()
+            indices = self._draw()
             self.drawn.append(len(indices))
             yield indices
 
+    def _draw(self) -> list[int]:
+        """One batch's indices: each sample kept when its uniform is below q."""
+        if self.secure_mode:
+            uniform = secure_uniform(self.num_samples)
+        else:  # float64: float32 uniforms (a grid of 2^-24) would round q up
+            uniform = torch.rand(self.num_samples, generator=self.generator, dtype=torch.float64)
+        return torch.nonzero(uniform < self.sample_rate).flatten().tolist()
+
 
 class EmptyBatchCollate:
-    """Wraps a ``collate_fn`` so that an empty list of samples gives zero-row tensors.
-
-    The shapes and dtypes are those of ``collate_fn([dataset[0]])`` with its
-    rows sliced away, so they match every other batch exactly.
-    """
+    """Wraps a ``collate_fn`` so that no samples give zero-row tensors shaped like ``collate_fn([dataset[0]])``."""
 
     def __init__(self, collate_fn: Collate, dataset: Dataset[Any]) -> None:
         self.collate_fn = collate_fn
@@ -145,7 +140,7 @@ class EmptyBatchCollate:
 
 
 class DPDataLoader(DataLoader[Any]):
-    """A ``DataLoader`` with Poisson sampling (see the module docstring).
+    """A ``DataLoader`` with Poisson sampling.
 
     Args:
         dataset: a map-style dataset (with ``len`` and ``dataset[i]``).
@@ -159,17 +154,12 @@ class DPDataLoader(DataLoader[Any]):
     Attributes:
         sample_rate: q.
         expected_batch_size: ``q * len(dataset)``, in samples.
-        batch_listeners: functions called with the number of examples of each batch
-            handed out (``make_private`` adds the optimizer's, which checks that each
-            step clips the examples of exactly one batch).
-        draws: a :class:`~dpnotebook.privacy._batches.DrawMarker`: it marks every tensor of a batch handed
-            out with the batch's draw (``draws.last``), so the optimizer can tell where its samples came from.
+        batch_listeners: functions called with the number of examples of each batch handed out.
+        draws: a :class:`~dpnotebook.privacy._batches.DrawMarker` that marks each batch's tensors.
     """
 
-    #: draws the batches (the distributed loader draws each rank's share of them)
     batch_sampler_class: type[PoissonBatchSampler] = PoissonBatchSampler
-    #: the loader ``from_data_loader(distributed=True)`` builds; set by
-    #: ``dpnotebook.privacy._distributed``, which the package imports
+    #: the loader ``from_data_loader(distributed=True)`` builds (set by ``_distributed``)
     distributed_class: type[DPDataLoader]
 
     def __init__(
@@ -203,12 +193,8 @@ class DPDataLoader(DataLoader[Any]):
         self.draws = DrawMarker()
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # torch: its iterator class; ours wraps it
-        """The batches, in order, marked (``draws``); each one's number of examples goes to every ``batch_listeners``.
-
-        Counted when a batch is handed out, not when its indices are drawn: with
-        ``num_workers > 0`` the loader draws ahead of the training loop.
-        """
-        drawn = cast(PoissonBatchSampler, self.batch_sampler).drawn  # __init__'s (a DataLoader's is fixed)
+        """The batches, marked; each one's number of examples goes to ``batch_listeners`` when handed out."""
+        drawn = cast(PoissonBatchSampler, self.batch_sampler).drawn
         for batch in super().__iter__():
             examples = drawn.popleft()
             if not examples and not getattr(self, "_warned_empty", False):
@@ -236,12 +222,8 @@ class DPDataLoader(DataLoader[Any]):
     ) -> DPDataLoader:
         """The Poisson version of ``loader``: same dataset, collate and workers, ``q = 1 / len(loader)``.
 
-        A :class:`DPDataLoader` keeps its own sample rate and number of steps. Without
-        ``generator`` (and ``secure_mode``), the batches are drawn with ``loader.generator``,
-        so a seeded loader gives seeded batches. With
-        ``distributed=True`` (``torch.distributed`` initialised) it is a
-        :class:`~dpnotebook.privacy.DistributedDPDataLoader`: this rank's
-        share of each global Poisson batch, at the same ``q``.
+        Without ``generator`` the batches are drawn with ``loader.generator``. With ``distributed=True``
+        it is a :class:`~dpnotebook.privacy.DistributedDPDataLoader`.
 
         >>> import torch
         >>> from torch.utils.data import TensorDataset
@@ -282,16 +264,8 @@ class DPDataLoader(DataLoader[Any]):
 def split_batch(batch: Any, *, max_physical_batch_size: int, K: int = 1) -> Iterator[Any]:
     """Split a logical batch into physical pieces of at most ``max_physical_batch_size`` samples.
 
-    Every tensor (and list) in ``batch`` is cut along dim 0; a sample's ``K``
-    rows stay together. An empty batch yields nothing. Use with
-    :meth:`DPOptimizer.virtual_step <dpnotebook.privacy.DPOptimizer.virtual_step>`::
-
-        for x, y in loader:
-            for xb, yb in split_batch((x, y), max_physical_batch_size=32):
-                criterion(model(xb), yb).backward()
-                optimizer.virtual_step()      # clip this piece, add it to the sum
-            optimizer.step()                  # noise once, then the update
-            optimizer.zero_grad()
+    Every tensor (and list) is cut along dim 0; a sample's ``K`` rows stay together; an empty batch
+    yields nothing. Call ``optimizer.virtual_step()`` after each piece's backward, ``step()`` after the last.
 
     >>> import torch
     >>> [x.tolist() for x, in split_batch((torch.arange(5),), max_physical_batch_size=2)]
@@ -311,7 +285,7 @@ def split_batch(batch: Any, *, max_physical_batch_size: int, K: int = 1) -> Iter
 
 
 def replaced_sampling(loader: DataLoader[Any]) -> list[str]:
-    """The options of ``loader`` that Poisson sampling replaces: ``shuffle=True``, ``drop_last=True``, a sampler.
+    """The options of ``loader`` that Poisson sampling replaces.
 
     >>> import torch
     >>> from torch.utils.data import TensorDataset
@@ -348,13 +322,9 @@ def warn_replaced_sampling(loader: DataLoader[Any]) -> None:
 
 
 class AugmultCollate:
-    """A ``collate_fn`` for augmentation multiplicity: ``K`` augmented copies of each sample.
+    """A ``collate_fn`` for augmentation multiplicity: ``B*K`` rows, sample-major, ``K`` augmentations of each ``x``.
 
-    From ``B`` samples ``(x, y, ...)`` it builds ``B*K`` rows, sample-major
-    (rows ``i*K .. i*K+K-1`` are ``augment(x_i)`` drawn ``K`` times), with the
-    other fields (labels) repeated ``K`` times. A model wrapped with the same
-    ``K`` averages each sample's ``K`` gradients before clipping, so privacy is
-    counted per sample, not per row.
+    The other fields (labels) are repeated ``K`` times; a model wrapped with the same ``K`` clips per sample.
 
     >>> import torch
     >>> collate = AugmultCollate(lambda x: x + 0.5, K=2)
@@ -384,8 +354,6 @@ def augmult_data_loader(
     **kwargs: Any,
 ) -> DPDataLoader:
     """A Poisson :class:`DPDataLoader` whose batches hold ``K`` augmented rows per sampled sample.
-
-    ``sample_rate`` and ``expected_batch_size`` count samples, not rows.
 
     >>> import torch
     >>> from torch.utils.data import TensorDataset
@@ -419,8 +387,7 @@ def loader_k(data_loader: DataLoader[Any]) -> int | None:
 class BatchMemoryManager:
     """Context manager yielding physical batches of at most ``max_physical_batch_size`` samples.
 
-    Each logical batch is cut into pieces; the optimizer's step on each piece but the last is a virtual step
-    (clip and accumulate), the step on the last adds the noise once and updates the model.
+    The optimizer's step on each piece but a logical batch's last is a virtual step; the last adds the noise.
 
     >>> from torch import nn
     >>> from torch.utils.data import TensorDataset
@@ -478,11 +445,7 @@ class BatchMemoryManager:
 
 
 class PhysicalBatches:
-    """What ``with BatchMemoryManager(...) as batches`` gives: the physical batches, and their expected number.
-
-    ``len()`` is ``ceil(logical batches * expected batch size / max_physical_batch_size)``
-    (the Poisson batch sizes vary, so a pass may yield a few more or fewer).
-    """
+    """The physical batches of a :class:`BatchMemoryManager`; ``len()`` is their expected number."""
 
     def __init__(self, manager: BatchMemoryManager) -> None:
         self.manager = manager
