@@ -1,9 +1,5 @@
 """Checks for the privacy arguments, with errors that name the argument, its value and the fix.
 
-Every public function of :mod:`dpnotebook.privacy` validates its privacy
-arguments here, so a typo fails at once with a message a student can act on,
-instead of silently training without privacy.
-
 >>> check_noise_multiplier(-1)
 Traceback (most recent call last):
 ...
@@ -72,10 +68,7 @@ def check_sample_rate(value: Any) -> float:
 
 
 def check_delta(value: Any, *, dataset_size: int | None = None, name: str = "delta") -> float:
-    """``delta`` as a float in (0, 1); warn when it is not much smaller than ``1 / dataset_size``.
-
-    A delta of ``1/N`` or more allows a mechanism that publishes one whole
-    record, so it gives no meaningful protection.
+    """``delta`` as a float in (0, 1); warn when it is not below ``1 / dataset_size``.
 
     >>> import warnings
     >>> with warnings.catch_warnings(record=True) as caught:
