@@ -11,12 +11,15 @@ from __future__ import annotations
 import math
 import numbers
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+def _number(name: str, value: Any, ok: Callable[[float], bool], rule: str) -> float:
+    """``value`` as a float if it is a real number (not a bool, not NaN) that is ``ok``; else ``ValueError``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or math.isnan(value) or not ok(value):
+        raise ValueError(f"{name}={value!r} is invalid: it must be {rule}")
+    return float(value)
 
 
 def check_noise_multiplier(value: Any) -> float:
@@ -25,13 +28,13 @@ def check_noise_multiplier(value: Any) -> float:
     >>> check_noise_multiplier(1.1)
     1.1
     """
-    if not _is_number(value) or math.isnan(value) or value < 0 or math.isinf(value):
-        raise ValueError(
-            f"noise_multiplier={value!r} is invalid: it must be a number >= 0 (the noise std is "
-            "noise_multiplier * max_grad_norm). Fix: pass e.g. noise_multiplier=1.0; 0 means no "
-            "noise and no privacy."
-        )
-    return float(value)
+    return _number(
+        "noise_multiplier",
+        value,
+        lambda v: 0 <= v < math.inf,
+        "a number >= 0 (the noise std is noise_multiplier * max_grad_norm). Fix: pass e.g. "
+        "noise_multiplier=1.0; 0 means no noise and no privacy.",
+    )
 
 
 def check_max_grad_norm(value: Any) -> float:
@@ -42,12 +45,13 @@ def check_max_grad_norm(value: Any) -> float:
     ...
     ValueError: max_grad_norm=0 is invalid: it must be a number > 0 (each sample's gradient is scaled down to norm <= max_grad_norm). Fix: pass e.g. max_grad_norm=1.0.
     """
-    if not _is_number(value) or math.isnan(value) or value <= 0:
-        raise ValueError(
-            f"max_grad_norm={value!r} is invalid: it must be a number > 0 (each sample's gradient "
-            "is scaled down to norm <= max_grad_norm). Fix: pass e.g. max_grad_norm=1.0."
-        )
-    return float(value)
+    return _number(
+        "max_grad_norm",
+        value,
+        lambda v: v > 0,
+        "a number > 0 (each sample's gradient is scaled down to norm <= max_grad_norm). Fix: pass e.g. "
+        "max_grad_norm=1.0.",
+    )
 
 
 def check_sample_rate(value: Any) -> float:
@@ -58,13 +62,13 @@ def check_sample_rate(value: Any) -> float:
     ...
     ValueError: sample_rate=1.5 is invalid: it must be in (0, 1] (the probability that a sample is in a batch, expected_batch_size / dataset_size). Fix: pass e.g. sample_rate=256 / 60000.
     """
-    if not _is_number(value) or math.isnan(value) or not 0 < value <= 1:
-        raise ValueError(
-            f"sample_rate={value!r} is invalid: it must be in (0, 1] (the probability that a sample "
-            "is in a batch, expected_batch_size / dataset_size). Fix: pass e.g. "
-            "sample_rate=256 / 60000."
-        )
-    return float(value)
+    return _number(
+        "sample_rate",
+        value,
+        lambda v: 0 < v <= 1,
+        "in (0, 1] (the probability that a sample is in a batch, expected_batch_size / dataset_size). "
+        "Fix: pass e.g. sample_rate=256 / 60000.",
+    )
 
 
 def check_delta(value: Any, *, dataset_size: int | None = None, name: str = "delta") -> float:
@@ -77,11 +81,10 @@ def check_delta(value: Any, *, dataset_size: int | None = None, name: str = "del
     >>> print(caught[0].message)
     delta=0.01 is >= 1/N = 1/1000: such a delta allows leaking a whole record. Fix: use delta well below 1/N, e.g. delta=1e-05.
     """
-    if not _is_number(value) or math.isnan(value) or not 0 < value < 1:
-        raise ValueError(
-            f"{name}={value!r} is invalid: it must be in (0, 1) (the probability that the epsilon "
-            f"guarantee fails). Fix: pass e.g. {name}=1e-5, well below 1 / dataset size."
-        )
+    fix = f"Fix: pass e.g. {name}=1e-5, well below 1 / dataset size."
+    value = _number(
+        name, value, lambda v: 0 < v < 1, f"in (0, 1) (the probability that the epsilon guarantee fails). {fix}"
+    )
     if dataset_size is not None and dataset_size > 0 and value >= 1 / dataset_size:
         suggestion = 10 ** math.floor(math.log10(0.01 / dataset_size))
         warnings.warn(
@@ -90,7 +93,7 @@ def check_delta(value: Any, *, dataset_size: int | None = None, name: str = "del
             UserWarning,
             stacklevel=3,
         )
-    return float(value)
+    return value
 
 
 def check_epsilon(value: Any, *, name: str = "target_epsilon") -> float:
@@ -101,9 +104,7 @@ def check_epsilon(value: Any, *, name: str = "target_epsilon") -> float:
     ...
     ValueError: target_epsilon=0 is invalid: it must be a finite number > 0. Fix: pass e.g. target_epsilon=8.0.
     """
-    if not _is_number(value) or math.isnan(value) or value <= 0 or math.isinf(value):
-        raise ValueError(f"{name}={value!r} is invalid: it must be a finite number > 0. Fix: pass e.g. {name}=8.0.")
-    return float(value)
+    return _number(name, value, lambda v: 0 < v < math.inf, f"a finite number > 0. Fix: pass e.g. {name}=8.0.")
 
 
 def check_choice(name: str, value: Any, choices: Iterable[str]) -> str:
@@ -141,6 +142,4 @@ def check_positive_number(name: str, value: Any) -> float:
     ...
     ValueError: expected_batch_size=-3 is invalid: it must be a finite number > 0.
     """
-    if not _is_number(value) or math.isnan(value) or math.isinf(value) or value <= 0:
-        raise ValueError(f"{name}={value!r} is invalid: it must be a finite number > 0.")
-    return float(value)
+    return _number(name, value, lambda v: 0 < v < math.inf, "a finite number > 0.")
