@@ -285,16 +285,7 @@ def split_batch(batch: Any, *, max_physical_batch_size: int, K: int = 1) -> Iter
 
 
 def replaced_sampling(loader: DataLoader[Any]) -> list[str]:
-    """The options of ``loader`` that Poisson sampling replaces.
-
-    >>> import torch
-    >>> from torch.utils.data import TensorDataset
-    >>> data = TensorDataset(torch.randn(10, 2))
-    >>> replaced_sampling(DataLoader(data, batch_size=2, shuffle=True, drop_last=True))
-    ['shuffle=True', 'drop_last=True']
-    >>> replaced_sampling(DataLoader(data, batch_size=2))
-    []
-    """
+    """The options of ``loader`` that Poisson sampling replaces."""
     replaced = []
     if isinstance(loader.sampler, RandomSampler):
         replaced.append("shuffle=True")
@@ -371,13 +362,7 @@ def augmult_data_loader(
 
 
 def loader_k(data_loader: DataLoader[Any]) -> int | None:
-    """The ``K`` of ``data_loader``'s :class:`AugmultCollate` (``None`` if it has none).
-
-    >>> from torch.utils.data import TensorDataset
-    >>> import torch
-    >>> loader_k(DataLoader(TensorDataset(torch.zeros(4)), collate_fn=AugmultCollate(abs, K=3)))
-    3
-    """
+    """The ``K`` of ``data_loader``'s :class:`AugmultCollate` (``None`` if it has none)."""
     collate = data_loader.collate_fn
     if isinstance(collate, EmptyBatchCollate):
         collate = collate.collate_fn

@@ -67,11 +67,7 @@ DPDDP = DifferentiallyPrivateDistributedDataParallel
 
 
 def unwrap_distributed(module: nn.Module) -> tuple[nn.Module, bool]:
-    """``(the model inside DPDDP or DistributedDataParallel, True)``, or ``(module, False)``.
-
-    >>> unwrap_distributed(nn.Linear(2, 2))[1]
-    False
-    """
+    """``(the model inside DPDDP or DistributedDataParallel, True)``, or ``(module, False)``."""
     inner = getattr(module, "_module", None)
     if isinstance(inner, (DPDDP, DistributedDataParallel)):
         raise ValueError(
@@ -240,11 +236,7 @@ class DistributedGhostDPOptimizer(_AllReduceMixin, GhostDPOptimizer):
 
 
 def distributed_optimizer_class(base: type[DPOptimizer]) -> type[DPOptimizer]:
-    """The distributed version of a DP optimizer class (``DPOptimizer`` or ``GhostDPOptimizer``).
-
-    >>> distributed_optimizer_class(DPOptimizer) is DistributedDPOptimizer
-    True
-    """
+    """The distributed version of ``DPOptimizer`` or ``GhostDPOptimizer``."""
     versions = {DPOptimizer: DistributedDPOptimizer, GhostDPOptimizer: DistributedGhostDPOptimizer}
     if base not in versions:
         raise TypeError(f"base={base!r} has no distributed version; pass DPOptimizer or GhostDPOptimizer.")
@@ -252,11 +244,7 @@ def distributed_optimizer_class(base: type[DPOptimizer]) -> type[DPOptimizer]:
 
 
 def rank_and_world(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
-    """``(rank, world_size)``: the ones given, else the default process group's (checked).
-
-    >>> rank_and_world(1, 4)
-    (1, 4)
-    """
+    """``(rank, world_size)``: the ones given, else the default process group's (checked)."""
     if rank is None or world_size is None:
         _require_process_group("distributed sampling without rank= and world_size=")
         rank = dist.get_rank() if rank is None else rank

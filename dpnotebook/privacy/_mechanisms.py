@@ -66,11 +66,7 @@ def check_layer_bounds(value: Any, clipping: str) -> Bounds:
 
 
 def total_bound(bounds: Bounds | tuple[float, ...]) -> float:
-    """The sensitivity: ``C`` itself, or ``sqrt(sum c_l^2)`` for a list.
-
-    >>> total_bound([3.0, 4.0])
-    5.0
-    """
+    """The sensitivity: ``C`` itself, or ``sqrt(sum c_l^2)`` for a list."""
     if isinstance(bounds, (list, tuple)):
         return math.sqrt(sum(c * c for c in bounds))
     return float(bounds)
@@ -154,11 +150,7 @@ def clip_factors(norms: Tensor, max_grad_norm: float) -> Tensor:
 
 
 def nonfinite_mask(norms: Tensor) -> Tensor | None:
-    """``None`` if every norm is finite (one reduction in the usual case), else ``isfinite(norms)``.
-
-    >>> nonfinite_mask(torch.tensor([1.0, 2.0])) is None, nonfinite_mask(torch.tensor([1.0, float("nan")]))
-    (True, tensor([ True, False]))
-    """
+    """``None`` if every norm is finite (one reduction in the usual case), else ``isfinite(norms)``."""
     if math.isfinite(float(norms.sum())):
         return None
     finite = torch.isfinite(norms)
@@ -258,12 +250,7 @@ def warn_insecure_noise_once() -> bool:
 
 
 def secure_uniform(n: int) -> Tensor:
-    """``n`` float64 numbers uniform on (0, 1], each from 53 random bits of :func:`os.urandom`.
-
-    >>> u = secure_uniform(5)
-    >>> bool(((u > 0) & (u <= 1)).all()), u.dtype
-    (True, torch.float64)
-    """
+    """``n`` float64 numbers uniform on (0, 1], each from 53 random bits of :func:`os.urandom`."""
     if n == 0:
         return torch.empty(0, dtype=torch.float64, device="cpu")  # the CPU, whatever the default device
     words = torch.frombuffer(bytearray(os.urandom(8 * n)), dtype=torch.int64)
@@ -333,11 +320,7 @@ def gaussian_noise(
 def draw_noise(
     params: Sequence[Tensor], std: float, generator: torch.Generator | None = None, secure: bool = False
 ) -> list[Tensor]:
-    """``N(0, std^2)`` noise shaped like each of ``params`` (device, dtype), drawn in order from ``generator``.
-
-    >>> [tuple(n.shape) for n in draw_noise([torch.zeros(2, 3), torch.zeros(4)], 1.0, torch.Generator())]
-    [(2, 3), (4,)]
-    """
+    """``N(0, std^2)`` noise shaped like each of ``params`` (device, dtype), drawn in order from ``generator``."""
     return [
         gaussian_noise(p.shape, std=std, generator=generator, secure=secure, dtype=p.dtype, device=p.device)
         for p in params

@@ -335,9 +335,5 @@ def total_norms(first: list[Tensor], second: list[Tensor]) -> tuple[float, float
 
 
 def total_norm(tensors: list[Tensor]) -> float:
-    """The L2 norm of all ``tensors`` taken together.
-
-    >>> total_norm([torch.tensor([3.0]), torch.tensor([[4.0]])]), total_norm([])
-    (5.0, 0.0)
-    """
+    """The L2 norm of all ``tensors`` taken together."""
     return total_norms(tensors, [])[0]

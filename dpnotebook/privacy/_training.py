@@ -40,11 +40,7 @@ def model_device(model: nn.Module) -> torch.device:
 
 
 def show_progress(progress: bool | None) -> bool:
-    """Whether a long loop shows its progress bar: ``progress`` if given, else whether stderr is a terminal.
-
-    >>> show_progress(False), show_progress(True)
-    (False, True)
-    """
+    """Whether a long loop shows its progress bar: ``progress`` if given, else whether stderr is a terminal."""
     return sys.stderr.isatty() if progress is None else bool(progress)
 
 
