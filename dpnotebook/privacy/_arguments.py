@@ -17,7 +17,7 @@ from typing import Any
 
 def _number(name: str, value: Any, ok: Callable[[float], bool], rule: str) -> float:
     """``value`` as a float if it is a real number (not a bool, not NaN) that is ``ok``; else ``ValueError``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or math.isnan(value) or not ok(value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or math.isnan(value) or not ok(float(value)):
         raise ValueError(f"{name}={value!r} is invalid: it must be {rule}")
     return float(value)
 
@@ -105,6 +105,21 @@ def check_epsilon(value: Any, *, name: str = "target_epsilon") -> float:
     ValueError: target_epsilon=0 is invalid: it must be a finite number > 0. Fix: pass e.g. target_epsilon=8.0.
     """
     return _number(name, value, lambda v: 0 < v < math.inf, f"a finite number > 0. Fix: pass e.g. {name}=8.0.")
+
+
+def check_unseeded(name: str, generator: Any, secure: bool, flag: str = "secure_mode") -> None:
+    """Refuse a ``generator`` with secure randomness: a seeded generator is predictable.
+
+    >>> check_unseeded("generator", "g", True)
+    Traceback (most recent call last):
+    ...
+    ValueError: generator='g' with secure_mode=True: a seeded generator is predictable. Fix: pass generator=None, or secure_mode=False to reproduce a run.
+    """
+    if secure and generator is not None:
+        raise ValueError(
+            f"{name}={generator!r} with {flag}=True: a seeded generator is predictable. Fix: pass {name}=None, "
+            f"or {flag}=False to reproduce a run."
+        )
 
 
 def check_choice(name: str, value: Any, choices: Iterable[str]) -> str:

@@ -38,8 +38,8 @@ from torch.utils.data import (
 from torch.utils.data.dataloader import default_collate
 
 from dpnotebook.privacy._accounting import steps_per_epoch
-from dpnotebook.privacy._arguments import check_positive_int, check_sample_rate
-from dpnotebook.privacy._batches import DrawMarker
+from dpnotebook.privacy._arguments import check_positive_int, check_sample_rate, check_unseeded
+from dpnotebook.privacy._batches import DrawMarker, _tensors
 from dpnotebook.privacy._mechanisms import secure_uniform
 from dpnotebook.privacy._optimizer import DPOptimizer
 
@@ -62,13 +62,10 @@ def _map_columns(batch: Any, index: slice) -> Any:
 
 def _num_rows(batch: Any) -> int:
     """The number of rows (dim 0) of the first tensor in ``batch``."""
-    if isinstance(batch, Tensor):
-        return batch.shape[0]
-    values = batch.values() if isinstance(batch, Mapping) else batch
-    for value in values:
-        if isinstance(value, (Tensor, Mapping, tuple, list)):
-            return _num_rows(value)
-    raise ValueError("The batch holds no tensor, so it cannot be split into rows.")
+    tensors = _tensors(batch)
+    if not tensors:
+        raise ValueError("The batch holds no tensor, so it cannot be split into rows.")
+    return tensors[0].shape[0]
 
 
 class PoissonBatchSampler(Sampler[list[int]]):
@@ -94,11 +91,7 @@ class PoissonBatchSampler(Sampler[list[int]]):
         self.num_samples = check_positive_int("num_samples", num_samples)
         self.sample_rate = check_sample_rate(sample_rate)
         self.steps = check_positive_int("steps", steps if steps is not None else steps_per_epoch(self.sample_rate))
-        if secure_mode and generator is not None:
-            raise ValueError(
-                f"generator={generator!r} with secure_mode=True: a seeded generator is predictable. "
-                "Fix: pass generator=None for secure sampling, or secure_mode=False to reproduce a run."
-            )
+        check_unseeded("generator", generator, secure_mode)
         self.generator = generator
         self.secure_mode = secure_mode
         #: sizes of the batches drawn and not yet handed out (the loader may prefetch)
@@ -412,7 +405,7 @@ class BatchMemoryManager:
         self.optimizer = optimizer
         self.K = (loader_k(data_loader) or 1) if K is None else check_positive_int("K", K)
 
-    def _batches(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[Any]:
         for batch in self.data_loader:
             pieces = list(split_batch(batch, max_physical_batch_size=self.max_physical_batch_size, K=self.K))
             pieces = pieces or [batch]  # an empty batch is still one (noise-only) step
@@ -420,25 +413,15 @@ class BatchMemoryManager:
                 self.optimizer.signal_skip_step(i < len(pieces) - 1)
                 yield piece
 
-    def __enter__(self) -> PhysicalBatches:
-        return PhysicalBatches(self)
+    def __len__(self) -> int:
+        """The expected number of physical batches."""
+        expected = getattr(self.data_loader, "expected_batch_size", None) or self.data_loader.batch_size or 1
+        return math.ceil(len(self.data_loader) * expected / self.max_physical_batch_size)
+
+    def __enter__(self) -> BatchMemoryManager:
+        return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.optimizer.signal_skip_step(False)
-
-
-class PhysicalBatches:
-    """The physical batches of a :class:`BatchMemoryManager`; ``len()`` is their expected number."""
-
-    def __init__(self, manager: BatchMemoryManager) -> None:
-        self.manager = manager
-
-    def __iter__(self) -> Iterator[Any]:
-        return self.manager._batches()
-
-    def __len__(self) -> int:
-        loader = self.manager.data_loader
-        expected = getattr(loader, "expected_batch_size", None) or loader.batch_size or 1
-        return math.ceil(len(loader) * expected / self.manager.max_physical_batch_size)

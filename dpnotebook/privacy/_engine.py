@@ -39,7 +39,7 @@ from dpnotebook.fixers import fix
 from dpnotebook.grad_sample._engine.hooks import LOSS_REDUCTIONS, check_k
 from dpnotebook.modes import wrap_model as wrap_in_mode
 from dpnotebook.privacy._accounting import create_accountant, get_noise_multiplier, warn_if_noise_drowns_signal
-from dpnotebook.privacy._arguments import check_choice, check_delta, check_noise_multiplier
+from dpnotebook.privacy._arguments import check_choice, check_delta, check_noise_multiplier, check_unseeded
 from dpnotebook.privacy._data import DPDataLoader, loader_k, warn_replaced_sampling
 from dpnotebook.privacy._mechanisms import CLIPPING_MODES, check_layer_bounds
 from dpnotebook.privacy._optimizer import (
@@ -227,12 +227,8 @@ class PrivacyEngine:
                 f"K={K} but the data loader's AugmultCollate makes K={loader_k(data_loader)} rows per "
                 "sample. Fix: pass the same K to both."
             )
-        for name, generator in (("noise_generator", noise_generator), ("sampling_generator", sampling_generator)):
-            if self.secure_mode and generator is not None:
-                raise ValueError(
-                    f"{name}={generator!r} with secure_mode=True: a seeded generator is predictable. "
-                    f"Fix: drop {name}, or use PrivacyEngine(secure_mode=False) to reproduce a run."
-                )
+        check_unseeded("noise_generator", noise_generator, self.secure_mode)
+        check_unseeded("sampling_generator", sampling_generator, self.secure_mode)
         from dpnotebook.privacy._distributed import (
             check_distributed_setup,
             distributed_optimizer_class,

@@ -33,6 +33,7 @@ from dpnotebook.privacy._arguments import (
     check_noise_multiplier,
     check_positive_number,
     check_sample_rate,
+    check_unseeded,
 )
 
 CLIPPING_MODES = ("flat", "per_layer")
@@ -300,11 +301,7 @@ def gaussian_noise(
     """
     if not (std >= 0) or math.isinf(std):
         raise ValueError(f"std={std!r} is invalid: the noise std must be a finite number >= 0.")
-    if secure and generator is not None:
-        raise ValueError(
-            f"generator={generator!r} with secure=True: a seeded generator is predictable, hence "
-            "not secure. Fix: pass generator=None for secure noise, or secure=False to reproduce a run."
-        )
+    check_unseeded("generator", generator, secure, flag="secure")
     shape = torch.Size(shape)
     if std == 0:
         return torch.zeros(shape, dtype=dtype, device=device)

@@ -40,7 +40,7 @@ from dpnotebook.grad_sample._engine.hooks import (  # one definition for wrapper
 from dpnotebook.grad_sample.ghost._wrapper import GhostGradSampleModule, ghost_owner
 from dpnotebook.modes import mode_class
 from dpnotebook.privacy import _step as invariants  # each invariant of the step, in one place
-from dpnotebook.privacy._arguments import check_choice, check_positive_number
+from dpnotebook.privacy._arguments import check_choice, check_positive_number, check_unseeded
 from dpnotebook.privacy._batches import SampledBatches
 from dpnotebook.privacy._mechanisms import (
     CLIPPING_MODES,
@@ -166,11 +166,7 @@ class DPOptimizer(PrivacyKnobs, WrappedOptimizer):
     ) -> None:
         if not isinstance(optimizer, Optimizer):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}.")
-        if secure_mode and generator is not None:
-            raise ValueError(
-                f"generator={generator!r} with secure_mode=True: a seeded generator is predictable. "
-                "Fix: pass generator=None for secure noise, or secure_mode=False to reproduce a run."
-            )
+        check_unseeded("generator", generator, bool(secure_mode))
         super().__init__(optimizer)
         self.noise_multiplier = noise_multiplier
         self.max_grad_norm = check_layer_bounds(max_grad_norm, clipping)
