@@ -555,8 +555,7 @@ class DPLossFastGradientClipping:
     """
 
     def __init__(self, module: nn.Module, optimizer: Any, criterion: Any, loss_reduction: str = "mean") -> None:
-        if loss_reduction not in LOSS_REDUCTIONS:
-            raise ValueError(f"loss_reduction={loss_reduction!r} is invalid; use one of {LOSS_REDUCTIONS}.")
+        check_choice("loss_reduction", loss_reduction, LOSS_REDUCTIONS)
         if not hasattr(criterion, "reduction"):
             criterion.reduction = module.loss_reduction
         for name, value in (
