@@ -113,7 +113,7 @@ def check_unseeded(name: str, generator: Any, secure: bool, flag: str = "secure_
     >>> check_unseeded("generator", "g", True)
     Traceback (most recent call last):
     ...
-    ValueError: generator='g' with secure_mode=True: a seeded generator is predictable. Fix: pass generator=None, or secure_mode=False to reproduce a run.
+    ValueError: generator='g' with secure_mode=True: a seeded generator is predictable. Fix: pass generator=None, ...
     """
     if secure and generator is not None:
         raise ValueError(

@@ -213,7 +213,8 @@ def _several_batches(counts: list[int]) -> None:
 def _rows_not_examples(clipped: int, examples: int) -> None:
     raise RuntimeError(
         f"this step clipped {clipped} per-sample gradients, but the Poisson loader sampled {examples} "
-        "examples for it: the rows clipped are not the examples. Likely causes: K rows per example while K was not passed "
-        "(make_private(K=...)), a wrong batch_first, a model that adds or drops rows, a batch from another "
-        "DataLoader, or two forward passes before one backward. Fix: one row per example per step."
+        "examples for it: the rows clipped are not the examples. Likely causes: K rows per example while K "
+        "was not passed (make_private(K=...)), a wrong batch_first, a model that adds or drops rows, a batch "
+        "from another DataLoader, or two forward passes of the batch before one backward. Fix: one row per "
+        "example per step (one forward pass taking both inputs, or a step after each pass)."
     )
