@@ -408,7 +408,7 @@ def amplified_by_subsampling(epsilon: float, delta: float, *, sample_rate: float
 
 
 def gaussian_rdp(alpha: float | FloatArray, *, noise_multiplier: float) -> float | FloatArray:
-    """Rényi DP of the Gaussian mechanism (noise std in sensitivities) at order(s) ``alpha > 1``: ``alpha / (2 sigma^2)``.
+    """The Gaussian mechanism's Rényi DP at order(s) ``alpha > 1``: ``alpha / (2 sigma^2)`` (sigma in sensitivities).
 
     >>> gaussian_rdp(2.0, noise_multiplier=1.0), gaussian_rdp(np.array([2.0, 11.0]), noise_multiplier=2.0).tolist()
     (1.0, [0.25, 1.375])

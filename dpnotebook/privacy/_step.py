@@ -193,8 +193,9 @@ def check_no_raw_gradients(
         listed = ", ".join(repr(names[id(p)]) for p in raw)
         raise RuntimeError(
             f"DP step refused: parameter {listed} has requires_grad=False but holds a .grad from the "
-            "backward pass, which the wrapped optimizer would apply without clipping or noise. Fix: freeze parameters before the forward/backward pass, or call optimizer.zero_grad() "
-            "after freezing (or set the parameter's .grad to None)."
+            "backward pass, which the wrapped optimizer would apply without clipping or noise. Fix: freeze "
+            "parameters before the forward/backward pass, or call optimizer.zero_grad() after freezing (or set "
+            "the parameter's .grad to None)."
         )
 
 
