@@ -77,16 +77,7 @@ def mark_batch(batch: Any, draw: Draw) -> None:
 
 
 def draws_in(inputs: Any) -> set[Draw]:
-    """The :class:`Draw` marks of the tensors in ``inputs`` (or of the tensors they are views of).
-
-    >>> import torch
-    >>> from torch.utils.data import TensorDataset
-    >>> from dpnotebook.privacy._data import DPDataLoader
-    >>> loader = DPDataLoader(TensorDataset(torch.randn(10, 2)), sample_rate=1.0)
-    >>> (x,) = next(iter(loader))
-    >>> draws_in(x[:3]) == {loader.draws.last}, draws_in(x + 1)
-    (True, set())
-    """
+    """The :class:`Draw` marks of the tensors in ``inputs`` (or of the tensors they are views of)."""
     marks = (getattr(t, DRAW_ATTRIBUTE, None) for tensor in _tensors(inputs) for t in (tensor, tensor._base))
     return {draw for draw in marks if isinstance(draw, Draw)}
 

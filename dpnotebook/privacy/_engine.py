@@ -138,13 +138,7 @@ def _strip_wrapper_prefix(state: dict[str, Any], module: nn.Module) -> dict[str,
 
 
 def check_accountant_name(accountant: str) -> str:
-    """``accountant`` unchanged, or a refusal for ``"gdp"`` (not a bound).
-
-    >>> check_accountant_name("gdp")
-    Traceback (most recent call last):
-    ...
-    dpnotebook.errors.UnsupportedOptionError: accountant='gdp' is not supported: ...
-    """
+    """``accountant`` unchanged, or a refusal for ``"gdp"`` (not a bound)."""
     if accountant == "gdp":
         raise UnsupportedOptionError(
             "accountant='gdp' is not supported: its central-limit approximation can report less epsilon "

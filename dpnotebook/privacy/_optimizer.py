@@ -612,11 +612,7 @@ MODE_OPTIMIZERS: dict[str, type[DPOptimizer]] = {"ghost": GhostDPOptimizer}
 
 
 def optimizer_class(mode: str | None) -> type[DPOptimizer]:
-    """The DP optimizer class for a model wrapped in grad-sample ``mode`` (``ValueError`` for an unknown mode).
-
-    >>> optimizer_class("ghost").__name__, optimizer_class("hooks").__name__, optimizer_class(None).__name__
-    ('GhostDPOptimizer', 'DPOptimizer', 'DPOptimizer')
-    """
+    """The DP optimizer class for a model wrapped in grad-sample ``mode`` (``ValueError`` for an unknown mode)."""
     if mode is None:
         return DPOptimizer
     mode_class(mode)  # an unknown mode is refused here

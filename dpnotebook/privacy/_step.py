@@ -76,18 +76,7 @@ class PrivacyKnobs:
 
 @dataclass(frozen=True)
 class StepConstants:
-    """The constants a logical batch's clipping and noise must share, read from a DP optimizer.
-
-    >>> from dpnotebook.privacy import DPOptimizer
-    >>> opt = DPOptimizer(torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1),
-    ...                   noise_multiplier=1.0, max_grad_norm=1.0, expected_batch_size=4, secure_mode=False)
-    >>> first = StepConstants.of(opt)
-    >>> opt.max_grad_norm = 0.5                           # a scheduler inside the logical batch
-    >>> first.check(opt)
-    Traceback (most recent call last):
-    ...
-    RuntimeError: max_grad_norm changed while a logical batch is accumulated: 1.0 when its first piece was clipped, 0.5 now...
-    """
+    """The constants a logical batch's clipping and noise must share, read from a DP optimizer."""
 
     noise_multiplier: float
     max_grad_norm: float
@@ -170,17 +159,7 @@ def models_holding(params: Iterable[nn.Parameter], model: nn.Module | None = Non
 def check_no_raw_gradients(
     param_groups: list[dict[str, Any]], stepped: list[nn.Parameter], models: Iterable[nn.Module] = ()
 ) -> None:
-    """Raise ``RuntimeError`` if a parameter of ``param_groups`` outside ``stepped`` holds a non-zero gradient.
-
-    >>> w = torch.nn.Parameter(torch.ones(2))
-    >>> w.grad = torch.ones(2); w.requires_grad_(False)     # frozen after backward()
-    Parameter containing:
-    tensor([1., 1.])
-    >>> check_no_raw_gradients([{"params": [w]}], stepped=[])
-    Traceback (most recent call last):
-    ...
-    RuntimeError: DP step refused: parameter '#0 in param_groups (shape (2,))' has requires_grad=False but holds a .grad ...
-    """
+    """Raise ``RuntimeError`` if a parameter of ``param_groups`` outside ``stepped`` holds a non-zero gradient."""
     inside = {id(p) for p in stepped}
     raw = [
         p
@@ -237,18 +216,7 @@ def check_unowned(params: Iterable[nn.Parameter], optimizer: Any = None) -> None
 
 
 def claim_parameters(optimizer: Any, params: Iterable[nn.Parameter]) -> None:
-    """Make ``optimizer`` the DP optimizer of ``params``; ``RuntimeError`` if another live one has one.
-
-    >>> from dpnotebook.privacy import DPOptimizer
-    >>> layer = torch.nn.Linear(2, 1)
-    >>> first = DPOptimizer(torch.optim.SGD(layer.parameters(), lr=0.1), noise_multiplier=1.0,
-    ...                     max_grad_norm=1.0, expected_batch_size=4, secure_mode=False)
-    >>> second = DPOptimizer(torch.optim.SGD([layer.bias], lr=0.1), noise_multiplier=1.0,
-    ...                      max_grad_norm=1.0, expected_batch_size=4, secure_mode=False)
-    Traceback (most recent call last):
-    ...
-    RuntimeError: this model already has a DP optimizer (DPOptimizer over 2 parameter(s)): ...
-    """
+    """Make ``optimizer`` the DP optimizer of ``params``; ``RuntimeError`` if another live one has one."""
     params = list(params)
     check_unowned(params, optimizer)
     mine = weakref.ref(optimizer)
