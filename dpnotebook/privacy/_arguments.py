@@ -23,11 +23,7 @@ def _number(name: str, value: Any, ok: Callable[[float], bool], rule: str) -> fl
 
 
 def check_noise_multiplier(value: Any) -> float:
-    """``noise_multiplier`` (sigma) as a float; it must be >= 0.
-
-    >>> check_noise_multiplier(1.1)
-    1.1
-    """
+    """``noise_multiplier`` (sigma) as a float; it must be >= 0."""
     return _number(
         "noise_multiplier",
         value,
@@ -38,13 +34,7 @@ def check_noise_multiplier(value: Any) -> float:
 
 
 def check_max_grad_norm(value: Any) -> float:
-    """``max_grad_norm`` (the clipping bound C) as a float; it must be > 0 (``math.inf`` is allowed).
-
-    >>> check_max_grad_norm(0)
-    Traceback (most recent call last):
-    ...
-    ValueError: max_grad_norm=0 is invalid: it must be a number > 0 (each sample's gradient is scaled down to norm <= max_grad_norm). Fix: pass e.g. max_grad_norm=1.0.
-    """
+    """``max_grad_norm`` (the clipping bound C) as a float; it must be > 0 (``math.inf`` is allowed)."""
     return _number(
         "max_grad_norm",
         value,
@@ -55,13 +45,7 @@ def check_max_grad_norm(value: Any) -> float:
 
 
 def check_sample_rate(value: Any) -> float:
-    """``sample_rate`` q as a float in (0, 1].
-
-    >>> check_sample_rate(1.5)
-    Traceback (most recent call last):
-    ...
-    ValueError: sample_rate=1.5 is invalid: it must be in (0, 1] (the probability that a sample is in a batch, expected_batch_size / dataset_size). Fix: pass e.g. sample_rate=256 / 60000.
-    """
+    """``sample_rate`` q as a float in (0, 1]."""
     return _number(
         "sample_rate",
         value,
@@ -72,15 +56,7 @@ def check_sample_rate(value: Any) -> float:
 
 
 def check_delta(value: Any, *, dataset_size: int | None = None, name: str = "delta") -> float:
-    """``delta`` as a float in (0, 1); warn when it is not below ``1 / dataset_size``.
-
-    >>> import warnings
-    >>> with warnings.catch_warnings(record=True) as caught:
-    ...     warnings.simplefilter("always")
-    ...     _ = check_delta(0.01, dataset_size=1000)
-    >>> print(caught[0].message)
-    delta=0.01 is >= 1/N = 1/1000: such a delta allows leaking a whole record. Fix: use delta well below 1/N, e.g. delta=1e-05.
-    """
+    """``delta`` as a float in (0, 1); warn when it is not below ``1 / dataset_size``."""
     fix = f"Fix: pass e.g. {name}=1e-5, well below 1 / dataset size."
     value = _number(
         name, value, lambda v: 0 < v < 1, f"in (0, 1) (the probability that the epsilon guarantee fails). {fix}"
@@ -97,24 +73,12 @@ def check_delta(value: Any, *, dataset_size: int | None = None, name: str = "del
 
 
 def check_epsilon(value: Any, *, name: str = "target_epsilon") -> float:
-    """A target epsilon as a float > 0.
-
-    >>> check_epsilon(0)
-    Traceback (most recent call last):
-    ...
-    ValueError: target_epsilon=0 is invalid: it must be a finite number > 0. Fix: pass e.g. target_epsilon=8.0.
-    """
+    """A target epsilon as a float > 0."""
     return _number(name, value, lambda v: 0 < v < math.inf, f"a finite number > 0. Fix: pass e.g. {name}=8.0.")
 
 
 def check_unseeded(name: str, generator: Any, secure: bool, flag: str = "secure_mode") -> None:
-    """Refuse a ``generator`` with secure randomness: a seeded generator is predictable.
-
-    >>> check_unseeded("generator", "g", True)
-    Traceback (most recent call last):
-    ...
-    ValueError: generator='g' with secure_mode=True: a seeded generator is predictable. Fix: pass generator=None, ...
-    """
+    """Refuse a ``generator`` with secure randomness: a seeded generator is predictable."""
     if secure and generator is not None:
         raise ValueError(
             f"{name}={generator!r} with {flag}=True: a seeded generator is predictable. Fix: pass {name}=None, "
@@ -123,13 +87,7 @@ def check_unseeded(name: str, generator: Any, secure: bool, flag: str = "secure_
 
 
 def check_choice(name: str, value: Any, choices: Iterable[str]) -> str:
-    """``value`` if it is one of ``choices``, else a ``ValueError`` that lists them.
-
-    >>> check_choice("clipping", "per_sample", ["flat", "per_layer"])
-    Traceback (most recent call last):
-    ...
-    ValueError: clipping='per_sample' is unknown; choose one of ['flat', 'per_layer'].
-    """
+    """``value`` if it is one of ``choices``, else a ``ValueError`` that lists them."""
     options = sorted(choices)
     if value not in options:
         raise ValueError(f"{name}={value!r} is unknown; choose one of {options}.")
@@ -137,24 +95,12 @@ def check_choice(name: str, value: Any, choices: Iterable[str]) -> str:
 
 
 def check_positive_int(name: str, value: Any, *, minimum: int = 1) -> int:
-    """``value`` if it is an int >= ``minimum``.
-
-    >>> check_positive_int("num_steps", 2.5)
-    Traceback (most recent call last):
-    ...
-    ValueError: num_steps=2.5 is invalid: it must be an int >= 1.
-    """
+    """``value`` if it is an int >= ``minimum``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
         raise ValueError(f"{name}={value!r} is invalid: it must be an int >= {minimum}.")
     return int(value)
 
 
 def check_positive_number(name: str, value: Any) -> float:
-    """``value`` as a float if it is a finite number > 0.
-
-    >>> check_positive_number("expected_batch_size", -3)
-    Traceback (most recent call last):
-    ...
-    ValueError: expected_batch_size=-3 is invalid: it must be a finite number > 0.
-    """
+    """``value`` as a float if it is a finite number > 0."""
     return _number(name, value, lambda v: 0 < v < math.inf, "a finite number > 0.")
