@@ -359,17 +359,7 @@ def _search_noise_multiplier(
 
 
 def warn_if_noise_drowns_signal(noise_multiplier: float, expected_batch_size: float) -> None:
-    """Warn (:class:`~dpnotebook.errors.PrivacyWarning`) when ``sigma > B``: the noise leaves nothing to learn.
-
-    >>> import warnings
-    >>> with warnings.catch_warnings(record=True) as caught:
-    ...     warnings.simplefilter("always")
-    ...     warn_if_noise_drowns_signal(65536.0, expected_batch_size=128)
-    ...     warn_if_noise_drowns_signal(1.1, expected_batch_size=128)   # a usual sigma: silent
-    >>> print(caught[0].message)
-    noise_multiplier=65536 with an expected batch of 128 samples: ... sigma*C/B = 512*C on every
-    coordinate, ... so training will learn nothing (the guarantee holds). Fix: use more data ...
-    """
+    """Warn (:class:`~dpnotebook.errors.PrivacyWarning`) when ``sigma > B``: the noise leaves nothing to learn."""
     if noise_multiplier > expected_batch_size > 0:
         warnings.warn(
             f"noise_multiplier={noise_multiplier:.6g} with an expected batch of {expected_batch_size:.6g} "
