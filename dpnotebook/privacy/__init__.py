@@ -1,22 +1,7 @@
 """DP-SGD in PyTorch: clipping, noise, Poisson sampling, privacy accounting and ``make_private``.
 
-One concept per module (all private; this package is the face):
-
-* :mod:`~dpnotebook.privacy._mechanisms`: per-sample norms and clipping, Gaussian noise (seedable or secure);
-* :class:`~dpnotebook.privacy.DPOptimizer` (clip, sum, noise, scale, step) and its ghost-clipping form;
-* :mod:`~dpnotebook.privacy._step`: :class:`StepStats`, what the last step did;
-* :class:`DPDataLoader`, :class:`BatchMemoryManager`, :class:`AugmultCollate`: Poisson sampling, physical
-  batches, augmentation multiplicity;
-* :mod:`~dpnotebook.privacy._accounting`: epsilon from Google's ``dp_accounting``, and the noise multiplier
-  a privacy budget allows;
-* :mod:`~dpnotebook.privacy._mechanisms`: the textbook mechanisms (randomized response, Laplace,
-  Gaussian), amplification by subsampling and the Gaussian's RDP, for computing privacy by hand;
-* :class:`PrivacyEngine` and ``make_private``;
-* :mod:`~dpnotebook.privacy._distributed`, :mod:`~dpnotebook.privacy._launch`: DP-SGD on several
-  processes (``DPDDP``);
-* :mod:`~dpnotebook.privacy._sweep`: privacy-utility sweeps (:func:`train_run`, :func:`sweep`);
-* schedulers of sigma and C between epochs (:class:`StepNoise`, :class:`ExponentialGradClip`, ...);
-* :func:`fit`, :func:`train_epoch`, :func:`evaluate`: train and evaluate loops.
+The modules are private, one concept each (accounting, mechanisms, the step, the optimizer, data loading,
+the engine, schedulers, training loops, sweeps, distributed training); this package is their face.
 
 >>> from dpnotebook.privacy import PrivacyEngine
 >>> PrivacyEngine(accountant="rdp")

@@ -1,22 +1,10 @@
 """Privacy accounting: the epsilon a run spends, the noise multiplier a budget allows, and the steps a run takes.
 
-Each DP-SGD step is a *Poisson-subsampled Gaussian mechanism*: every sample is in the batch
-with probability ``q`` (``sample_rate``) and the clipped sum gets Gaussian noise of std
-``sigma * C`` (``sigma`` = ``noise_multiplier``). An accountant records the steps as a history
-of ``(noise_multiplier, sample_rate, num_steps)`` (so ``sigma`` and ``q`` may change during
-training) and composes them into ``(epsilon, delta)`` with Google's ``dp_accounting``; no
-formula is written here. Two accountants, in one registry (:func:`create_accountant`):
-
-* ``"rdp"``: Renyi DP (Mironov 2017), fast, a little pessimistic;
-* ``"pld"``: privacy loss distributions (Koskela et al. 2020, Doroshenko et al. 2022), tighter,
-  slower for many steps or small ``sigma``. ``"prv"`` (Opacus' default, Gopi et al. 2021)
-  computes the same distribution numerically, so it is an alias of ``"pld"``.
-
-:func:`get_noise_multiplier` inverts :func:`compute_epsilon`: the smallest ``sigma`` whose
-epsilon, computed by the accountant, is within the target. It calibrates for exactly the steps
-the loader runs (:func:`steps_per_epoch`, :func:`steps_for_epochs`): calibrating for fewer would
-spend more than the target. :func:`classic_rdp_epsilon` is the original RDP conversion, to
-compare with published numbers.
+Each DP-SGD step is a Poisson-subsampled Gaussian mechanism (rate ``q``, noise std ``sigma * C``). An
+accountant records the steps as ``(noise_multiplier, sample_rate, num_steps)`` and composes them into
+``(epsilon, delta)`` with Google's ``dp_accounting``: ``"rdp"`` (Renyi DP, fast, a little pessimistic) or
+``"pld"`` (privacy loss distributions, tighter; ``"prv"`` is an alias). :func:`get_noise_multiplier`
+inverts :func:`compute_epsilon` for exactly the steps the loader runs.
 
 >>> acc = create_accountant("rdp")
 >>> acc.step(noise_multiplier=1.1, sample_rate=256 / 60000, num_steps=14062)
@@ -51,10 +39,7 @@ History = tuple[tuple[float, float, int], ...]
 
 
 class Accountant:
-    """Records DP-SGD steps in ``history`` (equal consecutive entries merged) and turns them into epsilon.
-
-    Subclasses set ``mechanism`` and build the ``dp_accounting`` accountant in :meth:`new_dp_accountant`.
-    """
+    """Records DP-SGD steps in ``history`` (equal consecutive entries merged) and turns them into epsilon."""
 
     mechanism: ClassVar[str] = ""
 
@@ -66,11 +51,11 @@ class Accountant:
         raise NotImplementedError
 
     def dp_accountant_for(self, history: History) -> dp_accounting.PrivacyAccountant:
-        """A fresh ``dp_accounting`` accountant fit to compose ``history`` (by default :meth:`new_dp_accountant`)."""
+        """A fresh ``dp_accounting`` accountant fit to compose ``history``."""
         return self.new_dp_accountant()
 
     def options(self) -> tuple[tuple[str, Any], ...]:
-        """The constructor options, as a hashable tuple (they are part of the cache key)."""
+        """The constructor options, hashable (part of the cache key)."""
         return ()
 
     def step(self, *, noise_multiplier: float, sample_rate: float, num_steps: int = 1) -> None:
@@ -94,7 +79,7 @@ class Accountant:
         return _epsilon(type(self), self.options(), tuple(self.history), delta)  # type: ignore[arg-type]
 
     def get_optimizer_hook_fn(self, sample_rate: float) -> Callable[[Any], None]:
-        """Opacus' step hook, recording one step at the optimizer's noise multiplier per optimizer step."""
+        """A step hook recording one step at the optimizer's noise multiplier per optimizer step."""
         sample_rate = check_sample_rate(sample_rate)
 
         def hook(optimizer: Any) -> None:
@@ -118,12 +103,7 @@ class Accountant:
 
 
 class RDPAccountant(Accountant):
-    """Renyi-DP accounting (``dp_accounting.rdp.RdpAccountant``) over ``orders`` (``None``: its defaults).
-
-    At small sigma and large ``q`` the series of some low orders does not converge; ``dp_accounting``
-    leaves them out of the minimum (epsilon stays an upper bound) and logs a warning per order,
-    which is silenced here: in a notebook it would bury the result.
-    """
+    """Renyi-DP accounting (``dp_accounting.rdp.RdpAccountant``) over ``orders`` (``None``: its defaults)."""
 
     mechanism = "rdp"
 
@@ -141,18 +121,12 @@ class RDPAccountant(Accountant):
 class PLDAccountant(Accountant):
     """Privacy-loss-distribution accounting (``dp_accounting.pld.PLDAccountant``).
 
-    The privacy loss lives on a grid of step ``value_discretization_interval`` spanning every
-    loss the mechanism reaches; ``n`` steps are composed by an FFT over a wider grid. A tiny
-    ``sigma`` makes the loss range huge (about ``1 / sigma**2``: 5e5 at ``sigma=1e-3``), and the
-    grid with it (gigabytes, minutes). So the grid size is estimated first (:func:`pld_grid_points`)
-    and, past ``MAX_POINTS`` for one step or ``MAX_COMPOSED_POINTS`` composed, the interval is
-    widened to fit, with a ``UserWarning``. The answer stays an upper bound on epsilon
-    (``dp_accounting`` rounds pessimistically at any interval), only a looser one.
+    A tiny ``sigma`` makes the loss grid huge (gigabytes, minutes): past ``MAX_POINTS`` for one step or
+    ``MAX_COMPOSED_POINTS`` composed, the interval is widened to fit, with a ``UserWarning``; epsilon stays an
+    upper bound, a looser one.
 
     Args:
-        value_discretization_interval: the grid step of the privacy loss. Smaller is tighter but
-            slower; the default 1e-3 is within about 0.01 of 1e-4 for typical DP-SGD settings and
-            10 times faster.
+        value_discretization_interval: the grid step of the privacy loss (smaller: tighter, slower).
 
     >>> import warnings
     >>> with warnings.catch_warnings(record=True) as caught:
@@ -165,9 +139,7 @@ class PLDAccountant(Accountant):
     """
 
     mechanism = "pld"
-    #: the most grid points of one step's privacy loss distribution (about 1 s, 50 MB)
     MAX_POINTS: ClassVar[int] = 200_000
-    #: the most grid points estimated for the composition of all steps (about 3 s, 1 GB)
     MAX_COMPOSED_POINTS: ClassVar[int] = 10_000_000
 
     def __init__(self, *, value_discretization_interval: float = 1e-3) -> None:
@@ -182,37 +154,29 @@ class PLDAccountant(Accountant):
 
     def dp_accountant_for(self, history: History) -> dp_accounting.PrivacyAccountant:
         interval = self.value_discretization_interval
-        points = [pld_grid_points(sigma, q, interval) for sigma, q, _ in history]  # about 1 ms each
+        points = [pld_grid_points(sigma, q, interval) for sigma, q, _ in history]
         single = max(points)
         composed = sum(p * composition_widening(q, n) for p, (_, q, n) in zip(points, history, strict=True))
         scale = max(1.0, single / self.MAX_POINTS, composed / self.MAX_COMPOSED_POINTS)
-        if scale > 1.0:
-            wider = interval * scale
-            described = "; ".join(f"noise_multiplier={s}, sample_rate={q} ({n} steps)" for s, q, n in history)
-            warnings.warn(
-                f"PLD accounting of {described} needs {single:.3g} grid points per step "
-                f"({composed:.3g} composed) at value_discretization_interval={interval}; using {wider:.3g} "
-                "instead (still an upper bound on epsilon, a looser one), to keep within "
-                f"{self.MAX_POINTS:.3g} and {self.MAX_COMPOSED_POINTS:.3g} points. Such a small noise_multiplier "
-                "gives no meaningful privacy; raise it, or use accountant='rdp'.",
-                stacklevel=4,
-            )
-            return self.new_dp_accountant(wider)
-        return self.new_dp_accountant()
+        if scale == 1.0:
+            return self.new_dp_accountant()
+        described = "; ".join(f"noise_multiplier={s}, sample_rate={q} ({n} steps)" for s, q, n in history)
+        warnings.warn(
+            f"PLD accounting of {described} needs {single:.3g} grid points per step "
+            f"({composed:.3g} composed) at value_discretization_interval={interval}; using {interval * scale:.3g} "
+            "instead (still an upper bound on epsilon, a looser one), to keep within "
+            f"{self.MAX_POINTS:.3g} and {self.MAX_COMPOSED_POINTS:.3g} points. Such a small noise_multiplier "
+            "gives no meaningful privacy; raise it, or use accountant='rdp'.",
+            stacklevel=4,
+        )
+        return self.new_dp_accountant(interval * scale)
 
     def options(self) -> tuple[tuple[str, Any], ...]:
         return (("value_discretization_interval", self.value_discretization_interval),)
 
 
 def pld_grid_points(noise_multiplier: float, sample_rate: float, interval: float) -> float:
-    """How many grid points ``dp_accounting`` uses for one step's privacy loss distribution (no grid is built).
-
-    The wider of the remove and add distributions' loss ranges (between ``dp_accounting``'s
-    truncation points), divided by ``interval``; 0 without noise or sampling.
-
-    >>> round(pld_grid_points(1.0, 0.01, 1e-3)), f"{pld_grid_points(1e-3, 0.5, 1e-3):.2g}"
-    (5654, '5.1e+08')
-    """
+    """How many grid points ``dp_accounting`` uses for one step's privacy loss distribution (none built)."""
     widest = 0.0
     if noise_multiplier == 0 or sample_rate == 0:
         return widest
@@ -225,15 +189,7 @@ def pld_grid_points(noise_multiplier: float, sample_rate: float, interval: float
 
 
 def composition_widening(q: float, n: int) -> float:
-    """About how many times wider than one step's grid the composition of ``n`` steps is (measured).
-
-    Each step's loss spreads over its grid (``2 sqrt(n)``); at a small sigma it is two far-apart
-    lumps, sampled or not, so the sum spreads with the binomial count of sampled steps
-    (``16 sqrt(n q (1 - q))``).
-
-    >>> round(composition_widening(0.5, 1000))
-    317
-    """
+    """About how many times wider than one step's grid the composition of ``n`` steps is (measured)."""
     return min(n, 1 + 2 * math.sqrt(n) + 16 * math.sqrt(n * q * (1 - q)))
 
 
@@ -263,11 +219,10 @@ def create_accountant(name: str = "pld", **options: Any) -> Accountant:
 
 @functools.lru_cache(maxsize=4096)
 def _epsilon(kind: type[Accountant], options: tuple[tuple[str, Any], ...], history: History, delta: float) -> float:
-    """Epsilon of ``history`` at ``delta``: compose every entry in a fresh ``dp_accounting`` accountant."""
     if not history:
         return 0.0
     accountant = kind(**dict(options)).dp_accountant_for(history)
-    log = logging.getLogger("absl")  # dp_accounting's warnings per order (see RDPAccountant): held back
+    log = logging.getLogger("absl")  # dp_accounting logs a warning per non-converging RDP order: held back
     level = log.level
     log.setLevel(logging.ERROR)
     try:
@@ -292,7 +247,7 @@ def compute_epsilon(
 
 
 def steps_per_epoch(sample_rate: float) -> int:
-    """Batches per epoch of a Poisson loader with rate ``q``: ``max(1, round(1 / q))``, one pass in expectation.
+    """Batches per epoch of a Poisson loader with rate ``q``: ``max(1, round(1 / q))``.
 
     >>> steps_per_epoch(0.6), steps_per_epoch(1 / 93), steps_for_epochs(2.5, 10)
     (2, 93, 25)
@@ -316,7 +271,6 @@ def steps_for_epochs(epochs: float, steps_per_epoch: int) -> int:
     return max(1, math.ceil(epochs * per_epoch))
 
 
-#: What to change when a budget cannot be met, or only with noise that drowns the signal.
 FIX_BUDGET = (
     "Fix: use more data (a smaller sample rate q = B/N for the same batch), fewer epochs (fewer steps), "
     "or a larger target_epsilon."
@@ -336,19 +290,16 @@ def get_noise_multiplier(
 ) -> float:
     """The smallest noise multiplier (within tolerance) whose epsilon is at most ``target_epsilon``.
 
-    Epsilon falls as sigma grows: sigma is bracketed by doubling or halving from 1, then bisected.
     The answer is always a sigma whose epsilon was computed and found ``<= target_epsilon`` (sigma
-    never overspends), and ``>= target_epsilon - epsilon_tolerance`` unless the interval became
-    tiny. Results are cached, so repeated queries (a slider) are instant.
+    never overspends). Results are cached.
 
     Args:
         target_epsilon: the privacy budget epsilon (> 0).
         target_delta: the delta in (0, 1).
         sample_rate: q, the probability that a sample is in a batch.
         steps: the number of steps; or give ``epochs``.
-        epochs: instead of ``steps``: ``steps = ceil(epochs * steps_per_epoch)`` (:func:`steps_for_epochs`).
-        steps_per_epoch: batches per epoch (default: a Poisson loader's ``round(1 / q)``); pass
-            ``len(data_loader)`` to calibrate for the loader you train with.
+        epochs: instead of ``steps``: ``steps = ceil(epochs * steps_per_epoch)``.
+        steps_per_epoch: batches per epoch (default ``round(1 / q)``; pass ``len(data_loader)``).
         accountant: a registry name (``"pld"``, ``"prv"``, ``"rdp"``).
         epsilon_tolerance: how far below the target epsilon may end (> 0).
 
@@ -363,8 +314,7 @@ def get_noise_multiplier(
     check_choice("accountant", accountant, ACCOUNTANTS)
     if (steps is None) == (epochs is None):
         raise ValueError(f"steps={steps!r}, epochs={epochs!r}: give exactly one of them.")
-    if steps is None:
-        assert epochs is not None  # exactly one of steps and epochs was given
+    if epochs is not None:
         per_epoch = _poisson_steps_per_epoch(sample_rate) if steps_per_epoch is None else steps_per_epoch
         steps = steps_for_epochs(epochs, per_epoch)
     elif steps_per_epoch is not None:
@@ -409,23 +359,7 @@ def _search_noise_multiplier(
 
 
 def warn_if_noise_drowns_signal(noise_multiplier: float, expected_batch_size: float) -> None:
-    """Warn (:class:`~dpnotebook.errors.PrivacyWarning`) when ``sigma > B``: the noise leaves nothing to learn.
-
-    DP-SGD adds noise of std ``sigma * C`` per coordinate to the sum of at most ``B`` clipped
-    gradients (each of norm ``<= C``) and divides by ``B``. With ``sigma > B`` the noise on every
-    coordinate of the average has a larger std than the whole clipped signal's norm can reach:
-    training learns nothing, although the guarantee holds. ``make_private`` calls it for every
-    run, so a sigma calibrated for an out-of-reach budget is said, not silently returned.
-
-    >>> import warnings
-    >>> with warnings.catch_warnings(record=True) as caught:
-    ...     warnings.simplefilter("always")
-    ...     warn_if_noise_drowns_signal(65536.0, expected_batch_size=128)
-    ...     warn_if_noise_drowns_signal(1.1, expected_batch_size=128)   # a usual sigma: silent
-    >>> print(caught[0].message)
-    noise_multiplier=65536 with an expected batch of 128 samples: ... sigma*C/B = 512*C on every
-    coordinate, ... so training will learn nothing (the guarantee holds). Fix: use more data ...
-    """
+    """Warn (:class:`~dpnotebook.errors.PrivacyWarning`) when ``sigma > B``: the noise leaves nothing to learn."""
     if noise_multiplier > expected_batch_size > 0:
         warnings.warn(
             f"noise_multiplier={noise_multiplier:.6g} with an expected batch of {expected_batch_size:.6g} "
@@ -441,8 +375,7 @@ def warn_if_noise_drowns_signal(noise_multiplier: float, expected_batch_size: fl
 def subsampled_gaussian_rdp(noise_multiplier: float, sample_rate: float, alpha: int) -> float:
     """RDP at integer order ``alpha >= 2`` of one step: Gaussian noise σ on a Poisson sample at rate q.
 
-    ``log(Σ_k C(α, k) (1-q)^(α-k) q^k exp((k² - k) / (2σ²))) / (α - 1)`` (the binomial expansion
-    of Mironov, Talwar and Zhang, 2019), summed in log space.
+    The binomial expansion of Mironov, Talwar and Zhang (2019), summed in log space.
 
     >>> subsampled_gaussian_rdp(1.0, 1.0, 2)   # no subsampling: the Gaussian mechanism's α / (2σ²)
     1.0
@@ -467,11 +400,9 @@ def subsampled_gaussian_rdp(noise_multiplier: float, sample_rate: float, alpha: 
 def classic_rdp_epsilon(
     *, noise_multiplier: float, sample_rate: float, steps: int, delta: float, orders: Iterable[int] = range(2, 65)
 ) -> float:
-    """ε by the original RDP conversion (Mironov 2017), for comparison with papers: report the tighter ε.
+    """ε by the original RDP conversion (Mironov 2017), for comparison with papers.
 
-    ``ε = min over integer α in orders of steps · RDP(α) + log(1/δ) / (α - 1)``, which TF-Privacy
-    reported with until 2020. ``dp_accounting`` (the ``"rdp"`` accountant) uses the tighter rule
-    of Canonne, Kamath and Steinke (2020), so the same training gets a smaller ε there.
+    ``ε = min over α of steps · RDP(α) + log(1/δ) / (α - 1)``; the ``"rdp"`` accountant's rule is tighter.
 
     >>> round(classic_rdp_epsilon(noise_multiplier=1.1, sample_rate=256 / 60000, steps=14062, delta=1e-5), 2)
     3.01

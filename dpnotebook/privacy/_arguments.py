@@ -1,9 +1,5 @@
 """Checks for the privacy arguments, with errors that name the argument, its value and the fix.
 
-Every public function of :mod:`dpnotebook.privacy` validates its privacy
-arguments here, so a typo fails at once with a message a student can act on,
-instead of silently training without privacy.
-
 >>> check_noise_multiplier(-1)
 Traceback (most recent call last):
 ...
@@ -15,80 +11,56 @@ from __future__ import annotations
 import math
 import numbers
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+def _number(name: str, value: Any, ok: Callable[[float], bool], rule: str) -> float:
+    """``value`` as a float if it is a real number (not a bool, not NaN) that is ``ok``; else ``ValueError``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or math.isnan(value) or not ok(float(value)):
+        raise ValueError(f"{name}={value!r} is invalid: it must be {rule}")
+    return float(value)
 
 
 def check_noise_multiplier(value: Any) -> float:
-    """``noise_multiplier`` (sigma) as a float; it must be >= 0.
-
-    >>> check_noise_multiplier(1.1)
-    1.1
-    """
-    if not _is_number(value) or math.isnan(value) or value < 0 or math.isinf(value):
-        raise ValueError(
-            f"noise_multiplier={value!r} is invalid: it must be a number >= 0 (the noise std is "
-            "noise_multiplier * max_grad_norm). Fix: pass e.g. noise_multiplier=1.0; 0 means no "
-            "noise and no privacy."
-        )
-    return float(value)
+    """``noise_multiplier`` (sigma) as a float; it must be >= 0."""
+    return _number(
+        "noise_multiplier",
+        value,
+        lambda v: 0 <= v < math.inf,
+        "a number >= 0 (the noise std is noise_multiplier * max_grad_norm). Fix: pass e.g. "
+        "noise_multiplier=1.0; 0 means no noise and no privacy.",
+    )
 
 
 def check_max_grad_norm(value: Any) -> float:
-    """``max_grad_norm`` (the clipping bound C) as a float; it must be > 0 (``math.inf`` is allowed).
-
-    >>> check_max_grad_norm(0)
-    Traceback (most recent call last):
-    ...
-    ValueError: max_grad_norm=0 is invalid: it must be a number > 0 (each sample's gradient is scaled down to norm <= max_grad_norm). Fix: pass e.g. max_grad_norm=1.0.
-    """
-    if not _is_number(value) or math.isnan(value) or value <= 0:
-        raise ValueError(
-            f"max_grad_norm={value!r} is invalid: it must be a number > 0 (each sample's gradient "
-            "is scaled down to norm <= max_grad_norm). Fix: pass e.g. max_grad_norm=1.0."
-        )
-    return float(value)
+    """``max_grad_norm`` (the clipping bound C) as a float; it must be > 0 (``math.inf`` is allowed)."""
+    return _number(
+        "max_grad_norm",
+        value,
+        lambda v: v > 0,
+        "a number > 0 (each sample's gradient is scaled down to norm <= max_grad_norm). Fix: pass e.g. "
+        "max_grad_norm=1.0.",
+    )
 
 
 def check_sample_rate(value: Any) -> float:
-    """``sample_rate`` q as a float in (0, 1].
-
-    >>> check_sample_rate(1.5)
-    Traceback (most recent call last):
-    ...
-    ValueError: sample_rate=1.5 is invalid: it must be in (0, 1] (the probability that a sample is in a batch, expected_batch_size / dataset_size). Fix: pass e.g. sample_rate=256 / 60000.
-    """
-    if not _is_number(value) or math.isnan(value) or not 0 < value <= 1:
-        raise ValueError(
-            f"sample_rate={value!r} is invalid: it must be in (0, 1] (the probability that a sample "
-            "is in a batch, expected_batch_size / dataset_size). Fix: pass e.g. "
-            "sample_rate=256 / 60000."
-        )
-    return float(value)
+    """``sample_rate`` q as a float in (0, 1]."""
+    return _number(
+        "sample_rate",
+        value,
+        lambda v: 0 < v <= 1,
+        "in (0, 1] (the probability that a sample is in a batch, expected_batch_size / dataset_size). "
+        "Fix: pass e.g. sample_rate=256 / 60000.",
+    )
 
 
 def check_delta(value: Any, *, dataset_size: int | None = None, name: str = "delta") -> float:
-    """``delta`` as a float in (0, 1); warn when it is not much smaller than ``1 / dataset_size``.
-
-    A delta of ``1/N`` or more allows a mechanism that publishes one whole
-    record, so it gives no meaningful protection.
-
-    >>> import warnings
-    >>> with warnings.catch_warnings(record=True) as caught:
-    ...     warnings.simplefilter("always")
-    ...     _ = check_delta(0.01, dataset_size=1000)
-    >>> print(caught[0].message)
-    delta=0.01 is >= 1/N = 1/1000: such a delta allows leaking a whole record. Fix: use delta well below 1/N, e.g. delta=1e-05.
-    """
-    if not _is_number(value) or math.isnan(value) or not 0 < value < 1:
-        raise ValueError(
-            f"{name}={value!r} is invalid: it must be in (0, 1) (the probability that the epsilon "
-            f"guarantee fails). Fix: pass e.g. {name}=1e-5, well below 1 / dataset size."
-        )
+    """``delta`` as a float in (0, 1); warn when it is not below ``1 / dataset_size``."""
+    fix = f"Fix: pass e.g. {name}=1e-5, well below 1 / dataset size."
+    value = _number(
+        name, value, lambda v: 0 < v < 1, f"in (0, 1) (the probability that the epsilon guarantee fails). {fix}"
+    )
     if dataset_size is not None and dataset_size > 0 and value >= 1 / dataset_size:
         suggestion = 10 ** math.floor(math.log10(0.01 / dataset_size))
         warnings.warn(
@@ -97,30 +69,25 @@ def check_delta(value: Any, *, dataset_size: int | None = None, name: str = "del
             UserWarning,
             stacklevel=3,
         )
-    return float(value)
+    return value
 
 
 def check_epsilon(value: Any, *, name: str = "target_epsilon") -> float:
-    """A target epsilon as a float > 0.
+    """A target epsilon as a float > 0."""
+    return _number(name, value, lambda v: 0 < v < math.inf, f"a finite number > 0. Fix: pass e.g. {name}=8.0.")
 
-    >>> check_epsilon(0)
-    Traceback (most recent call last):
-    ...
-    ValueError: target_epsilon=0 is invalid: it must be a finite number > 0. Fix: pass e.g. target_epsilon=8.0.
-    """
-    if not _is_number(value) or math.isnan(value) or value <= 0 or math.isinf(value):
-        raise ValueError(f"{name}={value!r} is invalid: it must be a finite number > 0. Fix: pass e.g. {name}=8.0.")
-    return float(value)
+
+def check_unseeded(name: str, generator: Any, secure: bool, flag: str = "secure_mode") -> None:
+    """Refuse a ``generator`` with secure randomness: a seeded generator is predictable."""
+    if secure and generator is not None:
+        raise ValueError(
+            f"{name}={generator!r} with {flag}=True: a seeded generator is predictable. Fix: pass {name}=None, "
+            f"or {flag}=False to reproduce a run."
+        )
 
 
 def check_choice(name: str, value: Any, choices: Iterable[str]) -> str:
-    """``value`` if it is one of ``choices``, else a ``ValueError`` that lists them.
-
-    >>> check_choice("clipping", "per_sample", ["flat", "per_layer"])
-    Traceback (most recent call last):
-    ...
-    ValueError: clipping='per_sample' is unknown; choose one of ['flat', 'per_layer'].
-    """
+    """``value`` if it is one of ``choices``, else a ``ValueError`` that lists them."""
     options = sorted(choices)
     if value not in options:
         raise ValueError(f"{name}={value!r} is unknown; choose one of {options}.")
@@ -128,26 +95,12 @@ def check_choice(name: str, value: Any, choices: Iterable[str]) -> str:
 
 
 def check_positive_int(name: str, value: Any, *, minimum: int = 1) -> int:
-    """``value`` if it is an int >= ``minimum``.
-
-    >>> check_positive_int("num_steps", 2.5)
-    Traceback (most recent call last):
-    ...
-    ValueError: num_steps=2.5 is invalid: it must be an int >= 1.
-    """
+    """``value`` if it is an int >= ``minimum``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
         raise ValueError(f"{name}={value!r} is invalid: it must be an int >= {minimum}.")
     return int(value)
 
 
 def check_positive_number(name: str, value: Any) -> float:
-    """``value`` as a float if it is a finite number > 0.
-
-    >>> check_positive_number("expected_batch_size", -3)
-    Traceback (most recent call last):
-    ...
-    ValueError: expected_batch_size=-3 is invalid: it must be a finite number > 0.
-    """
-    if not _is_number(value) or math.isnan(value) or math.isinf(value) or value <= 0:
-        raise ValueError(f"{name}={value!r} is invalid: it must be a finite number > 0.")
-    return float(value)
+    """``value`` as a float if it is a finite number > 0."""
+    return _number(name, value, lambda v: 0 < v < math.inf, "a finite number > 0.")

@@ -1,21 +1,10 @@
 """Every clipped sum comes from the one batch the DP loader drew for that logical step.
 
-The accountant counts one Poisson-sampled step at rate ``q`` per ``optimizer.step()``. That is only true if
-the step's clipped sum holds the samples of exactly one batch that the optimizer's ``DPDataLoader`` drew for
-it, one per-sample gradient per example. :meth:`SampledBatches.check` (called once per logical step by
-``DPOptimizer.add_noise``) refuses anything else:
-
-* **no batch drawn since the last step**: a loop over the *original* ``DataLoader`` after ``make_private``
-  (issue #28 measured 2.48 reported against at least 4.38 spent), or ``step()`` called twice on one batch;
-* **two batches drawn and trained on before one step**: one noise draw, one accountant step for both;
-* **more (or fewer) per-sample norms than examples**: rows are not samples (``K`` rows per example without
-  ``K``, a wrong ``batch_first``).
-
-Provenance decides where it can: the loader marks every tensor of a batch with its :class:`Draw`
-(:class:`DrawMarker`), and the tied model records the marks of its inputs when a backward pass goes through
-them (views keep the mark on ``._base``; a copy moved or transformed carries none, and then the number of
-examples decides). A batch drawn but not trained on is forgotten at the next draw's step. A ``DPOptimizer``
-with no loader tied is not checked: its ``q`` is then *assumed* to be your own loop's Poisson rate.
+The accountant counts one Poisson-sampled step per ``optimizer.step()``. :meth:`SampledBatches.check`
+(once per logical step) refuses a step without a batch drawn since the last one (a loop over the original
+``DataLoader``), with two batches, or with more or fewer per-sample norms than examples. The loader marks
+each batch's tensors with its :class:`Draw`, and the tied model records the marks its backward passes go
+through; without marks the number of examples decides. An optimizer with no loader tied is not checked.
 
 >>> batches = SampledBatches()
 >>> batches.check(7)                  # standalone: nothing to compare with
@@ -71,51 +60,26 @@ class DrawMarker:
         return self.last
 
 
-def mark_batch(batch: Any, draw: Draw, depth: int = 0) -> None:
-    """Set ``draw`` on every tensor of ``batch`` (tensors, mappings, tuples and lists of them)."""
-    if isinstance(batch, Tensor):
-        setattr(batch, DRAW_ATTRIBUTE, draw)  # a Tensor takes Python attributes; views find it on ._base
-    elif depth < 4 and isinstance(batch, (Mapping, tuple, list)):
-        for value in batch.values() if isinstance(batch, Mapping) else batch:
-            if isinstance(value, (Tensor, Mapping, tuple, list)):
-                mark_batch(value, draw, depth + 1)
-
-
-def draws_in(inputs: Any, depth: int = 0) -> set[Draw]:
-    """The :class:`Draw` marks of the tensors in ``inputs`` (or of the tensors they are views of).
-
-    A tensor that a ``DPDataLoader`` handed out, or a slice of one (a ``BatchMemoryManager``
-    piece), carries its batch's mark; a copy (moved to another device, transformed) carries none.
-
-    >>> import torch
-    >>> from torch.utils.data import TensorDataset
-    >>> from dpnotebook.privacy._data import DPDataLoader
-    >>> loader = DPDataLoader(TensorDataset(torch.randn(10, 2)), sample_rate=1.0)
-    >>> (x,) = next(iter(loader))
-    >>> draws_in(x[:3]) == {loader.draws.last}, draws_in(x + 1)
-    (True, set())
-    """
-    found: set[Draw] = set()
-    if isinstance(inputs, Tensor):
-        for tensor in (inputs, inputs._base):
-            draw = getattr(tensor, DRAW_ATTRIBUTE, None)
-            if isinstance(draw, Draw):
-                found.add(draw)
-    elif depth < 4 and isinstance(inputs, (Mapping, tuple, list)):
-        for value in inputs.values() if isinstance(inputs, Mapping) else inputs:
-            if isinstance(value, (Tensor, Mapping, tuple, list)):
-                found |= draws_in(value, depth + 1)
-    return found
-
-
-def _tensors(output: Any, depth: int = 0) -> list[Tensor]:
-    if isinstance(output, Tensor):
-        return [output]
-    if depth < 4 and isinstance(output, dict):
-        output = list(output.values())
-    if depth < 4 and isinstance(output, (tuple, list)):
-        return [t for value in output for t in _tensors(value, depth + 1)]
+def _tensors(value: Any, depth: int = 0) -> list[Tensor]:
+    """The tensors in ``value`` (tensors, and mappings, tuples and lists of them, 4 levels deep)."""
+    if isinstance(value, Tensor):
+        return [value]
+    if depth < 4 and isinstance(value, (Mapping, tuple, list)):
+        values = value.values() if isinstance(value, Mapping) else value
+        return [t for v in values for t in _tensors(v, depth + 1)]
     return []
+
+
+def mark_batch(batch: Any, draw: Draw) -> None:
+    """Set ``draw`` on every tensor of ``batch`` (views find it on ``._base``)."""
+    for tensor in _tensors(batch):
+        setattr(tensor, DRAW_ATTRIBUTE, draw)
+
+
+def draws_in(inputs: Any) -> set[Draw]:
+    """The :class:`Draw` marks of the tensors in ``inputs`` (or of the tensors they are views of)."""
+    marks = (getattr(t, DRAW_ATTRIBUTE, None) for tensor in _tensors(inputs) for t in (tensor, tensor._base))
+    return {draw for draw in marks if isinstance(draw, Draw)}
 
 
 class SampledBatches:
@@ -123,25 +87,20 @@ class SampledBatches:
 
     Attributes:
         counts: the examples of each batch handed out since the last step, in order.
-        draws: the :class:`~dpnotebook.privacy._batches.Draw` of each of them (``None`` unknown).
-        tied: whether a :class:`~dpnotebook.privacy.DPDataLoader` reports to it
-            (only then does :meth:`check` refuse anything).
+        draws: the :class:`Draw` of each of them (``None`` unknown).
+        tied: whether a :class:`~dpnotebook.privacy.DPDataLoader` reports to it (only then are steps checked).
     """
 
     def __init__(self) -> None:
         self.counts: list[int] = []
         self.draws: list[Draw | None] = []
         self.tied = False
-        self._marker: DrawMarker | None = None  # the tied loader's (a small object: the model may be pickled)
+        self._marker: DrawMarker | None = None  # the tied loader's
         self._pending: set[Draw] = set()  # marks a backward pass went through, not clipped yet
         self._clipped: set[Draw] = set()  # marks of the rows clipped into this logical step
 
     def tie(self, data_loader: Any, module: nn.Module | None = None) -> None:
-        """Have ``data_loader`` (a ``DPDataLoader``) report every batch it hands out; steps are then checked.
-
-        With ``module`` (the wrapped model), the marks of the batches whose outputs a backward
-        pass goes through are recorded too, so that :meth:`check` decides by provenance.
-        """
+        """Have ``data_loader`` report every batch it hands out, and ``module`` the marks its backward passes see."""
         data_loader.batch_listeners.append(self.drawn)
         self._marker = data_loader.draws
         self.tied = True
@@ -154,7 +113,7 @@ class SampledBatches:
         self.draws.append(self._marker.last if self._marker is not None else None)
 
     def _forward(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
-        """Forward hook: when the output's gradient flows back, its inputs' marks are recorded."""
+        """Forward hook: when the output's gradient flows back, record its inputs' marks."""
         if not torch.is_grad_enabled():
             return
         marks = draws_in((args, kwargs))
@@ -168,16 +127,12 @@ class SampledBatches:
         self._pending |= marks
 
     def rows_clipped(self) -> None:
-        """The optimizer clipped the rows of the backward passes so far into the step's sum (``virtual_step``)."""
+        """The optimizer clipped the rows of the backward passes so far into the step's sum."""
         self._clipped |= self._pending
         self._pending = set()
 
     def rows_dropped(self, *, clipped_too: bool = False) -> None:
-        """The optimizer's ``zero_grad()`` dropped the per-sample gradients not clipped yet.
-
-        With ``clipped_too``, it also dropped the logical step's clipped sum (a bare
-        ``clip_and_accumulate()`` before ``zero_grad()``), so those rows are no longer in the step.
-        """
+        """``zero_grad()`` dropped the per-sample gradients not clipped yet (``clipped_too``: the clipped sum too)."""
         self._pending = set()
         if clipped_too:
             self._clipped = set()
@@ -185,9 +140,7 @@ class SampledBatches:
     def check(self, clipped: int) -> None:
         """Raise unless the ``clipped`` per-sample norms of this step are the examples of the last batch drawn.
 
-        Batches drawn earlier whose samples were not clipped (an evaluation pass
-        over the same loader, a loop that broke off) are forgotten. Does nothing
-        when no loader is tied (a standalone optimizer: see the module docstring).
+        Earlier batches not trained on are forgotten; without a tied loader nothing is checked.
         """
         counts, self.counts = self.counts, []
         draws, self.draws = self.draws, []
@@ -197,11 +150,9 @@ class SampledBatches:
         if not counts:
             raise RuntimeError(
                 f"this optimizer step clipped {clipped} per-sample gradients, but its DPDataLoader handed out "
-                "no batch since the last step: the samples were not drawn for this step. The accountant "
-                "counts each step as a Poisson sample at rate q, so epsilon would be under-counted. Likely "
-                "causes: a loop over the original DataLoader after make_private (its fixed batches put every "
-                "example in a known step), or optimizer.step() called twice for one batch. Fix: iterate over "
-                "the data loader that make_private returned, and call optimizer.step() once per batch it yields."
+                "no batch since the last step, so epsilon would be under-counted. Likely causes: a loop over the "
+                "original DataLoader after make_private, or optimizer.step() called twice for one batch. Fix: "
+                "iterate over the data loader that make_private returned; call optimizer.step() once per batch."
             )
         if trained:  # the batches are known by their marks: provenance decides
             foreign = trained - set(draws)
@@ -210,9 +161,8 @@ class SampledBatches:
                 raise RuntimeError(
                     f"this optimizer step clipped the samples of a batch that its DPDataLoader did not hand out "
                     f"since the last step ({shown}; it handed out {_describe(draws)}): a batch drawn for an "
-                    "earlier step, or by another loader. Each Poisson batch must be trained on in the one step "
-                    "it was drawn for, or the accountant's q does not describe the run. Fix: train each step "
-                    "on the batch that the loader make_private returned has just handed out, once."
+                    "earlier step, or by another loader. Fix: train each step on the batch that the loader "
+                    "make_private returned has just handed out, once."
                 )
             used = [i for i, d in enumerate(draws) if d in trained]
             if len(used) > 1:
@@ -246,21 +196,16 @@ def _several_batches(counts: list[int]) -> None:
     shown = " + ".join(str(c) for c in counts)
     raise RuntimeError(
         f"one optimizer step clipped the samples of {len(counts)} Poisson batches ({shown} examples), but "
-        "noise is drawn and the accountant counts a step once per optimizer.step(): epsilon would be "
-        "under-counted. Fix: call optimizer.step() after each batch; to train on a batch too large "
-        "for memory, split that ONE batch with BatchMemoryManager (or split_batch + virtual_step)."
+        "the accountant counts one step: epsilon would be under-counted. Fix: call optimizer.step() after "
+        "each batch; split a batch too large for memory with BatchMemoryManager."
     )
 
 
 def _rows_not_examples(clipped: int, examples: int) -> None:
     raise RuntimeError(
         f"this step clipped {clipped} per-sample gradients, but the Poisson loader sampled {examples} "
-        "examples for it: the rows that were clipped are not the examples. Likely causes: a collate "
-        "that emits K rows per example while K was not passed (make_private(K=...)), batch_first that "
-        "does not say where the batch dimension is, a model that adds or drops rows, a batch that the "
-        "loader did not draw (another DataLoader), or two forward "
-        "passes of the batch before one backward (one row per example summed from both would hide it; this library "
-        "keeps each pass's rows and refuses, since two rows of one example would each be clipped to C: "
-        "make one forward pass give one row per example (a module that takes both inputs), or step "
-        "after each pass)."
+        "examples for it: the rows clipped are not the examples. Likely causes: K rows per example while K "
+        "was not passed (make_private(K=...)), a wrong batch_first, a model that adds or drops rows, a batch "
+        "from another DataLoader, or two forward passes of the batch before one backward. Fix: one row per "
+        "example per step (one forward pass taking both inputs, or a step after each pass)."
     )

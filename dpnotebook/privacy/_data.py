@@ -1,12 +1,9 @@
 """Data loading for DP-SGD: Poisson sampling, physical batches and augmentation multiplicity.
 
-The privacy analysis of DP-SGD assumes **Poisson sampling**: for every batch, each of the ``N`` samples is
-included independently with probability ``q = expected_batch_size / N``. Batch sizes therefore vary, and a
-batch can be empty; an empty batch still counts as a step (noise only) and comes out as zero-length tensors
-of the right shapes and dtypes, so the training loop needs no special case. ``make_private`` replaces a
-loader's own sampling (``shuffle``, ``drop_last``, a sampler) and says so (:func:`warn_replaced_sampling`).
-:class:`BatchMemoryManager` cuts each logical batch into physical pieces that fit in memory;
-:class:`AugmultCollate` turns each sampled sample into ``K`` augmented rows (accounting counts samples).
+The privacy analysis assumes **Poisson sampling**: each of the ``N`` samples joins every batch independently
+with probability ``q``. Batch sizes vary; an empty batch is still a (noise-only) step and comes out as
+zero-row tensors. :class:`BatchMemoryManager` cuts logical batches into physical pieces;
+:class:`AugmultCollate` turns each sample into ``K`` augmented rows (accounting counts samples).
 
 >>> import torch
 >>> from torch.utils.data import TensorDataset
@@ -41,8 +38,8 @@ from torch.utils.data import (
 from torch.utils.data.dataloader import default_collate
 
 from dpnotebook.privacy._accounting import steps_per_epoch
-from dpnotebook.privacy._arguments import check_positive_int, check_sample_rate
-from dpnotebook.privacy._batches import DrawMarker
+from dpnotebook.privacy._arguments import check_positive_int, check_sample_rate, check_unseeded
+from dpnotebook.privacy._batches import DrawMarker, _tensors
 from dpnotebook.privacy._mechanisms import secure_uniform
 from dpnotebook.privacy._optimizer import DPOptimizer
 
@@ -50,7 +47,7 @@ Collate = Callable[[list[Any]], Any]
 
 
 def _map_columns(batch: Any, index: slice) -> Any:
-    """Apply ``index`` (a slice of rows) to every tensor, and every list of plain items, in ``batch``."""
+    """Apply ``index`` (a slice of rows) to every tensor and list of plain items in ``batch``."""
     if isinstance(batch, Tensor):
         return batch[index]
     if isinstance(batch, Mapping):
@@ -65,13 +62,10 @@ def _map_columns(batch: Any, index: slice) -> Any:
 
 def _num_rows(batch: Any) -> int:
     """The number of rows (dim 0) of the first tensor in ``batch``."""
-    if isinstance(batch, Tensor):
-        return batch.shape[0]
-    values = batch.values() if isinstance(batch, Mapping) else batch
-    for value in values:
-        if isinstance(value, (Tensor, Mapping, tuple, list)):
-            return _num_rows(value)
-    raise ValueError("The batch holds no tensor, so it cannot be split into rows.")
+    tensors = _tensors(batch)
+    if not tensors:
+        raise ValueError("The batch holds no tensor, so it cannot be split into rows.")
+    return tensors[0].shape[0]
 
 
 class PoissonBatchSampler(Sampler[list[int]]):
@@ -97,11 +91,7 @@ class PoissonBatchSampler(Sampler[list[int]]):
         self.num_samples = check_positive_int("num_samples", num_samples)
         self.sample_rate = check_sample_rate(sample_rate)
         self.steps = check_positive_int("steps", steps if steps is not None else steps_per_epoch(self.sample_rate))
-        if secure_mode and generator is not None:
-            raise ValueError(
-                f"generator={generator!r} with secure_mode=True: a seeded generator is predictable. "
-                "Fix: pass generator=None for secure sampling, or secure_mode=False to reproduce a run."
-            )
+        check_unseeded("generator", generator, secure_mode)
         self.generator = generator
         self.secure_mode = secure_mode
         #: sizes of the batches drawn and not yet handed out (the loader may prefetch)
@@ -113,23 +103,21 @@ class PoissonBatchSampler(Sampler[list[int]]):
     def __iter__(self) -> Iterator[list[int]]:
         self.drawn.clear()  # a new pass: counts of a pass that broke off are stale
         for _ in range(self.steps):
-            if self.secure_mode:
-                uniform = secure_uniform(self.num_samples)
-            else:
-                # float64: float32 uniforms lie on a grid of 2^-24, so `u < q` would include
-                # each sample with q rounded up to that grid, not with probability q
-                uniform = torch.rand(self.num_samples, generator=self.generator, dtype=torch.float64)
-            indices = torch.nonzero(uniform < self.sample_rate).flatten().tolist()
+            indices = self._draw()
             self.drawn.append(len(indices))
             yield indices
 
+    def _draw(self) -> list[int]:
+        """One batch's indices: each sample kept when its uniform is below q."""
+        if self.secure_mode:
+            uniform = secure_uniform(self.num_samples)
+        else:  # float64: float32 uniforms (a grid of 2^-24) would round q up
+            uniform = torch.rand(self.num_samples, generator=self.generator, dtype=torch.float64)
+        return torch.nonzero(uniform < self.sample_rate).flatten().tolist()
+
 
 class EmptyBatchCollate:
-    """Wraps a ``collate_fn`` so that an empty list of samples gives zero-row tensors.
-
-    The shapes and dtypes are those of ``collate_fn([dataset[0]])`` with its
-    rows sliced away, so they match every other batch exactly.
-    """
+    """Wraps a ``collate_fn`` so that no samples give zero-row tensors shaped like ``collate_fn([dataset[0]])``."""
 
     def __init__(self, collate_fn: Collate, dataset: Dataset[Any]) -> None:
         self.collate_fn = collate_fn
@@ -145,7 +133,7 @@ class EmptyBatchCollate:
 
 
 class DPDataLoader(DataLoader[Any]):
-    """A ``DataLoader`` with Poisson sampling (see the module docstring).
+    """A ``DataLoader`` with Poisson sampling.
 
     Args:
         dataset: a map-style dataset (with ``len`` and ``dataset[i]``).
@@ -159,17 +147,12 @@ class DPDataLoader(DataLoader[Any]):
     Attributes:
         sample_rate: q.
         expected_batch_size: ``q * len(dataset)``, in samples.
-        batch_listeners: functions called with the number of examples of each batch
-            handed out (``make_private`` adds the optimizer's, which checks that each
-            step clips the examples of exactly one batch).
-        draws: a :class:`~dpnotebook.privacy._batches.DrawMarker`: it marks every tensor of a batch handed
-            out with the batch's draw (``draws.last``), so the optimizer can tell where its samples came from.
+        batch_listeners: functions called with the number of examples of each batch handed out.
+        draws: a :class:`~dpnotebook.privacy._batches.DrawMarker` that marks each batch's tensors.
     """
 
-    #: draws the batches (the distributed loader draws each rank's share of them)
     batch_sampler_class: type[PoissonBatchSampler] = PoissonBatchSampler
-    #: the loader ``from_data_loader(distributed=True)`` builds; set by
-    #: ``dpnotebook.privacy._distributed``, which the package imports
+    #: the loader ``from_data_loader(distributed=True)`` builds (set by ``_distributed``)
     distributed_class: type[DPDataLoader]
 
     def __init__(
@@ -203,12 +186,8 @@ class DPDataLoader(DataLoader[Any]):
         self.draws = DrawMarker()
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # torch: its iterator class; ours wraps it
-        """The batches, in order, marked (``draws``); each one's number of examples goes to every ``batch_listeners``.
-
-        Counted when a batch is handed out, not when its indices are drawn: with
-        ``num_workers > 0`` the loader draws ahead of the training loop.
-        """
-        drawn = cast(PoissonBatchSampler, self.batch_sampler).drawn  # __init__'s (a DataLoader's is fixed)
+        """The batches, marked; each one's number of examples goes to ``batch_listeners`` when handed out."""
+        drawn = cast(PoissonBatchSampler, self.batch_sampler).drawn
         for batch in super().__iter__():
             examples = drawn.popleft()
             if not examples and not getattr(self, "_warned_empty", False):
@@ -236,12 +215,8 @@ class DPDataLoader(DataLoader[Any]):
     ) -> DPDataLoader:
         """The Poisson version of ``loader``: same dataset, collate and workers, ``q = 1 / len(loader)``.
 
-        A :class:`DPDataLoader` keeps its own sample rate and number of steps. Without
-        ``generator`` (and ``secure_mode``), the batches are drawn with ``loader.generator``,
-        so a seeded loader gives seeded batches. With
-        ``distributed=True`` (``torch.distributed`` initialised) it is a
-        :class:`~dpnotebook.privacy.DistributedDPDataLoader`: this rank's
-        share of each global Poisson batch, at the same ``q``.
+        Without ``generator`` the batches are drawn with ``loader.generator``. With ``distributed=True``
+        it is a :class:`~dpnotebook.privacy.DistributedDPDataLoader`.
 
         >>> import torch
         >>> from torch.utils.data import TensorDataset
@@ -282,16 +257,8 @@ class DPDataLoader(DataLoader[Any]):
 def split_batch(batch: Any, *, max_physical_batch_size: int, K: int = 1) -> Iterator[Any]:
     """Split a logical batch into physical pieces of at most ``max_physical_batch_size`` samples.
 
-    Every tensor (and list) in ``batch`` is cut along dim 0; a sample's ``K``
-    rows stay together. An empty batch yields nothing. Use with
-    :meth:`DPOptimizer.virtual_step <dpnotebook.privacy.DPOptimizer.virtual_step>`::
-
-        for x, y in loader:
-            for xb, yb in split_batch((x, y), max_physical_batch_size=32):
-                criterion(model(xb), yb).backward()
-                optimizer.virtual_step()      # clip this piece, add it to the sum
-            optimizer.step()                  # noise once, then the update
-            optimizer.zero_grad()
+    Every tensor (and list) is cut along dim 0; a sample's ``K`` rows stay together; an empty batch
+    yields nothing. Call ``optimizer.virtual_step()`` after each piece's backward, ``step()`` after the last.
 
     >>> import torch
     >>> [x.tolist() for x, in split_batch((torch.arange(5),), max_physical_batch_size=2)]
@@ -311,16 +278,7 @@ def split_batch(batch: Any, *, max_physical_batch_size: int, K: int = 1) -> Iter
 
 
 def replaced_sampling(loader: DataLoader[Any]) -> list[str]:
-    """The options of ``loader`` that Poisson sampling replaces: ``shuffle=True``, ``drop_last=True``, a sampler.
-
-    >>> import torch
-    >>> from torch.utils.data import TensorDataset
-    >>> data = TensorDataset(torch.randn(10, 2))
-    >>> replaced_sampling(DataLoader(data, batch_size=2, shuffle=True, drop_last=True))
-    ['shuffle=True', 'drop_last=True']
-    >>> replaced_sampling(DataLoader(data, batch_size=2))
-    []
-    """
+    """The options of ``loader`` that Poisson sampling replaces."""
     replaced = []
     if isinstance(loader.sampler, RandomSampler):
         replaced.append("shuffle=True")
@@ -348,13 +306,9 @@ def warn_replaced_sampling(loader: DataLoader[Any]) -> None:
 
 
 class AugmultCollate:
-    """A ``collate_fn`` for augmentation multiplicity: ``K`` augmented copies of each sample.
+    """A ``collate_fn`` for augmentation multiplicity: ``B*K`` rows, sample-major, ``K`` augmentations of each ``x``.
 
-    From ``B`` samples ``(x, y, ...)`` it builds ``B*K`` rows, sample-major
-    (rows ``i*K .. i*K+K-1`` are ``augment(x_i)`` drawn ``K`` times), with the
-    other fields (labels) repeated ``K`` times. A model wrapped with the same
-    ``K`` averages each sample's ``K`` gradients before clipping, so privacy is
-    counted per sample, not per row.
+    The other fields (labels) are repeated ``K`` times; a model wrapped with the same ``K`` clips per sample.
 
     >>> import torch
     >>> collate = AugmultCollate(lambda x: x + 0.5, K=2)
@@ -385,8 +339,6 @@ def augmult_data_loader(
 ) -> DPDataLoader:
     """A Poisson :class:`DPDataLoader` whose batches hold ``K`` augmented rows per sampled sample.
 
-    ``sample_rate`` and ``expected_batch_size`` count samples, not rows.
-
     >>> import torch
     >>> from torch.utils.data import TensorDataset
     >>> data = TensorDataset(torch.randn(50, 3), torch.arange(50))
@@ -403,13 +355,7 @@ def augmult_data_loader(
 
 
 def loader_k(data_loader: DataLoader[Any]) -> int | None:
-    """The ``K`` of ``data_loader``'s :class:`AugmultCollate` (``None`` if it has none).
-
-    >>> from torch.utils.data import TensorDataset
-    >>> import torch
-    >>> loader_k(DataLoader(TensorDataset(torch.zeros(4)), collate_fn=AugmultCollate(abs, K=3)))
-    3
-    """
+    """The ``K`` of ``data_loader``'s :class:`AugmultCollate` (``None`` if it has none)."""
     collate = data_loader.collate_fn
     if isinstance(collate, EmptyBatchCollate):
         collate = collate.collate_fn
@@ -419,8 +365,7 @@ def loader_k(data_loader: DataLoader[Any]) -> int | None:
 class BatchMemoryManager:
     """Context manager yielding physical batches of at most ``max_physical_batch_size`` samples.
 
-    Each logical batch is cut into pieces; the optimizer's step on each piece but the last is a virtual step
-    (clip and accumulate), the step on the last adds the noise once and updates the model.
+    The optimizer's step on each piece but a logical batch's last is a virtual step; the last adds the noise.
 
     >>> from torch import nn
     >>> from torch.utils.data import TensorDataset
@@ -460,7 +405,7 @@ class BatchMemoryManager:
         self.optimizer = optimizer
         self.K = (loader_k(data_loader) or 1) if K is None else check_positive_int("K", K)
 
-    def _batches(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[Any]:
         for batch in self.data_loader:
             pieces = list(split_batch(batch, max_physical_batch_size=self.max_physical_batch_size, K=self.K))
             pieces = pieces or [batch]  # an empty batch is still one (noise-only) step
@@ -468,29 +413,15 @@ class BatchMemoryManager:
                 self.optimizer.signal_skip_step(i < len(pieces) - 1)
                 yield piece
 
-    def __enter__(self) -> PhysicalBatches:
-        return PhysicalBatches(self)
+    def __len__(self) -> int:
+        """The expected number of physical batches."""
+        expected = getattr(self.data_loader, "expected_batch_size", None) or self.data_loader.batch_size or 1
+        return math.ceil(len(self.data_loader) * expected / self.max_physical_batch_size)
+
+    def __enter__(self) -> BatchMemoryManager:
+        return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.optimizer.signal_skip_step(False)
-
-
-class PhysicalBatches:
-    """What ``with BatchMemoryManager(...) as batches`` gives: the physical batches, and their expected number.
-
-    ``len()`` is ``ceil(logical batches * expected batch size / max_physical_batch_size)``
-    (the Poisson batch sizes vary, so a pass may yield a few more or fewer).
-    """
-
-    def __init__(self, manager: BatchMemoryManager) -> None:
-        self.manager = manager
-
-    def __iter__(self) -> Iterator[Any]:
-        return self.manager._batches()
-
-    def __len__(self) -> int:
-        loader = self.manager.data_loader
-        expected = getattr(loader, "expected_batch_size", None) or loader.batch_size or 1
-        return math.ceil(len(loader) * expected / self.manager.max_physical_batch_size)

@@ -1,26 +1,11 @@
 """DP-SGD on several processes (and machines) with ``torch.distributed``.
 
-One logical step over ``world_size`` ranks: each rank draws its share of one global Poisson batch
-at the global rate ``q`` (:class:`DistributedPoissonBatchSampler`) and clips its own samples into
-a local sum; rank 0 alone adds the noise (std ``sigma * C``); one ``all_reduce`` gives every rank
-the same noisy sum, divided by the global ``q * N``, and every rank takes the same step. Rank 0
-draws the noise so that it is drawn once by construction, travels in the ``all_reduce`` that
-carries the signal, and ``secure_mode`` works (a generator shared by the ranks would need a
-shared secret seed). Ranks trust each other: they hold each other's data anyway.
-
-**Sampling.** Example ``i`` belongs to rank ``i % world_size``, which keeps it when its uniform
-draw is below ``q``: every example joins with probability ``q``, independently, on one rank only,
-so the union is a Poisson sample of the whole dataset, the batch the accountant's analysis is
-about. With a ``generator`` every rank draws all ``N`` uniforms in one process's order, so one
-seed on every rank cuts the single-process batch in pieces; ``secure_mode`` draws each rank's
-shard from its OS CSPRNG.
-
-**Agreement and failures.** :func:`check_ranks_agree` refuses, on every rank at once, ranks that
-would sample, clip, noise or count differently. ``make_private`` unwraps :class:`DPDDP` (it only
-broadcasts rank 0's weights) or ``DistributedDataParallel``, so DDP's own gradient all-reduce never
-runs. A rank that raises inside a step (or in :meth:`DistributedDPOptimizer.fail_together`) still
-joins the step's ``all_reduce`` with a flag, so every rank raises :class:`RanksFailedError`; a rank
-that dies makes the others' ``all_reduce`` fail, and the process group's ``timeout`` bounds the rest.
+Each rank draws its share of one global Poisson batch (example ``i`` belongs to rank ``i % world_size``,
+kept when its uniform is below the global ``q``), clips its samples into a local sum; rank 0 alone adds
+the noise, and one ``all_reduce`` gives every rank the same noisy sum, divided by the global ``q * N``.
+:func:`check_ranks_agree` refuses ranks that would sample, clip, noise or count differently; a rank that
+raises inside a step joins its ``all_reduce`` with a flag, so every rank raises :class:`RanksFailedError`.
+See ``docs/distributed.md``.
 
 >>> import torch
 >>> s0, s1 = (DistributedPoissonBatchSampler(10, sample_rate=0.5, rank=r, world_size=2,
@@ -28,8 +13,6 @@ that dies makes the others' ``all_reduce`` fail, and the process group's ``timeo
 >>> one = PoissonBatchSampler(10, sample_rate=0.5, generator=torch.Generator().manual_seed(0))
 >>> [sorted(a + b) == c for a, b, c in zip(s0, s1, one)]
 [True, True]
->>> rank_disagreements([{"sigma": 1.0}, {"sigma": 1.0}, {"sigma": 2.0}])
-['sigma: ranks 0, 1: 1.0, rank 2: 2.0']
 """
 
 from __future__ import annotations
@@ -64,11 +47,7 @@ def _require_process_group(what: str) -> None:
 
 
 class DifferentiallyPrivateDistributedDataParallel(nn.Module):
-    """Marks ``module`` (the same architecture on every rank) for distributed DP training; copies rank 0's weights.
-
-    Unlike ``DistributedDataParallel`` it installs no gradient hooks: the DP optimizer all-reduces
-    the *clipped* sums once per step. Uses the default process group.
-    """
+    """Marks ``module`` for distributed DP training and copies rank 0's weights (no gradient hooks, unlike DDP)."""
 
     def __init__(self, module: nn.Module) -> None:
         super().__init__()
@@ -86,14 +65,7 @@ DPDDP = DifferentiallyPrivateDistributedDataParallel
 
 
 def unwrap_distributed(module: nn.Module) -> tuple[nn.Module, bool]:
-    """``(the model inside DPDDP or DistributedDataParallel, True)``, or ``(module, False)``.
-
-    The model inside is what ``make_private`` wraps and returns: DDP's forward, hence its gradient
-    all-reduce, never runs (the wrapper refuses a call of the original DDP object afterwards).
-
-    >>> unwrap_distributed(nn.Linear(2, 2))[1]
-    False
-    """
+    """``(the model inside DPDDP or DistributedDataParallel, True)``, or ``(module, False)``."""
     inner = getattr(module, "_module", None)
     if isinstance(inner, (DPDDP, DistributedDataParallel)):
         raise ValueError(
@@ -101,11 +73,8 @@ def unwrap_distributed(module: nn.Module) -> tuple[nn.Module, bool]:
             "run inside DDP. Fix: pass the DPDDP/DistributedDataParallel model itself to make_private, "
             "which wraps the model inside it."
         )
-    if isinstance(module, DPDDP):
-        _require_process_group("make_private with a DPDDP model")
-        return module.module, True
-    if isinstance(module, DistributedDataParallel):
-        _require_process_group("make_private with a DistributedDataParallel model")
+    if isinstance(module, (DPDDP, DistributedDataParallel)):
+        _require_process_group(f"make_private with a {type(module).__name__} model")
         return module.module, True
     return module, False
 
@@ -128,8 +97,10 @@ def check_distributed_setup(distributed: bool, data_loader: Any, poisson_samplin
 def rank_disagreements(settings_by_rank: list[dict[str, Any]]) -> list[str]:
     """One line per setting on which the ranks differ, naming each rank's value (none if they agree).
 
-    >>> rank_disagreements([{"q": 0.5, "K": 1}, {"q": 0.25, "K": 1}]), rank_disagreements([{"q": 0.5}, {"q": 0.5}])
-    (['q: rank 0: 0.5, rank 1: 0.25'], [])
+    >>> rank_disagreements([{"q": 0.5, "K": 1}, {"q": 0.25, "K": 1}, {"q": 0.25, "K": 1}])
+    ['q: rank 0: 0.5, ranks 1, 2: 0.25']
+    >>> rank_disagreements([{"q": 0.5}, {"q": 0.5}])
+    []
     """
     lines = []
     for name in settings_by_rank[0]:
@@ -146,15 +117,7 @@ def rank_disagreements(settings_by_rank: list[dict[str, Any]]) -> list[str]:
 
 
 def check_ranks_agree(**settings: Any) -> None:
-    """Refuse, on every rank, a distributed ``make_private`` whose ranks set up different runs.
-
-    One ``all_gather_object`` of ``settings`` (``make_private`` passes ``q``, ``N``, the steps per
-    epoch, sigma, C, the clipping, the mode, ``K``, the loss reduction and the accountant): every
-    rank sees every rank's values, so all return or all raise the same ``ValueError`` naming every
-    setting, rank and value, and no rank is left waiting in the first step's all-reduce. Ranks that
-    disagreed used to train silently: loaders of batch sizes 4 and 12 over 24 examples sampled at
-    q = 1/6 and 1/2; rank 0 reported epsilon 4.26 while rank 1's examples spent 8.1.
-    """
+    """Refuse, on every rank at once (one ``all_gather_object``), ranks whose ``settings`` differ."""
     _require_process_group("check_ranks_agree")
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, settings)
@@ -171,7 +134,7 @@ def check_ranks_agree(**settings: Any) -> None:
         )
 
 
-if TYPE_CHECKING:  # the mixin is only ever mixed into a DP optimizer, whose members it uses
+if TYPE_CHECKING:  # the mixin is only mixed into a DP optimizer
     _DPOptimizerBase = DPOptimizer
 else:
     _DPOptimizerBase = object
@@ -184,7 +147,6 @@ class _AllReduceMixin(_DPOptimizerBase):
         super().__init__(*args, **kwargs)
         _require_process_group(type(self).__name__)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        #: examples clipped on all ranks together in the last step
         self.global_batch_size: int | None = None
         self._failure_shared = False
 
@@ -235,7 +197,7 @@ class _AllReduceMixin(_DPOptimizerBase):
         return reduced, signal_norm, noise_norm
 
     def _join_failed_step(self) -> None:
-        """Take part in this step's all-reduce with this rank marked failed (then the caller re-raises)."""
+        """Join this step's all-reduce with this rank marked failed."""
         if self._failure_shared:
             return
         self._failure_shared = True
@@ -247,16 +209,12 @@ class _AllReduceMixin(_DPOptimizerBase):
             pass
 
     def _finish_batch(self) -> None:
-        """As the DP optimizer's, with the all-reduce; a rank that raises here still joins it."""
         with self.fail_together():
             super()._finish_batch()
 
     @contextmanager
     def fail_together(self) -> Iterator[None]:
-        """Run a training loop so that an error on this rank stops the other ranks with :class:`RanksFailedError`.
-
-        The failing rank joins the pending step's all-reduce, marked failed, then re-raises.
-        """
+        """Run a training loop so that an error on this rank stops the other ranks with :class:`RanksFailedError`."""
         try:
             yield
         except RanksFailedError:
@@ -267,10 +225,9 @@ class _AllReduceMixin(_DPOptimizerBase):
 
 
 class DistributedDPOptimizer(_AllReduceMixin, DPOptimizer):
-    """A :class:`~dpnotebook.privacy.DPOptimizer` whose clipped sums are all-reduced, with noise added once (rank 0).
+    """A :class:`~dpnotebook.privacy.DPOptimizer` whose clipped sums are all-reduced, noise added once (rank 0).
 
-    Same arguments; ``expected_batch_size`` is the global ``q * N``. ``last_step_stats`` describes
-    this rank's samples (the noise only on rank 0); ``global_batch_size`` counts all ranks'.
+    Same arguments; ``expected_batch_size`` is the global ``q * N``; ``global_batch_size`` counts all ranks'.
     """
 
 
@@ -279,11 +236,7 @@ class DistributedGhostDPOptimizer(_AllReduceMixin, GhostDPOptimizer):
 
 
 def distributed_optimizer_class(base: type[DPOptimizer]) -> type[DPOptimizer]:
-    """The distributed version of a DP optimizer class (``DPOptimizer`` or ``GhostDPOptimizer``).
-
-    >>> distributed_optimizer_class(DPOptimizer) is DistributedDPOptimizer
-    True
-    """
+    """The distributed version of ``DPOptimizer`` or ``GhostDPOptimizer``."""
     versions = {DPOptimizer: DistributedDPOptimizer, GhostDPOptimizer: DistributedGhostDPOptimizer}
     if base not in versions:
         raise TypeError(f"base={base!r} has no distributed version; pass DPOptimizer or GhostDPOptimizer.")
@@ -291,22 +244,9 @@ def distributed_optimizer_class(base: type[DPOptimizer]) -> type[DPOptimizer]:
 
 
 def rank_and_world(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
-    """``(rank, world_size)``: the ones given, else the default process group's.
-
-    Raises:
-        RuntimeError: neither given and ``torch.distributed`` is not initialised.
-        ValueError: a rank outside ``0 .. world_size - 1``.
-
-    >>> rank_and_world(1, 4)
-    (1, 4)
-    """
+    """``(rank, world_size)``: the ones given, else the default process group's (checked)."""
     if rank is None or world_size is None:
-        if not (dist.is_available() and dist.is_initialized()):
-            raise RuntimeError(
-                "distributed sampling needs torch.distributed initialised (rank and world size). Fix: call "
-                "torch.distributed.init_process_group(...) first (torchrun sets the environment for it), "
-                "or pass rank= and world_size=."
-            )
+        _require_process_group("distributed sampling without rank= and world_size=")
         rank = dist.get_rank() if rank is None else rank
         world_size = dist.get_world_size() if world_size is None else world_size
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
@@ -317,18 +257,10 @@ def rank_and_world(rank: int | None = None, world_size: int | None = None) -> tu
 
 
 class DistributedPoissonBatchSampler(PoissonBatchSampler):
-    """This rank's share of ``steps`` global Poisson batches (see the module docstring).
+    """This rank's share of ``steps`` global Poisson batches; :class:`PoissonBatchSampler`'s arguments.
 
-    Args:
-        num_samples: ``N``, the size of the whole dataset (all ranks).
-        sample_rate: the global ``q``.
-        steps: batches per epoch, the same on every rank (default ``round(1 / q)``).
-        generator: seed it alike on every rank to reproduce the single-process batches.
-        secure_mode: draw from the OS CSPRNG (no ``generator`` then).
-        rank, world_size: default: the default process group's.
-
-    Attributes:
-        shard: the dataset indices this rank may sample (``rank, rank + world_size, ...``).
+    Seeded alike on every rank, the shares make up the single-process batches. ``rank`` and
+    ``world_size`` default to the process group's; ``shard`` holds the indices this rank may sample.
     """
 
     def __init__(
@@ -348,38 +280,27 @@ class DistributedPoissonBatchSampler(PoissonBatchSampler):
         self.rank, self.world_size = rank_and_world(rank, world_size)
         self.shard = torch.arange(self.rank, self.num_samples, self.world_size)
 
-    def __iter__(self) -> Iterator[list[int]]:
-        self.drawn.clear()
-        for _ in range(self.steps):
-            if self.secure_mode:
-                kept = self.shard[secure_uniform(len(self.shard)) < self.sample_rate]
-            else:  # all N draws, as one process makes them (float64: see PoissonBatchSampler)
-                uniform = torch.rand(self.num_samples, generator=self.generator, dtype=torch.float64)
-                kept = self.shard[uniform[self.shard] < self.sample_rate]
-            indices = kept.tolist()
-            self.drawn.append(len(indices))
-            yield indices
+    def _draw(self) -> list[int]:
+        if self.secure_mode:
+            return self.shard[secure_uniform(len(self.shard)) < self.sample_rate].tolist()
+        uniform = torch.rand(self.num_samples, generator=self.generator, dtype=torch.float64)  # as one process
+        return self.shard[uniform[self.shard] < self.sample_rate].tolist()
 
 
 class DistributedDPDataLoader(DPDataLoader):
     """A :class:`~dpnotebook.privacy.DPDataLoader` that yields this rank's share of each global Poisson batch.
 
-    Same arguments (``dataset`` is the whole dataset, on every rank). ``sample_rate`` and
-    ``expected_batch_size`` (``q * N``) are the global ones, which the accountant and the optimizer
-    need; ``len`` is the number of global steps per epoch, the same on every rank.
-
-    Attributes:
-        rank, world_size: this process and the number of processes.
-        local_expected_batch_size: ``q * (size of this rank's shard)``.
+    Same arguments; ``sample_rate``, ``expected_batch_size`` and ``len`` are the global ones;
+    ``local_expected_batch_size`` is ``q * (size of this rank's shard)``.
     """
 
     batch_sampler_class = DistributedPoissonBatchSampler
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:  # DPDataLoader's
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         sampler = cast(DistributedPoissonBatchSampler, self.batch_sampler)  # built from batch_sampler_class
         self.rank, self.world_size = sampler.rank, sampler.world_size
         self.local_expected_batch_size = self.sample_rate * len(sampler.shard)
 
 
-DPDataLoader.distributed_class = DistributedDPDataLoader  # what DPDataLoader.from_data_loader(distributed=True) builds
+DPDataLoader.distributed_class = DistributedDPDataLoader

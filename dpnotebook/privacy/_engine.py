@@ -1,13 +1,8 @@
 """``PrivacyEngine``: make a model, optimizer and data loader differentially private in one call.
 
-:meth:`PrivacyEngine.make_private` wraps the model for per-sample gradients (in the chosen grad-sample mode),
-replaces the loader by a Poisson :class:`~dpnotebook.privacy.DPDataLoader`, wraps the optimizer in the DP
-optimizer of that mode, and steps the engine's accountant at every optimizer step. Options that the library
-refuses by design (``wrap_model=False``, adaptive clipping, ``rand_on_empty=True``, the ``"gdp"``
-accountant) raise :class:`~dpnotebook.errors.UnsupportedOptionError` saying why and what to use.
-:meth:`PrivacyEngine.save_checkpoint` writes the plain model's state, the optimizer's, the accountant's and
-the schedulers' under fixed keys; a checkpoint whose module keys carry the wrapper's ``_module.`` prefix loads
-too.
+:meth:`PrivacyEngine.make_private` wraps the model for per-sample gradients, replaces the loader by a
+Poisson :class:`~dpnotebook.privacy.DPDataLoader`, wraps the optimizer in a DP optimizer, and steps the
+engine's accountant at every optimizer step.
 
 >>> import torch
 >>> from torch import nn
@@ -44,7 +39,7 @@ from dpnotebook.fixers import fix
 from dpnotebook.grad_sample._engine.hooks import LOSS_REDUCTIONS, check_k
 from dpnotebook.modes import wrap_model as wrap_in_mode
 from dpnotebook.privacy._accounting import create_accountant, get_noise_multiplier, warn_if_noise_drowns_signal
-from dpnotebook.privacy._arguments import check_choice, check_delta, check_noise_multiplier
+from dpnotebook.privacy._arguments import check_choice, check_delta, check_noise_multiplier, check_unseeded
 from dpnotebook.privacy._data import DPDataLoader, loader_k, warn_replaced_sampling
 from dpnotebook.privacy._mechanisms import CLIPPING_MODES, check_layer_bounds
 from dpnotebook.privacy._optimizer import (
@@ -57,7 +52,6 @@ from dpnotebook.privacy._optimizer import (
 from dpnotebook.privacy._step import check_unowned, claim_parameters
 from dpnotebook.validation import raise_if_problems, validate
 
-#: The keyword arguments of adaptive clipping, refused by :meth:`PrivacyEngine.make_private`.
 ADAPTIVE_CLIPPING_ARGS = (
     "target_unclipped_quantile",
     "clipbound_learning_rate",
@@ -69,7 +63,7 @@ _WRAPPER_PREFIX = "_module."
 
 
 def sample_rate_of(data_loader: DataLoader[Any]) -> float:
-    """q of a data loader: its own for a :class:`DPDataLoader`, else ``1 / len(data_loader)`` (in samples)."""
+    """q of a data loader: its own for a :class:`DPDataLoader`, else ``1 / len(data_loader)``."""
     return data_loader.sample_rate if isinstance(data_loader, DPDataLoader) else 1 / len(data_loader)
 
 
@@ -91,38 +85,34 @@ def check_optimizer_params(module: nn.Module, optimizer: Optimizer) -> None:
 
 
 def warn_not_poisson(sample_rate: float) -> None:
-    """The :class:`~dpnotebook.errors.PrivacyWarning` of ``make_private(poisson_sampling=False)``: ε is not a bound."""
+    """Warn that with ``poisson_sampling=False`` the epsilon reported is not a bound."""
     warnings.warn(
-        "poisson_sampling=False: the data loader's shuffled, fixed-size batches are kept, but "
-        "the accountant computes epsilon as if every example were in each batch independently "
-        f"with probability q={sample_rate:.4g} (Poisson sampling). That epsilon is not a bound "
-        "for this run. Fix: poisson_sampling=True (the default), which replaces the loader by "
-        "a DPDataLoader.",
+        "poisson_sampling=False: the data loader's fixed-size batches are kept, but the accountant "
+        f"assumes Poisson sampling at q={sample_rate:.4g}: that epsilon is not a bound for this run. "
+        "Fix: poisson_sampling=True (the default).",
         PrivacyWarning,
-        stacklevel=3,  # the line that called make_private
+        stacklevel=3,
     )
 
 
 def _refuse_unsupported(*, wrap_model: bool, clipping: str, rand_on_empty: bool, extra: dict[str, Any]) -> None:
-    """Raise for the options of ``make_private`` that the library refuses by design, or does not know."""
+    """Raise for the options of ``make_private`` refused by design, or unknown."""
     if not wrap_model:
         raise UnsupportedOptionError(
-            "wrap_model=False is not supported: dpnotebook's per-sample gradients are checked in the wrapper's "
-            "forward (rows per layer, parameters used outside their layer), which hooks on the bare model "
-            "cannot do. Fix: use the returned module (it forwards attribute access to your model; "
-            "model.to_standard_module() gives the plain model back) and drop wrap_model=False."
+            "wrap_model=False is not supported: per-sample gradients are checked in the wrapper's forward. "
+            "Fix: use the returned module (model.to_standard_module() gives the plain model back) and drop "
+            "wrap_model=False."
         )
     if clipping == "adaptive" or any(k in extra for k in ADAPTIVE_CLIPPING_ARGS):
         raise UnsupportedOptionError(
-            "clipping='adaptive' (AdaClipDPOptimizer) is not supported: its noisy count of unclipped "
-            "samples spends privacy that dpnotebook's accountant does not record yet. Fix: use "
-            "clipping='flat' (or 'per_layer') with a fixed max_grad_norm, or a grad-clip scheduler "
-            "(dpnotebook.privacy.StepGradClip, ...) that changes it between epochs."
+            "clipping='adaptive' is not supported: its noisy count of unclipped samples spends privacy the "
+            "accountant does not record. Fix: clipping='flat' (or 'per_layer') with a fixed max_grad_norm, "
+            "or a grad-clip scheduler (dpnotebook.privacy.StepGradClip, ...)."
         )
     if rand_on_empty:
         raise UnsupportedOptionError(
-            "rand_on_empty=True is not supported: an empty Poisson batch comes out as zero-row tensors and "
-            "every grad-sample mode handles it (a noise-only step). Fix: drop rand_on_empty."
+            "rand_on_empty=True is not supported: an empty Poisson batch is zero-row tensors, a noise-only "
+            "step. Fix: drop rand_on_empty."
         )
     if extra:
         raise TypeError(
@@ -148,18 +138,11 @@ def _strip_wrapper_prefix(state: dict[str, Any], module: nn.Module) -> dict[str,
 
 
 def check_accountant_name(accountant: str) -> str:
-    """``accountant`` unchanged, or a refusal for ``"gdp"`` (its central-limit approximation is not a bound).
-
-    >>> check_accountant_name("gdp")
-    Traceback (most recent call last):
-    ...
-    dpnotebook.errors.UnsupportedOptionError: accountant='gdp' is not supported: ...
-    """
+    """``accountant`` unchanged, or a refusal for ``"gdp"`` (not a bound)."""
     if accountant == "gdp":
         raise UnsupportedOptionError(
-            "accountant='gdp' is not supported: the Gaussian (GDP) accountant uses a central-limit "
-            "approximation that can report less epsilon than the run spent, and dpnotebook only reports "
-            "bounds. Fix: choose one of ['pld', 'prv', 'rdp'] ('prv' and 'pld' are tight)."
+            "accountant='gdp' is not supported: its central-limit approximation can report less epsilon "
+            "than the run spent. Fix: choose one of ['pld', 'prv', 'rdp']."
         )
     return accountant
 
@@ -168,17 +151,14 @@ class PrivacyEngine:
     """Turns training private and keeps the privacy ledger.
 
     Args:
-        accountant: the accountant's name in the registry (``"pld"``, ``"prv"``, ``"rdp"``).
-        secure_mode: ``True`` draws noise and batches from the OS CSPRNG (see
-            :mod:`dpnotebook.privacy._mechanisms`); ``False`` uses PyTorch's generators, as chosen (seeded
-            runs, teaching); ``None`` (the default) uses them too and warns once per process
-            that the noise is not cryptographically secure.
+        accountant: ``"pld"``, ``"prv"`` or ``"rdp"``.
+        secure_mode: ``True``: noise and batches from the OS CSPRNG; ``False``: PyTorch's generators;
+            ``None``: PyTorch's, with a one-time warning that the noise is not cryptographically secure.
 
     Attributes:
-        accountant: the :class:`~dpnotebook.privacy._accounting.Accountant`
-            stepped by every optimizer step.
-        dataset_size: N of the last data loader made private (for the delta check).
-        sample_rate: q of the last data loader made private (samples, not rows).
+        accountant: the :class:`~dpnotebook.privacy.Accountant` stepped by every optimizer step.
+        dataset_size: N of the last data loader made private.
+        sample_rate: q of the last data loader made private.
     """
 
     def __init__(self, *, accountant: str = "pld", secure_mode: bool | None = None) -> None:
@@ -213,35 +193,21 @@ class PrivacyEngine:
 
         Args:
             module: the model; it is wrapped by :func:`dpnotebook.wrap_model`.
-            optimizer: an optimizer over ``module``'s parameters; it is wrapped in a
-                :class:`~dpnotebook.privacy.DPOptimizer`.
-            data_loader: its dataset and ``len`` give ``q = 1 / len(data_loader)``; with
-                ``poisson_sampling`` it is replaced by a :class:`DPDataLoader`.
+            optimizer: an optimizer over ``module``'s parameters, wrapped in a DP optimizer.
+            data_loader: gives ``q = 1 / len(data_loader)``; replaced by a :class:`DPDataLoader`.
             noise_multiplier: sigma (>= 0).
             max_grad_norm: C (> 0); with ``clipping="per_layer"``, also a list of per-layer bounds.
-            grad_sample_mode: how per-sample gradients are computed (``"hooks"``, ``"functorch"``, ...;
-                ``"ghost"``: only their norms, with a :class:`~dpnotebook.privacy.GhostDPOptimizer`).
-            K: augmented rows per sample (augmentation multiplicity); the loader
-                must yield ``B*K`` rows, sample-major, e.g. with
-                :class:`~dpnotebook.privacy.AugmultCollate`.
-                Accounting counts samples, not rows.
-            poisson_sampling: sample batches as the privacy analysis assumes. With
-                ``False`` the loader is kept and a :class:`~dpnotebook.errors.PrivacyWarning`
-                says that the epsilon reported, computed as if batches were Poisson
-                samples, is then not a bound for the shuffled, fixed-size batches used.
+            grad_sample_mode: ``"hooks"``, ``"functorch"``, ..., ``"ghost"`` (norms only).
+            K: augmented rows per sample; the loader yields ``B*K`` rows, sample-major.
+            poisson_sampling: ``False`` keeps the loader, with a warning that epsilon is then not a bound.
             clipping: ``"flat"`` or ``"per_layer"``.
             batch_first: rows in dim 0 (``True``) or dim 1.
             loss_reduction: ``"mean"`` or ``"sum"``, as your loss reduces the batch.
             noise_generator: a seeded ``torch.Generator`` for reproducible noise.
-            sampling_generator: a seeded ``torch.Generator`` for reproducible batches
-                (default: the data loader's own ``generator``: see
-                :meth:`DPDataLoader.from_data_loader`).
-            criterion: with ``grad_sample_mode="ghost"``, the loss to wrap: the
-                call then returns ``(module, optimizer, criterion, data_loader)`` with a
-                :class:`~dpnotebook.privacy.DPLossFastGradientClipping`. Ignored
-                in the other modes.
-            wrap_model: only ``True``; ``False`` is refused with the reason, as are ``rand_on_empty=True`` and
-                adaptive clipping (``clipping="adaptive"`` and its keyword arguments).
+            sampling_generator: one for reproducible batches (default: the data loader's ``generator``).
+            criterion: in ghost mode, the loss to wrap: the call then returns
+                ``(module, optimizer, criterion, data_loader)``. Ignored in the other modes.
+            wrap_model: only ``True`` (``False``, ``rand_on_empty=True`` and adaptive clipping are refused).
             rand_on_empty: only ``False``.
         """
         _refuse_unsupported(wrap_model=wrap_model, clipping=clipping, rand_on_empty=rand_on_empty, extra=kwargs)
@@ -255,19 +221,15 @@ class PrivacyEngine:
                 f"K={K} but the data loader's AugmultCollate makes K={loader_k(data_loader)} rows per "
                 "sample. Fix: pass the same K to both."
             )
-        for name, generator in (("noise_generator", noise_generator), ("sampling_generator", sampling_generator)):
-            if self.secure_mode and generator is not None:
-                raise ValueError(
-                    f"{name}={generator!r} with secure_mode=True: a seeded generator is predictable. "
-                    f"Fix: drop {name}, or use PrivacyEngine(secure_mode=False) to reproduce a run."
-                )
+        check_unseeded("noise_generator", noise_generator, self.secure_mode)
+        check_unseeded("sampling_generator", sampling_generator, self.secure_mode)
         from dpnotebook.privacy._distributed import (
             check_distributed_setup,
             distributed_optimizer_class,
             unwrap_distributed,
         )
 
-        module, distributed = unwrap_distributed(module)  # DPDDP / DDP: the model inside, all-reduced by the optimizer
+        module, distributed = unwrap_distributed(module)
         check_distributed_setup(distributed, data_loader, poisson_sampling)
         check_optimizer_params(unwrap_model(module), optimizer)
         check_unowned(unwrap_model(module).parameters())  # one DP optimizer per model, before any hook is added
@@ -310,7 +272,6 @@ class PrivacyEngine:
                 accountant=type(self.accountant).__name__,
             )
 
-        # the DP optimizer of the model's grad-sample mode (all-reducing for a distributed model)
         dp_class = optimizer_class(getattr(module, "grad_sample_mode", None))
         if distributed:
             dp_class = distributed_optimizer_class(dp_class)
@@ -351,12 +312,9 @@ class PrivacyEngine:
         epsilon_tolerance: float = 0.01,
         **kwargs: Any,
     ) -> tuple[nn.Module, DPOptimizer, DataLoader[Any]] | tuple[nn.Module, DPOptimizer, Any, DataLoader[Any]]:
-        """As :meth:`make_private`, with the smallest sigma that spends at most ``target_epsilon`` in ``epochs``.
+        """As :meth:`make_private`, with the smallest sigma spending at most ``target_epsilon`` in ``epochs``.
 
-        Sigma is calibrated for exactly the steps the returned loader runs in ``epochs``
-        epochs, ``ceil(epochs * len(loader))`` (the Poisson loader keeps ``len(data_loader)``
-        batches per epoch). The chosen sigma is ``optimizer.noise_multiplier``.
-        ``**kwargs`` go to :meth:`make_private`.
+        Sigma is calibrated for ``ceil(epochs * len(data_loader))`` steps; ``**kwargs`` go to :meth:`make_private`.
         """
         check_delta(target_delta, dataset_size=len(cast(Sized, data_loader.dataset)), name="target_delta")
         sigma = get_noise_multiplier(
@@ -379,10 +337,7 @@ class PrivacyEngine:
 
     @classmethod
     def get_compatible_module(cls, module: nn.Module) -> nn.Module:
-        """A repaired copy of ``module`` (:func:`dpnotebook.fix`, BatchNorm -> ``GroupNorm(gcd(32, C), C)``), checked.
-
-        Raises:
-            UnsupportedModuleError: problems remain after the repair, or ``module`` is in eval mode.
+        """A repaired copy of ``module`` (BatchNorm -> ``GroupNorm(gcd(32, C), C)``); raises if problems remain.
 
         >>> PrivacyEngine.get_compatible_module(nn.Sequential(nn.Linear(2, 4), nn.BatchNorm1d(4)))[1]
         GroupNorm(4, 4, eps=1e-05, affine=True...)
@@ -419,15 +374,7 @@ class PrivacyEngine:
         module_state_dict_kwargs: dict[str, Any] | None = None,
         torch_save_kwargs: dict[str, Any] | None = None,
     ) -> None:
-        """Save the model (unwrapped, loadable into the plain model), the optimizer, the accountant and schedulers.
-
-        Args:
-            path: the file to write with ``torch.save``.
-            module: the (wrapped or plain) model.
-            optimizer: the optimizer, if its state should be saved too.
-            checkpoint_dict: extra entries to store (epoch, ...), given back by :meth:`load_checkpoint`.
-            noise_scheduler, grad_clip_scheduler: schedulers (:class:`~dpnotebook.privacy.StepNoise`, ...) to save.
-            module_state_dict_kwargs, torch_save_kwargs: passed to ``state_dict()`` and ``torch.save``.
+        """Save the plain model's state, the optimizer's, the accountant's, the schedulers' and ``checkpoint_dict``.
 
         >>> import os, tempfile
         >>> engine, path = PrivacyEngine(accountant="rdp"), os.path.join(tempfile.mkdtemp(), "run.pt")

@@ -1,10 +1,8 @@
 """Run a function on several local processes with ``torch.distributed``, bounded in time.
 
-For tests, benchmarks and notebooks on one machine (real runs use ``torchrun``).
-Each rank is a fresh process (``spawn``) with the process group initialised on
-``127.0.0.1`` at a free port, one thread, and a collective ``timeout``; what
-the function returns, or the error it raised with its traceback, comes back to
-the caller. A rank still running at ``timeout_s`` is terminated: nothing hangs.
+For tests, benchmarks and notebooks on one machine (real runs use ``torchrun``): each rank is a fresh
+process on ``127.0.0.1``; its result or error comes back, and a rank still running at ``timeout_s`` is
+terminated.
 
 >>> free_port() > 0
 True
@@ -29,14 +27,7 @@ import torch.multiprocessing as mp
 
 @dataclass
 class RankOutcome:
-    """What one rank gave back.
-
-    Attributes:
-        rank: the rank.
-        value: what the function returned (``None`` if it raised).
-        error: ``"ExceptionType: message"`` if it raised, else ``None``.
-        traceback: the formatted traceback if it raised.
-    """
+    """What one rank gave back: ``value`` returned, or ``error`` (``"Type: message"``) and its ``traceback``."""
 
     rank: int
     value: Any = None
@@ -95,11 +86,11 @@ def run_on_ranks(
     """Call ``fn(rank, world_size, *args)`` in ``world_size`` new processes; return their outcomes by rank.
 
     Args:
-        fn: a module-level function (it is pickled by name into each process).
+        fn: a module-level function (pickled by name).
         world_size: how many processes.
         args: more arguments for ``fn`` (picklable).
         backend: ``"gloo"`` (CPU) or ``"nccl"`` (one GPU per rank).
-        timeout_s: the whole run's limit; ranks still running then are terminated.
+        timeout_s: the whole run's limit.
         collective_timeout_s: the process group's timeout for one collective.
 
     Raises:

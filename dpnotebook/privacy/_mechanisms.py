@@ -2,9 +2,7 @@
 
 Clipping bounds what one sample can change in the clipped sum, its *sensitivity* ``C``
 (:func:`clip_and_sum`); the noise added to the sum has std ``sigma * C`` (:func:`gaussian_noise`).
-The textbook mechanisms compute a guarantee by hand (tutorial 03b): ``M`` is
-``(epsilon, delta)``-DP when ``P[M(D) in S] <= e^epsilon P[M(D') in S] + delta`` for all
-neighbours ``D, D'`` and sets ``S`` (Dwork & Roth 2014, Definition 2.4).
+The textbook mechanisms compute a guarantee by hand (tutorial 03b).
 
 >>> import torch
 >>> result = clip_and_sum([torch.tensor([[3.0, 4.0], [0.3, 0.4]])], max_grad_norm=1.0)   # B=2
@@ -35,6 +33,7 @@ from dpnotebook.privacy._arguments import (
     check_noise_multiplier,
     check_positive_number,
     check_sample_rate,
+    check_unseeded,
 )
 
 CLIPPING_MODES = ("flat", "per_layer")
@@ -68,11 +67,7 @@ def check_layer_bounds(value: Any, clipping: str) -> Bounds:
 
 
 def total_bound(bounds: Bounds | tuple[float, ...]) -> float:
-    """The sensitivity: ``C`` itself, or ``sqrt(sum c_l^2)`` for a list.
-
-    >>> total_bound([3.0, 4.0])
-    5.0
-    """
+    """The sensitivity: ``C`` itself, or ``sqrt(sum c_l^2)`` for a list."""
     if isinstance(bounds, (list, tuple)):
         return math.sqrt(sum(c * c for c in bounds))
     return float(bounds)
@@ -88,7 +83,7 @@ def layer_thresholds(max_grad_norm: float, num_layers: int) -> float:
 
 
 def layer_bound_list(bounds: Bounds | tuple[float, ...], num_layers: int) -> list[float]:
-    """One bound per parameter tensor: the list itself (of length ``num_layers``), or ``C / sqrt(L)`` each."""
+    """One bound per parameter tensor: the list itself, or ``C / sqrt(L)`` each."""
     if isinstance(bounds, (list, tuple)):
         if len(bounds) != num_layers:
             raise ValueError(
@@ -134,10 +129,7 @@ def per_sample_norms(grad_samples: GradSamples) -> Tensor:
 
 
 def clip_factors(norms: Tensor, max_grad_norm: float) -> Tensor:
-    """``min(1, max_grad_norm / (norm + 1e-6))`` for each norm: multiply a gradient by it to clip it.
-
-    A NaN or infinite norm gets factor 0 (its sample adds nothing) and a
-    :class:`~dpnotebook.errors.PrivacyWarning` that says how many there were.
+    """``min(1, max_grad_norm / (norm + 1e-6))`` for each norm; a NaN or infinite norm gets 0 and a warning.
 
     >>> clip_factors(torch.tensor([0.0, 0.5, 4.0]), 2.0)
     tensor([1.0000, 1.0000, 0.5000])
@@ -159,15 +151,7 @@ def clip_factors(norms: Tensor, max_grad_norm: float) -> Tensor:
 
 
 def nonfinite_mask(norms: Tensor) -> Tensor | None:
-    """``None`` if every norm is finite, else ``isfinite(norms)``.
-
-    Norms are never negative, so they are all finite exactly when their sum is (or the sum
-    overflowed, and the elementwise check says so): one reduction and one synchronisation in the
-    usual case, instead of the four kernels of ``isfinite`` and an ``all``.
-
-    >>> nonfinite_mask(torch.tensor([1.0, 2.0])) is None, nonfinite_mask(torch.tensor([1.0, float("nan")]))
-    (True, tensor([ True, False]))
-    """
+    """``None`` if every norm is finite (one reduction in the usual case), else ``isfinite(norms)``."""
     if math.isfinite(float(norms.sum())):
         return None
     finite = torch.isfinite(norms)
@@ -179,13 +163,12 @@ class ClipResult:
     """What :func:`clip_and_sum` computed, for the optimizer and for plots.
 
     Attributes:
-        summed: the clipped per-sample gradients summed over the batch, one tensor of shape
-            ``p.shape`` per parameter (in the order given).
+        summed: the clipped per-sample gradients summed over the batch, one tensor per parameter.
         sensitivity: the largest change one sample can make to ``summed`` (the total bound ``C``).
-        norms: each sample's total gradient norm before clipping, shape ``[B]``.
-        layer_norms: each sample's norm per parameter tensor before clipping, shape ``[L, B]``.
+        norms: each sample's total gradient norm before clipping, ``[B]``.
+        layer_norms: each sample's norm per parameter tensor before clipping, ``[L, B]``.
         factors: the clip factors: ``[B]`` for ``"flat"``, ``[L, B]`` for ``"per_layer"``.
-        fraction_clipped: the fraction of samples scaled down (in any layer); 0.0 for an empty batch.
+        fraction_clipped: the fraction of samples scaled down (in any layer).
         clipping: ``"flat"`` or ``"per_layer"``.
     """
 
@@ -208,18 +191,13 @@ def clip_and_sum(
 ) -> ClipResult:
     """Clip every sample's gradient to norm ``max_grad_norm`` and sum over the batch.
 
-    Adding or removing one sample then changes the sum by at most ``C``, the sensitivity the noise
-    is calibrated to. ``"flat"`` takes one norm over all parameters, ``||g_i|| = sqrt(sum_p
-    ||g_i[p]||^2)``, and one factor ``min(1, C / (||g_i|| + 1e-6))`` per sample; ``"per_layer"``
-    clips each parameter tensor on its own to ``c_l``: ``C / sqrt(L)`` for a number ``C``, or
-    Opacus' list ``[c_1, ..., c_L]`` whose total ``sqrt(sum c_l^2)`` is the sensitivity. Either
-    way ``||clipped g_i||^2 <= sum c_l^2``.
+    One sample then changes the sum by at most ``C``, the sensitivity. ``"flat"`` clips each sample's
+    norm over all parameters; ``"per_layer"`` clips each parameter tensor to ``c_l`` (``C / sqrt(L)``,
+    or a list of bounds whose total ``sqrt(sum c_l^2)`` is the sensitivity).
 
     Args:
-        grad_samples: one tensor ``[B, *p.shape]`` per parameter (a list, or a dict whose values
-            are used in order), e.g. ``[p.grad_sample for p in model.parameters()]``.
-        max_grad_norm: the bound C (> 0; ``math.inf`` disables clipping); with ``"per_layer"``
-            also a list of one bound per parameter tensor, whose total is the sensitivity.
+        grad_samples: one tensor ``[B, *p.shape]`` per parameter (a list, or a dict's values).
+        max_grad_norm: the bound C (> 0; ``math.inf`` disables clipping), or with ``"per_layer"`` a list.
         clipping: ``"flat"`` or ``"per_layer"``.
 
     >>> g = [torch.tensor([[3.0, 0.0]]), torch.tensor([[0.0, 4.0]])]   # 2 parameters, B=1
@@ -250,18 +228,14 @@ def clip_and_sum(
     return ClipResult(summed, max_grad_norm, norms, layer_norms, factors, fraction, clipping)
 
 
-#: Secure noise is the sum of this many normals, divided by sqrt(this) to keep the std.
+#: Secure noise is the sum of this many normals, divided by sqrt(this).
 SECURE_NOISE_TERMS = 4
 
 _WARNED_INSECURE = [False]
 
 
 def warn_insecure_noise_once() -> bool:
-    """Warn, once per process, that the noise comes from PyTorch's (predictable) generator; ``True`` if it warned.
-
-    DP optimizers call it when they first draw noise and the user chose neither
-    ``secure_mode=True`` nor ``secure_mode=False`` nor a seeded generator.
-    """
+    """Warn, once per process, that the noise comes from PyTorch's (predictable) generator; ``True`` if it warned."""
     if _WARNED_INSECURE[0]:
         return False
     _WARNED_INSECURE[0] = True
@@ -277,12 +251,7 @@ def warn_insecure_noise_once() -> bool:
 
 
 def secure_uniform(n: int) -> Tensor:
-    """``n`` float64 numbers uniform on (0, 1], each from 53 random bits of :func:`os.urandom`.
-
-    >>> u = secure_uniform(5)
-    >>> bool(((u > 0) & (u <= 1)).all()), u.dtype
-    (True, torch.float64)
-    """
+    """``n`` float64 numbers uniform on (0, 1], each from 53 random bits of :func:`os.urandom`."""
     if n == 0:
         return torch.empty(0, dtype=torch.float64, device="cpu")  # the CPU, whatever the default device
     words = torch.frombuffer(bytearray(os.urandom(8 * n)), dtype=torch.int64)
@@ -310,20 +279,17 @@ def gaussian_noise(
 ) -> Tensor:
     """A tensor of independent ``N(0, std^2)`` numbers.
 
-    By default from PyTorch's generator: seed it to reproduce a run, but it is *not*
-    cryptographic (whoever learns its state can subtract the noise). With ``secure=True`` every
-    uniform comes from :func:`os.urandom` and becomes a normal by Box-Muller in float64;
-    floating-point normals have gaps that can leak the unnoised value (Mironov, CCS 2012), so,
-    following Holohan & Braghin (2021) and Opacus, secure noise is the sum of 4 normals divided
-    by 2, which fills them (about 32 random bytes per number: slower; use it for real releases).
+    By default from PyTorch's generator (seedable, *not* cryptographic). With ``secure=True`` the
+    uniforms come from :func:`os.urandom`; the result is the sum of 4 Box-Muller normals divided
+    by 2, which fills the gaps of floating-point normals (Holohan & Braghin 2021).
 
     Args:
         shape: the shape of the result, e.g. ``p.shape``.
         std: the standard deviation (>= 0); for DP-SGD ``noise_multiplier * max_grad_norm``.
-        generator: a ``torch.Generator`` (seed it for reproducible runs); ``None`` when ``secure``.
+        generator: a ``torch.Generator`` on ``device``; ``None`` when ``secure``.
         secure: draw from the OS CSPRNG.
         dtype: the result's floating dtype.
-        device: the result's device (a generator must live on that device).
+        device: the result's device.
 
     Raises:
         ValueError: ``std`` < 0, or a ``generator`` together with ``secure=True``.
@@ -335,11 +301,7 @@ def gaussian_noise(
     """
     if not (std >= 0) or math.isinf(std):
         raise ValueError(f"std={std!r} is invalid: the noise std must be a finite number >= 0.")
-    if secure and generator is not None:
-        raise ValueError(
-            f"generator={generator!r} with secure=True: a seeded generator is predictable, hence "
-            "not secure. Fix: pass generator=None for secure noise, or secure=False to reproduce a run."
-        )
+    check_unseeded("generator", generator, secure, flag="secure")
     shape = torch.Size(shape)
     if std == 0:
         return torch.zeros(shape, dtype=dtype, device=device)
@@ -355,14 +317,7 @@ def gaussian_noise(
 def draw_noise(
     params: Sequence[Tensor], std: float, generator: torch.Generator | None = None, secure: bool = False
 ) -> list[Tensor]:
-    """``N(0, std^2)`` noise shaped like each of ``params``: what a DP optimizer adds in one step.
-
-    Drawn in order from ``generator``, on each parameter's device and in its dtype: a seeded run
-    repeats exactly, on any number of threads.
-
-    >>> [tuple(n.shape) for n in draw_noise([torch.zeros(2, 3), torch.zeros(4)], 1.0, torch.Generator())]
-    [(2, 3), (4,)]
-    """
+    """``N(0, std^2)`` noise shaped like each of ``params`` (device, dtype), drawn in order from ``generator``."""
     return [
         gaussian_noise(p.shape, std=std, generator=generator, secure=secure, dtype=p.dtype, device=p.device)
         for p in params
@@ -380,8 +335,6 @@ def _generator(rng: object) -> np.random.Generator:
 
 def randomized_response(bits: object, *, p_truth: float, rng: np.random.Generator) -> npt.NDArray[np.int_]:
     """Each bit (0 or 1) reported truthfully with probability ``p_truth``, otherwise replaced by a fair coin.
-
-    ``p_truth=0.5`` is the coin-flip protocol of Warner (1965) (Dwork & Roth, Section 3.2).
 
     >>> answers = randomized_response(np.ones(100_000, dtype=int), p_truth=0.5, rng=np.random.default_rng(0))
     >>> round(float(answers.mean()), 2)                  # truth 1/2 + a coin that says 1 half the time
@@ -407,9 +360,7 @@ def randomized_response(bits: object, *, p_truth: float, rng: np.random.Generato
 def laplace_mechanism(
     value: float | FloatArray, *, sensitivity: float, epsilon: float, rng: np.random.Generator
 ) -> FloatArray:
-    """``value`` plus Laplace noise of scale ``sensitivity / epsilon``: ``(epsilon, 0)``-DP (Dwork & Roth, Thm 3.6).
-
-    ``sensitivity`` is the query's L1 sensitivity (1 for a count); one noisy copy per entry of ``value``.
+    """``value`` plus Laplace noise of scale ``sensitivity`` (L1) ``/ epsilon``: ``(epsilon, 0)``-DP.
 
     >>> noisy = laplace_mechanism(np.full(200_000, 10.0), sensitivity=1.0, epsilon=0.5, rng=np.random.default_rng(0))
     >>> round(float(np.mean(np.abs(noisy - 10.0))), 1)    # E|Laplace(b)| = b = 1 / 0.5
@@ -422,12 +373,7 @@ def laplace_mechanism(
 
 
 def gaussian_mechanism(value: float | FloatArray, *, noise_std: float, rng: np.random.Generator) -> FloatArray:
-    """``value`` plus Gaussian noise of std ``noise_std``.
-
-    For a query of L2 sensitivity ``Delta`` it is ``(epsilon, delta)``-DP exactly when
-    ``delta >= gaussian_delta(epsilon, mu=Delta / noise_std)`` (Balle & Wang 2018,
-    in ``dpnotebook.audit``); a DP-SGD step without subsampling is this mechanism
-    with ``Delta = C`` and ``noise_std = sigma C``.
+    """``value`` plus Gaussian noise of std ``noise_std`` (a DP-SGD step without subsampling, at ``sigma C``).
 
     >>> round(float(np.std(gaussian_mechanism(np.zeros(100_000), noise_std=2.0, rng=np.random.default_rng(0)))), 2)
     2.0
@@ -441,10 +387,7 @@ def gaussian_mechanism(value: float | FloatArray, *, noise_std: float, rng: np.r
 def amplified_by_subsampling(epsilon: float, delta: float, *, sample_rate: float) -> tuple[float, float]:
     """The guarantee of an ``(epsilon, delta)``-DP mechanism run on a Poisson sample of rate ``q``.
 
-    With add/remove neighbours it is ``(ln(1 + q (e^epsilon - 1)), q delta)``-DP (Balle, Barthe &
-    Gaboardi 2018; Li, Qardaji & Su 2012), for any mechanism. Applied to the Gaussian mechanism's
-    exact epsilon it is tight for one step (the PLD accountant agrees to about 1e-6); over many
-    steps the accountants, composing the whole privacy loss distribution, do far better.
+    ``(ln(1 + q (e^epsilon - 1)), q delta)``-DP with add/remove neighbours (Balle, Barthe & Gaboardi 2018).
 
     >>> eps, delta = amplified_by_subsampling(1.0, 1e-6, sample_rate=0.01)
     >>> round(eps, 4), delta                              # ln(1 + 0.01 (e - 1))
@@ -465,10 +408,7 @@ def amplified_by_subsampling(epsilon: float, delta: float, *, sample_rate: float
 
 
 def gaussian_rdp(alpha: float | FloatArray, *, noise_multiplier: float) -> float | FloatArray:
-    """Rényi DP of the Gaussian mechanism at order(s) ``alpha > 1``: ``alpha / (2 sigma^2)`` (Mironov 2017).
-
-    ``sigma`` is the noise std in units of the L2 sensitivity; ``k`` compositions add up to
-    ``k alpha / (2 sigma^2)``.
+    """The Gaussian mechanism's Rényi DP at order(s) ``alpha > 1``: ``alpha / (2 sigma^2)`` (sigma in sensitivities).
 
     >>> gaussian_rdp(2.0, noise_multiplier=1.0), gaussian_rdp(np.array([2.0, 11.0]), noise_multiplier=2.0).tolist()
     (1.0, [0.25, 1.375])

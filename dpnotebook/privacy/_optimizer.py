@@ -1,21 +1,9 @@
 """The DP optimizers: ``DPOptimizer`` (DP-SGD over any PyTorch optimizer) and its ghost-clipping form.
 
-One step of DP-SGD, in the order :class:`~dpnotebook.privacy.DPOptimizer` does it:
-
-1. **clip** every sample's gradient ``p.grad_sample[i]`` to norm ``<= C`` (``max_grad_norm``);
-2. **accumulate**: sum the clipped gradients over the batch (and over virtual steps);
-3. **add noise** ``N(0, (sigma * C)^2)`` to the sum, once per logical batch;
-4. **scale** by ``1 / (expected_batch_size * passes)`` for ``loss_reduction="mean"``, ``passes`` being the
-   backward passes ``p.grad_sample`` holds (:attr:`~DPOptimizer.accumulated_iterations`; 1 under Poisson
-   sampling);
-5. write the result into ``p.grad`` and let the wrapped optimizer take its step.
-
-A logical batch too large for memory is fed in physical pieces: :meth:`DPOptimizer.virtual_step` after each
-piece's ``backward()`` clips it, adds it to the running sum and frees its per-sample gradients; the next
-:meth:`DPOptimizer.step` draws the noise once. :class:`GhostDPOptimizer` asks a ghost-mode model for each
-sample's norm and the clip-weighted sum instead of reading ``p.grad_sample``;
-:class:`DPLossFastGradientClipping` is the criterion wrapper of ``make_private(criterion=...)`` in ghost
-mode. :func:`optimizer_class` maps a grad-sample mode to its optimizer class.
+Each :meth:`DPOptimizer.step` clips every sample's gradient to norm ``<= C``, sums them (over virtual steps
+too), adds noise ``N(0, (sigma * C)^2)`` once per logical batch, divides by the expected batch size
+(``"mean"``), writes ``p.grad`` and steps the wrapped optimizer. :class:`GhostDPOptimizer` asks a ghost-mode
+model for the norms and the clip-weighted sum instead of reading ``p.grad_sample``.
 
 >>> import torch
 >>> from torch import nn
@@ -36,6 +24,7 @@ mode. :func:`optimizer_class` maps a grad-sample mode to its optimizer class.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from typing import Any, Protocol, cast
 
@@ -51,7 +40,7 @@ from dpnotebook.grad_sample._engine.hooks import (  # one definition for wrapper
 from dpnotebook.grad_sample.ghost._wrapper import GhostGradSampleModule, ghost_owner
 from dpnotebook.modes import mode_class
 from dpnotebook.privacy import _step as invariants  # each invariant of the step, in one place
-from dpnotebook.privacy._arguments import check_choice, check_positive_number
+from dpnotebook.privacy._arguments import check_choice, check_positive_number, check_unseeded
 from dpnotebook.privacy._batches import SampledBatches
 from dpnotebook.privacy._mechanisms import (
     CLIPPING_MODES,
@@ -66,7 +55,7 @@ from dpnotebook.privacy._step import PrivacyKnobs, StepConstants, StepStats, tot
 
 
 class GradSampleWrapper(Protocol):
-    """What every mode's grad-sample wrapper has; they share no base class but ``nn.Module``."""
+    """What every mode's grad-sample wrapper has."""
 
     _module: nn.Module
 
@@ -83,7 +72,6 @@ def is_wrapped(module: nn.Module) -> bool:
 def unwrap_model(module: nn.Module) -> nn.Module:
     """The original model inside a grad-sample wrapper (or ``module`` itself).
 
-    >>> from torch import nn
     >>> from dpnotebook import wrap_model
     >>> layer = nn.Linear(2, 2)
     >>> unwrap_model(wrap_model(layer, "hooks")) is layer, unwrap_model(layer) is layer
@@ -93,57 +81,37 @@ def unwrap_model(module: nn.Module) -> nn.Module:
 
 
 def as_wrapper(module: nn.Module) -> GradSampleWrapper:
-    """``module``, a wrapper from :func:`dpnotebook.wrap_model` (any mode), typed as one."""
+    """``module``, a grad-sample wrapper, typed as one."""
     assert is_wrapped(module), f"{type(module).__name__} is not a grad-sample wrapper"
     return cast(GradSampleWrapper, module)
+
+
+def _forwarded(name: str) -> Any:
+    """A property that reads and writes ``self.original_optimizer.<name>``."""
+
+    def set_value(self: WrappedOptimizer, value: Any) -> None:
+        setattr(self.original_optimizer, name, value)
+
+    return property(lambda self: getattr(self.original_optimizer, name), set_value)
 
 
 class WrappedOptimizer(Optimizer):
     """Forwards ``param_groups``, ``state``, ``defaults``, ``state_dict`` and unknown attributes to ``optimizer``.
 
-    A DP optimizer changes only what ``step`` does to the gradients; everything else stays the wrapped
-    optimizer's, so schedulers and checkpoints see one optimizer. ``Optimizer.__init__`` is not called: the
-    wrapper keeps no state of its own.
+    Schedulers and checkpoints see one optimizer; the wrapper keeps no state of its own.
 
     >>> sgd = torch.optim.SGD([nn.Parameter(torch.zeros(2))], lr=0.1)
-    >>> wrapped = WrappedOptimizer(sgd)
-    >>> wrapped.param_groups[0]["lr"] = 0.05             # a scheduler's write reaches the wrapped optimizer
+    >>> WrappedOptimizer(sgd).param_groups[0]["lr"] = 0.05   # a scheduler's write reaches the wrapped optimizer
     >>> sgd.param_groups[0]["lr"]
     0.05
-
-    Args:
-        optimizer: any ``torch.optim.Optimizer``.
-
-    Attributes:
-        original_optimizer: the wrapped optimizer.
     """
+
+    param_groups = _forwarded("param_groups")
+    state = _forwarded("state")
+    defaults = _forwarded("defaults")
 
     def __init__(self, optimizer: Optimizer) -> None:
         self.original_optimizer = optimizer
-
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:
-        return self.original_optimizer.param_groups
-
-    @param_groups.setter
-    def param_groups(self, value: list[dict[str, Any]]) -> None:
-        self.original_optimizer.param_groups = value
-
-    @property
-    def state(self) -> Any:
-        return self.original_optimizer.state
-
-    @state.setter
-    def state(self, value: Any) -> None:
-        self.original_optimizer.state = value
-
-    @property
-    def defaults(self) -> dict[str, Any]:
-        return self.original_optimizer.defaults
-
-    @defaults.setter
-    def defaults(self, value: dict[str, Any]) -> None:
-        self.original_optimizer.defaults = value
 
     def __getattr__(self, name: str) -> Any:
         if name == "original_optimizer":  # not set yet: do not recurse
@@ -166,37 +134,22 @@ class WrappedOptimizer(Optimizer):
 
 
 class DPOptimizer(PrivacyKnobs, WrappedOptimizer):
-    """Wraps ``optimizer``: each :meth:`step` clips, sums, adds noise, scales, then steps.
-
-    It reads ``p.grad_sample`` (filled by a model from :func:`dpnotebook.wrap_model`)
-    and overwrites ``p.grad`` with the private gradient. Everything else
-    (``param_groups``, ``state``, learning-rate schedulers, ``state_dict``) is the
-    wrapped optimizer's (:class:`WrappedOptimizer`).
+    """Wraps ``optimizer``: each :meth:`step` clips ``p.grad_sample``, sums, adds noise, scales, then steps.
 
     Args:
         optimizer: any ``torch.optim.Optimizer`` over the model's parameters.
         noise_multiplier: sigma (>= 0); the noise std is ``sigma * max_grad_norm``.
-        max_grad_norm: C (> 0), the bound on each sample's gradient norm (or, with ``clipping="per_layer"``,
-            a list of per-layer bounds; ``max_grad_norm`` is then their total).
-        expected_batch_size: the expected number of samples per logical batch
-            (``sample_rate * dataset_size``); the noisy sum is divided by it for
-            ``loss_reduction="mean"``. Dividing by the *expected* size, not the
-            drawn one, keeps the batch size itself private.
+        max_grad_norm: C (> 0), or with ``clipping="per_layer"`` a list of per-layer bounds (C is their total).
+        expected_batch_size: ``q * N``; the noisy sum is divided by it for ``loss_reduction="mean"``.
         loss_reduction: ``"mean"`` or ``"sum"``, as the model's wrapper was told.
-        clipping: ``"flat"`` or ``"per_layer"`` (see :mod:`dpnotebook.privacy._mechanisms`).
+        clipping: ``"flat"`` or ``"per_layer"``.
         generator: a ``torch.Generator`` for the noise (seed it to reproduce a run).
-        secure_mode: ``True`` draws the noise from the OS CSPRNG (no ``generator`` then);
-            ``False`` uses PyTorch's generator, as chosen; ``None`` (the default) uses it too,
-            and warns once per process (:class:`~dpnotebook.errors.PrivacyWarning`) unless a
-            seeded ``generator`` shows the choice was made.
-
-    The step's invariants hold whatever the caller does (:mod:`~dpnotebook.privacy._step`,
-    :mod:`~dpnotebook.privacy._step`); ``p.grad_sample`` is kept until :meth:`zero_grad`.
+        secure_mode: ``True``: noise from the OS CSPRNG (no ``generator``); ``False``: PyTorch's generator;
+            ``None``: PyTorch's, with a one-time :class:`~dpnotebook.errors.PrivacyWarning` unless seeded.
 
     Attributes:
         last_step_stats: the :class:`StepStats` of the last step (``None`` before it).
-        step_hooks: functions ``hook(optimizer)`` called after every step (the
-            privacy engine steps its accountant there).
+        step_hooks: functions ``hook(optimizer)`` called after every step (the accountant's).
     """
 
     def __init__(
@@ -213,11 +166,7 @@ class DPOptimizer(PrivacyKnobs, WrappedOptimizer):
     ) -> None:
         if not isinstance(optimizer, Optimizer):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}.")
-        if secure_mode and generator is not None:
-            raise ValueError(
-                f"generator={generator!r} with secure_mode=True: a seeded generator is predictable. "
-                "Fix: pass generator=None for secure noise, or secure_mode=False to reproduce a run."
-            )
+        check_unseeded("generator", generator, bool(secure_mode))
         super().__init__(optimizer)
         self.noise_multiplier = noise_multiplier
         self.max_grad_norm = check_layer_bounds(max_grad_norm, clipping)
@@ -235,7 +184,6 @@ class DPOptimizer(PrivacyKnobs, WrappedOptimizer):
         self._reset_accumulation()
         invariants.claim_parameters(self, [p for group in self.param_groups for p in group["params"]])
 
-    # -- DP-SGD ---------------------------------------------------------------
     def _reset_accumulation(self) -> None:
         self._summed: list[Tensor] | None = None
         self._norms: list[Tensor] = []
@@ -245,10 +193,7 @@ class DPOptimizer(PrivacyKnobs, WrappedOptimizer):
         self._kept_for_next = False  # the running sum is a virtual step's: zero_grad keeps it
 
     def _grad_samples(self) -> list[Tensor] | None:
-        """Each parameter's ``grad_sample`` rows, every backward pass's (zeros for one the batch did not reach).
-
-        ``None`` if there are none.
-        """
+        """Each parameter's ``grad_sample`` rows (zeros where the batch did not reach it); ``None`` if none."""
         params = self.params
         found = [grad_sample_rows(p) for p in params]
         present = [g for g in found if g is not None]
@@ -264,7 +209,7 @@ class DPOptimizer(PrivacyKnobs, WrappedOptimizer):
         return [g if g is not None else p.new_zeros((rows, *p.shape)) for p, g in zip(params, found, strict=True)]
 
     def _clip_and_sum(self) -> tuple[list[Tensor], Tensor, int] | None:
-        """``(clipped sums in self.params order, per-sample norms, number clipped)``, or ``None`` for no samples."""
+        """``(clipped sums, per-sample norms, number clipped)``, or ``None`` for no samples."""
         grads = self._grad_samples()
         if grads is None:
             return None
@@ -272,21 +217,17 @@ class DPOptimizer(PrivacyKnobs, WrappedOptimizer):
         return result.summed, result.norms, round(result.fraction_clipped * result.batch_size)
 
     def _release(self) -> None:
-        """Free what the piece just clipped (its per-sample gradients)."""
         for p in self.params:
             setattr(p, "grad_sample", None)  # the wrapper's attribute: torch's Parameter does not declare it
             p.grad = None
 
     def _forget_clipped(self) -> None:
-        """Forget per-sample state that a piece's clipping consumed and that is not ``p.grad_sample`` (ghost)."""
+        """Forget per-sample state, other than ``p.grad_sample``, that clipping consumed (ghost)."""
 
     def clip_and_accumulate(self) -> None:
-        """Clip the per-sample gradients present now and add them to the logical batch's sum.
+        """Clip the per-sample gradients present now and add them to the running sum ``p.summed_grad``.
 
-        The running sum is each parameter's ``p.summed_grad``; the clipped
-        ``p.grad_sample`` stay (marked, so that no step clips them again) until
-        :meth:`zero_grad`. The checks of :mod:`~dpnotebook.privacy._step` run here:
-        nothing already used by a step, and the logical batch's constants unchanged.
+        The clipped ``p.grad_sample`` stay, marked as clipped, until :meth:`zero_grad`.
         """
         params = self.params
         invariants.check_not_consumed(params)
@@ -313,24 +254,18 @@ class DPOptimizer(PrivacyKnobs, WrappedOptimizer):
     def virtual_step(self) -> None:
         """Clip the per-sample gradients present now, add them to the running sum and free them.
 
-        Call it after the ``backward()`` of each physical piece of a logical
-        batch; :meth:`step` then adds noise once for the whole batch.
+        Call it after each physical piece's ``backward()``; :meth:`step` then adds noise once.
         """
         self.clip_and_accumulate()
         self._kept_for_next = True
         self._release()
 
     def add_noise(self) -> None:
-        """Finish the logical batch: clip what is left, add noise, scale, and write ``p.grad``.
-
-        :meth:`step` does it; call it yourself only to inspect the private
-        gradient without updating the model. The noise comes from
-        :func:`~dpnotebook.privacy._mechanisms.draw_noise`.
-        """
+        """Finish the logical batch: clip what is left, add noise, scale, and write ``p.grad`` (no update)."""
         self._finish_batch()
 
     def _finish_batch(self) -> None:
-        """:meth:`add_noise`'s work, under a name that a subclass overriding ``add_noise`` keeps."""
+        """:meth:`add_noise`'s work, under a name a subclass overriding ``add_noise`` keeps."""
         self.clip_and_accumulate()  # the last piece; its p.grad_sample stay until zero_grad
         passes = self.accumulated_iterations  # backward passes the last piece held (1 under Poisson sampling)
         params = self.params
@@ -362,22 +297,16 @@ class DPOptimizer(PrivacyKnobs, WrappedOptimizer):
     def _noisy_sum(
         self, summed: list[Tensor], params: list[nn.Parameter], std: float
     ) -> tuple[list[Tensor], float, float]:
-        """``(clipped sum + noise, ||clipped sum||, ||noise||)``; the distributed optimizer all-reduces here."""
+        """``(clipped sum + noise, ||clipped sum||, ||noise||)``."""
         noises = draw_noise(params, std, self.generator, self.secure_mode)
         signal_norm, noise_norm = total_norms(summed, noises)  # before they are added up
         torch._foreach_add_(noises, [s.detach() for s in summed])
         return noises, signal_norm, noise_norm
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        """One DP-SGD step: :meth:`add_noise`, the wrapped optimizer's step, then the step hooks.
+        """One DP-SGD step (:meth:`add_noise`, the wrapped optimizer's step, the hooks); returns the closure's loss.
 
-        After :meth:`signal_skip_step`, only a :meth:`virtual_step` instead.
-
-        Args:
-            closure: recomputes the loss (forward + backward), as for any optimizer.
-
-        Returns:
-            The closure's loss, or ``None``.
+        After :meth:`signal_skip_step`, only a :meth:`virtual_step`.
         """
         loss = None
         if closure is not None:
@@ -394,40 +323,25 @@ class DPOptimizer(PrivacyKnobs, WrappedOptimizer):
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Clear ``p.grad``, ``p.grad_sample`` and, unless a virtual step left it, ``p.summed_grad``.
-
-        The clipped sum of earlier virtual steps (:meth:`virtual_step`, or a step after
-        ``signal_skip_step``) is kept: it belongs to the logical batch that the next
-        :meth:`step` completes. A sum formed by a bare :meth:`clip_and_accumulate` is
-        dropped.
-        """
+        """Clear ``p.grad``, ``p.grad_sample`` and, unless virtual steps left it, ``p.summed_grad``."""
         sum_dropped = self._summed is not None and not self._kept_for_next
         if sum_dropped:
             self._reset_accumulation()
         self.original_optimizer.zero_grad(set_to_none=set_to_none)
         self.sampled_batches.rows_dropped(clipped_too=sum_dropped)
         for p in self.params:
-            setattr(p, "grad_sample", None)  # (see _release)
+            setattr(p, "grad_sample", None)
             if self._summed is None:
                 setattr(p, "summed_grad", None)
 
-    # -- the step's public surface (also what code written for other DP libraries reads) --
     @property
     def grad_samples(self) -> list[Tensor]:
-        """The ``grad_sample`` of each parameter that has one, every backward pass's rows in one tensor.
-
-        A list ``p.grad_sample`` (several backward passes before one step) is concatenated, as
-        :meth:`_get_flat_grad_sample` does.
-        """
+        """The ``grad_sample`` of each parameter that has one, every backward pass's rows in one tensor."""
         found = [grad_sample_rows(p) for p in self.params]
         return [g for g in found if g is not None]
 
     def _get_flat_grad_sample(self, p: Tensor) -> Tensor:
-        """``p.grad_sample`` as one tensor, the backward passes' rows concatenated.
-
-        Raises:
-            ValueError: ``p`` has no per-sample gradients.
-        """
+        """``p.grad_sample`` as one tensor, the backward passes' rows concatenated; ``ValueError`` if none."""
         if not hasattr(p, "grad_sample"):
             raise ValueError(
                 "Per sample gradient not found: the parameter has no grad_sample. Fix: wrap the model "
@@ -442,7 +356,7 @@ class DPOptimizer(PrivacyKnobs, WrappedOptimizer):
         return rows
 
     def attach_step_hook(self, hook: Callable[[Any], None]) -> None:
-        """Call ``hook(optimizer)`` after every step (the privacy engine steps its accountant so)."""
+        """Call ``hook(optimizer)`` after every step."""
         self.step_hooks.append(hook)
 
     def signal_skip_step(self, do_skip: bool = True) -> None:
@@ -451,13 +365,7 @@ class DPOptimizer(PrivacyKnobs, WrappedOptimizer):
 
     @property
     def accumulated_iterations(self) -> int:
-        """How many backward passes ``p.grad_sample`` holds: its list's length, 1 for a tensor.
-
-        Under Poisson sampling it is 1 at every step: two batches before one step are refused.
-
-        Raises:
-            ValueError: the parameters hold different numbers of backward passes.
-        """
+        """How many backward passes ``p.grad_sample`` holds (1 under Poisson sampling); ``ValueError`` if mixed."""
         counts = {len(grad_sample_parts(p)) for p in self.params if getattr(p, "grad_sample", None) is not None}
         if len(counts) > 1:
             raise ValueError(
@@ -467,11 +375,7 @@ class DPOptimizer(PrivacyKnobs, WrappedOptimizer):
         return counts.pop() if counts else 1
 
     def pre_step(self, closure: Callable[[], Any] | None = None) -> bool:
-        """Everything of a step but the wrapped optimizer's own ``step()``.
-
-        After ``signal_skip_step``: clip and accumulate (a virtual step) and return ``False``.
-        Otherwise clip the last piece, add the noise, scale, run the step hooks and return ``True``.
-        """
+        """Everything of a step but the wrapped optimizer's ``step()``; ``False`` for a virtual step."""
         if self._skip_next_step:
             self._skip_next_step = False
             self.virtual_step()
@@ -496,15 +400,12 @@ def _owners_of(params: list[nn.Parameter]) -> list[GhostGradSampleModule]:
 
 
 class GhostDPOptimizer(DPOptimizer):
-    """A :class:`~dpnotebook.privacy.DPOptimizer` for models wrapped in ghost mode (same arguments): no per-sample gradients in memory.
+    """A :class:`~dpnotebook.privacy.DPOptimizer` for ghost-mode models (same arguments): no per-sample gradients.
 
-    Clipping asks the ghost wrapper for every sample's norm, then for the clip-factor-weighted sum of the
-    gradients; noise, scaling, virtual steps, statistics and hooks are the base class's.
-    The wrapper is found from the optimizer's parameters, so the model must be
-    wrapped (``wrap_model(model, "ghost")``) before the first :meth:`step`.
+    Clipping asks the ghost wrapper holding the parameters for each sample's norm, then for the
+    clip-factor-weighted sum; the rest is the base class's.
     """
 
-    #: Its model computes norms, not ``p.grad_sample``: ``make_private(criterion=...)`` wraps the loss.
     fast_gradient_clipping = True
 
     def _owners(self) -> list[GhostGradSampleModule]:
@@ -523,7 +424,6 @@ class GhostDPOptimizer(DPOptimizer):
         return 1
 
     def _clip_and_sum(self) -> tuple[list[Tensor], Tensor, int] | None:
-        """``(clipped sums in self.params order, per-sample norms, number clipped)``, or ``None`` for no samples."""
         params = self.params
         owners = self._owners()
         if len(owners) > 1:
@@ -550,7 +450,6 @@ class GhostDPOptimizer(DPOptimizer):
         return [sums[p] if p in sums else torch.zeros_like(p) for p in params], norms, clipped
 
     def _forget_clipped(self) -> None:
-        """Forget the ghost records of the piece just clipped: no later step may clip them again."""
         for model in self._owners():
             model.clear_ghost()
 
@@ -561,17 +460,25 @@ class GhostDPOptimizer(DPOptimizer):
             model.clear_ghost()
 
 
+def _arithmetic(op: Callable[[Tensor, Any], Tensor]) -> Any:
+    """A binary operator of :class:`DPTensorFastGradientClipping`, acting on its per-sample losses."""
+
+    def method(self: DPTensorFastGradientClipping, other: Any) -> DPTensorFastGradientClipping:
+        return self._like(op(self.loss_per_sample, self._other(other)))
+
+    return method
+
+
 class DPTensorFastGradientClipping:
     """A per-sample loss whose :meth:`backward` runs the ghost-mode backward pass.
 
-    Args:
-        module: the ghost-mode model (from ``make_private(grad_sample_mode="ghost")``).
-        optimizer: its optimizer.
-        loss_per_sample: the loss of each row, shape ``[rows]`` (or any shape; it is reduced whole).
-        loss_reduction: ``"mean"`` or ``"sum"``, as the model's wrapper was told.
+    Arithmetic with numbers and other such losses (``loss / 2``, ``a + b``) acts on the per-sample losses.
 
-    Arithmetic with numbers and other such losses (``loss / 2``, ``a + b``, ``0.5 * loss``)
-    acts on the per-sample losses.
+    Args:
+        module: the ghost-mode model.
+        optimizer: its optimizer.
+        loss_per_sample: the loss of each row.
+        loss_reduction: ``"mean"`` or ``"sum"``, as the model's wrapper was told.
     """
 
     def __init__(
@@ -609,24 +516,11 @@ class DPTensorFastGradientClipping:
         """One backward pass of the reduced loss: the ghost wrapper records what the step needs."""
         self.reduced().backward()
 
-    def __truediv__(self, other: Any) -> DPTensorFastGradientClipping:
-        return self._like(self.loss_per_sample / self._other(other))
-
-    def __mul__(self, other: Any) -> DPTensorFastGradientClipping:
-        return self._like(self.loss_per_sample * self._other(other))
-
-    __rmul__ = __mul__
-
-    def __add__(self, other: Any) -> DPTensorFastGradientClipping:
-        return self._like(self.loss_per_sample + self._other(other))
-
-    __radd__ = __add__
-
-    def __sub__(self, other: Any) -> DPTensorFastGradientClipping:
-        return self._like(self.loss_per_sample - self._other(other))
-
-    def __rsub__(self, other: Any) -> DPTensorFastGradientClipping:
-        return self._like(self._other(other) - self.loss_per_sample)
+    __truediv__ = _arithmetic(operator.truediv)
+    __mul__ = __rmul__ = _arithmetic(operator.mul)
+    __add__ = __radd__ = _arithmetic(operator.add)
+    __sub__ = _arithmetic(operator.sub)
+    __rsub__ = _arithmetic(lambda loss, other: other - loss)
 
     def __neg__(self) -> DPTensorFastGradientClipping:
         return self._like(-self.loss_per_sample)
@@ -641,9 +535,7 @@ class DPTensorFastGradientClipping:
 class DPLossFastGradientClipping:
     """Wraps a criterion so that it returns a :class:`DPTensorFastGradientClipping`, for ghost mode.
 
-    ``backward()`` of the wrapped loss is one ordinary backward pass: the ghost wrapper records each layer's
-    activations and backprops, and :class:`GhostDPOptimizer` forms the norms and the clipped sum at
-    ``step()``. So ``p.grad`` is filled by ``step()``, not by ``backward()``.
+    ``p.grad`` is filled by ``step()``, not by ``backward()``.
 
     >>> from dpnotebook import wrap_model
     >>> model = wrap_model(nn.Linear(3, 2), "ghost")
@@ -658,15 +550,12 @@ class DPLossFastGradientClipping:
     Args:
         module: the ghost-mode model.
         optimizer: its :class:`GhostDPOptimizer`.
-        criterion: a loss with a ``reduction`` attribute (``nn.CrossEntropyLoss()``, ...);
-            one without gets the module's.
-        loss_reduction: ``"mean"`` or ``"sum"``; it must equal the criterion's, the
-            module's and the optimizer's (a ``ValueError`` names the one that differs).
+        criterion: a loss with a ``reduction`` attribute (one without gets the module's).
+        loss_reduction: ``"mean"`` or ``"sum"``, equal to the criterion's, the module's and the optimizer's.
     """
 
     def __init__(self, module: nn.Module, optimizer: Any, criterion: Any, loss_reduction: str = "mean") -> None:
-        if loss_reduction not in LOSS_REDUCTIONS:
-            raise ValueError(f"loss_reduction={loss_reduction!r} is invalid; use one of {LOSS_REDUCTIONS}.")
+        check_choice("loss_reduction", loss_reduction, LOSS_REDUCTIONS)
         if not hasattr(criterion, "reduction"):
             criterion.reduction = module.loss_reduction
         for name, value in (
@@ -690,9 +579,8 @@ class DPLossFastGradientClipping:
 
         Args:
             *args: the criterion's arguments (output, target).
-            shape: for sequence tasks, the logits' shape ``[B, T, vocab]`` before flattening:
-                the ``B*T`` losses are then reduced over ``T`` per sequence (positions equal to the
-                criterion's ``ignore_index`` left out of a mean).
+            shape: for sequences, the logits' shape ``[B, T, vocab]``: the ``B*T`` losses are reduced over
+                ``T`` per sequence (``ignore_index`` positions left out of a mean).
             **kwargs: the criterion's keyword arguments.
         """
         old = self.criterion.reduction
@@ -719,19 +607,12 @@ class DPLossFastGradientClipping:
         return f"DPLossFastGradientClipping({self.criterion!r}, loss_reduction={self.loss_reduction!r})"
 
 
-#: The DP optimizer of each grad-sample mode that needs its own (any other mode: :class:`~dpnotebook.privacy.DPOptimizer`).
+#: The DP optimizer of each grad-sample mode that needs its own (any other: DPOptimizer).
 MODE_OPTIMIZERS: dict[str, type[DPOptimizer]] = {"ghost": GhostDPOptimizer}
 
 
 def optimizer_class(mode: str | None) -> type[DPOptimizer]:
-    """The DP optimizer class that ``make_private`` builds for a model wrapped in grad-sample ``mode``.
-
-    >>> optimizer_class("ghost").__name__, optimizer_class("hooks").__name__, optimizer_class(None).__name__
-    ('GhostDPOptimizer', 'DPOptimizer', 'DPOptimizer')
-
-    Raises:
-        ValueError: ``mode`` is not a registered grad-sample mode (the message names the registered ones).
-    """
+    """The DP optimizer class for a model wrapped in grad-sample ``mode`` (``ValueError`` for an unknown mode)."""
     if mode is None:
         return DPOptimizer
     mode_class(mode)  # an unknown mode is refused here

@@ -1,10 +1,7 @@
 """Noise and clipping schedulers: change sigma or C between epochs, as learning-rate schedulers do.
 
-Each ``step()`` sets the optimizer's ``noise_multiplier`` (or ``max_grad_norm``).
-The privacy engine's accountant reads the optimizer's ``noise_multiplier`` at every
-step, so epsilon counts each epoch with the sigma it used. ``state_dict`` holds
-everything but the optimizer (and a ``lambda``, which cannot be saved), so
-``PrivacyEngine.save_checkpoint(noise_scheduler=...)`` stores it.
+Each ``step()`` sets the optimizer's ``noise_multiplier`` (or ``max_grad_norm``); the accountant reads
+sigma at every step. ``state_dict`` holds everything but the optimizer and a ``lambda``.
 
 >>> import torch
 >>> from torch import nn

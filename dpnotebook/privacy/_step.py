@@ -1,18 +1,11 @@
-"""What a DP-SGD step must satisfy: its invariants, each enforced here in one function, and what it did.
+"""What a DP-SGD step must satisfy, each invariant enforced here in one function, and what the step did.
 
-A step is private only if the update it applies is the clipped, noised sum of one logical batch,
-computed once, with the constants the noise is calibrated to. :class:`~dpnotebook.privacy.DPOptimizer`
-calls these checks where that could break (``docs/guarantees.md``, "Invariants of the DP step"):
-
-* :func:`check_no_raw_gradients`: a step moves exactly what it clipped and noised;
-* :func:`claim_parameters`: one DP optimizer per model;
-* :class:`StepConstants`: a logical step's constants (sigma, ``C``, the expected batch size, the
-  clipping, ``K``) are fixed from its first piece to its noise; :class:`PrivacyKnobs` checks
-  sigma and ``C`` whenever they are set;
-* :func:`check_not_consumed`: each per-sample gradient is clipped once (Opacus' ``_mark_as_processed``).
-
-:class:`StepStats` records what the last step did (``optimizer.last_step_stats``). Its per-sample
-norms are computed without noise, so they are not private: show them to a student, never publish them.
+The update a step applies must be the clipped, noised sum of one logical batch, computed once, with the
+constants the noise is calibrated to (``docs/guarantees.md``, "Invariants of the DP step"):
+:func:`check_no_raw_gradients`, :func:`claim_parameters` (one DP optimizer per model), :class:`StepConstants`
+and :class:`PrivacyKnobs` (sigma and ``C`` fixed within a logical batch, valid when set), and
+:func:`check_not_consumed` (each per-sample gradient clipped once). :class:`StepStats` records the last
+step; its per-sample norms are not private: show them to a student, never publish them.
 
 >>> import torch
 >>> t = torch.zeros(2)
@@ -48,7 +41,7 @@ _NOISED = "_dpn_noised_version"  # on a p.grad a DP step wrote: its version coun
 MISSING_ZERO_GRAD = (
     "Gradients haven't been cleared since the last optimizer step: {what}. A second step on them "
     "would clip the same samples again (or step on a gradient that is not clipped), so the step is "
-    "refused, as in Opacus. Fix: call optimizer.zero_grad() (or model.zero_grad()) after every "
+    "refused. Fix: call optimizer.zero_grad() (or model.zero_grad()) after every "
     "optimizer.step(), before the next forward/backward pass."
 )
 
@@ -72,7 +65,7 @@ class PrivacyKnobs:
 
     @max_grad_norm.setter
     def max_grad_norm(self, value: float | list[float]) -> None:
-        """A number C, or (per-layer clipping) Opacus' list of bounds: then ``max_grad_norm`` is their total."""
+        """A number C, or (per-layer clipping) a list of bounds: then ``max_grad_norm`` is their total."""
         if isinstance(value, (list, tuple)):
             self.max_grad_norms = [check_max_grad_norm(c) for c in value]
             self._max_grad_norm = total_bound(self.max_grad_norms)
@@ -83,18 +76,7 @@ class PrivacyKnobs:
 
 @dataclass(frozen=True)
 class StepConstants:
-    """The constants a logical batch's clipping and noise must share, read from a DP optimizer.
-
-    >>> from dpnotebook.privacy import DPOptimizer
-    >>> opt = DPOptimizer(torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1),
-    ...                   noise_multiplier=1.0, max_grad_norm=1.0, expected_batch_size=4, secure_mode=False)
-    >>> first = StepConstants.of(opt)
-    >>> opt.max_grad_norm = 0.5                           # a scheduler inside the logical batch
-    >>> first.check(opt)
-    Traceback (most recent call last):
-    ...
-    RuntimeError: max_grad_norm changed while a logical batch is accumulated: 1.0 when its first piece was clipped, 0.5 now...
-    """
+    """The constants a logical batch's clipping and noise must share, read from a DP optimizer."""
 
     noise_multiplier: float
     max_grad_norm: float
@@ -105,7 +87,7 @@ class StepConstants:
 
     @classmethod
     def of(cls, optimizer: Any) -> StepConstants:
-        """The optimizer's constants now (``K``: its model's, if ``make_private`` told it the model)."""
+        """The optimizer's constants now (``K``: its model's, if known)."""
         norms = optimizer.max_grad_norms
         module = optimizer._dp_model
         return cls(
@@ -118,37 +100,34 @@ class StepConstants:
         )
 
     def check(self, optimizer: Any) -> None:
-        """Raise if any constant of ``optimizer`` differs from these (read at the logical batch's first piece)."""
+        """Raise if any constant of ``optimizer`` differs from these."""
         now = StepConstants.of(optimizer)
         for name in self.__dataclass_fields__:
             before, after = getattr(self, name), getattr(now, name)
             if before != after:
                 raise RuntimeError(
                     f"{name} changed while a logical batch is accumulated: {before} when its first piece was "
-                    f"clipped, {after} now. Pieces clipped with one value and noise calibrated to another "
-                    "break the privacy bound (e.g. pieces clipped at C, noise for C/2: one sample moves the "
-                    "step by 2x the bound). Fix: change it (or step a noise or clipping scheduler) only "
-                    "between logical batches: after the optimizer.step() that adds the noise, e.g. once per "
-                    "epoch. Under BatchMemoryManager, step the scheduler after the loop over the physical "
-                    "batches, not inside it."
+                    f"clipped, {after} now: noise calibrated to another value breaks the privacy bound. Fix: "
+                    "change it (or step a scheduler) only between logical batches, after the optimizer.step() "
+                    "that adds the noise; under BatchMemoryManager, after the loop over the physical batches."
                 )
 
 
 def _mark_as_processed(obj: Tensor | list[Tensor]) -> None:
-    """Mark a tensor (or each tensor of a list) as clipped by a DP step (Opacus' helper, same name)."""
+    """Mark a tensor (or each tensor of a list) as clipped by a DP step."""
     for x in obj if isinstance(obj, list) else [obj]:
         setattr(x, "_processed", True)  # an attribute torch's Tensor does not declare
 
 
 def _check_processed_flag(obj: Tensor | list[Tensor]) -> None:
-    """Raise ``ValueError`` if the tensor (or a tensor of the list) was marked by :func:`_mark_as_processed`."""
+    """Raise ``ValueError`` if a tensor was marked by :func:`_mark_as_processed`."""
     for x in obj if isinstance(obj, list) else [obj]:
         if hasattr(x, "_processed"):
             raise ValueError(MISSING_ZERO_GRAD.format(what="p.grad_sample was already clipped by a step"))
 
 
 def mark_clipped(params: Iterable[nn.Parameter]) -> None:
-    """Mark every tensor of each ``p.grad_sample`` (one per backward pass) as clipped by a step."""
+    """Mark every tensor of each ``p.grad_sample`` as clipped."""
     for p in params:
         sample = getattr(p, "grad_sample", None)  # the wrapper's attribute: a tensor or a list of them
         if sample is not None:
@@ -156,7 +135,7 @@ def mark_clipped(params: Iterable[nn.Parameter]) -> None:
 
 
 def parameter_names(params: Iterable[nn.Parameter], models: Iterable[nn.Module] = ()) -> dict[int, str]:
-    """``id(p) -> name`` for error messages: the path in one of ``models``, else its place in ``params`` and shape."""
+    """``id(p) -> name`` for errors: the path in one of ``models``, else its place in ``params`` and shape."""
     names: dict[int, str] = {}
     for model in models:
         for name, p in model.named_parameters():
@@ -167,7 +146,7 @@ def parameter_names(params: Iterable[nn.Parameter], models: Iterable[nn.Module] 
 
 
 def models_holding(params: Iterable[nn.Parameter], model: nn.Module | None = None) -> list[nn.Module]:
-    """The models whose parameter paths name ``params`` in errors: ``model`` (the plain one) and their wrappers'."""
+    """The models whose parameter paths name ``params`` in errors: ``model`` and their wrappers'."""
     models = [model] if model is not None else []
     for p in params:
         for hook in (getattr(p, "_post_accumulate_grad_hooks", None) or {}).values():
@@ -180,20 +159,7 @@ def models_holding(params: Iterable[nn.Parameter], model: nn.Module | None = Non
 def check_no_raw_gradients(
     param_groups: list[dict[str, Any]], stepped: list[nn.Parameter], models: Iterable[nn.Module] = ()
 ) -> None:
-    """Raise ``RuntimeError`` if a parameter of ``param_groups`` outside ``stepped`` holds a non-zero gradient.
-
-    ``stepped`` are the parameters whose ``.grad`` the DP step writes; ``models`` name the
-    offender in the error. A ``.grad`` of zeros (``zero_grad(set_to_none=False)``) is allowed.
-
-    >>> w = torch.nn.Parameter(torch.ones(2))
-    >>> w.grad = torch.ones(2); w.requires_grad_(False)     # frozen after backward()
-    Parameter containing:
-    tensor([1., 1.])
-    >>> check_no_raw_gradients([{"params": [w]}], stepped=[])
-    Traceback (most recent call last):
-    ...
-    RuntimeError: DP step refused: parameter '#0 in param_groups (shape (2,))' has requires_grad=False but holds a .grad ...
-    """
+    """Raise ``RuntimeError`` if a parameter of ``param_groups`` outside ``stepped`` holds a non-zero gradient."""
     inside = {id(p) for p in stepped}
     raw = [
         p
@@ -206,20 +172,17 @@ def check_no_raw_gradients(
         listed = ", ".join(repr(names[id(p)]) for p in raw)
         raise RuntimeError(
             f"DP step refused: parameter {listed} has requires_grad=False but holds a .grad from the "
-            "backward pass. The DP optimizer clips and noises only trainable parameters, and the wrapped "
-            "optimizer would apply this raw gradient (one sample could move the step far beyond C). "
-            "Fix: freeze parameters before the forward/backward pass, or call optimizer.zero_grad() "
-            "after freezing (or set the parameter's .grad to None)."
+            "backward pass, which the wrapped optimizer would apply without clipping or noise. Fix: freeze "
+            "parameters before the forward/backward pass, or call optimizer.zero_grad() after freezing (or set "
+            "the parameter's .grad to None)."
         )
 
 
-#: ``id(p) -> (weak reference to p, weak reference to the DP optimizer owning it)``. Kept here, not on the
-#: parameter, so that a deep copy or a pickle of the model carries no claim.
+#: ``id(p) -> (weak reference to p, to its DP optimizer)``: not on the parameter, so a copy carries no claim.
 _CLAIMS: dict[int, tuple[weakref.ref[nn.Parameter], weakref.ref[Any]]] = {}
 
 
 def _owner_of(p: nn.Parameter) -> Any:
-    """The live DP optimizer that claimed ``p``, or ``None``."""
     entry = _CLAIMS.get(id(p))
     if entry is None or entry[0]() is not p:
         return None
@@ -227,17 +190,13 @@ def _owner_of(p: nn.Parameter) -> Any:
 
 
 def _forget(key: int, ref: weakref.ref[nn.Parameter]) -> None:
-    """A claimed parameter was freed: drop its entry (unless a new parameter reusing its id claimed since)."""
     entry = _CLAIMS.get(key)
     if entry is not None and entry[0] is ref:
         del _CLAIMS[key]
 
 
 def check_unowned(params: Iterable[nn.Parameter], optimizer: Any = None) -> None:
-    """Raise ``RuntimeError`` if a live DP optimizer other than ``optimizer`` owns one of ``params``.
-
-    ``make_private`` calls it before it wraps the model, so that a refused call leaves no hooks behind.
-    """
+    """Raise ``RuntimeError`` if a live DP optimizer other than ``optimizer`` owns one of ``params``."""
     params = list(params)
     owners = {id(o): o for o in map(_owner_of, params) if o is not None and o is not optimizer}
     if owners:
@@ -248,9 +207,8 @@ def check_unowned(params: Iterable[nn.Parameter], optimizer: Any = None) -> None
         raise RuntimeError(
             f"this model already has a DP optimizer ({type(owner).__name__} over {len(owner.params)} "
             "parameter(s)): a second make_private on the same model, or a second DP optimizer over its "
-            "parameters, is refused. Two DP optimizers on one model each add a sample's clipped gradient "
-            "(together it moves the step by up to sqrt(2)*C) and each counts a step in the accountant, so "
-            "the epsilon reported is not what was spent. Fix: one DP optimizer over all the parameters, with "
+            "parameters, is refused: together they move the step by up to sqrt(2)*C and count two steps. "
+            "Fix: one DP optimizer over all the parameters, with "
             "parameter groups for different settings, e.g. torch.optim.SGD([{'params': a}, {'params': b, "
             "'lr': 0.01}]); to replace the old DP optimizer, drop every reference to it (del optimizer), "
             "or start from a fresh model."
@@ -258,21 +216,7 @@ def check_unowned(params: Iterable[nn.Parameter], optimizer: Any = None) -> None
 
 
 def claim_parameters(optimizer: Any, params: Iterable[nn.Parameter]) -> None:
-    """Make ``optimizer`` the DP optimizer of ``params`` (from ``make_private``: the whole model's).
-
-    Raises:
-        RuntimeError: a parameter already has a DP optimizer that is still referenced somewhere.
-
-    >>> from dpnotebook.privacy import DPOptimizer
-    >>> layer = torch.nn.Linear(2, 1)
-    >>> first = DPOptimizer(torch.optim.SGD(layer.parameters(), lr=0.1), noise_multiplier=1.0,
-    ...                     max_grad_norm=1.0, expected_batch_size=4, secure_mode=False)
-    >>> second = DPOptimizer(torch.optim.SGD([layer.bias], lr=0.1), noise_multiplier=1.0,
-    ...                      max_grad_norm=1.0, expected_batch_size=4, secure_mode=False)
-    Traceback (most recent call last):
-    ...
-    RuntimeError: this model already has a DP optimizer (DPOptimizer over 2 parameter(s)): ...
-    """
+    """Make ``optimizer`` the DP optimizer of ``params``; ``RuntimeError`` if another live one has one."""
     params = list(params)
     check_unowned(params, optimizer)
     mine = weakref.ref(optimizer)
@@ -283,13 +227,13 @@ def claim_parameters(optimizer: Any, params: Iterable[nn.Parameter]) -> None:
 
 
 def mark_noised(grads: list[Tensor]) -> None:
-    """Remember the ``p.grad`` tensors a DP step wrote (and their version), for :func:`check_not_consumed`."""
+    """Remember the ``p.grad`` tensors a DP step wrote (and their version)."""
     for g in grads:
         setattr(g, _NOISED, g._version)  # an attribute torch's Tensor does not declare
 
 
 def check_not_consumed(params: list[nn.Parameter]) -> None:
-    """Raise ``ValueError`` (as Opacus) on a marked ``grad_sample``, or a ``p.grad`` a step wrote, untouched."""
+    """Raise ``ValueError`` on a marked ``grad_sample``, or on a ``p.grad`` a step wrote, untouched."""
     for p in params:
         sample = getattr(p, "grad_sample", None)  # the wrapper's attribute, not torch's
         if sample is not None:
@@ -303,7 +247,7 @@ def check_not_consumed(params: list[nn.Parameter]) -> None:
 
 @dataclass
 class StepStats:
-    """What the last :meth:`DPOptimizer.step` did, for printing and plotting.
+    """What the last ``DPOptimizer.step`` did, for printing and plotting.
 
     Attributes:
         batch_size: the number of samples in the logical batch (0 for an empty one).
@@ -337,56 +281,28 @@ class StepStats:
 
     @classmethod
     def of_batch(
-        cls,
-        norms: list[Tensor],
-        *,
-        num_clipped: int,
-        noise_multiplier: float,
-        max_grad_norm: float,
-        expected_batch_size: float,
-        clipped_sum_norm: float,
-        noise_norm: float,
-        virtual_steps: int,
+        cls, norms: list[Tensor], *, num_clipped: int, noise_multiplier: float, max_grad_norm: float, **rest: Any
     ) -> StepStats:
-        """The statistics of a logical batch from each physical piece's per-sample norms (none if empty)."""
+        """The statistics of a logical batch from each physical piece's per-sample norms."""
         per_sample = norms[0] if len(norms) == 1 else torch.cat(norms) if norms else torch.empty(0)
         n = int(per_sample.numel())
-        return cls(
-            batch_size=n,
-            per_sample_norms=per_sample,
-            fraction_clipped=num_clipped / n if n else 0.0,
-            noise_multiplier=noise_multiplier,
-            max_grad_norm=max_grad_norm,
-            noise_std=noise_multiplier * max_grad_norm,
-            expected_batch_size=expected_batch_size,
-            clipped_sum_norm=clipped_sum_norm,
-            noise_norm=noise_norm,
-            virtual_steps=virtual_steps,
-        )
-
-
-def _tensor_norms(tensors: list[Tensor]) -> list[float]:
-    """Each tensor's L2 norm, on the host: one ``_foreach_norm``, one ``stack``, one synchronisation."""
-    if not tensors:
-        return []
-    return list(torch.stack(torch._foreach_norm([t.detach() for t in tensors])).tolist())
-
-
-def total_norm(tensors: list[Tensor]) -> float:
-    """The L2 norm of all ``tensors`` taken together (no squared copies, one synchronisation).
-
-    >>> total_norm([torch.tensor([3.0]), torch.tensor([[4.0]])]), total_norm([])
-    (5.0, 0.0)
-    """
-    return math.sqrt(math.fsum(n * n for n in _tensor_norms(tensors)))
+        fraction = num_clipped / n if n else 0.0
+        noise_std = noise_multiplier * max_grad_norm
+        return cls(n, per_sample, fraction, noise_multiplier, max_grad_norm, noise_std, **rest)
 
 
 def total_norms(first: list[Tensor], second: list[Tensor]) -> tuple[float, float]:
-    """:func:`total_norm` of two lists at once: one ``_foreach_norm`` (one kernel on a GPU), one synchronisation.
+    """The L2 norms of two lists of tensors, each taken together: one ``_foreach_norm``, one synchronisation.
 
     >>> total_norms([torch.tensor([3.0]), torch.tensor([[4.0]])], [torch.tensor([1.0])])
     (5.0, 1.0)
     """
-    norms = _tensor_norms([*first, *second])
-    head, tail = norms[: len(first)], norms[len(first) :]
-    return math.sqrt(math.fsum(n * n for n in head)), math.sqrt(math.fsum(n * n for n in tail))
+    tensors = [t.detach() for t in [*first, *second]]
+    norms = torch.stack(torch._foreach_norm(tensors)).tolist() if tensors else []
+    squares = [n * n for n in norms]
+    return math.sqrt(math.fsum(squares[: len(first)])), math.sqrt(math.fsum(squares[len(first) :]))
+
+
+def total_norm(tensors: list[Tensor]) -> float:
+    """The L2 norm of all ``tensors`` taken together."""
+    return total_norms(tensors, [])[0]

@@ -1,13 +1,8 @@
 """Privacy-utility sweeps: many small DP-SGD runs at different budgets, settings and seeds, summarised.
 
-A :class:`RunSetting` holds one run's hyper-parameters; :func:`train_run` trains a small MLP on
-in-memory tensors with the library's own pieces (Poisson batches from
-:class:`~dpnotebook.privacy.PoissonBatchSampler`, hooks-mode per-sample gradients,
-:class:`~dpnotebook.privacy.DPOptimizer`, and a noise multiplier calibrated by
-:func:`~dpnotebook.privacy.get_noise_multiplier` for exactly the steps the run takes) and gives a
-:class:`RunResult`. The batches are indexed straight out of the tensors (no ``DataLoader``), which
-keeps a run on the digits well under a second, so a tutorial can afford dozens of them.
-:func:`summarise` groups runs: mean and standard deviation over seeds, for error bars.
+:func:`train_run` trains a small MLP on in-memory tensors (Poisson batches indexed straight out of them,
+hooks mode, sigma calibrated for exactly the steps taken) with one :class:`RunSetting`;
+:func:`summarise` groups the :class:`RunResult` of many: mean and standard deviation over seeds.
 
 >>> import torch
 >>> from torch.utils.data import TensorDataset
@@ -53,11 +48,10 @@ class RunSetting:
     """The hyper-parameters of one run.
 
     Attributes:
-        epsilon: the target epsilon (sigma is calibrated for it); ``None`` with
-            ``noise_multiplier=None`` trains without privacy (no clipping, no noise).
-        noise_multiplier: sigma, given directly instead of ``epsilon``.
+        epsilon: the target epsilon; ``None`` with ``noise_multiplier=None`` trains without privacy.
+        noise_multiplier: sigma, given instead of ``epsilon``.
         batch_size: the expected batch size ``q * N``.
-        epochs: passes over the data, in expectation (``ceil(epochs * round(1/q))`` steps).
+        epochs: passes over the data, in expectation.
         max_grad_norm: the clipping bound C.
         lr, momentum: SGD's.
         delta: the delta of the budget.
@@ -104,9 +98,6 @@ class RunSetting:
 def noise_on_average(noise_multiplier: float, max_grad_norm: float, batch_size: float) -> float:
     """``sigma * C / B``: the std of the noise on each coordinate of the averaged gradient.
 
-    Each clipped gradient has norm at most ``C``, so the signal in the average is at most ``C``
-    while this noise shrinks as ``B`` grows: at a fixed ``C``, ``sigma / B`` decides how noisy a step is.
-
     >>> noise_on_average(2.0, 1.0, 64)
     0.03125
     """
@@ -119,15 +110,13 @@ class RunResult:
 
     Attributes:
         setting: its :class:`RunSetting`.
-        seed: seeds the model's initialisation, the batches and the noise.
+        seed: seeds the initialisation, the batches and the noise.
         accuracy: on the test tensors.
-        epsilon: what the accountant says the run spent at ``setting.delta`` (``inf`` without privacy).
+        epsilon: spent at ``setting.delta`` (``inf`` without privacy).
         noise_multiplier: sigma (0 without privacy).
-        steps: the steps taken.
-        seconds: the wall time of the training.
-        trained_parameters: ``d``, the number of parameters trained (the noise has ``d`` coordinates).
-        clipped_sum_norm: the mean over the steps of the clipped sum's norm (the signal; 0 without privacy).
-        noise_norm: the mean norm of the noise added to it (about ``sigma * C * sqrt(d)``).
+        steps, seconds: the steps taken and the training's wall time.
+        trained_parameters: ``d``, the number of parameters trained.
+        clipped_sum_norm, noise_norm: the mean norms of the clipped sum and of its noise over the steps.
 
     >>> RunResult(RunSetting(batch_size=32), seed=0, accuracy=0.9, epsilon=2.0, noise_multiplier=1.6, steps=100,
     ...           seconds=1.0).noise_on_average
@@ -147,7 +136,7 @@ class RunResult:
 
     @property
     def noise_on_average(self) -> float:
-        """``sigma * C / B``: the std of the noise on each coordinate of the averaged gradient."""
+        """:func:`noise_on_average` of this run."""
         return noise_on_average(self.noise_multiplier, self.setting.max_grad_norm, self.setting.batch_size)
 
 
@@ -173,16 +162,12 @@ def train_run(
 
     Args:
         setting: the hyper-parameters.
-        train: the training tensors ``(inputs, labels)`` (or a ``TensorDataset`` of them).
+        train: the training tensors ``(inputs, labels)`` (or a ``TensorDataset``).
         test: the test tensors.
-        seed: seeds the initialisation (without touching the global generator), the Poisson
-            batches and the noise.
-        model_fn: ``model_fn(setting, in_features)`` builds the model (default: :class:`~dpnotebook.models.MLP`)
-            under the seed; a model built elsewhere (a pretrained one) is trained in place. Only
-            parameters with ``requires_grad`` are trained.
-        device: where to train (e.g. :func:`dpnotebook.default_device`); by default the model's.
-            The noise is drawn there, from a generator seeded with ``seed + 1`` (so a GPU run draws
-            other noise than the same run on the CPU).
+        seed: seeds the initialisation, the Poisson batches and the noise.
+        model_fn: ``model_fn(setting, in_features)`` builds the model (default: an MLP) under the seed;
+            only parameters with ``requires_grad`` are trained.
+        device: where to train (default: the model's); the noise is drawn there.
     """
     x, y = _tensors(train)
     n = len(x)
@@ -259,11 +244,7 @@ def sweep(
     progress: bool | None = None,
     device: torch.device | str | None = None,
 ) -> list[RunResult]:
-    """:func:`train_run` for every setting and seed, in that order, on ``device``.
-
-    ``progress`` shows a bar (runs done, the last run's accuracy and epsilon); ``None`` shows it
-    only when stderr is a terminal, so that a notebook's stored output stays clean.
-    """
+    """:func:`train_run` for every setting and seed, in that order (``progress``: a bar; ``None``: on a terminal)."""
     jobs = [(s, seed) for s in settings for seed in seeds]
     results = []
     with tqdm(total=len(jobs), desc="sweep", unit="run", disable=not show_progress(progress), leave=False) as bar:
@@ -277,13 +258,9 @@ def sweep(
 
 @dataclass(frozen=True)
 class Summary:
-    """The runs of one group: their accuracies' mean and sample standard deviation (0 for one run) over seeds.
+    """One group of runs: the accuracies' ``mean``, ``std`` (0 for one run) and ``n``, the largest ``epsilon``.
 
-    Attributes:
-        key: the group's key (what ``by`` gave).
-        mean, std, n: of the accuracies, and the number of runs.
-        epsilon: the largest epsilon spent by a run of the group.
-        noise_multiplier: sigma of the group's first run.
+    ``key`` is what ``by`` gave; ``noise_multiplier`` is the first run's sigma.
     """
 
     key: Hashable

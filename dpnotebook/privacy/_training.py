@@ -1,8 +1,4 @@
-"""Training and evaluation loops shared by the examples and tutorials.
-
-They work with a private setup (from :meth:`PrivacyEngine.make_private
-<dpnotebook.privacy.PrivacyEngine.make_private>`) and with a plain one,
-so the non-private baseline runs the very same code.
+"""Training and evaluation loops, for a private setup and for the plain baseline alike.
 
 >>> import torch
 >>> from torch import nn
@@ -44,14 +40,7 @@ def model_device(model: nn.Module) -> torch.device:
 
 
 def show_progress(progress: bool | None) -> bool:
-    """Whether a long loop shows its progress bar: ``progress`` if given, else whether stderr is a terminal.
-
-    ``None`` (the default of :func:`~dpnotebook.privacy._sweep` and ``python -m dpnotebook.audit``)
-    keeps a notebook's stored outputs and a log file free of bars; pass ``True`` to see one in a notebook.
-
-    >>> show_progress(False), show_progress(True)
-    (False, True)
-    """
+    """Whether a long loop shows its progress bar: ``progress`` if given, else whether stderr is a terminal."""
     return sys.stderr.isatty() if progress is None else bool(progress)
 
 
@@ -66,17 +55,15 @@ def train_epoch(
 ) -> float:
     """One pass over ``data_loader``; returns the mean loss over the non-empty batches.
 
-    An empty batch (possible with Poisson sampling) skips the forward pass but
-    still calls ``optimizer.step()``: a DP optimizer then adds noise only, and
-    the accountant counts the step, as the privacy analysis requires.
+    An empty Poisson batch skips the forward pass but still steps (noise only, counted).
 
     Args:
         model: the model (wrapped or plain).
         optimizer: a :class:`~dpnotebook.privacy.DPOptimizer` or any optimizer.
-        data_loader: yields ``(inputs, targets)``, moved to the model's device here.
-        loss_fn: ``loss_fn(outputs, targets)``, reducing as the model's wrapper was told.
-        progress: a tqdm bar to advance by one per batch; it shows the last batch's loss.
-        postfix: more fields for the bar, shown after the loss (:func:`fit` puts epsilon there).
+        data_loader: yields ``(inputs, targets)``, moved to the model's device.
+        loss_fn: ``loss_fn(outputs, targets)``.
+        progress: a tqdm bar to advance per batch.
+        postfix: more fields for the bar, after the loss.
     """
     model.train()
     device = model_device(model)
@@ -110,9 +97,6 @@ def fit(
 ) -> list[float]:
     """``epochs`` calls of :func:`train_epoch` under one tqdm progress bar; returns each epoch's mean loss.
 
-    The bar shows the last batch's loss and, given ``privacy_engine`` and ``delta``, the epsilon
-    spent so far (``privacy_engine.get_epsilon(delta)``, updated at the end of every epoch).
-
     Args:
         model: the model (wrapped or plain).
         optimizer: a :class:`~dpnotebook.privacy.DPOptimizer` or any optimizer.
@@ -121,8 +105,7 @@ def fit(
         loss_fn: ``loss_fn(outputs, targets)``.
         progress: show the bar.
         description: the bar's label.
-        privacy_engine: the :class:`~dpnotebook.privacy.PrivacyEngine` that made the
-            optimizer private, to show its epsilon.
+        privacy_engine: the engine whose epsilon the bar shows, each epoch.
         delta: the delta of that epsilon (required with ``privacy_engine``).
 
     >>> from torch.utils.data import TensorDataset
@@ -155,10 +138,7 @@ def fit(
 
 @torch.no_grad()
 def evaluate(model: nn.Module, data_loader: DataLoader[Any]) -> float:
-    """The accuracy of ``model`` (unwrapped, in eval mode) on ``data_loader``'s ``(inputs, labels)``.
-
-    Batches are moved to the model's device, so a model on the GPU works with a CPU data loader.
-    """
+    """The accuracy of ``model`` (unwrapped, in eval mode) on ``data_loader``'s ``(inputs, labels)``."""
     plain = unwrap_model(model)
     was_training = plain.training
     plain.eval()
