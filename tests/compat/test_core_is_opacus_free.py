@@ -39,9 +39,6 @@ ALLOWED = {
     "grad_sample/_engine/no_op.py": 2,
     "grad_sample/functorch.py": 4,
     "modes.py": 1,
-    "privacy/_accounting.py": 2,
-    "privacy/_mechanisms.py": 2,
-    "privacy/_step.py": 5,
 }
 
 MENTION = re.compile("opacus", re.IGNORECASE)
