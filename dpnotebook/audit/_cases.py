@@ -1,32 +1,11 @@
 """What the sensitivity auditor is run on: layer families, adversarial records, training-loop surfaces.
 
-A friendly batch of Gaussian inputs hides most privacy bugs: norms are moderate, nothing cancels,
-every layer sees the same rows. The cases here are the ones a reviewer of a DP library tries.
-
-*Layer families* (:data:`FAMILIES`): small seeded models, each covering one way a per-sample
-gradient is formed or a model is put together that has broken DP libraries before: a registered
-sampler (``mlp``, ``conv``, ``seq_linear``, ``embedding``, ``norms``), the ``torch.func`` fallback
-(``fallback``), DP recurrent and attention layers (``lstm``, ``attention``), tied and shared modules
-(``tied``, ``shared_parent``), a parameter used outside its layer (``outside_use``), a model that runs
-time-major inside a batch-first input (``time_major``), and a T5-style relative-position bias whose
-``T`` query positions equal the batch's rows (``relative_bias``). A sequence family's sample is
-``[T, ...]`` and its output ``[T, classes]``; time-major (``batch_first=False``) puts rows in dim 1.
-
-*Records* (:data:`RECORDS`): ``gaussian`` (the friendly baseline); ``scale_1e4`` (one sample's
-inputs, or for token ids its targets, times 1e4); ``zero_loss``; ``duplicated`` (two identical
-samples); ``cancelling_copies`` (a sample's ``K`` copies pull in opposite directions);
-``cancelling_positions`` (two positions of one sample with nearly equal large inputs and opposite
-backprops: what breaks Gram-matrix norms in float32). An :class:`AuditCase` is a family with a
-record: the model, the batch of any subset in either layout, and a dot-product loss
-``<output, target>`` run in one or two forward passes before one backward.
-
-*Surfaces* (:data:`SURFACES`): ways of *using* the optimizer that have broken the guarantee around
-the clipped sum: a parameter frozen between ``backward()`` and ``step()``, two DP optimizers on one
-model, a clipping scheduler stepped inside a logical batch. Each runs one real step through the
-public API with σ = 0, ``lr = 1`` and ``loss_reduction="sum"``, so the update *is* the step;
-:func:`audit_surface` measures ``||update(D) - update(D')|| / C`` with ``D'`` keeping the batch and
-setting one sample's loss weight to 0. Each surface must keep that bound or be refused with its
-documented error (:attr:`Surface.refusal`).
+*Layer families* (:data:`FAMILIES`) are small seeded models, each a way a per-sample gradient is
+formed or a model put together that has broken DP libraries before; a sequence family's sample is
+``[T, ...]`` and time-major (``batch_first=False``) puts rows in dim 1. *Records* (:data:`RECORDS`)
+are the adversarial data patterns; an :class:`AuditCase` is a family with a record. *Surfaces*
+(:data:`SURFACES`) are ways of driving the optimizer in a training loop (:func:`audit_surface`).
+docs/guarantees.md ("How it is checked") lists them all and what each found.
 
 >>> case = audit_case("mlp", "scale_1e4")
 >>> x, t = case.batch([0, 2], K=2, batch_first=True)
@@ -45,6 +24,7 @@ True
 
 from __future__ import annotations
 
+import itertools
 import re
 import warnings
 from collections.abc import Callable
@@ -59,6 +39,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from dpnotebook.audit._sensitivity import SensitivityReport
 from dpnotebook.layers import DPLSTM, DPMultiheadAttention
 from dpnotebook.modes import wrap_model
+from dpnotebook.privacy._arguments import check_choice
 from dpnotebook.privacy._optimizer import optimizer_class
 
 T = 5  # positions of a sequence sample
@@ -76,9 +57,8 @@ class Family:
         sequence: rows may be in dim 1 (``batch_first=False``) as well.
         vocab: ids are drawn from ``range(vocab)`` (``0`` for float inputs).
         out_batch_first: the output keeps rows in dim 0 in either layout.
-        same_size_neighbours: the neighbour of a batch keeps every sample and sets the
-            removed one's loss weight to 0 (its targets), so that the batch size, which
-            a coincidence of counts may depend on, does not change.
+        same_size_neighbours: a neighbour keeps every sample and sets the removed one's targets
+            (so its loss) to 0, so that the batch size does not change.
     """
 
     name: str
@@ -160,11 +140,7 @@ class _OutsideUse(nn.Module):
 
 
 class _TimeMajorInside(nn.Module):
-    """Takes ``[B, T]`` ids and runs time-major inside (``emb(idx.t())``), a common RNN idiom.
-
-    Every layer sees ``T`` rows in dim 0, so a wrapper that trusts dim 0 clips
-    time steps, not samples.
-    """
+    """Takes ``[B, T]`` ids and runs time-major inside (``emb(idx.t())``): every layer sees ``T`` rows in dim 0."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -193,11 +169,8 @@ class _LastStep(nn.Module):
 class RelativeBias(nn.Module):
     """T5-style self-attention: a relative-position bias table looked up with a ``[T, T]`` bucket matrix.
 
-    The bias (``nn.Embedding(buckets, heads)`` of the ``[T, T]`` relative distances,
-    ``[H, T, T]``) is computed once and broadcast over the batch, as in Hugging Face
-    T5. Its rows are the ``T`` query positions; when ``T`` equals the batch's ``B*K``
-    rows no count can tell them from samples (:mod:`~dpnotebook.grad_sample._engine.provenance`
-    proves them instead).
+    The bias ``[H, T, T]`` is computed once and broadcast over the batch, as in Hugging Face T5: its
+    rows are the ``T`` query positions, which no count tells from the batch's rows when ``T = B*K``.
 
     >>> RelativeBias()(torch.randint(0, 11, (3, 4))).shape
     torch.Size([3, 4, 3])
@@ -265,14 +238,10 @@ MAX_K = 4
 def _apply_record(record: str, family: Family, x: Tensor, t: Tensor, gen: torch.Generator) -> tuple[Tensor, Tensor]:
     """Turn friendly data ``x`` ``[N, MAX_K, ...]`` and targets ``t`` into ``record``'s pattern."""
     x, t = x.clone(), t.clone()
-    if record == "scale_1e4":
-        if x.is_floating_point():
-            x[1] *= 1e4
-        else:
-            t[1] *= 1e4
+    if record == "scale_1e4":  # one sample's inputs, or for token ids its targets
+        (x if x.is_floating_point() else t)[1] *= 1e4
     elif record == "zero_loss":
-        t[0] = 0
-        t[2] = 0
+        t[[0, 2]] = 0
     elif record == "duplicated":
         x[1], t[1] = x[0], t[0]
     elif record == "cancelling_copies":
@@ -289,10 +258,9 @@ def _apply_record(record: str, family: Family, x: Tensor, t: Tensor, gen: torch.
         else:  # equal token ids: index matching must add them before squaring
             x[0, :, 1] = x[0, :, 0]
         t[0, :, 1] = -t[0, :, 0] * (1 + 1e-3)
-        t[0, :, 0] *= 1000
-        t[0, :, 1] *= 1000
-    elif record != "gaussian":
-        raise ValueError(f"record={record!r} is unknown; choose one of {RECORDS}.")
+        t[0, :, :2] *= 1000
+    else:
+        check_choice("record", record, RECORDS)
     return x, t
 
 
@@ -301,16 +269,6 @@ def _rows(data: Tensor, indices: list[int], K: int, batch_first: bool) -> Tensor
     picked = data[indices, :K]  # [n, K, ...]
     rows = picked.reshape(len(indices) * K, *picked.shape[2:])
     return rows if batch_first else rows.transpose(0, 1)
-
-
-def dot_loss_of(output: Tensor, target: Tensor, *, loss_reduction: str, rows: int) -> Tensor:
-    """``<output, target>`` summed, or divided by the batch's ``rows`` for ``loss_reduction="mean"``.
-
-    >>> dot_loss_of(torch.ones(4, 2), torch.ones(4, 2), loss_reduction="mean", rows=4)
-    tensor(2.)
-    """
-    total = (output * target).sum()
-    return total if loss_reduction == "sum" else total / max(rows, 1)
 
 
 @dataclass
@@ -329,10 +287,6 @@ class AuditCase:
     targets: Tensor
 
     @property
-    def name(self) -> str:
-        return f"{self.family.name}/{self.record}"
-
-    @property
     def num_samples(self) -> int:
         return self.inputs.shape[0]
 
@@ -344,8 +298,7 @@ class AuditCase:
     def batch(self, indices: list[int], *, K: int, batch_first: bool) -> tuple[Tensor, Tensor]:
         """``(inputs, targets)`` of the samples in ``indices``: ``K`` rows each, sample-major.
 
-        A family with ``same_size_neighbours`` keeps every sample in the batch and
-        zeroes the targets (so the loss and its gradient) of those not in ``indices``.
+        A family with ``same_size_neighbours`` keeps every sample and zeroes the others' targets.
         """
         if K > MAX_K:
             raise ValueError(f"K={K} is more than the {MAX_K} copies a case prepares.")
@@ -362,36 +315,30 @@ class AuditCase:
     def loss(
         self, *, loss_reduction: str, batch_first: bool, K: int, passes: int = 1
     ) -> Callable[[nn.Module, Any], Tensor]:
-        """``loss(model, (x, t))``: the dot loss, over ``passes`` (1 or 2) forward passes before one backward.
+        """``loss(model, (x, t))``: ``<output, target>`` over ``passes`` (1 or 2) forward passes before one backward.
 
-        Two passes cut the batch on a sample boundary (a sample's ``K`` rows stay
-        together); each pass's loss is reduced over its own rows, as the wrapper
-        expects of a forward pass.
+        Two passes cut the batch between samples; each pass's loss is reduced over its own rows.
         """
-        bd = 0 if batch_first else 1
+        bd, sum_ = (0 if batch_first else 1), loss_reduction == "sum"
         td = 0 if batch_first or self.family.out_batch_first else 1
 
         def run(model: nn.Module, batch: tuple[Tensor, Tensor]) -> Tensor:
             x, t = batch
             rows = x.shape[bd]
             cut = (rows // K // 2) * K if passes == 2 else rows
-            pieces = [(0, cut), (cut, rows)] if 0 < cut < rows else [(0, rows)]
-            total = None
-            for a, b in pieces:
-                out = model(x.narrow(bd, a, b - a))
-                part = dot_loss_of(out, t.narrow(td, a, b - a), loss_reduction=loss_reduction, rows=b - a)
-                total = part if total is None else total + part
-            assert total is not None  # there is always at least one piece
-            return total
+            ends = [0, cut, rows] if 0 < cut < rows else [0, rows]
+            parts = [
+                (model(x.narrow(bd, a, b - a)) * t.narrow(td, a, b - a)).sum() / (1 if sum_ else max(b - a, 1))
+                for a, b in itertools.pairwise(ends)
+            ]
+            return sum(parts[1:], parts[0])
 
         return run
 
 
 def audit_case(family: str, record: str, *, num_samples: int = NUM_SAMPLES, seed: int = 0) -> AuditCase:
     """The seeded :class:`AuditCase` of ``family`` (a key of ``FAMILIES``) with ``record``."""
-    if family not in FAMILIES:
-        raise ValueError(f"family={family!r} is unknown; choose one of {sorted(FAMILIES)}.")
-    fam = FAMILIES[family]
+    fam = FAMILIES[check_choice("family", family, FAMILIES)]
     gen = torch.Generator().manual_seed(seed)
     x, t = fam.data(num_samples, MAX_K, gen)
     x, t = _apply_record(record, fam, x, t, gen)
