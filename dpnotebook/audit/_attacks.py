@@ -1,35 +1,10 @@
 """What an attacker can tell: DP as a hypothesis test, membership attacks, and epsilon from one run.
 
-**Trade-off curves.** An attacker sees one output and must say whether it came from ``D`` (without a
-record) or its neighbour ``D'`` (with it); any rule has a false positive rate ``FPR`` and a true
-positive rate ``TPR``. ``(epsilon, delta)``-DP is exactly the promise (Kairouz et al. 2015; Dong, Roth
-& Su 2019) that every rule keeps ``TPR <= e^epsilon FPR + delta`` and ``1 - TPR >= e^-epsilon (1 - FPR
-- delta)`` (:func:`dp_tpr_bound`; the second is the first for the opposite rule). The lines cross at
-``FPR = (1 - delta) / (e^epsilon + 1)``, where ``TPR - FPR`` is largest: ``(e^epsilon - 1 + 2 delta) /
-(e^epsilon + 1)`` (:func:`advantage_bound`). Against the Gaussian mechanism (std ``sigma``,
-sensitivity ``Delta``) the best rule is a threshold, with ``TPR = Phi(Phi^-1(FPR) + mu)``, ``mu = Delta
-/ sigma`` (:func:`gaussian_tpr`); for a DP-SGD run :func:`pld_tpr` reads the curve from
-``dp_accounting``'s privacy loss distribution: ``TPR(FPR) = min over epsilon of delta(epsilon) +
-e^epsilon FPR``.
-
-**Membership attacks** on a trained model score each record, higher meaning "member":
-:func:`loss_threshold_attack` (Yeom et al. 2018) by ``-loss``; :func:`calibrated_attack` (Watson et al.
-2022) by ``reference loss - target loss``, the reference models trained without the record telling how
-hard it is anyway. :func:`attack_roc` gives the ROC, AUC, advantage ``max(TPR - FPR)`` and TPR at a low
-FPR (Carlini et al. 2022). Measured rates are estimates: :func:`clopper_pearson` is an exact interval,
-:func:`held_out_point` chooses a threshold on half of the scores and measures it on the other half, and
-:func:`advantage_noise_floor` is the advantage shuffled labels reach by chance. (Not scikit-learn's
-``roc_curve``: it is a dependency of the ``lab`` extra only; ``tests/audit/test_membership.py`` checks
-these curves equal its own, ties included.)
-
-**One run** (Steinke, Nasr & Jagielski 2023): ``m`` canaries are each trained on by a fair coin; the
-attacker guesses "in" for the ``k+`` highest scores and "out" for the ``k-`` lowest. Under
-``(epsilon, delta)``-DP each guess is right with probability at most ``p = e^epsilon / (1 + e^epsilon)``,
-so ``v`` right out of ``r`` is dominated by ``Binomial(r, p)`` plus a ``delta`` term (Theorem 5.2,
-:func:`one_run_p_value`): ``P[v or more] <= beta + 2 m delta max over 1 <= i <= v of (P[Bin(r, p) >= v -
-i] - beta) / i``, ``beta = P[Bin(r, p) >= v]``. The largest epsilon refuted at significance ``alpha`` is
-a lower bound on the true epsilon with probability ``1 - alpha``; :func:`audit_one_run` tries several
-``(k+, k-)`` with a Bonferroni correction. jax_privacy's ``auditing`` module computes the same bound.
+(epsilon, delta)-DP bounds every attacker's TPR at each FPR (:func:`dp_tpr_bound`, :func:`gaussian_tpr`,
+:func:`pld_tpr`); membership attacks on a trained model (:func:`loss_threshold_attack`,
+:func:`calibrated_attack`) are measured by their ROC (:func:`attack_roc`) with error bars; and
+:func:`audit_one_run` turns canary scores into a lower bound on epsilon (Steinke, Nasr & Jagielski
+2023). docs/concepts/accounting.md ("What epsilon means to an attacker") gives the formulas.
 
 >>> mu = gaussian_mu(sensitivity=1.0, noise_std=1.0)
 >>> eps = gaussian_epsilon(mu, delta=1e-5)
@@ -43,8 +18,6 @@ True
 >>> roc = attack_roc([3.0, 2.0, 1.5], [1.0, 0.0, 1.6])
 >>> round(roc.auc, 4), round(roc.advantage, 4), roc.tpr_at(0.0)
 (0.8889, 0.6667, 0.6666666666666666)
->>> one_run_p_value(canaries=100, guesses=10, correct=10, epsilon=0.0)   # ten coins all right: 2^-10
-0.0009765625
 >>> p = 0.05 ** (1 / 10)                     # closed form: p^10 = 0.05, epsilon = log(p / (1 - p))
 >>> round(one_run_epsilon(canaries=100, guesses=10, correct=10), 4), round(math.log(p / (1 - p)), 4)
 (1.0519, 1.0519)
@@ -79,8 +52,31 @@ def _rates(name: str, values: float | Array) -> Array:
 
 def _in_open_unit(name: str, value: float, example: str) -> float:
     if not 0 < value < 1:
-        raise ValueError(f"{name}={value!r} is invalid: it must be in (0, 1), e.g. {example}.")
+        raise ValueError(f"{name}={value!r} is invalid: it must be in (0, 1), e.g. {name}={example}.")
     return float(value)
+
+
+def _count(name: str, value: int, low: int, high: int | None = None) -> int:
+    value = check_positive_int(name, value, minimum=low)
+    if high is not None and value > high:
+        raise ValueError(f"{name}={value!r} is invalid: it must be an int between {low} and {high}.")
+    return value
+
+
+def _scores(name: str, values: object) -> Array:
+    a = np.asarray(values, dtype=float).reshape(-1)
+    if a.size == 0 or np.isnan(a).any():
+        raise ValueError(
+            f"{name} has {a.size} scores{' with NaN' if a.size else ''}: an attack needs at least one "
+            "score per group and no NaN. Fix: score every member and non-member."
+        )
+    return a
+
+
+def _check_delta(delta: float) -> float:
+    if not 0 <= delta < 1:
+        raise ValueError(f"delta={delta!r} is invalid: it must be in [0, 1). Fix: pass the accountant's delta.")
+    return float(delta)
 
 
 def gaussian_mu(*, sensitivity: float, noise_std: float) -> float:
@@ -104,8 +100,7 @@ def gaussian_tpr(fpr: float | Array, mu: float) -> Array:
 
 
 def gaussian_delta(epsilon: float, mu: float) -> float:
-    """The exact delta of the Gaussian mechanism at ``epsilon`` (Balle & Wang 2018):
-    ``Phi(mu/2 - epsilon/mu) - e^epsilon * Phi(-mu/2 - epsilon/mu)``.
+    """The exact delta of the Gaussian mechanism at ``epsilon`` (Balle & Wang 2018).
 
     >>> round(gaussian_delta(0.0, 1.0), 4)               # Phi(1/2) - Phi(-1/2)
     0.3829
@@ -117,15 +112,11 @@ def gaussian_delta(epsilon: float, mu: float) -> float:
 def gaussian_epsilon(mu: float, delta: float) -> float:
     """The smallest epsilon at which the Gaussian mechanism with this ``mu`` is ``(epsilon, delta)``-DP.
 
-    Solves :func:`gaussian_delta` ``= delta`` (as ``dp_accounting.get_epsilon_gaussian`` does).
-
     >>> gaussian_epsilon(0.01, 0.5)                      # delta above delta(0): no epsilon needed
     0.0
     """
     mu = check_positive_number("mu", mu)
-    if not 0 < delta < 1:
-        raise ValueError(f"delta={delta!r} is invalid: it must be in (0, 1). Fix: pass e.g. delta=1e-5.")
-    if gaussian_delta(0.0, mu) <= delta:
+    if gaussian_delta(0.0, mu) <= _in_open_unit("delta", delta, "1e-5"):
         return 0.0
     high = 1.0
     while gaussian_delta(high, mu) > delta:
@@ -134,8 +125,7 @@ def gaussian_epsilon(mu: float, delta: float) -> float:
 
 
 def dp_tpr_bound(fpr: float | Array, epsilon: float, delta: float) -> Array:
-    """The most TPR any attacker has at each FPR against an ``(epsilon, delta)``-DP mechanism:
-    ``min(1, e^epsilon FPR + delta, 1 - e^-epsilon (1 - FPR - delta))``.
+    """The most TPR any attacker has at each FPR against an ``(epsilon, delta)``-DP mechanism.
 
     >>> dp_tpr_bound(np.array([0.0, 0.1, 0.5]), np.log(2), 0.0).tolist()
     [0.0, 0.2, 0.75]
@@ -161,10 +151,8 @@ def pld_tpr(
 ) -> Array:
     """The most TPR at each FPR against ``steps`` Poisson-subsampled Gaussian steps (a DP-SGD run).
 
-    The lower envelope over epsilon of ``delta(epsilon) + e^epsilon FPR`` (and the mirror lines), with
-    ``delta(epsilon)`` from ``dp_accounting``'s privacy loss distribution (pessimistic: the curve errs
-    upwards). ``epsilons`` are where the envelope is taken (default 400 points from 0 to 30). With
-    ``sample_rate=1`` and one step it is :func:`gaussian_tpr` at ``mu = 1 / noise_multiplier``.
+    The lower envelope of :func:`dp_tpr_bound`'s lines over ``epsilons`` (default 400 from 0 to 30), with
+    ``delta(epsilon)`` from ``dp_accounting``'s privacy loss distribution (pessimistic: it errs upwards).
 
     >>> a = np.array([0.01, 0.1, 0.5])
     >>> bool(np.abs(pld_tpr(a, noise_multiplier=1.0) - gaussian_tpr(a, 1.0)).max() < 2e-3)
@@ -184,20 +172,9 @@ def pld_tpr(
         dist = dist.self_compose(steps)
     eps = np.linspace(0.0, 30.0, 400) if epsilons is None else np.asarray(epsilons, dtype=float)
     deltas = np.asarray(dist.get_delta_for_epsilon(eps), dtype=float)
-    scale = np.exp(eps)[:, None]
-    flat = a.reshape(-1)[None, :]
-    lines = np.minimum(scale * flat + deltas[:, None], 1 - (1 - flat - deltas[:, None]) / scale)
+    scale, flat, d = np.exp(eps)[:, None], a.reshape(-1)[None, :], deltas[:, None]
+    lines = np.minimum(scale * flat + d, 1 - (1 - flat - d) / scale)
     return np.clip(lines.min(axis=0), 0.0, 1.0).reshape(a.shape)
-
-
-def _scores(name: str, values: object) -> Array:
-    a = np.asarray(values, dtype=float).reshape(-1)
-    if a.size == 0 or np.isnan(a).any():
-        raise ValueError(
-            f"{name} has {a.size} scores{' with NaN' if a.size else ''}: an attack needs at least one "
-            "score per group and no NaN. Fix: score every member and non-member."
-        )
-    return a
 
 
 @dataclass
@@ -253,13 +230,12 @@ def attack_roc(member_scores: object, nonmember_scores: object) -> AttackROC:
 
 
 def advantage_bound(epsilon: float, delta: float = 0.0) -> float:
-    """The largest membership advantage ``TPR - FPR`` an ``(epsilon, delta)``-DP training allows
-    (Humphries et al. 2020): ``(e^epsilon - 1 + 2 delta) / (e^epsilon + 1)``.
+    """The largest membership advantage ``TPR - FPR`` an ``(epsilon, delta)``-DP training allows (Humphries et al. 2020).
 
     >>> round(advantage_bound(1.0), 4), round(advantage_bound(8.0, 1e-5), 4)
     (0.4621, 0.9993)
     """
-    if not (epsilon >= 0) or math.isnan(epsilon) or not 0 <= delta <= 1:
+    if not epsilon >= 0 or not 0 <= delta <= 1:
         raise ValueError(f"epsilon={epsilon!r}, delta={delta!r} are invalid: need epsilon >= 0 and delta in [0, 1].")
     if math.isinf(epsilon):
         return 1.0
@@ -269,8 +245,7 @@ def advantage_bound(epsilon: float, delta: float = 0.0) -> float:
 def clopper_pearson(successes: int, trials: int, confidence: float = 0.95) -> tuple[float, float]:
     """The exact two-sided interval for a rate measured as ``successes / trials``.
 
-    It covers the true rate with probability at least ``confidence`` whatever the rate (it errs wide,
-    never narrow); each end alone fails with probability at most ``(1 - confidence) / 2``.
+    It covers the true rate with probability at least ``confidence`` whatever the rate (it errs wide).
 
     >>> [round(v, 4) for v in clopper_pearson(5, 500)]          # FPR 1% measured on 500 non-members
     [0.0033, 0.0232]
@@ -278,7 +253,7 @@ def clopper_pearson(successes: int, trials: int, confidence: float = 0.95) -> tu
     (0.0, 1.0)
     """
     trials = _count("trials", trials, 1)
-    successes = _count("successes", successes, 0, trials, of=" (trials)")
+    successes = _count("successes", successes, 0, trials)
     tail = (1 - _in_open_unit("confidence", confidence, "0.95")) / 2
     low = 0.0 if successes == 0 else float(beta.ppf(tail, successes, trials - successes + 1))
     high = 1.0 if successes == trials else float(beta.ppf(1 - tail, successes + 1, trials - successes))
@@ -290,11 +265,8 @@ def advantage_noise_floor(
 ) -> float:
     """The advantage these scores reach by chance alone: its ``quantile`` over random relabellings.
 
-    Shuffling the member/non-member labels among the pooled scores (both group sizes kept) leaves no
-    signal; an attack below this floor has shown nothing, since even the best threshold on pure noise,
-    chosen on the scores it is measured on, gets there. For continuous scores it is the quantile of the
-    one-sided two-sample Kolmogorov–Smirnov statistic: about ``sqrt(-ln(1 - quantile) (1/n_members +
-    1/n_nonmembers) / 2)``, 0.077 for 500 a side.
+    Shuffling the member/non-member labels (both group sizes kept) leaves no signal: an attack below
+    this floor has shown nothing.
 
     >>> rng = np.random.default_rng(0)
     >>> 0.07 < advantage_noise_floor(rng.standard_normal(500), rng.standard_normal(500)) < 0.085
@@ -303,14 +275,11 @@ def advantage_noise_floor(
     members = _scores("member_scores", member_scores)
     others = _scores("nonmember_scores", nonmember_scores)
     _in_open_unit("quantile", quantile, "0.95")
-    if isinstance(permutations, bool) or not isinstance(permutations, int) or permutations < 1:
-        raise ValueError(f"permutations={permutations!r} is invalid: it must be an int >= 1, e.g. 1000.")
-    pooled = np.concatenate([members, others])
-    rng = np.random.default_rng(seed)
-    found = np.empty(permutations)
-    for i in range(permutations):
+    pooled, rng = np.concatenate([members, others]), np.random.default_rng(seed)
+    found = []
+    for _ in range(check_positive_int("permutations", permutations)):
         shuffled = rng.permutation(pooled)
-        found[i] = attack_roc(shuffled[: members.size], shuffled[members.size :]).advantage
+        found.append(attack_roc(shuffled[: members.size], shuffled[members.size :]).advantage)
     return float(np.quantile(found, quantile))
 
 
@@ -323,7 +292,7 @@ class OperatingPoint:
         true_positives, members: members at or above it, and members measured.
         false_positives, nonmembers: the same for non-members.
         tpr_interval, fpr_interval: Clopper–Pearson intervals that hold together with probability
-            at least ``confidence`` (each is taken at ``1 - (1 - confidence) / 2``).
+            at least ``confidence``.
         confidence: as given.
     """
 
@@ -361,8 +330,7 @@ def held_out_point(
     """Choose the threshold on a random half of each group (``seed``), measure it on the other half.
 
     The threshold is the lowest whose FPR on the choosing half is at most ``target_fpr``; the rates
-    reported are the measuring half's, which played no part in the choice, so their Clopper–Pearson
-    intervals (``confidence`` of the two together) are honest. Needs at least 2 scores a group.
+    reported, and their intervals, are the measuring half's. Needs at least 2 scores a group.
 
     >>> rng = np.random.default_rng(1)
     >>> point = held_out_point(rng.standard_normal(1000) + 2, rng.standard_normal(1000), target_fpr=0.1)
@@ -373,8 +341,7 @@ def held_out_point(
     others = _scores("nonmember_scores", nonmember_scores)
     if members.size < 2 or others.size < 2:
         raise ValueError("held_out_point needs at least 2 members and 2 non-members: one half chooses, one measures.")
-    if not 0 <= target_fpr <= 1:
-        raise ValueError(f"target_fpr={target_fpr!r} is invalid: it must be in [0, 1], e.g. 0.1.")
+    _rates("target_fpr", target_fpr)
     joint = _in_open_unit("confidence", confidence, "0.95")
     rng = np.random.default_rng(seed)
     m, o = rng.permutation(members), rng.permutation(others)
@@ -382,17 +349,9 @@ def held_out_point(
     roc = attack_roc(m[: m.size // 2], o[: o.size // 2])
     threshold = float(roc.thresholds[roc.fpr <= target_fpr + 1e-12][-1])
     tp, fp = int((m_measure >= threshold).sum()), int((o_measure >= threshold).sum())
-    each = 1 - (1 - joint) / 2
-    return OperatingPoint(
-        threshold,
-        tp,
-        m_measure.size,
-        fp,
-        o_measure.size,
-        clopper_pearson(tp, m_measure.size, each),
-        clopper_pearson(fp, o_measure.size, each),
-        joint,
-    )
+    each = 1 - (1 - joint) / 2  # the two intervals hold together with probability joint
+    tpr, fpr = clopper_pearson(tp, m_measure.size, each), clopper_pearson(fp, o_measure.size, each)
+    return OperatingPoint(threshold, tp, m_measure.size, fp, o_measure.size, tpr, fpr, joint)
 
 
 def _cross_entropy(output: Tensor, target: Tensor) -> Tensor:
@@ -483,8 +442,7 @@ def calibrated_attack(
 def sliced_attack(roc: AttackROC, member_groups: object, nonmember_groups: object) -> dict[int, AttackROC]:
     """The same attack's scores, one ROC per group (one integer per scored record, e.g. its class).
 
-    An attack that does little on average may do well on one group. A group's advantage is noisier
-    than the whole's: compare it with :func:`advantage_noise_floor` of that group.
+    A group's advantage is noisier than the whole's: compare it with that group's :func:`advantage_noise_floor`.
 
     >>> roc = attack_roc([3.0, 2.0, 1.0, 0.5], [1.0, 0.0, 2.5, 0.2])
     >>> {g: r.advantage for g, r in sliced_attack(roc, [0, 0, 1, 1], [0, 0, 1, 1]).items()}
@@ -503,27 +461,8 @@ def sliced_attack(roc: AttackROC, member_groups: object, nonmember_groups: objec
     return {int(g): attack_roc(roc.member_scores[mg == g], roc.nonmember_scores[ng == g]) for g in groups}
 
 
-def _count(name: str, value: int, low: int, high: int | None = None, *, of: str = "") -> int:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, np.integer))
-        or value < low
-        or (high is not None and value > high)
-    ):
-        limit = f">= {low}" if high is None else f"between {low} and {high}{of}"
-        raise ValueError(f"{name}={value!r} is invalid: it must be an int {limit}.")
-    return int(value)
-
-
-def _check_delta(delta: float) -> float:
-    if not 0 <= delta < 1 or math.isnan(delta):
-        raise ValueError(f"delta={delta!r} is invalid: it must be in [0, 1). Fix: pass the accountant's delta.")
-    return float(delta)
-
-
 def one_run_p_value(*, canaries: int, guesses: int, correct: int, epsilon: float, delta: float = 0.0) -> float:
-    """How likely ``correct`` (v) or more right out of ``guesses`` (r, abstentions not counted) are when ``canaries``
-    (m) canaries are each included on a coin and training is ``(epsilon, delta)``-DP.
+    """How likely ``correct`` or more right out of ``guesses`` are, ``canaries`` each included on a coin, under (ε, δ)-DP.
 
     >>> one_run_p_value(canaries=10, guesses=4, correct=0, epsilon=1.0)
     1.0
@@ -538,7 +477,7 @@ def one_run_p_value(*, canaries: int, guesses: int, correct: int, epsilon: float
     beta_ = float(binom.sf(v - 1, r, p))
     if delta == 0:
         return beta_
-    i = np.arange(1, v + 1)
+    i = np.arange(1, v + 1)  # Theorem 5.2 of Steinke, Nasr & Jagielski (2023)
     alpha = float(np.max((binom.sf(v - i - 1, r, p) - beta_) / i))
     return min(1.0, beta_ + 2 * m * delta * alpha)
 
@@ -551,7 +490,7 @@ def one_run_epsilon(
     >>> one_run_epsilon(canaries=100, guesses=10, correct=5)      # half right: a coin
     0.0
     """
-    significance = _check_significance(significance)
+    significance = _in_open_unit("significance", significance, "0.05")
 
     def excess(eps: float) -> float:
         return significance - one_run_p_value(
@@ -568,25 +507,12 @@ def one_run_epsilon(
     return float(brentq(excess, high / 2 if high > 1 else 0.0, high, xtol=1e-6))
 
 
-def _check_significance(significance: float) -> float:
-    if not 0 < significance < 1:
-        raise ValueError(
-            f"significance={significance!r} is invalid: it must be in (0, 1), e.g. 0.05 "
-            "(the bound then holds with probability 95%)."
-        )
-    return float(significance)
-
-
 def worst_case_correct(scores: Array, included: Array, k_in: int, k_out: int) -> int:
     """Right guesses of "in" for the ``k_in`` highest scores and "out" for the ``k_out`` lowest, ties broken worst.
 
-    The bound assumes each guess is a function of the run's output, and exactly ``k_in + k_out``
-    guesses. Where a group of equal scores straddles a cut, *which* of its canaries are guessed is
-    not a function of the output: breaking the tie by position would let the order of the canaries
-    decide (issue #28: 1,000 equal scores listed members first gave epsilon >= 4.57). So inside a
-    straddling group the guesses land on the wrong canaries first (non-members for "in", members
-    for "out"). Every tie-breaking is right at least this often, so the bound holds for any order
-    and any ties; without ties it is the plain count.
+    Which canaries of a tie group straddling a cut are guessed is not a function of the output, so
+    there the guesses land on the wrong canaries first: the bound holds for any order and any ties
+    (docs/guarantees.md, "Empirical bounds are sound for any input").
 
     >>> worst_case_correct(np.array([3.0, 2.0, 2.0, 1.0, 0.0]), np.array([True, True, False, False, False]), 2, 1)
     2
@@ -594,10 +520,8 @@ def worst_case_correct(scores: Array, included: Array, k_in: int, k_out: int) ->
     0
     """
     s = np.asarray(scores, dtype=float)
-    inc = np.asarray(included, dtype=bool)
-    m = s.size
-    order = np.argsort(-s, kind="stable")
-    ranked, members = s[order], inc[order]
+    order, m = np.argsort(-s, kind="stable"), s.size
+    ranked, members = s[order], np.asarray(included, dtype=bool)[order]
     starts = np.flatnonzero(np.r_[True, ranked[1:] != ranked[:-1]])
     ends = np.r_[starts[1:], m]
     correct = 0
@@ -612,8 +536,7 @@ def worst_case_correct(scores: Array, included: Array, k_in: int, k_out: int) ->
 
 
 def default_guesses(canaries: int) -> list[tuple[int, int]]:
-    """The ``(k+, k-)`` tried when none are given: ``k+`` = 1%, 2%, 5%, 10%, 20%, 30% of the canaries,
-    with ``k- = 0`` and ``k- = k+`` (at most 12 pairs).
+    """The ``(k+, k-)`` tried by default: ``k+`` = 1, 2, 5, 10, 20, 30% of the canaries, ``k-`` = 0 or ``k+``.
 
     >>> default_guesses(1000)[:3]
     [(10, 0), (10, 10), (20, 0)]
@@ -670,12 +593,11 @@ def audit_one_run(
 
     Args:
         scores: one score per canary, higher when it looks trained on (e.g. ``-loss``).
-        included: each canary's coin (``True``: in the training set), drawn independently with
-            probability 1/2 (:func:`~dpnotebook.audit.draw_inclusion`).
+        included: each canary's fair coin (``True``: in the training set; :func:`~dpnotebook.audit.draw_inclusion`).
         delta: the delta of the claim tested (the accountant's delta).
-        significance: the chance that the bound is wrong, shared out over the pairs tried.
+        significance: the chance that the bound is wrong, shared out over the pairs tried (Bonferroni).
         guesses: ``k+`` or ``(k+, k-)`` pairs to try (default :func:`default_guesses`); ties are
-            counted at their worst (:func:`worst_case_correct`), never broken by position.
+            counted at their worst (:func:`worst_case_correct`).
 
     >>> rng = np.random.default_rng(0)
     >>> included = rng.random(1000) < 0.5
@@ -703,7 +625,7 @@ def audit_one_run(
                 f"guesses (k+={k_in}, k-={k_out}) is invalid for {m} canaries: need k+, k- >= 0 and "
                 f"1 <= k+ + k- <= {m}."
             )
-    alpha = _check_significance(significance) / len(pairs)
+    alpha = _in_open_unit("significance", significance, "0.05") / len(pairs)
     best = None
     for k_in, k_out in pairs:
         right = worst_case_correct(s, inc, k_in, k_out)

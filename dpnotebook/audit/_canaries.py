@@ -1,32 +1,11 @@
 """Canaries for a one-run audit, black-box and white-box, and a digits model audited with both.
 
-A canary is a record put in the training set on a fair coin (:func:`draw_inclusion`: fair and
-independent of everything else, as :func:`~dpnotebook.audit.audit_one_run` needs). Input canaries:
-:func:`random_image_canaries` (random black-and-white images with random labels, fitted only by
-memorising them one by one) and :func:`mislabeled_canaries` (real inputs with a wrong label: easy to
-detect, the worst case an input-space audit builds cheaply). Idealised mechanisms, whose true epsilon
-is known: :func:`gaussian_mechanism_scores` (each canary adds ``sensitivity`` to its own coordinate of a
-noisy vector) and :func:`dp_sgd_canary_scores` (a whole DP-SGD run where each canary's clipped
-gradient is a unit vector of its own, present in a step when it is in the data and Poisson-sampled).
-
-*Gradient canaries* (Nasr et al. 2021, 2023; Steinke et al. 2023, Section 6) are white-box: the auditor
-crafts a canary's per-sample gradient, a Dirac (one coordinate of one parameter) or a random unit
-direction. The canary is a row of the training data like any other, sampled with rate ``q``, clipped
-to ``C`` and noised; :meth:`GradientCanaries.inject` writes its gradient into ``grad_sample`` between
-``backward()`` and ``step()``. After every step the released noisy gradient's projection on each
-canary, in units of ``C``, is ``1{sampled} + N(0, sigma^2)`` plus the other records' part for a canary
-in the data, only noise and others for one left out. Scores: ``"sum"`` (their sum over the steps: the
-final update's projection) and ``"steps"`` (the per-step log-likelihood ratio
-``sum_t log(1 - q + q exp((z_t - 1/2) / sigma^2))``, the best test for an attacker who sees each step,
-as the accountant assumes). With Dirac canaries on coordinates no record reaches
-(:func:`unreached_coordinates`), the projections are exactly :func:`dp_sgd_canary_scores`'s; a step
-that skipped its noise or clipped to more than ``C`` shows at once.
-
-:func:`audited_digits_run` trains a small MLP on scikit-learn's digits with random-image canaries
-(and, with ``gradient_canaries=m``, Dirac gradient canaries on the first-layer weights of the pixels
-blank in every digit), without privacy, with DP-SGD at a given sigma (``0`` included) or at a target
-epsilon; then runs the loss-threshold membership attack and both one-run audits, next to the
-accountant's epsilon.
+A canary is a record put in the training set on a fair coin (:func:`draw_inclusion`). Input
+canaries: :func:`random_image_canaries`, :func:`mislabeled_canaries`; mechanisms whose true epsilon
+is known: :func:`gaussian_mechanism_scores`, :func:`dp_sgd_canary_scores`; white-box
+:class:`GradientCanaries`, whose per-sample gradients the auditor writes into ``grad_sample``
+(docs/concepts/accounting.md, "What epsilon means to an attacker"). :func:`audited_digits_run`
+trains a small MLP on scikit-learn's digits with canaries, then attacks and audits it.
 
 >>> included = draw_inclusion(8, seed=0)
 >>> scores = gaussian_mechanism_scores(included, noise_multiplier=0.0)   # no noise: the scores are the coins
@@ -77,7 +56,12 @@ from dpnotebook.audit._attacks import (
 )
 from dpnotebook.device import check_device
 from dpnotebook.grad_sample._engine.accumulation import grad_sample_parts
-from dpnotebook.privacy._arguments import check_noise_multiplier, check_positive_int, check_sample_rate
+from dpnotebook.privacy._arguments import (
+    check_noise_multiplier,
+    check_positive_int,
+    check_positive_number,
+    check_sample_rate,
+)
 
 Array = npt.NDArray[Any]
 
@@ -93,8 +77,8 @@ def draw_inclusion(canaries: int, *, seed: int) -> Array:
 
 def _coins(included: Array) -> Array:
     inc = np.asarray(included)
-    if inc.dtype != bool:
-        raise ValueError(f"included has dtype {inc.dtype}: pass booleans from draw_inclusion.")
+    if inc.dtype != bool or inc.ndim != 1:
+        raise ValueError(f"included has dtype {inc.dtype} and shape {inc.shape}: pass one boolean coin a canary.")
     return inc
 
 
@@ -108,9 +92,7 @@ def random_image_canaries(
 ) -> tuple[Tensor, Tensor]:
     """``canaries`` images of ``shape`` whose pixels are 0 or 1 on a fair coin, each with a uniform label.
 
-    Nothing in the data predicts their labels: a model gets one right only by memorising it; binary
-    pixels keep them far apart (and from the digits). ``blank`` is a boolean mask of pixels kept at 0
-    (those blank in every digit).
+    A model gets one right only by memorising it. ``blank`` is a boolean mask of pixels kept at 0.
 
     >>> x, y = random_image_canaries(3)
     >>> x.shape, y.shape
@@ -135,7 +117,7 @@ def mislabeled_canaries(inputs: Tensor, targets: Tensor, *, num_classes: int, se
     if (
         targets.dtype not in (torch.int64, torch.int32)
         or targets.numel()
-        and (targets.min() < 0 or targets.max() >= num_classes)
+        and not 0 <= targets.min() <= targets.max() < num_classes
     ):
         raise ValueError(f"targets must be integer labels in [0, {num_classes}); got dtype {targets.dtype}.")
     g = torch.Generator().manual_seed(seed)
@@ -146,10 +128,7 @@ def mislabeled_canaries(inputs: Tensor, targets: Tensor, *, num_classes: int, se
 def gaussian_mechanism_scores(
     included: Array, *, noise_multiplier: float, sensitivity: float = 1.0, seed: int = 0
 ) -> Array:
-    """One run of the Gaussian mechanism on the canaries: ``sensitivity * included + N(0, (sigma sensitivity)^2)``.
-
-    ``noise_multiplier`` is sigma in units of the sensitivity (0: no noise, not private); ``seed`` seeds the noise.
-    """
+    """One run of the Gaussian mechanism on the canaries: ``sensitivity * (included + N(0, noise_multiplier^2))``."""
     inc = _coins(included)
     sigma = check_noise_multiplier(noise_multiplier)
     noise = np.random.default_rng(seed).standard_normal(inc.shape) * sigma * sensitivity
@@ -161,32 +140,23 @@ def dp_sgd_canary_scores(
 ) -> Array:
     """The canaries' coordinates after ``steps`` DP-SGD steps with C = 1 and gradient canaries.
 
-    Canary ``i`` owns coordinate ``i``, its clipped gradient the unit vector there; in each step it is
-    in the batch with probability ``sample_rate`` if it is in the data, and every coordinate gets noise
-    of std ``noise_multiplier``. Drawn exactly: a binomial count of the steps that sampled the canary
-    plus ``N(0, steps * sigma^2)``.
+    Canary ``i``'s clipped gradient is the unit vector of coordinate ``i``, sampled at ``sample_rate``
+    in each step if it is in the data: a binomial count of the steps plus ``N(0, steps * sigma^2)``.
 
     >>> included = draw_inclusion(4, seed=0)
     >>> bool((dp_sgd_canary_scores(included, noise_multiplier=0.0, sample_rate=1.0, steps=3) == 3 * included).all())
     True
     """
-    inc = _coins(included)
+    inc, steps = _coins(included), check_positive_int("steps", steps)
     sigma, q = check_noise_multiplier(noise_multiplier), check_sample_rate(sample_rate)
-    steps = check_positive_int("steps", steps)
     rng = np.random.default_rng(seed)
-    sampled = rng.binomial(steps, q, inc.shape) * inc
-    return sampled + rng.standard_normal(inc.shape) * sigma * math.sqrt(steps)
-
-
-SCORES = ("sum", "steps")
-"""The scores :meth:`GradientCanaries.scores` computes."""
+    return rng.binomial(steps, q, inc.shape) * inc + rng.standard_normal(inc.shape) * sigma * math.sqrt(steps)
 
 
 def unreached_coordinates(weight: Tensor, inputs: Tensor) -> Tensor:
     """The flat indices of a first ``nn.Linear`` layer's ``weight`` that no input record reaches.
 
-    The gradient of ``weight[j, i]`` is ``backprop_j * input_i``: zero for every record whose input
-    ``i`` is 0. A Dirac canary there shares its coordinate with no record.
+    The gradient of ``weight[j, i]`` is ``backprop_j * input_i``: a Dirac canary there shares it with no record.
 
     Args:
         weight: the layer's weight, ``[out_features, in_features]``.
@@ -203,7 +173,7 @@ def unreached_coordinates(weight: Tensor, inputs: Tensor) -> Tensor:
             f"inputs have {flat.shape[1]} values per record but weight takes {weight.shape[1]}: pass the "
             "inputs of the layer whose weight this is."
         )
-    unused = (flat != 0).sum(0) == 0  # [in_features]
+    unused = (flat == 0).all(0)  # [in_features]
     return unused.expand(weight.shape[0], -1).reshape(-1).nonzero().reshape(-1)
 
 
@@ -230,22 +200,14 @@ class GradientCanaries:
         included: Array,
         gradient_norm: float,
     ) -> None:
-        inc = np.asarray(included)
-        if inc.dtype != bool or inc.ndim != 1:
-            raise ValueError(f"included has dtype {inc.dtype} and shape {inc.shape}: pass one boolean coin a canary.")
+        inc = _coins(included)
         count = directions.shape[0] if directions is not None else int(coordinates.numel())  # type: ignore[union-attr]
         if count != inc.size:
             raise ValueError(f"{count} canary directions but {inc.size} coins: pass one coin per canary.")
-        if not (gradient_norm > 0 and math.isfinite(gradient_norm)):
-            raise ValueError(f"gradient_norm={gradient_norm!r} is invalid: it must be a finite number > 0, e.g. 10.")
-        self.parameter = parameter
-        self.directions = directions
-        self.coordinates = coordinates
-        self.included = inc
-        self.gradient_norm = float(gradient_norm)
+        self.parameter, self.directions, self.coordinates = parameter, directions, coordinates
+        self.included, self.gradient_norm = inc, check_positive_number("gradient_norm", gradient_norm)
         self.projections: list[Array] = []
-        self.sample_rate = math.nan
-        self.noise_multiplier = math.nan
+        self.sample_rate = self.noise_multiplier = math.nan
         self._others: list[Tensor] = []
 
     @classmethod
@@ -281,9 +243,7 @@ class GradientCanaries:
     def random(cls, parameter: Tensor, included: Array, *, seed: int, gradient_norm: float = 10.0) -> GradientCanaries:
         """Canary ``i``'s gradient is ``gradient_norm`` times a random unit direction in ``parameter``'s space.
 
-        Random directions are nearly orthogonal only when the parameter has many more coordinates than
-        there are canaries, and they overlap with every record's gradient: a weaker audit than Dirac
-        canaries on coordinates no record reaches.
+        They overlap with every record's gradient: a weaker audit than Dirac canaries no record reaches.
 
         >>> c = GradientCanaries.random(torch.zeros(8, 8), np.ones(3, dtype=bool), seed=0)
         >>> torch.linalg.vector_norm(c.directions, dim=1).round(decimals=5).tolist()
@@ -293,11 +253,6 @@ class GradientCanaries:
         d = torch.randn(np.asarray(included).size, parameter.numel(), generator=g, dtype=torch.float64)
         d /= torch.linalg.vector_norm(d, dim=1, keepdim=True)
         return cls(parameter, d, None, included, gradient_norm)
-
-    @property
-    def count(self) -> int:
-        """m, the number of canaries."""
-        return int(self.included.size)
 
     def attach(self, optimizer: object, *, sample_rate: float = math.nan) -> None:
         """Read each step's released gradient from this DP optimizer (a step hook).
@@ -320,12 +275,6 @@ class GradientCanaries:
         self._others = list(optimizer.params)
         optimizer.attach_step_hook(self._record)
 
-    def _project(self, flat: Tensor) -> Array:
-        if self.coordinates is not None:
-            return flat[self.coordinates].double().numpy()
-        assert self.directions is not None
-        return (self.directions @ flat.double()).numpy()
-
     def _record(self, optimizer: object) -> None:
         grad = self.parameter.grad
         if grad is None:
@@ -334,7 +283,9 @@ class GradientCanaries:
         if optimizer.loss_reduction == "mean":  # type: ignore[attr-defined]
             # what the step divided by: the expected batch times the backward passes held (1 under Poisson)
             scale *= optimizer.expected_batch_size * optimizer.accumulated_iterations  # type: ignore[attr-defined]
-        self.projections.append(self._project(grad.detach().reshape(-1).cpu()) * scale)
+        flat = grad.detach().reshape(-1).cpu().double()
+        projected = flat[self.coordinates] if self.coordinates is not None else self.directions @ flat  # type: ignore[operator]
+        self.projections.append(projected.numpy() * scale)
 
     def inject(self, canary_ids: Tensor) -> None:
         """Write the crafted gradients into the rows of ``canary_ids`` that hold a canary (id ``>= 0``).
@@ -358,8 +309,8 @@ class GradientCanaries:
         if rows.numel() == 0:
             return
         which = ids[rows]
-        if which.max() >= self.count:
-            raise ValueError(f"canary id {int(which.max())} in the batch, but there are {self.count} canaries.")
+        if which.max() >= self.included.size:
+            raise ValueError(f"canary id {int(which.max())} in the batch, but there are {self.included.size} canaries.")
         if not bool(torch.from_numpy(self.included)[which].all()):
             raise ValueError("a canary left out by its coin is in the batch: put only included canaries in the data.")
         for gs, at, here in _row_slices(parts, rows):  # written in place into each backward pass's tensor
@@ -382,8 +333,8 @@ class GradientCanaries:
             kind: ``"sum"`` (the final update's projection) or ``"steps"`` (every step's likelihood ratio;
                 needs noise and the sample rate given to :meth:`attach`).
         """
-        if kind not in SCORES:
-            raise ValueError(f"kind={kind!r} is invalid: pass one of {SCORES}.")
+        if kind not in ("sum", "steps"):
+            raise ValueError(f"kind={kind!r} is invalid: pass 'sum' or 'steps'.")
         if not self.projections:
             raise RuntimeError("no step recorded: call attach(optimizer) before training.")
         z = np.stack(self.projections)  # [steps, m]
@@ -538,36 +489,33 @@ def audited_digits_run(
 
     if target_epsilon is not None and noise_multiplier is not None:
         raise ValueError("both target_epsilon and noise_multiplier given: pass one (or neither for plain SGD).")
+    private = target_epsilon is not None or noise_multiplier is not None
+    if gradient_canaries and not private:
+        raise ValueError(
+            f"gradient_canaries={gradient_canaries} without DP-SGD: gradient canaries audit the DP step. "
+            "Fix: pass target_epsilon or noise_multiplier (0 for clipping without noise)."
+        )
     device = check_device(device)
-    train, _ = load_digits_tensors()
-    x_all, y_all = train.tensors
+    x_all, y_all = load_digits_tensors()[0].tensors
     if 2 * members > len(x_all):
         raise ValueError(f"members={members} is invalid: at most {len(x_all) // 2} (as many digits are held out).")
-    g = torch.Generator().manual_seed(seed)
-    order = torch.randperm(len(x_all), generator=g)
+    order = torch.randperm(len(x_all), generator=torch.Generator().manual_seed(seed))
     x_in, y_in = x_all[order[:members]], y_all[order[:members]]
     x_out, y_out = x_all[order[members : 2 * members]], y_all[order[members : 2 * members]]
-    blank = (x_all != 0).sum(0) == 0  # pixels no digit uses: the canaries leave them blank too
-    x_can, y_can = random_image_canaries(canaries, seed=seed + 1, blank=blank)
+    x_can, y_can = random_image_canaries(canaries, seed=seed + 1, blank=(x_all == 0).all(0))  # pixels no digit uses
     included = draw_inclusion(canaries, seed=seed + 2)
     keep = torch.from_numpy(included)
     x_train, y_train = torch.cat([x_in, x_can[keep]]), torch.cat([y_in, y_can[keep]])
+    ids = torch.full((len(y_train),), -1, dtype=torch.long)  # -1: an ordinary row; i: gradient canary i
 
     torch.manual_seed(seed)
     mlp = MLP(hidden=hidden)
     model: nn.Module = mlp
-    private = target_epsilon is not None or noise_multiplier is not None
     grad_canaries = None
     if gradient_canaries:
-        if not private:
-            raise ValueError(
-                f"gradient_canaries={gradient_canaries} without DP-SGD: gradient canaries audit the DP step. "
-                "Fix: pass target_epsilon or noise_multiplier (0 for clipping without noise)."
-            )
         first = mlp.net[1]  # the MLP's first Linear layer
         assert isinstance(first, nn.Linear)
-        weight = first.weight
-        free = unreached_coordinates(weight, x_train)
+        free = unreached_coordinates(first.weight, x_train)
         if gradient_canaries > free.numel():
             raise ValueError(
                 f"gradient_canaries={gradient_canaries} is invalid: only {free.numel()} first-layer weights are "
@@ -575,14 +523,10 @@ def audited_digits_run(
             )
         pick = torch.randperm(free.numel(), generator=torch.Generator().manual_seed(seed + 5))[:gradient_canaries]
         coins = draw_inclusion(gradient_canaries, seed=seed + 6)
-        grad_canaries = GradientCanaries.dirac(weight, free[pick], coins, gradient_norm=10 * max_grad_norm)
-        ids = torch.from_numpy(np.flatnonzero(grad_canaries.included)).long()
-        ids = torch.cat([torch.full((len(y_train),), -1, dtype=torch.long), ids])
-        x_train = torch.cat([x_train, torch.zeros(len(ids) - len(y_train), *x_train.shape[1:])])
-        y_train = torch.cat([y_train, torch.zeros(len(ids) - len(y_train), dtype=torch.long)])
-    else:
-        ids = torch.full((len(y_train),), -1, dtype=torch.long)
-    data = TensorDataset(x_train, y_train, ids)
+        grad_canaries = GradientCanaries.dirac(first.weight, free[pick], coins, gradient_norm=10 * max_grad_norm)
+        ids = torch.cat([ids, torch.from_numpy(np.flatnonzero(coins))])  # their rows: zero inputs, label 0
+        x_train = torch.cat([x_train, x_train.new_zeros(int(coins.sum()), *x_train.shape[1:])])
+        y_train = torch.cat([y_train, y_train.new_zeros(int(coins.sum()))])
     mlp.to(device)
     optimizer: torch.optim.Optimizer
     if private:
@@ -591,17 +535,17 @@ def audited_digits_run(
         optimizer = torch.optim.Adam(model.parameters(), lr=3e-3 if lr is None else lr)
     # private: make_private replaces the shuffle by Poisson sampling, drawn with this generator
     loader = DataLoader(
-        data, batch_size=batch_size, shuffle=not private, generator=torch.Generator().manual_seed(seed + 3)
+        TensorDataset(x_train, y_train, ids),
+        batch_size=batch_size,
+        shuffle=not private,
+        generator=torch.Generator().manual_seed(seed + 3),
     )
     epsilon, sigma, sample_rate, steps = math.inf, math.nan, math.nan, 0
     if private:
         engine = PrivacyEngine(accountant="pld", secure_mode=False)
+        noise = torch.Generator(device=device).manual_seed(seed + 4)
         common: dict[str, Any] = dict(
-            module=model,
-            optimizer=optimizer,
-            data_loader=loader,
-            max_grad_norm=max_grad_norm,
-            noise_generator=torch.Generator(device=device).manual_seed(seed + 4),
+            module=model, optimizer=optimizer, data_loader=loader, max_grad_norm=max_grad_norm, noise_generator=noise
         )
         if target_epsilon is not None:
             made = engine.make_private_with_epsilon(
@@ -610,12 +554,10 @@ def audited_digits_run(
         else:
             assert noise_multiplier is not None  # private without a target epsilon
             made = engine.make_private(noise_multiplier=noise_multiplier, **common)
-        assert len(made) == 3  # no criterion given: (module, optimizer, data_loader)
-        model, dp_optimizer, loader = made
-        optimizer, sigma = dp_optimizer, dp_optimizer.noise_multiplier
+        model, optimizer, loader = made[:3]
+        sample_rate, sigma = float(engine.sample_rate or math.nan), optimizer.noise_multiplier
         if grad_canaries is not None:
-            assert engine.sample_rate is not None  # make_private set it
-            grad_canaries.attach(dp_optimizer, sample_rate=float(engine.sample_rate))
+            grad_canaries.attach(optimizer, sample_rate=sample_rate)
     for _ in range(epochs):
         for xb, yb, ib in loader:
             optimizer.zero_grad()
@@ -625,10 +567,8 @@ def audited_digits_run(
                     grad_canaries.inject(ib)
             optimizer.step()
     if private:
-        assert engine.sample_rate is not None  # make_private set it
-        sample_rate, steps = float(engine.sample_rate), sum(n for _, _, n in engine.accountant.history)
-    if private and sigma > 0:
-        epsilon = engine.get_epsilon(delta)
+        steps = sum(n for _, _, n in engine.accountant.history)
+        epsilon = engine.get_epsilon(delta) if sigma > 0 else epsilon
     plain = (unwrap_model(model) if private else model).cpu()  # the attacks and audits run on the CPU
     plain.eval()
     scores = -example_losses(plain, x_can, y_can).numpy()
