@@ -129,10 +129,10 @@ def gaussian_mechanism_scores(
     included: Array, *, noise_multiplier: float, sensitivity: float = 1.0, seed: int = 0
 ) -> Array:
     """One run of the Gaussian mechanism on the canaries: ``sensitivity * (included + N(0, noise_multiplier^2))``."""
-    inc = _coins(included)
-    sigma = check_noise_multiplier(noise_multiplier)
-    noise = np.random.default_rng(seed).standard_normal(inc.shape) * sigma * sensitivity
-    return sensitivity * inc.astype(float) + noise
+    inc, sigma = _coins(included), check_noise_multiplier(noise_multiplier)
+    return (
+        sensitivity * inc.astype(float) + np.random.default_rng(seed).standard_normal(inc.shape) * sigma * sensitivity
+    )
 
 
 def dp_sgd_canary_scores(
@@ -154,13 +154,10 @@ def dp_sgd_canary_scores(
 
 
 def unreached_coordinates(weight: Tensor, inputs: Tensor) -> Tensor:
-    """The flat indices of a first ``nn.Linear`` layer's ``weight`` that no input record reaches.
+    """The flat indices of a first ``nn.Linear`` layer's ``weight`` (``[out, in]``) that no input record reaches.
 
-    The gradient of ``weight[j, i]`` is ``backprop_j * input_i``: a Dirac canary there shares it with no record.
-
-    Args:
-        weight: the layer's weight, ``[out_features, in_features]``.
-        inputs: every training input, ``[records, in_features]`` (or any shape that flattens to it).
+    ``inputs``: every training input, ``[records, in]`` or any shape that flattens to it. A record's
+    gradient of ``weight[j, i]`` is ``backprop_j * input_i``: a Dirac canary there shares it with no record.
 
     >>> unreached_coordinates(torch.zeros(2, 3), torch.tensor([[1.0, 0.0, 2.0], [0.5, 0.0, 0.0]])).tolist()
     [1, 4]
@@ -173,8 +170,7 @@ def unreached_coordinates(weight: Tensor, inputs: Tensor) -> Tensor:
             f"inputs have {flat.shape[1]} values per record but weight takes {weight.shape[1]}: pass the "
             "inputs of the layer whose weight this is."
         )
-    unused = (flat == 0).all(0)  # [in_features]
-    return unused.expand(weight.shape[0], -1).reshape(-1).nonzero().reshape(-1)
+    return (flat == 0).all(0).expand(weight.shape[0], -1).reshape(-1).nonzero().reshape(-1)
 
 
 class GradientCanaries:
@@ -185,9 +181,7 @@ class GradientCanaries:
     :meth:`attach` once, and :meth:`inject` after each ``backward()``.
 
     Attributes:
-        parameter: where the canaries' gradients live.
-        included: the canaries' coins (:func:`draw_inclusion`).
-        gradient_norm: the norm of each crafted gradient before clipping (default 10: it is clipped).
+        parameter, included, gradient_norm: where the gradients live, the coins, their norm before clipping.
         projections: one row per step: the released gradient's projection on each canary, in units of C.
         sample_rate, noise_multiplier: of the optimizer attached (``q`` is given to :meth:`attach`).
     """
@@ -255,11 +249,9 @@ class GradientCanaries:
         return cls(parameter, d, None, included, gradient_norm)
 
     def attach(self, optimizer: object, *, sample_rate: float = math.nan) -> None:
-        """Read each step's released gradient from this DP optimizer (a step hook).
+        """Read each step's released gradient from this :class:`~dpnotebook.privacy.DPOptimizer` (a step hook).
 
-        Args:
-            optimizer: a :class:`~dpnotebook.privacy.DPOptimizer` over ``parameter``.
-            sample_rate: q of the loader (needed for the ``"steps"`` score only).
+        ``sample_rate``: q of the loader (needed for the ``"steps"`` score only).
         """
         from dpnotebook.privacy import DPOptimizer
 
@@ -275,26 +267,22 @@ class GradientCanaries:
         self._others = list(optimizer.params)
         optimizer.attach_step_hook(self._record)
 
-    def _record(self, optimizer: object) -> None:
+    def _record(self, optimizer: Any) -> None:
         grad = self.parameter.grad
         if grad is None:
             raise RuntimeError("the DP step left no gradient on the canaries' parameter: was it in the optimizer?")
-        scale = 1.0 / optimizer.max_grad_norm  # type: ignore[attr-defined]
-        if optimizer.loss_reduction == "mean":  # type: ignore[attr-defined]
-            # what the step divided by: the expected batch times the backward passes held (1 under Poisson)
-            scale *= optimizer.expected_batch_size * optimizer.accumulated_iterations  # type: ignore[attr-defined]
+        scale = 1.0 / optimizer.max_grad_norm
+        if optimizer.loss_reduction == "mean":  # the step divided by the expected batch times the backward passes
+            scale *= optimizer.expected_batch_size * optimizer.accumulated_iterations
         flat = grad.detach().reshape(-1).cpu().double()
         projected = flat[self.coordinates] if self.coordinates is not None else self.directions @ flat  # type: ignore[operator]
         self.projections.append(projected.numpy() * scale)
 
     def inject(self, canary_ids: Tensor) -> None:
-        """Write the crafted gradients into the rows of ``canary_ids`` that hold a canary (id ``>= 0``).
+        """Write the crafted gradients into the rows of ``canary_ids`` (one id per row) that hold a canary.
 
         Call it after ``backward()`` and before ``optimizer.step()``. The canaries' rows of every other
         parameter the optimizer updates are zeroed, so a canary's whole gradient is the crafted one.
-
-        Args:
-            canary_ids: one id per row of the batch: ``-1`` for an ordinary record, ``i`` for canary ``i``.
         """
         ids = canary_ids.reshape(-1).long().cpu()
         rows = (ids >= 0).nonzero().reshape(-1)
@@ -313,25 +301,21 @@ class GradientCanaries:
             raise ValueError(f"canary id {int(which.max())} in the batch, but there are {self.included.size} canaries.")
         if not bool(torch.from_numpy(self.included)[which].all()):
             raise ValueError("a canary left out by its coin is in the batch: put only included canaries in the data.")
+        for p in {self.parameter, *self._others}:
+            for g, at, _ in _row_slices(grad_sample_parts(p), rows):
+                g[at] = 0
         for gs, at, here in _row_slices(parts, rows):  # written in place into each backward pass's tensor
             flat = gs.reshape(gs.shape[0], -1)
-            flat[at] = 0
             if self.coordinates is not None:
                 flat[at, self.coordinates[which[here]].to(flat.device)] = self.gradient_norm
             else:
-                assert self.directions is not None
-                flat[at] = (self.gradient_norm * self.directions[which[here]]).to(flat)
-        for p in self._others:
-            if p is not self.parameter:
-                for other, at, _ in _row_slices(grad_sample_parts(p), rows):
-                    other[at] = 0
+                flat[at] = (self.gradient_norm * self.directions[which[here]]).to(flat)  # type: ignore[index]
 
     def scores(self, kind: str = "sum") -> Array:
-        """One score per canary, higher when it looks trained on (see the module's docstring).
+        """One score per canary, higher when it looks trained on.
 
-        Args:
-            kind: ``"sum"`` (the final update's projection) or ``"steps"`` (every step's likelihood ratio;
-                needs noise and the sample rate given to :meth:`attach`).
+        ``kind``: ``"sum"`` (the final update's projection) or ``"steps"`` (every step's likelihood ratio;
+        needs noise and the sample rate given to :meth:`attach`).
         """
         if kind not in ("sum", "steps"):
             raise ValueError(f"kind={kind!r} is invalid: pass 'sum' or 'steps'.")
@@ -346,9 +330,8 @@ class GradientCanaries:
                 f"the 'steps' score needs noise and the sample rate: got noise_multiplier={sigma}, sample_rate={q}. "
                 "Fix: attach(optimizer, sample_rate=q), or use kind='sum' without noise."
             )
-        # log(1 - q + q exp(a)) computed stably for large a
-        a = (z - 0.5) / sigma**2
-        return np.logaddexp(math.log1p(-q) if q < 1 else -np.inf, math.log(q) + a).sum(0)
+        # log(1 - q + q exp((z - 1/2) / sigma^2)), stable for large z
+        return np.logaddexp(math.log1p(-q) if q < 1 else -np.inf, math.log(q) + (z - 0.5) / sigma**2).sum(0)
 
 
 def _row_slices(parts: list[Tensor], rows: Tensor) -> list[tuple[Tensor, Tensor, Tensor]]:
@@ -368,20 +351,13 @@ class AuditedRun:
 
     Attributes:
         model: the trained model (unwrapped).
-        epsilon: the accountant's epsilon at ``delta`` (``inf`` without noise).
-        noise_multiplier: sigma used (``nan`` without privacy).
-        delta: the delta of the accountant and of the audit.
+        epsilon, noise_multiplier, delta: the accountant's (``inf`` and ``nan`` without privacy).
         train_accuracy, test_accuracy: on the training digits and the held-out digits.
         attack: the loss-threshold membership attack, training digits against held-out ones.
-        one_run: the canary audit's lower bound on epsilon.
-        included: the canaries' coins.
-        canary_scores: ``-loss`` of each canary.
-        sample_rate, steps: the DP-SGD run's q and number of steps (``nan`` and 0 without privacy), e.g. for
-            :func:`~dpnotebook.audit.pld_tpr`.
-        canaries: ``(inputs, labels)`` of all the canaries, in the order of ``included``.
-        digits: ``((member inputs, labels), (non-member inputs, labels))``, e.g. to slice the attack by class.
-        gradient_canaries: the white-box canaries (``None`` unless asked for, and without privacy).
-        gradient_audit: the one-run bound from their ``"sum"`` score, the final update's projection.
+        one_run: the canary audit's lower bound on epsilon; included: the coins; canary_scores: ``-loss``.
+        sample_rate, steps: the DP-SGD run's q and number of steps (``nan`` and 0 without privacy).
+        canaries, digits: ``(inputs, labels)`` of all the canaries; ``(members, non-members)`` digits.
+        gradient_canaries: the white-box canaries, if asked for; gradient_audit: their ``"sum"`` bound.
     """
 
     model: nn.Module
@@ -402,18 +378,14 @@ class AuditedRun:
     gradient_audit: OneRunAudit | None = None
 
     def gradient_audit_of(self, kind: str = "sum") -> OneRunAudit:
-        """The one-run bound from the gradient canaries' ``kind`` score (see
-        :meth:`GradientCanaries.scores`), at this run's delta and significance.
+        """The one-run bound from the gradient canaries' ``kind`` score, at this run's delta and significance.
 
-        Each call is a separate audit at the run's significance: report the one chosen in advance, or
-        split the significance between those reported.
+        Each call is a separate audit: report the one chosen in advance, or split the significance.
         """
         if self.gradient_canaries is None or self.gradient_audit is None:
             raise ValueError("this run has no gradient canaries: make it with audited_digits_run(gradient_canaries=m).")
-        c = self.gradient_canaries
-        return audit_one_run(
-            c.scores(kind), c.included, delta=self.delta, significance=self.gradient_audit.significance
-        )
+        c, significance = self.gradient_canaries, self.gradient_audit.significance
+        return audit_one_run(c.scores(kind), c.included, delta=self.delta, significance=significance)
 
     @property
     def canary_attack(self) -> AttackROC:
@@ -421,11 +393,7 @@ class AuditedRun:
         return attack_roc(self.canary_scores[self.included], self.canary_scores[~self.included])
 
     def calibrated_canary_attack(self, reference_models: list[nn.Module]) -> AttackROC:
-        """The calibrated attack (:func:`~dpnotebook.audit.calibrated_attack`) on the canaries.
-
-        ``reference_models`` must not have trained on these canaries: e.g. the models of runs with
-        other seeds, which drew other canaries.
-        """
+        """:func:`~dpnotebook.audit.calibrated_attack` on the canaries (e.g. with the models of other seeds' runs)."""
         if self.canaries is None:
             raise ValueError("this run kept no canaries: make it with audited_digits_run.")
         x, y = self.canaries
@@ -459,25 +427,17 @@ def audited_digits_run(
 
     Args:
         target_epsilon: train with DP-SGD at the sigma that spends this epsilon in ``epochs``.
-        noise_multiplier: train with DP-SGD at this sigma instead (0: clipped, no noise).
-            With neither, plain Adam (not private).
+        noise_multiplier: train with DP-SGD at this sigma instead (0: no noise). Neither: plain Adam.
         delta: the accountant's and the audit's delta.
         members: training digits; as many other digits are held out as the non-members.
         canaries: m, random-pixel canaries, each trained on with probability 1/2.
-        gradient_canaries: white-box Dirac gradient canaries, each in the data with probability 1/2
-            (DP-SGD runs only; at most the first-layer weights of the pixels blank in every digit).
-        epochs: passes over the training set.
-        batch_size: the (expected) batch size.
-        max_grad_norm: C for DP-SGD.
-        lr: learning rate: of Adam without privacy (default 3e-3, fits the training set), of SGD
-            with DP-SGD (default 2.0).
-        hidden: the MLP's hidden width.
+        gradient_canaries: white-box Dirac canaries on first-layer weights no digit reaches (DP-SGD only).
+        epochs, batch_size, max_grad_norm, hidden: of the training and of the MLP.
+        lr: of Adam without privacy (default 3e-3), of SGD with DP-SGD (default 2.0).
         significance: the audit's chance of being wrong.
         seed: seeds the model, the coins, the batches and the noise.
-        device: where the model trains (e.g. :func:`dpnotebook.default_device`); the data, the
-            coins and the batches are drawn on the CPU either way, and the attacks and audits
-            run on the CPU after training. The noise comes from a generator on ``device``, so a
-            GPU run repeats itself but does not repeat the CPU run's numbers.
+        device: where the model trains; data, coins, batches, attacks and audits stay on the CPU
+            (the noise is drawn on ``device``: a GPU run does not repeat the CPU run's numbers).
 
     Raises:
         ValueError: an invalid argument (both ``target_epsilon`` and ``noise_multiplier``,
