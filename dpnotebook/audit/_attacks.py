@@ -16,38 +16,6 @@ epsilon means to an attacker") gives the formulas.
 (0.2595, 4.377)
 >>> bool(gaussian_tpr(0.05, mu) <= dp_tpr_bound(0.05, eps, 1e-5))
 True
->>> fpr, tpr, e = 0.5, 0.9, 1.0                       # allowed by the first line, not by the second
->>> tpr <= math.exp(e) * fpr, 1 - tpr >= math.exp(-e) * (1 - fpr), round(float(dp_tpr_bound(fpr, e, 0.0)), 3)
-(True, False, 0.816)
->>> roc = attack_roc([3.0, 2.0, 1.5], [1.0, 0.0, 1.6])
->>> round(roc.auc, 4), round(roc.advantage, 4), roc.tpr_at(0.0)
-(0.8889, 0.6667, 0.6666666666666666)
->>> p = 0.05 ** (1 / 10)                     # closed form: p^10 = 0.05, epsilon = log(p / (1 - p))
->>> round(one_run_epsilon(canaries=100, guesses=10, correct=10), 4), round(math.log(p / (1 - p)), 4)
-(1.0519, 1.0519)
->>> included = draw_inclusion(8, seed=0)
->>> scores = gaussian_mechanism_scores(included, noise_multiplier=0.0)   # no noise: the scores are the coins
->>> bool((scores == included).all())
-True
->>> import dpnotebook
->>> from dpnotebook.privacy import DPOptimizer
->>> model = dpnotebook.wrap_model(nn.Linear(4, 1), "hooks")
->>> canaries = GradientCanaries.dirac(model._module.weight, [0, 1, 2], np.array([True, False, True]))
->>> opt = DPOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), noise_multiplier=0.0,
-...                   max_grad_norm=1.0, expected_batch_size=3)
->>> canaries.attach(opt)
->>> model(torch.zeros(3, 4)).sum().backward()  # one ordinary row, the two canaries in the data (ids 0 and 2)
->>> canaries.inject(torch.tensor([-1, 0, 2]))
->>> opt.step()
->>> canaries.scores("sum").round(4).tolist()   # clipped to C = 1, no noise: 1 for each canary sampled
-[1.0, 0.0, 1.0]
->>> run = audited_digits_run(noise_multiplier=1.0, members=64, canaries=64, epochs=1, seed=0)
->>> run.one_run.epsilon <= run.epsilon
-True
->>> clear = audited_digits_run(noise_multiplier=0.0, members=64, canaries=64, gradient_canaries=200,
-...                            epochs=4, seed=0)
->>> clear.gradient_audit.epsilon > 2          # no noise: the white-box audit sees it at once
-True
 """
 
 from __future__ import annotations
@@ -207,9 +175,7 @@ def pld_tpr(
         dist = dist.self_compose(steps)
     eps = np.linspace(0.0, 30.0, 400) if epsilons is None else np.asarray(epsilons, dtype=float)
     deltas = np.asarray(dist.get_delta_for_epsilon(eps), dtype=float)
-    scale, flat, d = np.exp(eps)[:, None], a.reshape(-1)[None, :], deltas[:, None]
-    lines = np.minimum(scale * flat + d, 1 - (1 - flat - d) / scale)
-    return np.clip(lines.min(axis=0), 0.0, 1.0).reshape(a.shape)
+    return np.min([dp_tpr_bound(a, e, min(d, 1.0)) for e, d in zip(eps, deltas, strict=True)], axis=0)
 
 
 @dataclass
@@ -765,12 +731,21 @@ class GradientCanaries:
 
     Build them with :meth:`dirac` or :meth:`random`; put one row per *included* canary in the
     training data, with an id column (``-1`` for ordinary rows, ``i`` for canary ``i``); call
-    :meth:`attach` once, and :meth:`inject` after each ``backward()``.
+    :meth:`attach` once, and :meth:`inject` after each ``backward()``. ``projections`` holds, for
+    each step, the released gradient's projection on each canary in units of C.
 
-    Attributes:
-        parameter, included, gradient_norm: where the gradients live, the coins, their norm before clipping.
-        projections: one row per step: the released gradient's projection on each canary, in units of C.
-        sample_rate, noise_multiplier: of the optimizer attached (``q`` is given to :meth:`attach`).
+    >>> import dpnotebook
+    >>> from dpnotebook.privacy import DPOptimizer
+    >>> model = dpnotebook.wrap_model(nn.Linear(4, 1), "hooks")
+    >>> canaries = GradientCanaries.dirac(model._module.weight, [0, 1, 2], np.array([True, False, True]))
+    >>> opt = DPOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), noise_multiplier=0.0,
+    ...                   max_grad_norm=1.0, expected_batch_size=3)
+    >>> canaries.attach(opt)
+    >>> model(torch.zeros(3, 4)).sum().backward()  # one ordinary row, the two canaries in the data (ids 0 and 2)
+    >>> canaries.inject(torch.tensor([-1, 0, 2]))
+    >>> opt.step()
+    >>> canaries.scores("sum").round(4).tolist()   # clipped to C = 1, no noise: 1 for each canary sampled
+    [1.0, 0.0, 1.0]
     """
 
     def __init__(
@@ -1011,6 +986,10 @@ def audited_digits_run(
     device: torch.device | str = "cpu",
 ) -> AuditedRun:
     """Train on ``members`` digits plus the included canaries, then attack and audit.
+
+    >>> run = audited_digits_run(noise_multiplier=1.0, members=64, canaries=64, epochs=1, seed=0)
+    >>> run.one_run.epsilon <= run.epsilon
+    True
 
     Args:
         target_epsilon: train with DP-SGD at the sigma that spends this epsilon in ``epochs``.

@@ -1,10 +1,8 @@
-"""The sensitivity auditor: how far can one sample move a DP-SGD step?
+"""The sensitivity auditor: how far can one sample move a DP-SGD step? (docs/guarantees.md, "How it is checked")
 
 DP-SGD's noise is calibrated to one property of the clipped sum ``S(D)``: adding or removing one
-sample moves it by at most ``C``. The auditor measures ``||S(D) - S(D without s)|| / C`` for every
-sample with the library's own step (the chosen mode, its DP optimizer at σ = 0), and compares
-``S(D)`` with the float64 definition ``S_ref(D)`` (:func:`reference_clipped_sum`).
-docs/guarantees.md ("How it is checked: the sensitivity auditor") explains what each catches.
+sample moves it by at most ``C``. The auditor measures ``||S(D) - S(D without s)|| / C`` with the
+library's own step (σ = 0), and compares ``S(D)`` with the float64 definition (:func:`reference_clipped_sum`).
 
 >>> import torch
 >>> from torch import nn
@@ -26,11 +24,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+from torch.utils._pytree import tree_map
 
 from dpnotebook.modes import wrap_model
 from dpnotebook.privacy._arguments import check_positive_int
@@ -94,16 +94,6 @@ class SensitivityReport:
     __str__ = table
 
 
-def _to64(batch: Any) -> Any:
-    if isinstance(batch, Tensor):
-        return batch.to(torch.float64) if batch.is_floating_point() else batch
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(_to64(b) for b in batch)
-    if isinstance(batch, dict):
-        return {k: _to64(v) for k, v in batch.items()}
-    return batch
-
-
 def reference_clipped_sum(
     model: nn.Module,
     *,
@@ -115,10 +105,9 @@ def reference_clipped_sum(
     clipping: str,
     max_grad_norm: float | list[float],
 ) -> list[Tensor]:
-    """``S_ref(D)``: every sample's gradient on its own (its ``K`` rows alone), in float64, clipped and summed.
+    """``S_ref(D)``: each sample's gradient alone (its ``K`` rows; ``/ K`` for a sum), in float64, clipped, summed.
 
-    No grad sampler, wrapper or row bookkeeping is involved; with ``loss_reduction="sum"`` a sample's
-    gradient is divided by ``K``. Returns one tensor per trainable parameter of ``model``, in order.
+    No grad sampler, wrapper or row bookkeeping is involved. Returns one tensor per trainable parameter.
 
     >>> data = torch.randn(3, 2)
     >>> ref = reference_clipped_sum(
@@ -133,21 +122,25 @@ def reference_clipped_sum(
     params = [p for p in plain.parameters() if p.requires_grad]
     if not num_samples:
         return [torch.zeros_like(p) for p in params]
-    per_sample: list[list[Tensor]] = [[] for _ in params]
+    to64 = partial(tree_map, lambda t: t.double() if isinstance(t, Tensor) and t.is_floating_point() else t)
+    samples = []
     for i in range(num_samples):
-        grads = torch.autograd.grad(loss(plain, _to64(batch([i]))), params, allow_unused=True)
-        for rows, p, g in zip(per_sample, params, grads, strict=True):
-            g = torch.zeros_like(p) if g is None else g
-            rows.append(g / K if loss_reduction == "sum" else g)
-    stacked = [torch.stack(rows) for rows in per_sample]
+        grads = torch.autograd.grad(loss(plain, to64(batch([i]))), params, allow_unused=True)
+        samples.append(
+            [
+                torch.zeros_like(p) if g is None else g / (K if loss_reduction == "sum" else 1)
+                for p, g in zip(params, grads, strict=True)
+            ]
+        )
+    stacked = [torch.stack(rows) for rows in zip(*samples, strict=True)]
     return clip_and_sum(stacked, max_grad_norm=max_grad_norm, clipping=clipping).summed
 
 
 def clipped_sum(wrapped: nn.Module, optimizer: Any, loss: LossOf, pieces: list[Any]) -> list[Tensor]:
-    """``S``: a forward/backward with ``loss`` on each piece of one logical batch, then the optimizer's clip-and-sum.
+    """``S``: ``loss`` and ``backward()`` on each piece of a logical batch, then the (σ = 0) optimizer's clipped sum.
 
-    Every piece but the last is clipped by ``optimizer.virtual_step()``, as ``BatchMemoryManager`` does;
-    the noise multiplier must be 0. Returns one float64 tensor per parameter of ``optimizer.params``.
+    Every piece but the last is clipped by ``optimizer.virtual_step()``, as ``BatchMemoryManager`` does.
+    Returns one float64 tensor per parameter of ``optimizer.params``.
     """
     optimizer.zero_grad()
     for i, batch in enumerate(pieces):
@@ -245,24 +238,16 @@ def audit_sensitivity(
 
     Args:
         model: the model; a clean copy is wrapped, so ``model`` itself is not touched.
-        batch: ``batch(indices)`` returns the batch holding those samples (each sample's ``K`` rows,
-            sample-major, in the layout ``batch_first`` says).
-        loss: ``loss(wrapped_model, batch)`` runs the forward pass(es) and returns the loss to call
-            ``backward()`` on (reduced as ``loss_reduction`` says).
+        batch: ``batch(indices)``: the batch of those samples (each sample's ``K`` rows, sample-major).
+        loss: ``loss(wrapped_model, batch)``: the loss to call ``backward()`` on.
         num_samples: ``B``, the samples in the full batch ``D``.
-        mode: a grad-sample mode (:func:`dpnotebook.available_modes`).
-        K: augmented copies per sample.
-        loss_reduction: ``"mean"`` or ``"sum"``.
-        batch_first: rows in dim 0 (``True``) or dim 1.
-        clipping: ``"flat"`` or ``"per_layer"``.
-        max_grad_norm: ``C`` (or, with ``clipping="per_layer"``, one bound per parameter; ``C`` is their total).
+        mode, K, loss_reduction, batch_first, clipping: the setting audited.
+        max_grad_norm: ``C`` (with ``clipping="per_layer"``, one bound per parameter; ``C`` is their total).
         reference: also compute ``reference_gap`` against :func:`reference_clipped_sum`.
-        physical_batch_size: feed each logical batch in pieces of at most this many samples, clipping
-            all but the last with ``virtual_step`` (as ``BatchMemoryManager`` does).
+        physical_batch_size: feed each logical batch in pieces of at most this many samples (``virtual_step``).
 
     Returns:
-        A :class:`SensitivityReport`. Errors raised by the library (a refused model or input)
-        propagate: a clear error is an acceptable outcome, a silent wrong sum is not.
+        A :class:`SensitivityReport`. An error the library raises (a refusal) propagates.
     """
     check_positive_int("num_samples", num_samples, minimum=0)
     if physical_batch_size is not None:
@@ -293,10 +278,8 @@ def audit_sensitivity_across_ranks(
 ) -> SensitivityReport:
     """:func:`audit_sensitivity` in every process of a ``torch.distributed`` group, on the all-reduced sum.
 
-    Sample ``i`` lives on rank ``i % world_size``, as the distributed sampler places it; each rank
-    clips its own samples with the library's distributed DP optimizer (σ = 0) and the report is the
-    same on every rank. Arguments as :func:`audit_sensitivity`; ``model`` must be the same on every
-    rank and ``batch(indices)`` takes global indices (it may get an empty list).
+    Sample ``i`` lives on rank ``i % world_size``; ``batch(indices)`` takes global indices (maybe none).
+    Arguments as :func:`audit_sensitivity`; the report is the same on every rank.
 
     Raises:
         RuntimeError: ``torch.distributed`` is not initialised.
