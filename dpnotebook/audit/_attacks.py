@@ -69,10 +69,7 @@ def _count(name: str, value: int, low: int, high: int | None = None) -> int:
 def _scores(name: str, values: object) -> Array:
     a = np.asarray(values, dtype=float).reshape(-1)
     if a.size == 0 or np.isnan(a).any():
-        raise ValueError(
-            f"{name} has {a.size} scores{' with NaN' if a.size else ''}: an attack needs at least one "
-            "score per group and no NaN. Fix: score every member and non-member."
-        )
+        raise ValueError(f"{name} has {a.size} scores{' with NaN' if a.size else ''}: score every record, without NaN.")
     return a
 
 
@@ -136,8 +133,7 @@ def dp_tpr_bound(fpr: float | Array, epsilon: float, delta: float) -> Array:
     a = _rates("fpr", fpr)
     if not (epsilon >= 0 and math.isfinite(epsilon)) or not 0 <= delta <= 1:
         raise ValueError(
-            f"epsilon={epsilon!r}, delta={delta!r} are invalid: need epsilon >= 0 finite and "
-            "0 <= delta <= 1. Fix: pass the accountant's (epsilon, delta)."
+            f"epsilon={epsilon!r}, delta={delta!r} are invalid: need a finite epsilon >= 0, delta in [0, 1]."
         )
     bound = np.minimum(math.exp(epsilon) * a + delta, 1 - math.exp(-epsilon) * (1 - a - delta))
     return np.clip(bound, 0.0, 1.0)
@@ -231,7 +227,7 @@ def attack_roc(member_scores: object, nonmember_scores: object) -> AttackROC:
 
 
 def advantage_bound(epsilon: float, delta: float = 0.0) -> float:
-    """The largest membership advantage ``TPR - FPR`` an ``(epsilon, delta)``-DP training allows (Humphries et al. 2020).
+    """The largest membership advantage ``TPR - FPR`` an ``(epsilon, delta)``-DP training allows (Humphries et al.).
 
     >>> round(advantage_bound(1.0), 4), round(advantage_bound(8.0, 1e-5), 4)
     (0.4621, 0.9993)
@@ -375,7 +371,7 @@ def example_losses(
     """
     if inputs.shape[0] != targets.shape[0]:
         raise ValueError(
-            f"inputs has {inputs.shape[0]} records but targets has {targets.shape[0]}: pass one target per input."
+            f"inputs has {inputs.shape[0]} records but targets has {targets.shape[0]}: pass one per input."
         )
     was_training = model.training
     model.eval()
@@ -390,8 +386,7 @@ def example_losses(
     losses = torch.cat([o.reshape(-1) for o in out]).detach().double().cpu() if out else torch.zeros(0)
     if losses.shape != (inputs.shape[0],):
         raise ValueError(
-            f"loss_fn returned shape {tuple(losses.shape)} for {inputs.shape[0]} records: it must give "
-            "one loss per record (reduction='none')."
+            f"loss_fn gave shape {tuple(losses.shape)} for {len(inputs)} records: give one loss per record."
         )
     return losses
 
@@ -444,10 +439,8 @@ def sliced_attack(roc: AttackROC, member_groups: object, nonmember_groups: objec
     """
     mg, ng = np.asarray(member_groups).reshape(-1), np.asarray(nonmember_groups).reshape(-1)
     if mg.shape != roc.member_scores.shape or ng.shape != roc.nonmember_scores.shape:
-        raise ValueError(
-            f"{mg.size} member groups for {roc.member_scores.size} members and {ng.size} non-member groups for "
-            f"{roc.nonmember_scores.size} non-members: pass one group per scored record, in the same order."
-        )
+        sizes = f"{mg.size} and {ng.size} groups for {roc.member_scores.size} and {roc.nonmember_scores.size} records"
+        raise ValueError(f"{sizes}: pass one group per scored record, in order.")
     groups = sorted(set(mg.tolist()) & set(ng.tolist()))
     if not groups:
         raise ValueError("no group has both members and non-members: nothing to compare within a group.")
@@ -455,7 +448,7 @@ def sliced_attack(roc: AttackROC, member_groups: object, nonmember_groups: objec
 
 
 def one_run_p_value(*, canaries: int, guesses: int, correct: int, epsilon: float, delta: float = 0.0) -> float:
-    """How likely ``correct`` or more right out of ``guesses`` are, ``canaries`` each included on a coin, under (ε, δ)-DP.
+    """How likely ``correct`` or more right of ``guesses`` are, ``canaries`` each in on a coin, under (ε, δ)-DP.
 
     >>> one_run_p_value(canaries=10, guesses=4, correct=0, epsilon=1.0)
     1.0
@@ -601,8 +594,7 @@ def audit_one_run(
     inc = np.asarray(included).reshape(-1)
     if s.shape != inc.shape or s.size == 0 or np.isnan(s).any():
         raise ValueError(
-            f"scores has shape {s.shape} and included {inc.shape}: give one finite score and one "
-            "inclusion flag per canary."
+            f"scores {s.shape}, included {inc.shape}: give one finite score and one inclusion flag per canary."
         )
     if inc.dtype != bool:
         raise ValueError(f"included has dtype {inc.dtype}: pass the coins as booleans (True = in training).")
@@ -720,8 +712,7 @@ def unreached_coordinates(weight: Tensor, inputs: Tensor) -> Tensor:
     flat = inputs.reshape(inputs.shape[0], -1)
     if flat.shape[1] != weight.shape[1]:
         raise ValueError(
-            f"inputs have {flat.shape[1]} values per record but weight takes {weight.shape[1]}: pass the "
-            "inputs of the layer whose weight this is."
+            f"inputs have {flat.shape[1]} values per record, weight takes {weight.shape[1]}: pass its inputs."
         )
     return (flat == 0).all(0).expand(weight.shape[0], -1).reshape(-1).nonzero().reshape(-1)
 
@@ -780,18 +771,14 @@ class GradientCanaries:
         >>> GradientCanaries.dirac(torch.zeros(2, 2), [0, 0], np.array([True, False]))
         Traceback (most recent call last):
         ...
-        ValueError: coordinates repeat an index: two Dirac canaries on one coordinate add up and neither is alone. Fix: pass distinct flat indices.
+        ValueError: coordinates repeat an index: two Dirac canaries there add up. Fix: pass distinct indices.
         """
         idx = torch.as_tensor(coordinates, dtype=torch.long).reshape(-1)
         if idx.numel() and (idx.min() < 0 or idx.max() >= parameter.numel()):
-            raise ValueError(
-                f"coordinates must be flat indices in [0, {parameter.numel()}) of the parameter; "
-                f"got {int(idx.min())}..{int(idx.max())}."
-            )
+            raise ValueError(f"coordinates must be flat indices in [0, {parameter.numel()}), not {idx.tolist()}.")
         if idx.unique().numel() != idx.numel():
             raise ValueError(
-                "coordinates repeat an index: two Dirac canaries on one coordinate add up and neither is "
-                "alone. Fix: pass distinct flat indices."
+                "coordinates repeat an index: two Dirac canaries there add up. Fix: pass distinct indices."
             )
         return cls(parameter, None, idx, included, gradient_norm)
 
@@ -818,10 +805,7 @@ class GradientCanaries:
         from dpnotebook.privacy import DPOptimizer
 
         if not isinstance(optimizer, DPOptimizer):
-            raise TypeError(
-                f"optimizer is a {type(optimizer).__name__}: gradient canaries audit a DPOptimizer's step. "
-                "Fix: pass the optimizer make_private returned."
-            )
+            raise TypeError(f"optimizer is a {type(optimizer).__name__}: pass the DPOptimizer make_private returned.")
         if not any(p is self.parameter for p in optimizer.params):
             raise ValueError("the canaries' parameter is not one the optimizer updates: pass a parameter of its model.")
         self.sample_rate = float(sample_rate)
@@ -837,7 +821,8 @@ class GradientCanaries:
         if optimizer.loss_reduction == "mean":  # the step divided by the expected batch times the backward passes
             scale *= optimizer.expected_batch_size * optimizer.accumulated_iterations
         flat = grad.detach().reshape(-1).cpu().double()
-        projected = flat[self.coordinates] if self.coordinates is not None else self.directions @ flat  # type: ignore[operator]
+        dirac = self.coordinates is not None
+        projected = flat[self.coordinates] if dirac else self.directions @ flat  # type: ignore[operator]
         self.projections.append(projected.numpy() * scale)
 
     def inject(self, canary_ids: Tensor) -> None:
@@ -1018,8 +1003,7 @@ def audited_digits_run(
     private = target_epsilon is not None or noise_multiplier is not None
     if gradient_canaries and not private:
         raise ValueError(
-            f"gradient_canaries={gradient_canaries} without DP-SGD: gradient canaries audit the DP step. "
-            "Fix: pass target_epsilon or noise_multiplier (0 for clipping without noise)."
+            f"gradient_canaries={gradient_canaries} without DP-SGD: pass target_epsilon or noise_multiplier."
         )
     device = check_device(device)
     x_all, y_all = load_digits_tensors()[0].tensors
@@ -1044,8 +1028,7 @@ def audited_digits_run(
         free = unreached_coordinates(first.weight, x_train)
         if gradient_canaries > free.numel():
             raise ValueError(
-                f"gradient_canaries={gradient_canaries} is invalid: only {free.numel()} first-layer weights are "
-                "reached by no training record. Fix: pass at most that many."
+                f"gradient_canaries={gradient_canaries}: only {free.numel()} first-layer weights are free."
             )
         pick = torch.randperm(free.numel(), generator=torch.Generator().manual_seed(seed + 5))[:gradient_canaries]
         coins = draw_inclusion(gradient_canaries, seed=seed + 6)

@@ -279,7 +279,7 @@ def _apply_record(record: str, family: Family, x: Tensor, t: Tensor, gen: torch.
 
 
 def _rows(data: Tensor, indices: list[int], K: int, batch_first: bool) -> Tensor:
-    """The ``K`` copies of each sample in ``indices``, sample-major; time-major (rows in dim 1) unless ``batch_first``."""
+    """The ``K`` copies of each sample in ``indices``, sample-major; rows in dim 1 unless ``batch_first``."""
     picked = data[indices, :K]  # [n, K, ...]
     rows = picked.reshape(len(indices) * K, *picked.shape[2:])
     return rows if batch_first else rows.transpose(0, 1)
