@@ -50,9 +50,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from dpnotebook.audit._sensitivity import FLOAT32_TOLERANCE, TOLERANCE, SensitivityReport, audit_sensitivity
 from dpnotebook.layers import DPLSTM, DPMultiheadAttention
-from dpnotebook.modes import available_modes, wrap_model
+from dpnotebook.modes import available_modes
 from dpnotebook.privacy._arguments import check_choice
-from dpnotebook.privacy._optimizer import optimizer_class
 
 T = 5  # positions of a sequence sample
 #: The clipping bound of the grid and the surfaces: small enough that every sample is clipped.
@@ -61,18 +60,13 @@ C = 0.01
 
 @dataclass(frozen=True)
 class Family:
-    """A model maker and the shapes of one sample.
+    """A model maker (``make(batch_first)``) and the shapes of one row's input and output.
 
     Attributes:
-        name: the family's key in :data:`FAMILIES`.
-        make: ``make(batch_first) -> model``.
-        sample: the shape of one row's input (token ids when ``vocab`` is set).
-        out: the shape of one row's output.
         sequence: rows may be in dim 1 (``batch_first=False``) as well.
-        vocab: ids are drawn from ``range(vocab)`` (``0`` for float inputs).
+        vocab: inputs are token ids from ``range(vocab)`` (``0``: float inputs).
         out_batch_first: the output keeps rows in dim 0 in either layout.
-        same_size_neighbours: a neighbour keeps every sample and sets the removed one's targets
-            (so its loss) to 0, so that the batch size does not change.
+        same_size_neighbours: a neighbour keeps every sample and zeroes the removed one's targets.
     """
 
     name: str
@@ -413,63 +407,17 @@ class Refusal(NamedTuple):
     types: tuple[type[BaseException], ...] = (Exception,)
 
 
-#: The points the library refuses by design.
+#: The points the library refuses by design (docs/guarantees.md says why).
 REFUSALS = [
-    Refusal(
-        {"ew"},
-        r"rows",
-        "the relative-position bias's rows are query positions: the provenance probe refuses it at B*K = T "
-        "(the row count at B*K != T); hooks and ghost mode know the bias is batch-free and capture it where "
-        "it meets the batch (grad_sample._engine.broadcast); functorch replays each sample whole",
-        {"relative_bias"},
-    ),
-    Refusal(
-        {"ew"},
-        r"cannot handle batch_first=False",
-        "ExpandedWeights needs the rows in dim 0",
-        None,
-        False,
-        None,
-        (ValueError,),
-    ),
+    Refusal({"ew"}, r"rows", "the bias's rows are query positions (hooks, ghost: captured)", {"relative_bias"}),
+    Refusal({"ew"}, r"cannot handle batch_first=False", "rows must be in dim 0", None, False, None, (ValueError,)),
     Refusal({"ew"}, r"no per-sample rule", "ExpandedWeights has no rule for PReLU", {"fallback"}),
-    Refusal(
-        {"ew"},
-        r"cannot be used with per-sample gradients",
-        "DP layers share parameters between submodules, which ExpandedWeights cannot see",
-        {"lstm", "attention"},
-    ),
-    Refusal(
-        {"hooks", "ghost"},
-        r"outside",
-        "a parameter used outside its layer: its samplers would miss that part (functorch and ew follow it)",
-        {"outside_use"},
-    ),
-    Refusal(
-        {"hooks", "ghost", "ew"},
-        r"rows",
-        "layers see time steps in the batch dim, not samples (functorch replays each sample whole)",
-        {"time_major"},
-    ),
-    Refusal(
-        {"ew"},
-        r"reached by two paths",
-        "ExpandedWeights swaps parameters by path: a module reached by two paths has no rule",
-        {"shared_parent"},
-    ),
-    Refusal(
-        {"ew"},
-        r"one backward pass went through 2 forward passes",
-        "ExpandedWeights adds the per-row gradients of two forward passes row by row",
-        passes=2,
-    ),
-    Refusal(
-        {"hooks", "ghost"},
-        r"rows",
-        "a layer after the time-major part sees rows in dim 0 while batch_first=False says dim 1",
-        {"last_step"},
-        False,
-    ),
+    Refusal({"ew"}, r"cannot be used with per-sample gradients", "DP layers share parameters", {"lstm", "attention"}),
+    Refusal({"hooks", "ghost"}, r"outside", "a parameter used outside its layer", {"outside_use"}),
+    Refusal({"hooks", "ghost", "ew"}, r"rows", "layers see time steps as rows", {"time_major"}),
+    Refusal({"ew"}, r"reached by two paths", "ExpandedWeights swaps parameters by path", {"shared_parent"}),
+    Refusal({"ew"}, r"one backward pass went through 2 forward passes", "rows of two passes add up", passes=2),
+    Refusal({"hooks", "ghost"}, r"rows", "rows in dim 0 after a time-major part", {"last_step"}, False),
 ]
 
 
@@ -658,15 +606,7 @@ def _engine_step_setup(
 def freeze_after_backward(mode: str, x: Tensor, weights: Tensor) -> tuple[Tensor, float]:
     """``backward()``, then ``model[0].weight.requires_grad_(False)``, then ``step()``."""
     model = _model()
-    wrapped = wrap_model(model, mode, loss_reduction="sum")
-    optimizer = optimizer_class(mode)(
-        torch.optim.SGD(model.parameters(), lr=1.0),
-        noise_multiplier=0.0,
-        max_grad_norm=C,
-        expected_batch_size=1.0,
-        loss_reduction="sum",
-        secure_mode=False,
-    )
+    wrapped, optimizer, _ = _engine_step_setup(mode, model, list(model.parameters()), x, weights)
     before = _flat(model)
     optimizer.zero_grad()
     _loss(wrapped, x, weights).backward()
