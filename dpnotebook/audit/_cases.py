@@ -281,13 +281,7 @@ def _rows(data: Tensor, indices: list[int], K: int, batch_first: bool) -> Tensor
 
 @dataclass
 class AuditCase:
-    """One layer family with one record pattern, ready for :func:`~dpnotebook.audit.audit_sensitivity`.
-
-    Attributes:
-        family: the model's :class:`Family`.
-        record: one of :data:`RECORDS`.
-        inputs: ``[N, MAX_K, ...]`` inputs; targets: ``[N, MAX_K, ...]`` targets.
-    """
+    """One layer family with one record (of :data:`RECORDS`): ``[N, MAX_K, ...]`` inputs and targets."""
 
     family: Family
     record: str
@@ -442,10 +436,8 @@ def grid(
     Ks: Iterable[int] = (1, 3),
     dtype: torch.dtype = torch.float64,
 ) -> Iterator[GridPoint]:
-    """Every point of the grid (a record only where it means something: cancelling copies need ``K > 1``).
+    """Every point of the grid (a record only where it means something; ``same_size_neighbours``: sum only).
 
-    A family with ``same_size_neighbours`` is audited with ``loss_reduction="sum"`` only (with
-    ``"mean"`` the definition divides each sample's loss by its own rows, the neighbour by all).
     An unknown mode, family or record is a ``ValueError`` listing the valid ones:
 
     >>> next(grid(families=["linear"]))
@@ -538,19 +530,14 @@ def summarise(outcomes: Iterable[Outcome]) -> str:
 #: The samples of the audited batch; sample 0 is the adversarial one (inputs x 100: a gradient far above C).
 B = 4
 
-#: ``step(mode, x, weights) -> (parameter update, the C the step's noise was calibrated to)``.
 Step = Callable[[str, Tensor, Tensor], tuple[Tensor, float]]
 
 
 @dataclass(frozen=True)
 class Surface:
-    """One way of driving a DP step, and the error the library raises if it refuses it.
+    """One way of driving a DP step (``description``), and the ``(error type, pattern)`` of its refusal.
 
-    Attributes:
-        name: the key in :data:`SURFACES`.
-        description: what the training loop does.
-        step: runs one step; returns the flat parameter update and the ``C`` of its noise.
-        refusal: ``(error type, message pattern)`` the library raises when it refuses the surface.
+    ``step(mode, x, weights)`` runs one step and returns the flat parameter update and the ``C`` of its noise.
     """
 
     name: str
@@ -676,18 +663,12 @@ SURFACES: dict[str, Surface] = {
 
 
 def audit_surface(name: str, mode: str) -> SensitivityReport:
-    """``||update(D) - update(D')|| / C`` for every sample, ``D'``: that sample's loss weight set to 0.
+    """``||update(D) - update(D')|| / C`` of surface ``name`` in ``mode`` for every sample (``D'``: its weight 0).
 
-    Args:
-        name: a key of :data:`SURFACES`.
-        mode: a grad-sample mode (:func:`dpnotebook.available_modes`).
-
-    Returns:
-        A :class:`~dpnotebook.audit.SensitivityReport` (``movers`` name no parameter here).
-        An error the library raises (a refusal) propagates.
+    Returns a :class:`~dpnotebook.audit.SensitivityReport`; a refusal of the library propagates.
 
     Raises:
-        KeyError: ``name`` is not a surface; the message lists them.
+        KeyError: ``name`` is not a key of :data:`SURFACES` (the message lists them).
     """
     if name not in SURFACES:
         raise KeyError(f"surface {name!r} is unknown; choose one of {sorted(SURFACES)}.")
@@ -705,12 +686,7 @@ def audit_surface(name: str, mode: str) -> SensitivityReport:
 
 
 def surface_matches(name: str, mode: str) -> str | None:
-    """``None`` if the surface is refused with its documented error or keeps the bound in ``mode``, else what broke.
-
-    Args:
-        name: a key of :data:`SURFACES`.
-        mode: a grad-sample mode.
-    """
+    """``None`` if surface ``name`` is refused with its documented error or keeps the bound in ``mode``, else why."""
     types, pattern = SURFACES[name].refusal
     try:
         report = audit_surface(name, mode)
