@@ -999,9 +999,7 @@ def audited_digits_run(
         raise ValueError("both target_epsilon and noise_multiplier given: pass one (or neither for plain SGD).")
     private = target_epsilon is not None or noise_multiplier is not None
     if gradient_canaries and not private:
-        raise ValueError(
-            f"gradient_canaries={gradient_canaries} without DP-SGD: pass target_epsilon or noise_multiplier."
-        )
+        raise ValueError(f"gradient_canaries={gradient_canaries} without DP-SGD: pass a noise_multiplier.")
     device = check_device(device)
     x_all, y_all = load_digits_tensors()[0].tensors
     if 2 * members > len(x_all):
@@ -1024,9 +1022,7 @@ def audited_digits_run(
         assert isinstance(first, nn.Linear)
         free = unreached_coordinates(first.weight, x_train)
         if gradient_canaries > free.numel():
-            raise ValueError(
-                f"gradient_canaries={gradient_canaries}: only {free.numel()} first-layer weights are free."
-            )
+            raise ValueError(f"gradient_canaries={gradient_canaries}: only {free.numel()} first-layer weights free.")
         pick = torch.randperm(free.numel(), generator=torch.Generator().manual_seed(seed + 5))[:gradient_canaries]
         coins = draw_inclusion(gradient_canaries, seed=seed + 6)
         grad_canaries = GradientCanaries.dirac(first.weight, free[pick], coins, gradient_norm=10 * max_grad_norm)
