@@ -587,14 +587,11 @@ def audit_one_run(
     >>> audit_one_run(np.where(included, 1.0, 0.0) + rng.random(1000), included).epsilon > 3
     True
     """
-    s = np.asarray(scores, dtype=float).reshape(-1)
-    inc = np.asarray(included).reshape(-1)
+    s, inc = np.asarray(scores, dtype=float).reshape(-1), _coins(np.asarray(included).reshape(-1))
     if s.shape != inc.shape or s.size == 0 or np.isnan(s).any():
         raise ValueError(
             f"scores {s.shape}, included {inc.shape}: give one finite score and one inclusion flag per canary."
         )
-    if inc.dtype != bool:
-        raise ValueError(f"included has dtype {inc.dtype}: pass the coins as booleans (True = in training).")
     m = s.size
     pairs = [(g, 0) if isinstance(g, (int, np.integer)) else tuple(g) for g in (guesses or default_guesses(m))]
     alpha = _in_open_unit("significance", significance, "0.05") / len(pairs)  # Bonferroni
@@ -620,7 +617,9 @@ def draw_inclusion(canaries: int, *, seed: int) -> Array:
 def _coins(included: Array) -> Array:
     inc = np.asarray(included)
     if inc.dtype != bool or inc.ndim != 1:
-        raise ValueError(f"included has dtype {inc.dtype} and shape {inc.shape}: pass one boolean coin a canary.")
+        raise ValueError(
+            f"included has dtype {inc.dtype}, shape {inc.shape}: pass the coins as booleans, one a canary."
+        )
     return inc
 
 

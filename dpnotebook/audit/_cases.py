@@ -530,8 +530,6 @@ def summarise(outcomes: Iterable[Outcome]) -> str:
 #: The samples of the audited batch; sample 0 is the adversarial one (inputs x 100: a gradient far above C).
 B = 4
 
-Step = Callable[[str, Tensor, Tensor], tuple[Tensor, float]]
-
 
 @dataclass(frozen=True)
 class Surface:
@@ -542,7 +540,7 @@ class Surface:
 
     name: str
     description: str
-    step: Step
+    step: Callable[[str, Tensor, Tensor], tuple[Tensor, float]]
     refusal: tuple[type[BaseException], str]
 
 
