@@ -1,20 +1,9 @@
-"""Auditing what DP training promises.
+"""Auditing what DP training promises, from the inside and from the outside.
 
-The guarantee, measured from the inside: :func:`audit_sensitivity` measures how far one sample moves
-a DP-SGD step (at most ``C``) with the library's own step, and compares the clipped sum with the
-float64 definition; :func:`audit_sensitivity_across_ranks` does it on the all-reduced sum. It runs on
-layer families (:data:`FAMILIES`) with adversarial records (:data:`RECORDS`, :func:`audit_case`), and
-on training-loop surfaces (:data:`SURFACES`); :func:`grid` and :func:`run_point` cover every mode x
-family x record x K x reduction x layout x clipping, with the refusals the library makes by design
-(``python -m dpnotebook.audit`` runs it).
-
-What the guarantee buys, measured from the outside: DP as a hypothesis test (:func:`gaussian_tpr`,
-:func:`pld_tpr`, the bound :func:`dp_tpr_bound`); membership-inference attacks on a trained model
-(:func:`loss_threshold_attack`, :func:`calibrated_attack`) with their ROC (:func:`attack_roc`) and
-error bars; an empirical lower bound on epsilon from canaries in one training run
-(:func:`audit_one_run`, Steinke, Nasr & Jagielski 2023), black-box or with white-box
-:class:`GradientCanaries` (Nasr et al. 2023); and both on a digits model next to the accountant's
-epsilon (:func:`audited_digits_run`).
+Inside: :func:`audit_sensitivity` measures how far one sample moves a DP-SGD step (at most ``C``),
+on adversarial layer families and records (:func:`grid`, ``python -m dpnotebook.audit``) and
+training-loop surfaces. Outside: DP as a hypothesis test, membership attacks, and empirical lower
+bounds on epsilon from canaries in one training run (:func:`audit_one_run`, :class:`GradientCanaries`).
 
 >>> from dpnotebook.audit import advantage_bound, gaussian_epsilon
 >>> round(advantage_bound(gaussian_epsilon(1.0, 1e-5), 1e-5), 3)    # mu = 1: what any attacker gains at most
@@ -23,39 +12,37 @@ epsilon (:func:`audited_digits_run`).
 
 from dpnotebook.audit._attacks import (
     AttackROC,
+    AuditedRun,
+    GradientCanaries,
     OneRunAudit,
     OperatingPoint,
     advantage_bound,
     advantage_noise_floor,
     attack_roc,
     audit_one_run,
+    audited_digits_run,
     calibrated_attack,
     clopper_pearson,
     default_guesses,
+    dp_sgd_canary_scores,
     dp_tpr_bound,
+    draw_inclusion,
     example_losses,
     gaussian_delta,
     gaussian_epsilon,
+    gaussian_mechanism_scores,
     gaussian_mu,
     gaussian_tpr,
     held_out_point,
     loss_threshold_attack,
+    mislabeled_canaries,
     one_run_epsilon,
     one_run_p_value,
     pld_tpr,
-    sliced_attack,
-    worst_case_correct,
-)
-from dpnotebook.audit._canaries import (
-    AuditedRun,
-    GradientCanaries,
-    audited_digits_run,
-    dp_sgd_canary_scores,
-    draw_inclusion,
-    gaussian_mechanism_scores,
-    mislabeled_canaries,
     random_image_canaries,
+    sliced_attack,
     unreached_coordinates,
+    worst_case_correct,
 )
 from dpnotebook.audit._cases import (
     FAMILIES,
@@ -63,13 +50,18 @@ from dpnotebook.audit._cases import (
     SURFACES,
     AuditCase,
     Family,
+    GridPoint,
+    Outcome,
     RelativeBias,
     Surface,
     audit_case,
     audit_surface,
+    grid,
+    matches,
+    run_point,
+    summarise,
     surface_matches,
 )
-from dpnotebook.audit._grid import GridPoint, Outcome, grid, matches, run_point, summarise
 from dpnotebook.audit._sensitivity import (
     FLOAT32_TOLERANCE,
     TOLERANCE,

@@ -1,12 +1,8 @@
 """``python -m dpnotebook.audit``: run the adversarial sensitivity grid and print a summary per mode.
 
-Options: ``--float32`` audits in float32 (default float64), ``--mode NAME`` and
-``--family NAME`` (repeatable) restrict the grid to names from the mode registry
-(:func:`dpnotebook.modes.available_modes`) and the grid's families
-(:data:`dpnotebook.audit.FAMILIES`); any other name is an argparse error that
-lists the valid ones. ``--show`` lists every point that does not keep the library's
-promise. A progress bar (on stderr) shows while the grid runs when stderr is a terminal;
-``--progress`` / ``--no-progress`` force it on or off.
+``--float32`` audits in float32; ``--mode`` and ``--family`` (repeatable) restrict the grid;
+``--show`` lists every point that breaks the library's promise; ``--progress`` / ``--no-progress``
+force the progress bar (on stderr; default: when stderr is a terminal).
 """
 
 from __future__ import annotations
@@ -24,47 +20,32 @@ from dpnotebook.privacy._training import show_progress
 
 def parser() -> argparse.ArgumentParser:
     """The command line; its choices are read from the mode registry and the grid's families."""
-    modes, families = available_modes(), sorted(FAMILIES)
     p = argparse.ArgumentParser(prog="python -m dpnotebook.audit", description=__doc__.splitlines()[0])
     p.add_argument("--float32", action="store_true", help="audit in float32 (default: float64)")
-    p.add_argument(
-        "--mode",
-        action="append",
-        choices=modes,
-        metavar="MODE",
-        help=f"audit only this mode (repeatable); one of: {', '.join(modes)}",
-    )
-    p.add_argument(
-        "--family",
-        action="append",
-        choices=families,
-        metavar="FAMILY",
-        help=f"audit only this layer family (repeatable); one of: {', '.join(families)}",
-    )
+    for name, what, choices in (("mode", "mode", available_modes()), ("family", "layer family", sorted(FAMILIES))):
+        text = f"audit only this {what} (repeatable); one of: {', '.join(choices)}"
+        p.add_argument(f"--{name}", action="append", choices=choices, metavar=name.upper(), help=text)
     p.add_argument("--show", action="store_true", help="print every point that breaks the promise")
     p.add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,
-        default=None,
         help="show a progress bar on stderr (default: only when stderr is a terminal)",
     )
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the grid the arguments select; the exit status is 1 if any point breaks the promise."""
     args = parser().parse_args(argv)
-    dtype = torch.float32 if args.float32 else torch.float64
-    progress = show_progress(args.progress)
     start = time.perf_counter()
-    points = list(grid(modes=args.mode, families=args.family, dtype=dtype))
-    outcomes = [run_point(p) for p in tqdm(points, desc="audit grid", unit="point", disable=not progress)]
+    points = list(grid(modes=args.mode, families=args.family, dtype=torch.float32 if args.float32 else torch.float64))
+    bar = tqdm(points, desc="audit grid", unit="point", disable=not show_progress(args.progress))
+    outcomes = [run_point(p) for p in bar]
     print(summarise(outcomes))
-    broken = [(o, matches(o)) for o in outcomes]
-    broken = [(o, why) for o, why in broken if why]
+    broken = [(o, why) for o in outcomes if (why := matches(o))]
     print(f"{len(outcomes)} points in {time.perf_counter() - start:.0f} s; {len(broken)} break the promise")
-    if args.show:
-        for o, why in broken:
-            print(f"- {o.point.name}: {why}")
+    for o, why in broken if args.show else []:
+        print(f"- {o.point.name}: {why}")
     return 1 if broken else 0
 
 

@@ -1,32 +1,13 @@
-"""What the sensitivity auditor is run on: layer families, adversarial records, training-loop surfaces.
+"""What the sensitivity auditor is run on: layer families, adversarial records, the grid, training-loop surfaces.
 
-A friendly batch of Gaussian inputs hides most privacy bugs: norms are moderate, nothing cancels,
-every layer sees the same rows. The cases here are the ones a reviewer of a DP library tries.
-
-*Layer families* (:data:`FAMILIES`): small seeded models, each covering one way a per-sample
-gradient is formed or a model is put together that has broken DP libraries before: a registered
-sampler (``mlp``, ``conv``, ``seq_linear``, ``embedding``, ``norms``), the ``torch.func`` fallback
-(``fallback``), DP recurrent and attention layers (``lstm``, ``attention``), tied and shared modules
-(``tied``, ``shared_parent``), a parameter used outside its layer (``outside_use``), a model that runs
-time-major inside a batch-first input (``time_major``), and a T5-style relative-position bias whose
-``T`` query positions equal the batch's rows (``relative_bias``). A sequence family's sample is
-``[T, ...]`` and its output ``[T, classes]``; time-major (``batch_first=False``) puts rows in dim 1.
-
-*Records* (:data:`RECORDS`): ``gaussian`` (the friendly baseline); ``scale_1e4`` (one sample's
-inputs, or for token ids its targets, times 1e4); ``zero_loss``; ``duplicated`` (two identical
-samples); ``cancelling_copies`` (a sample's ``K`` copies pull in opposite directions);
-``cancelling_positions`` (two positions of one sample with nearly equal large inputs and opposite
-backprops: what breaks Gram-matrix norms in float32). An :class:`AuditCase` is a family with a
-record: the model, the batch of any subset in either layout, and a dot-product loss
-``<output, target>`` run in one or two forward passes before one backward.
-
-*Surfaces* (:data:`SURFACES`): ways of *using* the optimizer that have broken the guarantee around
-the clipped sum: a parameter frozen between ``backward()`` and ``step()``, two DP optimizers on one
-model, a clipping scheduler stepped inside a logical batch. Each runs one real step through the
-public API with σ = 0, ``lr = 1`` and ``loss_reduction="sum"``, so the update *is* the step;
-:func:`audit_surface` measures ``||update(D) - update(D')|| / C`` with ``D'`` keeping the batch and
-setting one sample's loss weight to 0. Each surface must keep that bound or be refused with its
-documented error (:attr:`Surface.refusal`).
+*Layer families* (:data:`FAMILIES`) are small seeded models, each a way a per-sample gradient is
+formed or a model put together that has broken DP libraries before; a sequence family's sample is
+``[T, ...]`` and time-major (``batch_first=False``) puts rows in dim 1. *Records* (:data:`RECORDS`)
+are the adversarial data patterns; an :class:`AuditCase` is a family with a record. :func:`grid` lists
+every mode x family x record x K x reduction x layout x clipping, :func:`run_point` audits one, and
+:data:`REFUSALS` are the points the library refuses by design (:func:`matches`, :func:`summarise`).
+*Surfaces* (:data:`SURFACES`) are ways of driving the optimizer in a training loop (:func:`audit_surface`).
+docs/guarantees.md ("How it is checked") lists them all and what each found.
 
 >>> case = audit_case("mlp", "scale_1e4")
 >>> x, t = case.batch([0, 2], K=2, batch_first=True)
@@ -41,44 +22,51 @@ Traceback (most recent call last):
 RuntimeError: DP step refused: parameter '0.weight' has requires_grad=False but holds a .grad ...
 >>> surface_matches("freeze_after_backward", "ghost") is None   # ghost keeps the bound (no raw .grad)
 True
+>>> points = list(grid(modes=["hooks"], families=["mlp"], records=["gaussian"]))
+>>> len(points), points[0].name
+(12, 'hooks mlp/gaussian K=1 mean flat batch_first passes=1 float64')
+>>> outcomes = [run_point(p) for p in points]
+>>> outcomes[0].status, outcomes[0].report.ok()
+('bounded', True)
+>>> print(summarise(outcomes))                      # doctest: +ELLIPSIS
+mode       points  bounded  refused  broken  largest ||S(D) - S(D\\{s})|| / C
+hooks          12       12        0       0  1.000000
 """
 
 from __future__ import annotations
 
+import itertools
 import re
 import warnings
-from collections.abc import Callable
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from dpnotebook.audit._sensitivity import SensitivityReport
+from dpnotebook.audit._sensitivity import FLOAT32_TOLERANCE, TOLERANCE, SensitivityReport, audit_sensitivity
 from dpnotebook.layers import DPLSTM, DPMultiheadAttention
-from dpnotebook.modes import wrap_model
-from dpnotebook.privacy._optimizer import optimizer_class
+from dpnotebook.modes import available_modes
+from dpnotebook.privacy._arguments import check_choice
 
 T = 5  # positions of a sequence sample
+#: The clipping bound of the grid and the surfaces: small enough that every sample is clipped.
+C = 0.01
 
 
 @dataclass(frozen=True)
 class Family:
-    """A model maker and the shapes of one sample.
+    """A model maker (``make(batch_first)``) and the shapes of one row's input and output.
 
     Attributes:
-        name: the family's key in :data:`FAMILIES`.
-        make: ``make(batch_first) -> model``.
-        sample: the shape of one row's input (token ids when ``vocab`` is set).
-        out: the shape of one row's output.
         sequence: rows may be in dim 1 (``batch_first=False``) as well.
-        vocab: ids are drawn from ``range(vocab)`` (``0`` for float inputs).
+        vocab: inputs are token ids from ``range(vocab)`` (``0``: float inputs).
         out_batch_first: the output keeps rows in dim 0 in either layout.
-        same_size_neighbours: the neighbour of a batch keeps every sample and sets the
-            removed one's loss weight to 0 (its targets), so that the batch size, which
-            a coincidence of counts may depend on, does not change.
+        same_size_neighbours: a neighbour keeps every sample and zeroes the removed one's targets.
     """
 
     name: str
@@ -160,11 +148,7 @@ class _OutsideUse(nn.Module):
 
 
 class _TimeMajorInside(nn.Module):
-    """Takes ``[B, T]`` ids and runs time-major inside (``emb(idx.t())``), a common RNN idiom.
-
-    Every layer sees ``T`` rows in dim 0, so a wrapper that trusts dim 0 clips
-    time steps, not samples.
-    """
+    """Takes ``[B, T]`` ids and runs time-major inside (``emb(idx.t())``): every layer sees ``T`` rows in dim 0."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -193,11 +177,8 @@ class _LastStep(nn.Module):
 class RelativeBias(nn.Module):
     """T5-style self-attention: a relative-position bias table looked up with a ``[T, T]`` bucket matrix.
 
-    The bias (``nn.Embedding(buckets, heads)`` of the ``[T, T]`` relative distances,
-    ``[H, T, T]``) is computed once and broadcast over the batch, as in Hugging Face
-    T5. Its rows are the ``T`` query positions; when ``T`` equals the batch's ``B*K``
-    rows no count can tell them from samples (:mod:`~dpnotebook.grad_sample._engine.provenance`
-    proves them instead).
+    The bias ``[H, T, T]`` is computed once and broadcast over the batch, as in Hugging Face T5: its
+    rows are the ``T`` query positions, which no count tells from the batch's rows when ``T = B*K``.
 
     >>> RelativeBias()(torch.randint(0, 11, (3, 4))).shape
     torch.Size([3, 4, 3])
@@ -265,14 +246,10 @@ MAX_K = 4
 def _apply_record(record: str, family: Family, x: Tensor, t: Tensor, gen: torch.Generator) -> tuple[Tensor, Tensor]:
     """Turn friendly data ``x`` ``[N, MAX_K, ...]`` and targets ``t`` into ``record``'s pattern."""
     x, t = x.clone(), t.clone()
-    if record == "scale_1e4":
-        if x.is_floating_point():
-            x[1] *= 1e4
-        else:
-            t[1] *= 1e4
+    if record == "scale_1e4":  # one sample's inputs, or for token ids its targets
+        (x if x.is_floating_point() else t)[1] *= 1e4
     elif record == "zero_loss":
-        t[0] = 0
-        t[2] = 0
+        t[[0, 2]] = 0
     elif record == "duplicated":
         x[1], t[1] = x[0], t[0]
     elif record == "cancelling_copies":
@@ -289,48 +266,27 @@ def _apply_record(record: str, family: Family, x: Tensor, t: Tensor, gen: torch.
         else:  # equal token ids: index matching must add them before squaring
             x[0, :, 1] = x[0, :, 0]
         t[0, :, 1] = -t[0, :, 0] * (1 + 1e-3)
-        t[0, :, 0] *= 1000
-        t[0, :, 1] *= 1000
-    elif record != "gaussian":
-        raise ValueError(f"record={record!r} is unknown; choose one of {RECORDS}.")
+        t[0, :, :2] *= 1000
+    else:
+        check_choice("record", record, RECORDS)
     return x, t
 
 
 def _rows(data: Tensor, indices: list[int], K: int, batch_first: bool) -> Tensor:
-    """The ``K`` copies of each sample in ``indices``, sample-major; time-major (rows in dim 1) unless ``batch_first``."""
+    """The ``K`` copies of each sample in ``indices``, sample-major; rows in dim 1 unless ``batch_first``."""
     picked = data[indices, :K]  # [n, K, ...]
     rows = picked.reshape(len(indices) * K, *picked.shape[2:])
     return rows if batch_first else rows.transpose(0, 1)
 
 
-def dot_loss_of(output: Tensor, target: Tensor, *, loss_reduction: str, rows: int) -> Tensor:
-    """``<output, target>`` summed, or divided by the batch's ``rows`` for ``loss_reduction="mean"``.
-
-    >>> dot_loss_of(torch.ones(4, 2), torch.ones(4, 2), loss_reduction="mean", rows=4)
-    tensor(2.)
-    """
-    total = (output * target).sum()
-    return total if loss_reduction == "sum" else total / max(rows, 1)
-
-
 @dataclass
 class AuditCase:
-    """One layer family with one record pattern, ready for :func:`~dpnotebook.audit.audit_sensitivity`.
-
-    Attributes:
-        family: the model's :class:`Family`.
-        record: one of :data:`RECORDS`.
-        inputs: ``[N, MAX_K, ...]`` inputs; targets: ``[N, MAX_K, ...]`` targets.
-    """
+    """One layer family with one record (of :data:`RECORDS`): ``[N, MAX_K, ...]`` inputs and targets."""
 
     family: Family
     record: str
     inputs: Tensor
     targets: Tensor
-
-    @property
-    def name(self) -> str:
-        return f"{self.family.name}/{self.record}"
 
     @property
     def num_samples(self) -> int:
@@ -344,8 +300,7 @@ class AuditCase:
     def batch(self, indices: list[int], *, K: int, batch_first: bool) -> tuple[Tensor, Tensor]:
         """``(inputs, targets)`` of the samples in ``indices``: ``K`` rows each, sample-major.
 
-        A family with ``same_size_neighbours`` keeps every sample in the batch and
-        zeroes the targets (so the loss and its gradient) of those not in ``indices``.
+        A family with ``same_size_neighbours`` keeps every sample and zeroes the others' targets.
         """
         if K > MAX_K:
             raise ValueError(f"K={K} is more than the {MAX_K} copies a case prepares.")
@@ -362,66 +317,230 @@ class AuditCase:
     def loss(
         self, *, loss_reduction: str, batch_first: bool, K: int, passes: int = 1
     ) -> Callable[[nn.Module, Any], Tensor]:
-        """``loss(model, (x, t))``: the dot loss, over ``passes`` (1 or 2) forward passes before one backward.
+        """``loss(model, (x, t))``: ``<output, target>`` over ``passes`` (1 or 2) forward passes before one backward.
 
-        Two passes cut the batch on a sample boundary (a sample's ``K`` rows stay
-        together); each pass's loss is reduced over its own rows, as the wrapper
-        expects of a forward pass.
+        Two passes cut the batch between samples; each pass's loss is reduced over its own rows.
         """
-        bd = 0 if batch_first else 1
+        bd, sum_ = (0 if batch_first else 1), loss_reduction == "sum"
         td = 0 if batch_first or self.family.out_batch_first else 1
 
         def run(model: nn.Module, batch: tuple[Tensor, Tensor]) -> Tensor:
             x, t = batch
             rows = x.shape[bd]
             cut = (rows // K // 2) * K if passes == 2 else rows
-            pieces = [(0, cut), (cut, rows)] if 0 < cut < rows else [(0, rows)]
-            total = None
-            for a, b in pieces:
-                out = model(x.narrow(bd, a, b - a))
-                part = dot_loss_of(out, t.narrow(td, a, b - a), loss_reduction=loss_reduction, rows=b - a)
-                total = part if total is None else total + part
-            assert total is not None  # there is always at least one piece
-            return total
+            ends = [0, cut, rows] if 0 < cut < rows else [0, rows]
+            parts = [
+                (model(x.narrow(bd, a, b - a)) * t.narrow(td, a, b - a)).sum() / (1 if sum_ else max(b - a, 1))
+                for a, b in itertools.pairwise(ends)
+            ]
+            return sum(parts[1:], parts[0])
 
         return run
 
 
 def audit_case(family: str, record: str, *, num_samples: int = NUM_SAMPLES, seed: int = 0) -> AuditCase:
     """The seeded :class:`AuditCase` of ``family`` (a key of ``FAMILIES``) with ``record``."""
-    if family not in FAMILIES:
-        raise ValueError(f"family={family!r} is unknown; choose one of {sorted(FAMILIES)}.")
-    fam = FAMILIES[family]
+    fam = FAMILIES[check_choice("family", family, FAMILIES)]
     gen = torch.Generator().manual_seed(seed)
     x, t = fam.data(num_samples, MAX_K, gen)
     x, t = _apply_record(record, fam, x, t, gen)
     return AuditCase(fam, record, x, t)
 
 
+#: ``(loss_reduction, clipping)`` pairs audited: both reductions with flat clipping, per-layer with sum.
+SETTINGS = (("mean", "flat"), ("sum", "flat"), ("sum", "per_layer"))
+
+
+@dataclass(frozen=True)
+class GridPoint:
+    """One audited configuration."""
+
+    mode: str
+    family: str
+    record: str
+    K: int
+    loss_reduction: str
+    clipping: str
+    batch_first: bool
+    passes: int
+    dtype: torch.dtype = torch.float64
+
+    @property
+    def name(self) -> str:
+        layout = "batch_first" if self.batch_first else "time_major"
+        return (
+            f"{self.mode} {self.family}/{self.record} K={self.K} {self.loss_reduction} {self.clipping} "
+            f"{layout} passes={self.passes} {str(self.dtype).replace('torch.', '')}"
+        )
+
+
+@dataclass
+class Outcome:
+    """What auditing a point gave: a report (``"bounded"`` or ``"violated"``) or an error (``"refused"``)."""
+
+    point: GridPoint
+    report: SensitivityReport | None = None
+    error: BaseException | None = None
+
+    @property
+    def status(self) -> str:
+        if self.error is not None:
+            return "refused"
+        return "bounded" if self.report is not None and self.report.ok() else "violated"
+
+
+class Refusal(NamedTuple):
+    """Points refused by design (``None``: any family, layout or number of passes), and the error expected."""
+
+    modes: set[str]
+    pattern: str
+    why: str
+    families: set[str] | None = None
+    batch_first: bool | None = None
+    passes: int | None = None
+    types: tuple[type[BaseException], ...] = (Exception,)
+
+
+#: The points the library refuses by design (docs/guarantees.md says why).
+REFUSALS = [
+    Refusal({"ew"}, r"rows", "the bias's rows are query positions (hooks, ghost: captured)", {"relative_bias"}),
+    Refusal({"ew"}, r"cannot handle batch_first=False", "rows must be in dim 0", None, False, None, (ValueError,)),
+    Refusal({"ew"}, r"no per-sample rule", "ExpandedWeights has no rule for PReLU", {"fallback"}),
+    Refusal({"ew"}, r"cannot be used with per-sample gradients", "DP layers share parameters", {"lstm", "attention"}),
+    Refusal({"hooks", "ghost"}, r"outside", "a parameter used outside its layer", {"outside_use"}),
+    Refusal({"hooks", "ghost", "ew"}, r"rows", "layers see time steps as rows", {"time_major"}),
+    Refusal({"ew"}, r"reached by two paths", "ExpandedWeights swaps parameters by path", {"shared_parent"}),
+    Refusal({"ew"}, r"one backward pass went through 2 forward passes", "rows of two passes add up", passes=2),
+    Refusal({"hooks", "ghost"}, r"rows", "rows in dim 0 after a time-major part", {"last_step"}, False),
+]
+
+
+def expected_refusal(point: GridPoint) -> Refusal | None:
+    """The :class:`Refusal` that covers ``point``, or ``None`` if the library must audit it."""
+    for r in REFUSALS:
+        if (
+            point.mode in r.modes
+            and (r.families is None or point.family in r.families)
+            and r.batch_first in (None, point.batch_first)
+            and r.passes in (None, point.passes)
+        ):
+            return r
+    return None
+
+
+def grid(
+    *,
+    modes: Iterable[str] | None = None,
+    families: Iterable[str] | None = None,
+    records: Iterable[str] | None = None,
+    Ks: Iterable[int] = (1, 3),
+    dtype: torch.dtype = torch.float64,
+) -> Iterator[GridPoint]:
+    """Every point of the grid (a record only where it means something; ``same_size_neighbours``: sum only).
+
+    An unknown mode, family or record is a ``ValueError`` listing the valid ones:
+
+    >>> next(grid(families=["linear"]))
+    Traceback (most recent call last):
+    ...
+    ValueError: family='linear' is unknown; choose one of ['attention', 'conv', ...].
+    """
+    modes = [check_choice("mode", m, available_modes()) for m in modes or available_modes()]
+    families = [check_choice("family", f, FAMILIES) for f in families or FAMILIES]
+    records = [check_choice("record", r, RECORDS) for r in records or RECORDS]
+    for mode, family, record, K, (reduction, clipping) in itertools.product(modes, families, records, Ks, SETTINGS):
+        fam = FAMILIES[family]
+        if (
+            (record == "cancelling_positions" and not fam.sequence)
+            or (record == "cancelling_copies" and K == 1)
+            or (reduction == "mean" and fam.same_size_neighbours)
+        ):
+            continue
+        for batch_first, passes in itertools.product(fam.layouts, (1, 2)):
+            yield GridPoint(mode, family, record, K, reduction, clipping, batch_first, passes, dtype)
+
+
+def run_point(point: GridPoint, *, reference: bool = True) -> Outcome:
+    """Audit ``point``; an error raised by the library is caught and kept in the outcome."""
+    case = audit_case(point.family, point.record)
+    K, batch_first = point.K, point.batch_first
+
+    def batch(indices: list[int]) -> tuple[Tensor, ...]:
+        xt = case.batch(indices, K=K, batch_first=batch_first)
+        return tuple(a.to(point.dtype) if a.is_floating_point() else a for a in xt)
+
+    try:
+        report = audit_sensitivity(
+            case.model(batch_first).to(point.dtype),
+            batch=batch,
+            num_samples=case.num_samples,
+            mode=point.mode,
+            K=K,
+            loss=case.loss(loss_reduction=point.loss_reduction, batch_first=batch_first, K=K, passes=point.passes),
+            loss_reduction=point.loss_reduction,
+            batch_first=batch_first,
+            clipping=point.clipping,
+            max_grad_norm=C,
+            reference=reference,
+        )
+    except Exception as error:  # noqa: BLE001 - a refusal is an outcome to check, not a crash
+        return Outcome(point, error=error)
+    return Outcome(point, report=report)
+
+
+def matches(outcome: Outcome) -> str | None:
+    """``None`` if the outcome is what the library promises for its point, else what went wrong.
+
+    A kept point must stay within ``C * (1 + TOLERANCE)`` (float32: ``FLOAT32_TOLERANCE``) and within
+    ``1e-6 C`` of the float64 definition (float32: ``1e-2 C``).
+    """
+    refusal, error, report = expected_refusal(outcome.point), outcome.error, outcome.report
+    if error is not None:
+        if refusal is None:
+            return f"raised {type(error).__name__}: {error}"
+        if not isinstance(error, refusal.types) or not re.search(refusal.pattern, str(error)):
+            return f"refused with {type(error).__name__}: {error}; expected /{refusal.pattern}/"
+        return None
+    if refusal is not None:
+        return f"was not refused (expected /{refusal.pattern}/: {refusal.why})\n{report}"
+    assert report is not None  # an outcome holds an error or a report
+    float64 = outcome.point.dtype == torch.float64
+    if not report.ok(TOLERANCE if float64 else FLOAT32_TOLERANCE):
+        return f"sensitivity over C:\n{report}"
+    if report.reference_gap is not None and not report.reference_gap <= (1e-6 if float64 else 1e-2):
+        return f"clipped sum differs from the float64 definition by {report.reference_gap:.3g} C:\n{report}"
+    return None
+
+
+def summarise(outcomes: Iterable[Outcome]) -> str:
+    """One line per mode: points, bounded, refused (by design or not), broken (see :func:`matches`), worst ratio."""
+    by_mode: dict[str, list[Outcome]] = defaultdict(list)
+    for o in outcomes:
+        by_mode[o.point.mode].append(o)
+    lines = [f"{'mode':<9} {'points':>7}  bounded  refused  broken  largest ||S(D) - S(D\\{{s}})|| / C"]
+    for mode, group in sorted(by_mode.items()):
+        status = [o.status for o in group]
+        broken = sum(matches(o) is not None for o in group)
+        worst = max((o.report.max_ratio for o in group if o.report is not None), default=0.0)
+        counts = f"{len(group):>7} {status.count('bounded'):>8} {status.count('refused'):>8} {broken:>7}"
+        lines.append(f"{mode:<9} {counts}  {worst:.6f}")
+    return "\n".join(lines)
+
+
 #: The samples of the audited batch; sample 0 is the adversarial one (inputs x 100: a gradient far above C).
 B = 4
-
-#: The clipping bound of the surfaces (every sample is clipped).
-C = 0.01
-
-#: ``step(mode, x, weights) -> (parameter update, the C the step's noise was calibrated to)``.
-Step = Callable[[str, Tensor, Tensor], tuple[Tensor, float]]
 
 
 @dataclass(frozen=True)
 class Surface:
-    """One way of driving a DP step, and the error the library raises if it refuses it.
+    """One way of driving a DP step (``description``), and the ``(error type, pattern)`` of its refusal.
 
-    Attributes:
-        name: the key in :data:`SURFACES`.
-        description: what the training loop does.
-        step: runs one step; returns the flat parameter update and the ``C`` of its noise.
-        refusal: ``(error type, message pattern)`` the library raises when it refuses the surface.
+    ``step(mode, x, weights)`` runs one step and returns the flat parameter update and the ``C`` of its noise.
     """
 
     name: str
     description: str
-    step: Step
+    step: Callable[[str, Tensor, Tensor], tuple[Tensor, float]]
     refusal: tuple[type[BaseException], str]
 
 
@@ -472,15 +591,7 @@ def _engine_step_setup(
 def freeze_after_backward(mode: str, x: Tensor, weights: Tensor) -> tuple[Tensor, float]:
     """``backward()``, then ``model[0].weight.requires_grad_(False)``, then ``step()``."""
     model = _model()
-    wrapped = wrap_model(model, mode, loss_reduction="sum")
-    optimizer = optimizer_class(mode)(
-        torch.optim.SGD(model.parameters(), lr=1.0),
-        noise_multiplier=0.0,
-        max_grad_norm=C,
-        expected_batch_size=1.0,
-        loss_reduction="sum",
-        secure_mode=False,
-    )
+    wrapped, optimizer, _ = _engine_step_setup(mode, model, list(model.parameters()), x, weights)
     before = _flat(model)
     optimizer.zero_grad()
     _loss(wrapped, x, weights).backward()
@@ -550,18 +661,12 @@ SURFACES: dict[str, Surface] = {
 
 
 def audit_surface(name: str, mode: str) -> SensitivityReport:
-    """``||update(D) - update(D')|| / C`` for every sample, ``D'``: that sample's loss weight set to 0.
+    """``||update(D) - update(D')|| / C`` of surface ``name`` in ``mode`` for every sample (``D'``: its weight 0).
 
-    Args:
-        name: a key of :data:`SURFACES`.
-        mode: a grad-sample mode (:func:`dpnotebook.available_modes`).
-
-    Returns:
-        A :class:`~dpnotebook.audit.SensitivityReport` (``movers`` name no parameter here).
-        An error the library raises (a refusal) propagates.
+    Returns a :class:`~dpnotebook.audit.SensitivityReport`; a refusal of the library propagates.
 
     Raises:
-        KeyError: ``name`` is not a surface; the message lists them.
+        KeyError: ``name`` is not a key of :data:`SURFACES` (the message lists them).
     """
     if name not in SURFACES:
         raise KeyError(f"surface {name!r} is unknown; choose one of {sorted(SURFACES)}.")
@@ -579,12 +684,7 @@ def audit_surface(name: str, mode: str) -> SensitivityReport:
 
 
 def surface_matches(name: str, mode: str) -> str | None:
-    """``None`` if the surface is refused with its documented error or keeps the bound in ``mode``, else what broke.
-
-    Args:
-        name: a key of :data:`SURFACES`.
-        mode: a grad-sample mode.
-    """
+    """``None`` if surface ``name`` is refused with its documented error or keeps the bound in ``mode``, else why."""
     types, pattern = SURFACES[name].refusal
     try:
         report = audit_surface(name, mode)

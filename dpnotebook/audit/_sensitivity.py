@@ -1,21 +1,8 @@
-"""The sensitivity auditor: how far can one sample move a DP-SGD step?
+"""The sensitivity auditor: how far can one sample move a DP-SGD step? (docs/guarantees.md, "How it is checked")
 
-DP-SGD's guarantee rests on one property of the clipped sum ``S(D) = sum over b in D of clip_C(g_b)``:
-adding or removing any one sample ``s`` changes it by a vector of norm at most ``C``. The noise is
-calibrated to exactly that bound, so a step where one sample moves ``S`` by ``2C`` spends far more
-privacy than the accountant says.
-
-The auditor measures the property with the library's own step: the model is wrapped in the chosen
-mode, that mode's DP optimizer is built with ``noise_multiplier=0`` and ``expected_batch_size=1`` (so
-``p.grad`` after ``add_noise()`` *is* ``S``), and for every sample it computes
-``||S(D) - S(D without s)||`` over all parameters together. Nothing is re-implemented: a bug in a grad
-sampler, in ghost norms, in row bookkeeping or in clipping shows up here.
-
-A bug can also keep the bound and still be wrong: a per-sample gradient that misses part of a
-sample's gradient (a parameter used outside its layer) or counts a layer twice is clipped like any
-other. So ``S(D)`` is also compared with the *definition* ``S_ref(D)``: each sample's gradient taken
-alone, in float64, on the plain model, clipped by :func:`~dpnotebook.privacy.clip_and_sum`
-(:func:`reference_clipped_sum`, :attr:`SensitivityReport.reference_gap`).
+DP-SGD's noise is calibrated to one property of the clipped sum ``S(D)``: adding or removing one
+sample moves it by at most ``C``. The auditor measures ``||S(D) - S(D without s)|| / C`` with the
+library's own step (σ = 0), and compares ``S(D)`` with the float64 definition (:func:`reference_clipped_sum`).
 
 >>> import torch
 >>> from torch import nn
@@ -37,13 +24,16 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+from torch.utils._pytree import tree_map
 
 from dpnotebook.modes import wrap_model
+from dpnotebook.privacy._arguments import check_positive_int
 from dpnotebook.privacy._mechanisms import check_layer_bounds, total_bound
 from dpnotebook.privacy._optimizer import as_wrapper, optimizer_class, unwrap_model
 from dpnotebook.testing import clean_copy
@@ -55,11 +45,8 @@ LossOf = Callable[[nn.Module, Any], Tensor]
 
 #: The relative slack allowed above C: rounding of the clipped sums, nothing more.
 TOLERANCE = 1e-5
-#: The slack for a model run in float32: batched float32 kernels round the *other* samples' gradients
-#: differently when the batch changes (docs/guarantees.md, "Float32 and batched kernels"), so
-#: ``S(D) - S(D')`` carries rounding of the whole sum, not of one sample's part. On records whose
-#: positions cancel, the grid measured up to ``1 + 1.03e-5`` (about 90 float32 ulps) in every mode,
-#: ``functorch`` included; 1e-4 is about 840 ulps.
+#: The slack in float32, where batched kernels round the other samples' gradients differently when
+#: the batch changes (docs/guarantees.md, "Float32 and batched kernels").
 FLOAT32_TOLERANCE = 1e-4
 
 
@@ -86,11 +73,6 @@ class SensitivityReport:
         """The largest ratio to ``C`` over all samples (0.0 for an empty batch)."""
         return max(self.ratios, default=0.0)
 
-    @property
-    def worst_sample(self) -> int | None:
-        """The index of the sample that moved the sum most (``None`` for an empty batch)."""
-        return max(range(len(self.ratios)), key=self.ratios.__getitem__) if self.ratios else None
-
     def ok(self, tolerance: float = TOLERANCE) -> bool:
         """Every sample moved the sum by at most ``C * (1 + tolerance)``, and nothing was NaN or inf."""
         return not self.nonfinite and self.max_ratio <= 1 + tolerance
@@ -100,8 +82,7 @@ class SensitivityReport:
         head = " ".join(f"{k}={v}" for k, v in self.setting.items())
         lines = [f"sensitivity audit: {head}", "sample  ||S(D) - S(D\\{s})|| / C  parameter moved most"]
         for i, (r, name) in enumerate(zip(self.ratios, self.movers, strict=True)):
-            mark = "  <- over C" if not r <= 1 + TOLERANCE else ""
-            lines.append(f"{i:>6}  {r:>22.6f}  {name}{mark}")
+            lines.append(f"{i:>6}  {r:>22.6f}  {name}{'' if r <= 1 + TOLERANCE else '  <- over C'}")
         if self.nonfinite:
             lines.append("a clipped sum held NaN or inf")
         if self.reference_gap is not None:
@@ -110,18 +91,7 @@ class SensitivityReport:
             lines.append("(no samples)")
         return "\n".join(lines)
 
-    def __str__(self) -> str:
-        return self.table()
-
-
-def _to64(batch: Any) -> Any:
-    if isinstance(batch, Tensor):
-        return batch.to(torch.float64) if batch.is_floating_point() else batch
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(_to64(b) for b in batch)
-    if isinstance(batch, dict):
-        return {k: _to64(v) for k, v in batch.items()}
-    return batch
+    __str__ = table
 
 
 def reference_clipped_sum(
@@ -135,11 +105,9 @@ def reference_clipped_sum(
     clipping: str,
     max_grad_norm: float | list[float],
 ) -> list[Tensor]:
-    """``S_ref(D)``: every sample's gradient on its own (its ``K`` rows alone), in float64, clipped and summed.
+    """``S_ref(D)``: each sample's gradient alone (its ``K`` rows; ``/ K`` for a sum), in float64, clipped, summed.
 
-    No grad sampler, wrapper or row bookkeeping is involved. A sample's gradient is the mean over its
-    copies of each copy's loss gradient (the gradient of ``loss`` on its rows, divided by ``K`` for
-    ``loss_reduction="sum"``). Returns one tensor per trainable parameter of ``model``, in order.
+    No grad sampler, wrapper or row bookkeeping is involved. Returns one tensor per trainable parameter.
 
     >>> data = torch.randn(3, 2)
     >>> ref = reference_clipped_sum(
@@ -152,24 +120,27 @@ def reference_clipped_sum(
 
     plain = clean_copy(model).to(torch.float64)
     params = [p for p in plain.parameters() if p.requires_grad]
-    per_sample: list[list[Tensor]] = [[] for _ in params]
-    for i in range(num_samples):
-        value = loss(plain, _to64(batch([i])))
-        grads = torch.autograd.grad(value, params, allow_unused=True)
-        for rows, p, g in zip(per_sample, params, grads, strict=True):
-            g = torch.zeros_like(p) if g is None else g
-            rows.append(g / K if loss_reduction == "sum" else g)
     if not num_samples:
         return [torch.zeros_like(p) for p in params]
-    stacked = [torch.stack(rows) for rows in per_sample]
+    to64 = partial(tree_map, lambda t: t.double() if isinstance(t, Tensor) and t.is_floating_point() else t)
+    samples = []
+    for i in range(num_samples):
+        grads = torch.autograd.grad(loss(plain, to64(batch([i]))), params, allow_unused=True)
+        samples.append(
+            [
+                torch.zeros_like(p) if g is None else g / (K if loss_reduction == "sum" else 1)
+                for p, g in zip(params, grads, strict=True)
+            ]
+        )
+    stacked = [torch.stack(rows) for rows in zip(*samples, strict=True)]
     return clip_and_sum(stacked, max_grad_norm=max_grad_norm, clipping=clipping).summed
 
 
 def clipped_sum(wrapped: nn.Module, optimizer: Any, loss: LossOf, pieces: list[Any]) -> list[Tensor]:
-    """``S``: a forward/backward with ``loss`` on each piece of one logical batch, then the optimizer's clip-and-sum.
+    """``S``: ``loss`` and ``backward()`` on each piece of a logical batch, then the (σ = 0) optimizer's clipped sum.
 
-    Every piece but the last is clipped by ``optimizer.virtual_step()``, as ``BatchMemoryManager`` does;
-    the noise multiplier must be 0. Returns one float64 tensor per parameter of ``optimizer.params``.
+    Every piece but the last is clipped by ``optimizer.virtual_step()``, as ``BatchMemoryManager`` does.
+    Returns one float64 tensor per parameter of ``optimizer.params``.
     """
     optimizer.zero_grad()
     for i, batch in enumerate(pieces):
@@ -187,27 +158,36 @@ def clipped_sum(wrapped: nn.Module, optimizer: Any, loss: LossOf, pieces: list[A
 def _audit(
     model: nn.Module,
     setting: dict[str, Any],
-    make_optimizer: Callable[[type, list[nn.Parameter]], Any],
     batches_of: Callable[[list[int]], list[Any]],
     *,
     batch: MakeBatch,
     loss: LossOf,
     num_samples: int,
-    C: float,
     reference: bool,
+    distributed: bool = False,
 ) -> SensitivityReport:
-    """Wrap a clean copy of ``model``, then ``||S(D) - S(D without s)|| / C`` for every ``s`` and the reference gap.
-
-    ``make_optimizer(mode's DP optimizer class, params)`` builds the σ = 0 optimizer;
-    ``batches_of(indices)`` gives the pieces (or this rank's share) holding those samples.
-    """
-    K, loss_reduction = setting["K"], setting["loss_reduction"]
+    """Wrap a clean copy of ``model`` and measure every sample's ratio (``batches_of``: the pieces holding them)."""
+    K, loss_reduction, clipping, bound = (setting[k] for k in ("K", "loss_reduction", "clipping", "C"))
+    C = total_bound(check_layer_bounds(bound, clipping))  # a list of per-layer bounds: their total
     wrapped = wrap_model(
         clean_copy(model), setting["mode"], K=K, batch_first=setting["batch_first"], loss_reduction=loss_reduction
     )
     as_wrapper(wrapped).allow_grad_accumulation()  # a loss may run several forward passes before its backward
     params = [p for p in unwrap_model(wrapped).parameters() if p.requires_grad]
-    optimizer = make_optimizer(optimizer_class(getattr(wrapped, "grad_sample_mode", "hooks")), params)
+    cls = optimizer_class(getattr(wrapped, "grad_sample_mode", "hooks"))
+    if distributed:
+        from dpnotebook.privacy._distributed import distributed_optimizer_class
+
+        cls = distributed_optimizer_class(cls)
+    optimizer = cls(
+        torch.optim.SGD(params, lr=0.0),
+        noise_multiplier=0.0,
+        max_grad_norm=bound,
+        expected_batch_size=1.0,
+        loss_reduction=loss_reduction,
+        clipping=clipping,
+        secure_mode=False,
+    )
     report = SensitivityReport(setting)
     names = {id(p): n for n, p in unwrap_model(wrapped).named_parameters()}
     movers = [names.get(id(p), "?") for p in optimizer.params]
@@ -218,9 +198,8 @@ def _audit(
         without = clipped_sum(wrapped, optimizer, loss, batches_of([i for i in everyone if i != s]))
         parts = [(a - b).norm() for a, b in zip(full, without, strict=True)]
         total = float(torch.stack(parts).norm()) if parts else 0.0
-        finite = math.isfinite(total)
-        report.nonfinite |= not finite
-        report.ratios.append(total / C if finite else math.inf)
+        report.nonfinite |= not math.isfinite(total)
+        report.ratios.append(total / C if math.isfinite(total) else math.inf)
         worst = max(range(len(parts)), key=lambda i: float(parts[i].nan_to_num(math.inf))) if parts else None
         report.movers.append(movers[worst] if worst is not None else "-")
     as_wrapper(wrapped).to_standard_module()
@@ -232,8 +211,8 @@ def _audit(
             num_samples=num_samples,
             K=K,
             loss_reduction=loss_reduction,
-            clipping=setting["clipping"],
-            max_grad_norm=setting["C"],
+            clipping=clipping,
+            max_grad_norm=bound,
         )
         gap = torch.stack([(a - b).norm() for a, b in zip(full, ref, strict=True)]).norm() if ref else torch.tensor(0.0)
         report.reference_gap = float(gap) / C
@@ -259,62 +238,28 @@ def audit_sensitivity(
 
     Args:
         model: the model; a clean copy is wrapped, so ``model`` itself is not touched.
-        batch: ``batch(indices)`` returns the batch holding those samples (each sample's ``K`` rows,
-            sample-major, in the layout ``batch_first`` says).
-        loss: ``loss(wrapped_model, batch)`` runs the forward pass(es) and returns the loss to call
-            ``backward()`` on (reduced as ``loss_reduction`` says).
+        batch: ``batch(indices)``: the batch of those samples (each sample's ``K`` rows, sample-major).
+        loss: ``loss(wrapped_model, batch)``: the loss to call ``backward()`` on.
         num_samples: ``B``, the samples in the full batch ``D``.
-        mode: a grad-sample mode (:func:`dpnotebook.available_modes`).
-        K: augmented copies per sample.
-        loss_reduction: ``"mean"`` or ``"sum"``.
-        batch_first: rows in dim 0 (``True``) or dim 1.
-        clipping: ``"flat"`` or ``"per_layer"``.
-        max_grad_norm: ``C`` (or, with ``clipping="per_layer"``, one bound per parameter; ``C`` is their total).
+        mode, K, loss_reduction, batch_first, clipping: the setting audited.
+        max_grad_norm: ``C`` (with ``clipping="per_layer"``, one bound per parameter; ``C`` is their total).
         reference: also compute ``reference_gap`` against :func:`reference_clipped_sum`.
-        physical_batch_size: feed each logical batch in pieces of at most this many samples, clipping
-            all but the last with ``virtual_step`` (as ``BatchMemoryManager`` does).
+        physical_batch_size: feed each logical batch in pieces of at most this many samples (``virtual_step``).
 
     Returns:
-        A :class:`SensitivityReport`. Errors raised by the library (a refused model or input)
-        propagate: a clear error is an acceptable outcome, a silent wrong sum is not.
+        A :class:`SensitivityReport`. An error the library raises (a refusal) propagates.
     """
-    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 0:
-        raise ValueError(f"num_samples={num_samples!r} is invalid: pass the number of samples B (an int >= 0).")
-    if physical_batch_size is not None and (not isinstance(physical_batch_size, int) or physical_batch_size < 1):
-        raise ValueError(
-            f"physical_batch_size={physical_batch_size!r} is invalid: pass an int >= 1, or None for one piece."
-        )
-    setting = dict(
-        mode=mode, K=K, loss_reduction=loss_reduction, batch_first=batch_first, clipping=clipping, C=max_grad_norm
-    )
-
-    def make_optimizer(cls: type, params: list[nn.Parameter]) -> Any:
-        return cls(
-            torch.optim.SGD(params, lr=0.0),
-            noise_multiplier=0.0,
-            max_grad_norm=max_grad_norm,
-            expected_batch_size=1.0,
-            loss_reduction=loss_reduction,
-            clipping=clipping,
-            secure_mode=False,
-        )
+    check_positive_int("num_samples", num_samples, minimum=0)
+    if physical_batch_size is not None:
+        check_positive_int("physical_batch_size", physical_batch_size)
 
     def pieces(indices: list[int]) -> list[Any]:
         size = physical_batch_size or max(len(indices), 1)
         return [batch(indices[i : i + size]) for i in range(0, max(len(indices), 1), size)]
 
-    C = total_bound(check_layer_bounds(max_grad_norm, clipping))  # a list of per-layer bounds: their total
-    return _audit(
-        model,
-        setting,
-        make_optimizer,
-        pieces,
-        batch=batch,
-        loss=loss,
-        num_samples=num_samples,
-        C=C,
-        reference=reference,
-    )
+    setting = dict(mode=mode, K=K, loss_reduction=loss_reduction, batch_first=batch_first, clipping=clipping)
+    setting["C"] = max_grad_norm
+    return _audit(model, setting, pieces, batch=batch, loss=loss, num_samples=num_samples, reference=reference)
 
 
 def audit_sensitivity_across_ranks(
@@ -333,53 +278,21 @@ def audit_sensitivity_across_ranks(
 ) -> SensitivityReport:
     """:func:`audit_sensitivity` in every process of a ``torch.distributed`` group, on the all-reduced sum.
 
-    Sample ``i`` lives on rank ``i % world_size``, as the distributed sampler places it. For ``D`` and
-    every ``D`` without ``s``, each rank clips its own samples with the library's distributed DP
-    optimizer (σ = 0) and the all-reduce gives ``S``; the report is the same on every rank. Its
-    ``reference_gap`` shows a rank whose sum were lost or counted twice even where the ratios stay
-    below 1. Arguments as :func:`audit_sensitivity`; ``model`` must be the same on every rank and
-    ``batch(indices)`` takes global indices (it may get an empty list). See tests/distributed.
+    Sample ``i`` lives on rank ``i % world_size``; ``batch(indices)`` takes global indices (maybe none).
+    Arguments as :func:`audit_sensitivity`; the report is the same on every rank.
 
     Raises:
         RuntimeError: ``torch.distributed`` is not initialised.
     """
-    from dpnotebook.privacy._distributed import distributed_optimizer_class
-
     if not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError("audit_sensitivity_across_ranks needs torch.distributed initialised in every rank.")
     rank, world = dist.get_rank(), dist.get_world_size()
-    setting = dict(
-        mode=mode,
-        K=K,
-        loss_reduction=loss_reduction,
-        batch_first=batch_first,
-        clipping=clipping,
-        C=max_grad_norm,
-        world_size=world,
-    )
-
-    def make_optimizer(cls: type, params: list[nn.Parameter]) -> Any:
-        return distributed_optimizer_class(cls)(
-            torch.optim.SGD(params, lr=0.0),
-            noise_multiplier=0.0,
-            max_grad_norm=max_grad_norm,
-            expected_batch_size=1.0,
-            loss_reduction=loss_reduction,
-            clipping=clipping,
-            secure_mode=False,
-        )
+    setting = dict(mode=mode, K=K, loss_reduction=loss_reduction, batch_first=batch_first, clipping=clipping)
+    setting.update(C=max_grad_norm, world_size=world)
 
     def local(indices: list[int]) -> list[Any]:
         return [batch([i for i in indices if i % world == rank])]
 
     return _audit(
-        model,
-        setting,
-        make_optimizer,
-        local,
-        batch=batch,
-        loss=loss,
-        num_samples=num_samples,
-        C=max_grad_norm,
-        reference=reference,
+        model, setting, local, batch=batch, loss=loss, num_samples=num_samples, reference=reference, distributed=True
     )

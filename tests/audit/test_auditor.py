@@ -23,7 +23,7 @@ from dpnotebook.audit import (
     run_point,
     summarise,
 )
-from dpnotebook.audit._grid import expected_refusal
+from dpnotebook.audit._cases import expected_refusal
 from dpnotebook.grad_sample import unregister_grad_sampler
 from dpnotebook.modes import available_modes
 
