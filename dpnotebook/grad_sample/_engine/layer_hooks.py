@@ -119,7 +119,7 @@ def sampler_grad_samples(
         bp, scale = bp * scale, 1.0
     if entry.takes_k:
         found = entry.form(acts, bp)(module, acts, bp, K)
-    else:  # Opacus-style: per-row gradients, averaged over each sample's K rows here
+    else:  # a sampler without K: per-row gradients, averaged over each sample's K rows here
         found = {p: g.reshape(B, K, *g.shape[1:]).mean(1) for p, g in entry.fn(module, acts, bp).items()}
     if scale != 1.0:
         found = {p: g * scale for p, g in found.items()}
