@@ -270,7 +270,7 @@ def alias_parameters(
         for name, p in params.items():
             if p is not None and p.requires_grad and isinstance(p, nn.Parameter):
                 alias = p.view_as(p)
-                alias.grad_fn.metadata[_MARK] = True  # type: ignore[union-attr]
+                alias.grad_fn.metadata[_MARK] = True  # type: ignore[union-attr, index]
                 params[name] = alias
                 pairs.append((name, p))
                 if id(p) not in exclude:
