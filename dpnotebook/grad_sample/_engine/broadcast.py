@@ -332,16 +332,8 @@ class BroadcastTracker(TorchFunctionMode):
             big = [a for a in operands if self.is_batched(a)]
             if not all(b.dim() == nd and b.shape[bd] == rows for b in big):
                 return None  # the batch is not where the input holds it
-            subs = []
-            for t, _ in free:
-                al = t.reshape((1,) * (nd - t.dim()) + tuple(t.shape))
-                if al.shape[bd] == 1:
-                    subs.append((t, al.expand(*[rows if i == bd else -1 for i in range(nd)]), "expand"))
-                elif al.shape[bd] == rows:
-                    subs.append((t, al.view(al.shape), "rows"))
-                else:
-                    return None
-            return subs
+            subs = [_to_rows(t, nd, bd, rows) for t, _ in free]
+            return [sub for sub in subs if sub is not None] if all(subs) else None
         if func in ATTENTION:
             mask = args[3] if len(args) > 3 else kwargs.get("attn_mask")
             q = args[0] if args else kwargs.get("query")
@@ -349,10 +341,8 @@ class BroadcastTracker(TorchFunctionMode):
                 return None  # a batch-free query, key or value: not a broadcast
             if q.dim() <= bd or q.shape[bd] != rows:
                 return None
-            al = mask.reshape((1,) * (q.dim() - mask.dim()) + tuple(mask.shape))
-            if al.shape[bd] == 1:
-                return [(mask, al.expand(*[rows if i == bd else -1 for i in range(al.dim())]), "expand")]
-            return [(mask, al.view(al.shape), "rows")] if al.shape[bd] == rows else None
+            sub = _to_rows(mask, q.dim(), bd, rows)
+            return [sub] if sub is not None else None
         if func in JOINS:
             tensors = args[0] if args else kwargs.get("tensors")
             dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
@@ -412,6 +402,14 @@ class BroadcastTracker(TorchFunctionMode):
         for p, gp in zip(params, grads, strict=True):
             if gp is not None:
                 owner._store.add(p, gp.detach(), cap.forward_id)
+
+
+def _to_rows(t: Tensor, nd: int, bd: int, rows: int) -> tuple[Tensor, Tensor, str] | None:
+    """``(t, t_rows, kind)``: ``t`` aligned to ``nd`` dims and broadcast to the batch's ``rows``, or None."""
+    al = t.reshape((1,) * (nd - t.dim()) + tuple(t.shape))
+    if al.shape[bd] == 1:
+        return t, al.expand(*[rows if i == bd else -1 for i in range(al.dim())]), "expand"
+    return (t, al.view(al.shape), "rows") if al.shape[bd] == rows else None
 
 
 def _replace(tree: Any, swap: dict[int, Tensor]) -> Any:

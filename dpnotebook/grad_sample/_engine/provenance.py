@@ -166,10 +166,7 @@ def _copies(leaves: list[Any]) -> list[Tensor | None]:
 
 
 class _Recorder:
-    """Forward hooks on the probed layers: copies of each call's tensors, and its outputs that carry gradients.
-
-    In the substituted pass (``compare`` set) each call is compared as it comes, and nothing is kept.
-    """
+    """Forward hooks on the probed layers: copies of each call's tensors (or, with ``compare``, the comparison)."""
 
     def __init__(self, layers: list[ProbeLayer], tracker: Any = None) -> None:
         self.layers = layers
@@ -223,13 +220,7 @@ def _refusal(path: str, module: nn.Module, what: str, rows: int, B: int, K: int)
 
 
 def _forward_check(layers: list[ProbeLayer], rec: _Recorder, rows: int, B: int, K: int, j: int, k: int) -> Any:
-    """The comparison run on each layer call of the substituted pass (raises at the first layer that fails).
-
-    Sample ``j``'s rows of every tensor must now equal sample ``k``'s rows before, and
-    the other rows must not move. An *input* that did not change at all is skipped:
-    it does not depend on the samples (an attention mask of ``[T, T]`` at ``T = B*K``),
-    and what the layer makes of it shows in its output and its gradients.
-    """
+    """Check (a) on each layer call of the substituted pass; an input that did not change at all is skipped."""
     seen = [0] * len(layers)
     j_rows = set(range(j * K, (j + 1) * K))
 
@@ -274,13 +265,7 @@ def _forward_check(layers: list[ProbeLayer], rec: _Recorder, rows: int, B: int, 
 def _backward_check(
     layers: list[ProbeLayer], rec: _Recorder, grads: tuple[Any, ...], rows: int, B: int, K: int, j: int
 ) -> None:
-    """Every layer's output gradient is zero outside sample ``j``'s rows (the cotangent was on ``j`` alone).
-
-    ``grads[n]`` is the gradient of ``rec.live[n]``'s output (``None``: not reached); an empty
-    ``grads`` (no output was differentiated) leaves nothing to check. An output
-    changed in place after the layer (``ReLU(inplace=True)``) has the gradient of its changed
-    version, zero wherever the original's is and maybe elsewhere too: the check is no weaker.
-    """
+    """Check (b): every layer's output gradient (``grads[n]`` of ``rec.live[n]``) is zero outside sample j's rows."""
     if not grads:
         return  # no output to differentiate (or no layer reached): nothing to check
     keep = set(range(j * K, (j + 1) * K))
