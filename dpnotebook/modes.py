@@ -1,19 +1,9 @@
 """The grad-sample modes: how per-sample gradients are computed, one wrapper class each.
 
-Each mode's wrapper class registers itself here with :func:`register_mode` (a class decorator), so
-this registry names classes and imports none of them; :mod:`dpnotebook.grad_sample` imports every
-mode, and ``import dpnotebook`` fills the table:
-
-* ``hooks``: :class:`~dpnotebook.grad_sample.GradSampleModule`;
-* ``functorch``: :class:`~dpnotebook.grad_sample.FunctorchGradSampleModule`;
-* ``ew``: :class:`~dpnotebook.grad_sample.GradSampleModuleExpandedWeights`;
-* ``ghost``: :class:`~dpnotebook.grad_sample.GhostGradSampleModule` (validates as ``hooks``);
-* ``no_op``: :class:`~dpnotebook.grad_sample.GradSampleModuleNoOp` (not listed by :func:`available_modes`).
-
-A mode that builds on another declares it: ghost mode runs hooks mode's checks in
-:func:`dpnotebook.validate`. The DP optimizer of each mode is the privacy side's business
-(``optimizer_class`` in :mod:`dpnotebook.privacy`), so this registry, which the per-sample-gradient
-code reads, never names the privacy code.
+Each mode's wrapper class registers itself with :func:`register_mode`, so this registry imports
+none of them; ``import dpnotebook`` fills it (``hooks``, ``functorch``, ``ew``, ``ghost``, and
+``no_op``, which :func:`available_modes` does not list). A mode that builds on another validates as
+it: ghost mode runs hooks mode's checks in :func:`dpnotebook.validate`.
 
 >>> from torch import nn
 >>> import dpnotebook
@@ -58,8 +48,7 @@ def register_mode(name: str, *, validates_as: str | None = None, listed: bool = 
     Args:
         name: the mode's name, as passed to :func:`wrap_model` and :func:`dpnotebook.validate`.
         validates_as: the mode whose checks apply to it (default: ``name`` itself).
-        listed: whether :func:`available_modes` lists it (the audit grid, the capability table and
-            the comparisons run every listed mode). Opacus' ``"no_op"``, which computes nothing, is not.
+        listed: whether :func:`available_modes` lists it (``"no_op"``, which computes nothing, is not).
     """
 
     def decorator(cls: W) -> W:
@@ -100,7 +89,6 @@ def wrap_model(module: nn.Module, grad_sample_mode: str = "hooks", **kwargs: Any
     Args:
         module: the model.
         grad_sample_mode: a registered mode (:func:`available_modes`).
-        **kwargs: passed to the wrapper (``K``, ``batch_first``, ``loss_reduction``, ``strict``,
-            ``replay_chunk``).
+        **kwargs: passed to the wrapper (``K``, ``batch_first``, ``loss_reduction``, ``strict``, ...).
     """
     return mode_class(grad_sample_mode)(module, **kwargs)

@@ -1,12 +1,8 @@
-"""``opacus.grad_sample.functorch`` under dpnotebook: ``make_functional`` and ``prepare_layer``.
+"""``make_functional`` and ``prepare_layer``: per-row gradients of one layer with ``torch.func``.
 
-dpnotebook's own ``torch.func`` per-sample gradients live in
-:mod:`~dpnotebook.grad_sample._engine.calls`; these two helpers are the names
-Opacus code imports, written over ``torch.func`` with Opacus' signatures and
-results: ``make_functional(module)`` gives ``(fmodel, params)`` with
-``fmodel(params, *inputs)``; ``prepare_layer(layer)`` sets
-``layer.ft_compute_sample_grad(params, activations, backprops)``, the per-row
-gradients of ``<layer(activations), backprops>``.
+``make_functional(module)`` gives ``(fmodel, params)`` with ``fmodel(params, *inputs)``;
+``prepare_layer(layer)`` sets ``layer.ft_compute_sample_grad(params, activations, backprops)``,
+the per-row gradients of ``<layer(activations), backprops>``.
 
 >>> import torch
 >>> from torch import nn
@@ -42,9 +38,7 @@ def make_functional(
         disable_autograd_tracking: return detached parameters.
     """
     names = [n for n, _ in mod.named_parameters()]
-    values: tuple[Tensor, ...] = tuple(p for _, p in mod.named_parameters())
-    if disable_autograd_tracking:
-        values = tuple(p.detach() for p in values)
+    values = tuple(p.detach() if disable_autograd_tracking else p for p in mod.parameters())
 
     def fmodel(new_params: tuple[Tensor, ...], *args: Any, **kwargs: Any) -> Any:
         return functional_call(mod, dict(zip(names, new_params, strict=True)), args, kwargs)
@@ -57,7 +51,7 @@ def prepare_layer(layer: nn.Module, batch_first: bool = True) -> None:
 
     Raises:
         NotImplementedError: the layer has buffers (they would be shared by all rows), or is an
-            ``EmbeddingBag`` (its rows are bags of a flat input), as in Opacus.
+            ``EmbeddingBag`` (its rows are bags of a flat input).
     """
     if any(True for _ in layer.buffers()):
         raise NotImplementedError(f"{type(layer).__name__} has buffers; its per-row gradients cannot be vmapped.")
@@ -69,7 +63,6 @@ def prepare_layer(layer: nn.Module, batch_first: bool = True) -> None:
     def row_loss(params: tuple[Tensor, ...], activations: Tensor, backprops: Tensor) -> Tensor:
         return (fmodel(params, activations.unsqueeze(dim)) * backprops.unsqueeze(dim)).sum()
 
-    # an attribute Opacus code reads; torch's Module types attribute assignments as Tensor | Module
     setattr(layer, "ft_compute_sample_grad", vmap(grad(row_loss), in_dims=(None, 0, 0)))
 
 
@@ -83,5 +76,5 @@ def ft_compute_per_sample_gradient(
     x = activations[0]
     if x.is_floating_point() and x.dtype != backprops.dtype:
         x = x.to(backprops.dtype)
-    compute: Callable[..., tuple[Tensor, ...]] = getattr(layer, "ft_compute_sample_grad")  # set by prepare_layer
+    compute: Callable[..., tuple[Tensor, ...]] = getattr(layer, "ft_compute_sample_grad")
     return dict(zip(params, compute(tuple(params), x, backprops), strict=True))

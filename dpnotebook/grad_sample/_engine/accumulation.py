@@ -1,28 +1,11 @@
 """Where per-sample gradients are stored, and the check that none went missing.
 
-``p.grad_sample`` collects what every unit contributes in one backward pass.
-Within one forward pass, contributions add up (a layer called twice, tied
-weights, a second backward pass through the same graph). Before ``zero_grad``,
-a later backward pass that brings new samples makes ``p.grad_sample`` a list
-with one tensor per backward pass, as in Opacus (its ``promote_current_grad_sample``);
-the samples of a forward pass stay in one tensor, one row per sample, whichever
-backward pass reaches them. A second forward pass reached by the same backward
-pass adds its rows to that pass's tensor, in forward-pass order whatever order
-backward delivers them in. :meth:`GradSampleStore.blocks` lists every block of
-rows in the order of :func:`grad_sample_rows`.
-
-Everything that reads ``p.grad_sample`` reads it through :func:`grad_sample_rows`
-(all rows as one tensor, Opacus' ``_get_flat_grad_sample``) or
-:func:`grad_sample_parts` (the tensors, one per backward pass), so both forms are
-handled in one place.
-
-Rows a DP step already clipped carry the step's mark (``_processed``,
-``dpnotebook.privacy._step``); a gradient added to them keeps it
-(:func:`carry_processed`), so that the next step refuses them instead of clipping them twice.
-
-At the end of every backward pass, each parameter that received a ``.grad``
-must also have received per-sample gradients, or we raise: a silently missing
-``grad_sample`` would make DP-SGD clip the wrong thing.
+Within one forward pass, contributions to ``p.grad_sample`` add up (a layer called twice, tied
+weights). Before ``zero_grad``, a later backward pass that brings new samples makes it a list with
+one tensor per backward pass; a forward pass's samples stay in one tensor, in forward-pass order.
+Everything reads it through :func:`grad_sample_rows` or :func:`grad_sample_parts`, so both forms
+are handled in one place. At the end of every backward pass, a parameter that received a ``.grad``
+but no per-sample gradients is refused: DP-SGD would clip the wrong thing.
 
 >>> import torch
 >>> from torch import nn
@@ -81,9 +64,6 @@ def grad_sample_parts(p: Tensor) -> list[Tensor]:
 def grad_sample_rows(p: Tensor) -> Tensor | None:
     """All of ``p.grad_sample``'s rows as one tensor (the backward passes' tensors concatenated), or ``None``.
 
-    The one accessor the DP optimizer, the ghost wrapper, the audits and the widgets read
-    per-sample gradients through (Opacus' ``DPOptimizer._get_flat_grad_sample``).
-
     Raises:
         TypeError: ``p.grad_sample`` is neither a tensor nor a list of tensors.
         GradSampleError: ``p.grad_sample`` is an empty list.
@@ -106,7 +86,10 @@ def grad_sample_rows(p: Tensor) -> Tensor | None:
 
 
 def carry_processed(prev: Tensor, new: Tensor) -> Tensor:
-    """``new``, marked as clipped by a step if ``prev`` (the rows it was formed from) was."""
+    """``new``, marked as clipped by a step (``_processed``) if ``prev``, the rows it was formed from, was.
+
+    The next step then refuses them instead of clipping them twice.
+    """
     if hasattr(prev, "_processed"):
         setattr(new, "_processed", True)  # an attribute torch's Tensor does not declare
     return new
@@ -125,7 +108,6 @@ class GradSampleStore:
 
     def __init__(self, owner: Any) -> None:
         self.owner = owner
-        self.allow_accumulation = True
         self._parts: dict[int, list[_Part]] = {}
         self._backward = 0  # counts the backward passes that reached the store (the end-of-backward check)
         self._graded: set[int] = set()
@@ -137,11 +119,13 @@ class GradSampleStore:
     def _module(self) -> nn.Module:
         return self.owner._module
 
-    def watch(self) -> None:
-        """Hook each trainable parameter so the end-of-backward check knows which ones got a gradient.
+    @property
+    def allow_accumulation(self) -> bool:
+        """The wrapper's ``allow_grad_accumulation()`` / ``forbid_grad_accumulation()``."""
+        return bool(self.owner.allow_accumulation)
 
-        Called on every forward pass, so parameters unfrozen after wrapping are watched too.
-        """
+    def watch(self) -> None:
+        """Hook each trainable parameter (on every forward pass) so the end-of-backward check sees its gradient."""
         for p in self._module.parameters():
             if p.requires_grad and id(p) not in self._handles:
                 self._handles[id(p)] = p.register_post_accumulate_grad_hook(self._on_grad)
@@ -154,10 +138,8 @@ class GradSampleStore:
     def add(self, p: nn.Parameter, g: Tensor, forward_id: int) -> None:
         """Add one unit's per-sample gradients ``g`` (``[B, *p.shape]``) to ``p.grad_sample``.
 
-        Gradients of a forward pass already held add up in its rows, whichever tensor holds them.
-        Another forward pass's rows are inserted into this backward pass's tensor (blocks
-        sorted by ``forward_id``), or start a new tensor of the list if this backward
-        pass has none yet.
+        A forward pass already held adds up in its rows; another is inserted into this backward
+        pass's tensor (blocks sorted by ``forward_id``), or starts a new tensor of the list.
         """
         tensors = grad_sample_parts(p)
         parts = self._parts.get(id(p), []) if tensors else []
@@ -231,21 +213,14 @@ class GradSampleStore:
             return []
         return [block for _, blocks in self._parts.get(id(p), []) for block in blocks]
 
-    def clear(self, *, delete: bool = False) -> None:
-        """Forget all per-sample gradients (``delete`` removes the attribute itself)."""
+    def clear(self) -> None:
+        """Forget all per-sample gradients."""
         for p in self._module.parameters():
-            if delete:
-                if hasattr(p, "grad_sample"):
-                    del p.grad_sample
-            else:
-                setattr(p, "grad_sample", None)
+            setattr(p, "grad_sample", None)
         self._parts.clear()
 
     def _name(self, p: nn.Parameter) -> str:
-        for name, q in self._module.named_parameters():
-            if q is p:
-                return f"parameter {name!r}"
-        return "a parameter"
+        return next((f"parameter {n!r}" for n, q in self._module.named_parameters() if q is p), "a parameter")
 
     def _on_grad(self, p: nn.Parameter) -> None:
         if self.owner.hooks_enabled:
@@ -262,14 +237,11 @@ class GradSampleStore:
         self._check_queued = False
         self._backward += 1
         self._graded, self._sampled = set(), set()
-        if not missing_ids:
-            return
-        missing = [n for n, p in self._module.named_parameters() if id(p) in missing_ids]
-        raise GradSampleError(
-            f"{len(missing)} trainable parameter(s) received .grad but no grad_sample: {missing}. "
-            "This happens when a parameter is used outside its module's forward (e.g. "
-            "F.linear(x, self.fc.weight) in a parent, or a submodule called outside the wrapped "
-            "model). Call the submodule itself inside the model's forward, give the parent a "
-            "grad sampler (dpnotebook.register_grad_sampler), or freeze the parameter "
-            "(requires_grad=False)."
-        )
+        if missing_ids:
+            missing = [n for n, p in self._module.named_parameters() if id(p) in missing_ids]
+            raise GradSampleError(
+                f"{len(missing)} trainable parameter(s) received .grad but no grad_sample: {missing}: used "
+                "outside its module's forward (F.linear(x, self.fc.weight) in a parent, a submodule called "
+                "outside the wrapped model). Call the submodule itself, register a grad sampler for the parent "
+                "(dpnotebook.register_grad_sampler), or freeze the parameter."
+            )

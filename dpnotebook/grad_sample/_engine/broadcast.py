@@ -1,30 +1,14 @@
 """Batch-free tensors meeting the batch: per-sample gradients of broadcast parameters (hooks and ghost mode).
 
 Some parameters never see the batch's rows inside a layer of their own: a position table looked up
-with ``[1, T]`` ids (BERT, GPT-2), a T5 relative attention bias, a ViT class token
-(``cls.expand(n, -1, -1)`` then ``torch.cat``), a ConvNeXt layer scale held by a container
-(``self.gamma * y``). They are *batch-free*: computed from parameters and buffers only. Where such a
-tensor ``f`` meets the batch, every row ``r`` of the result uses all of ``f`` (or, for ``f`` with one
-row per batch row, its row ``r``), so sample ``i``'s gradient of the parameters behind ``f`` is the
-vector-Jacobian product of ``f`` with the part of ``f``'s cotangent that comes from sample ``i``'s rows.
-
-:class:`BroadcastTracker` finds those meeting points with a :class:`torch.overrides.TorchFunctionMode`
-during the wrapper's forward pass, by data flow, not by counting: the inputs are *batched* (a mask or
-ids passed in too); an op with a batched operand gives batched results; anything else is batch-free,
-with the set of trainable parameters it depends on. Inside a unit, ops are the unit's business (a
-unit called on batch-free inputs only records no rows). Where a batch-free ``f`` that depends on
-trainable parameters meets a batched tensor in a *recognised* op (:data:`ELEMENTWISE`: add, sub, mul,
-div in every form; :data:`JOINS`: ``torch.cat``/``stack`` along a non-batch dim; :data:`ATTENTION`:
-``scaled_dot_product_attention``'s ``attn_mask``), ``f`` is replaced in that op by ``f_rows``, a view
-of ``f`` broadcast to the batch rows, whose tensor hook receives the per-row cotangent. Summed over
-each sample's ``K`` rows, it is pushed through ``f``'s batch-free subgraph with
-``torch.autograd.grad(..., is_grads_batched=True)``. ``p.grad`` is what PyTorch computes.
-
-Anything else where a batch-free trainable tensor meets the batch (a matmul with a container's own
-parameter, ``x[:, 0] = f``) is *unrecognised*: on the first forward pass the tracker runs once on its
-own (the *discovery*: eval mode, no gradients) and the smallest module holding both the op and the
-parameters becomes a ``torch.func`` unit. The provenance probe then checks every meeting point's
-result as it checks a layer's output: its rows must follow the samples.
+with ``[1, T]`` ids, a T5 relative attention bias, a ViT class token, a layer scale held by a
+container. :class:`BroadcastTracker` (a ``TorchFunctionMode``) follows the data flow of the forward
+pass: where a batch-free tensor ``f`` that depends on trainable parameters meets the batch in a
+recognised op (:data:`ELEMENTWISE`, :data:`JOINS` along a non-batch dim, :data:`ATTENTION`'s mask),
+``f`` is replaced by a view broadcast to the rows, whose hook receives the per-row cotangent; summed
+over each sample's rows, it is pushed back to the parameters with ``is_grads_batched=True``. An
+unrecognised meeting, found by a first run on its own (the *discovery*), makes the smallest module
+holding it a ``torch.func`` unit. The contract and its tests: docs/guarantees.md.
 
 >>> import torch
 >>> from torch import nn
@@ -163,7 +147,7 @@ class BroadcastTracker(TorchFunctionMode):
 
     def batch_free_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         """Whether a unit's call has no batched input (its rows are not samples): only while tracking."""
-        if not self.active:
+        if not self._tracking:
             return False
         if any(self.is_batched(x) for x in _tensors(args, kwargs)):  # the usual call, told cheaply
             return False
@@ -174,10 +158,6 @@ class BroadcastTracker(TorchFunctionMode):
     def mixed_units(self) -> set[int]:
         """Units the discovery saw called both on batch-free and on batched inputs."""
         return self.batch_free_units & self.batched_units
-
-    @property
-    def active(self) -> bool:
-        return self._tracking
 
     # -- entering and leaving a forward pass -------------------------------------
     @contextlib.contextmanager
@@ -352,16 +332,8 @@ class BroadcastTracker(TorchFunctionMode):
             big = [a for a in operands if self.is_batched(a)]
             if not all(b.dim() == nd and b.shape[bd] == rows for b in big):
                 return None  # the batch is not where the input holds it
-            subs = []
-            for t, _ in free:
-                al = t.reshape((1,) * (nd - t.dim()) + tuple(t.shape))
-                if al.shape[bd] == 1:
-                    subs.append((t, al.expand(*[rows if i == bd else -1 for i in range(nd)]), "expand"))
-                elif al.shape[bd] == rows:
-                    subs.append((t, al.view(al.shape), "rows"))
-                else:
-                    return None
-            return subs
+            subs = [_to_rows(t, nd, bd, rows) for t, _ in free]
+            return [sub for sub in subs if sub is not None] if all(subs) else None
         if func in ATTENTION:
             mask = args[3] if len(args) > 3 else kwargs.get("attn_mask")
             q = args[0] if args else kwargs.get("query")
@@ -369,10 +341,8 @@ class BroadcastTracker(TorchFunctionMode):
                 return None  # a batch-free query, key or value: not a broadcast
             if q.dim() <= bd or q.shape[bd] != rows:
                 return None
-            al = mask.reshape((1,) * (q.dim() - mask.dim()) + tuple(mask.shape))
-            if al.shape[bd] == 1:
-                return [(mask, al.expand(*[rows if i == bd else -1 for i in range(al.dim())]), "expand")]
-            return [(mask, al.view(al.shape), "rows")] if al.shape[bd] == rows else None
+            sub = _to_rows(mask, q.dim(), bd, rows)
+            return [sub] if sub is not None else None
         if func in JOINS:
             tensors = args[0] if args else kwargs.get("tensors")
             dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
@@ -422,7 +392,7 @@ class BroadcastTracker(TorchFunctionMode):
             full[index, index] = own
             per_sample = full.reshape(B, rows, *rest).movedim(1, bd + 1).reshape(B, *f.shape)
         per_sample = per_sample * (loss_scale(owner.loss_reduction, rows) / K)
-        params = [self._params_by_id(i) for i in sorted(cap.deps)]
+        params = [self.captured[i] for i in sorted(cap.deps)]
         if len(params) == 1 and params[0] is f:
             grads: tuple[Any, ...] = (per_sample,)
         else:
@@ -433,8 +403,13 @@ class BroadcastTracker(TorchFunctionMode):
             if gp is not None:
                 owner._store.add(p, gp.detach(), cap.forward_id)
 
-    def _params_by_id(self, i: int) -> nn.Parameter:
-        return self.captured[i]
+
+def _to_rows(t: Tensor, nd: int, bd: int, rows: int) -> tuple[Tensor, Tensor, str] | None:
+    """``(t, t_rows, kind)``: ``t`` aligned to ``nd`` dims and broadcast to the batch's ``rows``, or None."""
+    al = t.reshape((1,) * (nd - t.dim()) + tuple(t.shape))
+    if al.shape[bd] == 1:
+        return t, al.expand(*[rows if i == bd else -1 for i in range(al.dim())]), "expand"
+    return (t, al.view(al.shape), "rows") if al.shape[bd] == rows else None
 
 
 def _replace(tree: Any, swap: dict[int, Tensor]) -> Any:

@@ -1,23 +1,13 @@
 """A recorded layer call: where its rows are, and its replay with ``torch.func``.
 
-**Rows.** A forward pass's input carries ``B*K`` rows (:func:`count_rows`); the wrapper compares
-that count with the rows every layer sees. Functorch mode replays the whole model per sample, so it
-also needs the output's batch dim (:func:`output_batch_dims`): a recurrent model reading
-``[T, B, D]`` often returns ``[B, classes]``. When several dims hold ``B*K`` (``[T, B, H]`` with
-``T == B``), the model is run once more on one extra row, and the dim that grew is the batch dim. A
-``PackedSequence`` is refused where its rows would be split (:func:`refuse_packed`): its rows are
-time steps, not samples.
+**Rows.** A forward pass's input carries ``B*K`` rows (:func:`count_rows`). Functorch mode also
+needs the output's batch dim (:func:`output_batch_dims`): a recurrent model reading ``[T, B, D]``
+often returns ``[B, classes]``; when several dims hold ``B*K``, one more input row tells them apart.
+A ``PackedSequence`` is refused where its rows would be split (its rows are time steps).
 
-**Replay.** When a layer has no registered sampler, its forward pass is replayed for one sample at
-a time inside ``vmap``: for sample ``i`` we take the gradient of
-
-    sum_k < layer(params, x[i, k]), backprop[i, k] >
-
-with respect to the parameters. That is exactly ``sum_k grad loss(row i*K+k)``, so dividing by
-``K`` gives the augmentation-multiplicity average, and ``vmap`` over the ``B`` samples never builds
-``B*K`` per-row gradients. With ``K`` rows per sample the replay's activations would be ``K`` times
-those of a plain batch of ``B``, so by default ``vmap`` takes the samples in chunks that hold no
-more rows than ``B`` (:func:`replay_chunk_size`).
+**Replay.** A layer without a registered sampler is replayed one sample at a time under ``vmap``:
+the gradient of ``sum_k <layer(params, x[i, k]), backprop[i, k]>`` is ``sum_k grad loss(row i*K+k)``,
+so dividing by ``K`` gives the augmentation-multiplicity average without ``B*K`` per-row gradients.
 
 >>> import torch
 >>> count_rows((torch.zeros(13, 7, dtype=torch.long),), {}, batch_first=True)
@@ -35,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -52,7 +42,7 @@ _PAUSED = [0]
 
 @contextlib.contextmanager
 def capture_paused() -> Iterator[None]:
-    """Forward hooks record nothing inside this block (used while replaying a layer)."""
+    """Forward hooks record nothing inside this block (a replay, a probe)."""
     _PAUSED[0] += 1
     try:
         yield
@@ -89,13 +79,12 @@ class LayerCall:
     Attributes:
         module: the layer.
         path: its name in the wrapped model, for messages.
-        args: positional arguments (tensors detached).
-        kwargs: keyword arguments (tensors detached).
-        out_index: positions, in the flattened output, of the tensors whose
-            gradients the backward hook receives.
+        args, kwargs: its arguments (tensors detached).
+        out_index: positions, in the flattened output, of the tensors whose gradients the hook receives.
         batch_dim: the dimension holding the ``B*K`` rows.
         rows: ``B*K``.
         forward_id: which forward pass of the wrapper this call belongs to.
+        released: its per-sample gradients were formed and its inputs let go (:meth:`release`).
     """
 
     module: nn.Module
@@ -106,21 +95,11 @@ class LayerCall:
     batch_dim: int
     rows: int
     forward_id: int
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def released(self) -> bool:
-        """Its per-sample gradients were formed and its inputs let go (see :meth:`release`)."""
-        return bool(self.extra.get("released"))
+    released: bool = False
 
     def release(self) -> None:
-        """Let go of the inputs: a hook lives as long as the graph, and holding them would keep
-        every layer's input alive to the end of backward, where autograd frees each as it goes."""
-        self.args, self.kwargs, self.extra["released"] = (), {}, True
-
-
-def _split_rows(t: Tensor, dim: int, B: int, K: int) -> Tensor:
-    return t.unflatten(dim, (B, K))
+        """Let go of the inputs (a hook lives as long as the graph: autograd frees each input as it goes)."""
+        self.args, self.kwargs, self.released = (), {}, True
 
 
 def check_replay_chunk(replay_chunk: Any) -> int | str | None:
@@ -143,14 +122,10 @@ def check_replay_chunk(replay_chunk: Any) -> int | str | None:
 
 
 def replay_chunk_size(B: int, K: int, replay_chunk: int | str | None = "auto") -> int | None:
-    """How many samples ``vmap`` replays at once (``None``: all of them, ``vmap``'s default).
+    """How many samples ``vmap`` replays at once (``None``: all of them).
 
-    ``"auto"`` takes all samples at ``K=1`` and chunks of ``ceil(B/K)`` samples
-    otherwise: at most ``B + K - 1`` rows, so the replay's activations stay those
-    of a plain batch of ``B`` rather than growing ``K``-fold with the rows. Each
-    chunk replays the forward pass once more, which costs time on models of many
-    small operations (a recurrent loop); ``replay_chunk=None`` trades the memory
-    back for that time.
+    ``"auto"`` takes all samples at ``K=1`` and chunks of ``ceil(B/K)`` samples otherwise: at most
+    ``B + K - 1`` rows, so the replay's activations stay those of a plain batch of ``B``.
 
     >>> replay_chunk_size(32, 1) is None, replay_chunk_size(32, 16), replay_chunk_size(3, 16)
     (True, 2, 1)
@@ -159,8 +134,7 @@ def replay_chunk_size(B: int, K: int, replay_chunk: int | str | None = "auto") -
     """
     if replay_chunk == "auto":
         return None if K == 1 else max(1, -(-B // K))
-    assert not isinstance(replay_chunk, str), replay_chunk  # check_replay_chunk lets no other string through
-    return replay_chunk
+    return None if isinstance(replay_chunk, str) else replay_chunk  # check_replay_chunk lets no other through
 
 
 def fallback_grad_samples(
@@ -168,12 +142,8 @@ def fallback_grad_samples(
 ) -> dict[nn.Parameter, Tensor]:
     """Per-sample gradients of every trainable parameter of ``call.module`` (submodules included).
 
-    Args:
-        call: the recorded forward call.
-        grads: gradient of the loss w.r.t. each output tensor in ``call.out_index`` (or None).
-        K: augmentation multiplicity.
-        scale: factor that undoes the loss reduction (``B*K`` for a mean).
-        replay_chunk: samples replayed at once (see :func:`replay_chunk_size`).
+    ``grads`` are the gradients of each output tensor in ``call.out_index`` (or None); ``scale``
+    undoes the loss reduction (``B*K`` for a mean).
     """
     module, bd, rows = call.module, call.batch_dim, call.rows
     B = rows // K
@@ -189,7 +159,7 @@ def fallback_grad_samples(
     leaves, spec = tree_flatten((call.args, call.kwargs))
     leaves = [full_precision(x) for x in leaves]  # recorded under autocast: replayed in float32
     in_dims = [bd if isinstance(x, Tensor) and x.dim() > bd and x.shape[bd] == rows else None for x in leaves]
-    batched = [_split_rows(x, bd, B, K) if d is not None else x for x, d in zip(leaves, in_dims, strict=True)]
+    batched = [x.unflatten(bd, (B, K)) if d is not None else x for x, d in zip(leaves, in_dims, strict=True)]
     used = [(i, g) for i, g in zip(call.out_index, grads, strict=True) if g is not None]
     for i, g in used:
         if g.dim() <= bd or g.shape[bd] != rows:
@@ -200,7 +170,7 @@ def fallback_grad_samples(
                 "(dpnotebook.register_grad_sampler) or use its DP replacement."
             )
     out_pos = [i for i, _ in used]
-    out_grads = [_split_rows(full_precision(g), bd, B, K) for _, g in used]
+    out_grads = [full_precision(g).unflatten(bd, (B, K)) for _, g in used]
 
     def sample_loss(params: dict[str, Any], xs: list[Any], gs: list[Any]) -> Tensor:
         args, kwargs = tree_unflatten(xs, spec)
@@ -209,8 +179,7 @@ def fallback_grad_samples(
 
     try:
         with capture_paused(), replaying(call), warnings.catch_warnings():
-            # vmap runs ops without a batching rule one sample at a time, correctly; its
-            # "performance drop" notice is for PyTorch developers, not for our users.
+            # vmap runs ops without a batching rule one sample at a time, correctly: its notice is not for users
             warnings.filterwarnings("ignore", message="There is a performance drop")
             per_sample = vmap(
                 grad(sample_loss),
@@ -219,18 +188,12 @@ def fallback_grad_samples(
                 chunk_size=replay_chunk_size(B, K, replay_chunk),
             )(trainable, batched, out_grads)
     except Exception as err:  # re-raised with the layer's name and the way out
-        why = (
-            "it draws random numbers in its forward (dropout?), and a replay would draw "
-            "different ones than the real forward did"
-            if "random" in str(err)
-            else str(err)
-        )
+        why = "it draws random numbers (dropout?), which a replay would draw anew" if "random" in str(err) else err
         raise GradSampleError(
-            f"{call.path} ({type(module).__name__}) has no registered grad sampler and "
-            f"torch.func could not compute its per-sample gradients: {why}.\n"
-            "Fix: register one with dpnotebook.register_grad_sampler, replace the layer with a "
-            "supported one (dpnotebook.validate(model) lists them), or move the dropout out of it "
-            "into its own nn.Dropout module."
+            f"{call.path} ({type(module).__name__}) has no registered grad sampler and torch.func could not "
+            f"compute its per-sample gradients: {why}.\nFix: register one (dpnotebook.register_grad_sampler), "
+            "replace the layer with a supported one (dpnotebook.validate(model) lists them), or move the "
+            "dropout out of it into its own nn.Dropout module."
         ) from err
     return {p: per_sample[n] * (scale / K) for n, p in trainable.items()}
 
@@ -240,11 +203,8 @@ def call_keeping_parameters(
 ) -> Any:
     """``functional_call(module, tensors, args, kwargs)``, and the module's own parameters and buffers after it.
 
-    PyTorch's ``functional_call`` does not put back the parameters of a
-    submodule reachable by two paths (``self.a = Sequential(shared)``,
-    ``self.b = Sequential(shared)``): they stay replaced by the tensors of the
-    call, so the optimizer would update parameters the model no longer holds.
-    Whatever it left behind is restored here.
+    ``functional_call`` does not put back the parameters of a submodule reachable by two paths:
+    the optimizer would update parameters the model no longer holds. They are restored here.
 
     >>> import torch
     >>> shared = nn.Linear(2, 2)
@@ -304,23 +264,10 @@ def _tensors_in_order(obj: Any) -> Any:
 def count_rows(args: tuple[Any, ...], kwargs: dict[str, Any], *, batch_first: bool, min_dim: int = 1) -> int | None:
     """The number of rows of the forward's input: the size of its batch dim, or ``None``.
 
-    The first tensor (positional arguments first, then keyword arguments; nested
-    tuples, lists and dicts such as a Hugging Face style batch flattened in
-    order) that has the batch dim (0 if ``batch_first`` else 1) decides. Tensors
-    without that dim (a 0-d flag, a 1-d tensor when ``batch_first=False``) and
-    non-tensors (ints, strings, ``None``) are skipped. A ``PackedSequence``
-    carries one row per sequence whatever ``batch_first``.
-
-    Args:
-        args: the forward's positional arguments.
-        kwargs: the forward's keyword arguments.
-        batch_first: whether the batch dim is dim 0 (``True``) or dim 1.
-        min_dim: tensors with fewer dims are skipped too. ``GradSampleModule``
-            passes 2: a 1-d input may be the flat indices of an ``EmbeddingBag``
-            called with offsets, whose length is not the number of samples.
-
-    Returns:
-        The number of rows, or ``None`` when no input tensor has the batch dim.
+    The first tensor (positional arguments, then keyword arguments, nested containers flattened in
+    order) that has the batch dim (0 if ``batch_first`` else 1) and ``min_dim`` dims or more decides
+    (``GradSampleModule`` passes 2: a 1-d input may be an ``EmbeddingBag``'s flat indices). A
+    ``PackedSequence`` carries one row per sequence.
 
     >>> import torch
     >>> from torch.nn.utils.rnn import pack_sequence
@@ -371,16 +318,10 @@ def output_batch_dims(
     rows: int,
     batch_dim: int,
 ) -> list[int]:
-    """For each output tensor named by ``out_index``, the dim that holds the ``rows`` rows.
+    """For each output tensor named by ``out_index``, the dim that holds the input's ``rows`` rows.
 
-    Args:
-        model: the model; run once more (no gradients, one extra row per input tensor) only when an
-            output tensor has several dims of size ``rows``.
-        args, kwargs: its inputs, whose batch is in ``batch_dim``.
-        output: ``model(*args, **kwargs)``.
-        out_index: positions, in the flattened output, of the tensors that carry gradients.
-        rows: the input's rows ``B*K`` (``> 0``).
-        batch_dim: the input's batch dim, preferred when it alone fits.
+    ``model`` is run once more (no gradients, one extra row per input tensor in ``batch_dim``) only
+    when an output tensor has several dims of size ``rows``.
 
     Raises:
         GradSampleError: an output has no dim of ``rows`` rows, or several that follow the input's rows.

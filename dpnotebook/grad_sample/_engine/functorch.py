@@ -17,18 +17,10 @@ from dpnotebook.modes import register_mode
 class FunctorchGradSampleModule(GradSampleModule):
     """Per-sample gradients of the whole model at once with ``torch.func``.
 
-    One hook on the model's output; in the backward pass, ``vmap`` over the
-    ``B`` samples of ``grad`` of ``sum_k <model(x[i, k]), backprop[i, k]>``.
-    Memory grows with ``B``, not ``B*K``: with ``K > 1`` the samples are
-    replayed in chunks of at most ``B`` rows (``replay_chunk``, see
-    :class:`GradSampleModule`). Any model that does not mix samples
-    works, recurrent ones and ``batch_first=False`` included, but the forward
-    pass is replayed in the backward pass.
-
-    The input's batch is where ``batch_first`` says; the output's is found
-    (:func:`~dpnotebook.grad_sample._engine.calls.output_batch_dims`): a
-    model reading ``[T, B, D]`` may return ``[B, classes]``. A
-    ``PackedSequence`` input is refused (its rows are time steps).
+    In the backward pass, ``vmap`` over the ``B`` samples of ``grad`` of
+    ``sum_k <model(x[i, k]), backprop[i, k]>`` (in chunks of at most ``B`` rows, ``replay_chunk``).
+    Any model that does not mix samples works; the output's batch dim is found
+    (:func:`~dpnotebook.grad_sample._engine.calls.output_batch_dims`). A ``PackedSequence`` is refused.
 
     >>> class LastHidden(nn.Module):       # [T, B, D] in, [B, 2] out
     ...     def __init__(self):
@@ -75,10 +67,7 @@ class FunctorchGradSampleModule(GradSampleModule):
         return 0 if self.batch_first else 1
 
     def _batch_to_input_dim(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
-        """Forward hook: move each output tensor's batch dim to the input's (undone in :meth:`_forward`).
-
-        The replay of a forward pass (in the backward pass, one sample at a time) moves the same dims.
-        """
+        """Forward hook: move each output tensor's batch dim to the input's (undone in :meth:`_forward`)."""
         call = replayed_call()
         if call is not None:
             moves = self._moves.get(call.forward_id)

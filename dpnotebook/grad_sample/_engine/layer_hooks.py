@@ -1,21 +1,14 @@
 """Recording layer calls in the forward pass and turning backprops into ``grad_sample``.
 
-:class:`LayerHooks` is the machinery behind :class:`GradSampleModule`: a forward
-hook on each *unit* (a layer with a registered sampler, or a subtree computed by
-the ``torch.func`` fallback) records what the layer saw and registers a hook on
-its outputs; when their gradients arrive, the unit's per-sample gradients are
-computed and added to ``p.grad_sample``.
+:class:`LayerHooks` puts a forward hook on each *unit* (a layer with a registered sampler, or a
+subtree for the ``torch.func`` fallback): it records what the layer saw and hooks its outputs; when
+their gradients arrive, the unit's per-sample gradients are added to ``p.grad_sample``.
 
-A layer's sampler sees only the part of each sample's gradient that flows through the layer's own
-forward. If the model also uses the layer's parameter elsewhere (``F.linear(x, self.fc.weight)`` in
-a parent), that other part reaches ``p.grad`` but no sampler sees it, and DP-SGD would clip
-per-sample gradients that miss it: silently wrong. So during a sampled layer's forward each
-trainable parameter is swapped for an alias ``p.view_as(p)`` whose autograd node is marked; at the
-end of the wrapper's forward the graph is walked once from the output, and an edge into a watched
-parameter's ``AccumulateGrad`` node from anything but a marked alias is refused
-(:func:`outside_use`; structural, so no comparison of sums that samples could cancel). Tied weights
-go through aliases in both layers, and pass. Not watched: the parameters of ``torch.func`` units and
-of DP layers whose children hold the samplers (``_dpn_grad_samples_from_children``, e.g. ``DPLSTM``).
+A sampler sees only the part of a gradient that flows through its layer's own forward: a parameter
+also used elsewhere (``F.linear(x, self.fc.weight)`` in a parent) would be clipped without that
+part. So during a sampled layer's forward its parameters are swapped for marked aliases, and
+:func:`outside_use` walks the graph once per forward pass: an edge into a watched parameter from
+anything but a marked alias is refused (tied weights go through aliases in both layers, and pass).
 
 >>> import torch
 >>> from torch import nn
@@ -52,20 +45,20 @@ from dpnotebook.grad_sample._registry import SamplerEntry
 
 @lru_cache(maxsize=512)
 def _method_signature(function: Any) -> inspect.Signature:
-    """The signature of a ``forward`` method without ``self`` (computing one takes ~0.1 ms)."""
+    """The signature of a ``forward`` method without ``self``, cached: it is needed at every layer call."""
     sig = inspect.signature(function)
     return sig.replace(parameters=list(sig.parameters.values())[1:])
 
 
 def _class_forward(module: nn.Module) -> Any:
-    """The function behind ``module.forward``, or ``None`` for a forward set on the instance (nothing to cache by)."""
+    """The function behind ``module.forward``, or ``None`` for a forward set on the instance."""
     forward = module.forward
     function = getattr(forward, "__func__", None)
     return function if getattr(forward, "__self__", None) is module else None
 
 
 def forward_signature(module: nn.Module) -> inspect.Signature:
-    """``inspect.signature(module.forward)``, cached per class's ``forward`` (it runs at every layer call).
+    """``inspect.signature(module.forward)``, cached per class's ``forward``.
 
     >>> from torch import nn
     >>> str(forward_signature(nn.Linear(2, 2)))
@@ -82,7 +75,7 @@ def _method_arity(function: Any) -> int:
 
 
 def _positional_arity(module: nn.Module) -> int:
-    """How many arguments ``module.forward`` takes, all positional; -1 if it takes others (or is set on the instance)."""
+    """How many arguments ``module.forward`` takes, all positional; -1 if it takes others."""
     function = _class_forward(module)
     return -1 if function is None else _method_arity(function)
 
@@ -105,8 +98,7 @@ def bound_arguments(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
 
 
 def to_batch_first(x: Any, batch_dim: int) -> Any:
-    """A recorded activation or backprop as per-sample work reads it: batch first, and in float32 if it was
-    recorded in a reduced type under autocast (:mod:`~dpnotebook.grad_sample._engine.precision`)."""
+    """A recorded activation or backprop as per-sample work reads it: batch first, in full precision."""
     x = full_precision(x)
     if batch_dim == 0 or not isinstance(x, Tensor) or x.dim() < 2:
         return x
@@ -121,14 +113,13 @@ def sampler_grad_samples(
     acts = [to_batch_first(a, call.batch_dim) for a in bound_arguments(module, call.args, call.kwargs)]
     bp = to_batch_first(backprops, call.batch_dim)
     B = call.rows // K
-    # Gradients are linear in the backprops, so the loss reduction can be undone on either
-    # side: on the backprops or on the B per-sample gradients, whichever is smaller.
+    # gradients are linear in the backprops: undo the loss reduction on them or on the results, the smaller
     size = B * sum(p.numel() for p in module._parameters.values() if p is not None and p.requires_grad)
     if scale != 1.0 and bp.numel() < size:
         bp, scale = bp * scale, 1.0
     if entry.takes_k:
         found = entry.form(acts, bp)(module, acts, bp, K)
-    else:  # Opacus-style: per-row gradients, averaged over each sample's K rows here
+    else:  # a sampler without K: per-row gradients, averaged over each sample's K rows here
         found = {p: g.reshape(B, K, *g.shape[1:]).mean(1) for p, g in entry.fn(module, acts, bp).items()}
     if scale != 1.0:
         found = {p: g * scale for p, g in found.items()}
@@ -150,11 +141,10 @@ def sampler_grad_samples(
 
 
 def second_backward_error(call: LayerCall, mode: str) -> GradSampleError:
-    """The error for a backward pass through a forward pass whose per-sample gradients were already formed."""
+    """The error for a second backward pass through a forward pass whose per-sample gradients were formed."""
     return GradSampleError(
-        f"{call.path} ({type(call.module).__name__}): backward ran a second time through the same "
-        f"forward pass (retain_graph=True), but {mode} mode forms the per-sample gradients of a "
-        "forward pass once and has let go of its activations. Run the forward pass again for each backward."
+        f"{call.path} ({type(call.module).__name__}): backward ran a second time through the same forward "
+        f"pass (retain_graph=True), but {mode} mode has let go of its activations. Run the forward pass again."
     )
 
 
@@ -170,9 +160,8 @@ class LayerHooks:
         self.units = units
         self.owner = owner
         self.handles: list[Any] = []
-        # parameters of sampled layers, swapped for aliases during their forward (see outside_use); not those of
-        # torch.func units, nor of DP layers whose children hold the samplers (DPLSTM runs its recurrence on its
-        # children's parameters outside their forward, and their samplers account for it)
+        # parameters aliased during their layer's forward (see outside_use): not those of torch.func units, nor
+        # of DP layers whose children hold the samplers (DPLSTM runs its children's parameters itself)
         self.watched: dict[int, nn.Parameter] = {}
         self._swapped: dict[int, list[list[Any]]] = {}
         shared = [m for m in owner._module.modules() if getattr(m, "_dpn_grad_samples_from_children", False)]
@@ -182,22 +171,18 @@ class LayerHooks:
             hook = partial(self._record, path, entry)
             self.handles.append(module.register_forward_hook(hook, with_kwargs=True))
             if entry is not None and module is not owner._module and id(module) not in inside_shared:
-                self._guard(module, [module])
-
-    def _guard(self, module: nn.Module, subtree: list[nn.Module]) -> None:
-        """Alias the parameters of ``subtree`` during ``module``'s forward (see :mod:`.outside_use`)."""
-        self.handles.append(module.register_forward_pre_hook(partial(self._alias, subtree)))
-        self.handles.append(module.register_forward_hook(self._restore, prepend=True, always_call=True))
+                self.handles.append(module.register_forward_pre_hook(self._alias))
+                self.handles.append(module.register_forward_hook(self._restore, prepend=True, always_call=True))
 
     def remove(self) -> None:
         for h in self.handles:
             h.remove()
         self.handles.clear()
 
-    def _alias(self, subtree: list[nn.Module], module: nn.Module, args: tuple[Any, ...]) -> None:
+    def _alias(self, module: nn.Module, args: tuple[Any, ...]) -> None:
         owner = self.owner
         active = owner.hooks_enabled and owner._in_forward and torch.is_grad_enabled() and not capture_is_paused()
-        swapped = alias_parameters(subtree, self.watched, self._unwatched) if active else []
+        swapped = alias_parameters([module], self.watched, self._unwatched) if active else []
         self._swapped.setdefault(id(module), []).append(swapped)
 
     def _restore(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
@@ -234,9 +219,8 @@ class LayerHooks:
         first = leaves[out_index[0]]
         if first.dim() <= bd:
             raise GradSampleError(
-                f"{path} ({type(module).__name__}) returned shape {tuple(first.shape)}, which has no "
-                f"batch dim {bd} (batch_first={owner.batch_first}). With batch_first=False inputs are "
-                "[T, B*K, ...]; check the batch_first argument of GradSampleModule."
+                f"{path} ({type(module).__name__}) returned shape {tuple(first.shape)}, which has no batch dim "
+                f"{bd} (batch_first={owner.batch_first}): with batch_first=False, inputs are [T, B*K, ...]."
             )
         rows = first.shape[bd]
         owner._check_rows(path, module, rows, bd)
@@ -254,15 +238,13 @@ class LayerHooks:
         if call.released:
             raise second_backward_error(call, "hooks")
         K, scale = owner.K, loss_scale(owner.loss_reduction, call.rows)
-        backprops = grads[0]
-        if entry is not None and backprops is None:
-            return
         with autocast_off():  # a backward() inside torch.autocast: the per-sample work stays float32
             if entry is None:
                 found = fallback_grad_samples(call, list(grads), K, scale, owner.replay_chunk)
+            elif grads[0] is not None:
+                found = sampler_grad_samples(entry, call, grads[0], K, scale)
             else:
-                assert backprops is not None  # returned above
-                found = sampler_grad_samples(entry, call, backprops, K, scale)
+                return
         call.release()
         for p, g in found.items():
             owner._store.add(p, g.detach(), call.forward_id)
@@ -271,18 +253,8 @@ class LayerHooks:
 _MARK = "dpn_in_layer"
 
 
-def _accumulate_grad_type() -> type:
-    node = torch.zeros(1, requires_grad=True).view_as(torch.zeros(1)).grad_fn
-    assert node is not None  # a view of a leaf that requires grad always has one
-    return type(node.next_functions[0][0])
-
-
-_ACCUMULATE_GRAD = _accumulate_grad_type()
-
-
-def mark_in_layer(node: Any) -> None:
-    """Mark an autograd node as a layer's own use of the parameters it leads to (aliases, ghost taps)."""
-    node.metadata[_MARK] = True
+_LEAF_VIEW = torch.zeros(1, requires_grad=True).view(1)
+_ACCUMULATE_GRAD = type(_LEAF_VIEW.grad_fn.next_functions[0][0])  # type: ignore[union-attr]
 
 
 def alias_parameters(
@@ -290,8 +262,7 @@ def alias_parameters(
 ) -> list[Any]:
     """Swap the trainable parameters of ``modules`` for marked aliases; return what :func:`restore_parameters` needs.
 
-    Each swapped parameter is added to ``watched`` (``id -> parameter``) unless its id is in ``exclude``
-    (a parameter also used by a ``torch.func`` unit, whose forward is not aliased).
+    Each is added to ``watched`` unless its id is in ``exclude`` (also used by a ``torch.func`` unit).
     """
     swapped = []
     for module in modules:
@@ -299,7 +270,7 @@ def alias_parameters(
         for name, p in params.items():
             if p is not None and p.requires_grad and isinstance(p, nn.Parameter):
                 alias = p.view_as(p)
-                mark_in_layer(alias.grad_fn)
+                alias.grad_fn.metadata[_MARK] = True  # type: ignore[union-attr, index]
                 params[name] = alias
                 pairs.append((name, p))
                 if id(p) not in exclude:

@@ -1,36 +1,12 @@
 """The provenance probe: row ``i`` of every hooked layer depends on sample ``i`` alone, proven, not counted.
 
-Hooks, ghost and ew mode form sample ``i``'s gradient from rows ``i*K .. i*K+K-1``
-of each layer's input and of the gradient of its output. Counting rows cannot
-tell whether those rows belong to the samples: a T5-style relative-position bias
-(an ``nn.Embedding`` looked up with a ``[T, T]`` bucket matrix and broadcast over
-the batch) has ``T`` rows, the *query positions*, and when ``B*K == T`` the count
-matches. So, once per wrapped model, before its first forward pass with
-gradients that holds two samples, the wrapper runs this probe on the real batch
-(every module in eval mode so that dropout does not make passes differ, the RNG
-state restored, the inputs cloned):
-
-(a) **forward substitution**: the inputs are rebuilt with sample ``j``'s ``K`` rows
-    replaced by sample ``k``'s (``k = 0``, ``j`` the first sample whose inputs differ
-    from it: every input tensor whose batch dim holds ``B*K`` rows). Every hooked
-    layer's input and output rows of the other samples must be unchanged, and
-    sample ``j``'s rows must now equal sample ``k``'s original rows. This catches
-    position tables, samples mixed in the forward pass (``x - x.mean(0)``),
-    time-major internals and heads taken for rows.
-(b) **backward support**: a random cotangent on sample ``j``'s rows of the model's
-    output alone (its batch dim found as functorch mode finds it,
-    :func:`~dpnotebook.grad_sample._engine.calls.output_batch_dims`) is
-    propagated back; every hooked layer's output gradient must be zero outside
-    sample ``j``'s rows. This catches a layer whose rows are identical across
-    samples (so that (a) sees nothing) but whose backprops are positions.
-
-A batch that cannot prove anything postpones the proof: with one sample
-(``B = 1``, whatever ``K``) every row belongs to it and the per-sample gradient is
-the batch gradient, so nothing can be wrong; with two samples or more but all
-inputs identical, (b) runs and (a) waits for a batch with two different samples.
-Inputs without a tensor of two dims or more holding the batch (1-d ids,
-``EmbeddingBag``'s flat indices with offsets, a ``PackedSequence``) cannot be
-substituted and are not probed: the row-count check is all that applies there.
+Counting rows cannot tell whether they are the samples (a T5-style position bias has ``T`` rows,
+and ``B*K == T`` matches). So, once per wrapped model, the wrapper runs this probe on a real batch
+(eval mode, RNG restored, inputs cloned): (a) with sample ``j``'s rows replaced by sample ``k``'s,
+every layer's rows of other samples must not move and sample ``j``'s must equal ``k``'s; (b) a
+cotangent on sample ``j``'s output rows must reach no other sample's rows of any layer's output.
+A batch of one sample proves nothing and postpones it; identical samples run (b) only.
+The whole contract: docs/guarantees.md.
 
 >>> import torch
 >>> from torch import nn
@@ -190,10 +166,7 @@ def _copies(leaves: list[Any]) -> list[Tensor | None]:
 
 
 class _Recorder:
-    """Forward hooks on the probed layers: copies of each call's tensors, and its outputs that carry gradients.
-
-    In the substituted pass (``compare`` set) each call is compared as it comes, and nothing is kept.
-    """
+    """Forward hooks on the probed layers: copies of each call's tensors (or, with ``compare``, the comparison)."""
 
     def __init__(self, layers: list[ProbeLayer], tracker: Any = None) -> None:
         self.layers = layers
@@ -247,13 +220,7 @@ def _refusal(path: str, module: nn.Module, what: str, rows: int, B: int, K: int)
 
 
 def _forward_check(layers: list[ProbeLayer], rec: _Recorder, rows: int, B: int, K: int, j: int, k: int) -> Any:
-    """The comparison run on each layer call of the substituted pass (raises at the first layer that fails).
-
-    Sample ``j``'s rows of every tensor must now equal sample ``k``'s rows before, and
-    the other rows must not move. An *input* that did not change at all is skipped:
-    it does not depend on the samples (an attention mask of ``[T, T]`` at ``T = B*K``),
-    and what the layer makes of it shows in its output and its gradients.
-    """
+    """Check (a) on each layer call of the substituted pass; an input that did not change at all is skipped."""
     seen = [0] * len(layers)
     j_rows = set(range(j * K, (j + 1) * K))
 
@@ -298,13 +265,7 @@ def _forward_check(layers: list[ProbeLayer], rec: _Recorder, rows: int, B: int, 
 def _backward_check(
     layers: list[ProbeLayer], rec: _Recorder, grads: tuple[Any, ...], rows: int, B: int, K: int, j: int
 ) -> None:
-    """Every layer's output gradient is zero outside sample ``j``'s rows (the cotangent was on ``j`` alone).
-
-    ``grads[n]`` is the gradient of ``rec.live[n]``'s output (``None``: not reached); an empty
-    ``grads`` (no output was differentiated) leaves nothing to check. An output
-    changed in place after the layer (``ReLU(inplace=True)``) has the gradient of its changed
-    version, zero wherever the original's is and maybe elsewhere too: the check is no weaker.
-    """
+    """Check (b): every layer's output gradient (``grads[n]`` of ``rec.live[n]``) is zero outside sample j's rows."""
     if not grads:
         return  # no output to differentiate (or no layer reached): nothing to check
     keep = set(range(j * K, (j + 1) * K))
@@ -364,30 +325,20 @@ def probe_rows(
 ) -> str:
     """Prove, on one batch, that every layer in ``layers`` sees sample ``i`` alone in its rows of sample ``i``.
 
-    Runs ``model`` on a clone of the inputs, propagates one gradient back, and runs
-    it again with one sample's rows replaced by another's (see the module
-    docstring). ``model``'s modules are put back in their training modes and the
-    RNG state is restored; nothing is recorded by the wrapper meanwhile.
-
     Args:
-        model: the plain model.
+        model: the plain model (its training modes and the RNG state are restored).
         layers: ``(path, module, batch dim)`` of each layer whose rows must be samples.
         args, kwargs: the forward pass's inputs (not modified).
         K: rows per sample.
-        batch_dim: the inputs' batch dim (0 for ``batch_first``, else 1).
-        backward_proven: an earlier batch already passed the backward check; when
-            this one cannot run the forward check either (all samples identical),
-            nothing is run.
-        tracker: the wrapper's :class:`~dpnotebook.grad_sample._engine.broadcast.BroadcastTracker`, when the
-            model has batch-free tensors meeting the batch: the passes run under it, calls of ``layers`` on
-            batch-free inputs are skipped, and the result of every meeting point is checked as a layer's output.
-        units: the modules the tracker treats as units (with ``tracker``).
+        batch_dim: the inputs' batch dim.
+        backward_proven: an earlier batch passed the backward check: nothing is run on identical samples.
+        tracker: the wrapper's ``BroadcastTracker``, if batch-free tensors meet the batch: the passes run
+            under it and every meeting point's result is checked as a layer's output.
+        units: the modules the tracker treats as units.
 
     Returns:
-        ``"proven"`` (both checks ran and passed), ``"backward only"`` (two
-        samples or more, all inputs identical: only (b) could run) or
-        ``"nothing to prove"`` (one sample, or no input tensor of two dims or
-        more holding the batch).
+        ``"proven"``, ``"backward only"`` (all samples identical: only (b) ran) or ``"nothing to prove"``
+        (one sample, or no input tensor of two dims or more holding the batch).
 
     Raises:
         GradSampleError: a layer whose rows do not follow the samples, naming it, what was seen and the fix.
