@@ -32,13 +32,6 @@ COMPAT = (
 #: error is also a ``NotImplementedError``, as Opacus raises). Lower a count when a mention goes; never raise one.
 ALLOWED = {
     "errors.py": 3,  # UnsupportedModuleError/UnsupportedOptionError: also NotImplementedError, as Opacus raises
-    # modules reshaped by issue 32 that still compare with Opacus in docstrings and messages: to be cleared
-    "grad_sample/_engine/accumulation.py": 3,
-    "grad_sample/_engine/hooks.py": 3,
-    "grad_sample/_engine/layer_hooks.py": 1,
-    "grad_sample/_engine/no_op.py": 2,
-    "grad_sample/functorch.py": 4,
-    "modes.py": 1,
 }
 
 MENTION = re.compile("opacus", re.IGNORECASE)
