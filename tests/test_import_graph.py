@@ -24,7 +24,10 @@ PACKAGE = "dpnotebook"
 #: The layers, bottom to top. A module belongs to the entry that matches it most specifically
 #: (an entry matches itself and, except ``"dpnotebook"``, everything below it).
 ORDER: list[tuple[str, list[str]]] = [
-    ("shared contracts", ["dpnotebook.errors", "dpnotebook.device", "dpnotebook.modes", "dpnotebook.validation", "dpnotebook.units"]),
+    (
+        "shared contracts",
+        ["dpnotebook.errors", "dpnotebook.device", "dpnotebook.modes", "dpnotebook.validation", "dpnotebook.units"],
+    ),
     ("data and models", ["dpnotebook.datasets", "dpnotebook.models", "dpnotebook.binder"]),
     ("grad_sample registry", ["dpnotebook.grad_sample._registry"]),
     ("engine", ["dpnotebook.grad_sample._engine"]),
