@@ -1,6 +1,7 @@
 """``python -m dpnotebook.audit``: run the adversarial sensitivity grid and print a summary per mode.
 
 ``--float32`` audits in float32; ``--mode`` and ``--family`` (repeatable) restrict the grid;
+``--compile BACKEND`` audits each model compiled with ``torch.compile(model, backend=BACKEND)``;
 ``--show`` lists every point that breaks the library's promise; ``--progress`` / ``--no-progress``
 force the progress bar (on stderr; default: when stderr is a terminal).
 """
@@ -25,6 +26,10 @@ def parser() -> argparse.ArgumentParser:
     for name, what, choices in (("mode", "mode", available_modes()), ("family", "layer family", sorted(FAMILIES))):
         text = f"audit only this {what} (repeatable); one of: {', '.join(choices)}"
         p.add_argument(f"--{name}", action="append", choices=choices, metavar=name.upper(), help=text)
+    backends = torch.compiler.list_backends(exclude_tags=())
+    p.add_argument(
+        "--compile", choices=backends, metavar="BACKEND", help="compile each model first: inductor, eager..."
+    )
     p.add_argument("--show", action="store_true", help="print every point that breaks the promise")
     p.add_argument(
         "--progress",
@@ -40,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     points = list(grid(modes=args.mode, families=args.family, dtype=torch.float32 if args.float32 else torch.float64))
     bar = tqdm(points, desc="audit grid", unit="point", disable=not show_progress(args.progress))
-    outcomes = [run_point(p) for p in bar]
+    outcomes = [run_point(p, compile_backend=args.compile) for p in bar]
     print(summarise(outcomes))
     broken = [(o, why) for o in outcomes if (why := matches(o))]
     print(f"{len(outcomes)} points in {time.perf_counter() - start:.0f} s; {len(broken)} break the promise")

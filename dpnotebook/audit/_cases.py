@@ -460,9 +460,18 @@ def grid(
             yield GridPoint(mode, family, record, K, reduction, clipping, batch_first, passes, dtype)
 
 
-def run_point(point: GridPoint, *, reference: bool = True) -> Outcome:
-    """Audit ``point``; an error raised by the library is caught and kept in the outcome."""
+def run_point(point: GridPoint, *, reference: bool = True, compile_backend: str | None = None) -> Outcome:
+    """Audit ``point``; an error raised by the library is caught and kept in the outcome.
+
+    With ``compile_backend`` (e.g. ``"inductor"``), the model is first compiled afresh with
+    ``torch.compile(model, backend=compile_backend)``, as a user who compiles before training would.
+    """
     case = audit_case(point.family, point.record)
+    model = case.model(point.batch_first).to(point.dtype)
+    if compile_backend is not None:
+        check_choice("compile_backend", compile_backend, torch.compiler.list_backends(exclude_tags=()))
+        torch.compiler.reset()  # a fresh cache: each point compiles its own graphs
+        model = torch.compile(model, backend=compile_backend)
     K, batch_first = point.K, point.batch_first
 
     def batch(indices: list[int]) -> tuple[Tensor, ...]:
@@ -471,7 +480,7 @@ def run_point(point: GridPoint, *, reference: bool = True) -> Outcome:
 
     try:
         report = audit_sensitivity(
-            case.model(batch_first).to(point.dtype),
+            model,
             batch=batch,
             num_samples=case.num_samples,
             mode=point.mode,

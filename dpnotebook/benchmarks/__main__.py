@@ -6,6 +6,8 @@ its ratio divides by that reference, timed in its own process (``docs/performanc
 
 >>> [c.what for c in plan(["MLP"], [8], modes=["ghost"], kinds=["dpsgd"], ks=[1])]
 ['nonprivate', 'dpsgd_ghost']
+>>> [c.what for c in plan(["MLP"], [8], modes=["ghost"], kinds=["dpsgd"], compiled=True)]
+['nonprivate', 'dpsgd_ghost', 'compiled_nonprivate', 'compiled_dpsgd_ghost']
 >>> rows = [{"model": "MLP", "batch": 8, "K": 1, "what": "dpsgd_ghost", "median_ms": 169.6, "min_ms": 160.0,
 ...          "ref_median_ms": 73.1, "ratio": 2.32, "ratio_min": 2.3, "peak_mb": 300.0, "rss0_mb": 290.0, "n": 10}]
 >>> print(results_table(rows).splitlines()[2])
@@ -64,6 +66,7 @@ def plan(
     k_batch: int = 32,
     k_modes: Iterable[str] = ("hooks", "ghost"),
     opacus: bool = False,
+    compiled: bool = False,
 ) -> list[Config]:
     """The configurations to run, in order.
 
@@ -73,6 +76,7 @@ def plan(
         kinds: ``"gsm"`` (per-sample gradients only), ``"dpsgd"``, ``"naive"`` (microbatching).
         ks, k_batch, k_modes: each K > 1 runs at B=``k_batch`` in ``k_modes``.
         opacus: add Opacus' configurations (K=1).
+        compiled: add the non-private and DP-SGD steps with the model compiled first (K=1).
     """
     modes, kinds, ks = list(modes), list(kinds), list(ks)
     out: list[Config] = []
@@ -85,6 +89,8 @@ def plan(
                     if opacus:
                         whats += [f"opacus_{kind}_{mode}" for mode in OPACUS_MODES if (kind, mode) != ("gsm", "ghost")]
             whats += ["naive_microbatch"] if "naive" in kinds else []
+            if compiled:
+                whats += ["compiled_nonprivate"] + [f"compiled_dpsgd_{mode}" for mode in modes if "dpsgd" in kinds]
             out += [Config(m, B, 1, w) for w in whats]
         for K in ks if any(k > 1 for k in ks) else []:
             if K == 1 and k_batch in batches:
@@ -338,6 +344,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     add("--timeout", type=float, default=600, help="seconds per configuration")
     add("--compare-opacus", action="store_true", help="also run Opacus 1.6 on the same models (K=1)")
+    add("--compile", action="store_true", help="also time the steps with the model torch.compile'd (CUDA: graphs)")
     add("--quick", action="store_true", help="preset: every model at B=128, hooks and ghost, K in {1,16}")
     add("--transformers", action="store_true", help="preset: Hugging Face models, ghost vs hooks, B=32, --rival")
     add("--profile-ops", action="store_true", help="count the aten ops of one DP step, every mode, and Opacus'")
@@ -364,7 +371,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def configurations(args: argparse.Namespace) -> list[Config]:
     """The configurations of the parsed options: the K=1 grid, then the K > 1 configurations."""
-    configs = plan(args.models, args.batch, modes=args.modes, kinds=args.kinds, ks=[], opacus=args.compare_opacus)
+    configs = plan(
+        args.models,
+        args.batch,
+        modes=args.modes,
+        kinds=args.kinds,
+        ks=[],
+        opacus=args.compare_opacus,
+        compiled=args.compile,
+    )
     k_plan = {"ks": args.ks, "k_batch": args.k_batch, "k_modes": args.k_modes}
     return configs + plan(args.k_models or args.models, [], modes=args.modes, kinds=args.kinds, **k_plan)
 

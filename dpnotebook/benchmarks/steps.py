@@ -10,6 +10,7 @@ Every step has the same DP-SGD settings (:data:`SIGMA`, :data:`CLIP`, :data:`LR`
 ``naive_microbatch``       DP-SGD by one forward/backward per sample, clipping each
 ``opacus_gsm_<mode>``      Opacus 1.6's per-sample gradients (``--compare-opacus``)
 ``opacus_dpsgd_<mode>``    Opacus 1.6's DP-SGD step via ``PrivacyEngine.make_private``
+``compiled_<name>``        ``<name>`` with the model compiled first (``--compile``, :func:`compile_mode`)
 =========================  ===================================================================
 
 >>> step = make_step("MLP", "dpsgd_ghost", batch=4, K=2)
@@ -55,6 +56,15 @@ def timer(device: str) -> Callable[[Callable[[], None]], float]:
         return (time.perf_counter() - start) * 1e3
 
     return timed
+
+
+def compile_mode(device: str) -> str:
+    """The ``torch.compile`` mode of ``compiled_`` configurations: CUDA graphs on a GPU, else the default.
+
+    >>> compile_mode("cuda:0"), compile_mode("cpu")
+    ('reduce-overhead', 'default')
+    """
+    return "reduce-overhead" if device.startswith("cuda") else "default"
 
 
 def _tuple(inputs: Inputs) -> tuple[Tensor, ...]:
@@ -215,8 +225,11 @@ def make_step(name: str, what: str, batch: int, K: int = 1, device: str = "cpu",
     Raises:
         ValueError: ``what`` is not a configuration name.
     """
+    compiled, what = what.startswith("compiled_"), what.removeprefix("compiled_")
     model, inputs, targets, loss = build(name, batch, K=K, flavour=flavour_of(what), seed=seed)
     model, targets, inputs = model.to(device), targets.to(device), tuple(x.to(device) for x in inputs)
+    if compiled:  # the user's route: compile the model, then wrap it (tests/grad_sample/_engine/test_torch_compile.py)
+        model = torch.compile(model, mode=compile_mode(device))
     kind, _, mode = what.partition("_")
     if what in ("nonprivate", "nonprivate_dplayers"):
         return plain_step(model, inputs, targets, loss)
@@ -231,7 +244,8 @@ def make_step(name: str, what: str, batch: int, K: int = 1, device: str = "cpu",
         return dpsgd_step(model, mode, inputs, targets, K, loss=loss)
     raise ValueError(
         f"configuration {what!r} is unknown; use nonprivate, nonprivate_dplayers, naive_microbatch, "
-        f"gsm_<mode> or dpsgd_<mode> with mode in {MODES}, or opacus_gsm_<mode> / opacus_dpsgd_<mode>."
+        f"gsm_<mode> or dpsgd_<mode> with mode in {MODES}, or opacus_gsm_<mode> / opacus_dpsgd_<mode>; "
+        "any of them prefixed with compiled_."
     )
 
 
@@ -242,6 +256,7 @@ __all__ = [
     "MODES",
     "OPACUS_MODES",
     "flavour_of",
+    "compile_mode",
     "plain_step",
     "gsm_step",
     "dpsgd_step",
