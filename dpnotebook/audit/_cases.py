@@ -41,7 +41,7 @@ import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
@@ -471,7 +471,7 @@ def run_point(point: GridPoint, *, reference: bool = True, compile_backend: str 
     if compile_backend is not None:
         check_choice("compile_backend", compile_backend, torch.compiler.list_backends(exclude_tags=()))
         torch.compiler.reset()  # a fresh cache: each point compiles its own graphs
-        model = torch.compile(model, backend=compile_backend)
+        model = cast(nn.Module, torch.compile(model, backend=compile_backend))
     K, batch_first = point.K, point.batch_first
 
     def batch(indices: list[int]) -> tuple[Tensor, ...]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -229,7 +229,7 @@ def make_step(name: str, what: str, batch: int, K: int = 1, device: str = "cpu",
     model, inputs, targets, loss = build(name, batch, K=K, flavour=flavour_of(what), seed=seed)
     model, targets, inputs = model.to(device), targets.to(device), tuple(x.to(device) for x in inputs)
     if compiled:  # the user's route: compile the model, then wrap it (tests/grad_sample/_engine/test_torch_compile.py)
-        model = torch.compile(model, mode=compile_mode(device))
+        model = cast(nn.Module, torch.compile(model, mode=compile_mode(device)))
     kind, _, mode = what.partition("_")
     if what in ("nonprivate", "nonprivate_dplayers"):
         return plain_step(model, inputs, targets, loss)
