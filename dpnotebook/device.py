@@ -34,7 +34,7 @@ def check_device(device: torch.device | str, name: str = "device") -> torch.devi
     >>> check_device("gpu")
     Traceback (most recent call last):
     ...
-    ValueError: device='gpu' is not a device: pass a torch.device or its name ('cpu', 'cuda', 'cuda:1'), e.g. dpnotebook.default_device().
+    ValueError: device='gpu' is not a device: pass a torch.device or its name ('cpu', 'cuda', 'cuda:1'), e.g. ...
     """
     if isinstance(device, bool) or not isinstance(device, (torch.device, str)):
         raise TypeError(

@@ -137,8 +137,8 @@ def tiny_transformer(
 ) -> Logits:
     """A small, freshly initialised Hugging Face model (nothing is downloaded), as :class:`Logits`.
 
-    Dropout off (so every mode can replay the forward), feed-forward ``2 * width``, ``length`` positions
-    (T5: 8 relative buckets; Llama: ``heads // 2`` key/value heads).
+    Dropout off (so every mode can replay the forward), feed-forward ``2 * width`` (GPT-2: its default ``4 * width``),
+    ``length`` positions (T5: 8 relative buckets; Llama: ``max(1, heads // 2)`` key/value heads).
 
     Args:
         kind: a key of :data:`TRANSFORMERS`; ``"bert"`` and ``"distilbert"`` classify a sequence into

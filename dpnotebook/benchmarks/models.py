@@ -23,7 +23,7 @@ VOCAB, SEQ_LEN, NUM_CLASSES = 10_000, 64, 10
 
 
 class SampleConvNet(nn.Module):
-    """The MNIST network of the Opacus README: two convolutions, two linear layers.
+    """The network of Opacus' MNIST example (``examples/mnist.py``): two convolutions, two linear layers.
 
     >>> SampleConvNet()(torch.zeros(2, 1, 28, 28)).shape
     torch.Size([2, 10])

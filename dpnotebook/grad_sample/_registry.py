@@ -143,7 +143,7 @@ def register_grad_sampler(
     >>> register_grad_sampler("Linear")
     Traceback (most recent call last):
     ...
-    TypeError: register_grad_sampler takes nn.Module subclasses, got 'Linear' (a str); pass the class itself, e.g. register_grad_sampler(nn.Linear).
+    TypeError: register_grad_sampler takes nn.Module subclasses, got 'Linear' (a str); pass the class itself, ...
     """
     check_layer_types("register_grad_sampler", layer_types)
     if fast is not None and not _takes_k(fast):

@@ -133,7 +133,7 @@ class PLDAccountant(Accountant):
     ...     warnings.simplefilter("always")
     ...     eps = compute_epsilon(noise_multiplier=1e-3, sample_rate=0.5, steps=10, delta=1e-5)
     >>> print(str(caught[0].message).split(" (still")[0])
-    PLD accounting of noise_multiplier=0.001, sample_rate=0.5 (10 steps) needs 5.1e+08 grid points per step (5.1e+09 composed) at value_discretization_interval=0.001; using 2.55 instead
+    PLD accounting of ... needs 5.1e+08 grid points per step (5.1e+09 composed) at ...=0.001; using 2.55 instead
     >>> f"{eps:.3g}", f"{compute_epsilon(noise_multiplier=1e-3, sample_rate=0.5, steps=10, delta=1e-5, accountant='rdp'):.3g}"
     ('5.01e+06', '5.5e+06')
     """

@@ -3,7 +3,7 @@
 >>> check_noise_multiplier(-1)
 Traceback (most recent call last):
 ...
-ValueError: noise_multiplier=-1 is invalid: it must be a number >= 0 (the noise std is noise_multiplier * max_grad_norm). Fix: pass e.g. noise_multiplier=1.0; 0 means no noise and no privacy.
+ValueError: noise_multiplier=-1 is invalid: it must be a number >= 0 (...). Fix: pass e.g. noise_multiplier=1.0; ...
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ def check_layer_bounds(value: Any, clipping: str) -> Bounds:
     >>> check_layer_bounds([1.0, 2.0], "flat")
     Traceback (most recent call last):
     ...
-    ValueError: max_grad_norm=[1.0, 2.0] is a list of per-layer bounds but clipping='flat'. Fix: pass clipping='per_layer' with the list, or one number for flat clipping.
+    ValueError: max_grad_norm=[1.0, 2.0] is a list of ... bounds but clipping='flat'. Fix: pass clipping='per_layer' ...
     """
     if isinstance(value, (list, tuple)):
         if clipping != "per_layer":

@@ -114,7 +114,7 @@ def fit(
     ...     privacy_engine=PrivacyEngine())
     Traceback (most recent call last):
     ...
-    ValueError: privacy_engine is given without delta: the bar cannot show epsilon. Fix: pass delta=, the delta of your guarantee (e.g. delta=1e-5).
+    ValueError: privacy_engine is given without delta: the bar cannot show epsilon. Fix: pass delta=, ...
     """
     if privacy_engine is not None and delta is None:
         raise ValueError(

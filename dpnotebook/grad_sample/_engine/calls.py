@@ -108,7 +108,7 @@ def check_replay_chunk(replay_chunk: Any) -> int | str | None:
     >>> check_replay_chunk(0)
     Traceback (most recent call last):
     ...
-    ValueError: replay_chunk=0 is invalid; use "auto" (at most B rows at once), None (all samples at once: fastest, but the replay's memory grows with K) or an int >= 1 (that many samples at once).
+    ValueError: replay_chunk=0 is invalid; use "auto" (at most B rows at once), None (...) or an int >= 1 (...).
     """
     if replay_chunk in ("auto", None) or (
         isinstance(replay_chunk, int) and not isinstance(replay_chunk, bool) and replay_chunk >= 1

@@ -42,7 +42,7 @@ def check_k(K: Any) -> int:
     >>> check_k(0)
     Traceback (most recent call last):
     ...
-    ValueError: K=0 is invalid: K is the number of augmented copies of each sample and must be an int >= 1 (K=1 means no augmentation multiplicity).
+    ValueError: K=0 is invalid: K is the number of augmented copies of each sample and must be an int >= 1 ...
     """
     if isinstance(K, bool) or not isinstance(K, int) or K < 1:
         raise ValueError(
@@ -58,7 +58,7 @@ def check_loss_reduction(loss_reduction: Any) -> str:
     >>> check_loss_reduction("avg")
     Traceback (most recent call last):
     ...
-    ValueError: loss_reduction='avg' is invalid; use one of ('mean', 'sum'): 'mean' if your loss averages over the batch's rows, 'sum' if it adds them up.
+    ValueError: loss_reduction='avg' is invalid; use one of ('mean', 'sum'): 'mean' if your loss averages ...
     """
     if loss_reduction not in LOSS_REDUCTIONS:
         raise ValueError(
