@@ -138,7 +138,7 @@ def tiny_transformer(
     """A small, freshly initialised Hugging Face model (nothing is downloaded), as :class:`Logits`.
 
     Dropout off (so every mode can replay the forward), feed-forward ``2 * width`` (GPT-2: its default ``4 * width``),
-    ``length`` positions (T5: 8 relative buckets; Llama: ``max(1, heads // 2)`` key/value heads).
+    ``length`` positions (T5: 8 relative buckets; Llama: ``heads // 2`` key/value heads, 1 for an odd ``heads``).
 
     Args:
         kind: a key of :data:`TRANSFORMERS`; ``"bert"`` and ``"distilbert"`` classify a sequence into
@@ -190,7 +190,7 @@ def tiny_transformer(
         ),
         "llama": lambda: transformers.LlamaConfig(
             hidden_size=d, intermediate_size=2 * d, num_hidden_layers=layers, num_attention_heads=heads,
-            num_key_value_heads=max(1, heads // 2), max_position_embeddings=length, **tokens,
+            num_key_value_heads=heads // 2 if heads % 2 == 0 else 1, max_position_embeddings=length, **tokens,
         ),
     }  # fmt: skip
     config = configs[kind]()
