@@ -44,12 +44,12 @@ class FunctorchGradSampleModule(GradSampleModule):
 
     def add_hooks(self) -> None:
         if self._hooks is None:
+            super().add_hooks()  # first: it refuses a model another wrapper hooks, before any hook is added
             self._moves: dict[int, list[tuple[int, int]]] = {}  # forward id -> (output leaf, its batch dim)
             # runs before the recording hook, which then sees the output's batch where the input's is
             self._batch_hook = self._module.register_forward_hook(
                 self._batch_to_input_dim, with_kwargs=True, prepend=True
             )
-        super().add_hooks()
 
     def remove_hooks(self) -> None:
         if self._hooks is not None:

@@ -472,9 +472,10 @@ def plan_units(
 
 
 def _owner_of(hook: Any) -> Any:
-    """The wrapper behind a forward hook installed by dpnotebook, else None."""
-    hooks = getattr(hook.func if isinstance(hook, functools.partial) else hook, "__self__", None)
-    return getattr(hooks, "owner", None) if type(hooks).__name__ == "LayerHooks" else None
+    """The wrapper behind a forward hook installed by dpnotebook (its ``LayerHooks``, ghost taps), else None."""
+    owner: Any = getattr(hook.func if isinstance(hook, functools.partial) else hook, "__self__", None)
+    owner = getattr(owner, "owner", None) if type(owner).__name__ == "LayerHooks" else owner
+    return owner if isinstance(owner, ModelWrapper) else None
 
 
 def wrapper_hooking(module: nn.Module) -> tuple[str, Any] | None:
@@ -499,11 +500,13 @@ def check_not_wrapped(module: nn.Module, root: str = "model") -> None:
 
 
 def strip_dpnotebook_hooks(module: nn.Module) -> nn.Module:
-    """Remove every dpnotebook hook from ``module`` (a ``copy.deepcopy`` of a wrapped model) and return it."""
+    """Remove every dpnotebook hook (forward, pre-forward) from ``module`` (a ``copy.deepcopy`` of a wrapped model)."""
     for sub in module.modules():
-        for key in [k for k, h in sub._forward_hooks.items() if _owner_of(h) is not None]:
-            del sub._forward_hooks[key]
-            sub._forward_hooks_with_kwargs.pop(key, None)
+        pre = (sub._forward_pre_hooks, sub._forward_pre_hooks_with_kwargs)
+        for hooks, with_kwargs in ((sub._forward_hooks, sub._forward_hooks_with_kwargs), pre):
+            for key in [k for k, h in hooks.items() if _owner_of(h) is not None]:
+                del hooks[key]
+                with_kwargs.pop(key, None)
     for p in module.parameters():
         hooks = getattr(p, "_post_accumulate_grad_hooks", None) or {}
         for key in [k for k, h in hooks.items() if type(getattr(h, "__self__", None)).__name__ == "GradSampleStore"]:

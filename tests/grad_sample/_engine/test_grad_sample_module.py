@@ -392,6 +392,25 @@ def test_wrapping_a_model_twice_is_refused_and_copies_drop_stale_hooks() -> None
     GradSampleModule(model)  # free again
 
 
+@pytest.mark.parametrize("mode", ["hooks", "functorch", "ghost"])
+def test_a_second_wrapper_is_refused_in_every_hooking_mode_and_leaves_no_hook(mode: str) -> None:
+    """Ghost's taps were not recognised (the second wrap was accepted, then failed at forward time with a
+    misleading error); functorch's refused wrap left its batch-moving forward hook on the model."""
+    from dpnotebook.modes import wrap_model
+    from dpnotebook.testing import clean_copy
+
+    model = mlp()
+    first = wrap_model(model, mode)
+    with pytest.raises(ValueError, match=r"already has hooks of another .*to_standard_module"):
+        wrap_model(model, mode, batch_first=False)
+    copied = clean_copy(model)  # ghost's pre-forward hooks, left on a copy, detached its parameters
+    copied(torch.randn(2, 6)).sum().backward()
+    assert all(p.grad is not None for p in copied.parameters())
+    first.to_standard_module()
+    assert all(not (m._forward_hooks or m._forward_pre_hooks or m._backward_hooks) for m in model.modules())
+    assert not any(vars(p).get("_dpn_ghost_owner") for p in model.parameters())
+
+
 def test_a_position_table_looked_up_with_arange_is_a_broadcast() -> None:
     """Refused until issue #30 (its 5 rows are not the 3 samples'); now its per-row cotangents are captured."""
 
