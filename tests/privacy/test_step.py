@@ -244,6 +244,22 @@ def test_a_clipping_scheduler_keeps_per_layer_bounds_in_proportion() -> None:
     assert opt.max_grad_norm == pytest.approx(5**0.5)
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_one_poisson_batch_in_two_backward_passes_is_averaged_over_the_batch(mode: str) -> None:
+    """Before, hooks, functorch and ew divided by 2 * q * N (ghost did not): the update was halved."""
+    updates = []
+    for pieces in (1, 2):
+        model, opt, loader = private(tiny_model(), mode=mode, noise_multiplier=0.0, max_grad_norm=100.0)
+        x, y = next(iter(loader))
+        opt.zero_grad()
+        for part in torch.tensor_split(torch.arange(len(x)), pieces):
+            F.cross_entropy(model(x[part]), y[part]).backward()
+        opt.step()
+        updates.append([p.grad.clone() for p in opt.params])
+    for whole, split in zip(*updates, strict=True):
+        torch.testing.assert_close(split, whole)
+
+
 # -- 4. what a step clipped is never clipped again ------------------------------------------------------------
 @pytest.mark.parametrize("mode", MODES)
 def test_step_twice_without_zero_grad_names_the_cause(mode: str) -> None:
