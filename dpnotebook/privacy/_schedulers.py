@@ -50,16 +50,23 @@ class _Scheduler:
 
     def state_dict(self) -> dict[str, Any]:
         """The scheduler's state and the knob's value now (``load_state_dict`` sets it again)."""
-        state = {k: v for k, v in self.__dict__.items() if k != "optimizer" and not callable(v)}
-        return state | {
-            "knob_value": getattr(self.optimizer, f"{self.knob}s", None) or getattr(self.optimizer, self.knob)
-        }
+        value = getattr(self.optimizer, f"{self.knob}s", None) or getattr(self.optimizer, self.knob)
+        return {k: v for k, v in self.__dict__.items() if k != "optimizer" and not callable(v)} | {"knob_value": value}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore the state, and the optimizer's knob to the value it had reached (a resumed run goes on from it)."""
         self.__dict__.update({k: v for k, v in state_dict.items() if k != "knob_value"})
         if "knob_value" in state_dict:  # absent from older checkpoints
             setattr(self.optimizer, self.knob, state_dict["knob_value"])
+
+
+class _Exponential(_Scheduler):
+    def __init__(self, optimizer: Any, *, gamma: float, last_epoch: int = -1) -> None:
+        self.gamma = gamma
+        super().__init__(optimizer, last_epoch=last_epoch)
+
+    def value(self, current: float) -> float:
+        return current if self.last_epoch == 0 else current * self.gamma
 
 
 class _Step(_Scheduler):
@@ -69,11 +76,6 @@ class _Step(_Scheduler):
 
     def value(self, current: float) -> float:
         return current if self.last_epoch == 0 or self.last_epoch % self.step_size else current * self.gamma
-
-
-class _Exponential(_Step):  # a step every epoch
-    def __init__(self, optimizer: Any, *, gamma: float, last_epoch: int = -1) -> None:
-        super().__init__(optimizer, step_size=1, gamma=gamma, last_epoch=last_epoch)
 
 
 class _Lambda(_Scheduler):
