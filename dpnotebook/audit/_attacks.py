@@ -814,8 +814,8 @@ class GradientCanaries:
         if grad is None:
             raise RuntimeError("the DP step left no gradient on the canaries' parameter: was it in the optimizer?")
         scale = 1.0 / optimizer.max_grad_norm
-        if optimizer.loss_reduction == "mean":  # the step divided by the expected batch times the backward passes
-            scale *= optimizer.expected_batch_size * optimizer.accumulated_iterations
+        if optimizer.loss_reduction == "mean":  # the step divided by the expected batch
+            scale *= optimizer.mean_divisor
         flat = grad.detach().reshape(-1).cpu().double()
         dirac = self.coordinates is not None
         projected = flat[self.coordinates] if dirac else self.directions @ flat  # type: ignore[operator]

@@ -267,7 +267,6 @@ class DPOptimizer(PrivacyKnobs, WrappedOptimizer):
     def _finish_batch(self) -> None:
         """:meth:`add_noise`'s work, under a name a subclass overriding ``add_noise`` keeps."""
         self.clip_and_accumulate()  # the last piece; its p.grad_sample stay until zero_grad
-        passes = self.accumulated_iterations  # backward passes the last piece held (1 under Poisson sampling)
         params = self.params
         plain = unwrap_model(self._dp_model) if self._dp_model is not None else None
         invariants.check_no_raw_gradients(self.param_groups, params, invariants.models_holding(params, plain))
@@ -278,7 +277,7 @@ class DPOptimizer(PrivacyKnobs, WrappedOptimizer):
             self._insecure_unchosen = not warn_insecure_noise_once()
         noises, signal_norm, noise_norm = self._noisy_sum(summed, params, std)
         if self.loss_reduction == "mean":
-            torch._foreach_div_(noises, float(self.expected_batch_size * passes))
+            torch._foreach_div_(noises, self.mean_divisor)
         for p, grad in zip(params, noises, strict=True):
             p.grad = grad
         invariants.mark_noised(noises)
@@ -362,6 +361,12 @@ class DPOptimizer(PrivacyKnobs, WrappedOptimizer):
     def signal_skip_step(self, do_skip: bool = True) -> None:
         """Make the next ``step()`` a ``virtual_step()`` (as ``BatchMemoryManager`` does)."""
         self._skip_next_step = do_skip
+
+    @property
+    def mean_divisor(self) -> float:
+        """What a ``loss_reduction="mean"`` step divides by: ``q * N`` (times the passes with no loader tied)."""
+        # a tied loader's backward passes are pieces of one Poisson batch: two batches before a step are refused
+        return float(self.expected_batch_size * (1 if self.sampled_batches.tied else self.accumulated_iterations))
 
     @property
     def accumulated_iterations(self) -> int:

@@ -42,14 +42,22 @@ class _Scheduler:
         raise NotImplementedError
 
     def step(self) -> None:
+        """Set the knob to :meth:`value` (per-layer bounds are scaled together, keeping their proportions)."""
         self.last_epoch += 1
-        setattr(self.optimizer, self.knob, self.value(getattr(self.optimizer, self.knob)))
+        current = getattr(self.optimizer, self.knob)
+        new, bounds = self.value(current), getattr(self.optimizer, f"{self.knob}s", None)
+        setattr(self.optimizer, self.knob, [b * new / current for b in bounds] if bounds else new)
 
     def state_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "optimizer" and not callable(v)}
+        """The scheduler's state and the knob's value now (``load_state_dict`` sets it again)."""
+        value = getattr(self.optimizer, f"{self.knob}s", None) or getattr(self.optimizer, self.knob)
+        return {k: v for k, v in self.__dict__.items() if k != "optimizer" and not callable(v)} | {"knob_value": value}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.__dict__.update(state_dict)
+        """Restore the state, and the optimizer's knob to the value it had reached (a resumed run goes on from it)."""
+        self.__dict__.update({k: v for k, v in state_dict.items() if k != "knob_value"})
+        if "knob_value" in state_dict:  # absent from older checkpoints
+            setattr(self.optimizer, self.knob, state_dict["knob_value"])
 
 
 class _Exponential(_Scheduler):

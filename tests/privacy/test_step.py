@@ -19,7 +19,14 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from dpnotebook import PrivacyEngine, wrap_model
 from dpnotebook.grad_sample._engine.hooks import wrapper_hooking
-from dpnotebook.privacy import BatchMemoryManager, DPOptimizer, ExponentialGradClip, StepGradClip, StepNoise
+from dpnotebook.privacy import (
+    BatchMemoryManager,
+    DPOptimizer,
+    ExponentialGradClip,
+    ExponentialNoise,
+    StepGradClip,
+    StepNoise,
+)
 from dpnotebook.privacy._optimizer import optimizer_class
 
 MODES = ["hooks", "functorch", "ew", "ghost"]
@@ -209,6 +216,48 @@ def test_schedulers_between_logical_batches_take_effect() -> None:
                 opt.step()
         clip.step(), noise.step()
     assert seen == [(1.0, 1.0)] * 4 + [(0.5, 1.0)] * 4  # noise std = sigma * C: 2.0 * 0.5
+
+
+def test_a_resumed_schedule_goes_on_from_the_sigma_it_reached(tmp_path) -> None:
+    """load_checkpoint with the noise scheduler restores sigma: before, the run went on from make_private's."""
+    engine = PrivacyEngine(accountant="rdp", secure_mode=False)
+    model, opt, _ = private(tiny_model(), engine=engine, noise_multiplier=4.0)
+    noise = ExponentialNoise(opt, gamma=0.5)
+    noise.step(), noise.step()
+    engine.save_checkpoint(path=tmp_path / "run.pt", module=model, optimizer=opt, noise_scheduler=noise)
+    fresh = PrivacyEngine(accountant="rdp", secure_mode=False)
+    model, opt, _ = private(tiny_model(), engine=fresh, noise_multiplier=4.0)
+    noise = ExponentialNoise(opt, gamma=0.5)
+    fresh.load_checkpoint(path=tmp_path / "run.pt", module=model, optimizer=opt, noise_scheduler=noise)
+    assert opt.noise_multiplier == 1.0
+    noise.step()
+    assert opt.noise_multiplier == 0.5
+
+
+def test_a_clipping_scheduler_keeps_per_layer_bounds_in_proportion() -> None:
+    """Before, the scheduler replaced the bounds [1, 3] by their total (equal bounds C / sqrt(L))."""
+    opt = dp(tiny_model(), max_grad_norm=[1.0, 3.0, 1.0, 3.0], clipping="per_layer")
+    clip = ExponentialGradClip(opt, gamma=0.5)
+    assert opt.max_grad_norms == [1.0, 3.0, 1.0, 3.0]
+    clip.step()
+    assert opt.max_grad_norms == [0.5, 1.5, 0.5, 1.5]
+    assert opt.max_grad_norm == pytest.approx(5**0.5)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_one_poisson_batch_in_two_backward_passes_is_averaged_over_the_batch(mode: str) -> None:
+    """Before, hooks, functorch and ew divided by 2 * q * N (ghost did not): the update was halved."""
+    updates = []
+    for pieces in (1, 2):
+        model, opt, loader = private(tiny_model(), mode=mode, noise_multiplier=0.0, max_grad_norm=100.0)
+        x, y = next(iter(loader))
+        opt.zero_grad()
+        for part in torch.tensor_split(torch.arange(len(x)), pieces):
+            F.cross_entropy(model(x[part]), y[part]).backward()
+        opt.step()
+        updates.append([p.grad.clone() for p in opt.params])
+    for whole, split in zip(*updates, strict=True):
+        torch.testing.assert_close(split, whole)
 
 
 # -- 4. what a step clipped is never clipped again ------------------------------------------------------------
