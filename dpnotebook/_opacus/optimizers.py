@@ -33,7 +33,7 @@ from dpnotebook.privacy import DPOptimizer as _CoreDPOptimizer
 from dpnotebook.privacy import GhostDPOptimizer
 from dpnotebook.privacy._distributed import DistributedDPOptimizer, distributed_optimizer_class
 from dpnotebook.privacy._mechanisms import draw_noise
-from dpnotebook.privacy._step import _check_processed_flag, _mark_as_processed, total_norm
+from dpnotebook.privacy._step import SumAndNoiseNorms, _check_processed_flag, _mark_as_processed
 
 __all__ = [
     "DPOptimizer",
@@ -58,13 +58,12 @@ class DPOptimizer(_CoreDPOptimizer):
 
     def _noisy_sum(
         self, summed: list[Tensor], params: list[nn.Parameter], std: float
-    ) -> tuple[list[Tensor], float, float]:
+    ) -> tuple[list[Tensor], SumAndNoiseNorms]:
         for p, s in zip(params, summed, strict=True):
             setattr(p, "summed_grad", s.detach())  # clip_and_accumulate sets it too
         self.add_noise()
         grads = [cast(Tensor, p.grad) for p in params]  # add_noise's contract: it sets every p.grad
-        noise_norm = total_norm([g - s for g, s in zip(grads, summed, strict=True)])
-        return grads, total_norm(summed), noise_norm
+        return grads, SumAndNoiseNorms(summed, [g - s for g, s in zip(grads, summed, strict=True)])
 
 
 DPPerLayerOptimizer = DPOptimizer  #: Opacus' per-layer optimizer: ``DPOptimizer`` with ``clipping="per_layer"``.

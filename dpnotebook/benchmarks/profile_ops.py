@@ -3,12 +3,14 @@
 :func:`count_ops` profiles one step (after a warm-up) and counts its kernels: the innermost aten ops that
 do work, leaving out those that launch nothing on a GPU (:data:`NO_KERNEL`) and two CPU artefacts; a
 ``torch._foreach_*`` op counts once (one multi-tensor kernel on a GPU). A tiny kernel weighs as much as a
-large matmul (``docs/performance.md``). ``python -m dpnotebook.benchmarks --profile-ops`` prints the counts.
+large matmul (``docs/performance.md``). It also counts the step's host reads (:data:`HOST_READS`: a value
+read back to Python, where a GPU makes the host wait for every kernel queued before it).
+``python -m dpnotebook.benchmarks --profile-ops`` prints the counts.
 
 >>> from dpnotebook.benchmarks.steps import make_step
 >>> count = count_ops(make_step("MLP", "dpsgd_hooks", batch=4))
->>> count.total > 0, count.top(1)[0][0].startswith("aten::")
-(True, True)
+>>> count.total > 0, count.top(1)[0][0].startswith("aten::"), count.host_reads
+(True, True, 1)
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from torch.overrides import TorchFunctionMode
 from torch.profiler import ProfilerActivity, profile
 
-__all__ = ["NO_KERNEL", "OpCount", "count_ops", "profile_table", "PROFILE_BATCH"]
+__all__ = ["HOST_READS", "NO_KERNEL", "OpCount", "count_ops", "profile_table", "PROFILE_BATCH"]
 
 #: Samples per batch of ``--profile-ops``: counts hardly depend on it (no mode loops over samples).
 PROFILE_BATCH = 16
@@ -39,11 +42,28 @@ NO_KERNEL = frozenset(
 )
 
 
+#: Tensor methods that read values back to the host: on a GPU each one waits for the queued kernels.
+HOST_READS = frozenset("item tolist numpy cpu __bool__ __float__ __int__ __index__".split())
+
+
+class _HostReads(TorchFunctionMode):
+    """Counts the calls of :data:`HOST_READS` methods while it is active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.count += getattr(func, "__name__", "") in HOST_READS
+        return func(*args, **(kwargs or {}))
+
+
 @dataclass
 class OpCount:
-    """The leaf aten operations of one step, by name (:data:`NO_KERNEL` left out)."""
+    """The leaf aten operations of one step, by name (:data:`NO_KERNEL` left out), and its host reads."""
 
     ops: Counter[str] = field(default_factory=Counter)
+    host_reads: int = 0
 
     @property
     def total(self) -> int:
@@ -56,16 +76,16 @@ class OpCount:
 
 
 def count_ops(step: Callable[[], None], *, warmup: int = 1) -> OpCount:
-    """Count the leaf aten operations of one call of ``step`` (after ``warmup`` calls), on the CPU."""
+    """Count the leaf aten operations and host reads of one call of ``step`` (after ``warmup`` calls), on the CPU."""
     for _ in range(warmup):
         step()
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof, _HostReads() as reads:
         step()
     counted: Counter[str] = Counter()
     for event in prof.events():
         if event.name.startswith("aten::") and not _has_aten_ancestor(event):
             counted.update(_kernels(event))
-    return OpCount(counted)
+    return OpCount(counted, reads.count)
 
 
 def _has_aten_ancestor(event: Any) -> bool:
@@ -123,8 +143,8 @@ def _count(model: str, what: str, batch: int) -> OpCount | str:
 
 
 def profile_table(models: list[str], modes: list[str], *, batch: int = PROFILE_BATCH, opacus: bool = True) -> str:
-    """A markdown table of kernels per DP step: ``dpnotebook / Opacus 1.6`` in each mode (``-`` without Opacus,
-    the exception's name where a step cannot run), then the best modes."""
+    """A markdown table of kernels per DP step, host reads in brackets: ``dpnotebook / Opacus 1.6`` in each mode
+    (``-`` without Opacus, the exception's name where a step cannot run), then the best modes (kernels)."""
     from dpnotebook.benchmarks.steps import OPACUS_MODES, opacus_available
 
     opacus = opacus and opacus_available() is not None
@@ -145,4 +165,4 @@ def profile_table(models: list[str], modes: list[str], *, batch: int = PROFILE_B
 
 
 def _cell(count: OpCount | str) -> str:
-    return str(count.total) if isinstance(count, OpCount) else count
+    return f"{count.total} ({count.host_reads})" if isinstance(count, OpCount) else count

@@ -30,7 +30,7 @@ from torch.nn.parallel import DistributedDataParallel
 from dpnotebook.privacy._data import DPDataLoader, PoissonBatchSampler
 from dpnotebook.privacy._mechanisms import draw_noise, secure_uniform
 from dpnotebook.privacy._optimizer import DPOptimizer, GhostDPOptimizer
-from dpnotebook.privacy._step import total_norm
+from dpnotebook.privacy._step import SumAndNoiseNorms
 
 
 class RanksFailedError(RuntimeError):
@@ -186,15 +186,15 @@ class _AllReduceMixin(_DPOptimizerBase):
 
     def _noisy_sum(
         self, summed: list[Tensor], params: list[nn.Parameter], std: float
-    ) -> tuple[list[Tensor], float, float]:
+    ) -> tuple[list[Tensor], SumAndNoiseNorms]:
         noises = draw_noise(params, std if self.rank == 0 else 0.0, self.generator, self.secure_mode)
-        signal_norm, noise_norm = total_norm(summed), total_norm(noises)  # this rank's: local sum, its noise
+        norms = SumAndNoiseNorms(summed, noises)  # this rank's: local sum, its noise
         torch._foreach_add_(noises, [s.detach() for s in summed])
         examples = sum(int(n.shape[0]) for n in self._norms)
         device = params[0].device if params else torch.device("cpu")
         reduced, status = self._all_reduce(noises, self._status(device, False, examples))
         self.global_batch_size = int(status[-1])
-        return reduced, signal_norm, noise_norm
+        return reduced, norms
 
     def _join_failed_step(self) -> None:
         """Join this step's all-reduce with this rank marked failed."""

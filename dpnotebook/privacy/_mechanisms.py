@@ -135,23 +135,36 @@ def clip_factors(norms: Tensor, max_grad_norm: float) -> Tensor:
     tensor([1.0000, 1.0000, 0.5000])
     """
     max_grad_norm = check_max_grad_norm(max_grad_norm)
-    factors = (max_grad_norm / (norms + EPS)).clamp(max=1.0)
     finite = nonfinite_mask(norms)
-    if finite is not None:
-        bad = ~finite if finite.dim() < 2 else (~finite).any(0)  # per-layer norms are [L, B]
-        warnings.warn(
-            f"{int(bad.sum())} sample(s) of {bad.numel()} have a NaN or infinite gradient norm; they get "
-            "clip factor 0 and add nothing to this step. Check the loss and the inputs "
-            "of those samples (an overflow, a log of 0).",
-            PrivacyWarning,
-            stacklevel=2,
-        )
-        factors = torch.where(finite, factors, torch.zeros_like(factors))
-    return factors
+    warn_nonfinite(finite)
+    return masked_clip_factors(norms, max_grad_norm, finite)
+
+
+def masked_clip_factors(norms: Tensor, max_grad_norm: float, finite: Tensor | None) -> Tensor:
+    """:func:`clip_factors` with the samples' ``finite`` mask already read (``None``: all finite)."""
+    factors = (max_grad_norm / (norms + EPS)).clamp(max=1.0)
+    return factors if finite is None else torch.where(finite, factors, torch.zeros_like(factors))
+
+
+def warn_nonfinite(finite: Tensor | None) -> None:
+    """Warn that the samples :func:`nonfinite_mask` found add nothing to the step (if it found any)."""
+    if finite is None:
+        return
+    bad = ~finite if finite.dim() < 2 else (~finite).any(0)  # per-layer norms are [L, B]
+    warnings.warn(
+        f"{int(bad.sum())} sample(s) of {bad.numel()} have a NaN or infinite gradient norm; they get "
+        "clip factor 0 and add nothing to this step. Check the loss and the inputs "
+        "of those samples (an overflow, a log of 0).",
+        PrivacyWarning,
+        stacklevel=3,
+    )
 
 
 def nonfinite_mask(norms: Tensor) -> Tensor | None:
-    """``None`` if every norm is finite (one reduction in the usual case), else ``isfinite(norms)``."""
+    """``None`` if every norm is finite, else ``isfinite(norms)``.
+
+    The usual case costs one reduction and the step's one read on the host (a GPU waits for it once).
+    """
     if math.isfinite(float(norms.sum())):
         return None
     finite = torch.isfinite(norms)
@@ -168,7 +181,7 @@ class ClipResult:
         norms: each sample's total gradient norm before clipping, ``[B]``.
         layer_norms: each sample's norm per parameter tensor before clipping, ``[L, B]``.
         factors: the clip factors: ``[B]`` for ``"flat"``, ``[L, B]`` for ``"per_layer"``.
-        fraction_clipped: the fraction of samples scaled down (in any layer).
+        num_clipped: how many samples were scaled down (in any layer), a 0-dim tensor on their device.
         clipping: ``"flat"`` or ``"per_layer"``.
     """
 
@@ -177,8 +190,13 @@ class ClipResult:
     norms: Tensor
     layer_norms: Tensor
     factors: Tensor
-    fraction_clipped: float
+    num_clipped: Tensor
     clipping: str
+
+    @property
+    def fraction_clipped(self) -> float:
+        """The fraction of samples scaled down (in any layer); read on the host when asked."""
+        return int(self.num_clipped) / self.batch_size if self.batch_size else 0.0
 
     @property
     def batch_size(self) -> int:
@@ -211,21 +229,19 @@ def clip_and_sum(
     layer_norms = per_layer_norms(grads)
     norms = layer_norms.norm(dim=0)
     finite = nonfinite_mask(norms)
+    warn_nonfinite(finite)
     if finite is not None:  # a sample with a non-finite norm adds nothing: zero its rows (0 * NaN is NaN)
         grads = [torch.where(finite.reshape(-1, *([1] * (g.dim() - 1))), g, g.new_zeros(())) for g in grads]
     if clipping == "flat":
-        factors = clip_factors(norms, max_grad_norm)
+        factors = masked_clip_factors(norms, max_grad_norm, finite)
         clipped = factors < 1
         summed = [torch.tensordot(factors.to(g.dtype), g, dims=1) for g in grads]
     else:
-        safe = layer_norms if finite is None else torch.where(finite, layer_norms, norms)
-        factors = torch.stack(
-            [clip_factors(n, c) for n, c in zip(safe, layer_bound_list(bounds, len(grads)), strict=True)]
-        )
+        bounds_l = layer_bound_list(bounds, len(grads))
+        factors = torch.stack([masked_clip_factors(n, c, finite) for n, c in zip(layer_norms, bounds_l, strict=True)])
         clipped = (factors < 1).any(dim=0)
         summed = [torch.tensordot(f.to(g.dtype), g, dims=1) for f, g in zip(factors, grads, strict=True)]
-    fraction = int(clipped.sum()) / clipped.numel() if clipped.numel() else 0.0
-    return ClipResult(summed, max_grad_norm, norms, layer_norms, factors, fraction, clipping)
+    return ClipResult(summed, max_grad_norm, norms, layer_norms, factors, clipped.sum(), clipping)
 
 
 #: Secure noise is the sum of this many normals, divided by sqrt(this).

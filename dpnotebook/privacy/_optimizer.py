@@ -46,12 +46,14 @@ from dpnotebook.privacy._mechanisms import (
     CLIPPING_MODES,
     check_layer_bounds,
     clip_and_sum,
-    clip_factors,
     draw_noise,
     layer_bound_list,
+    masked_clip_factors,
+    nonfinite_mask,
     warn_insecure_noise_once,
+    warn_nonfinite,
 )
-from dpnotebook.privacy._step import PrivacyKnobs, StepConstants, StepStats, total_norms
+from dpnotebook.privacy._step import PrivacyKnobs, StepConstants, StepStats, SumAndNoiseNorms
 
 
 class GradSampleWrapper(Protocol):
@@ -187,7 +189,7 @@ class DPOptimizer(PrivacyKnobs, WrappedOptimizer):
     def _reset_accumulation(self) -> None:
         self._summed: list[Tensor] | None = None
         self._norms: list[Tensor] = []
-        self._num_clipped = 0
+        self._num_clipped: Tensor | int = 0  # a tensor on the gradients' device once a piece is clipped
         self._virtual_steps = 0
         self._constants: StepConstants | None = None  # read when the logical batch's first piece is clipped
         self._kept_for_next = False  # the running sum is a virtual step's: zero_grad keeps it
@@ -208,13 +210,17 @@ class DPOptimizer(PrivacyKnobs, WrappedOptimizer):
         rows = present[0].shape[0]
         return [g if g is not None else p.new_zeros((rows, *p.shape)) for p, g in zip(params, found, strict=True)]
 
-    def _clip_and_sum(self) -> tuple[list[Tensor], Tensor, int] | None:
-        """``(clipped sums, per-sample norms, number clipped)``, or ``None`` for no samples."""
+    def _clip_and_sum(self) -> tuple[list[Tensor], Tensor, Tensor] | None:
+        """``(clipped sums, per-sample norms, number clipped)``, or ``None`` for no samples.
+
+        The count stays a tensor on the gradients' device: the step reads nothing back to the host but
+        the finite-norm check (:func:`nonfinite_mask`), so a GPU is not made to wait for statistics.
+        """
         grads = self._grad_samples()
         if grads is None:
             return None
         result = clip_and_sum(grads, max_grad_norm=self.max_grad_norms or self.max_grad_norm, clipping=self.clipping)
-        return result.summed, result.norms, round(result.fraction_clipped * result.batch_size)
+        return result.summed, result.norms, result.num_clipped
 
     def _release(self) -> None:
         for p in self.params:
@@ -275,7 +281,7 @@ class DPOptimizer(PrivacyKnobs, WrappedOptimizer):
         std = self.noise_multiplier * self.max_grad_norm
         if std > 0 and self._insecure_unchosen:
             self._insecure_unchosen = not warn_insecure_noise_once()
-        noises, signal_norm, noise_norm = self._noisy_sum(summed, params, std)
+        noises, norms = self._noisy_sum(summed, params, std)
         if self.loss_reduction == "mean":
             torch._foreach_div_(noises, self.mean_divisor)
         for p, grad in zip(params, noises, strict=True):
@@ -287,20 +293,19 @@ class DPOptimizer(PrivacyKnobs, WrappedOptimizer):
             noise_multiplier=self.noise_multiplier,
             max_grad_norm=self.max_grad_norm,
             expected_batch_size=self.expected_batch_size,
-            clipped_sum_norm=signal_norm,
-            noise_norm=noise_norm,
+            norms=norms,
             virtual_steps=self._virtual_steps,
         )
         self._reset_accumulation()
 
     def _noisy_sum(
         self, summed: list[Tensor], params: list[nn.Parameter], std: float
-    ) -> tuple[list[Tensor], float, float]:
-        """``(clipped sum + noise, ||clipped sum||, ||noise||)``."""
+    ) -> tuple[list[Tensor], SumAndNoiseNorms]:
+        """``(clipped sum + noise, the norms of the clipped sum and of the noise)``."""
         noises = draw_noise(params, std, self.generator, self.secure_mode)
-        signal_norm, noise_norm = total_norms(summed, noises)  # before they are added up
+        norms = SumAndNoiseNorms(summed, noises)  # before they are added up
         torch._foreach_add_(noises, [s.detach() for s in summed])
-        return noises, signal_norm, noise_norm
+        return noises, norms
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """One DP-SGD step (:meth:`add_noise`, the wrapped optimizer's step, the hooks); returns the closure's loss.
@@ -428,7 +433,7 @@ class GhostDPOptimizer(DPOptimizer):
         """1: its model keeps norms, not a list of backward passes."""
         return 1
 
-    def _clip_and_sum(self) -> tuple[list[Tensor], Tensor, int] | None:
+    def _clip_and_sum(self) -> tuple[list[Tensor], Tensor, Tensor] | None:
         params = self.params
         owners = self._owners()
         if len(owners) > 1:
@@ -442,15 +447,19 @@ class GhostDPOptimizer(DPOptimizer):
         sq = model.sq_norms()
         layer_sq = torch.stack([sq[p] if p in sq else p.new_zeros(B) for p in params])  # [L, B]
         norms = layer_sq.sum(0).sqrt()
+        finite = nonfinite_mask(norms)
+        warn_nonfinite(finite)
         if self.clipping == "flat":
-            factors = clip_factors(norms, self.max_grad_norm)
+            factors = masked_clip_factors(norms, self.max_grad_norm, finite)
             weights: dict[nn.Parameter, Tensor] = {p: factors for p in params}
-            clipped = int((factors < 1).sum())
+            clipped = (factors < 1).sum()
         else:
             bounds = layer_bound_list(self.max_grad_norms or self.max_grad_norm, len(params))
-            factors = torch.stack([clip_factors(n, c) for n, c in zip(layer_sq.sqrt(), bounds, strict=True)])
+            factors = torch.stack(
+                [masked_clip_factors(n, c, finite) for n, c in zip(layer_sq.sqrt(), bounds, strict=True)]
+            )
             weights = dict(zip(params, factors, strict=True))
-            clipped = int((factors < 1).any(0).sum())
+            clipped = (factors < 1).any(0).sum()
         sums = model.weighted_sums(weights)
         return [sums[p] if p in sums else torch.zeros_like(p) for p in params], norms, clipped
 

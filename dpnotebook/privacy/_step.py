@@ -249,6 +249,9 @@ def check_not_consumed(params: list[nn.Parameter]) -> None:
 class StepStats:
     """What the last ``DPOptimizer.step`` did, for printing and plotting.
 
+    The step computes these on the gradients' device and does not wait for them: the counts and norms
+    are read back to the host (a GPU synchronisation) only when one of them is asked for.
+
     Attributes:
         batch_size: the number of samples in the logical batch (0 for an empty one).
         per_sample_norms: each sample's gradient norm before clipping, shape ``[batch_size]``.
@@ -261,48 +264,67 @@ class StepStats:
         noise_norm: the norm of the noise that was added to it.
         virtual_steps: how many physical pieces made up the logical batch.
 
+    >>> norms = SumAndNoiseNorms([torch.tensor([2.0])], [torch.tensor([4.0])])
     >>> stats = StepStats.of_batch([torch.tensor([0.5, 2.0]), torch.tensor([3.0])], num_clipped=2,
     ...                            noise_multiplier=1.0, max_grad_norm=1.0, expected_batch_size=3.0,
-    ...                            clipped_sum_norm=2.0, noise_norm=4.0, virtual_steps=2)
-    >>> stats.batch_size, round(stats.fraction_clipped, 3), stats.noise_std
-    (3, 0.667, 1.0)
+    ...                            norms=norms, virtual_steps=2)
+    >>> stats.batch_size, round(stats.fraction_clipped, 3), stats.noise_std, stats.noise_norm
+    (3, 0.667, 1.0, 4.0)
     """
 
     batch_size: int
     per_sample_norms: Tensor
-    fraction_clipped: float
     noise_multiplier: float
     max_grad_norm: float
     noise_std: float
     expected_batch_size: float
-    clipped_sum_norm: float
-    noise_norm: float
     virtual_steps: int
+    num_clipped: Tensor | int
+    norms: SumAndNoiseNorms
+
+    @property
+    def fraction_clipped(self) -> float:
+        """The fraction of samples whose gradient was scaled down."""
+        return int(self.num_clipped) / self.batch_size if self.batch_size else 0.0
+
+    @property
+    def clipped_sum_norm(self) -> float:
+        """The norm of the clipped sum (the signal), over all parameters."""
+        return self.norms.values()[0]
+
+    @property
+    def noise_norm(self) -> float:
+        """The norm of the noise that was added to the clipped sum."""
+        return self.norms.values()[1]
 
     @classmethod
-    def of_batch(
-        cls, norms: list[Tensor], *, num_clipped: int, noise_multiplier: float, max_grad_norm: float, **rest: Any
-    ) -> StepStats:
+    def of_batch(cls, pieces: list[Tensor], *, noise_multiplier: float, max_grad_norm: float, **rest: Any) -> StepStats:
         """The statistics of a logical batch from each physical piece's per-sample norms."""
-        per_sample = norms[0] if len(norms) == 1 else torch.cat(norms) if norms else torch.empty(0)
-        n = int(per_sample.numel())
-        fraction = num_clipped / n if n else 0.0
+        per_sample = pieces[0] if len(pieces) == 1 else torch.cat(pieces) if pieces else torch.empty(0)
         noise_std = noise_multiplier * max_grad_norm
-        return cls(n, per_sample, fraction, noise_multiplier, max_grad_norm, noise_std, **rest)
+        return cls(int(per_sample.numel()), per_sample, noise_multiplier, max_grad_norm, noise_std, **rest)
 
 
-def total_norms(first: list[Tensor], second: list[Tensor]) -> tuple[float, float]:
-    """The L2 norms of two lists of tensors, each taken together: one ``_foreach_norm``, one synchronisation.
+class SumAndNoiseNorms:
+    """The L2 norms of two lists of tensors (the clipped sum and its noise), each taken together.
 
-    >>> total_norms([torch.tensor([3.0]), torch.tensor([[4.0]])], [torch.tensor([1.0])])
+    One ``_foreach_norm`` runs now, on the tensors' device; :meth:`values` reads it to the host the first
+    time it is called, so that a step whose statistics nobody reads never waits for them.
+
+    >>> SumAndNoiseNorms([torch.tensor([3.0]), torch.tensor([[4.0]])], [torch.tensor([1.0])]).values()
     (5.0, 1.0)
     """
-    tensors = [t.detach() for t in [*first, *second]]
-    norms = torch.stack(torch._foreach_norm(tensors)).tolist() if tensors else []
-    squares = [n * n for n in norms]
-    return math.sqrt(math.fsum(squares[: len(first)])), math.sqrt(math.fsum(squares[len(first) :]))
 
+    def __init__(self, first: list[Tensor], second: list[Tensor]) -> None:
+        tensors = [t.detach() for t in [*first, *second]]
+        self._split = len(first)
+        self._norms = torch.stack(torch._foreach_norm(tensors)) if tensors else None
+        self._values: tuple[float, float] | None = None
 
-def total_norm(tensors: list[Tensor]) -> float:
-    """The L2 norm of all ``tensors`` taken together."""
-    return total_norms(tensors, [])[0]
+    def values(self) -> tuple[float, float]:
+        """``(norm of the first list, norm of the second)``, as Python floats."""
+        if self._values is None:
+            squares = [n * n for n in self._norms.tolist()] if self._norms is not None else []
+            first, second = squares[: self._split], squares[self._split :]
+            self._values = (math.sqrt(math.fsum(first)), math.sqrt(math.fsum(second)))
+        return self._values

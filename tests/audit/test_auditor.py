@@ -54,8 +54,8 @@ def test_a_clipped_record_moves_the_sum_by_exactly_c() -> None:
 def test_the_auditor_catches_clip_factors_from_half_the_norm(monkeypatch) -> None:
     import dpnotebook.privacy._mechanisms as clipping
 
-    real = clipping.clip_factors
-    monkeypatch.setattr(clipping, "clip_factors", lambda norms, C: real(norms / 2, C))
+    real = clipping.masked_clip_factors
+    monkeypatch.setattr(clipping, "masked_clip_factors", lambda norms, C, finite: real(norms / 2, C, finite))
     report = _mlp_audit()
     assert not report.ok()
     assert report.max_ratio == pytest.approx(2.0, rel=1e-3)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from dpnotebook.benchmarks.__main__ import main
@@ -23,14 +24,27 @@ def test_a_dp_step_counts_more_than_the_plain_step() -> None:
     assert 0 < plain < private
 
 
+def test_host_reads_are_counted() -> None:
+    x = torch.ones(3)
+    assert count_ops(lambda: (x.sum().item(), bool(x.any()), x.tolist(), float(x[0]))).host_reads == 4
+    assert count_ops(lambda: x + 1).host_reads == 0
+
+
+@pytest.mark.parametrize("mode", ["hooks", "ew", "functorch", "ghost"])
+def test_a_dp_step_reads_the_host_once(mode: str) -> None:
+    """Only the finite-norm check reads back; the step's statistics wait until someone asks for them."""
+    step = make_step("SampleConvNet", f"dpsgd_{mode}", batch=3)
+    assert count_ops(step).host_reads <= (2 if mode == "ghost" else 1)  # ghost: its dropped-sample check too
+
+
 def test_the_table_has_dpnotebook_and_opacus_side_by_side() -> None:
     table = profile_table(["MLP"], ["hooks"], batch=2)
     head, rule, row = table.splitlines()
     assert "hooks (dpn / Opacus)" in head and "best (dpn / Opacus)" in head
     cells = [c.strip() for c in row.strip("|").split("|")]
-    assert cells[0] == "MLP" and int(cells[1]) > 0
-    ours, theirs = (int(v) for v in cells[2].split(" / "))  # Opacus 1.6 is part of the dev install
-    assert ours > 0 and theirs > 0
+    assert cells[0] == "MLP" and cells[1].endswith("(0)") and int(cells[1].split()[0]) > 0
+    ours, theirs = (int(v.split(" (")[0]) for v in cells[2].split(" / "))  # Opacus 1.6 is in the dev install
+    assert ours > 0 and theirs > 0 and cells[2].count("(") == 2
 
 
 def test_cli_prints_the_table(capsys) -> None:
