@@ -359,14 +359,14 @@ def _search_noise_multiplier(
 
 
 def warn_if_noise_drowns_signal(noise_multiplier: float, expected_batch_size: float) -> None:
-    """Warn (:class:`~dpnotebook.errors.PrivacyWarning`) when ``sigma > B``: the noise leaves nothing to learn."""
+    """Warn (:class:`~dpnotebook.errors.PrivacyWarning`) when ``sigma > B``: every update is then mostly noise."""
     if noise_multiplier > expected_batch_size > 0:
         warnings.warn(
             f"noise_multiplier={noise_multiplier:.6g} with an expected batch of {expected_batch_size:.6g} "
             f"samples: the noise on the averaged gradient has std sigma*C/B = "
-            f"{noise_multiplier / expected_batch_size:.3g}*C on every coordinate, more than the whole "
-            f"clipped signal can reach (norm <= C), so training will learn nothing (the guarantee holds). "
-            f"{FIX_BUDGET}",
+            f"{noise_multiplier / expected_batch_size:.3g}*C on every coordinate, more than the whole clipped signal "
+            f"can reach (norm <= C): every update is mostly noise, and training learns little if anything (the "
+            f"guarantee holds). {FIX_BUDGET}",
             PrivacyWarning,
             stacklevel=3,
         )

@@ -94,9 +94,9 @@ def test_the_engine_passes_its_choice_on(fresh_warning: None) -> None:
 
 
 def test_a_sigma_that_drowns_the_signal_is_said() -> None:
-    """A budget met only by sigma > B (here sigma in the thousands for B = 8) warns that nothing will be learnt."""
+    """A budget met only by sigma > B (sigma in the thousands for B = 8) warns that every update is mostly noise."""
     model = nn.Linear(3, 1)
-    with pytest.warns(PrivacyWarning, match=r"noise_multiplier=\S+ with an expected batch of 8 samples.*learn nothing"):
+    with pytest.warns(PrivacyWarning, match=r"noise_multiplier=\S+ with an expected batch of 8 samples.*mostly noise"):
         _, optimizer, _ = PrivacyEngine(secure_mode=False).make_private_with_epsilon(
             module=model,
             optimizer=torch.optim.SGD(model.parameters(), lr=0.1),

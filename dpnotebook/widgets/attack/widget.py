@@ -26,8 +26,9 @@ __all__ = ["PrivacyAttackExplorer"]
 
 class PrivacyAttackExplorer(Explorer[AttackState]):
     """The Gaussian mechanism's output with and without one record and an attacker's threshold; the
-    attacker's (FPR, TPR) on the trade-off curve under ``TPR <= e^eps FPR + delta``; real attacks' ROC
-    curves (log-log), the selected one red with its target's best attacks (green) and bound (dashed).
+    attacker's (FPR, TPR) on the trade-off curve under the ``(epsilon, delta)`` bound (both of its lines,
+    :func:`~dpnotebook.audit.dp_tpr_bound`); real attacks' ROC curves (log-log), the selected one red with
+    its target's best attacks (green) and bound (dashed).
 
     Args:
         attacks: ``{label: Attack}`` (e.g. :func:`~dpnotebook.widgets.attack.state.attacks_from_runs`);
