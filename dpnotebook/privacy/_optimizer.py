@@ -211,11 +211,8 @@ class DPOptimizer(PrivacyKnobs, WrappedOptimizer):
         return [g if g is not None else p.new_zeros((rows, *p.shape)) for p, g in zip(params, found, strict=True)]
 
     def _clip_and_sum(self) -> tuple[list[Tensor], Tensor, Tensor] | None:
-        """``(clipped sums, per-sample norms, number clipped)``, or ``None`` for no samples.
-
-        The count stays a tensor on the gradients' device: the step reads nothing back to the host but
-        the finite-norm check (:func:`nonfinite_mask`), so a GPU is not made to wait for statistics.
-        """
+        """``(clipped sums, per-sample norms, number clipped)``, or ``None`` for no samples; the count stays on
+        the device (a step reads the host once, in :func:`nonfinite_mask`)."""
         grads = self._grad_samples()
         if grads is None:
             return None

@@ -263,6 +263,7 @@ class StepStats:
         clipped_sum_norm: the norm of the clipped sum (the signal), over all parameters.
         noise_norm: the norm of the noise that was added to it.
         virtual_steps: how many physical pieces made up the logical batch.
+        num_clipped, norms: what ``fraction_clipped`` and the two norms are read from.
 
     >>> norms = SumAndNoiseNorms([torch.tensor([2.0])], [torch.tensor([4.0])])
     >>> stats = StepStats.of_batch([torch.tensor([0.5, 2.0]), torch.tensor([3.0])], num_clipped=2,
@@ -284,17 +285,14 @@ class StepStats:
 
     @property
     def fraction_clipped(self) -> float:
-        """The fraction of samples whose gradient was scaled down."""
         return int(self.num_clipped) / self.batch_size if self.batch_size else 0.0
 
     @property
     def clipped_sum_norm(self) -> float:
-        """The norm of the clipped sum (the signal), over all parameters."""
         return self.norms.values()[0]
 
     @property
     def noise_norm(self) -> float:
-        """The norm of the noise that was added to the clipped sum."""
         return self.norms.values()[1]
 
     @classmethod
