@@ -113,3 +113,12 @@ def test_ew_keeps_two_forward_passes_apart_when_their_backward_passes_come_later
             wrapped(b).pow(2).sum().backward()
         rows.append(torch.cat(model.weight.grad_sample))
     assert torch.allclose(rows[0], rows[1])
+
+
+@pytest.mark.parametrize("mode", ("hooks", "functorch"))
+def test_a_second_backward_through_one_forward_pass_is_refused_naming_the_mode(mode: str) -> None:
+    wrapped = wrap_model(nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1)), mode, K=3)
+    out = wrapped(torch.randn(6, 3))
+    out.pow(2).sum().backward(retain_graph=True)
+    with pytest.raises(GradSampleError, match=rf"retain_graph=True\), but {mode} mode has let go"):
+        out.sum().backward()
