@@ -286,7 +286,9 @@ def replaced_sampling(loader: DataLoader[Any]) -> list[str]:
         replaced.append(f"sampler={type(loader.sampler).__name__}")
     if loader.drop_last:
         replaced.append("drop_last=True")
-    if loader.batch_sampler is not None and type(loader.batch_sampler) is not BatchSampler:
+    if loader.batch_sampler is not None and (
+        loader.batch_size is None or type(loader.batch_sampler) is not BatchSampler
+    ):
         replaced.append(f"batch_sampler={type(loader.batch_sampler).__name__}")
     return replaced
 

@@ -143,7 +143,7 @@ def test_a_step_without_zero_grad_raises_value_error(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", LIBRARIES)
-def test_the_private_helpers_of_the_laplace_tutorial(name: str) -> None:
+def test_check_processed_flag_passes_fresh_tensors_and_refuses_a_marked_one(name: str) -> None:
     helpers = lib(name, "optimizers.optimizer")
     t = torch.zeros(2)
     helpers._check_processed_flag([t])

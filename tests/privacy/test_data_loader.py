@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, TensorDataset
 
 from dpnotebook.privacy import (
     AugmultCollate,
@@ -123,16 +123,20 @@ def test_inclusion_is_drawn_in_float64() -> None:
         ({"drop_last": True}, "drop_last=True"),
         ({"shuffle": True, "drop_last": True}, "shuffle=True and drop_last=True"),
         ({"sampler": list(range(10))}, "sampler=list"),
+        ({"batch_sampler": BatchSampler(RandomSampler(range(10)), 3, False)}, "batch_sampler=BatchSampler"),
+        ({"batch_sampler": BatchSampler(range(10), 3, True)}, "batch_sampler=BatchSampler"),
+        ({"batch_sampler": [[0, 1, 2], [3, 4, 5], [6, 7, 8]]}, "batch_sampler=list"),
     ],
 )
 def test_make_private_warns_of_the_sampling_options_it_replaces(options, named):
-    """Opacus warns of ``drop_last``; a shuffle or sampler replaced by Poisson sampling is said too."""
+    """Opacus warns of ``drop_last``; a shuffle, sampler or batch sampler replaced by Poisson sampling is said too."""
     from torch import nn
 
     from dpnotebook.privacy import PrivacyEngine
 
     model = nn.Linear(2, 2)
-    loader = DataLoader(TensorDataset(torch.randn(10, 2), torch.arange(10) % 2), batch_size=3, **options)
+    size = {} if "batch_sampler" in options else {"batch_size": 3}
+    loader = DataLoader(TensorDataset(torch.randn(10, 2), torch.arange(10) % 2), **size, **options)
     with pytest.warns(UserWarning, match=rf"data_loader has {named}: ignored\. Poisson sampling .* q = 1/len"):
         _, _, dp_loader = PrivacyEngine(secure_mode=False).make_private(
             module=model,

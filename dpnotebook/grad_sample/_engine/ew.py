@@ -121,10 +121,9 @@ class GradSampleModuleExpandedWeights(ModelWrapper):
                 )
                 self._rows_proof = self._rows_proof if found == "nothing to prove" else found
             self._passes = []  # left over only by a backward pass that failed
-            for p in self._module.parameters():  # set aside earlier samples (kept: forward twice, no backward)
-                if getattr(p, "grad_sample", None) is not None and id(p) not in self._earlier:
-                    self._earlier[id(p)] = getattr(p, "grad_sample")
-                    setattr(p, "grad_sample", None)
+            held = {p: g for p in self._module.parameters() if (g := getattr(p, "grad_sample", None)) is not None}
+            for p in held:  # ExpandedWeights refuses a forward pass while grad_sample is set
+                setattr(p, "grad_sample", None)
             try:
                 out = call_for_per_sample_grads(self._module, batch_size=rows, loss_reduction=self.loss_reduction)(
                     *args, **kwargs
@@ -134,9 +133,13 @@ class GradSampleModuleExpandedWeights(ModelWrapper):
                 if explained is None:
                     raise
                 raise explained from err
+            finally:  # kept until a backward pass reaches this forward pass (a metric gets none)
+                for p, earlier in held.items():
+                    setattr(p, "grad_sample", earlier)
         leaves = [x for x in tree_flatten(out)[0] if isinstance(x, Tensor) and x.requires_grad]
         if leaves:
-            register_multi_grad_hook(leaves, lambda grads: self._queue_finish(rows), mode="any")
+            reached: list[int] = []  # the backward passes that reached this forward pass
+            register_multi_grad_hook(leaves, lambda grads: self._queue_finish(rows, reached), mode="any")
         return out
 
     def _rows(self, args: tuple[Any, ...]) -> int:
@@ -153,18 +156,29 @@ class GradSampleModuleExpandedWeights(ModelWrapper):
             raise ValueError(f"the input has {rows} rows in dim 0, which K={self.K} does not divide.")
         return rows
 
-    def _queue_finish(self, rows: int) -> None:
-        """Called once per forward pass that the backward pass reaches; the first one queues the finish."""
+    def _queue_finish(self, rows: int, reached: list[int]) -> None:
+        """Called once per forward pass that the backward pass reaches; the first one queues the finish.
+
+        Before ExpandedWeights writes this backward pass's rows, earlier samples are set aside (a
+        forward pass with no backward, e.g. a metric, leaves them as they are).
+
+        Raises:
+            GradSampleError: a second backward pass through the same forward pass (``retain_graph=True``).
+        """
+        if reached:
+            raise GradSampleError(
+                "grad_sample_mode='ew': a second backward pass through the same forward pass (retain_graph=True); "
+                "ExpandedWeights would add its per-row gradients to the first one's per-sample gradients. Fix: add "
+                "the losses and call backward once, or run the forward pass again before each backward pass."
+            )
+        reached.append(rows)
         self._passes.append(rows)
         if len(self._passes) > 1:
             return
-        if any(isinstance(getattr(p, "grad_sample", None), list) for p in self._module.parameters()):
-            raise GradSampleError(
-                "grad_sample_mode='ew': a second backward pass through the same forward pass (retain_graph) while "
-                "p.grad_sample holds several backward passes: ExpandedWeights cannot add the rows to the right "
-                "one. Fix: run a forward pass before each backward pass, or use grad_sample_mode='hooks' or "
-                "'functorch'."
-            )
+        for p in self._module.parameters():
+            if getattr(p, "grad_sample", None) is not None and id(p) not in self._earlier:
+                self._earlier[id(p)] = getattr(p, "grad_sample")
+                setattr(p, "grad_sample", None)
         torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
 
     def _finish_backward(self) -> None:

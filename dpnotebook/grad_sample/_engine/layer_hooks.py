@@ -236,7 +236,7 @@ class LayerHooks:
         if not owner.hooks_enabled:
             return
         if call.released:
-            raise second_backward_error(call, "hooks")
+            raise second_backward_error(call, owner.grad_sample_mode)
         K, scale = owner.K, loss_scale(owner.loss_reduction, call.rows)
         with autocast_off():  # a backward() inside torch.autocast: the per-sample work stays float32
             if entry is None:

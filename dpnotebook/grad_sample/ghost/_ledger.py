@@ -97,12 +97,15 @@ class GhostLedger:
         self.pending, self.settled, self._groups = {}, {}, None
 
     def groups(self) -> Groups:
-        """``{forward_id: (samples, {layer: group})}``, in the order the forward passes ran."""
+        """``{forward_id: (samples, {layer: group})}`` of the forward passes a backward pass reached, in order."""
         if self._groups is None:
             groups: Groups = {}
             for fid, layers in self.pending.items():
-                rows = next(c.call.rows for calls in layers.values() for c in calls)
+                every = [c for cs in layers.values() for c in cs]
                 settled = self.settled.get(fid, {})
+                if not settled and all(c.backprops is None for c in every):
+                    continue  # no backward reached this forward pass (a metric with gradients on): it adds nothing
+                rows = every[0].call.rows
                 made: dict[nn.Module, GhostGroup] = {}
                 for m, calls in layers.items():  # in the order the layers ran
                     done = [c for c in calls if c.backprops is not None]  # settled calls have let go of theirs
