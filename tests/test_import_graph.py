@@ -206,9 +206,11 @@ def test_every_allowed_loop_is_still_there() -> None:
 # -- size ---------------------------------------------------------------------------------
 #: The package's lines (every line of every module): 30,422 before issue #32's reshaping, 28,061 after
 #: its first round and 24,184 after its second (2026-11-26); then +60 for auditing and benchmarking
-#: compiled models and four fixes from an adversarial review. Lower it as modules shrink; never raise it
+#: compiled models and four fixes from an adversarial review; then +82 (2026-11-27) for a DP step that
+#: reads the host once (statistics kept on the device), host reads in ``--profile-ops``, stray forward
+#: passes in ghost and ew and a refused second backward in ew. Lower it as modules shrink; never raise it
 #: without a feature that pays (the issue asks for at most 18,000 with no feature lost).
-CEILING = 24_250
+CEILING = 24_330
 
 
 def line_counts() -> dict[str, int]:
