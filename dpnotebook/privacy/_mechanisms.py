@@ -135,9 +135,7 @@ def clip_factors(norms: Tensor, max_grad_norm: float) -> Tensor:
     tensor([1.0000, 1.0000, 0.5000])
     """
     max_grad_norm = check_max_grad_norm(max_grad_norm)
-    finite = nonfinite_mask(norms)
-    warn_nonfinite(finite)
-    return masked_clip_factors(norms, max_grad_norm, finite)
+    return masked_clip_factors(norms, max_grad_norm, nonfinite_mask(norms))
 
 
 def masked_clip_factors(norms: Tensor, max_grad_norm: float, finite: Tensor | None) -> Tensor:
@@ -146,29 +144,24 @@ def masked_clip_factors(norms: Tensor, max_grad_norm: float, finite: Tensor | No
     return factors if finite is None else torch.where(finite, factors, torch.zeros_like(factors))
 
 
-def warn_nonfinite(finite: Tensor | None) -> None:
-    """Warn that the samples :func:`nonfinite_mask` found add nothing to the step (if it found any)."""
-    if finite is None:
-        return
-    bad = ~finite if finite.dim() < 2 else (~finite).any(0)  # per-layer norms are [L, B]
-    warnings.warn(
-        f"{int(bad.sum())} sample(s) of {bad.numel()} have a NaN or infinite gradient norm; they get "
-        "clip factor 0 and add nothing to this step. Check the loss and the inputs "
-        "of those samples (an overflow, a log of 0).",
-        PrivacyWarning,
-        stacklevel=3,
-    )
-
-
 def nonfinite_mask(norms: Tensor) -> Tensor | None:
-    """``None`` if every norm is finite, else ``isfinite(norms)``.
+    """``None`` if every per-sample norm (``[B]``) is finite, else ``isfinite(norms)`` and a warning.
 
     The usual case costs one reduction and the step's one read on the host (a GPU waits for it once).
     """
     if math.isfinite(float(norms.sum())):
         return None
     finite = torch.isfinite(norms)
-    return None if bool(finite.all()) else finite
+    if bool(finite.all()):
+        return None
+    warnings.warn(
+        f"{int((~finite).sum())} sample(s) of {finite.numel()} have a NaN or infinite gradient norm; they get "
+        "clip factor 0 and add nothing to this step. Check the loss and the inputs "
+        "of those samples (an overflow, a log of 0).",
+        PrivacyWarning,
+        stacklevel=3,
+    )
+    return finite
 
 
 @dataclass
@@ -229,7 +222,6 @@ def clip_and_sum(
     layer_norms = per_layer_norms(grads)
     norms = layer_norms.norm(dim=0)
     finite = nonfinite_mask(norms)
-    warn_nonfinite(finite)
     if finite is not None:  # a sample with a non-finite norm adds nothing: zero its rows (0 * NaN is NaN)
         grads = [torch.where(finite.reshape(-1, *([1] * (g.dim() - 1))), g, g.new_zeros(())) for g in grads]
     if clipping == "flat":

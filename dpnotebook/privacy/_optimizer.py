@@ -51,7 +51,6 @@ from dpnotebook.privacy._mechanisms import (
     masked_clip_factors,
     nonfinite_mask,
     warn_insecure_noise_once,
-    warn_nonfinite,
 )
 from dpnotebook.privacy._step import PrivacyKnobs, StepConstants, StepStats, SumAndNoiseNorms
 
@@ -241,11 +240,12 @@ class DPOptimizer(PrivacyKnobs, WrappedOptimizer):
         self._constants = constants  # read at the first piece clipped without an error
         if result is not None:
             summed, norms, clipped = result
-            self._summed = (
-                summed if self._summed is None else [s + r for s, r in zip(self._summed, summed, strict=True)]
-            )
+            if self._summed is None:  # the first piece: nothing to add (no kernel)
+                self._summed, self._num_clipped = summed, clipped
+            else:
+                self._summed = [s + r for s, r in zip(self._summed, summed, strict=True)]
+                self._num_clipped = self._num_clipped + clipped
             self._norms.append(norms.detach())
-            self._num_clipped += clipped
             for p, s in zip(params, self._summed, strict=True):
                 setattr(p, "summed_grad", s.detach())  # torch's Parameter does not declare it
         self._virtual_steps += 1
@@ -445,7 +445,6 @@ class GhostDPOptimizer(DPOptimizer):
         layer_sq = torch.stack([sq[p] if p in sq else p.new_zeros(B) for p in params])  # [L, B]
         norms = layer_sq.sum(0).sqrt()
         finite = nonfinite_mask(norms)
-        warn_nonfinite(finite)
         if self.clipping == "flat":
             factors = masked_clip_factors(norms, self.max_grad_norm, finite)
             weights: dict[nn.Parameter, Tensor] = {p: factors for p in params}
@@ -457,7 +456,7 @@ class GhostDPOptimizer(DPOptimizer):
             )
             weights = dict(zip(params, factors, strict=True))
             clipped = (factors < 1).any(0).sum()
-        sums = model.weighted_sums(weights)
+        sums = model.weighted_sums(weights, None if finite is None else ~finite)  # the finite check read the host
         return [sums[p] if p in sums else torch.zeros_like(p) for p in params], norms, clipped
 
     def _forget_clipped(self) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -194,11 +194,19 @@ class GhostLedger:
 
     @autocast_off()
     def weighted_sums(
-        self, weights: Tensor | Grads, sampled: MaterialisedGroup, layout: list[tuple[int, int]]
+        self,
+        weights: Tensor | Grads,
+        sampled: MaterialisedGroup,
+        layout: list[tuple[int, int]],
+        dropped: Tensor | None | Literal["find"] = "find",
     ) -> Grads:
-        """``sum_b w_b * (sample b's gradient)`` per parameter, ``weights`` ``[B]`` or ``{p: [B]}``, ``sampled`` too."""
+        """``sum_b w_b * (sample b's gradient)`` per parameter, ``weights`` ``[B]`` or ``{p: [B]}``, ``sampled`` too.
+
+        ``dropped``: the samples whose weights are 0 or not finite (``None``: none), where the caller knows
+        them; ``"find"`` finds them here, at one read on the host.
+        """
         per_param = isinstance(weights, dict)
-        dropped = _dropped(weights)
+        dropped = _dropped(weights) if isinstance(dropped, str) else dropped
         if dropped is not None:  # a NaN weight times a zeroed row is still NaN
             if isinstance(weights, dict):
                 clean = {id(w): torch.where(dropped, w.new_zeros(()), w) for w in weights.values()}

@@ -19,7 +19,7 @@ from __future__ import annotations
 import weakref
 from collections import Counter
 from functools import partial
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import torch
 from torch import Tensor, nn
@@ -328,9 +328,13 @@ class GhostGradSampleModule(GradSampleModule):
         norms = list(self.sq_norms().values())
         return torch.stack(norms).sum(0).sqrt() if norms else torch.zeros(self.num_samples())
 
-    def weighted_sums(self, weights: Tensor | Grads) -> Grads:
-        """``sum_b w_b * (sample b's gradient)`` per trainable parameter, for ``weights`` ``[B]`` or ``{p: [B]}``."""
-        return self._ledger.weighted_sums(weights, *self._sampled())
+    def weighted_sums(self, weights: Tensor | Grads, dropped: Tensor | None | Literal["find"] = "find") -> Grads:
+        """``sum_b w_b * (sample b's gradient)`` per trainable parameter, for ``weights`` ``[B]`` or ``{p: [B]}``.
+
+        ``dropped``: the samples whose weights are 0 or not finite, where the caller knows them (``None``:
+        none); by default they are found here, at one read on the host.
+        """
+        return self._ledger.weighted_sums(weights, *self._sampled(), dropped)
 
     def strategies(self) -> dict[str, str]:
         """How each ghosted layer's norms are computed for the batch seen (after backward): ``{path: how}``.
