@@ -48,6 +48,9 @@ def test_sigma_and_delta_change_the_bound(explorer):
     np.testing.assert_allclose(ex.tradeoff.bound.get_ydata(), dp_tpr_bound(FPR_GRID, eps, 1e-5))
     np.testing.assert_allclose(ex.tradeoff.curve.get_ydata(), gaussian_tpr(FPR_GRID, 0.5))
     assert "epsilon = " + f"{eps:.3g}" in ex.label.get_text()
+    # the label states both inequalities the dashed bound draws (dp_tpr_bound's minimum of two lines)
+    assert "TPR <= e^eps FPR + delta" in ex.label.get_text()
+    assert "1 - TPR >= e^-eps (1 - FPR - delta)" in ex.label.get_text()
     ex.controls["delta"].value = 1e-3
     assert ex.state.view().epsilon < eps
 

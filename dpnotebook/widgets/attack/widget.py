@@ -65,7 +65,8 @@ class PrivacyAttackExplorer(Explorer[AttackState]):
         return (
             f"sigma = {s.noise_multiplier:.3g} (mu = {s.mu:.3g}), threshold {s.threshold:.2f}: "
             f"FPR = {v.fpr:.3f}, TPR = {v.tpr:.3f}, advantage TPR - FPR = {v.advantage:.3f}  |  "
-            f"epsilon = {eps} at delta = {s.delta:g}: TPR <= e^eps FPR + delta"
+            f"epsilon = {eps} at delta = {s.delta:g}: TPR <= e^eps FPR + delta and "
+            "1 - TPR >= e^-eps (1 - FPR - delta)"
         )
 
     def _roc_title(self) -> str:
