@@ -150,14 +150,16 @@ class _AllReduceMixin(_DPOptimizerBase):
         self.global_batch_size: int | None = None
         self._failure_shared = False
 
-    def _status(self, device: torch.device, failed: bool, examples: int) -> Tensor:
-        status = torch.zeros(self.world_size + 1, dtype=torch.float64, device=device)
-        status[self.rank] = float(failed)
+    def _status(self, device: torch.device, failed: bool, examples: int, divisor: float = 0.0) -> Tensor:
+        """Per rank ``[failed, sigma, C, divisor]`` (this rank's slots filled), then the examples clipped."""
+        mine = [float(failed), self.noise_multiplier, self.max_grad_norm, divisor]
+        status = torch.zeros(len(mine) * self.world_size + 1, dtype=torch.float64, device=device)
+        status[len(mine) * self.rank : len(mine) * (self.rank + 1)] = torch.tensor(mine, dtype=torch.float64)
         status[-1] = float(examples)
         return status
 
-    def _all_reduce(self, tensors: list[Tensor], status: Tensor) -> tuple[list[Tensor], Tensor]:
-        """Sum ``tensors`` and ``status`` over the ranks, one flat ``all_reduce`` per dtype and device."""
+    def _all_reduce(self, tensors: list[Tensor], status: Tensor) -> tuple[list[Tensor], int]:
+        """Sum ``tensors`` and ``status`` over the ranks (one flat ``all_reduce`` per dtype); raise if they disagree."""
         groups: dict[tuple[torch.dtype, torch.device], list[int]] = {}
         for i, t in enumerate(tensors):
             groups.setdefault((t.dtype, t.device), []).append(i)
@@ -175,14 +177,27 @@ class _AllReduceMixin(_DPOptimizerBase):
                 f"rank {self.rank}: the all-reduce of the clipped sums failed, so another rank stopped "
                 f"(raised, was killed, or timed out). Its own log has the cause. ({error})"
             ) from error
-        failed = [r for r in range(self.world_size) if status[r] > 0]
-        if failed:
+        values = status.tolist()  # one host read; each rank's 4 slots of _status
+        names = ("failed", "noise_multiplier", "max_grad_norm", "mean divisor")
+        rows = [dict(zip(names, values[4 * r : 4 * r + 4], strict=True)) for r in range(self.world_size)]
+        failed = [r for r, row in enumerate(rows) if row.pop("failed") > 0]
+        disagree = rank_disagreements(rows)
+        if failed or disagree:
             self._failure_shared = True
+        if failed:
             raise RanksFailedError(
                 f"rank(s) {failed} raised during this DP step (see their traceback); rank {self.rank} stops "
                 "too, so that no rank waits forever in a collective."
             )
-        return cast(list[Tensor], reduced), status  # every index is in one group: all were set
+        if disagree:  # e.g. a scheduler stepped, or a checkpoint loaded, on one rank only
+            raise RanksFailedError(
+                "the ranks' DP steps disagree:\n  " + "\n  ".join(disagree) + "\nRank 0's noise is calibrated "
+                "to its own sigma * C; samples clipped at a larger C, or an accountant counting another sigma, "
+                "would make the reported epsilon wrong, and the replicas would drift apart. No rank applied this "
+                "step. Fix: change noise_multiplier, max_grad_norm and expected_batch_size (step their "
+                "schedulers, load checkpoints) on every rank alike, between the same steps."
+            )
+        return cast(list[Tensor], reduced), int(values[-1])  # every index is in one group: all were set
 
     def _noisy_sum(
         self, summed: list[Tensor], params: list[nn.Parameter], std: float
@@ -192,8 +207,8 @@ class _AllReduceMixin(_DPOptimizerBase):
         torch._foreach_add_(noises, [s.detach() for s in summed])
         examples = sum(int(n.shape[0]) for n in self._norms)
         device = params[0].device if params else torch.device("cpu")
-        reduced, status = self._all_reduce(noises, self._status(device, False, examples))
-        self.global_batch_size = int(status[-1])
+        divisor = self.mean_divisor if self.loss_reduction == "mean" else 1.0
+        reduced, self.global_batch_size = self._all_reduce(noises, self._status(device, False, examples, divisor))
         return reduced, norms
 
     def _join_failed_step(self) -> None:
