@@ -79,8 +79,16 @@ def unwrap_distributed(module: nn.Module) -> tuple[nn.Module, bool]:
     return module, False
 
 
-def check_distributed_setup(distributed: bool, data_loader: Any, poisson_sampling: bool) -> None:
-    """Refuse the combinations that would silently mis-scale or desynchronise a distributed run."""
+def check_distributed_setup(
+    distributed: bool, data_loader: Any, poisson_sampling: bool, noise_generator: Any = None, sampling: Any = None
+) -> None:
+    """Refuse the combinations that would silently mis-scale, desynchronise or correlate a distributed run."""
+    if distributed and noise_generator is not None and noise_generator is (sampling or data_loader.generator):
+        raise ValueError(
+            "noise_generator is the generator that samples the batches: rank 0 draws the noise from it and the "
+            "other ranks do not, so their later batches would be drawn from the numbers of rank 0's noise. Fix: "
+            "give the noise and the sampling generators of their own, seeded differently."
+        )
     if distributed and not poisson_sampling:
         raise ValueError(
             "poisson_sampling=False with a distributed model: each rank's fixed-size batches would be "
@@ -274,8 +282,9 @@ def rank_and_world(rank: int | None = None, world_size: int | None = None) -> tu
 class DistributedPoissonBatchSampler(PoissonBatchSampler):
     """This rank's share of ``steps`` global Poisson batches; :class:`PoissonBatchSampler`'s arguments.
 
-    Seeded alike on every rank, the shares make up the single-process batches. ``rank`` and
-    ``world_size`` default to the process group's; ``shard`` holds the indices this rank may sample.
+    Seeded alike on every rank, the shares make up the single-process batches; unseeded, it seeds a
+    generator of its own from the global RNG. ``rank`` and ``world_size`` default to the process
+    group's; ``shard`` holds the indices this rank may sample.
     """
 
     def __init__(
@@ -294,6 +303,8 @@ class DistributedPoissonBatchSampler(PoissonBatchSampler):
         )
         self.rank, self.world_size = rank_and_world(rank, world_size)
         self.shard = torch.arange(self.rank, self.num_samples, self.world_size)
+        if generator is None and not secure_mode:  # not the global RNG: rank 0 draws its noise there
+            self.generator = torch.Generator().manual_seed(int(torch.randint(2**62, (1,))))
 
     def _draw(self) -> list[int]:
         if self.secure_mode:

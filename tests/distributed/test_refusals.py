@@ -71,6 +71,11 @@ def test_refusals_in_a_group(group_of_one) -> None:
         _make_private(workers.mlp(), shared)
     with pytest.raises(ValueError, match="grad-sample wrapper around DifferentiallyPrivate"):
         _make_private(wrap_model(DPDDP(workers.mlp())), loader)
+    shared_generator = torch.Generator().manual_seed(0)  # rank 0 would sample later batches with its noise's numbers
+    with pytest.raises(ValueError, match="noise_generator is the generator that samples the batches"):
+        _make_private(
+            DPDDP(workers.mlp()), loader, noise_generator=shared_generator, sampling_generator=shared_generator
+        )
 
 
 def test_a_group_of_one_is_one_process(group_of_one) -> None:
