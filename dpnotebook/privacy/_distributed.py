@@ -267,11 +267,19 @@ def distributed_optimizer_class(base: type[DPOptimizer]) -> type[DPOptimizer]:
 
 
 def rank_and_world(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
-    """``(rank, world_size)``: the ones given, else the default process group's (checked)."""
+    """``(rank, world_size)``: the ones given (refused if not the process group's), else the group's."""
     if rank is None or world_size is None:
         _require_process_group("distributed sampling without rank= and world_size=")
         rank = dist.get_rank() if rank is None else rank
         world_size = dist.get_world_size() if world_size is None else world_size
+    elif (
+        dist.is_available() and dist.is_initialized() and (rank, world_size) != (dist.get_rank(), dist.get_world_size())
+    ):
+        raise ValueError(
+            f"rank={rank}, world_size={world_size} are not this process's: rank {dist.get_rank()} of "
+            f"{dist.get_world_size()}. Two processes sampling one shard put its examples in a step twice. Fix: "
+            "leave rank and world_size out (the process group's are used), or pass the global RANK, not LOCAL_RANK."
+        )
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size={world_size!r} is invalid: pass the number of processes, an int >= 1.")
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
