@@ -189,9 +189,8 @@ class _AllReduceMixin(_DPOptimizerBase):
         names = ("failed", "noise_multiplier", "max_grad_norm", "mean divisor")
         rows = [dict(zip(names, values[4 * r : 4 * r + 4], strict=True)) for r in range(self.world_size)]
         failed = [r for r, row in enumerate(rows) if row.pop("failed") > 0]
-        disagree = rank_disagreements(rows)
-        if failed or disagree:
-            self._failure_shared = True
+        disagree = "\n  ".join(rank_disagreements(rows))
+        self._failure_shared |= bool(failed or disagree)
         if failed:
             raise RanksFailedError(
                 f"rank(s) {failed} raised during this DP step (see their traceback); rank {self.rank} stops "
@@ -199,11 +198,9 @@ class _AllReduceMixin(_DPOptimizerBase):
             )
         if disagree:  # e.g. a scheduler stepped, or a checkpoint loaded, on one rank only
             raise RanksFailedError(
-                "the ranks' DP steps disagree:\n  " + "\n  ".join(disagree) + "\nRank 0's noise is calibrated "
-                "to its own sigma * C; samples clipped at a larger C, or an accountant counting another sigma, "
-                "would make the reported epsilon wrong, and the replicas would drift apart. No rank applied this "
-                "step. Fix: change noise_multiplier, max_grad_norm and expected_batch_size (step their "
-                "schedulers, load checkpoints) on every rank alike, between the same steps."
+                f"the ranks' DP steps disagree:\n  {disagree}\nRank 0's noise fits its own sigma * C: a larger C "
+                "elsewhere, or another sigma counted, would make epsilon wrong. No rank applied this step. Fix: change "
+                "noise_multiplier, max_grad_norm, expected_batch_size (schedulers, checkpoints) on every rank alike."
             )
         return cast(list[Tensor], reduced), int(values[-1])  # every index is in one group: all were set
 
