@@ -106,7 +106,7 @@ def gaussian_delta(epsilon: float, mu: float) -> float:
     0.3829
     """
     mu = check_positive_number("mu", mu)
-    return float(norm.cdf(mu / 2 - epsilon / mu) - math.exp(epsilon) * norm.cdf(-mu / 2 - epsilon / mu))
+    return float(norm.cdf(mu / 2 - epsilon / mu) - math.exp(epsilon + norm.logcdf(-mu / 2 - epsilon / mu)))
 
 
 def gaussian_epsilon(mu: float, delta: float) -> float:
@@ -135,7 +135,9 @@ def dp_tpr_bound(fpr: float | Array, epsilon: float, delta: float) -> Array:
         raise ValueError(
             f"epsilon={epsilon!r}, delta={delta!r} are invalid: need a finite epsilon >= 0, delta in [0, 1]."
         )
-    bound = np.minimum(math.exp(epsilon) * a + delta, 1 - math.exp(-epsilon) * (1 - a - delta))
+    with np.errstate(over="ignore", invalid="ignore"):  # epsilon > 709: e^epsilon is inf, and 0 * inf is nan
+        grow = np.where(a > 0, np.exp(np.float64(epsilon)) * a, 0.0)
+    bound = np.minimum(grow + delta, 1 - math.exp(-epsilon) * (1 - a - delta))
     return np.clip(bound, 0.0, 1.0)
 
 

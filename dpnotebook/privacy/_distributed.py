@@ -79,8 +79,16 @@ def unwrap_distributed(module: nn.Module) -> tuple[nn.Module, bool]:
     return module, False
 
 
-def check_distributed_setup(distributed: bool, data_loader: Any, poisson_sampling: bool) -> None:
-    """Refuse the combinations that would silently mis-scale or desynchronise a distributed run."""
+def check_distributed_setup(
+    distributed: bool, data_loader: Any, poisson_sampling: bool, noise_generator: Any = None, sampling: Any = None
+) -> None:
+    """Refuse the combinations that would silently mis-scale, desynchronise or correlate a distributed run."""
+    if distributed and noise_generator is not None and noise_generator is (sampling or data_loader.generator):
+        raise ValueError(
+            "noise_generator is the generator that samples the batches: rank 0 draws the noise from it and the "
+            "other ranks do not, so their later batches would be drawn from the numbers of rank 0's noise. Fix: "
+            "give the noise and the sampling generators of their own, seeded differently."
+        )
     if distributed and not poisson_sampling:
         raise ValueError(
             "poisson_sampling=False with a distributed model: each rank's fixed-size batches would be "
@@ -150,14 +158,16 @@ class _AllReduceMixin(_DPOptimizerBase):
         self.global_batch_size: int | None = None
         self._failure_shared = False
 
-    def _status(self, device: torch.device, failed: bool, examples: int) -> Tensor:
-        status = torch.zeros(self.world_size + 1, dtype=torch.float64, device=device)
-        status[self.rank] = float(failed)
+    def _status(self, device: torch.device, failed: bool, examples: int, divisor: float = 0.0) -> Tensor:
+        """Per rank ``[failed, sigma, C, divisor]`` (this rank's slots filled), then the examples clipped."""
+        mine = [float(failed), self.noise_multiplier, self.max_grad_norm, divisor]
+        status = torch.zeros(len(mine) * self.world_size + 1, dtype=torch.float64, device=device)
+        status[len(mine) * self.rank : len(mine) * (self.rank + 1)] = torch.tensor(mine, dtype=torch.float64)
         status[-1] = float(examples)
         return status
 
-    def _all_reduce(self, tensors: list[Tensor], status: Tensor) -> tuple[list[Tensor], Tensor]:
-        """Sum ``tensors`` and ``status`` over the ranks, one flat ``all_reduce`` per dtype and device."""
+    def _all_reduce(self, tensors: list[Tensor], status: Tensor) -> tuple[list[Tensor], int]:
+        """Sum ``tensors`` and ``status`` over the ranks (one flat ``all_reduce`` per dtype); raise if they disagree."""
         groups: dict[tuple[torch.dtype, torch.device], list[int]] = {}
         for i, t in enumerate(tensors):
             groups.setdefault((t.dtype, t.device), []).append(i)
@@ -175,14 +185,24 @@ class _AllReduceMixin(_DPOptimizerBase):
                 f"rank {self.rank}: the all-reduce of the clipped sums failed, so another rank stopped "
                 f"(raised, was killed, or timed out). Its own log has the cause. ({error})"
             ) from error
-        failed = [r for r in range(self.world_size) if status[r] > 0]
+        values = status.tolist()  # one host read; each rank's 4 slots of _status
+        names = ("failed", "noise_multiplier", "max_grad_norm", "mean divisor")
+        rows = [dict(zip(names, values[4 * r : 4 * r + 4], strict=True)) for r in range(self.world_size)]
+        failed = [r for r, row in enumerate(rows) if row.pop("failed") > 0]
+        disagree = "\n  ".join(rank_disagreements(rows))
+        self._failure_shared |= bool(failed or disagree)
         if failed:
-            self._failure_shared = True
             raise RanksFailedError(
                 f"rank(s) {failed} raised during this DP step (see their traceback); rank {self.rank} stops "
                 "too, so that no rank waits forever in a collective."
             )
-        return cast(list[Tensor], reduced), status  # every index is in one group: all were set
+        if disagree:  # e.g. a scheduler stepped, or a checkpoint loaded, on one rank only
+            raise RanksFailedError(
+                f"the ranks' DP steps disagree:\n  {disagree}\nRank 0's noise fits its own sigma * C: a larger C "
+                "elsewhere, or another sigma counted, would make epsilon wrong. No rank applied this step. Fix: change "
+                "noise_multiplier, max_grad_norm, expected_batch_size (schedulers, checkpoints) on every rank alike."
+            )
+        return cast(list[Tensor], reduced), int(values[-1])  # every index is in one group: all were set
 
     def _noisy_sum(
         self, summed: list[Tensor], params: list[nn.Parameter], std: float
@@ -192,8 +212,8 @@ class _AllReduceMixin(_DPOptimizerBase):
         torch._foreach_add_(noises, [s.detach() for s in summed])
         examples = sum(int(n.shape[0]) for n in self._norms)
         device = params[0].device if params else torch.device("cpu")
-        reduced, status = self._all_reduce(noises, self._status(device, False, examples))
-        self.global_batch_size = int(status[-1])
+        divisor = self.mean_divisor if self.loss_reduction == "mean" else 1.0
+        reduced, self.global_batch_size = self._all_reduce(noises, self._status(device, False, examples, divisor))
         return reduced, norms
 
     def _join_failed_step(self) -> None:
@@ -244,11 +264,19 @@ def distributed_optimizer_class(base: type[DPOptimizer]) -> type[DPOptimizer]:
 
 
 def rank_and_world(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
-    """``(rank, world_size)``: the ones given, else the default process group's (checked)."""
+    """``(rank, world_size)``: the ones given (refused if not the process group's), else the group's."""
     if rank is None or world_size is None:
         _require_process_group("distributed sampling without rank= and world_size=")
         rank = dist.get_rank() if rank is None else rank
         world_size = dist.get_world_size() if world_size is None else world_size
+    elif (
+        dist.is_available() and dist.is_initialized() and (rank, world_size) != (dist.get_rank(), dist.get_world_size())
+    ):
+        raise ValueError(
+            f"rank={rank}, world_size={world_size} are not this process's: rank {dist.get_rank()} of "
+            f"{dist.get_world_size()}. Two processes sampling one shard put its examples in a step twice. Fix: "
+            "leave rank and world_size out (the process group's are used), or pass the global RANK, not LOCAL_RANK."
+        )
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size={world_size!r} is invalid: pass the number of processes, an int >= 1.")
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
@@ -259,8 +287,9 @@ def rank_and_world(rank: int | None = None, world_size: int | None = None) -> tu
 class DistributedPoissonBatchSampler(PoissonBatchSampler):
     """This rank's share of ``steps`` global Poisson batches; :class:`PoissonBatchSampler`'s arguments.
 
-    Seeded alike on every rank, the shares make up the single-process batches. ``rank`` and
-    ``world_size`` default to the process group's; ``shard`` holds the indices this rank may sample.
+    Seeded alike on every rank, the shares make up the single-process batches; unseeded, it seeds a
+    generator of its own from the global RNG. ``rank`` and ``world_size`` default to the process
+    group's; ``shard`` holds the indices this rank may sample.
     """
 
     def __init__(
@@ -279,6 +308,8 @@ class DistributedPoissonBatchSampler(PoissonBatchSampler):
         )
         self.rank, self.world_size = rank_and_world(rank, world_size)
         self.shard = torch.arange(self.rank, self.num_samples, self.world_size)
+        if generator is None and not secure_mode:  # not the global RNG: rank 0 draws its noise there
+            self.generator = torch.Generator().manual_seed(int(torch.randint(2**62, (1,))))
 
     def _draw(self) -> list[int]:
         if self.secure_mode:

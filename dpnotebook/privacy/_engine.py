@@ -230,7 +230,7 @@ class PrivacyEngine:
         )
 
         module, distributed = unwrap_distributed(module)
-        check_distributed_setup(distributed, data_loader, poisson_sampling)
+        check_distributed_setup(distributed, data_loader, poisson_sampling, noise_generator, sampling_generator)
         check_optimizer_params(unwrap_model(module), optimizer)
         check_unowned(unwrap_model(module).parameters())  # one DP optimizer per model, before any hook is added
         if is_wrapped(module):

@@ -40,6 +40,20 @@ def test_gaussian_curve_lies_under_its_dp_bound_and_touches_it(mu, delta):
     assert (dp_tpr_bound(grid, 0.9 * eps, delta) - gaussian_tpr(grid, mu)).min() < 0
 
 
+@pytest.mark.parametrize("sigma", [0.01, 0.02])
+def test_gaussian_epsilon_of_little_noise_is_computed_not_an_overflow(sigma):
+    # before: exp(epsilon) overflowed for epsilon > 709 (OverflowError), e.g. AttackState(noise_multiplier=0.02)
+    eps = gaussian_epsilon(1 / sigma, 1e-5)
+    assert eps == pytest.approx({0.01: 5425.51, 0.02: 1462.285}[sigma], rel=1e-4)  # mpmath, 60 digits
+    assert gaussian_delta(eps, 1 / sigma) == pytest.approx(1e-5, rel=1e-6)
+
+
+def test_dp_bound_of_a_huge_epsilon_is_computed_not_an_overflow():
+    # before: math.exp(1000) raised OverflowError (the attack explorer's bound for a barely private run)
+    bound = dp_tpr_bound(np.array([0.0, 1e-300, 0.5]), 1000.0, 1e-5)
+    assert bound.tolist() == [1e-5, 1.0, 1.0]
+
+
 def test_gaussian_delta_closed_form():
     assert gaussian_delta(0.0, 1.0) == pytest.approx(2 * norm.cdf(0.5) - 1)
     assert gaussian_mu(sensitivity=2.0, noise_std=4.0) == 0.5

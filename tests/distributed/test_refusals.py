@@ -71,6 +71,19 @@ def test_refusals_in_a_group(group_of_one) -> None:
         _make_private(workers.mlp(), shared)
     with pytest.raises(ValueError, match="grad-sample wrapper around DifferentiallyPrivate"):
         _make_private(wrap_model(DPDDP(workers.mlp())), loader)
+    shared_generator = torch.Generator().manual_seed(0)  # rank 0 would sample later batches with its noise's numbers
+    with pytest.raises(ValueError, match="noise_generator is the generator that samples the batches"):
+        _make_private(
+            DPDDP(workers.mlp()), loader, noise_generator=shared_generator, sampling_generator=shared_generator
+        )
+
+
+def test_a_rank_other_than_the_process_groups_is_refused(group_of_one) -> None:
+    # e.g. LOCAL_RANK passed as the rank on a second machine: two processes would sample one shard,
+    # each of its examples then in a step twice (2 C), the other shard never
+    with pytest.raises(ValueError, match=r"rank=1, world_size=2 are not this process's: rank 0 of 1"):
+        DistributedPoissonBatchSampler(10, sample_rate=0.5, rank=1, world_size=2)
+    assert DistributedPoissonBatchSampler(10, sample_rate=0.5, rank=0, world_size=1).world_size == 1
 
 
 def test_a_group_of_one_is_one_process(group_of_one) -> None:

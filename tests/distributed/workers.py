@@ -345,3 +345,22 @@ def uneven_ranks(rank: int, world_size: int, settings: list[dict[str, Any]], ste
 def uneven_scenarios(rank: int, world_size: int, scenarios: list[tuple[list[dict[str, Any]], int]]) -> list[Any]:
     """:func:`uneven_ranks` for each ``(settings by rank, steps)``, one after the other in one process group."""
     return [uneven_ranks(rank, world_size, settings, steps) for settings, steps in scenarios]
+
+
+def knob_changed_on_one_rank(rank: int, world_size: int, changes: list[tuple[str, Any]]) -> list[str]:
+    """For each ``(knob, value)``: after one step, rank 1 alone sets ``optimizer.<knob> = value`` (a scheduler
+    stepped, or a checkpoint loaded, on one rank only); what the next step raised on this rank ("" if nothing)."""
+    seen = []
+    for knob, value in changes:
+        model, optimizer, loader = _engine_and_loop()
+        try:
+            for step, (x, y) in enumerate(loader):
+                if step == 1 and rank == 1:
+                    setattr(optimizer, knob, value)
+                optimizer.zero_grad()
+                F.cross_entropy(model(x), y).backward()
+                optimizer.step()
+            seen.append("")
+        except RuntimeError as error:
+            seen.append(f"{type(error).__name__}: {error}")
+    return seen

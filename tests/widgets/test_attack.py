@@ -116,6 +116,8 @@ def test_without_attacks_there_is_no_dropdown():
     [
         ("noise_multiplier", 0.0, "noise_multiplier=0.0 is invalid"),
         ("noise_multiplier", -1.0, "noise_multiplier=-1.0 is invalid"),
+        ("noise_multiplier", 0.01, "noise_multiplier=0.01 is invalid: use 0.05 <= sigma"),  # FPR 0 by underflow
+        ("noise_multiplier", 101.0, "noise_multiplier=101.0 is invalid: use 0.05 <= sigma <= 100"),
         ("threshold", math.inf, "threshold=inf is invalid"),
         ("delta", 1.0, "delta=1.0 is invalid"),
         ("selected", "nope", "selected='nope' is invalid"),

@@ -71,6 +71,16 @@ def test_bad_settings_refused(kwargs, text):
         TrainingMonitor(progress=False, backend="static", **kwargs)
 
 
+def test_a_run_without_noise_shows_epsilon_inf(fignums):
+    # before: log_step with a sigma = 0 engine raised "epsilon=inf is invalid: it must be a number >= 0"
+    m = TrainingMonitor(total_steps=3, redraw_every=0, backend="static", target_epsilon=1.0)
+    m.update(loss=1.0, epsilon=0.5)
+    m.update(loss=0.9, epsilon=float("inf"))  # what get_epsilon returns for sigma = 0: not private
+    assert m.state.last("epsilon") == float("inf") and m.progress.postfix == "loss=0.9, epsilon=inf"
+    assert m.error.message == "" and m.plots["epsilon"].ax.get_ylim()[1] > 1.0
+    m.close()
+
+
 def test_progress_bar_advances():
     m = TrainingMonitor(total_steps=10, redraw_every=0, backend="static")
     m.update(step=3, loss=1.0)

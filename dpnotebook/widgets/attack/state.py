@@ -159,8 +159,8 @@ class AttackState(traitlets.HasTraits):
     @traitlets.validate("noise_multiplier")
     def _check_sigma(self, proposal: dict[str, Any]) -> float:
         sigma = noisy_sigma(proposal["value"])
-        if sigma > 100:
-            refuse("noise_multiplier", proposal["value"], "use sigma <= 100 (the curves are then the diagonal).")
+        if not 0.05 <= sigma <= 100:  # below, float64 rounds an FPR near 1e-300 to 0 while the TPR stays near 1
+            refuse("noise_multiplier", proposal["value"], "use 0.05 <= sigma <= 100 (outside: a corner, the diagonal).")
         return sigma
 
     @traitlets.validate("threshold")

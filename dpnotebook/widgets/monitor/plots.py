@@ -60,8 +60,9 @@ def update_metric(art: MetricArtists, steps: Sequence[float], values: Sequence[f
     if not x.size:
         return
     art.ax.set_xlim(0, max(float(x[-1]), 1.0) * 1.05)
-    if not art.unit_range:
-        lo, hi = float(np.nanmin(y)), float(np.nanmax(y))
+    finite = y[np.isfinite(y)]  # an epsilon of inf (no noise) is shown by the progress bar, not on the axis
+    if not art.unit_range and finite.size:
+        lo, hi = float(finite.min()), float(finite.max())
         if art.target is not None:
             t = float(np.asarray(art.target.get_ydata())[0])  # matplotlib's stub says ArrayLike
             lo, hi = min(lo, t), max(hi, t)

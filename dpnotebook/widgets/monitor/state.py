@@ -31,8 +31,8 @@ METRICS = {"loss": "loss", "accuracy": "accuracy", "epsilon": "epsilon spent", "
 def _check(name: str, value: Any) -> float:
     if name in ("accuracy", "clip_fraction"):
         return unit_interval(name, value)
-    if name == "epsilon":
-        return non_negative(name, value)
+    if name == "epsilon":  # inf: a run without noise (get_epsilon's answer for sigma = 0)
+        return math.inf if value == math.inf else non_negative(name, value)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         refuse(name, value, "it must be a finite number (a nan or inf loss means training diverged).")
     return float(value)
