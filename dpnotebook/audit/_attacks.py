@@ -490,7 +490,10 @@ def one_run_epsilon(
         if high > 1e3:  # all right with a negligible delta term: refuted at any epsilon
             return math.inf
         high *= 2
-    return float(brentq(excess, high / 2 if high > 1 else 0.0, high, xtol=1e-6))
+    low = high / 2 if high > 1 else 0.0
+    while high - low > 1e-7:  # bisection that keeps the refuted end: the bound's own p-value <= significance
+        low, high = (mid, high) if excess(mid := (low + high) / 2) > 0 else (low, mid)
+    return low
 
 
 def worst_case_correct(scores: Array, included: Array, k_in: int, k_out: int) -> int:
