@@ -16,6 +16,8 @@ from dpnotebook.audit import (
     FAMILIES,
     RECORDS,
     GridPoint,
+    Outcome,
+    SensitivityReport,
     audit_case,
     audit_sensitivity,
     grid,
@@ -124,6 +126,22 @@ def test_refusals_are_checked_both_ways() -> None:
     assert matches(run_point(point)) is None  # refused with the documented message
     allowed = GridPoint("hooks", "mlp", "gaussian", 1, "mean", "flat", True, 1)
     assert expected_refusal(allowed) is None and matches(run_point(allowed)) is None
+
+
+def test_a_point_is_bounded_or_broken_by_its_dtypes_tolerance() -> None:
+    # float32 allows C (1 + 1e-4); a point within it is "bounded", not "violated" and yet not broken
+    point = GridPoint("hooks", "mlp", "gaussian", 1, "sum", "flat", True, 1, torch.float32)
+    for ratio, status in ((1 + 5e-5, "bounded"), (1 + 2e-4, "violated")):
+        outcome = Outcome(point, report=SensitivityReport({}, ratios=[ratio], movers=["w"], reference_gap=0.0))
+        bounded = status == "bounded"
+        assert outcome.status == status and (matches(outcome) is None) == bounded
+        assert summarise([outcome]).splitlines()[1].split()[:5] == [
+            "hooks",
+            "1",
+            str(int(bounded)),
+            "0",
+            str(1 - bounded),
+        ]
 
 
 @pytest.mark.slow  # runs twelve grid points
