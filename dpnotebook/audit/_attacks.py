@@ -1022,7 +1022,7 @@ def audited_digits_run(
     if gradient_canaries:
         first = mlp.net[1]  # the MLP's first Linear layer
         assert isinstance(first, nn.Linear)
-        free = unreached_coordinates(first.weight, x_train)
+        free = unreached_coordinates(first.weight, torch.cat([x_in, x_can]))  # never the coins: only DP sees them
         if gradient_canaries > free.numel():
             raise ValueError(f"gradient_canaries={gradient_canaries}: only {free.numel()} first-layer weights free.")
         pick = torch.randperm(free.numel(), generator=torch.Generator().manual_seed(seed + 5))[:gradient_canaries]
