@@ -106,7 +106,7 @@ def gaussian_delta(epsilon: float, mu: float) -> float:
     0.3829
     """
     mu = check_positive_number("mu", mu)
-    return float(norm.cdf(mu / 2 - epsilon / mu) - math.exp(epsilon) * norm.cdf(-mu / 2 - epsilon / mu))
+    return float(norm.cdf(mu / 2 - epsilon / mu) - math.exp(epsilon + norm.logcdf(-mu / 2 - epsilon / mu)))
 
 
 def gaussian_epsilon(mu: float, delta: float) -> float:
