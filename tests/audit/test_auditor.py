@@ -64,6 +64,17 @@ def test_the_auditor_catches_clip_factors_from_half_the_norm(monkeypatch) -> Non
     assert "<- over C" in report.table()
 
 
+def test_the_grid_catches_a_mean_step_divided_by_the_rows_drawn(monkeypatch) -> None:
+    # dividing by the batch drawn (data-dependent) shrinks every difference below C; the definition sees it
+    from dpnotebook.privacy._optimizer import DPOptimizer
+
+    rows = property(lambda opt: float(sum(int(n.shape[0]) for n in opt._norms)))
+    monkeypatch.setattr(DPOptimizer, "mean_divisor", rows)
+    outcome = run_point(GridPoint("hooks", "mlp", "gaussian", 1, "mean", "flat", True, 1))
+    assert outcome.report is not None and outcome.report.max_ratio <= 1
+    assert "differs from the float64 definition" in (matches(outcome) or "")
+
+
 class Scaled(nn.Module):
     def __init__(self) -> None:
         super().__init__()
