@@ -488,11 +488,12 @@ def one_run_epsilon(
     if excess(0.0) <= 0:
         return 0.0
     high = 1.0
-    while excess(high) > 0:
-        if high > 1e3:  # all right with a negligible delta term: refuted at any epsilon
-            return math.inf
+    while excess(high) > 0:  # ends by epsilon = 64 at the latest: there p == 1.0 in float64, so P[Bin >= v] = 1
         high *= 2
-    return float(brentq(excess, high / 2 if high > 1 else 0.0, high, xtol=1e-6))
+    low = high / 2 if high > 1 else 0.0
+    while high - low > 1e-7:  # bisection that keeps the refuted end: the bound's own p-value <= significance
+        low, high = (mid, high) if excess(mid := (low + high) / 2) > 0 else (low, mid)
+    return low
 
 
 def worst_case_correct(scores: Array, included: Array, k_in: int, k_out: int) -> int:
@@ -1021,7 +1022,7 @@ def audited_digits_run(
     if gradient_canaries:
         first = mlp.net[1]  # the MLP's first Linear layer
         assert isinstance(first, nn.Linear)
-        free = unreached_coordinates(first.weight, x_train)
+        free = unreached_coordinates(first.weight, torch.cat([x_in, x_can]))  # never the coins: only DP sees them
         if gradient_canaries > free.numel():
             raise ValueError(f"gradient_canaries={gradient_canaries}: only {free.numel()} first-layer weights free.")
         pick = torch.randperm(free.numel(), generator=torch.Generator().manual_seed(seed + 5))[:gradient_canaries]

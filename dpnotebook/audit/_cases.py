@@ -373,6 +373,11 @@ class GridPoint:
             f"{layout} passes={self.passes} {str(self.dtype).replace('torch.', '')}"
         )
 
+    @property
+    def tolerance(self) -> float:
+        """The slack above ``C`` allowed at this point: ``TOLERANCE`` in float64, ``FLOAT32_TOLERANCE`` otherwise."""
+        return TOLERANCE if self.dtype == torch.float64 else FLOAT32_TOLERANCE
+
 
 @dataclass
 class Outcome:
@@ -386,7 +391,7 @@ class Outcome:
     def status(self) -> str:
         if self.error is not None:
             return "refused"
-        return "bounded" if self.report is not None and self.report.ok() else "violated"
+        return "bounded" if self.report is not None and self.report.ok(self.point.tolerance) else "violated"
 
 
 class Refusal(NamedTuple):
@@ -514,7 +519,7 @@ def matches(outcome: Outcome) -> str | None:
         return f"was not refused (expected /{refusal.pattern}/: {refusal.why})\n{report}"
     assert report is not None  # an outcome holds an error or a report
     float64 = outcome.point.dtype == torch.float64
-    if not report.ok(TOLERANCE if float64 else FLOAT32_TOLERANCE):
+    if not report.ok(outcome.point.tolerance):
         return f"sensitivity over C:\n{report}"
     if report.reference_gap is not None and not report.reference_gap <= (1e-6 if float64 else 1e-2):
         return f"clipped sum differs from the float64 definition by {report.reference_gap:.3g} C:\n{report}"

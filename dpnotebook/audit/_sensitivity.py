@@ -74,7 +74,10 @@ class SensitivityReport:
         return max(self.ratios, default=0.0)
 
     def ok(self, tolerance: float = TOLERANCE) -> bool:
-        """Every sample moved the sum by at most ``C * (1 + tolerance)``, and nothing was NaN or inf."""
+        """Every sample moved the sum by at most ``C * (1 + tolerance)``, nothing was NaN or inf (not the reference).
+
+        A step that is wrong but smaller (a row dropped, a data-dependent divisor) passes: read ``reference_gap``.
+        """
         return not self.nonfinite and self.max_ratio <= 1 + tolerance
 
     def table(self) -> str:

@@ -16,6 +16,8 @@ from dpnotebook.audit import (
     FAMILIES,
     RECORDS,
     GridPoint,
+    Outcome,
+    SensitivityReport,
     audit_case,
     audit_sensitivity,
     grid,
@@ -60,6 +62,17 @@ def test_the_auditor_catches_clip_factors_from_half_the_norm(monkeypatch) -> Non
     assert not report.ok()
     assert report.max_ratio == pytest.approx(2.0, rel=1e-3)
     assert "<- over C" in report.table()
+
+
+def test_the_grid_catches_a_mean_step_divided_by_the_rows_drawn(monkeypatch) -> None:
+    # dividing by the batch drawn (data-dependent) shrinks every difference below C; the definition sees it
+    from dpnotebook.privacy._optimizer import DPOptimizer
+
+    rows = property(lambda opt: float(sum(int(n.shape[0]) for n in opt._norms)))
+    monkeypatch.setattr(DPOptimizer, "mean_divisor", rows)
+    outcome = run_point(GridPoint("hooks", "mlp", "gaussian", 1, "mean", "flat", True, 1))
+    assert outcome.report is not None and outcome.report.max_ratio <= 1
+    assert "differs from the float64 definition" in (matches(outcome) or "")
 
 
 class Scaled(nn.Module):
@@ -124,6 +137,22 @@ def test_refusals_are_checked_both_ways() -> None:
     assert matches(run_point(point)) is None  # refused with the documented message
     allowed = GridPoint("hooks", "mlp", "gaussian", 1, "mean", "flat", True, 1)
     assert expected_refusal(allowed) is None and matches(run_point(allowed)) is None
+
+
+def test_a_point_is_bounded_or_broken_by_its_dtypes_tolerance() -> None:
+    # float32 allows C (1 + 1e-4); a point within it is "bounded", not "violated" and yet not broken
+    point = GridPoint("hooks", "mlp", "gaussian", 1, "sum", "flat", True, 1, torch.float32)
+    for ratio, status in ((1 + 5e-5, "bounded"), (1 + 2e-4, "violated")):
+        outcome = Outcome(point, report=SensitivityReport({}, ratios=[ratio], movers=["w"], reference_gap=0.0))
+        bounded = status == "bounded"
+        assert outcome.status == status and (matches(outcome) is None) == bounded
+        assert summarise([outcome]).splitlines()[1].split()[:5] == [
+            "hooks",
+            "1",
+            str(int(bounded)),
+            "0",
+            str(1 - bounded),
+        ]
 
 
 @pytest.mark.slow  # runs twelve grid points

@@ -164,3 +164,19 @@ def test_bad_input_is_refused_with_the_fix():
         c.scores("steps")
     with pytest.raises(ValueError, match="kind="):
         c.scores("max")
+
+
+def test_the_gradient_canaries_coordinates_do_not_depend_on_the_input_canaries_coins(monkeypatch):
+    # the audit is sound only if nothing but the DP training sees the coins: where the gradient
+    # canaries go may depend on the members and on every canary, never on which canaries are in
+    from dpnotebook.audit import _attacks
+
+    real = _attacks.draw_inclusion
+    coordinates = []
+    for coin in (False, True):
+        fake = lambda n, *, seed, coin=coin: np.full(n, coin) if n == 8 else real(n, seed=seed)  # noqa: E731
+        monkeypatch.setattr(_attacks, "draw_inclusion", fake)
+        run = audited_digits_run(noise_multiplier=1.0, members=10, canaries=8, gradient_canaries=4, epochs=1)
+        assert run.gradient_canaries is not None and run.included.all() == coin
+        coordinates.append(run.gradient_canaries.coordinates)
+    assert torch.equal(*coordinates)

@@ -157,3 +157,38 @@ def test_dp_sgd_without_noise_gives_a_clearly_positive_epsilon():
         run = audited_digits_run(noise_multiplier=0.0, members=200, canaries=400, epochs=40, lr=4.0, seed=0)
     assert run.epsilon == math.inf
     assert run.one_run.epsilon > 1.0
+
+
+def test_the_epsilon_returned_is_refuted_not_just_near_the_root():
+    # the bound is the largest refuted epsilon: its own p-value must be at most the significance
+    cases = [(1000, 200, 170, DELTA), (1000, 600, 600, DELTA), (50, 10, 9, 0.0), (200, 100, 80, 1e-3)]
+    for m, r, v, delta in cases:
+        eps = one_run_epsilon(canaries=m, guesses=r, correct=v, delta=delta, significance=0.05)
+        assert eps > 0
+        assert one_run_p_value(canaries=m, guesses=r, correct=v, epsilon=eps, delta=delta) <= 0.05
+
+
+@pytest.mark.parametrize("eps, guesses, delta", [(1.0, 100, 0.0), (0.3, 500, 0.0), (2.0, 40, 1e-4)])
+def test_the_bound_holds_exactly_against_randomized_response(eps, guesses, delta):
+    # eps-randomized response on each coin is eps-DP and makes each guess right with probability
+    # e^eps / (1 + e^eps), independently: right ~ Binomial(guesses, p) exactly, so the chance that the
+    # bound passes the true eps is a finite sum: at most the significance, and close to it without delta.
+    p = 1 / (1 + math.exp(-eps))
+    right = np.arange(guesses + 1)
+    refuted = [one_run_epsilon(canaries=1000, guesses=guesses, correct=int(v), delta=delta) > eps for v in right]
+    chance = float(binom.pmf(right, guesses, p)[refuted].sum())
+    assert chance <= 0.05 and (delta > 0 or chance > 0.01)
+
+
+def test_a_tight_pure_dp_mechanism_is_refuted_at_most_at_the_significance():
+    # randomized response on each coin is exactly eps-DP and each "in" guess is right with probability
+    # e^eps / (1 + e^eps): the one-run bound passes the true eps in at most 5% of runs, and close to it
+    eps, m, runs = 1.0, 1000, 400
+    over = 0
+    for seed in range(runs):
+        rng = np.random.default_rng(seed)
+        included = rng.random(m) < 0.5
+        answer = np.where(rng.random(m) < 1 / (1 + math.exp(-eps)), included, ~included)
+        scores = answer + 0.01 * rng.random(m)  # ties broken by noise independent of the coins
+        over += audit_one_run(scores, included, guesses=[(100, 0)]).epsilon > eps
+    assert 0.01 * runs < over <= (0.05 + 3 * math.sqrt(0.05 * 0.95 / runs)) * runs

@@ -59,6 +59,13 @@ def test_gaussian_delta_closed_form():
     assert gaussian_mu(sensitivity=2.0, noise_std=4.0) == 0.5
 
 
+@pytest.mark.parametrize("mu", [30.0, 100.0])
+def test_gaussian_epsilon_of_a_large_mu_is_finite(mu):
+    # e^epsilon overflows a float past epsilon = 709: delta is computed in log space, not refused
+    eps = gaussian_epsilon(mu, 1e-5)
+    assert mu**2 / 2 < eps < mu**2 / 2 + 5 * mu and gaussian_delta(eps, mu) == pytest.approx(1e-5, rel=1e-6)
+
+
 def test_dp_bound_closed_form():
     eps, delta = math.log(3), 0.01
     a = np.array([0.0, 0.1, 0.2, 0.9])
