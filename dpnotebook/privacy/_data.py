@@ -204,6 +204,14 @@ class DPDataLoader(DataLoader[Any]):
                 listener(examples)
             yield batch
 
+    @staticmethod
+    def generator_of(loader: DataLoader[Any], generator: torch.Generator | None = None) -> torch.Generator | None:
+        """The generator the Poisson version of ``loader`` draws with: ``generator``, else ``loader``'s own
+        (a :class:`DPDataLoader`'s sampler's); ``None``: torch's global one."""
+        sampler = loader.batch_sampler
+        own = sampler.generator if isinstance(sampler, PoissonBatchSampler) else loader.generator
+        return generator if generator is not None else own
+
     @classmethod
     def from_data_loader(
         cls,
@@ -215,7 +223,7 @@ class DPDataLoader(DataLoader[Any]):
     ) -> DPDataLoader:
         """The Poisson version of ``loader``: same dataset, collate and workers, ``q = 1 / len(loader)``.
 
-        Without ``generator`` the batches are drawn with ``loader.generator``. With ``distributed=True``
+        Without ``generator`` the batches are drawn with :meth:`generator_of` ``loader``. With ``distributed=True``
         it is a :class:`~dpnotebook.privacy.DistributedDPDataLoader`.
 
         >>> import torch
@@ -239,8 +247,8 @@ class DPDataLoader(DataLoader[Any]):
                 prefetch_factor=loader.prefetch_factor,
                 persistent_workers=loader.persistent_workers,
             )
-        if generator is None and not secure_mode:
-            generator = loader.generator
+        if not secure_mode:
+            generator = cls.generator_of(loader, generator)
         if distributed:
             cls = DPDataLoader.distributed_class
         return cls(

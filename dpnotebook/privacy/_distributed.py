@@ -79,16 +79,8 @@ def unwrap_distributed(module: nn.Module) -> tuple[nn.Module, bool]:
     return module, False
 
 
-def check_distributed_setup(
-    distributed: bool, data_loader: Any, poisson_sampling: bool, noise_generator: Any = None, sampling: Any = None
-) -> None:
-    """Refuse the combinations that would silently mis-scale, desynchronise or correlate a distributed run."""
-    if distributed and noise_generator is not None and noise_generator is (sampling or data_loader.generator):
-        raise ValueError(
-            "noise_generator is the generator that samples the batches: rank 0 draws the noise from it and the "
-            "other ranks do not, so their later batches would be drawn from the numbers of rank 0's noise. Fix: "
-            "give the noise and the sampling generators of their own, seeded differently."
-        )
+def check_distributed_setup(distributed: bool, data_loader: Any, poisson_sampling: bool) -> None:
+    """Refuse the combinations that would silently mis-scale or desynchronise a distributed run."""
     if distributed and not poisson_sampling:
         raise ValueError(
             "poisson_sampling=False with a distributed model: each rank's fixed-size batches would be "

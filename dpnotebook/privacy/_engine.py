@@ -41,7 +41,7 @@ from dpnotebook.modes import wrap_model as wrap_in_mode
 from dpnotebook.privacy._accounting import create_accountant, get_noise_multiplier, warn_if_noise_drowns_signal
 from dpnotebook.privacy._arguments import check_choice, check_delta, check_noise_multiplier, check_unseeded
 from dpnotebook.privacy._data import DPDataLoader, loader_k, warn_replaced_sampling
-from dpnotebook.privacy._mechanisms import CLIPPING_MODES, check_layer_bounds
+from dpnotebook.privacy._mechanisms import CLIPPING_MODES, check_layer_bounds, check_streams_apart
 from dpnotebook.privacy._optimizer import (
     DPLossFastGradientClipping,
     DPOptimizer,
@@ -203,7 +203,8 @@ class PrivacyEngine:
             clipping: ``"flat"`` or ``"per_layer"``.
             batch_first: rows in dim 0 (``True``) or dim 1.
             loss_reduction: ``"mean"`` or ``"sum"``, as your loss reduces the batch.
-            noise_generator: a seeded ``torch.Generator`` for reproducible noise.
+            noise_generator: a seeded ``torch.Generator`` for reproducible noise; one seeded like the
+                sampling generator (or torch's global one) is refused: the noise would reuse its numbers.
             sampling_generator: one for reproducible batches (default: the data loader's ``generator``).
             criterion: in ghost mode, the loss to wrap: the call then returns
                 ``(module, optimizer, criterion, data_loader)``. Ignored in the other modes.
@@ -230,7 +231,12 @@ class PrivacyEngine:
         )
 
         module, distributed = unwrap_distributed(module)
-        check_distributed_setup(distributed, data_loader, poisson_sampling, noise_generator, sampling_generator)
+        check_distributed_setup(distributed, data_loader, poisson_sampling)
+        sampling = DPDataLoader.generator_of(data_loader, sampling_generator)
+        if noise_multiplier and poisson_sampling and not self.secure_mode and not (distributed and sampling is None):
+            # (no noise: nothing to keep apart; unseeded and distributed, each rank's sampler seeds its own)
+            device = next(iter(module.parameters()), torch.empty(0)).device
+            check_streams_apart(noise_generator, sampling, noise_device=device, distributed=distributed)
         check_optimizer_params(unwrap_model(module), optimizer)
         check_unowned(unwrap_model(module).parameters())  # one DP optimizer per model, before any hook is added
         if is_wrapped(module):

@@ -332,6 +332,37 @@ def draw_noise(
     ]
 
 
+def check_streams_apart(
+    noise: torch.Generator | None, sampling: torch.Generator | None, *, noise_device: torch.device, distributed: bool
+) -> None:
+    """Refuse noise drawn from the random numbers that also choose the batches (``None``: the global generator).
+
+    The privacy analysis takes the noise to be independent of which samples are in a batch. Two
+    generators of one kind seeded alike replay one stream, so the noise of one step would be made of
+    the numbers that drew some batch. One generator used for both is one stream read in turn, except
+    across ranks: rank 0 draws the noise from it and the other ranks do not.
+
+    >>> check_streams_apart(torch.Generator().manual_seed(0), torch.Generator().manual_seed(1),
+    ...                     noise_device=torch.device("cpu"), distributed=False)      # apart: nothing raised
+    """
+    if noise is None and noise_device.type != "cpu":
+        return  # the device's own generator (Philox on CUDA); the batches are drawn on the CPU
+    noise, sampling = noise or torch.default_generator, sampling or torch.default_generator
+    if noise is sampling and not distributed or noise.device.type != sampling.device.type:
+        return  # one stream read in turn, or two generators of different kinds
+    if noise is sampling or noise.initial_seed() == sampling.initial_seed():
+        what = (
+            "is the generator" if noise is sampling else f"is seeded like the generator (seed {noise.initial_seed()})"
+        )
+        raise ValueError(
+            f"The noise generator {what} that draws the batches (the data loader's, sampling_generator, or "
+            f"torch's global one where None is given){' on another rank' if noise is sampling else ''}: the "
+            "noise would repeat the numbers that chose the samples, which the privacy analysis takes to be "
+            "independent. Fix: give noise_generator and sampling_generator seeds of their own (e.g. seed and "
+            "seed + 1), also apart from torch.manual_seed's."
+        )
+
+
 def _generator(rng: object) -> np.random.Generator:
     if not isinstance(rng, np.random.Generator):
         raise TypeError(

@@ -56,9 +56,8 @@ def _make_private(module, loader, **kwargs):
         module=module,
         optimizer=torch.optim.SGD(module.parameters(), lr=0.1),
         data_loader=loader,
-        noise_multiplier=0.0,
         max_grad_norm=1.0,
-        **kwargs,
+        **{"noise_multiplier": 0.0, **kwargs},
     )
 
 
@@ -72,9 +71,13 @@ def test_refusals_in_a_group(group_of_one) -> None:
     with pytest.raises(ValueError, match="grad-sample wrapper around DifferentiallyPrivate"):
         _make_private(wrap_model(DPDDP(workers.mlp())), loader)
     shared_generator = torch.Generator().manual_seed(0)  # rank 0 would sample later batches with its noise's numbers
-    with pytest.raises(ValueError, match="noise_generator is the generator that samples the batches"):
+    with pytest.raises(ValueError, match="noise generator is the generator that draws the batches.*on another rank"):
         _make_private(
-            DPDDP(workers.mlp()), loader, noise_generator=shared_generator, sampling_generator=shared_generator
+            DPDDP(workers.mlp()),
+            loader,
+            noise_multiplier=1.0,
+            noise_generator=shared_generator,
+            sampling_generator=shared_generator,
         )
 
 

@@ -107,7 +107,7 @@ def test_with_a_real_dp_training_loop(fignums):
         noise_multiplier=1.0,
         max_grad_norm=1.0,
         noise_generator=torch.Generator().manual_seed(0),
-        sampling_generator=torch.Generator().manual_seed(0),
+        sampling_generator=torch.Generator().manual_seed(1),
     )
     with TrainingMonitor(total_steps=len(loader), redraw_every=0, backend="static") as monitor:
         for inputs, targets in loader:

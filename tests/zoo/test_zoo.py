@@ -107,7 +107,7 @@ def one_private_step(name: str, mode: str) -> tuple[dict[str, torch.Tensor], nn.
         max_grad_norm=1.0,
         grad_sample_mode=mode,
         noise_generator=torch.Generator().manual_seed(0),
-        sampling_generator=torch.Generator().manual_seed(0),
+        sampling_generator=torch.Generator().manual_seed(1),
     )
     *x, y = next(b for b in loader if len(b[-1]))
     opt.zero_grad()
