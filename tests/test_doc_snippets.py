@@ -108,3 +108,15 @@ def test_a_reference_fragment_imports_what_it_uses_or_names_it_as_yours(page: st
         yours = " ".join(line for line in code.splitlines() if line.lstrip().startswith("#") and "yours" in line)
         missing = sorted(n for n in unbound_names(code) if not re.search(rf"\b{n}\b", yours))
         assert not missing, f"{page}, {heading!r}: {missing} neither imported nor named in a '# ... yours' comment"
+
+
+def test_every_table_row_of_the_docs_is_in_a_table() -> None:
+    """A blank line inside a Markdown table ends it: the rows after it render as text starting with '|'."""
+    stray = []
+    for page in sorted((ROOT / "docs").rglob("*.md")):
+        lines = page.read_text(encoding="utf-8").splitlines()
+        for i, line in enumerate(lines[1:-1], start=1):
+            header = re.fullmatch(r"\|[-:| ]+\|", lines[i + 1].strip())
+            if line.startswith("|") and not lines[i - 1].strip() and not header:
+                stray.append(f"{page.relative_to(ROOT)}:{i + 1}")
+    assert not stray, f"table rows after a blank line, outside any table: {stray}"
