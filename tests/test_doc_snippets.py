@@ -75,14 +75,48 @@ def unbound_names(code: str) -> set[str]:
             bound.add(node.id)
         elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
             bound.add(node.name)
+        elif isinstance(node, ast.arg):  # a function's or a lambda's parameter
+            bound.add(node.arg)
     return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)} - bound
 
 
 def test_unbound_names_finds_a_missing_import() -> None:
     assert unbound_names("x = datetime.timedelta(1)\nimport torch\ntorch.ones(1)") == {"datetime"}
+    assert unbound_names("f = lambda i: x[i]") == {"x"}
 
 
 def test_the_distributed_fragment_imports_what_it_uses() -> None:
     (code,) = snippets("docs/distributed.md").values()
     assert unbound_names(code) <= {"train"}, "model, optimizer and train are the placeholders its comment names"
     assert "# model, optimizer and train" in code
+
+
+#: reference pages whose Python blocks are either whole scripts or fragments that say which names are the reader's
+REFERENCE_PAGES = [
+    "docs/getting-started.md",
+    "docs/guarantees.md",
+    "docs/real-models.md",
+    "docs/concepts/modes.md",
+    "docs/concepts/per-sample-gradients.md",
+    "docs/concepts/augmentation-multiplicity.md",
+]
+
+
+@pytest.mark.parametrize("page", REFERENCE_PAGES)
+def test_a_reference_fragment_imports_what_it_uses_or_names_it_as_yours(page: str) -> None:
+    for heading, code in snippets(page).items():
+        yours = " ".join(line for line in code.splitlines() if line.lstrip().startswith("#") and "yours" in line)
+        missing = sorted(n for n in unbound_names(code) if not re.search(rf"\b{n}\b", yours))
+        assert not missing, f"{page}, {heading!r}: {missing} neither imported nor named in a '# ... yours' comment"
+
+
+def test_every_table_row_of_the_docs_is_in_a_table() -> None:
+    """A blank line inside a Markdown table ends it: the rows after it render as text starting with '|'."""
+    stray = []
+    for page in sorted((ROOT / "docs").rglob("*.md")):
+        lines = page.read_text(encoding="utf-8").splitlines()
+        for i, line in enumerate(lines[1:-1], start=1):
+            header = re.fullmatch(r"\|[-:| ]+\|", lines[i + 1].strip())
+            if line.startswith("|") and not lines[i - 1].strip() and not header:
+                stray.append(f"{page.relative_to(ROOT)}:{i + 1}")
+    assert not stray, f"table rows after a blank line, outside any table: {stray}"

@@ -83,10 +83,11 @@ class AdaClipDPOptimizer:
 
 def get_optimizer_class(clipping: str, distributed: bool, grad_sample_mode: str | None = None) -> type:
     """The optimizer class for these options, as Opacus' ``get_optimizer_class`` picks it (all-reducing if asked)."""
-    if distributed:
-        return distributed_optimizer_class(get_optimizer_class(clipping, False, grad_sample_mode))
     if clipping == "adaptive":
-        return AdaClipDPOptimizer
+        return AdaClipDPOptimizer  # refused when built, distributed or not
+    if distributed:  # the all-reducing version of the core class
+        base = get_optimizer_class(clipping, False, grad_sample_mode)
+        return distributed_optimizer_class(_CoreDPOptimizer if base is DPOptimizer else base)
     if clipping not in ("flat", "per_layer"):
         raise ValueError(f"clipping={clipping!r} is unknown; choose one of ['adaptive', 'flat', 'per_layer'].")
     if grad_sample_mode == "ghost" and clipping != "flat":

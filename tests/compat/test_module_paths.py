@@ -163,3 +163,22 @@ def test_wrap_model_by_opacus_name_gives_the_same_grad_sample_shapes(mode: str) 
         ]
     if mode != "ghost":  # ghost mode forms norms, not p.grad_sample, in both libraries
         assert shapes["dpnotebook"] == shapes["opacus"] and shapes["dpnotebook"]
+
+
+@pytest.mark.parametrize("clipping, mode", [("flat", "hooks"), ("per_layer", "hooks"), ("flat", "ghost")])
+def test_get_optimizer_class_distributed_gives_the_all_reducing_optimizer(clipping: str, mode: str) -> None:
+    """Opacus gives its distributed optimizers; before, dpnotebook raised TypeError for flat and per-layer."""
+    from dpnotebook.optimizers import get_optimizer_class
+    from dpnotebook.privacy import DistributedDPOptimizer, DistributedGhostDPOptimizer
+
+    expected = DistributedGhostDPOptimizer if mode == "ghost" else DistributedDPOptimizer
+    assert get_optimizer_class(clipping, True, mode) is expected
+    assert callable(lib("opacus", "optimizers").get_optimizer_class(clipping, True, mode))
+
+
+def test_get_optimizer_class_adaptive_is_refused_distributed_too() -> None:
+    from dpnotebook.errors import UnsupportedOptionError
+    from dpnotebook.optimizers import get_optimizer_class
+
+    with pytest.raises(UnsupportedOptionError, match="clipping='adaptive'"):
+        get_optimizer_class("adaptive", True, "hooks")(torch.optim.SGD(mlp().parameters(), lr=0.1))
