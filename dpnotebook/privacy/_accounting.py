@@ -19,10 +19,7 @@ import logging
 import math
 import warnings
 from collections.abc import Callable, Iterable
-from typing import Any, ClassVar
-
-import dp_accounting
-from dp_accounting.pld.privacy_loss_mechanism import AdjacencyType, GaussianPrivacyLoss
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from dpnotebook.errors import PrivacyWarning
 from dpnotebook.privacy._arguments import (
@@ -35,7 +32,18 @@ from dpnotebook.privacy._arguments import (
     check_sample_rate,
 )
 
+if TYPE_CHECKING:
+    import dp_accounting
+
 History = tuple[tuple[float, float, int], ...]
+
+
+def _dp() -> Any:
+    """Google's ``dp_accounting``, imported when first used (with SciPy's parts it takes about a second)."""
+    import dp_accounting.pld
+    import dp_accounting.rdp
+
+    return dp_accounting
 
 
 class Accountant:
@@ -112,7 +120,7 @@ class RDPAccountant(Accountant):
         self.orders = None if orders is None else tuple(float(a) for a in orders)
 
     def new_dp_accountant(self) -> dp_accounting.PrivacyAccountant:
-        return dp_accounting.rdp.RdpAccountant(orders=self.orders)
+        return _dp().rdp.RdpAccountant(orders=self.orders)
 
     def options(self) -> tuple[tuple[str, Any], ...]:
         return (("orders", self.orders),)
@@ -150,7 +158,7 @@ class PLDAccountant(Accountant):
 
     def new_dp_accountant(self, interval: float | None = None) -> dp_accounting.PrivacyAccountant:
         interval = self.value_discretization_interval if interval is None else interval
-        return dp_accounting.pld.PLDAccountant(value_discretization_interval=interval)
+        return _dp().pld.PLDAccountant(value_discretization_interval=interval)
 
     def dp_accountant_for(self, history: History) -> dp_accounting.PrivacyAccountant:
         interval = self.value_discretization_interval
@@ -177,6 +185,8 @@ class PLDAccountant(Accountant):
 
 def pld_grid_points(noise_multiplier: float, sample_rate: float, interval: float) -> float:
     """How many grid points ``dp_accounting`` uses for one step's privacy loss distribution (none built)."""
+    from dp_accounting.pld.privacy_loss_mechanism import AdjacencyType, GaussianPrivacyLoss
+
     widest = 0.0
     if noise_multiplier == 0 or sample_rate == 0:
         return widest
@@ -227,7 +237,7 @@ def _epsilon(kind: type[Accountant], options: tuple[tuple[str, Any], ...], histo
     log.setLevel(logging.ERROR)
     try:
         for sigma, q, n in history:
-            accountant.compose(dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), n)
+            accountant.compose(_dp().PoissonSampledDpEvent(q, _dp().GaussianDpEvent(sigma)), n)
         return float(accountant.get_epsilon(delta))
     finally:
         log.setLevel(level)
