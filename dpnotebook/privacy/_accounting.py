@@ -236,8 +236,9 @@ def _epsilon(kind: type[Accountant], options: tuple[tuple[str, Any], ...], histo
     level = log.level
     log.setLevel(logging.ERROR)
     try:
+        dp = _dp()
         for sigma, q, n in history:
-            accountant.compose(_dp().PoissonSampledDpEvent(q, _dp().GaussianDpEvent(sigma)), n)
+            accountant.compose(dp.PoissonSampledDpEvent(q, dp.GaussianDpEvent(sigma)), n)
         return float(accountant.get_epsilon(delta))
     finally:
         log.setLevel(level)

@@ -150,11 +150,13 @@ class _AllReduceMixin(_DPOptimizerBase):
         self.global_batch_size: int | None = None
         self._failure_shared = False
 
+    STATUS = ("failed", "noise_multiplier", "max_grad_norm", "mean divisor")  # each rank's slots, in order
+
     def _status(self, device: torch.device, failed: bool, examples: int, divisor: float = 0.0) -> Tensor:
-        """Per rank ``[failed, sigma, C, divisor]`` (this rank's slots filled), then the examples clipped."""
-        mine = [float(failed), self.noise_multiplier, self.max_grad_norm, divisor]
-        status = torch.zeros(len(mine) * self.world_size + 1, dtype=torch.float64, device=device)
-        status[len(mine) * self.rank : len(mine) * (self.rank + 1)] = torch.tensor(mine, dtype=torch.float64)
+        """Per rank the :attr:`STATUS` slots (this rank's filled), then the examples clipped."""
+        mine = torch.tensor([float(failed), self.noise_multiplier, self.max_grad_norm, divisor], dtype=torch.float64)
+        status = torch.zeros(len(self.STATUS) * self.world_size + 1, dtype=torch.float64, device=device)
+        status[len(mine) * self.rank : len(mine) * (self.rank + 1)] = mine
         status[-1] = float(examples)
         return status
 
@@ -177,9 +179,8 @@ class _AllReduceMixin(_DPOptimizerBase):
                 f"rank {self.rank}: the all-reduce of the clipped sums failed, so another rank stopped "
                 f"(raised, was killed, or timed out). Its own log has the cause. ({error})"
             ) from error
-        values = status.tolist()  # one host read; each rank's 4 slots of _status
-        names = ("failed", "noise_multiplier", "max_grad_norm", "mean divisor")
-        rows = [dict(zip(names, values[4 * r : 4 * r + 4], strict=True)) for r in range(self.world_size)]
+        values, n = status.tolist(), len(self.STATUS)  # one host read
+        rows = [dict(zip(self.STATUS, values[n * r : n * (r + 1)], strict=True)) for r in range(self.world_size)]
         failed = [r for r, row in enumerate(rows) if row.pop("failed") > 0]
         disagree = "\n  ".join(rank_disagreements(rows))
         self._failure_shared |= bool(failed or disagree)
