@@ -25,7 +25,20 @@ from dpnotebook.grad_sample.samplers._contracts import flat_rows
 from dpnotebook.modes import available_modes, wrap_model
 from dpnotebook.testing import clean_copy, reference_grad_samples
 
-__all__ = ["ModeComparison", "compare_modes", "median_seconds", "mode_result", "error_against"]
+__all__ = [
+    "ModeComparison",
+    "compare_modes",
+    "median_seconds",
+    "mode_result",
+    "error_against",
+    "agreement_tolerance",
+    "tf32_allowed",
+]
+
+#: Relative error counted as agreement: float32 arithmetic, and TF32 (the GPU's matrix units rounding float32
+#: inputs to 10 bits of mantissa, about 5e-4 each, which PyTorch allows by default in cuDNN's convolutions
+#: and recurrences).
+FLOAT32_TOLERANCE, TF32_TOLERANCE = 1e-4, 1e-2
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
 
@@ -89,6 +102,23 @@ def error_against(result: Mapping[str, Tensor | None] | Tensor, ref: dict[str, T
     )
 
 
+def agreement_tolerance(model: nn.Module) -> float:
+    """The relative error up to which a mode agrees with the float64 oracle on ``model``: float32's,
+    or TF32's where a float32 parameter lies on a CUDA GPU that PyTorch lets round to TF32.
+
+    >>> from torch import nn
+    >>> agreement_tolerance(nn.Linear(2, 2))
+    0.0001
+    """
+    on_tf32 = any(p.is_cuda and p.dtype == torch.float32 for p in model.parameters())
+    return TF32_TOLERANCE if on_tf32 and tf32_allowed() else FLOAT32_TOLERANCE
+
+
+def tf32_allowed() -> bool:
+    """Whether PyTorch may round float32 to TF32 on a GPU (cuDNN's default; matrix products' if asked)."""
+    return bool(torch.backends.cudnn.allow_tf32 or torch.backends.cuda.matmul.allow_tf32)
+
+
 def compare_modes(
     model: nn.Module,
     inputs: Tensor,
@@ -98,7 +128,7 @@ def compare_modes(
     K: int = 1,
     modes: list[str] | None = None,
     repeats: int = 3,
-    tolerance: float = 1e-4,
+    tolerance: float | None = None,
 ) -> list[ModeComparison]:
     """Per-sample gradients of ``model`` on one batch in every mode, against the oracle.
 
@@ -109,7 +139,8 @@ def compare_modes(
         K: augmentation multiplicity.
         modes: which modes (default: all registered).
         repeats: timed repetitions per mode (median reported).
-        tolerance: largest relative error counted as agreement (float32 models).
+        tolerance: largest relative error counted as agreement; by default :func:`agreement_tolerance`
+            (1e-4 for float32, 1e-2 where a GPU may round float32 to TF32).
 
     Returns:
         The oracle first, then one :class:`ModeComparison` per mode.
@@ -118,6 +149,7 @@ def compare_modes(
     def oracle() -> dict[str, Tensor]:  # one row each: its mean loss times 1 row is its summed loss
         return reference_grad_samples(model, [inputs], target=targets, loss_fn=loss_fn, K=K)
 
+    tolerance = agreement_tolerance(model) if tolerance is None else tolerance
     ref = oracle()
     results = [ModeComparison("oracle", 0.0, median_seconds(oracle, repeats=1) * 1e3, True)]
     for mode in modes or available_modes():

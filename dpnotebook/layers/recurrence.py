@@ -146,17 +146,20 @@ def run_fused(
     >>> torch.allclose(fused, loop, atol=1e-6), torch.allclose(h, h_loop, atol=1e-6)
     (True, True)
     """
-    G = gx.shape[-1]
-    params = [_constant("eye", G, gx.dtype, gx.device), w_hh]
+    G, dtype = gx.shape[-1], w_hh.dtype
+    params = [_constant("eye", G, dtype, gx.device), w_hh]
     if b_hh is not None:  # GRU only: the other cells have b_hh in gx already
-        params += [_constant("zeros", G, gx.dtype, gx.device), b_hh]
-    xs = gx.transpose(0, 1)  # the batch-major tensor gx is a view of: its gradient comes back batch-major
+        params += [_constant("zeros", G, dtype, gx.device), b_hh]
+    # Under autocast gx arrives in bf16/fp16 while W_hh stays float32: the recurrence runs in W_hh's dtype
+    # (autocast off around the operator, which would otherwise cast some weights and not others).
+    xs = gx.to(dtype).transpose(0, 1)  # the batch-major tensor gx is a view of: its gradient comes back batch-major
     xs = xs.flip(1) if reverse else xs
-    hx = tuple(s.unsqueeze(0) for s in state)
+    hx = tuple(s.to(dtype).unsqueeze(0).contiguous() for s in state)  # cuDNN refuses a strided state
     op = getattr(torch._VF, mode.lower())
     # train: cuDNN keeps what its backward needs, whatever the module's mode (no dropout inside one layer)
     args = (len(params) == 4, 1, 0.0, torch.is_grad_enabled(), False, True)
-    with warnings.catch_warnings():  # cuDNN copies the identity and W_hh into one buffer per call: cheap
+    with warnings.catch_warnings(), torch.autocast(gx.device.type, enabled=False):
+        # cuDNN copies the identity and W_hh into one buffer per call: cheap
         warnings.filterwarnings("ignore", message="RNN module weights are not part of single contiguous chunk")
         if mode == "LSTM":
             out, h, c = op(xs, hx, params, *args)

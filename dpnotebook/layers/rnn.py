@@ -63,13 +63,14 @@ def pad_packed(seq: PackedSequence) -> PaddedBatch:
     """
     data, batch_sizes = seq.data, seq.batch_sizes
     T, B = len(batch_sizes), int(batch_sizes[0])
-    order = (seq.sorted_indices if seq.sorted_indices is not None else torch.arange(B)).cpu()
-    time_index = torch.repeat_interleave(torch.arange(T), batch_sizes)
+    cpu = torch.device("cpu")  # the indices are built beside batch_sizes, whatever torch's default device is
+    order = (seq.sorted_indices if seq.sorted_indices is not None else torch.arange(B, device=cpu)).cpu()
+    time_index = torch.repeat_interleave(torch.arange(T, device=cpu), batch_sizes)
     starts = torch.cumsum(batch_sizes, 0) - batch_sizes
-    batch_index = order[torch.arange(len(time_index)) - starts[time_index]]  # by rank among the samples at t
-    lengths = torch.empty(B, dtype=torch.long)
-    lengths[order] = (batch_sizes.unsqueeze(1) > torch.arange(B)).sum(0)
-    mask = (torch.arange(T).unsqueeze(1) < lengths).unsqueeze(-1)
+    batch_index = order[torch.arange(len(time_index), device=cpu) - starts[time_index]]  # rank among those at t
+    lengths = torch.empty(B, dtype=torch.long, device=cpu)
+    lengths[order] = (batch_sizes.unsqueeze(1) > torch.arange(B, device=cpu)).sum(0)
+    mask = (torch.arange(T, device=cpu).unsqueeze(1) < lengths).unsqueeze(-1)
     time_index, batch_index = time_index.to(data.device), batch_index.to(data.device)
     x = data.new_zeros(T, B, *data.shape[1:]).index_put((time_index, batch_index), data)
     return PaddedBatch(x, None if bool(mask.all()) else mask.to(data.device), time_index, batch_index)

@@ -294,7 +294,8 @@ def gaussian_noise(
     Args:
         shape: the shape of the result, e.g. ``p.shape``.
         std: the standard deviation (>= 0); for DP-SGD ``noise_multiplier * max_grad_norm``.
-        generator: a ``torch.Generator`` on ``device``; ``None`` when ``secure``.
+        generator: a ``torch.Generator`` (on any device: the draw is made there and moved to ``device``);
+            ``None`` for PyTorch's default generator of ``device``, and when ``secure``.
         secure: draw from the OS CSPRNG.
         dtype: the result's floating dtype.
         device: the result's device.
@@ -314,7 +315,11 @@ def gaussian_noise(
     if std == 0:
         return torch.zeros(shape, dtype=dtype, device=device)
     if not secure:
-        return torch.normal(0.0, std, size=shape, generator=generator, dtype=dtype, device=device)
+        # A generator draws on its own device: a CPU generator's noise for a GPU model is drawn on the CPU
+        # and moved, so a seeded run gives the same noise on either device.
+        where = generator.device if generator is not None else device
+        noise = torch.normal(0.0, std, size=shape, generator=generator, dtype=dtype, device=where)
+        return noise.to(device)
     total = torch.zeros(shape.numel(), dtype=torch.float64, device="cpu")  # where the OS's random bytes land
     for _ in range(SECURE_NOISE_TERMS):
         total += secure_normal(shape.numel())

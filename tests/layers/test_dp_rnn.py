@@ -12,6 +12,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pack_sequence
 
 from dpnotebook import GradSampleModule
 from dpnotebook.layers import DPGRU, DPLSTM, DPRNN
+from dpnotebook.layers.rnn import pad_packed, repack
 
 KINDS = {
     "lstm": (nn.LSTM, DPLSTM, {}),
@@ -80,8 +81,9 @@ def test_outputs_match_both_load_directions(kind: str, dtype: torch.dtype) -> No
         hx = (h0, torch.randn_like(h0)) if kind == "lstm" else h0
         assert_same(native(x, hx), dp(x, hx), TOL[dtype])
         unbatched = x[0]
-        hx1 = (h0[:, 0], hx[1][:, 0]) if kind == "lstm" else h0[:, 0]
-        assert_same(native(unbatched, hx1), dp(unbatched, hx1), TOL[dtype])
+        hx1 = (h0[:, 0], hx[1][:, 0]) if kind == "lstm" else h0[:, 0]  # strided: the DP layer takes it as it is
+        dense = tuple(h.contiguous() for h in hx1) if kind == "lstm" else hx1.contiguous()  # cuDNN's nn.LSTM needs
+        assert_same(native(unbatched, dense), dp(unbatched, hx1), TOL[dtype])
 
 
 def native_cls_fresh(kind: str, dtype: torch.dtype, **options) -> nn.Module:
@@ -96,7 +98,8 @@ def test_packed_sequences(kind: str, enforce_sorted: bool) -> None:
     for options in OPTIONS[::3]:
         native, dp = pair(kind, **options)
         seqs = [torch.randn(n, 3, dtype=torch.float64) for n in lengths]
-        packed = pack_sequence(seqs, enforce_sorted=enforce_sorted)
+        with torch.device("cpu"):  # its lengths: PyTorch wants them on the CPU, whatever the data's device
+            packed = pack_sequence(seqs, enforce_sorted=enforce_sorted)
         D, L = 1 + options["bidirectional"], options["num_layers"]
         h0 = torch.randn(L * D, len(seqs), 4, dtype=torch.float64)
         hx = (h0, torch.randn_like(h0)) if kind == "lstm" else h0
@@ -112,7 +115,7 @@ def test_packed_sequences(kind: str, enforce_sorted: bool) -> None:
 def test_packed_gradients_match_native() -> None:
     native, dp = pair("lstm", num_layers=2, bidirectional=True, batch_first=True)
     x = torch.randn(3, 4, 3, dtype=torch.float64)
-    packed = pack_padded_sequence(x, torch.tensor([4, 1, 3]), batch_first=True, enforce_sorted=False)
+    packed = pack_padded_sequence(x, torch.tensor([4, 1, 3], device="cpu"), batch_first=True, enforce_sorted=False)
     for model in (native, dp):
         out, (h, c) = model(packed)
         (out.data.square().sum() + h.sum() + c.sum()).backward()
@@ -195,3 +198,13 @@ def test_hooks_mode_sees_one_unit_per_layer_and_direction() -> None:
     dp = DPGRU(3, 4, num_layers=2, bidirectional=True)
     wrapped = GradSampleModule(nn.Sequential(dp))
     assert wrapped.units == [(f"model.0.gate_projections.{i}", "gate_projection_grad_sampler") for i in range(4)]
+
+
+def test_packed_batches_whatever_the_default_device() -> None:
+    """pad_packed builds its indices beside batch_sizes (the CPU): a default device elsewhere (a user's
+    ``torch.set_default_device("cuda")``; here "meta", which holds no data) must not move them."""
+    seq = pack_sequence([torch.randn(2, 3), torch.randn(4, 3), torch.randn(1, 3)], enforce_sorted=False)
+    with torch.device("meta"):
+        padded = pad_packed(seq)
+    assert padded.x.device == seq.data.device and padded.mask is not None
+    assert torch.equal(repack(padded.x, seq, padded).data, seq.data)

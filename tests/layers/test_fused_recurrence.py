@@ -145,7 +145,9 @@ def test_packed_batches_fuse_only_when_all_lengths_are_equal(monkeypatch) -> Non
     monkeypatch.setattr(rnn_module, "run_direction", lambda *a, **k: calls.append("loop") or real_loop(*a, **k))
     loop, fused = _both("lstm", bidirectional=True)
     for lengths, expected in (([3, 3], "fused"), ([1, 3], "loop")):
-        seq = pack_sequence([torch.randn(n, 3, dtype=torch.float64) for n in lengths], enforce_sorted=False)
+        seqs = [torch.randn(n, 3, dtype=torch.float64) for n in lengths]
+        with torch.device("cpu"):  # its lengths: PyTorch wants them on the CPU, whatever the data's device
+            seq = pack_sequence(seqs, enforce_sorted=False)
         calls.clear()
         got = _flat(fused(seq))
         assert calls == [expected, expected]

@@ -215,7 +215,7 @@ def test_draw_noise_matches_gaussian_noise_per_parameter():
     params = [torch.zeros(3, 4), torch.zeros(5)]
     got = draw_noise(params, 2.0, torch.Generator().manual_seed(3))
     g = torch.Generator().manual_seed(3)
-    want = [gaussian_noise(p.shape, std=2.0, generator=g) for p in params]
+    want = [gaussian_noise(p.shape, std=2.0, generator=g, device=p.device) for p in params]
     assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
 
 
@@ -287,3 +287,22 @@ def test_gaussian_rdp_is_dp_accountings_at_every_order() -> None:
 def test_bad_input_is_named(call, message: str) -> None:
     with pytest.raises((ValueError, TypeError), match=message):
         call(np.random.default_rng(0))
+
+
+def test_a_generator_draws_on_its_own_device_and_the_noise_is_moved(monkeypatch: pytest.MonkeyPatch):
+    """A CPU generator for a model elsewhere (a GPU; here "meta", which needs no GPU): drawn on the CPU
+    (a CUDA draw from a CPU generator raises), then moved, so a seeded run draws the same noise on any device."""
+    asked: list[torch.device] = []
+    normal = torch.normal
+
+    def recording(*args, **kwargs):
+        asked.append(torch.device(kwargs["device"]))
+        return normal(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "normal", recording)
+    g = torch.Generator().manual_seed(4)
+    moved = gaussian_noise((3, 2), std=1.5, generator=g, device="meta")
+    assert moved.device.type == "meta" and moved.shape == (3, 2)
+    assert asked == [torch.device("cpu")]  # drawn where the generator is
+    here = gaussian_noise((3, 2), std=1.5, device="meta")  # no generator: the target device's own
+    assert here.device.type == "meta" and asked[-1] == torch.device("meta")

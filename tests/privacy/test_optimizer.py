@@ -95,7 +95,7 @@ def test_empty_batch_moves_parameters_by_noise_only(forward):
     opt.step()
     gen = torch.Generator().manual_seed(0)
     for p, b in zip(model.parameters(), before, strict=True):
-        noise = gaussian_noise(p.shape, std=1.3 * 0.7, generator=gen)
+        noise = gaussian_noise(p.shape, std=1.3 * 0.7, generator=gen, device=p.device)  # a CPU draw, moved
         torch.testing.assert_close(p.detach(), b - 0.5 * noise / 8)
     stats = opt.last_step_stats
     assert stats.batch_size == 0 and stats.clipped_sum_norm == 0.0 and stats.noise_std == pytest.approx(0.91)

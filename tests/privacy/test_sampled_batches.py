@@ -61,7 +61,7 @@ def test_an_evaluation_pass_over_the_loader_is_not_a_training_batch() -> None:
     model, optimizer, loader = _private()
     with torch.no_grad():
         for x, _ in loader:
-            model(x)
+            model(x.to(next(model.parameters()).device))
     for batch in loader:
         _backward(model, batch)
         optimizer.step()

@@ -46,7 +46,7 @@ def test_norms_are_grad_sample_modules(explorer):
     model = GradSampleModule(ToyMLP(16, seed=0), K=3)
     xa = augment_copies(x, 3, kind="noise", strength=1.0, seed=0)
     bce_loss(model(xa), y.repeat_interleave(3)).backward()
-    norms = per_sample_norms([p.grad_sample for p in model.parameters()]).numpy()
+    norms = per_sample_norms([p.grad_sample for p in model.parameters()]).cpu().numpy()
     np.testing.assert_allclose(explorer.state.table.norms[2], norms, rtol=1e-5)
 
 

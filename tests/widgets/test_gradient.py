@@ -35,7 +35,7 @@ def test_layer_and_sample_update_the_pictures(explorer, fignums):
     ex.controls["layer"].value = "3.weight"
     assert ex.gradient.image.get_array().shape == (4, 48)
     ex.controls["sample"].value = 5
-    expected = ex.state.grads[ex.state.mode]["3.weight"][5].numpy()
+    expected = ex.state.grads[ex.state.mode]["3.weight"][5].cpu().numpy()
     np.testing.assert_allclose(ex.gradient.image.get_array(), expected, rtol=1e-6)
     assert ex.norms.sample_line.get_xdata()[0] == 5
     assert ex.norms.lines[2].get_linewidth() > ex.norms.lines[0].get_linewidth()

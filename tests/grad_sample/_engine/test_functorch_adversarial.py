@@ -169,7 +169,7 @@ class PackedLinear(nn.Module):
 
 
 def _packed() -> torch.nn.utils.rnn.PackedSequence:
-    return pack_padded_sequence(torch.randn(3, 2, 5), torch.tensor([3, 2]))
+    return pack_padded_sequence(torch.randn(3, 2, 5), torch.tensor([3, 2], device="cpu"))
 
 
 @pytest.mark.parametrize("mode", ["functorch", "ew"])

@@ -54,7 +54,8 @@ def test_count_rows_skips_flags_and_ints_and_reads_dicts_and_packed_sequences() 
     assert count_rows((), {"input_ids": ids}, batch_first=False) == 9
     assert count_rows((torch.zeros(4),), {}, batch_first=False) is None
     assert count_rows((None, 2), {}, batch_first=True) is None
-    packed = pack_sequence([torch.zeros(3, 2), torch.zeros(2, 2), torch.zeros(1, 2)])
+    with torch.device("cpu"):  # its lengths: PyTorch wants them on the CPU, whatever the data's device
+        packed = pack_sequence([torch.zeros(3, 2), torch.zeros(2, 2), torch.zeros(1, 2)])
     assert count_rows(([packed],), {}, batch_first=True) == 3
 
 

@@ -64,6 +64,7 @@ def test_im2col_patches_go_through_a_reused_workspace(monkeypatch: pytest.Monkey
     """One sample per chunk, both chunks through one buffer that starts full of NaN."""
     monkeypatch.setattr(conv, "CHUNK_BYTES", 1)
     monkeypatch.setattr(conv, "MIN_CHUNK_BYTES", 1)
+    monkeypatch.setattr(_contracts, "ACCELERATOR_SCRATCH_BYTES", 1)  # the same one-sample chunks on a GPU
     layer, K = nn.Conv2d(2, 3, 3, stride=2, padding=1).double(), 2
     x = torch.randn(2 * K, 2, 7, 7, dtype=torch.float64)
     g = random_target(layer, [x])
@@ -90,18 +91,19 @@ def test_the_cpu_conv_rule_does_not_decide_another_device() -> None:
         (nn.Conv2d(4, 4, 3, groups=2), (4, 4, 5, 5), (4, 4, 3, 3), "grouped", "grouped"),
     ]
     for layer, x, g, cpu, gpu in cases:
-        assert conv_method(layer, torch.empty(x), torch.empty(g), K=1) == cpu, layer
+        assert conv_method(layer, torch.empty(x, device="cpu"), torch.empty(g, device="cpu"), K=1) == cpu, layer
         assert conv_method(layer, torch.empty(x, device=meta), torch.empty(g, device=meta), K=1) == gpu, layer
 
 
 def test_scratch_budgets_are_the_cpus_only_on_the_cpu() -> None:
     budget = max(conv.CHUNK_BYTES, linear_norm.CHUNK_BYTES)
-    assert _contracts.scratch_bytes(budget, torch.empty(1)) == budget
+    cpu = torch.device("cpu")  # named: under --device cuda a bare torch.empty is on the GPU
+    assert _contracts.scratch_bytes(budget, torch.empty(1, device=cpu)) == budget
     assert (
         _contracts.scratch_bytes(budget, torch.empty(1, device="meta")) == _contracts.ACCELERATOR_SCRATCH_BYTES > budget
     )
     per_sample = 2**20  # 4 MiB of float32 scratch per sample
-    assert linear_norm._chunk(512, per_sample, torch.empty(1)) == 8
+    assert linear_norm._chunk(512, per_sample, torch.empty(1, device=cpu)) == 8
     assert linear_norm._chunk(512, per_sample, torch.empty(1, device="meta")) == 64
 
 
