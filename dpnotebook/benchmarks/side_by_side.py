@@ -24,12 +24,17 @@ from dataclasses import asdict, dataclass
 import torch
 
 from dpnotebook.benchmarks.models import MODELS
-from dpnotebook.benchmarks.steps import make_step, opacus_available, timer
+from dpnotebook.benchmarks.steps import MODES, OPACUS_MODES, make_step, opacus_available, timer
 
 __all__ = ["Timed", "time_row", "best_ratio", "DEFAULT_WHATS", "main"]
 
-#: The configurations of a row: the reference first, then dpnotebook's and Opacus' DP-SGD steps.
-DEFAULT_WHATS = ("nonprivate", "dpsgd_hooks", "dpsgd_ghost", "opacus_dpsgd_hooks", "opacus_dpsgd_ghost")
+#: The configurations of a row: the reference first, then dpnotebook's and Opacus' DP-SGD steps in every
+#: mode (the best of each library is compared; a mode that refuses a model stays a row with its error).
+DEFAULT_WHATS = (
+    "nonprivate",
+    *(f"dpsgd_{mode}" for mode in MODES),
+    *(f"opacus_dpsgd_{mode}" for mode in OPACUS_MODES),
+)
 
 
 @dataclass(frozen=True)
