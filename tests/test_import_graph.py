@@ -215,10 +215,11 @@ def test_every_allowed_loop_is_still_there() -> None:
 #: (2026-11-27, the first full GPU run of the test path) for the fused recurrence under autocast and with a
 #: strided state, noise drawn where its generator is, packed batches under another default device, and
 #: compare_modes' TF32 tolerance; then +125 for ``benchmarks.side_by_side``, the one-process interleaved
-#: DP-step table that a GPU run needs (CUDA started once, every ratio to the step timed beside it).
+#: DP-step table that a GPU run needs (CUDA started once, every ratio to the step timed beside it), and
+#: +5 for its timing loop and rnn_speed's made one (``steps.interleaved``).
 #: Lower it as modules shrink; never raise it without a feature that pays (the issue asks for at most 18,000
 #: with no feature lost).
-CEILING = 24_590
+CEILING = 24_595
 
 
 def line_counts() -> dict[str, int]:

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from dpnotebook.benchmarks.steps import timer
+from dpnotebook.benchmarks.steps import interleaved
 from dpnotebook.layers import DPLSTM, DPRNNBase
 
 RUNS = ("loop", "fused")
@@ -47,13 +47,7 @@ def _fwd_bwd(model: nn.Module, x: torch.Tensor) -> Callable[[], None]:
 
 def _best(runs: dict[str, Callable[[], None]], repeats: int, device: str) -> dict[str, float]:
     """Fastest time in seconds of each run, the runs alternating (after one warm-up run each)."""
-    timed, best = timer(device), {name: float("inf") for name in runs}
-    for run in runs.values():
-        run()
-    for _ in range(repeats):
-        for name, run in runs.items():
-            best[name] = min(best[name], timed(run) / 1e3)
-    return best
+    return {name: min(ms) / 1e3 for name, ms in interleaved(runs, repeats, device, warmup=1).items()}
 
 
 def compare(

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from dpnotebook.benchmarks.models import MODELS
-from dpnotebook.benchmarks.steps import MODES, OPACUS_MODES, make_step, opacus_available, timer
+from dpnotebook.benchmarks.steps import MODES, OPACUS_MODES, interleaved, make_step, opacus_available
 
 __all__ = ["Timed", "time_row", "best_ratio", "DEFAULT_WHATS", "main"]
 
@@ -58,7 +58,7 @@ def time_row(
     A configuration that cannot be built or run (Opacus missing, a refusal) is kept as a row with its
     error, so one failure does not hide the others.
     """
-    timed, steps, errors = timer(device), {}, {}
+    steps, errors = {}, {}
     for what in whats:
         try:
             step = make_step(name, what, batch, device=device)
@@ -67,11 +67,7 @@ def time_row(
             steps[what] = step
         except Exception as err:  # noqa: BLE001 - reported in the table
             errors[what] = f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"
-    times: dict[str, list[float]] = {what: [] for what in steps}
-    for _ in range(rounds):
-        for what, step in steps.items():
-            times[what].append(timed(step))
-    medians = {what: statistics.median(t) for what, t in times.items()}
+    medians = {what: statistics.median(t) for what, t in interleaved(steps, rounds, device).items()}
     base = medians.get(whats[0], math.nan)
     return [
         Timed(name, batch, what, medians.get(what, math.nan), medians.get(what, math.nan) / base, errors.get(what, ""))

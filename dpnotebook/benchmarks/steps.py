@@ -58,6 +58,20 @@ def timer(device: str) -> Callable[[Callable[[], None]], float]:
     return timed
 
 
+def interleaved(
+    runs: dict[str, Callable[[], None]], rounds: int, device: str, warmup: int = 0
+) -> dict[str, list[float]]:
+    """Milliseconds of each run over ``rounds`` rounds taking the runs in turn (after ``warmup`` untimed runs
+    each), so that whatever slows one run slows the others alike."""
+    timed, times = timer(device), {name: list[float]() for name in runs}
+    for run in [run for run in runs.values() for _ in range(warmup)]:
+        run()
+    for _ in range(rounds):
+        for name, run in runs.items():
+            times[name].append(timed(run))
+    return times
+
+
 def compile_mode(device: str) -> str:
     """The ``torch.compile`` mode of ``compiled_`` configurations: CUDA graphs on a GPU, else the default.
 
@@ -265,4 +279,5 @@ __all__ = [
     "opacus_step",
     "make_step",
     "timer",
+    "interleaved",
 ]

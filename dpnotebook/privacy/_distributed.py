@@ -156,7 +156,7 @@ class _AllReduceMixin(_DPOptimizerBase):
         """Per rank the :attr:`STATUS` slots (this rank's filled), then the examples clipped."""
         mine = torch.tensor([float(failed), self.noise_multiplier, self.max_grad_norm, divisor], dtype=torch.float64)
         status = torch.zeros(len(self.STATUS) * self.world_size + 1, dtype=torch.float64, device=device)
-        status[len(mine) * self.rank : len(mine) * (self.rank + 1)] = mine
+        status[len(self.STATUS) * self.rank : len(self.STATUS) * (self.rank + 1)] = mine
         status[-1] = float(examples)
         return status
 
