@@ -10,7 +10,7 @@ PIP := $(PY) -m pip install --quiet --constraint constraints.txt
 STAMP := $(VENV)/.installed
 LAB_STAMP := $(VENV)/.installed-lab
 
-.PHONY: install lab lint test test-fast test-gpu docs bench badges clean
+.PHONY: install lab lint test test-fast test-gpu print-gpu-tests docs bench badges clean
 
 # torch goes in first, pinned by constraints.txt, so that no later resolution pulls another (CUDA) build.
 $(STAMP): pyproject.toml constraints.txt
@@ -61,6 +61,10 @@ GPU_TESTS := tests/grad_sample/samplers tests/test_modes.py tests/grad_sample/_e
 	tests/privacy tests/audit/test_grid.py tests/widgets tests/layers tests/distributed tutorials
 test-gpu: $(STAMP)
 	$(PY) -m pytest --device cuda $(GPU_TESTS)
+
+# The test paths alone, for tools/gpu-session (a lent GPU machine runs it without this Makefile's venv).
+print-gpu-tests:
+	@echo $(GPU_TESTS)
 
 # The same build runs once in `make test` (tests/test_docs.py), into a temporary folder.
 docs: $(STAMP)

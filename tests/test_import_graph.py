@@ -216,10 +216,12 @@ def test_every_allowed_loop_is_still_there() -> None:
 #: strided state, noise drawn where its generator is, packed batches under another default device, and
 #: compare_modes' TF32 tolerance; then +125 for ``benchmarks.side_by_side``, the one-process interleaved
 #: DP-step table that a GPU run needs (CUDA started once, every ratio to the step timed beside it), and
-#: +5 for its timing loop and rnn_speed's made one (``steps.interleaved``).
+#: +5 for its timing loop and rnn_speed's made one (``steps.interleaved``); then +7 for ``--grouped`` and
+#: ``--gpu`` in the suite's command line (each model and B in one process: ``--compare-opacus`` finishes on a
+#: GPU), which replaced ``benchmarks.side_by_side`` (its 139 lines gone).
 #: Lower it as modules shrink; never raise it without a feature that pays (the issue asks for at most 18,000
 #: with no feature lost).
-CEILING = 24_595
+CEILING = 24_602
 
 
 def line_counts() -> dict[str, int]:

@@ -2,7 +2,10 @@
 
 Each configuration (model, B, K, what: :mod:`~dpnotebook.benchmarks.steps`) runs in a fresh subprocess
 (its peak memory is its own), its steps timed alternately with the non-private step on the same rows:
-its ratio divides by that reference, timed in its own process (``docs/performance.md``).
+its ratio divides by that reference, timed in its own process (``docs/performance.md``). With
+``--grouped`` (the default on CUDA, where each process start costs seconds) the configurations of one
+model, B and K share a process and are timed round by round (:func:`measure_group`); ``--gpu
+--compare-opacus`` is the GPU table of ``docs/performance.md``, every mode of both libraries.
 
 >>> [c.what for c in plan(["MLP"], [8], modes=["ghost"], kinds=["dpsgd"], ks=[1])]
 ['nonprivate', 'dpsgd_ghost']
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
@@ -34,7 +38,7 @@ import torch
 from dpnotebook.benchmarks.memory import peak_mb, reset_peak, rss_mb
 from dpnotebook.benchmarks.models import MODELS, TRANSFORMER_MODELS
 from dpnotebook.benchmarks.profile_ops import PROFILE_BATCH, profile_table
-from dpnotebook.benchmarks.steps import MODES, OPACUS_MODES, make_step, timer
+from dpnotebook.benchmarks.steps import MODES, OPACUS_MODES, interleaved, make_step, timer
 
 Row = dict[str, Any]
 Key = tuple[str, int, int, str]  # model, B, K, what
@@ -156,25 +160,123 @@ def measure(
     return result
 
 
+def measure_group(
+    cfgs: list[Config],
+    *,
+    steps: int = 10,
+    warmup: int = 3,
+    device: str = "cpu",
+    threads: int = 2,
+    min_seconds: float = 0.0,
+    max_steps: int = 200,
+    rival: bool = False,
+) -> list[Row]:
+    """Run the configurations of one model, B and K in this process, interleaved: one row each.
+
+    The first configuration is the reference (``nonprivate``, as :func:`plan` orders them). Each is
+    built and warmed up in turn; then ``steps`` rounds take every step once
+    (:func:`~dpnotebook.benchmarks.steps.interleaved`; ``min_seconds`` and ``max_steps`` apply to a
+    configuration in a process of its own), so whatever slows one step slows the others alike and no
+    configuration pays a process start of its own (CUDA's costs seconds). Memory is the peak of each
+    configuration's warm-up over what was held once it was built (on CUDA the allocator's figures,
+    else the resident set): coarser than a process of its own, since memory another configuration
+    freed is reused. ``rival`` is not needed: a ghost row takes hooks' times from its own group.
+    A configuration that cannot be built or run becomes a row with its ``error``.
+    """
+    del rival, min_seconds, max_steps  # every mode of the group is timed in this process; fixed rounds
+    torch.set_num_threads(threads)
+    cuda = device.startswith("cuda")
+    note = "grouped, CUDA allocator MB" if cuda else "grouped"
+    steps_of, rows = {}, {}
+    for cfg in cfgs:
+        rows[cfg.what] = row = {**asdict(cfg), "device": device, "threads": threads, "note": note}
+        try:
+            step = make_step(cfg.model, cfg.what, cfg.batch, cfg.K, device)
+            row["rss0_mb"] = _restart_peak(cuda)
+            for _ in range(warmup):
+                step()
+            row["peak_mb"] = _peak(cuda)
+            steps_of[cfg.what] = step
+        except Exception as err:  # noqa: BLE001 - reported in the table
+            row["error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:240]}"
+    times = interleaved(steps_of, steps, device)
+    ref = times.get(cfgs[0].what, [math.nan])
+    for what, t in times.items():
+        r = rows[what]
+        r.update(median_ms=statistics.median(t), min_ms=min(t), n=len(t), ref_median_ms=statistics.median(ref))
+        r.update(ratio=r["median_ms"] / r["ref_median_ms"], ratio_min=r["min_ms"] / min(ref))
+    for what, r in rows.items():
+        hooks = rows.get(what.replace("_ghost", "_hooks"), {})
+        if what.endswith("_ghost") and "median_ms" in hooks and "median_ms" in r:
+            r.update(rival=hooks["what"], rival_median_ms=hooks["median_ms"], rival_min_ms=hooks["min_ms"])
+    return [rows[cfg.what] for cfg in cfgs]
+
+
+def _restart_peak(cuda: bool) -> float:
+    """Restart the peak; the MB held now (the CUDA allocator's, else the process's resident set)."""
+    if not cuda:
+        held = rss_mb()
+        reset_peak()
+        return held
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    return torch.cuda.memory_allocated() / 2**20
+
+
+def _peak(cuda: bool) -> float:
+    """The peak MB since :func:`_restart_peak`."""
+    if cuda:
+        torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() / 2**20 if cuda else peak_mb()
+
+
+def groups(configs: Iterable[Config]) -> list[list[Config]]:
+    """The configurations grouped by model, B and K, in their order (each group starts with its reference).
+
+    >>> [[c.what for c in g] for g in groups(plan(["MLP"], [2, 4], modes=["ghost"], kinds=["dpsgd"], ks=[1]))]
+    [['nonprivate', 'dpsgd_ghost'], ['nonprivate', 'dpsgd_ghost']]
+    """
+    out: dict[tuple[str, int, int], list[Config]] = {}
+    for cfg in configs:
+        out.setdefault((cfg.model, cfg.batch, cfg.K), []).append(cfg)
+    return list(out.values())
+
+
 def run_in_subprocess(cfg: Config, *, timeout: float = 600, tree: Path | None = None, **kwargs: object) -> Row:
     """:func:`measure` in a fresh interpreter (in ``tree``, another revision's checkout, when given);
     an error becomes ``{"error": ...}`` in the row."""
-    cmd = [sys.executable, "-m", "dpnotebook.benchmarks", "--child", json.dumps({"cfg": asdict(cfg), **kwargs})]
+    return run_group_in_subprocess([cfg], timeout=timeout, tree=tree, grouped=False, **kwargs)[0]
+
+
+def run_group_in_subprocess(
+    cfgs: list[Config], *, timeout: float = 600, tree: Path | None = None, grouped: bool = True, **kwargs: object
+) -> list[Row]:
+    """:func:`measure_group` (or, with ``grouped=False``, :func:`measure` of the one configuration) in a fresh
+    interpreter; ``timeout`` is per configuration. An error becomes ``{"error": ...}`` in every row."""
+    # one configuration keeps the payload of every earlier revision (``revisions`` runs their children)
+    payload = {"cfgs": [asdict(c) for c in cfgs], **kwargs} if grouped else {"cfg": asdict(cfgs[0]), **kwargs}
+    cmd = [sys.executable, "-m", "dpnotebook.benchmarks", "--child", json.dumps(payload)]
     env = None if tree is None else {**os.environ, "PYTHONPATH": str(tree)}
+    limit = timeout * len(cfgs)
     try:
-        done = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=limit)
     except subprocess.TimeoutExpired:
-        return {**asdict(cfg), "error": f"timed out after {timeout:.0f} s"}
+        return [{**asdict(cfg), "error": f"timed out after {limit:.0f} s"} for cfg in cfgs]
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
-        return {**asdict(cfg), "error": (done.stderr.strip().splitlines() or ["no output"])[-1][:300]}
-    return dict(json.loads(lines[-1]))
+        why = (done.stderr.strip().splitlines() or ["no output"])[-1][:300]
+        return [{**asdict(cfg), "error": why} for cfg in cfgs]
+    found = json.loads(lines[-1])
+    return [dict(r) for r in found] if isinstance(found, list) else [dict(found)]
 
 
 def child_main(payload: str) -> None:
-    """Entry point of the subprocess: measure the configuration and print one JSON line."""
+    """Entry point of the subprocess: measure the configuration(s) and print one JSON line."""
     args = json.loads(payload)
-    print(json.dumps(measure(Config(**args.pop("cfg")), **args)))
+    if "cfgs" in args:
+        print(json.dumps(measure_group([Config(**c) for c in args.pop("cfgs")], **args)))
+    else:
+        print(json.dumps(measure(Config(**args.pop("cfg")), **args)))
 
 
 # ---------------------------------------------------------------- the tables
@@ -320,6 +422,18 @@ TRANSFORMERS = {
     "threads": 1,
     "rival": True,
 }
+#: ``--gpu``: the table of ``docs/performance.md`` "On a GPU": every suite model at B = 512 and 2048, DP-SGD
+#: in every mode of both libraries (with ``--compare-opacus``), K = 1, each (model, B) in one process.
+GPU = {
+    "models": list(MODELS),
+    "batch": [512, 2048],
+    "kinds": ["dpsgd"],
+    "ks": [1],
+    "steps": 15,
+    "warmup": 5,
+    "min_seconds": 0.0,
+    "grouped": True,
+}
 #: The options :func:`measure` takes, passed on to each configuration's process.
 SETTINGS = ("steps", "warmup", "threads", "device", "min_seconds", "max_steps", "rival")
 
@@ -349,14 +463,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--transformers", action="store_true", help="preset: Hugging Face models, ghost vs hooks, B=32, --rival")
     add("--profile-ops", action="store_true", help="count the aten ops of one DP step, every mode, and Opacus'")
     add("--profile-batch", type=int, default=PROFILE_BATCH, help="B of --profile-ops (default 16)")
+    add("--gpu", action="store_true", help="preset: suite models, B=512 2048, DP-SGD, every mode, K=1")
+    add(
+        "--grouped",
+        action=argparse.BooleanOptionalAction,
+        help="time each (model, B, K) group in one process, interleaved (default: on for CUDA, off for the CPU)",
+    )
     add("--rival", action="store_true", help="ghost configurations also time hooks mode in the same process")
     add("--json", metavar="PATH", help="write all rows and the settings as JSON")
     add("--report", metavar="PATH", help="print the tables of an earlier --json file and exit")
     add("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    for preset, values in ((args.quick, QUICK), (args.transformers, TRANSFORMERS)):
-        for key, value in values.items() if preset else ():
-            setattr(args, key, value)
+    for preset, values in ((args.quick, QUICK), (args.transformers, TRANSFORMERS), (args.gpu, GPU)):
+        if preset:  # a preset's values become defaults: an option given beside it still wins
+            p.set_defaults(**values)
+    args = p.parse_args(argv)
     if args.steps < 1 or args.warmup < 0:
         p.error(f"--steps={args.steps} and --warmup={args.warmup}: use --steps >= 1 and --warmup >= 0.")
     if args.min_seconds < 0 or args.max_steps < args.steps:
@@ -418,15 +539,22 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     configs = configurations(args)
     settings = {k: getattr(args, k) for k in SETTINGS}
-    print(f"{len(configs)} configurations, each in its own process ({settings})", file=sys.stderr)
-    rows, start = [], time.time()
-    for i, cfg in enumerate(configs, 1):
-        rows.append(row := run_in_subprocess(cfg, timeout=args.timeout, **settings))
-        shown = row.get("error") or f"{row['median_ms']:.1f} ms, x{row['ratio']:.2f}, peak {row['peak_mb']:.0f} MB"
-        print(f"[{i}/{len(configs)} {time.time() - start:.0f}s] {cfg}: {shown}", file=sys.stderr)
+    grouped = args.device.startswith("cuda") if args.grouped is None else args.grouped
+    batches = groups(configs) if grouped else [[cfg] for cfg in configs]
+    where = "each (model, B, K) in one process" if grouped else "each in its own process"
+    print(f"{len(configs)} configurations, {where} ({settings})", file=sys.stderr)
+    rows: list[Row] = []
+    start = time.time()
+    for batch in batches:
+        found = run_group_in_subprocess(batch, timeout=args.timeout, grouped=grouped, **settings)
+        for cfg, row in zip(batch, found, strict=True):
+            rows.append(row)
+            shown = row.get("error") or f"{row['median_ms']:.1f} ms, x{row['ratio']:.2f}, peak {row['peak_mb']:.0f} MB"
+            print(f"[{len(rows)}/{len(configs)} {time.time() - start:.0f}s] {cfg}: {shown}", file=sys.stderr)
     print_tables(rows)
     if args.json:
         with open(args.json, "w") as f:
+            settings["grouped"] = grouped
             json.dump({"settings": {**environment(), **settings}, "rows": rows}, f, indent=1)
     return 0
 

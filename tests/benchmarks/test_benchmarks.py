@@ -10,8 +10,10 @@ import torch
 from dpnotebook.benchmarks.__main__ import (
     Config,
     ghost_hooks_table,
+    groups,
     main,
     measure,
+    measure_group,
     multiplicity_table,
     opacus_table,
     parse_args,
@@ -59,6 +61,46 @@ def test_cli_runs_one_tiny_configuration_and_writes_json(tmp_path, capsys) -> No
     assert data["settings"]["torch"] == torch.__version__
     assert "| MLP | 4 | 1 | dpsgd_ghost |" in capsys.readouterr().out
     assert main(["--report", str(out)]) == 0 and "dpsgd_ghost" in capsys.readouterr().out
+
+
+@pytest.mark.slow  # one subprocess for the group
+def test_grouped_cli_times_a_model_and_batch_in_one_process(tmp_path, capsys) -> None:
+    out = tmp_path / "bench.json"
+    argv = ["--models", "MLP", "--batch", "4", "--modes", "hooks", "ghost", "--kinds", "dpsgd", "--ks", "1"]
+    argv += ["--steps", "2", "--warmup", "1", "--threads", "1", "--device", "cpu", "--grouped", "--json", str(out)]
+    assert main(argv) == 0
+    data = json.loads(out.read_text())
+    rows = {r["what"]: r for r in data["rows"]}
+    assert list(rows) == ["nonprivate", "dpsgd_hooks", "dpsgd_ghost"] and data["settings"]["grouped"] is True
+    # one process, one reference: every ratio divides by the same non-private median
+    assert {r["ref_median_ms"] for r in rows.values()} == {rows["nonprivate"]["median_ms"]}
+    assert rows["nonprivate"]["ratio"] == 1.0 and all(r["n"] == 2 and r["note"] == "grouped" for r in rows.values())
+    # ghost's row knows hooks' time from the same rounds, so the table's same-process column is filled
+    assert rows["dpsgd_ghost"]["rival_median_ms"] == rows["dpsgd_hooks"]["median_ms"]
+    assert "configurations, each (model, B, K) in one process" in capsys.readouterr().err
+
+
+def test_grouped_measurement_keeps_a_failure_as_its_row() -> None:
+    cfgs = [Config("MLP", 2, 1, w) for w in ("nonprivate", "dpsgd_ghost", "dpsgd_jax")]
+    rows = measure_group(cfgs, steps=2, warmup=1, threads=1)
+    assert [r["what"] for r in rows] == ["nonprivate", "dpsgd_ghost", "dpsgd_jax"]
+    assert rows[1]["ratio"] == rows[1]["median_ms"] / rows[0]["median_ms"] and rows[1]["peak_mb"] >= 0
+    assert "configuration 'dpsgd_jax' is unknown" in rows[2]["error"] and "median_ms" not in rows[2]
+    assert "ERROR" in results_table(rows)
+
+
+def test_groups_and_the_gpu_preset() -> None:
+    configs = plan(["MLP", "SampleConvNet"], [8], modes=["hooks"], kinds=["dpsgd"], ks=[4], k_batch=2)
+    keys = [(g[0].model, g[0].batch, g[0].K) for g in groups(configs)]
+    assert keys == [("MLP", 8, 1), ("MLP", 2, 4), ("SampleConvNet", 8, 1), ("SampleConvNet", 2, 4)]
+    assert all(g[0].what == "nonprivate" for g in groups(configs))
+    args = parse_args(["--gpu", "--device", "cpu"])
+    assert args.batch == [512, 2048] and args.kinds == ["dpsgd"] and args.ks == [1] and args.grouped is True
+    assert parse_args(["--no-grouped"]).grouped is False and parse_args([]).grouped is None
+    # an option given beside a preset wins over the preset's value
+    given = parse_args(["--gpu", "--models", "MLP", "--batch", "16", "--steps", "3"])
+    assert given.models == ["MLP"] and given.batch == [16] and given.steps == 3 and given.kinds == ["dpsgd"]
+    assert parse_args(["--quick", "--batch", "8"]).batch == [8]
 
 
 def test_plan_covers_modes_kinds_multiplicity_and_opacus() -> None:

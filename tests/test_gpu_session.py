@@ -1,0 +1,45 @@
+"""``tools/gpu-session``, the prepared run of a lent GPU machine: its plumbing, checked without a GPU."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+SCRIPT = Path(__file__).resolve().parent.parent / "tools" / "gpu-session"
+
+
+def run(out: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(SCRIPT), str(out), *args],
+        env={**os.environ, "PY": sys.executable, **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the machine has a GPU: the session would really run")
+def test_without_a_gpu_it_says_so_and_runs_nothing(tmp_path) -> None:
+    done = run(tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "summary.md").read_text() == "no CUDA GPU here: nothing run\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.md"]
+
+
+@pytest.mark.slow  # four stages, each cut off by its share of a 10-second budget
+def test_a_dry_run_on_the_cpu_records_every_stage_within_its_share(tmp_path) -> None:
+    done = run(tmp_path, "10", DEVICE="cpu")
+    assert done.returncode == 0, done.stderr
+    summary = (tmp_path / "summary.md").read_text()
+    rows = [line.split(" | ") for line in summary.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert [r[0].strip("| ") for r in rows] == ["tests", "tutorials", "benchmarks", "rnn_speed"]
+    # each stage stops at its share (4, 2, 3 and 1 s) plus the kill's grace; none runs on after the budget
+    for (_, rc, seconds, _), share in zip(rows, (4, 2, 3, 1), strict=True):
+        assert rc.startswith(("0", "1", "124")) and int(seconds) <= share + 11
+    assert "on the CPU" in summary and {p.name for p in tmp_path.iterdir()} >= {"tests.log", "benchmarks.log"}
+    assert len(list(tmp_path.iterdir())) <= 8  # a device call brings back at most 8 files
