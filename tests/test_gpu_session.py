@@ -43,3 +43,19 @@ def test_a_dry_run_on_the_cpu_records_every_stage_within_its_share(tmp_path) -> 
         assert rc.startswith(("0", "1", "124")) and int(seconds) <= share + 11
     assert "on the CPU" in summary and {p.name for p in tmp_path.iterdir()} >= {"tests.log", "benchmarks.log"}
     assert len(list(tmp_path.iterdir())) <= 8  # a device call brings back at most 8 files
+
+
+def test_the_wheels_to_carry_are_what_the_machine_lacks_and_never_torch(tmp_path, capsys) -> None:
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import gpu_wheels
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    listed = tmp_path / "have.txt"
+    listed.write_text("Package Version\n------- -------\nnumpy 2.5.2\nScipy 1.16\ntqdm\n")
+    wanted = gpu_wheels.main([str(tmp_path / "whl"), "--have", str(listed), "--dry-run"])
+    names = {w.split("==")[0] for w in wanted}
+    assert {"dp-accounting", "opacus", "nbval", "ipywidgets", "opt-einsum"} <= names
+    assert not names & {"torch", "triton", "numpy", "scipy", "tqdm", "dpnotebook"}
+    assert not any(n.startswith("nvidia-") for n in names)
+    assert capsys.readouterr().out.split() == wanted and not (tmp_path / "whl").exists()  # a dry run downloads nothing
