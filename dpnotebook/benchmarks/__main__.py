@@ -167,23 +167,20 @@ def measure_group(
     warmup: int = 3,
     device: str = "cpu",
     threads: int = 2,
-    min_seconds: float = 0.0,
-    max_steps: int = 200,
-    rival: bool = False,
+    **unused: object,
 ) -> list[Row]:
     """Run the configurations of one model, B and K in this process, interleaved: one row each.
 
     The first configuration is the reference (``nonprivate``, as :func:`plan` orders them). Each is
     built and warmed up in turn; then ``steps`` rounds take every step once
-    (:func:`~dpnotebook.benchmarks.steps.interleaved`; ``min_seconds`` and ``max_steps`` apply to a
-    configuration in a process of its own), so whatever slows one step slows the others alike and no
+    (:func:`~dpnotebook.benchmarks.steps.interleaved`; ``min_seconds``, ``max_steps`` and ``rival`` of
+    :func:`measure` are ``unused``), so whatever slows one step slows the others alike and no
     configuration pays a process start of its own (CUDA's costs seconds). Memory is the peak of each
     configuration's warm-up over what was held once it was built (on CUDA the allocator's figures,
     else the resident set): coarser than a process of its own, since memory another configuration
-    freed is reused. ``rival`` is not needed: a ghost row takes hooks' times from its own group.
-    A configuration that cannot be built or run becomes a row with its ``error``.
+    freed is reused. A ghost row takes hooks' times (``rival``) from its own group. A configuration
+    that cannot be built or run becomes a row with its ``error``.
     """
-    del rival, min_seconds, max_steps  # every mode of the group is timed in this process; fixed rounds
     torch.set_num_threads(threads)
     cuda = device.startswith("cuda")
     note = "grouped, CUDA allocator MB" if cuda else "grouped"
