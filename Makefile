@@ -10,7 +10,7 @@ PIP := $(PY) -m pip install --quiet --constraint constraints.txt
 STAMP := $(VENV)/.installed
 LAB_STAMP := $(VENV)/.installed-lab
 
-.PHONY: install lab lint test test-fast test-gpu print-gpu-tests docs bench badges clean
+.PHONY: install lab lint test test-fast test-gpu docs bench badges clean
 
 # torch goes in first, pinned by constraints.txt, so that no later resolution pulls another (CUDA) build.
 $(STAMP): pyproject.toml constraints.txt
@@ -56,15 +56,12 @@ test-fast: $(STAMP)
 # the widgets' state, mixed precision and the distributed tests (NCCL where two GPUs exist) with CUDA as the
 # default device, and the tutorials under nbval. Without a CUDA GPU every test is skipped, with one line saying so.
 # The CPU wheel pinned by constraints.txt sees no GPU: install a CUDA build of torch 2.13 first.
+# tools/gpu-session reads GPU_TESTS from this file (a lent GPU machine may have no make).
 GPU_TESTS := tests/grad_sample/samplers tests/test_modes.py tests/grad_sample/_engine/test_grad_sample_module.py \
 	tests/grad_sample/ghost/test_ghost.py tests/grad_sample/_engine/test_mixed_precision.py tests/test_device_option.py \
 	tests/privacy tests/audit/test_grid.py tests/widgets tests/layers tests/distributed tutorials
 test-gpu: $(STAMP)
 	$(PY) -m pytest --device cuda $(GPU_TESTS)
-
-# The test paths alone, for tools/gpu-session (a lent GPU machine runs it without this Makefile's venv).
-print-gpu-tests:
-	@echo $(GPU_TESTS)
 
 # The same build runs once in `make test` (tests/test_docs.py), into a temporary folder.
 docs: $(STAMP)

@@ -42,6 +42,11 @@ def test_a_dry_run_on_the_cpu_records_every_stage_within_its_share(tmp_path) -> 
     for (_, rc, seconds, _), share in zip(rows, (4, 2, 3, 1), strict=True):
         assert rc.startswith(("0", "1", "124")) and int(seconds) <= share + 11
     assert "on the CPU" in summary and {p.name for p in tmp_path.iterdir()} >= {"tests.log", "benchmarks.log"}
+    # each log starts with its command: the Makefile's GPU test paths, the tutorials apart
+    command = (tmp_path / "tests.log").read_text().splitlines()[0].split()
+    assert command[:4] == ["$", sys.executable, "-m", "pytest"] and "--device" in command
+    assert "tests/privacy" in command and "tests/distributed" in command and "tutorials" not in command
+    assert (tmp_path / "tutorials.log").read_text().splitlines()[0].endswith(" tutorials")
     assert len(list(tmp_path.iterdir())) <= 8  # a device call brings back at most 8 files
 
 
