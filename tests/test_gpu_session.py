@@ -47,6 +47,17 @@ def test_a_dry_run_on_the_cpu_records_every_stage_within_its_share(tmp_path) -> 
     assert command[:4] == ["$", sys.executable, "-m", "pytest"] and "--device" in command
     assert "tests/privacy" in command and "tests/distributed" in command and "tutorials" not in command
     assert (tmp_path / "tutorials.log").read_text().splitlines()[0].endswith(" tutorials")
+
+
+@pytest.mark.slow  # one stage, the whole 3-second budget its own
+def test_stages_picks_some_and_shares_the_budget_among_them(tmp_path) -> None:
+    done = run(tmp_path, "3", DEVICE="cpu", STAGES="rnn_speed")
+    assert done.returncode == 0, done.stderr
+    rows = [line for line in (tmp_path / "summary.md").read_text().splitlines() if line.startswith("| rnn_speed")]
+    assert len(rows) == 1 and not (tmp_path / "tests.log").exists()
+    assert "timed out at 3 s" in rows[0] or rows[0].split(" | ")[1] == "0"
+    bad = run(tmp_path, "3", DEVICE="cpu", STAGES="tests bench")
+    assert bad.returncode == 2 and "unknown stage 'bench'" in bad.stderr
     assert len(list(tmp_path.iterdir())) <= 8  # a device call brings back at most 8 files
 
 
