@@ -31,15 +31,15 @@ def test_without_a_gpu_it_says_so_and_runs_nothing(tmp_path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.md"]
 
 
-@pytest.mark.slow  # four stages, each cut off by its share of a 10-second budget
+@pytest.mark.slow  # five stages, each cut off by its share of a 10-second budget
 def test_a_dry_run_on_the_cpu_records_every_stage_within_its_share(tmp_path) -> None:
     done = run(tmp_path, "10", DEVICE="cpu")
     assert done.returncode == 0, done.stderr
     summary = (tmp_path / "summary.md").read_text()
     rows = [line.split(" | ") for line in summary.splitlines() if line.startswith("| ") and "---" not in line][1:]
-    assert [r[0].strip("| ") for r in rows] == ["tests", "tutorials", "benchmarks", "rnn_speed"]
-    # each stage stops at its share (4, 2, 3 and 1 s) plus the kill's grace; none runs on after the budget
-    for (_, rc, seconds, _), share in zip(rows, (4, 2, 3, 1), strict=True):
+    assert [r[0].strip("| ") for r in rows] == ["tests", "tutorials", "benchmarks", "profile", "rnn_speed"]
+    # each stage stops at its share (3, 2, 3, 1 and 1 s: at least one) plus the kill's grace
+    for (_, rc, seconds, _), share in zip(rows, (3, 2, 3, 1, 1), strict=True):
         assert rc.startswith(("0", "1", "124")) and int(seconds) <= share + 11
     assert "on the CPU" in summary and {p.name for p in tmp_path.iterdir()} >= {"tests.log", "benchmarks.log"}
     # each log starts with its command: the Makefile's GPU test paths, the tutorials apart
@@ -75,3 +75,19 @@ def test_the_wheels_to_carry_are_what_the_machine_lacks_and_never_torch(tmp_path
     assert not names & {"torch", "triton", "numpy", "scipy", "tqdm", "dpnotebook"}
     assert not any(n.startswith("nvidia-") for n in names)
     assert capsys.readouterr().out.split() == wanted and not (tmp_path / "whl").exists()  # a dry run downloads nothing
+
+
+def test_the_host_profile_has_a_row_per_configuration_and_says_what_failed() -> None:
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import host_profile
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    report = host_profile.table(["MLP"], 4, ["nonprivate", "dpsgd_ghost", "no_such_step"], "cpu", steps=2)
+    rows = {r.split(" | ")[1]: r.strip("| ").split(" | ") for r in report.splitlines() if r.startswith("| MLP ")}
+    assert set(rows) == {"nonprivate", "dpsgd_ghost", "no_such_step"}
+    plain, ghost = rows["nonprivate"], rows["dpsgd_ghost"]
+    assert plain[3:7] == ["—"] * 4  # no device on the CPU
+    assert 0 < float(plain[2]) and float(plain[8]) < float(ghost[8])  # the DP step runs more library Python
+    assert rows["no_such_step"][2].startswith("ValueError")
+    assert "- MLP dpsgd_ghost: operators (self host ms)" in report and "dpnotebook/privacy/" in report
