@@ -218,10 +218,12 @@ def test_every_allowed_loop_is_still_there() -> None:
 #: DP-step table that a GPU run needs (CUDA started once, every ratio to the step timed beside it), and
 #: +5 for its timing loop and rnn_speed's made one (``steps.interleaved``); then +7 for ``--grouped`` and
 #: ``--gpu`` in the suite's command line (each model and B in one process: ``--compare-opacus`` finishes on a
-#: GPU), which replaced ``benchmarks.side_by_side`` (its 139 lines gone).
+#: GPU), which replaced ``benchmarks.side_by_side`` (its 139 lines gone); then +33 (2026-11-27, issue #31's
+#: kernel count) for ghost's linear layers sharing the backprops' norm with the bias and one clip-factor
+#: scaling per layer (16 fewer kernels per ghost step on SampleConvNet, 21 on the MLP).
 #: Lower it as modules shrink; never raise it without a feature that pays (the issue asks for at most 18,000
 #: with no feature lost).
-CEILING = 24_602
+CEILING = 24_635
 
 
 def line_counts() -> dict[str, int]:

@@ -216,9 +216,13 @@ class GhostLedger:
         out: Grads = {}
         offset = 0
         for Bf, made in self._passes(layout):
+            # one slice per weight vector: parameters that share clip factors share the object (one scaling)
+            rows = {
+                id(v): v[offset : offset + Bf] for v in (weights.values() if isinstance(weights, dict) else [weights])
+            }
             for m, group in made.items():
                 w = {
-                    p: (weights[p] if isinstance(weights, dict) else weights)[offset : offset + Bf]
+                    p: rows[id(weights[p] if isinstance(weights, dict) else weights)]
                     for p in m._parameters.values()
                     if p is not None and p.requires_grad and (not per_param or p in weights)
                 }

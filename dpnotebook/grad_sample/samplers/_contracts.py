@@ -233,8 +233,12 @@ class MaterialisedGroup(GhostGroup):
         return {p: torch.linalg.vector_norm(flat_rows(g), dim=1).pow(2) * self.scale**2 for p, g in self.grads.items()}
 
     def weighted_sums(self, weights: Grads) -> Grads:
+        scaled: dict[tuple[int, torch.dtype], Tensor] = {}  # one product per weight vector (ids held by weights)
+        for p, g in self.grads.items():
+            if p in weights and (id(weights[p]), g.dtype) not in scaled:
+                scaled[id(weights[p]), g.dtype] = weights[p].to(g.dtype) * self.scale
         return {
-            p: (weights[p].to(g.dtype) * self.scale @ flat_rows(g)).view(p.shape)
+            p: (scaled[id(weights[p]), g.dtype] @ flat_rows(g)).view(p.shape)
             for p, g in self.grads.items()
             if p in weights
         }

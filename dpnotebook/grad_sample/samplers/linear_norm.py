@@ -15,7 +15,9 @@ True
 
 from __future__ import annotations
 
+import functools
 import itertools
+import operator
 from collections.abc import Callable
 from typing import cast
 
@@ -93,8 +95,8 @@ def linear_weighted_sum(A: Tensor, G: Tensor, weights: Tensor) -> Tensor:
     w = weights.to(A.dtype)
     if n > 1 and G.transpose(0, 1).is_contiguous():  # time-major backprops (an RNN's): flatten without a copy
         a, g, rows = A.transpose(0, 1).reshape(n * B, d_in), G.transpose(0, 1).reshape(n * B, d_out), w.repeat(n)
-    else:
-        a, g, rows = A.reshape(B * n, d_in), G.reshape(B * n, d_out), w.repeat_interleave(n)
+    else:  # one position per sample: the rows are the samples, no repeat (a copy)
+        a, g, rows = A.reshape(B * n, d_in), G.reshape(B * n, d_out), w if n == 1 else w.repeat_interleave(n)
     if d_in < d_out:  # weight the smaller side
         return torch.mm(g.t(), a * rows[:, None])
     return torch.mm((g * rows[:, None]).t(), a)
@@ -209,21 +211,42 @@ class LinearPiece:
         self.A, self.G, self.scale = A, G, scale
         self.strategy = linear_strategy(A.shape[1], A.shape[2], G.shape[2])
         self._bias: Tensor | None = None
+        self._bias_sq: Tensor | None = None
+        self._summed: Tensor | None = None
+        self._scaled: tuple[Tensor, Tensor] | None = None
 
     def weight_sq_norms(self) -> Tensor:
+        if self.strategy == "outer":  # one position: ‖scale δ aᵀ‖² = ‖a‖² ‖scale δ‖², the bias's norm reused
+            return self.A.flatten(1).pow(2).sum(1) * self.bias_sq_norms()
         return linear_sq_norms(self.A, self.G, strategy=self.strategy) * self.scale**2
+
+    def bias_sq_norms(self) -> Tensor:  # ‖scale Σ_t δ_t‖² per sample
+        if self._bias_sq is None:
+            self._bias_sq = self.position_sum().pow(2).sum(1) * self.scale**2
+        return self._bias_sq
 
     def weight_sum(self, w: Tensor) -> Tensor:
         A, G = (self.G, self.A) if self.transposed else (self.A, self.G)
-        return linear_weighted_sum(A, G, w * self.scale)
+        return linear_weighted_sum(A, G, self.scaled(w))
+
+    def scaled(self, w: Tensor) -> Tensor:  # w * scale, one product while the weight and bias share w
+        if self._scaled is None or self._scaled[0] is not w:
+            self._scaled = (w, w * self.scale)
+        return self._scaled[1]
 
     def drop(self, keep: Tensor) -> None:
-        self.A, self.G, self._bias = keep_rows(self.A, keep), keep_rows(self.G, keep), None
+        self.A, self.G = keep_rows(self.A, keep), keep_rows(self.G, keep)
+        self._bias = self._bias_sq = self._summed = self._scaled = None
 
     def bias_grads(self) -> Tensor:
         if self._bias is None:
-            self._bias = self.G.sum(1) * self.scale  # [B, out]: small, so materialised
+            self._bias = self.position_sum() * self.scale  # [B, out]: small, so materialised
         return self._bias
+
+    def position_sum(self) -> Tensor:  # Σ_t δ_t per sample, kept; a view where samples have one position
+        if self._summed is None:
+            self._summed = self.G[:, 0] if self.G.shape[1] == 1 else self.G.sum(1)
+        return self._summed
 
 
 def linear_piece(calls: list[tuple[Tensor, Tensor, float]], K: int) -> LinearPiece:
@@ -245,11 +268,11 @@ class LinearGroup(GhostGroup):
 
     def sq_norms(self) -> Grads:
         out: Grads = {}
-        # blocks is never empty, so each sum is a tensor
+        # blocks is never empty; reduce, not sum(), which would spend a kernel adding 0 to the first
         if self.weight.requires_grad:
-            out[self.weight] = cast(Tensor, sum(piece.weight_sq_norms() for piece in self.blocks.values()))
+            out[self.weight] = functools.reduce(operator.add, (b.weight_sq_norms() for b in self.blocks.values()))
         if self.bias is not None and self.bias.requires_grad:
-            out[self.bias] = cast(Tensor, sum(piece.bias_grads().pow(2).sum(1) for piece in self.blocks.values()))
+            out[self.bias] = functools.reduce(operator.add, (b.bias_sq_norms() for b in self.blocks.values()))
         return out
 
     def weighted_sums(self, weights: Grads) -> Grads:
@@ -258,7 +281,9 @@ class LinearGroup(GhostGroup):
             if p is None or p not in weights:
                 continue
             parts = {
-                rows: piece.weight_sum(weights[p]) if is_weight else weights[p].to(p.dtype) @ piece.bias_grads()
+                rows: piece.weight_sum(weights[p])
+                if is_weight
+                else piece.scaled(weights[p]).to(p.dtype) @ piece.position_sum()
                 for rows, piece in self.blocks.items()
             }
             if len(parts) == 1 and next(iter(parts)) in (None, (0, p.shape[0])):

@@ -91,10 +91,27 @@ def test_linear_long_sequence_uses_gram_and_batch_first_false() -> None:
     assert wrapped.units == [("model", "ghost")]
 
 
-def test_linear_frozen_bias_and_per_layer_clipping() -> None:
+@pytest.mark.parametrize("frozen", ["weight", "bias"])
+@pytest.mark.parametrize("shape", [(6, 3, 5), (6, 5)])  # one position per sample: the bias's norm reused
+def test_linear_frozen_parameter_and_per_layer_clipping(frozen: str, shape: tuple) -> None:
     layer = nn.Linear(5, 4)
-    layer.bias.requires_grad_(False)
-    check(layer, torch.randn(6, 3, 5), K=2, clipping="per_layer")
+    getattr(layer, frozen).requires_grad_(False)
+    check(layer, torch.randn(*shape), K=2, clipping="per_layer")
+    check(layer, torch.randn(*shape), K=1)
+
+
+def test_a_linear_layer_of_one_position_spends_no_kernel_on_a_zero_or_a_repeat() -> None:
+    """Its norms are ``‖a‖² ‖δ‖²`` with ``‖δ‖²`` shared by the bias; its sums, plain products (``--profile-ops``)."""
+    from dpnotebook.benchmarks.profile_ops import count_ops
+
+    model = dpnotebook.wrap_model(nn.Linear(5, 3), "ghost")
+    model(torch.randn(4, 5)).pow(2).sum().backward()
+    assert dict(count_ops(model.sq_norms, warmup=0).ops) == {"aten::pow": 2, "aten::sum": 2, "aten::mul": 2}
+    factors = torch.rand(4)  # flat clipping: the weight and the bias share them, and their scaling
+    sums = count_ops(lambda: model.weighted_sums({p: factors for p in model.parameters()}, None), warmup=0)
+    assert dict(sums.ops) == {"aten::mul": 2, "aten::mm": 2}  # factors * scale, the rows weighted; two products
+    apart = count_ops(lambda: model.weighted_sums({p: torch.ones(4) for p in model.parameters()}, None), warmup=0)
+    assert apart.ops["aten::mul"] == 3  # per-layer factors: each parameter's own scaling
 
 
 @pytest.mark.parametrize("K", [1, 3])
