@@ -2,6 +2,8 @@
 
 ``--float32`` audits in float32; ``--mode`` and ``--family`` (repeatable) restrict the grid;
 ``--compile BACKEND`` audits each model compiled with ``torch.compile(model, backend=BACKEND)``;
+``--matmul-precision`` sets ``torch.set_float32_matmul_precision`` for the run (with ``--float32``: a
+user who let float32 products round to TF32, ``high``, or bfloat16, ``medium``);
 ``--show`` lists every point that breaks the library's promise; ``--progress`` / ``--no-progress``
 force the progress bar (on stderr; default: when stderr is a terminal).
 """
@@ -30,6 +32,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--compile", choices=backends, metavar="BACKEND", help="compile each model first: inductor, eager..."
     )
+    p.add_argument(
+        "--matmul-precision",
+        choices=["highest", "high", "medium"],
+        default="highest",
+        help="float32 matrix products as torch.set_float32_matmul_precision sets them (high: TF32, medium: bf16)",
+    )
     p.add_argument("--show", action="store_true", help="print every point that breaks the promise")
     p.add_argument(
         "--progress",
@@ -43,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run the grid the arguments select; the exit status is 1 if any point breaks the promise."""
     args = parser().parse_args(argv)
     start = time.perf_counter()
-    points = list(grid(modes=args.mode, families=args.family, dtype=torch.float32 if args.float32 else torch.float64))
+    dtype = torch.float32 if args.float32 else torch.float64
+    points = list(grid(modes=args.mode, families=args.family, dtype=dtype, matmul=args.matmul_precision))
     bar = tqdm(points, desc="audit grid", unit="point", disable=not show_progress(args.progress))
     outcomes = [run_point(p, compile_backend=args.compile) for p in bar]
     print(summarise(outcomes))

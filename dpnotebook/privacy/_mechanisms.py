@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from dpnotebook.errors import PrivacyWarning
-from dpnotebook.grad_sample._engine.precision import full_precision
+from dpnotebook.grad_sample._engine.precision import exact_float32, full_precision
 from dpnotebook.grad_sample.samplers._contracts import flat_rows
 from dpnotebook.privacy._arguments import (
     check_choice,
@@ -197,6 +197,7 @@ class ClipResult:
         return int(self.norms.shape[0])
 
 
+@exact_float32()  # the sums are matrix products: never rounded to TF32 or bfloat16 (engine.precision)
 def clip_and_sum(
     grad_samples: GradSamples, *, max_grad_norm: float | Sequence[float], clipping: str = "flat"
 ) -> ClipResult:

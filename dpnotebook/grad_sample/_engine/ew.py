@@ -22,6 +22,7 @@ from dpnotebook.errors import GradSampleError
 from dpnotebook.grad_sample._engine.accumulation import GradSample, grad_sample_rows
 from dpnotebook.grad_sample._engine.calls import refuse_packed
 from dpnotebook.grad_sample._engine.hooks import ModelWrapper
+from dpnotebook.grad_sample._engine.precision import rounded_matmuls
 from dpnotebook.grad_sample._engine.provenance import layers_with_parameters, probe_rows
 from dpnotebook.modes import register_mode
 
@@ -106,6 +107,15 @@ class GradSampleModuleExpandedWeights(ModelWrapper):
                 "bypass autocast's casts, so a layer gets a reduced-precision input with a float32 weight. "
                 "Fix: use grad_sample_mode='hooks', 'ghost' or 'functorch', which train under autocast with "
                 "float32 per-sample gradients."
+            )
+        rounded = rounded_matmuls(p.device.type for p in self._module.parameters() if p.dtype == torch.float32)
+        if rounded:
+            raise GradSampleError(
+                f"grad_sample_mode='ew' cannot run while float32 matrix products may round ({rounded}): "
+                "ExpandedWeights forms per-sample gradients inside PyTorch's backward pass, where they are "
+                "rounded too, and a sample's rounded gradient moves with the batch around it (the auditor "
+                "measured 1.76 C with bfloat16 products). Fix: torch.set_float32_matmul_precision('highest'), "
+                "or grad_sample_mode='hooks', 'ghost' or 'functorch', whose per-sample work is IEEE float32."
             )
         rows = self._rows(args)
         with _plain_rnn_kernels(self._has_rnn):

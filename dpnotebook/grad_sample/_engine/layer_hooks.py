@@ -39,7 +39,7 @@ from dpnotebook.grad_sample._engine.calls import (
     fallback_grad_samples,
     loss_scale,
 )
-from dpnotebook.grad_sample._engine.precision import autocast_off, full_precision
+from dpnotebook.grad_sample._engine.precision import exact_float32, full_precision
 from dpnotebook.grad_sample._registry import SamplerEntry
 
 
@@ -238,7 +238,7 @@ class LayerHooks:
         if call.released:
             raise second_backward_error(call, owner.grad_sample_mode)
         K, scale = owner.K, loss_scale(owner.loss_reduction, call.rows)
-        with autocast_off():  # a backward() inside torch.autocast: the per-sample work stays float32
+        with exact_float32():  # a backward() inside torch.autocast: the per-sample work stays float32
             if entry is None:
                 found = fallback_grad_samples(call, list(grads), K, scale, owner.replay_chunk)
             elif grads[0] is not None:

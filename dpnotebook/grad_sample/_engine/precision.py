@@ -1,29 +1,33 @@
-"""Mixed precision: per-sample work is done in float32, whatever precision the forward pass ran in.
+"""Per-sample work in float32 as IEEE defines it, whatever precision the forward pass or the user chose.
 
 Under ``torch.autocast`` a norm rounded to 8 bits of mantissa can come out *smaller* than the
-vector it measures, and a sample clipped with it would add more than ``max_grad_norm``. So every
-recorded activation and backprop is read through :func:`full_precision`, and the samplers and
-ghost norms run under :func:`autocast_off`. These two functions are the whole contract.
+vector it measures, and a sample clipped with it would add more than ``max_grad_norm``. The same
+happens where PyTorch lets float32 matrix products round their inputs, to TF32 (10 bits: a GPU under
+``torch.set_float32_matmul_precision("high")``) or to bfloat16 (``"medium"``, also on CPUs with
+bfloat16 units): a Gram norm can lose a cancelling sample's norm, and a clipped sum formed by a
+product can add more than ``C``. So every recorded activation and backprop is read through
+:func:`full_precision`, and the samplers, ghost norms and clipped sums run under
+:func:`exact_float32`. These two functions are the whole contract.
 
 >>> import torch
 >>> full_precision(torch.ones(2, dtype=torch.bfloat16)).dtype, full_precision(torch.ones(2, dtype=torch.float64)).dtype
 (torch.float32, torch.float64)
->>> with torch.autocast("cpu", dtype=torch.bfloat16):
-...     with autocast_off():
-...         (torch.ones(2, 2) @ torch.ones(2, 2)).dtype
-torch.float32
+>>> with torch.autocast("cpu", dtype=torch.bfloat16), matmul_precision("medium"):
+...     with exact_float32():
+...         (torch.ones(2, 2) @ torch.ones(2, 2)).dtype, torch.backends.mkldnn.matmul.fp32_precision
+(torch.float32, 'ieee')
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
 from torch import Tensor
 
-__all__ = ["REDUCED_DTYPES", "full_precision", "autocast_off"]
+__all__ = ["REDUCED_DTYPES", "full_precision", "exact_float32", "matmul_precision", "rounded_matmuls"]
 
 #: The floating types autocast computes in; per-sample work reads them as float32.
 REDUCED_DTYPES = (torch.float16, torch.bfloat16)
@@ -35,10 +39,72 @@ def full_precision(x: Any) -> Any:
 
 
 @contextlib.contextmanager
-def autocast_off() -> Iterator[None]:
-    """Switch off every autocast that is on (CPU, CUDA) for the block: its matmuls run in float32."""
+def exact_float32() -> Iterator[None]:
+    """For the block: every autocast (CPU, CUDA) off, and float32 matrix products in IEEE float32 on every backend."""
     with contextlib.ExitStack() as stack:
         for device in ("cpu", "cuda"):
             if torch.is_autocast_enabled(device):
                 stack.enter_context(torch.autocast(device, enabled=False))
+        stack.enter_context(matmul_precision("highest"))
         yield
+
+
+def rounded_matmuls(devices: Iterable[str]) -> dict[str, str]:
+    """The devices (``"cpu"``, ``"cuda"``) of ``devices`` whose float32 products may round, and to what.
+
+    >>> rounded_matmuls(["cpu"])
+    {}
+    >>> with matmul_precision("medium"):
+    ...     rounded_matmuls(["cpu"])
+    {'cpu': 'bf16'}
+    """
+    found = {}
+    for device in sorted(set(devices) & {"cpu", "cuda"}):
+        setting = getattr(getattr(torch.backends, "mkldnn" if device == "cpu" else "cuda"), "matmul", None)
+        if setting is not None and hasattr(setting, "fp32_precision"):
+            value = setting.fp32_precision
+            value = getattr(torch.backends, "fp32_precision", "none") if value == "none" else value
+        elif device == "cuda":  # a torch before 2.9
+            value = "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"
+        else:
+            value = {"medium": "bf16"}.get(torch.get_float32_matmul_precision(), "ieee")
+        if value not in ("ieee", "none"):
+            found[device] = value
+    return found
+
+
+def _matmul_settings() -> list[Any]:
+    """The backends' float32 matrix-product settings (CUDA's, oneDNN's on the CPU), where this torch has them."""
+    found = [getattr(getattr(torch.backends, name, None), "matmul", None) for name in ("cuda", "mkldnn")]
+    return [m for m in found if m is not None and hasattr(m, "fp32_precision")]
+
+
+@contextlib.contextmanager
+def matmul_precision(precision: str) -> Iterator[None]:
+    """``torch.set_float32_matmul_precision(precision)`` for the block (``"highest"``: IEEE), each setting put back.
+
+    >>> with matmul_precision("medium"):
+    ...     torch.backends.mkldnn.matmul.fp32_precision
+    'bf16'
+    """
+    settings = _matmul_settings()
+    if not settings:  # a torch before the per-backend settings (2.9): the one global switch and TF32's flag
+        legacy = torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.allow_tf32
+        torch.set_float32_matmul_precision(precision)
+        try:
+            yield
+        finally:
+            torch.set_float32_matmul_precision(legacy[0])
+            torch.backends.cuda.matmul.allow_tf32 = legacy[1]
+        return
+    saved = [(m, m.fp32_precision) for m in settings]
+    try:
+        if precision == "highest":  # a backend's own setting wins over torch.backends.fp32_precision
+            for m, _ in saved:
+                m.fp32_precision = "ieee"
+        else:
+            torch.set_float32_matmul_precision(precision)
+        yield
+    finally:
+        for m, value in saved:
+            m.fp32_precision = value

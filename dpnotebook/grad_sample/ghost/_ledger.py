@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from dpnotebook.errors import GradSampleError
-from dpnotebook.grad_sample._engine.precision import autocast_off
+from dpnotebook.grad_sample._engine.precision import exact_float32
 from dpnotebook.grad_sample.samplers._contracts import (
     GhostCall,
     GhostGroup,
@@ -73,7 +73,7 @@ class GhostLedger:
     def record(self, forward_id: int, module: nn.Module, call: GhostCall) -> None:
         self.pending.setdefault(forward_id, {}).setdefault(module, []).append(call)
 
-    @autocast_off()  # per-sample work in float32 even inside torch.autocast (engine.precision)
+    @exact_float32()  # per-sample work in float32 even inside torch.autocast (engine.precision)
     def received(self, call: GhostCall) -> None:
         """``call`` received (more) backprops: settle it if its handler says so; the groups are rebuilt."""
         self._groups = None
@@ -176,7 +176,7 @@ class GhostLedger:
         """The number of samples B in all the forward passes of ``layout``."""
         return sum(n for _, n in layout)
 
-    @autocast_off()
+    @exact_float32()
     def sq_norms(self, sampled: MaterialisedGroup, layout: list[tuple[int, int]]) -> Grads:
         """Every sample's squared gradient norm for each parameter: ``{p: [B]}`` (``sampled`` aligned to ``layout``)."""
         B = self.num_samples(layout)
@@ -192,7 +192,7 @@ class GhostLedger:
             offset += Bf
         return _add(out, sampled.sq_norms())
 
-    @autocast_off()
+    @exact_float32()
     def weighted_sums(
         self,
         weights: Tensor | Grads,

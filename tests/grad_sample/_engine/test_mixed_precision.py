@@ -21,7 +21,7 @@ from torch import nn
 import dpnotebook
 from dpnotebook.audit import FAMILIES, RECORDS, TOLERANCE, audit_case, audit_sensitivity
 from dpnotebook.errors import GradSampleError
-from dpnotebook.grad_sample._engine.precision import autocast_off, full_precision
+from dpnotebook.grad_sample._engine.precision import exact_float32, full_precision, matmul_precision, rounded_matmuls
 from dpnotebook.privacy import per_sample_norms
 from dpnotebook.privacy._optimizer import optimizer_class
 
@@ -87,9 +87,9 @@ def test_clipping_measures_reduced_precision_gradients_in_float32() -> None:
     assert full_precision(torch.ones(1, dtype=torch.int64)).dtype == torch.int64
 
 
-def test_autocast_off_restores_autocast(device) -> None:
+def test_exact_float32_restores_autocast(device) -> None:
     with torch.autocast(device.type, dtype=torch.bfloat16):
-        with autocast_off():
+        with exact_float32():
             assert not torch.is_autocast_enabled(device.type)
         assert torch.is_autocast_enabled(device.type)
 
@@ -190,3 +190,69 @@ def test_ew_mode_refuses_autocast_with_the_fix(device) -> None:
     ):
         with torch.autocast(device.type, dtype=torch.bfloat16):
             wrapped(x)
+
+
+# -- float32 products that round: TF32 ("high", on a GPU) or bfloat16 ("medium", also on CPUs with bf16 units)
+def _settings() -> dict[str, str]:
+    return {name: getattr(torch.backends, name).matmul.fp32_precision for name in ("cuda", "mkldnn")}
+
+
+def test_exact_float32_pins_ieee_products_and_puts_each_setting_back() -> None:
+    before = _settings()
+    with matmul_precision("medium"):
+        chosen = _settings()
+        assert chosen["mkldnn"] == "bf16" and rounded_matmuls(["cpu"]) == {"cpu": "bf16"}
+        with pytest.raises(RuntimeError, match="inside"):
+            with exact_float32():
+                assert set(_settings().values()) == {"ieee"} and rounded_matmuls(["cpu", "cuda"]) == {}
+                raise RuntimeError("inside")
+        assert _settings() == chosen  # put back, also after an error
+    assert _settings() == before
+
+
+def test_before_per_backend_settings_the_global_switch_is_pinned(monkeypatch) -> None:
+    """A torch before 2.9 has only ``set_float32_matmul_precision`` and CUDA's ``allow_tf32`` (faked here)."""
+    from types import SimpleNamespace
+
+    from dpnotebook.grad_sample._engine import precision
+
+    state = {"precision": "medium"}
+    monkeypatch.setattr(precision, "_matmul_settings", lambda: [])
+    monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: state["precision"])
+    monkeypatch.setattr(torch, "set_float32_matmul_precision", lambda p: state.update(precision=p))
+    monkeypatch.setattr(torch.backends.cuda, "matmul", SimpleNamespace(allow_tf32=True))
+    with exact_float32():
+        assert state["precision"] == "highest"
+    assert state["precision"] == "medium" and torch.backends.cuda.matmul.allow_tf32 is True
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_rounded_products_keep_the_bound_on_adversarial_records(mode: str, device) -> None:
+    """Per-sample products, ghost norms and clipped sums are IEEE float32 under ``set_float32_matmul_precision``.
+
+    Before, with ``"medium"`` on this project's CPUs (bfloat16 units), cancelling positions moved the sum by up
+    to 2.19 C in ghost mode (Gram norms); 1.0034 C in hooks mode (the clipped sum, one bfloat16 product).
+    """
+    from dpnotebook.audit import grid, matches, run_point
+
+    points = grid(
+        modes=[mode],
+        families=["seq_linear", "conv", "lstm"],
+        records=["gaussian", "cancelling_positions"],
+        dtype=torch.float32,
+        matmul="high" if device.type == "cuda" else "medium",
+    )
+    broken = [f"{o.point.name}: {why}" for o in map(run_point, points) if (why := matches(o))]
+    assert not broken, "\n".join(broken)
+
+
+def test_ew_mode_refuses_rounded_float32_products_with_the_fix() -> None:
+    layer, x = _linear_batch()
+    wrapped = dpnotebook.wrap_model(layer, "ew")
+    with matmul_precision("medium"):
+        with pytest.raises(GradSampleError, match=r"products may round \(\{'cpu': 'bf16'\}\).*'highest'"):
+            wrapped(x)
+        double = dpnotebook.wrap_model(nn.Linear(16, 8).double(), "ew")  # float64 products never round
+        double(x.double()).sum().backward()
+    wrapped(x).sum().backward()  # the setting put back: ew runs
+    assert layer.weight.grad_sample.shape == (6, 8, 16)
