@@ -200,6 +200,10 @@ def test_the_command_line_prints_a_summary(capsys) -> None:
     assert main(["--mode", "hooks", "--family", "norms"]) == 0
     out = capsys.readouterr().out
     assert "hooks" in out and "0 break the promise" in out
+    # float32 products rounded to bfloat16: ew refuses every point (by design), and the setting is put back
+    assert main(["--float32", "--matmul-precision", "medium", "--mode", "ew", "--family", "mlp"]) == 0
+    ew = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("ew "))
+    assert ew.split()[1] == ew.split()[3] != "0" and torch.backends.mkldnn.matmul.fp32_precision == "none"
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:

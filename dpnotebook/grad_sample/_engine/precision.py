@@ -73,10 +73,10 @@ def rounded_matmuls(devices: Iterable[str]) -> dict[str, str]:
     return found
 
 
-def _matmul_settings() -> list[Any]:
-    """The backends' float32 matrix-product settings (CUDA's, oneDNN's on the CPU), where this torch has them."""
+def _matmul_settings() -> list[tuple[int, Any]]:
+    """The float32 matrix-product settings (0: CUDA's, 1: oneDNN's on the CPU), where this torch has them."""
     found = [getattr(getattr(torch.backends, name, None), "matmul", None) for name in ("cuda", "mkldnn")]
-    return [m for m in found if m is not None and hasattr(m, "fp32_precision")]
+    return [(i, m) for i, m in enumerate(found) if m is not None and hasattr(m, "fp32_precision")]
 
 
 @contextlib.contextmanager
@@ -97,14 +97,15 @@ def matmul_precision(precision: str) -> Iterator[None]:
             torch.set_float32_matmul_precision(legacy[0])
             torch.backends.cuda.matmul.allow_tf32 = legacy[1]
         return
-    saved = [(m, m.fp32_precision) for m in settings]
-    try:
-        if precision == "highest":  # a backend's own setting wins over torch.backends.fp32_precision
-            for m, _ in saved:
-                m.fp32_precision = "ieee"
-        else:
-            torch.set_float32_matmul_precision(precision)
+    saved = [(m, m.fp32_precision) for _, m in settings]
+    try:  # each backend's own setting, as set_float32_matmul_precision writes it (it wins over the global one)
+        for i, m in settings:
+            m.fp32_precision = _PER_BACKEND[precision][i]
         yield
     finally:
         for m, value in saved:
             m.fp32_precision = value
+
+
+#: What ``torch.set_float32_matmul_precision`` sets for CUDA's and for oneDNN's products.
+_PER_BACKEND = {"highest": ("ieee", "ieee"), "high": ("tf32", "tf32"), "medium": ("tf32", "bf16")}
