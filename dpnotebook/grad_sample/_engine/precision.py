@@ -21,6 +21,7 @@ product can add more than ``C``. So every recorded activation and backprop is re
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -73,6 +74,7 @@ def rounded_matmuls(devices: Iterable[str]) -> dict[str, str]:
     return found
 
 
+@functools.cache  # looked up once: the backends do not change while the process runs
 def _matmul_settings() -> list[tuple[int, Any]]:
     """The float32 matrix-product settings (0: CUDA's, 1: oneDNN's on the CPU), where this torch has them."""
     found = [getattr(getattr(torch.backends, name, None), "matmul", None) for name in ("cuda", "mkldnn")]

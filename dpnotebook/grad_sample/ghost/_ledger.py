@@ -73,7 +73,7 @@ class GhostLedger:
     def record(self, forward_id: int, module: nn.Module, call: GhostCall) -> None:
         self.pending.setdefault(forward_id, {}).setdefault(module, []).append(call)
 
-    @exact_float32()  # per-sample work in float32 even inside torch.autocast (engine.precision)
+    @exact_float32()  # per-sample work in IEEE float32, under autocast or TF32/bf16 products (engine.precision)
     def received(self, call: GhostCall) -> None:
         """``call`` received (more) backprops: settle it if its handler says so; the groups are rebuilt."""
         self._groups = None
