@@ -75,39 +75,36 @@ def rounded_matmuls(devices: Iterable[str]) -> dict[str, str]:
 
 
 @functools.cache  # looked up once: the backends do not change while the process runs
-def _matmul_settings() -> list[tuple[int, Any]]:
-    """The float32 matrix-product settings (0: CUDA's, 1: oneDNN's on the CPU), where this torch has them."""
+def _matmul_settings() -> list[Any]:
+    """The backends' float32 matrix-product settings (CUDA's, oneDNN's on the CPU), where this torch has them."""
     found = [getattr(getattr(torch.backends, name, None), "matmul", None) for name in ("cuda", "mkldnn")]
-    return [(i, m) for i, m in enumerate(found) if m is not None and hasattr(m, "fp32_precision")]
+    return [m for m in found if m is not None and hasattr(m, "fp32_precision")]
 
 
 @contextlib.contextmanager
 def matmul_precision(precision: str) -> Iterator[None]:
     """``torch.set_float32_matmul_precision(precision)`` for the block (``"highest"``: IEEE), each setting put back.
 
+    It writes PyTorch's legacy switch and each backend's own setting in step (torch checks that the two
+    agree before some products and raises if they do not), then puts back what the user had.
+
     >>> with matmul_precision("medium"):
     ...     torch.backends.mkldnn.matmul.fp32_precision
     'bf16'
     """
-    settings = _matmul_settings()
-    if not settings:  # a torch before the per-backend settings (2.9): the one global switch and TF32's flag
-        legacy = torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.allow_tf32
-        torch.set_float32_matmul_precision(precision)
-        try:
-            yield
-        finally:
-            torch.set_float32_matmul_precision(legacy[0])
-            torch.backends.cuda.matmul.allow_tf32 = legacy[1]
-        return
-    saved = [(m, m.fp32_precision) for _, m in settings]
-    try:  # each backend's own setting, as set_float32_matmul_precision writes it (it wins over the global one)
-        for i, m in settings:
-            m.fp32_precision = _PER_BACKEND[precision][i]
+    try:
+        legacy: str | None = torch.get_float32_matmul_precision()
+    except RuntimeError:  # the user's own mix of the two APIs: their backends' settings are still put back
+        legacy = None
+    saved = [(m, m.fp32_precision) for m in _matmul_settings()]
+    tf32 = None if saved else torch.backends.cuda.matmul.allow_tf32  # a torch before the per-backend settings
+    torch.set_float32_matmul_precision(precision)
+    try:
         yield
     finally:
+        if legacy is not None:
+            torch.set_float32_matmul_precision(legacy)
         for m, value in saved:
             m.fp32_precision = value
-
-
-#: What ``torch.set_float32_matmul_precision`` sets for CUDA's and for oneDNN's products.
-_PER_BACKEND = {"highest": ("ieee", "ieee"), "high": ("tf32", "tf32"), "medium": ("tf32", "bf16")}
+        if tf32 is not None:
+            torch.backends.cuda.matmul.allow_tf32 = tf32

@@ -210,6 +210,22 @@ def test_exact_float32_pins_ieee_products_and_puts_each_setting_back() -> None:
     assert _settings() == before
 
 
+@pytest.mark.parametrize("api", ["legacy", "per-backend"])
+def test_exact_float32_keeps_the_two_apis_in_step(api: str) -> None:
+    """torch raises before a cuBLAS product if its legacy switch and CUDA's own setting disagree."""
+    with matmul_precision("highest"):  # the user's settings, whatever they are, put back after the test
+        if api == "legacy":
+            torch.set_float32_matmul_precision("high")
+        else:
+            torch.backends.cuda.matmul.fp32_precision = "tf32"
+        with exact_float32():
+            assert torch.backends.cuda.matmul.allow_tf32 is False  # readable: the two agree
+            assert torch.get_float32_matmul_precision() == "highest"
+        assert torch.backends.cuda.matmul.fp32_precision == "tf32"
+        if api == "legacy":
+            assert torch.get_float32_matmul_precision() == "high" and torch.backends.cuda.matmul.allow_tf32
+
+
 def test_before_per_backend_settings_the_global_switch_is_pinned(monkeypatch) -> None:
     """A torch before 2.9 has only ``set_float32_matmul_precision`` and CUDA's ``allow_tf32`` (faked here)."""
     from types import SimpleNamespace
