@@ -32,6 +32,7 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
+from dpnotebook.benchmarks.profile_ops import _has_aten_ancestor  # the ops counter's own rule
 from dpnotebook.benchmarks.steps import make_step
 
 #: CUDA runtime and driver calls that start a kernel or a copy.
@@ -79,7 +80,7 @@ def measure(step: Callable[[], None], device: str, steps: int, profiled: int = 5
     events = prof.events()
     device_events = [e for e in events if e.device_type == DeviceType.CUDA]
     names = Counter(e.name for e in events if e.device_type == DeviceType.CPU)
-    top_level = [e for e in events if e.name.startswith("aten::") and not _inside_aten(e)]
+    top_level = [e for e in events if e.name.startswith("aten::") and not _has_aten_ancestor(e)]
     ops: Counter[str] = Counter()
     for e in events:
         if e.name.startswith("aten::") and e.device_type == DeviceType.CPU:
@@ -116,15 +117,6 @@ def _short(path: str) -> str:
     """
     starts = [path.find(lib) for lib in LIBRARIES if lib in path]
     return path[min(starts) :] if starts else path
-
-
-def _inside_aten(event: object) -> bool:
-    parent = getattr(event, "cpu_parent", None)
-    while parent is not None:
-        if parent.name.startswith("aten::"):
-            return True
-        parent = parent.cpu_parent
-    return False
 
 
 def table(models: list[str], batch: int, configs: list[str], device: str, steps: int) -> str:
