@@ -223,10 +223,11 @@ def test_every_allowed_loop_is_still_there() -> None:
 #: scaling per layer (16 fewer kernels per ghost step on SampleConvNet, 21 on the MLP); then +106 (same day)
 #: for float32 products pinned to IEEE in the per-sample work (``exact_float32``: TF32 or bfloat16 products,
 #: which a user may allow, had moved a sample's step by up to 2.19 C), ew's refusal of them, and the
-#: auditor's ``--matmul-precision``.
+#: auditor's ``--matmul-precision``; then +16 for ``exact_float32``'s shortcut under PyTorch's defaults (it
+#: reads one switch and writes nothing: 2 us a block instead of 16, one block per layer per step).
 #: Lower it as modules shrink; never raise it without a feature that pays (the issue asks for at most 18,000
 #: with no feature lost).
-CEILING = 24_741
+CEILING = 24_757
 
 
 def line_counts() -> dict[str, int]:

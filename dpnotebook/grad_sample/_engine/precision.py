@@ -41,13 +41,27 @@ def full_precision(x: Any) -> Any:
 
 @contextlib.contextmanager
 def exact_float32() -> Iterator[None]:
-    """For the block: every autocast (CPU, CUDA) off, and float32 matrix products in IEEE float32 on every backend."""
+    """For the block: every autocast (CPU, CUDA) off, and float32 matrix products in IEEE float32 on every backend.
+
+    Under PyTorch's defaults (no autocast, IEEE products: :func:`_ieee_products`) it writes nothing.
+    """
+    if not (torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda")) and _ieee_products():
+        yield
+        return
     with contextlib.ExitStack() as stack:
         for device in ("cpu", "cuda"):
             if torch.is_autocast_enabled(device):
                 stack.enter_context(torch.autocast(device, enabled=False))
         stack.enter_context(matmul_precision("highest"))
         yield
+
+
+def _ieee_products() -> bool:
+    """Whether every float32 product is IEEE: the legacy switch reads ``"highest"`` only while each backend's is."""
+    try:
+        return torch.get_float32_matmul_precision() == "highest"
+    except RuntimeError:  # the legacy switch and a backend's own setting disagree: some product may round
+        return False
 
 
 def rounded_matmuls(devices: Iterable[str]) -> dict[str, str]:
@@ -59,7 +73,9 @@ def rounded_matmuls(devices: Iterable[str]) -> dict[str, str]:
     ...     rounded_matmuls(["cpu"])
     {'cpu': 'bf16'}
     """
-    found = {}
+    found: dict[str, str] = {}
+    if _ieee_products():
+        return found
     for device in sorted(set(devices) & {"cpu", "cuda"}):
         setting = getattr(getattr(torch.backends, "mkldnn" if device == "cpu" else "cuda"), "matmul", None)
         if setting is not None and hasattr(setting, "fp32_precision"):

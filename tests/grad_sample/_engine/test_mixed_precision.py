@@ -226,6 +226,54 @@ def test_exact_float32_keeps_the_two_apis_in_step(api: str) -> None:
             assert torch.get_float32_matmul_precision() == "high" and torch.backends.cuda.matmul.allow_tf32
 
 
+def _set_global(value: str) -> None:
+    torch.backends.fp32_precision = value
+
+
+#: Each way a user can let float32 products round (or turn autocast on), as a setter.
+ROUNDING = {
+    "legacy-high": lambda: torch.set_float32_matmul_precision("high"),
+    "legacy-medium": lambda: torch.set_float32_matmul_precision("medium"),
+    "allow_tf32": lambda: setattr(torch.backends.cuda.matmul, "allow_tf32", True),
+    "cuda-tf32": lambda: setattr(torch.backends.cuda.matmul, "fp32_precision", "tf32"),
+    "mkldnn-bf16": lambda: setattr(torch.backends.mkldnn.matmul, "fp32_precision", "bf16"),
+    "mkldnn-tf32": lambda: setattr(torch.backends.mkldnn.matmul, "fp32_precision", "tf32"),
+    "global-bf16": lambda: _set_global("bf16"),
+    "global-tf32": lambda: _set_global("tf32"),
+}
+
+
+@pytest.mark.parametrize("how", ROUNDING)
+def test_exact_float32_takes_its_shortcut_only_when_nothing_rounds(how: str) -> None:
+    """The shortcut (no writes) under IEEE products must never be taken while any setting rounds."""
+    from dpnotebook.grad_sample._engine.precision import _ieee_products
+
+    before = torch.backends.fp32_precision
+    with matmul_precision("highest"):
+        try:
+            for backend in (torch.backends.cuda, torch.backends.mkldnn):  # PyTorch's defaults: each inherits
+                backend.matmul.fp32_precision = "none"
+            _set_global("none")
+            assert _ieee_products()
+            ROUNDING[how]()
+            assert rounded_matmuls(["cpu", "cuda"]), how  # the setter does let some product round
+            assert not _ieee_products()
+            with exact_float32():
+                assert rounded_matmuls(["cpu", "cuda"]) == {}
+        finally:
+            _set_global(before)
+
+
+def test_exact_float32_writes_nothing_under_ieee_products(monkeypatch) -> None:
+    def refuse(precision: str) -> None:
+        raise AssertionError(f"exact_float32 wrote {precision!r} although every product was IEEE already")
+
+    with matmul_precision("highest"), monkeypatch.context() as patch:
+        patch.setattr(torch, "set_float32_matmul_precision", refuse)
+        with exact_float32():
+            assert rounded_matmuls(["cpu", "cuda"]) == {}
+
+
 def test_before_per_backend_settings_the_global_switch_is_pinned(monkeypatch) -> None:
     """A torch before 2.9 has only ``set_float32_matmul_precision`` and CUDA's ``allow_tf32`` (faked here)."""
     from types import SimpleNamespace
