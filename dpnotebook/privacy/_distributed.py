@@ -17,15 +17,18 @@ See ``docs/distributed.md``.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, cast
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import Subset
 
 from dpnotebook.privacy._data import DPDataLoader, PoissonBatchSampler
 from dpnotebook.privacy._mechanisms import draw_noise, secure_uniform
@@ -116,6 +119,40 @@ def rank_disagreements(settings_by_rank: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _sampled_bytes(t: Any) -> bytes:
+    """The shape and at most 4,096 evenly spaced entries of an array, as bytes (float64 or int64)."""
+    t = torch.as_tensor(t).detach()
+    flat = t.reshape(-1)[:: max(1, t.numel() // 4096)][:4096].cpu()
+    flat = flat.to(torch.float64 if flat.is_floating_point() or flat.is_complex() else torch.int64)
+    return str(tuple(t.shape)).encode() + flat.numpy().tobytes()
+
+
+def dataset_fingerprint(dataset: Any) -> str:
+    """What the ranks compare of their datasets: type, size and, where they hold them, a digest of their examples.
+
+    Every rank must hold the same dataset: each Poisson-samples its own shard of it. A per-rank ``Subset``
+    or a per-rank slice of a ``TensorDataset`` has the same size everywhere but other examples, so each
+    rank would sample a shard of its own part and never train on the rest. The digest reads a ``Subset``'s
+    indices and, without loading an example, tensors in memory (a ``TensorDataset``'s, a ``.data``).
+
+    >>> from torch.utils.data import Subset, TensorDataset
+    >>> data = TensorDataset(torch.arange(6.0))
+    >>> dataset_fingerprint(Subset(data, [0, 2, 4])) == dataset_fingerprint(Subset(data, [1, 3, 5]))
+    False
+    >>> dataset_fingerprint(data) == dataset_fingerprint(TensorDataset(torch.arange(6.0)))
+    True
+    """
+    digest, part = hashlib.sha256(), dataset
+    while isinstance(part, Subset):  # a Subset's indices, then what it selects from
+        digest.update(f"Subset[{len(part)}]".encode() + _sampled_bytes(np.asarray(part.indices, dtype=np.int64)))
+        part = part.dataset
+    digest.update(f"{type(part).__name__}[{len(part)}]".encode())
+    for array in [*getattr(part, "tensors", ()), getattr(part, "data", None)]:
+        if isinstance(array, (Tensor, np.ndarray)):
+            digest.update(_sampled_bytes(array))
+    return f"{type(dataset).__name__} of {len(dataset)} examples #{digest.hexdigest()[:12]}"
+
+
 def check_ranks_agree(**settings: Any) -> None:
     """Refuse, on every rank at once (one ``all_gather_object``), ranks whose ``settings`` differ."""
     _require_process_group("check_ranks_agree")
@@ -128,7 +165,9 @@ def check_ranks_agree(**settings: Any) -> None:
             + "\n  ".join(lines)
             + "\nEach rank would sample its examples at its own q and scale the shared noisy sum by its own "
             "q*N: the epsilon one rank reports would not bound what another rank's examples spent, and the "
-            "replicas would drift apart. Fix: give every rank the same data_loader (the whole dataset with "
+            "replicas would drift apart; ranks holding different datasets (a per-rank Subset or slice) would "
+            "each sample a shard of their own and never train on the rest. Fix: give every rank the same "
+            "data_loader (the whole dataset with "
             "the global batch size, or a DistributedSampler of the same per-rank batch size on every rank), "
             "noise_multiplier, max_grad_norm, clipping, grad_sample_mode, K, loss_reduction and accountant."
         )

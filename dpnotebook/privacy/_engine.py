@@ -266,11 +266,12 @@ class PrivacyEngine:
         self.sample_rate = sample_rate
         warn_if_noise_drowns_signal(noise_multiplier, expected_batch_size)
         if distributed:  # one all-gather: every rank sets up the same run, or every rank raises
-            from dpnotebook.privacy._distributed import check_ranks_agree
+            from dpnotebook.privacy._distributed import check_ranks_agree, dataset_fingerprint
 
             check_ranks_agree(
                 sample_rate=sample_rate,
                 dataset_size=self.dataset_size,
+                dataset=dataset_fingerprint(data_loader.dataset),
                 steps_per_epoch=len(data_loader),
                 noise_multiplier=noise_multiplier,
                 max_grad_norm=max_grad_norm,

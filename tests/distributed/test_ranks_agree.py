@@ -31,6 +31,12 @@ SCENARIOS: list[tuple[list[dict], int, list[str]]] = [
     ),
     ([{"clipping": "flat"}, {"clipping": "per_layer"}], 0, ["clipping: rank 0: 'flat', rank 1: 'per_layer'"]),
     ([{"loss_reduction": "mean"}, {"loss_reduction": "sum"}], 0, ["loss_reduction: rank 0: 'mean', rank 1: 'sum'"]),
+    # each rank its own half of the 24 examples (a per-rank Subset, or a slice of the tensors): before, the
+    # sizes, q and every other setting agreed, and each rank Poisson-sampled a shard of its own half, so 12 of
+    # the 24 examples could never be drawn
+    ([{"subset": 0}, {"subset": 1}], 0, ["dataset: rank 0: 'Subset of 12 examples #", "rank 1: 'Subset of 12"]),
+    ([{"slice": 0}, {"slice": 1}], 0, ["dataset: rank 0: 'TensorDataset of 12 examples #"]),
+    ([{"subset": 1}, {"subset": 1}], 6, []),  # the same Subset on every rank is one dataset
     ([{"batch_size": 4}, {"batch_size": 4}], 6, []),
 ]
 

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Subset, TensorDataset
 
 from dpnotebook.privacy import DPDDP, BatchMemoryManager, PrivacyEngine, RanksFailedError
 from dpnotebook.privacy._data import AugmultCollate
@@ -313,6 +313,12 @@ def uneven_ranks(rank: int, world_size: int, settings: list[dict[str, Any]], ste
     mine = dict(settings[rank])
     batch_size = mine.pop("batch_size", 6)
     accountant = mine.pop("accountant", "rdp")
+    data = dataset()
+    if "subset" in mine:  # this rank's own part: a Subset of every other example, from the offset given
+        data = Subset(data, list(range(mine.pop("subset"), N, 2)))
+    if "slice" in mine:  # the same as a slice of the tensors
+        start = mine.pop("slice")
+        data = TensorDataset(*(t[start::2] for t in data.tensors))
     model = DPDDP(mlp())
     engine = PrivacyEngine(accountant=accountant, secure_mode=False)
     kwargs: dict[str, Any] = {"noise_multiplier": 1.0, "max_grad_norm": 0.3, **mine}
@@ -320,7 +326,7 @@ def uneven_ranks(rank: int, world_size: int, settings: list[dict[str, Any]], ste
         model, optimizer, loader = engine.make_private(
             module=model,
             optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
-            data_loader=DataLoader(dataset(), batch_size=batch_size),
+            data_loader=DataLoader(data, batch_size=batch_size),
             sampling_generator=torch.Generator().manual_seed(0),
             noise_generator=torch.Generator().manual_seed(1),
             **kwargs,
