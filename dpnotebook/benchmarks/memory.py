@@ -85,7 +85,7 @@ def _measure(mode: str, batch: int, K: int, private: bool) -> dict[str, Any]:
     step = gsm_step(model, mode, inputs, targets, loss, K) if private else plain
     before = peak_mb()
     for i in range(3):
-        if i == 1:  # the first step's one-off work (lazy imports, choosing conv methods) is not counted
+        if i == 1:  # the first step's one-off peak is not counted; what it leaves resident (modules, pages) is
             reset_peak()
         step()
     return {"mode": mode, "B": batch, "K": K, "private": private, "rss0_mb": before, "peak_mb": peak_mb()}

@@ -375,9 +375,16 @@ def probe_rows(
                 output = run(same_args, same_kwargs)
                 rec.paused = True
                 outs, cots = _cotangents(model, same_args, same_kwargs, output, rows, batch_dim, jb, K)
+                # <outputs, cotangents> as one scalar: its gradient is the same vector-Jacobian product, and
+                # torch 2.13 imports sympy (42 MB resident) the first time a gradient is passed in explicitly
+                inner = [(y * c).sum() for y, c in zip(outs, cots, strict=True)]
                 rec.paused = False
                 reached = [x for *_, x in rec.live]
-                grads = torch.autograd.grad(outs, reached, cots, allow_unused=True) if outs and reached else ()
+                grads = (
+                    torch.autograd.grad(sum(inner[1:], inner[0]), reached, allow_unused=True)
+                    if inner and reached
+                    else ()
+                )
             del output, outs, cots
             _backward_check(layers, rec, grads, rows, B, K, jb)
             rec.live, grads = [], ()

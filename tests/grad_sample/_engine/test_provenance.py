@@ -277,3 +277,24 @@ def test_equal_infinities_and_nans_are_equal_rows() -> None:
     b[2, 0] = 0.0
     assert _row_gaps(a, b, 0).tolist() == [0.0, 0.5, float("inf")]
     assert _row_gaps(a.t(), b.t(), 1).tolist() == [0.0, 0.5, float("inf")]
+
+
+@pytest.mark.parametrize("mode", ["hooks", "ghost", "ew"])
+def test_per_sample_gradients_do_not_pull_in_sympy(mode: str) -> None:
+    """The probe's vector-Jacobian product once passed its cotangents to ``autograd.grad``, which made torch 2.13
+    import sympy (42 MB resident). ``torch.optim``'s optimizers import it anyway, but the memory benchmark's
+    plain step has none, so tutorial 06 counted those 42 MB as per-sample-gradient memory."""
+    import subprocess
+    import sys
+
+    code = f"""
+import sys, torch
+import dpnotebook
+from dpnotebook.models import SmallCNN
+model = dpnotebook.wrap_model(SmallCNN(), {mode!r})
+for _ in range(2):
+    torch.nn.functional.cross_entropy(model(torch.randn(8, 1, 8, 8)), torch.randint(0, 10, (8,))).backward()
+assert "sympy" not in sys.modules, "per-sample gradients imported sympy"
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
