@@ -120,3 +120,24 @@ def test_with_a_real_dp_training_loop(fignums):
     eps = monitor.state.series("epsilon")[1]
     assert len(eps) == len(loader) and eps == sorted(eps) and eps[-1] > 0
     assert monitor.state.last("clip_fraction") == optimizer.last_step_stats.fraction_clipped
+
+
+def test_the_epsilon_curve_ends_at_the_last_step(fignums):
+    """Between redraws log_step skips epsilon (slow); close() records the last step's, so the curve ends there."""
+
+    class Engine:
+        steps = 0
+
+        def get_epsilon(self, delta: float) -> float:
+            return 0.5 * self.steps
+
+    engine = Engine()
+    monitor = TrainingMonitor(total_steps=6, redraw_every=1e9, progress=False, backend="static")
+    for _ in range(6):
+        engine.steps += 1
+        monitor.log_step(1.0, privacy_engine=engine)
+    assert monitor.state.series("epsilon") == ([1], [0.5])  # before: the run's figure stopped here
+    monitor.close()
+    assert monitor.state.series("epsilon") == ([1, 6], [0.5, 3.0])
+    monitor.close()  # nothing owed any more: no second point
+    assert monitor.state.series("epsilon") == ([1, 6], [0.5, 3.0])

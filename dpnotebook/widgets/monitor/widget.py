@@ -69,6 +69,7 @@ class TrainingMonitor(Explorer[MonitorState]):
         state = MonitorState(total_steps=total_steps, redraw_every=redraw_every, target_epsilon=target_epsilon)
         self.progress, self._progress_view = _progress_bar(state.total_steps, progress)
         self._last_draw = -math.inf
+        self._epsilon_owed: tuple[Any, float] | None = None  # log_step's engine and delta, its last step skipped
         super().__init__(state, figsize=(9.0, 4.6), backend=backend)
 
     def _build(self, fig: Any) -> None:
@@ -137,12 +138,14 @@ class TrainingMonitor(Explorer[MonitorState]):
         step: int | None = None,
     ) -> None:
         """:meth:`update` with the clip fraction of ``optimizer.last_step_stats`` and the epsilon of
-        ``privacy_engine.get_epsilon(delta)``; epsilon is only computed when a redraw is due (it is slow)."""
+        ``privacy_engine.get_epsilon(delta)``; epsilon is only computed when a redraw is due (it is slow),
+        and for the last step by :meth:`close`, so the curve ends at the epsilon the run spent."""
         stats = getattr(optimizer, "last_step_stats", None)
         clip = stats.fraction_clipped if stats is not None else None
         due = time.monotonic() - self._last_draw >= self.state.redraw_every
         epsilon = privacy_engine.get_epsilon(delta) if privacy_engine is not None and due else None
         self.update(step, loss=loss, accuracy=accuracy, epsilon=epsilon, clip_fraction=clip)
+        self._epsilon_owed = (privacy_engine, delta) if privacy_engine is not None and epsilon is None else None
 
     def redraw(self) -> None:
         """Redraw now."""
@@ -150,7 +153,14 @@ class TrainingMonitor(Explorer[MonitorState]):
         self.refresh()
 
     def close(self) -> None:
-        """Final redraw and close the progress bar (the figure stays, for the record)."""
+        """The last step's epsilon if :meth:`log_step` skipped it, a final redraw, and the progress bar closed.
+
+        The figure stays, for the record.
+        """
+        if self._epsilon_owed is not None:
+            engine, delta = self._epsilon_owed
+            self._epsilon_owed = None
+            self.state.record(self.state.step, epsilon=engine.get_epsilon(delta))
         self.redraw()
         if self.progress is not None:
             self.progress.close()
