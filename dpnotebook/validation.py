@@ -119,8 +119,9 @@ def _is_native_rnn(module: nn.Module) -> TypeGuard[nn.RNN | nn.LSTM | nn.GRU]:
 def _rnn_hooks(module: nn.Module) -> tuple[str, str] | None:
     if _is_native_rnn(module):
         return (
-            "hooks mode has no grad sampler for torch's fused recurrent kernel, and the torch.func "
-            "fallback cannot batch it (it updates tensors in place).",
+            "hooks mode has no grad sampler for torch's fused recurrent kernel, and its torch.func "
+            "fallback could batch it only for nn.LSTM in float32 on the CPU (elsewhere the kernel "
+            "updates tensors in place), so hooks mode refuses it on every device alike.",
             _rnn_fix(module),
         )
     return None
@@ -173,7 +174,9 @@ def _dp_layers_ew(module: nn.Module) -> tuple[str, str] | None:
     if getattr(module, "_dpn_grad_samples_from_children", False):
         return (
             "its per-sample gradients come from hooks-mode units, which ExpandedWeights does not use.",
-            "use grad_sample_mode='hooks' (or the torch.nn layer it replaces, in 'ew' mode).",
+            "use grad_sample_mode='hooks', 'ghost' or 'functorch'"
+            # a DP recurrent layer keeps its torch.nn parameter names; ExpandedWeights has rules for nn.LSTM & co
+            + (" (or the torch.nn layer it replaces, in 'ew' mode)." if hasattr(module, "weight_ih_l0") else "."),
         )
     return None
 

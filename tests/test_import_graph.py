@@ -224,10 +224,13 @@ def test_every_allowed_loop_is_still_there() -> None:
 #: for float32 products pinned to IEEE in the per-sample work (``exact_float32``: TF32 or bfloat16 products,
 #: which a user may allow, had moved a sample's step by up to 2.19 C), ew's refusal of them, and the
 #: auditor's ``--matmul-precision``; then +16 for ``exact_float32``'s shortcut under PyTorch's defaults (it
-#: reads one switch and writes nothing: 2 us a block instead of 16, one block per layer per step).
+#: reads one switch and writes nothing: 2 us a block instead of 16, one block per layer per step); then +61
+#: (2026-11-27, a review of the tutorials and the distributed checks) for the ranks comparing their datasets
+#: (a per-rank Subset had left half of the examples undrawn), the monitor's last epsilon, the provenance
+#: probe's scalar vector-Jacobian product (no sympy import) and true refusal messages.
 #: Lower it as modules shrink; never raise it without a feature that pays (the issue asks for at most 18,000
 #: with no feature lost).
-CEILING = 24_757
+CEILING = 24_818
 
 
 def line_counts() -> dict[str, int]:

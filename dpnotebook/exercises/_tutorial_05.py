@@ -56,8 +56,8 @@ def check_epsilon_any_k(my_epsilon: Any, steps: Any) -> str:
         )
     if abs(my_epsilon - 2 * run_epsilon) < 1e-6:
         raise ExerciseFailed(
-            "twice the ε of 25 epochs is a valid bound (composition adds ε's) but a loose one: the accountant "
-            "composes the steps far more tightly. Ask it for the whole run"
+            "twice the ε of 25 epochs bounds the run only at twice the δ (basic composition adds the δ's too), "
+            "and loosely: the accountant composes the steps far more tightly. Ask it for the whole run"
         )
     for k in (2, 4):  # K = 16 times q is above 1: compute_epsilon refuses it with its own message
         if abs(my_epsilon - _epsilon(k * BATCH / N, steps)) < 1e-9:

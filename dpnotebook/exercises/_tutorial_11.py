@@ -89,7 +89,8 @@ def check_not_public(answer: Any, fine_tune: Any, n_public: int, n_private: int)
         )
     if _close(same, pre + eps_ft) and not _close(same, want_same):
         raise ExerciseFailed(
-            "adding the two ε's is a valid bound but a loose one: let one accountant compose both phases "
+            "adding the two ε's bounds the pipeline only at twice the δ (basic composition adds the δ's too), "
+            "and loosely: let one accountant compose both phases "
             "(create_accountant('pld'), one .step(...) per phase with its σ, q and steps, then .get_epsilon)"
         )
     require(

@@ -150,7 +150,7 @@ def test_epsilon_any_k_hints() -> None:
     assert "what the runs above took" in judge("05.epsilon_any_K", right, steps=275).hint
     assert "add no step" in judge("05.epsilon_any_K", right, steps=16 * 550).hint
     assert "len(loader) = 11" in judge("05.epsilon_any_K", right, steps=50 * 1438 // 128).hint
-    assert "loose one" in judge("05.epsilon_any_K", 2 * eps(q, 275), steps=550).hint
+    assert "only at twice the δ" in judge("05.epsilon_any_K", 2 * eps(q, 275), steps=550).hint
     assert "counts samples, not rows" in judge("05.epsilon_any_K", eps(4 * q, 550), steps=550).hint
     assert judge("05.epsilon_any_K", ..., steps=...).status is Status.NOT_YET
     assert judge("05.epsilon_any_K", ..., steps=550).status is Status.NOT_YET

@@ -144,7 +144,7 @@ def test_11_right_and_mistakes() -> None:
         "adds the two ε's": (pre, pre + ft, same),
         "protected by pretraining's ε alone": (pre, ft, same),
         "that is the disjoint case": (pre, max(pre, ft), max(pre, ft)),
-        "valid bound but a loose one": (pre, max(pre, ft), pre + ft),
+        "only at twice the δ": (pre, max(pre, ft), pre + ft),
         "not the whole training set": (wrong_q, max(pre, ft), same),
         "one accountant, a step call per phase": (pre, max(pre, ft), same * 1.2),
     }
