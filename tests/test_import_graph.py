@@ -227,10 +227,12 @@ def test_every_allowed_loop_is_still_there() -> None:
 #: reads one switch and writes nothing: 2 us a block instead of 16, one block per layer per step); then +61
 #: (2026-11-27, a review of the tutorials and the distributed checks) for the ranks comparing their datasets
 #: (a per-rank Subset had left half of the examples undrawn), the monitor's last epsilon, the provenance
-#: probe's scalar vector-Jacobian product (no sympy import) and true refusal messages.
+#: probe's scalar vector-Jacobian product (no sympy import) and true refusal messages; then +23 for the
+#: accountant counting where the noise is drawn (a loop of add_noise() and the wrapped optimizer's step had
+#: released noisy updates with no step counted) and the Opacus-named add_noise making the step's checks.
 #: Lower it as modules shrink; never raise it without a feature that pays (the issue asks for at most 18,000
 #: with no feature lost).
-CEILING = 24_818
+CEILING = 24_841
 
 
 def line_counts() -> dict[str, int]:

@@ -50,8 +50,18 @@ __all__ = [
 class DPOptimizer(_CoreDPOptimizer):
     """dpnotebook's DP optimizer with Opacus' overridable ``add_noise`` (same constructor)."""
 
+    _writing_noise = False  # True while the logical batch's finish asks add_noise for the noisy sum
+
     def add_noise(self) -> None:
-        """``p.grad = p.summed_grad + N(0, (noise_multiplier * max_grad_norm)^2)``; override for other noise."""
+        """``p.grad = p.summed_grad + N(0, (noise_multiplier * max_grad_norm)^2)``; override for other noise.
+
+        Called by your own loop (``clip_and_accumulate(); add_noise(); ...``), it finishes the logical batch
+        as :meth:`step` does, with every check (a raw gradient left on a parameter, the batch's draw), and
+        calls itself back for the noise.
+        """
+        if not self._writing_noise:
+            self._finish_batch()
+            return
         std = self.noise_multiplier * self.max_grad_norm
         for p, noise in zip(self.params, draw_noise(self.params, std, self.generator, self.secure_mode), strict=True):
             p.grad = getattr(p, "summed_grad") + noise  # set by _noisy_sum (torch's Parameter does not declare it)
@@ -61,7 +71,11 @@ class DPOptimizer(_CoreDPOptimizer):
     ) -> tuple[list[Tensor], SumAndNoiseNorms]:
         for p, s in zip(params, summed, strict=True):
             setattr(p, "summed_grad", s.detach())  # clip_and_accumulate sets it too
-        self.add_noise()
+        self._writing_noise = True
+        try:
+            self.add_noise()
+        finally:
+            self._writing_noise = False
         grads = [cast(Tensor, p.grad) for p in params]  # add_noise's contract: it sets every p.grad
         return grads, SumAndNoiseNorms(summed, [g - s for g, s in zip(grads, summed, strict=True)])
 

@@ -150,7 +150,8 @@ class DPOptimizer(PrivacyKnobs, WrappedOptimizer):
 
     Attributes:
         last_step_stats: the :class:`StepStats` of the last step (``None`` before it).
-        step_hooks: functions ``hook(optimizer)`` called after every step (the accountant's).
+        step_hooks: functions ``hook(optimizer)`` called once per logical batch, when its noise is drawn
+            (:meth:`step`, :meth:`pre_step` or :meth:`add_noise`): the accountant's.
     """
 
     def __init__(
@@ -232,6 +233,8 @@ class DPOptimizer(PrivacyKnobs, WrappedOptimizer):
         The clipped ``p.grad_sample`` stay, marked as clipped, until :meth:`zero_grad`.
         """
         params = self.params
+        if self._virtual_steps and invariants.all_clipped(params):  # clipped by this logical batch already
+            return
         invariants.check_not_consumed(params)
         if self._constants is not None:
             self._constants.check(self)
@@ -264,7 +267,8 @@ class DPOptimizer(PrivacyKnobs, WrappedOptimizer):
         self._release()
 
     def add_noise(self) -> None:
-        """Finish the logical batch: clip what is left, add noise, scale, and write ``p.grad`` (no update)."""
+        """Finish the logical batch: clip what is left, add noise, scale, write ``p.grad`` and run the step hooks
+        (the accountant counts the noise), but do not update: ``original_optimizer.step()`` may follow."""
         self._finish_batch()
 
     def _finish_batch(self) -> None:
@@ -294,6 +298,8 @@ class DPOptimizer(PrivacyKnobs, WrappedOptimizer):
             virtual_steps=self._virtual_steps,
         )
         self._reset_accumulation()
+        for hook in self.step_hooks:  # the accountant counts where the noise is drawn, whoever asked for it
+            hook(self)
 
     def _noisy_sum(
         self, summed: list[Tensor], params: list[nn.Parameter], std: float
@@ -305,7 +311,7 @@ class DPOptimizer(PrivacyKnobs, WrappedOptimizer):
         return noises, norms
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        """One DP-SGD step (:meth:`add_noise`, the wrapped optimizer's step, the hooks); returns the closure's loss.
+        """One DP-SGD step (:meth:`add_noise` and its hooks, then the wrapped optimizer's step); returns the closure's loss.
 
         After :meth:`signal_skip_step`, only a :meth:`virtual_step`.
         """
@@ -319,8 +325,6 @@ class DPOptimizer(PrivacyKnobs, WrappedOptimizer):
             return loss
         self._finish_batch()
         self.original_optimizer.step()
-        for hook in self.step_hooks:
-            hook(self)
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -357,7 +361,7 @@ class DPOptimizer(PrivacyKnobs, WrappedOptimizer):
         return rows
 
     def attach_step_hook(self, hook: Callable[[Any], None]) -> None:
-        """Call ``hook(optimizer)`` after every step."""
+        """Call ``hook(optimizer)`` at every logical batch's noise, before the wrapped optimizer's update."""
         self.step_hooks.append(hook)
 
     def signal_skip_step(self, do_skip: bool = True) -> None:
@@ -388,8 +392,6 @@ class DPOptimizer(PrivacyKnobs, WrappedOptimizer):
             self.virtual_step()
             return False
         self._finish_batch()
-        for hook in self.step_hooks:
-            hook(self)
         return True
 
     def __repr__(self) -> str:

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from dpnotebook.grad_sample._engine.accumulation import grad_sample_parts
 from dpnotebook.privacy._arguments import check_max_grad_norm, check_noise_multiplier
 from dpnotebook.privacy._mechanisms import total_bound
 
@@ -230,6 +231,12 @@ def mark_noised(grads: list[Tensor]) -> None:
     """Remember the ``p.grad`` tensors a DP step wrote (and their version)."""
     for g in grads:
         setattr(g, _NOISED, g._version)  # an attribute torch's Tensor does not declare
+
+
+def all_clipped(params: Iterable[nn.Parameter]) -> bool:
+    """Whether some ``p.grad_sample`` is present and every tensor of every one is marked clipped."""
+    parts = [x for p in params for x in grad_sample_parts(p)]
+    return bool(parts) and all(hasattr(x, "_processed") for x in parts)
 
 
 def check_not_consumed(params: list[nn.Parameter]) -> None:

@@ -315,8 +315,15 @@ def test_what_clip_and_accumulate_clipped_is_not_clipped_again() -> None:
     x, y = batch()
     F.cross_entropy(wrapped(x), y).backward()
     opt.clip_and_accumulate()
+    once = [p.summed_grad.clone() for p in opt.params]
+    opt.clip_and_accumulate()  # nothing new since: a no-op (Opacus' pre_step order, then add_noise, relies on it)
+    opt.virtual_step()
+    assert all(torch.equal(p.summed_grad, s) for p, s in zip(opt.params, once, strict=True))
+    F.cross_entropy(wrapped(x), y).backward()  # a new backward pass after a step's clipping: refused as before
+    opt.step()
     with pytest.raises(ValueError, match="haven't been cleared"):
-        opt.virtual_step()
+        F.cross_entropy(wrapped(x), y).backward()
+        opt.step()
 
 
 def test_a_deep_copy_or_a_pickle_of_a_claimed_model_carries_no_claim() -> None:
