@@ -23,7 +23,7 @@ from dpnotebook.grad_sample._engine.accumulation import GradSample, grad_sample_
 from dpnotebook.grad_sample._engine.calls import refuse_packed
 from dpnotebook.grad_sample._engine.hooks import ModelWrapper
 from dpnotebook.grad_sample._engine.precision import rounded_matmuls
-from dpnotebook.grad_sample._engine.provenance import layers_with_parameters, probe_rows
+from dpnotebook.grad_sample._engine.provenance import layers_with_parameters, prove_rows
 from dpnotebook.modes import register_mode
 
 
@@ -93,12 +93,36 @@ class GradSampleModuleExpandedWeights(ModelWrapper):
         self._passes: list[int] = []  # rows of each forward pass the running backward pass has reached
         self._has_rnn = any(isinstance(m, nn.RNNBase) for m in module.modules())
         self._rows_proof: str | None = None  # what the provenance probe has shown so far
+        self._inside = False  # in this wrapper's forward: the layers may run with gradients
+        compiled = any(type(m).__name__ == "OptimizedModule" or m._compiled_call_impl for m in module.modules())
+        self._outside_checks = [  # not in a compiled model: Dynamo traced the hooks and lost the per-sample grads
+            m.register_forward_pre_hook(self._refuse_outside_call)
+            for m in module.modules()
+            if next(m.parameters(recurse=False), None) is not None and not compiled
+        ]
+
+    def _refuse_outside_call(self, layer: nn.Module, args: Any) -> None:
+        """A layer run with gradients outside this wrapper's forward (the inner model, a DDP around it) is refused."""
+        if self._inside or not self.hooks_enabled or not torch.is_grad_enabled():
+            return
+        raise GradSampleError(
+            f"a {type(layer).__name__} of the model ran with gradients enabled outside the "
+            f"{type(self).__name__}'s forward (e.g. wrapped._module(x), or the DistributedDataParallel "
+            "make_private took): its gradient would reach p.grad but no per-sample gradient, and the DP step "
+            "would drop it. Call the wrapper, model(x); or run it under torch.no_grad(), or use "
+            ".to_standard_module()."
+        )
+
+    def to_standard_module(self) -> nn.Module:
+        """The model, with every ``grad_sample`` and this wrapper's checks removed."""
+        for handle in self._outside_checks:
+            handle.remove()
+        self._outside_checks = []
+        return super().to_standard_module()
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if not self.hooks_enabled or not torch.is_grad_enabled():
             return self._module(*args, **kwargs)
-        from torch.nn.utils._per_sample_grad import call_for_per_sample_grads  # private API, lazily
-
         refuse_packed(args, kwargs, "ew", self._module)
         on = [device for device in ("cpu", "cuda") if torch.is_autocast_enabled(device)]
         if on:
@@ -118,9 +142,18 @@ class GradSampleModuleExpandedWeights(ModelWrapper):
                 "or grad_sample_mode='hooks', 'ghost' or 'functorch', whose per-sample work is IEEE float32."
             )
         rows = self._rows(args)
+        self._inside = True
+        try:
+            return self._forward_inside(rows, args, kwargs)
+        finally:
+            self._inside = False
+
+    def _forward_inside(self, rows: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        from torch.nn.utils._per_sample_grad import call_for_per_sample_grads  # private API, lazily
+
         with _plain_rnn_kernels(self._has_rnn):
             if self._rows_proof != "proven":
-                found = probe_rows(
+                found = prove_rows(
                     self._module,
                     layers_with_parameters(self._module),
                     args,

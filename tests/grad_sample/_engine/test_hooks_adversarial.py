@@ -272,3 +272,22 @@ def test_tied_weights_and_shared_layer_parameters_still_match_the_oracle() -> No
     for name, p in model.named_parameters():
         torch.testing.assert_close(p.grad_sample, expected[name])
     assert all(isinstance(p, nn.Parameter) for m in model.modules() for p in m._parameters.values() if p is not None)
+
+
+def test_calling_the_inner_model_is_refused_in_ew_mode() -> None:
+    """Before, ew mode let the inner model run with gradients: its gradient reached p.grad only, and the DP step
+    (which reads p.grad_sample) dropped it without a word; a DDP object called after make_private did the same."""
+    from dpnotebook.grad_sample import GradSampleModuleExpandedWeights
+
+    model = nn.Sequential(nn.Linear(3, 2), nn.Tanh(), nn.Linear(2, 1))
+    wrapped = GradSampleModuleExpandedWeights(model, loss_reduction="sum")
+    for call in (wrapped._module, model):
+        with pytest.raises(GradSampleError, match=r"a Linear of the model ran with gradients enabled outside the"):
+            call(torch.randn(4, 3))
+    with torch.no_grad():
+        model(torch.randn(4, 3))
+    wrapped(torch.randn(4, 3)).sum().backward()
+    assert model[0].weight.grad_sample.shape == (4, 2, 3)
+    plain = wrapped.to_standard_module()
+    plain(torch.randn(4, 3)).sum().backward()  # unwrapped: the checks are gone
+    assert not model[0]._forward_pre_hooks
