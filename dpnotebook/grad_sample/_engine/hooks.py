@@ -28,7 +28,7 @@ from dpnotebook.grad_sample._engine.accumulation import GradSampleStore
 from dpnotebook.grad_sample._engine.broadcast import BroadcastTracker, smallest_holder
 from dpnotebook.grad_sample._engine.calls import capture_is_paused, check_replay_chunk, count_rows
 from dpnotebook.grad_sample._engine.layer_hooks import LayerHooks, outside_use
-from dpnotebook.grad_sample._engine.provenance import ProbeLayer, probe_rows, probing
+from dpnotebook.grad_sample._engine.provenance import ProbeLayer, probing, prove_rows
 from dpnotebook.grad_sample._registry import GradSamplerView, SamplerEntry, find_grad_sampler
 from dpnotebook.modes import register_mode
 from dpnotebook.validation import Problem, raise_if_problems, validate
@@ -314,7 +314,7 @@ class GradSampleModule(ModelWrapper):
             tracker.enabled = bool(tracker.sites or tracker.batch_free_units or free)
 
     def _prove_rows(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        found = probe_rows(
+        found = prove_rows(
             self._module,
             self._probe_layers(),
             args,

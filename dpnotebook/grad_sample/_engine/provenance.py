@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -42,7 +42,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from dpnotebook.errors import GradSampleError
 from dpnotebook.grad_sample._engine.calls import capture_paused, count_rows, output_batch_dims
 
-__all__ = ["probe_rows", "probing", "layers_with_parameters", "ProbeLayer", "FIX"]
+__all__ = ["probe_rows", "prove_rows", "probing", "layers_with_parameters", "ProbeLayer", "FIX"]
 
 #: ``(path, module, batch dim of its input and output)`` for each hooked layer.
 ProbeLayer = tuple[str, nn.Module, int]
@@ -70,17 +70,32 @@ def layers_with_parameters(module: nn.Module, batch_dim: int = 0, root: str = "m
 
 
 @contextlib.contextmanager
-def probing(model: nn.Module) -> Iterator[None]:
-    """Every module in eval mode, the RNG state saved and restored, the wrapper's recording paused."""
+def probing(model: nn.Module, training: bool = False) -> Iterator[Callable[[], None]]:
+    """Every module in eval mode (``training``: in its own mode, buffers put back), the RNG state saved and
+    restored, the wrapper's recording paused. Yields a function that rewinds the RNG to where the block began,
+    so that two passes in training mode draw the same dropout masks."""
     modes = [(m, m.training) for m in model.modules()]
+    buffers = [(b, b.detach().clone()) for b in model.buffers()] if training else []
     devices = sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
     try:
         with torch.random.fork_rng(devices=devices), capture_paused():
-            model.eval()
-            yield
+            cpu = torch.get_rng_state()
+            cuda = [torch.cuda.get_rng_state(d) for d in devices]
+
+            def rewind() -> None:
+                torch.set_rng_state(cpu)
+                for d, state in zip(devices, cuda, strict=True):
+                    torch.cuda.set_rng_state(state, d)
+
+            if not training:
+                model.eval()
+            yield rewind
     finally:
-        for m, training in modes:
-            m.training = training
+        for m, was in modes:
+            m.training = was
+        with torch.no_grad():
+            for b, saved in buffers:  # running statistics a training-mode pass updated
+                b.copy_(saved)
 
 
 def _leaves(obj: Any) -> list[Any]:
@@ -219,8 +234,13 @@ def _refusal(path: str, module: nn.Module, what: str, rows: int, B: int, K: int)
     )
 
 
-def _forward_check(layers: list[ProbeLayer], rec: _Recorder, rows: int, B: int, K: int, j: int, k: int) -> Any:
-    """Check (a) on each layer call of the substituted pass; an input that did not change at all is skipped."""
+def _forward_check(
+    layers: list[ProbeLayer], rec: _Recorder, rows: int, B: int, K: int, j: int, k: int, own_rows: bool = True
+) -> Any:
+    """Check (a) on each layer call of the substituted pass; an input that did not change at all is skipped.
+
+    ``own_rows=False`` (training mode, where sample ``j``'s dropout masks are not sample ``k``'s): only the
+    other samples' rows are checked."""
     seen = [0] * len(layers)
     j_rows = set(range(j * K, (j + 1) * K))
 
@@ -250,6 +270,8 @@ def _forward_check(layers: list[ProbeLayer], rec: _Recorder, rows: int, B: int, 
                         f"in its {side} {t} (rows {moved[:8]} moved by up to {float(gaps[moved].max()):.3g})"
                     )
                     raise _refusal(path, module, what, rows, B, K)
+                if not own_rows:
+                    continue
                 gap = float(_row_gaps(_sample_rows(a, bd, j, K), _sample_rows(b, bd, k, K), bd).max())
                 if gap > tol:
                     what = (
@@ -322,6 +344,7 @@ def probe_rows(
     backward_proven: bool = False,
     tracker: Any = None,
     units: list[nn.Module] | None = None,
+    training: bool = False,
 ) -> str:
     """Prove, on one batch, that every layer in ``layers`` sees sample ``i`` alone in its rows of sample ``i``.
 
@@ -335,6 +358,9 @@ def probe_rows(
         tracker: the wrapper's ``BroadcastTracker``, if batch-free tensors meet the batch: the passes run
             under it and every meeting point's result is checked as a layer's output.
         units: the modules the tracker treats as units.
+        training: run the passes with every module in its own mode (dropout on, the same masks in both
+            passes) and check only what dropout leaves comparable: the other samples' rows in (a), all of (b).
+            It finds a layer that mixes samples only in training mode; :func:`prove_rows` runs both.
 
     Returns:
         ``"proven"``, ``"backward only"`` (all samples identical: only (b) ran) or ``"nothing to prove"``
@@ -365,7 +391,7 @@ def probe_rows(
     if tracker is not None:
         tracker.probe = lambda site, m, out: rec.meeting(site, m, out, batch_dim)
     try:
-        with probing(model):
+        with probing(model, training) as rewind:
             jb = 1 if j is None else j
             same_args, same_kwargs = (
                 _substitute(args, rows, batch_dim, 0, 0, K),
@@ -390,7 +416,8 @@ def probe_rows(
             rec.live, grads = [], ()
             if j is None:
                 return "backward only"
-            rec.compare = _forward_check(layers, rec, rows, B, K, j, k)
+            rec.compare = _forward_check(layers, rec, rows, B, K, j, k, own_rows=not training)
+            rewind()  # the first pass's dropout masks again
             with torch.no_grad():
                 run(_substitute(args, rows, batch_dim, j, k, K), _substitute(kwargs, rows, batch_dim, j, k, K))
     finally:
@@ -398,3 +425,17 @@ def probe_rows(
         if tracker is not None:
             tracker.probe = None
     return "proven"
+
+
+def prove_rows(
+    model: nn.Module, layers: list[ProbeLayer], args: tuple[Any, ...], kwargs: dict[str, Any], **options: Any
+) -> str:
+    """:func:`probe_rows` in eval mode, then, while a module of ``model`` is in training mode, in training mode.
+
+    The second run finds a layer that mixes samples only in training (``x - x.mean(0)`` while
+    ``self.training``), which eval mode hides; it checks what dropout leaves comparable.
+    """
+    found = probe_rows(model, layers, args, kwargs, **options)
+    if found != "nothing to prove" and any(m.training for m in model.modules()):
+        probe_rows(model, layers, args, kwargs, training=True, **options)
+    return found

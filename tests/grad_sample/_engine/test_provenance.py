@@ -236,11 +236,13 @@ def test_a_batch_that_cannot_prove_anything_postpones_the_proof() -> None:
 
     # B = 1, K = 2: nothing to prove (the one extra pass is the tracker's discovery, on the first forward only)
     assert forward(same[:2]) == 2 and wrapped._rows_proof is None
-    assert forward(same) == 2 and wrapped._rows_proof == "backward only"  # B = 3 identical: pass (b) + the real one
+    # B = 3 identical: pass (b) in eval mode and in training mode, then the real one
+    assert forward(same) == 3 and wrapped._rows_proof == "backward only"
     assert forward(same) == 1  # still identical: (b) is not run again
     different = same.clone()
     different[4:] = 5
-    assert forward(different) == 3 and wrapped._rows_proof == "proven"  # (a) and (b), then the real pass
+    # (a) and (b) in eval mode and in training mode, then the real pass
+    assert forward(different) == 5 and wrapped._rows_proof == "proven"
     assert forward(different) == 1  # proven: never again
 
 
@@ -298,3 +300,54 @@ assert "sympy" not in sys.modules, "per-sample gradients imported sympy"
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+class _TrainCenter(nn.Module):
+    """Parameter-free, and mixes the samples only in training: eval mode hides it."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x - x.mean(0, keepdim=True) if self.training else x
+
+
+class _RunningMean(nn.Module):
+    """Per-sample in its output, with a buffer a training pass updates (the probe must put it back)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("seen", torch.zeros(3))
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.training:
+            self.seen += x.detach().mean(0)
+        return x
+
+
+PLACES = {
+    "before": lambda: [_TrainCenter(), nn.Linear(3, 3), nn.Tanh(), nn.Linear(3, 1)],
+    "between": lambda: [nn.Linear(3, 3), _TrainCenter(), nn.Linear(3, 1)],
+    "after": lambda: [nn.Linear(3, 3), nn.Tanh(), nn.Linear(3, 1), _TrainCenter()],
+}
+
+
+@pytest.mark.parametrize("place", PLACES)
+@pytest.mark.parametrize("mode", ["hooks", "ghost", "ew"])
+def test_a_layer_that_mixes_samples_only_in_training_is_refused(mode: str, place: str) -> None:
+    """Before, the probe ran in eval mode only: in hooks mode sample 0's per-sample gradient changed when
+    sample 3 was removed, silently (a review, 2026-11-27)."""
+    torch.manual_seed(0)
+    model = dpnotebook.wrap_model(nn.Sequential(*PLACES[place]()), mode, loss_reduction="sum")
+    with pytest.raises(GradSampleError, match="its rows are not the samples"):
+        (model(torch.randn(4, 3)) ** 2).sum().backward()
+
+
+@pytest.mark.parametrize("mode", ["hooks", "ghost", "ew"])
+def test_the_training_probe_accepts_dropout_and_puts_buffers_back(mode: str) -> None:
+    torch.manual_seed(0)
+    dropped = nn.Sequential(nn.Linear(3, 3), nn.Dropout(0.5), nn.Linear(3, 1))
+    (dpnotebook.wrap_model(dropped, mode, loss_reduction="sum")(torch.randn(6, 3)) ** 2).sum().backward()
+    assert mode == "ghost" or dropped[0].weight.grad_sample.shape == (6, 3, 3)  # no false refusal
+    net = nn.Sequential(nn.Linear(3, 3), _RunningMean(), nn.Linear(3, 1))
+    x = torch.randn(6, 3)
+    (dpnotebook.wrap_model(net, mode, loss_reduction="sum")(x) ** 2).sum().backward()
+    once = (x @ net[0].weight.detach().T + net[0].bias.detach()).mean(0)  # the one real pass's update
+    assert torch.allclose(net[1].seen, once), "the probe's passes changed the buffer"
