@@ -229,10 +229,12 @@ def test_every_allowed_loop_is_still_there() -> None:
 #: (a per-rank Subset had left half of the examples undrawn), the monitor's last epsilon, the provenance
 #: probe's scalar vector-Jacobian product (no sympy import) and true refusal messages; then +23 for the
 #: accountant counting where the noise is drawn (a loop of add_noise() and the wrapped optimizer's step had
-#: released noisy updates with no step counted) and the Opacus-named add_noise making the step's checks.
+#: released noisy updates with no step counted) and the Opacus-named add_noise making the step's checks;
+#: then +33 for ew mode refusing a layer run with gradients outside its wrapper (the inner model, a DDP); then
+#: +41 for the provenance probe in training mode too (a layer mixing samples only in training had passed it).
 #: Lower it as modules shrink; never raise it without a feature that pays (the issue asks for at most 18,000
 #: with no feature lost).
-CEILING = 24_841
+CEILING = 24_915
 
 
 def line_counts() -> dict[str, int]:
