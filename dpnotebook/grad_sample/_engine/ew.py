@@ -9,6 +9,7 @@ touches that private API, makes them mean what the other modes' do: averaged ove
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -95,22 +96,19 @@ class GradSampleModuleExpandedWeights(ModelWrapper):
         self._rows_proof: str | None = None  # what the provenance probe has shown so far
         self._inside = False  # in this wrapper's forward: the layers may run with gradients
         compiled = any(type(m).__name__ == "OptimizedModule" or m._compiled_call_impl for m in module.modules())
-        self._outside_checks = [  # not in a compiled model: Dynamo traced the hooks and lost the per-sample grads
-            m.register_forward_pre_hook(self._refuse_outside_call)
-            for m in module.modules()
-            if next(m.parameters(recurse=False), None) is not None and not compiled
-        ]
+        checked = [] if compiled else layers_with_parameters(module)  # compiled: Dynamo traced the hooks, lost grads
+        hook = self._refuse_outside_call
+        self._outside_checks = [m.register_forward_pre_hook(functools.partial(hook, path)) for path, m, _ in checked]
 
-    def _refuse_outside_call(self, layer: nn.Module, args: Any) -> None:
+    def _refuse_outside_call(self, path: str, layer: nn.Module, args: Any) -> None:
         """A layer run with gradients outside this wrapper's forward (the inner model, a DDP around it) is refused."""
         if self._inside or not self.hooks_enabled or not torch.is_grad_enabled():
             return
         raise GradSampleError(
-            f"a {type(layer).__name__} of the model ran with gradients enabled outside the "
-            f"{type(self).__name__}'s forward (e.g. wrapped._module(x), or the DistributedDataParallel "
-            "make_private took): its gradient would reach p.grad but no per-sample gradient, and the DP step "
-            "would drop it. Call the wrapper, model(x); or run it under torch.no_grad(), or use "
-            ".to_standard_module()."
+            f"{path} ({type(layer).__name__}) ran with gradients enabled outside the {type(self).__name__}'s "
+            "forward (e.g. wrapped._module(x), or the DistributedDataParallel make_private took): its gradient "
+            "would reach p.grad but no per-sample gradient, and the DP step would drop it. Call the wrapper, "
+            "model(x); or run it under torch.no_grad(), or use .to_standard_module()."
         )
 
     def to_standard_module(self) -> nn.Module:

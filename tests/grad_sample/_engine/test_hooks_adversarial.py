@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pack_sequence
 
-from dpnotebook import GradSampleError, GradSampleModule
+from dpnotebook import GradSampleError, GradSampleModule, wrap_model
 from dpnotebook.grad_sample import GhostGradSampleModule
 from dpnotebook.grad_sample._engine.calls import count_rows
 from dpnotebook.grad_sample._engine.hooks import plan_units
@@ -150,14 +150,17 @@ def test_a_module_shared_into_a_torch_func_unit_is_refused() -> None:
 
 
 # -- item 10: calling the inner module instead of the wrapper -----------------------------------------
-def test_calling_the_inner_model_is_refused_and_the_wrapper_still_works() -> None:
+@pytest.mark.parametrize("mode", ["hooks", "ew"])
+def test_calling_the_inner_model_is_refused_and_the_wrapper_still_works(mode: str) -> None:
+    """ew: before, the inner model ran with gradients; its gradient reached p.grad alone, and the DP step (which
+    reads p.grad_sample) dropped it without a word; a DDP object called after make_private did the same."""
     model = nn.Sequential(nn.Linear(3, 2))
-    wrapped = GradSampleModule(model, loss_reduction="sum")
+    wrapped = wrap_model(model, mode, loss_reduction="sum")
     for call in (wrapped._module, model):
         with pytest.raises(
             GradSampleError,
-            match=r"model.0 \(Linear\) ran with gradients enabled outside the "
-            r"GradSampleModule's forward.*Call the wrapper, model\(x\)",
+            match=rf"model.0 \(Linear\) ran with gradients enabled outside the "
+            rf"{type(wrapped).__name__}'s forward.*Call the wrapper, model\(x\)",
         ):
             call(torch.randn(4, 3))
     with torch.no_grad():
@@ -166,7 +169,7 @@ def test_calling_the_inner_model_is_refused_and_the_wrapper_still_works() -> Non
     assert model[0].weight.grad_sample.shape == (4, 2, 3)
     plain = wrapped.to_standard_module()
     plain(torch.randn(4, 3)).sum().backward()
-    assert not hasattr(plain[0].weight, "grad_sample")
+    assert not hasattr(plain[0].weight, "grad_sample") and not model[0]._forward_pre_hooks
 
 
 def test_calling_the_inner_model_is_refused_in_ghost_mode() -> None:
@@ -272,22 +275,3 @@ def test_tied_weights_and_shared_layer_parameters_still_match_the_oracle() -> No
     for name, p in model.named_parameters():
         torch.testing.assert_close(p.grad_sample, expected[name])
     assert all(isinstance(p, nn.Parameter) for m in model.modules() for p in m._parameters.values() if p is not None)
-
-
-def test_calling_the_inner_model_is_refused_in_ew_mode() -> None:
-    """Before, ew mode let the inner model run with gradients: its gradient reached p.grad only, and the DP step
-    (which reads p.grad_sample) dropped it without a word; a DDP object called after make_private did the same."""
-    from dpnotebook.grad_sample import GradSampleModuleExpandedWeights
-
-    model = nn.Sequential(nn.Linear(3, 2), nn.Tanh(), nn.Linear(2, 1))
-    wrapped = GradSampleModuleExpandedWeights(model, loss_reduction="sum")
-    for call in (wrapped._module, model):
-        with pytest.raises(GradSampleError, match=r"a Linear of the model ran with gradients enabled outside the"):
-            call(torch.randn(4, 3))
-    with torch.no_grad():
-        model(torch.randn(4, 3))
-    wrapped(torch.randn(4, 3)).sum().backward()
-    assert model[0].weight.grad_sample.shape == (4, 2, 3)
-    plain = wrapped.to_standard_module()
-    plain(torch.randn(4, 3)).sum().backward()  # unwrapped: the checks are gone
-    assert not model[0]._forward_pre_hooks
