@@ -61,6 +61,17 @@ def test_stages_picks_some_and_shares_the_budget_among_them(tmp_path) -> None:
     assert bad.returncode == 2 and "unknown stage 'bench'" in bad.stderr
 
 
+@pytest.mark.slow  # two stages of a 4-second budget, split 3 : 1 by SHARES rather than 5 : 10
+def test_shares_changes_each_stages_part_of_the_budget(tmp_path) -> None:
+    done = run(tmp_path, "4", DEVICE="cpu", STAGES="profile rnn_speed", SHARES="profile=1 rnn_speed=3")
+    assert done.returncode == 0, done.stderr
+    summary = (tmp_path / "summary.md").read_text()
+    assert "timed out at 1 s" in summary and "timed out at 3 s" in summary  # neither finishes in its part
+    for pair in ("profile=0", "bench=5", "profile"):
+        bad = run(tmp_path, "4", DEVICE="cpu", SHARES=pair)
+        assert bad.returncode == 2 and f"SHARES: '{pair}'" in bad.stderr
+
+
 def test_the_wheels_to_carry_are_what_the_machine_lacks_and_never_torch(tmp_path, capsys) -> None:
     sys.path.insert(0, str(SCRIPT.parent))
     try:
