@@ -57,7 +57,7 @@ test-fast: $(STAMP)
 # default device, and the tutorials under nbval. Without a CUDA GPU every test is skipped, with one line saying so.
 # The CPU wheel pinned by constraints.txt sees no GPU: install a CUDA build of torch 2.13 first.
 # tools/gpu-session reads GPU_TESTS from this file (a lent GPU machine may have no make).
-GPU_TESTS := tests/grad_sample/samplers tests/test_modes.py tests/grad_sample/_engine/test_grad_sample_module.py \
+GPU_TESTS := tests/grad_sample/samplers tests/test_modes.py tests/grad_sample/_engine/test_grad_sample_module.py tests/grad_sample/_engine/test_provenance.py \
 	tests/grad_sample/ghost/test_ghost.py tests/grad_sample/_engine/test_mixed_precision.py tests/test_device_option.py \
 	tests/privacy tests/audit/test_grid.py tests/widgets tests/layers tests/distributed tutorials
 test-gpu: $(STAMP)

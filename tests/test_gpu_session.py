@@ -46,7 +46,8 @@ def test_a_dry_run_on_the_cpu_records_every_stage_within_its_share(tmp_path) -> 
     command = (tmp_path / "tests.log").read_text().splitlines()[0].split()
     assert command[:4] == ["$", sys.executable, "-m", "pytest"] and "--device" in command
     assert "tests/privacy" in command and "tests/distributed" in command and "tutorials" not in command
-    assert (tmp_path / "tutorials.log").read_text().splitlines()[0].endswith(" tutorials")
+    tutorials = (tmp_path / "tutorials.log").read_text().splitlines()[0]
+    assert tutorials.endswith(" --dist loadfile tutorials")  # each notebook's cells on one worker, in order
     assert len(list(tmp_path.iterdir())) <= 8  # a device call brings back at most 8 files
 
 

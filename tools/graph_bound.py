@@ -13,11 +13,16 @@ an upper bound for any graphed DP step the library could offer; **this is not su
   also timed that way, to show what the read alone costs;
 - the batch has a fixed size; Poisson sampling would need padded batches.
 
-For each model and configuration (:func:`~dpnotebook.benchmarks.steps.make_step`): ``eager``, ``eager
-without the read`` and ``graphed`` (captured after warm-up on a side stream, as PyTorch's whole-network
-capture does), timed in interleaved rounds in one process, CUDA-synchronised, the median in ms and its
-ratio to the eager non-private step. A configuration whose capture fails prints the error and goes on.
-After the timing each graphed model's parameters are checked finite and moved by the replays.
+For each model and configuration (:func:`~dpnotebook.benchmarks.steps.make_step`), in a process of its
+own: ``eager`` and ``eager without the read``, timed in interleaved rounds with the eager non-private
+step, then ``graphed`` (captured after three eager warm-up steps), timed in rounds with the non-private
+step again; CUDA-synchronised medians in ms, with their ratio to the non-private step. The eager row is
+printed before the capture, so a capture that fails (or leaves the CUDA context unusable) still leaves it.
+After the timing the graphed model's parameters are checked finite and moved by the replays.
+
+First try (H200, 2026-11-27, every configuration in one process, warm-up on a side stream): a
+device-side assert in ``nll_loss`` (a target out of range) surfaced in the hooks configuration's first
+step and ended the run before any row; its cause was not found without a GPU.
 
     python tools/graph_bound.py --batch 2048 --models SampleConvNet MLP
 
@@ -29,7 +34,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import statistics
-import traceback
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 
 import torch
@@ -65,16 +71,15 @@ def without_read(step: Callable[[], None]) -> Callable[[], None]:
 
 
 def graphed(step: Callable[[], None], warmup: int = 3) -> Callable[[], None]:
-    """``step`` captured in a CUDA graph after ``warmup`` runs on a side stream; the graph's replay."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side), no_read():
+    """``step`` captured in a CUDA graph after ``warmup`` eager runs; the graph's replay."""
+    with no_read():
         for _ in range(warmup):
             step()
-    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with no_read(), torch.cuda.graph(graph):
         step()
+    torch.cuda.synchronize()
     return graph.replay
 
 
@@ -95,6 +100,36 @@ def row(name: str, batch: int, what: str, times: dict[str, float]) -> str:
     return f"| {name} | {batch} | {what} | {cell('eager')} | {cell('noread')} | {cell('graphed')} | {ratio} |"
 
 
+def measure(name: str, batch: int, what: str, device: str, rounds: int) -> str:
+    """The table row of one configuration, timed against the eager non-private step in this process.
+
+    Eager and eager without the read are timed first, so that a capture that fails (or kills the
+    CUDA context) still leaves them printed; then the graph, again beside the non-private step."""
+    base = make_step(name, "nonprivate", batch, device=device)
+    runs = {
+        "nonprivate|eager": base,
+        f"{what}|eager": make_step(name, what, batch, device=device),
+        f"{what}|noread": without_read(make_step(name, what, batch, device=device)),
+    }
+    times = {k: statistics.median(v) for k, v in interleaved(runs, rounds, device, warmup=2).items()}
+    print(f"<!-- eager: {row(name, batch, what, times)} -->", flush=True)
+    if not device.startswith("cuda"):
+        return row(name, batch, what, times)
+    step = make_step(name, what, batch, device=device)
+    model = next(c.cell_contents for c in step.__closure__ or () if isinstance(c.cell_contents, torch.nn.Module))
+    replay = graphed(step)
+    before = [p.detach().clone() for p in model.parameters()]
+    graph_times = interleaved({"base": base, "graphed": replay}, rounds, device, warmup=2)
+    # the graph's ratio to the non-private step of its own rounds, carried over to the eager rounds' base
+    times[f"{what}|graphed"] = times["nonprivate|eager"] * (
+        statistics.median(graph_times["graphed"]) / statistics.median(graph_times["base"])
+    )
+    moved = any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    finite = all(bool(torch.isfinite(p).all()) for p in model.parameters())
+    print(f"<!-- graphed: parameters moved {moved}, finite {finite} -->")
+    return row(name, batch, what, times)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda")
@@ -102,39 +137,30 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["SampleConvNet", "MLP"])
     parser.add_argument("--configs", nargs="+", default=CONFIGS)
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--one", nargs=3, metavar=("MODEL", "B", "CONFIG"), help=argparse.SUPPRESS)
     args = parser.parse_args()
-    cuda = args.device.startswith("cuda")
+    if args.one:  # a child: one configuration
+        name, batch, what = args.one
+        print(measure(name, int(batch), what, args.device, args.rounds))
+        return
     print(f"# CUDA graphs against eager ({args.device}, torch {torch.__version__}; ms, median of {args.rounds})")
-    print(
-        "\n| model | B | configuration | eager | eager, no read | graphed | graphed / eager |\n|---|---|---|---|---|---|---|"
-    )
+    print("\n| model | B | configuration | eager | eager, no read | graphed | graphed / eager |")
+    print("|---|---|---|---|---|---|---|", flush=True)
     for name in args.models:
         for batch in args.batch:
-            runs: dict[str, Callable[[], None]] = {}
-            params: dict[str, list[torch.Tensor]] = {}
             for what in args.configs:
-                try:
-                    runs[f"{what}|eager"] = make_step(name, what, batch, device=args.device)
-                    runs[f"{what}|noread"] = without_read(make_step(name, what, batch, device=args.device))
-                    if cuda:
-                        step = make_step(name, what, batch, device=args.device)
-                        runs[f"{what}|graphed"] = graphed(step)
-                        cells = step.__closure__ or ()
-                        model = next(c.cell_contents for c in cells if isinstance(c.cell_contents, torch.nn.Module))
-                        params[what] = [p.detach().clone() for p in model.parameters()]
-                        params[f"{what}|live"] = list(model.parameters())
-                except Exception as error:  # noqa: BLE001 - an experiment: report and go on
-                    print(f"<!-- {name} B={batch} {what}: {type(error).__name__}: {error} -->")
-                    traceback.print_exc(limit=3)
-            times = {k: statistics.median(v) for k, v in interleaved(runs, args.rounds, args.device, warmup=2).items()}
-            for what in args.configs:
-                print(row(name, batch, what, times))
-            for what in args.configs:
-                if what in params:
-                    live = params[f"{what}|live"]
-                    moved = any(not torch.equal(a, b) for a, b in zip(params[what], live, strict=True))
-                    finite = all(bool(torch.isfinite(p).all()) for p in live)
-                    print(f"<!-- {name} B={batch} {what} graphed: parameters moved {moved}, finite {finite} -->")
+                # its own process: a failed capture can leave the CUDA context unusable
+                command = [sys.executable, __file__, "--device", args.device, "--rounds", str(args.rounds)]
+                done = subprocess.run([*command, "--one", name, str(batch), what], capture_output=True, text=True)
+                lines = done.stdout.strip().splitlines()
+                if done.returncode == 0 and lines:
+                    print(*(line for line in lines if line.startswith(("|", "<!-- graphed"))), sep="\n", flush=True)
+                    continue
+                eager = [line for line in lines if line.startswith("<!-- eager")]
+                cause = (done.stderr.strip().splitlines() or ["no output"])[-1][:300]
+                print(
+                    *eager, f"<!-- {name} B={batch} {what}: exit {done.returncode}: {cause} -->", sep="\n", flush=True
+                )
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ import itertools
 import pytest
 import torch
 from torch import nn
-from torch.nn.utils.rnn import pack_padded_sequence, pack_sequence
+from torch.nn.utils.rnn import pack_padded_sequence, pack_sequence, pad_sequence
 
 from dpnotebook import GradSampleModule
 from dpnotebook.layers import DPGRU, DPLSTM, DPRNN
@@ -203,7 +203,9 @@ def test_hooks_mode_sees_one_unit_per_layer_and_direction() -> None:
 def test_packed_batches_whatever_the_default_device() -> None:
     """pad_packed builds its indices beside batch_sizes (the CPU): a default device elsewhere (a user's
     ``torch.set_default_device("cuda")``; here "meta", which holds no data) must not move them."""
-    seq = pack_sequence([torch.randn(2, 3), torch.randn(4, 3), torch.randn(1, 3)], enforce_sorted=False)
+    # not pack_sequence: it makes its lengths on the default device, and torch wants them on the CPU
+    rows = pad_sequence([torch.randn(2, 3), torch.randn(4, 3), torch.randn(1, 3)])
+    seq = pack_padded_sequence(rows, torch.tensor([2, 4, 1], device="cpu"), enforce_sorted=False)
     with torch.device("meta"):
         padded = pad_packed(seq)
     assert padded.x.device == seq.data.device and padded.mask is not None

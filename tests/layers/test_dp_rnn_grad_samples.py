@@ -115,11 +115,16 @@ def test_packed_sequences_in_hooks_mode(kind: str) -> None:
 
 
 def _packed_positions(seq: nn.utils.rnn.PackedSequence) -> tuple[torch.Tensor, torch.Tensor]:
-    """(batch, time) of each row of ``seq.data``, in the original sample order."""
-    time = torch.repeat_interleave(torch.arange(len(seq.batch_sizes)), seq.batch_sizes)
+    """(batch, time) of each row of ``seq.data``, in the original sample order, on the data's device.
+
+    Built beside ``batch_sizes``, which torch keeps on the CPU whatever the default device
+    (``pytest --device cuda``)."""
+    cpu = seq.batch_sizes.device
+    time = torch.repeat_interleave(torch.arange(len(seq.batch_sizes), device=cpu), seq.batch_sizes)
     starts = torch.cumsum(seq.batch_sizes, 0) - seq.batch_sizes
-    rank = torch.arange(len(time)) - starts[time]
-    return seq.sorted_indices[rank], time
+    rank = torch.arange(len(time), device=cpu) - starts[time]
+    device = seq.data.device
+    return seq.sorted_indices.to(device)[rank.to(device)], time.to(device)
 
 
 def test_a_layer_called_twice_adds_up_and_frozen_parameters_are_skipped() -> None:

@@ -70,15 +70,32 @@ def layers_with_parameters(module: nn.Module, batch_dim: int = 0, root: str = "m
 
 
 @contextlib.contextmanager
+def _cudnn_off(off: bool) -> Iterator[None]:
+    """cuDNN disabled inside the block when ``off`` (no other cuDNN setting touched), as it was afterwards."""
+    was = torch.backends.cudnn.enabled
+    torch.backends.cudnn.enabled = was and not off
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.enabled = was
+
+
+@contextlib.contextmanager
 def probing(model: nn.Module, training: bool = False) -> Iterator[Callable[[], None]]:
     """Every module in eval mode (``training``: in its own mode, buffers put back), the RNG state saved and
     restored, the wrapper's recording paused. Yields a function that rewinds the RNG to where the block began,
-    so that two passes in training mode draw the same dropout masks."""
+    so that two passes in training mode draw the same dropout masks.
+
+    In eval mode a model holding a ``torch.nn`` RNN (a frozen one too) runs without cuDNN: the probe
+    differentiates its passes, and cuDNN's RNN backward refuses a module in eval mode on a GPU ("cudnn RNN
+    backward can only be called in training mode"), where PyTorch's own kernels do not. On the CPU the
+    switch changes nothing."""
     modes = [(m, m.training) for m in model.modules()]
     buffers = [(b, b.detach().clone()) for b in model.buffers()] if training else []
     devices = sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
+    rnn = not training and any(isinstance(m, nn.RNNBase) for m in model.modules())
     try:
-        with torch.random.fork_rng(devices=devices), capture_paused():
+        with torch.random.fork_rng(devices=devices), capture_paused(), _cudnn_off(rnn):
             cpu = torch.get_rng_state()
             cuda = [torch.cuda.get_rng_state(d) for d in devices]
 

@@ -351,3 +351,36 @@ def test_the_training_probe_accepts_dropout_and_puts_buffers_back(mode: str) -> 
     (dpnotebook.wrap_model(net, mode, loss_reduction="sum")(x) ** 2).sum().backward()
     once = (x @ net[0].weight.detach().T + net[0].bias.detach()).mean(0)  # the one real pass's update
     assert torch.allclose(net[1].seen, once), "the probe's passes changed the buffer"
+
+
+class _RNNClassifier(nn.Module):
+    """A linear embedding, a ``torch.nn`` LSTM and a head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.rnn, self.head = nn.Linear(3, 4), nn.LSTM(4, 5, batch_first=True), nn.Linear(5, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        out, _ = self.rnn(self.embed(x))
+        return self.head(out[:, -1])
+
+
+def test_a_torch_rnn_runs_without_cudnn_while_the_probe_differentiates_it_in_eval_mode() -> None:
+    """On a GPU cuDNN's RNN backward refuses a module in eval mode: ew mode's first step on a model with
+    ``nn.LSTM`` (the mode that takes torch's RNNs) raised "cudnn RNN backward can only be called in
+    training mode" (H200, 2026-11-27). The probe's eval passes now run without cuDNN; its training passes
+    and the step itself keep the setting, which is put back afterwards."""
+    torch.manual_seed(0)
+    model = _RNNClassifier()
+    seen: list[tuple[bool, bool]] = []
+    model.rnn.register_forward_pre_hook(lambda m, args: seen.append((m.training, torch.backends.cudnn.enabled)))
+    wrapped = dpnotebook.wrap_model(model, "ew")
+    x, y = torch.randn(6, 7, 3), torch.randint(0, 2, (6,))
+    before = torch.backends.cudnn.enabled
+    nn.functional.cross_entropy(wrapped(x), y).backward()
+    assert torch.backends.cudnn.enabled == before
+    eval_calls = [enabled for training, enabled in seen if not training]
+    train_calls = [enabled for training, enabled in seen if training]
+    assert eval_calls and not any(eval_calls)  # the probe's eval passes: cuDNN off
+    assert train_calls and all(e == before for e in train_calls)  # the training passes and the step: as set
+    assert all(p.grad_sample is not None for p in wrapped.parameters())
