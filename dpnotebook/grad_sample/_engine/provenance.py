@@ -86,14 +86,15 @@ def probing(model: nn.Module, training: bool = False) -> Iterator[Callable[[], N
     restored, the wrapper's recording paused. Yields a function that rewinds the RNG to where the block began,
     so that two passes in training mode draw the same dropout masks.
 
-    In eval mode a model holding a ``torch.nn`` RNN (a frozen one too) runs without cuDNN: the probe
+    A model holding a ``torch.nn`` RNN (a frozen one too) runs without cuDNN here. In eval mode the probe
     differentiates its passes, and cuDNN's RNN backward refuses a module in eval mode on a GPU ("cudnn RNN
-    backward can only be called in training mode"), where PyTorch's own kernels do not. On the CPU the
-    switch changes nothing."""
+    backward can only be called in training mode"); in training mode cuDNN draws the dropout between
+    stacked layers from a state of its own, which rewinding the RNG cannot repeat. PyTorch's own kernels
+    do neither. On the CPU the switch changes nothing."""
     modes = [(m, m.training) for m in model.modules()]
     buffers = [(b, b.detach().clone()) for b in model.buffers()] if training else []
     devices = sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
-    rnn = not training and any(isinstance(m, nn.RNNBase) for m in model.modules())
+    rnn = any(isinstance(m, nn.RNNBase) for m in model.modules())
     try:
         with torch.random.fork_rng(devices=devices), capture_paused(), _cudnn_off(rnn):
             cpu = torch.get_rng_state()
