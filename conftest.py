@@ -16,6 +16,10 @@ session (PyTorch turns it on for cuDNN convolutions by default; it changes float
 at the precision they check them on the CPU. On a machine
 without a CUDA GPU every test is skipped, and the run ends with one line that
 says so: nothing passes silently on the CPU in the GPU's place.
+
+``--failures-at-once`` writes each failure's report the moment it arrives (from xdist workers too), not only
+in the summary at the end: ``tools/gpu-session`` passes it, since a stage its time limit cuts off never
+prints that summary.
 """
 
 from __future__ import annotations
@@ -33,6 +37,27 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default="cpu",
         help="where the tests run: cpu (default) or cuda (every test skipped, with one line, if there is no GPU)",
     )
+    parser.addoption(
+        "--failures-at-once",
+        action="store_true",
+        help="print each failure's report the moment it fails, not only in the summary at the end "
+        "(tools/gpu-session: a stage its time limit cuts off still says why its tests failed)",
+    )
+
+
+class _FailuresAtOnce:
+    """Writes each failed test's report (with ``--tb``'s detail) as soon as it arrives, also from xdist workers."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if not report.failed:
+            return
+        terminal = self.config.pluginmanager.get_plugin("terminalreporter")
+        if terminal is not None:
+            terminal.write_line(f"\n--- failed at once: {report.nodeid} ({report.when}) ---")
+            terminal.write_line(report.longreprtext[-4000:])
 
 
 def _gpu_wanted(config: pytest.Config) -> bool:
@@ -40,6 +65,8 @@ def _gpu_wanted(config: pytest.Config) -> bool:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("failures_at_once"):
+        config.pluginmanager.register(_FailuresAtOnce(config), "failures-at-once")
     if _gpu_wanted(config) and no_gpu_reason() is None:
         import torch
 

@@ -46,6 +46,7 @@ def test_a_dry_run_on_the_cpu_records_every_stage_within_its_share(tmp_path) -> 
     command = (tmp_path / "tests.log").read_text().splitlines()[0].split()
     assert command[:4] == ["$", sys.executable, "-m", "pytest"] and "--device" in command
     assert "tests/privacy" in command and "tests/distributed" in command and "tutorials" not in command
+    assert "--failures-at-once" in command  # a stage cut off by its limit still shows why its tests failed
     tutorials = (tmp_path / "tutorials.log").read_text().splitlines()[0]
     assert tutorials.endswith(" --dist loadfile tutorials")  # each notebook's cells on one worker, in order
     assert len(list(tmp_path.iterdir())) <= 8  # a device call brings back at most 8 files
@@ -103,3 +104,22 @@ def test_the_host_profile_has_a_row_per_configuration_and_says_what_failed() -> 
     assert 0 < float(plain[2]) and float(plain[8]) < float(ghost[8])  # the DP step runs more library Python
     assert rows["no_such_step"][2].startswith("ValueError")
     assert "- MLP dpsgd_ghost: operators (self host ms)" in report and "dpnotebook/privacy/" in report
+
+
+def test_failures_at_once_reports_each_failure_before_the_run_ends(tmp_path) -> None:
+    """The third GPU run's test stage was cut off by its limit before pytest printed any failure's report:
+    21 tests failed with no reason shown. With ``--failures-at-once`` (the root conftest.py) each report
+    is written when the failure arrives, also from xdist workers; the stages pass it."""
+    (tmp_path / "test_planted.py").write_text(
+        "import time\n\ndef test_fails():\n    assert 1 + 1 == 3, 'planted failure'\n\n"
+        "def test_runs_on():\n    time.sleep(60)\n"
+    )
+    command = [sys.executable, "-m", "pytest", "-p", "conftest", "--failures-at-once", "-n", "2", "--tb=short"]
+    command += ["-p", "no:cacheprovider", "-o", "addopts=", "test_planted.py"]
+    env = {**os.environ, "PYTHONPATH": str(SCRIPT.parent.parent)}
+    with pytest.raises(subprocess.TimeoutExpired) as cut:  # cut off while test_runs_on still sleeps
+        subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=20)
+    out = cut.value.stdout
+    out = out.decode() if isinstance(out, bytes) else out or ""
+    assert "--- failed at once: test_planted.py::test_fails (call) ---" in out and "planted failure" in out
+    assert "short test summary" not in out  # the summary at the end never came
