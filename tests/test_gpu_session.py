@@ -123,3 +123,57 @@ def test_failures_at_once_reports_each_failure_before_the_run_ends(tmp_path) -> 
     out = out.decode() if isinstance(out, bytes) else out or ""
     assert "--- failed at once: test_planted.py::test_fails (call) ---" in out and "planted failure" in out
     assert "short test summary" not in out  # the summary at the end never came
+
+
+def _read_counter(monkeypatch) -> list[int]:
+    reads = [0]
+    real = torch.Tensor.__float__
+
+    def counted(self):  # the step's one host read is float(norms.sum())
+        reads[0] += 1
+        return real(self)
+
+    monkeypatch.setattr(torch.Tensor, "__float__", counted)
+    return reads
+
+
+def test_graph_bound_takes_the_host_read_away_only_inside_its_block(monkeypatch) -> None:
+    """tools/graph_bound.py: a CUDA graph cannot read the device, so its ``no_read`` block answers the
+    finite-norm check without reading; outside the block the check reads again (and still drops NaNs)."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import graph_bound
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    from dpnotebook.benchmarks.steps import make_step
+    from dpnotebook.errors import PrivacyWarning
+    from dpnotebook.privacy import _mechanisms
+
+    reads = _read_counter(monkeypatch)
+    for what in ("dpsgd_ghost", "dpsgd_hooks"):
+        step = make_step("MLP", what, 4)
+        step()
+        reads[0] = 0
+        step()
+        assert reads[0] == 1, what  # the one read of an ordinary step
+        with graph_bound.no_read():
+            step()
+        assert reads[0] == 1, what  # none inside the block
+    with pytest.warns(PrivacyWarning, match="1 sample"):  # the real check is back, warning included
+        assert _mechanisms.nonfinite_mask(torch.tensor([1.0, float("nan")])) is not None
+
+
+@pytest.mark.slow  # two configurations of the MLP, each in a process of its own
+def test_graph_bound_prints_a_row_per_configuration_on_the_cpu() -> None:
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT.parent / "graph_bound.py"), "--device", "cpu", "--models", "MLP"]
+        + ["--batch", "4", "--rounds", "2", "--configs", "dpsgd_ghost", "no_such_step"],
+        env={**os.environ, "PYTHONPATH": str(SCRIPT.parent.parent)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| MLP | 4 |")]
+    assert len(rows) == 1 and rows[0].startswith("| MLP | 4 | dpsgd_ghost | ") and rows[0].endswith("| — | — |")
+    assert "no_such_step: exit 1: ValueError: configuration 'no_such_step' is unknown" in done.stdout

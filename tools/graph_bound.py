@@ -116,7 +116,10 @@ def measure(name: str, batch: int, what: str, device: str, rounds: int) -> str:
     if not device.startswith("cuda"):
         return row(name, batch, what, times)
     step = make_step(name, what, batch, device=device)
-    model = next(c.cell_contents for c in step.__closure__ or () if isinstance(c.cell_contents, torch.nn.Module))
+    # the model the step closes over (steps._training's `model`; a loss can be a module too)
+    model = dict(zip(step.__code__.co_freevars, (c.cell_contents for c in step.__closure__ or ()), strict=True))[
+        "model"
+    ]
     replay = graphed(step)
     before = [p.detach().clone() for p in model.parameters()]
     graph_times = interleaved({"base": base, "graphed": replay}, rounds, device, warmup=2)
