@@ -155,13 +155,22 @@ print(caught[0].message if caught else "")
 """
 
 
+#: One thread and two malloc arenas in the capped process: the cap is on address space, which thread pools
+#: and per-thread arenas reserve per core (64 MB an arena), so that on a 16-core machine it would measure the
+#: machine, not the accountant. The one failure of these tests on a GPU machine (16 cores, 2026-11-27)
+#: was probably that; its report was not seen.
+_ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MALLOC_ARENA_MAX": "2"}
+
+
 def _capped_epsilon(sigma: float, q: float, steps: int, patch: str = "") -> tuple[float, str]:
     """compute_epsilon in a subprocess whose address space may grow by at most 2 GB after its imports."""
+    import os
     import subprocess
     import sys
 
     code = _CAPPED.format(sigma=sigma, q=q, steps=steps, patch=patch)
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    env = {**os.environ, **_ONE_THREAD}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert run.returncode == 0, run.stderr[-2000:]
     eps, message = run.stdout.splitlines()[-2:]
     return float(eps), message
