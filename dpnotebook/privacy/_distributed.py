@@ -3,8 +3,9 @@
 Each rank draws its share of one global Poisson batch (example ``i`` belongs to rank ``i % world_size``,
 kept when its uniform is below the global ``q``), clips its samples into a local sum; rank 0 alone adds
 the noise, and one ``all_reduce`` gives every rank the same noisy sum, divided by the global ``q * N``.
-:func:`check_ranks_agree` refuses ranks that would sample, clip, noise or count differently; a rank that
-raises inside a step joins its ``all_reduce`` with a flag, so every rank raises :class:`RanksFailedError`.
+:func:`check_ranks_agree` refuses ranks that would sample, clip, noise or count differently, and each step
+refuses ranks whose sigma, C, divisor or weights (:func:`weights_checksum`) differ; a rank that raises
+inside a step joins its ``all_reduce`` with a flag, so every rank raises :class:`RanksFailedError`.
 See ``docs/distributed.md``.
 
 >>> import torch
@@ -173,6 +174,27 @@ def check_ranks_agree(**settings: Any) -> None:
         )
 
 
+def weights_checksum(params: list[Tensor], device: torch.device) -> Tensor:
+    """The sum of the parameters' squared norms, float64 on ``device``: what the ranks compare of their weights.
+
+    Ranks that start from rank 0's weights (``DPDDP`` copies them) and apply the same noisy sum stay equal
+    to the last bit; a checkpoint loaded on one rank after wrapping moves this by far more than rounding.
+
+    >>> weights_checksum([torch.tensor([3.0, 4.0]), torch.ones(2, 2)], torch.device("cpu"))
+    tensor(29., dtype=torch.float64)
+    """
+    if not params:
+        return torch.zeros((), dtype=torch.float64, device=device)
+    norms = list(torch._foreach_norm([p.detach() for p in params]))
+    if len({(n.dtype, n.device) for n in norms}) > 1:  # mixed dtypes or devices: one conversion each
+        norms = [n.to(device=device, dtype=torch.float64) for n in norms]
+    return torch.stack(norms).to(device=device, dtype=torch.float64).square().sum()
+
+
+#: Significant digits of :func:`weights_checksum` the ranks must share: rounding on unlike GPUs may differ
+#: in the last bits of a float64 sum; a weight loaded or changed on one rank changes far more.
+CHECKSUM_DIGITS = 9
+
 if TYPE_CHECKING:  # the mixin is only mixed into a DP optimizer
     _DPOptimizerBase = DPOptimizer
 else:
@@ -189,13 +211,19 @@ class _AllReduceMixin(_DPOptimizerBase):
         self.global_batch_size: int | None = None
         self._failure_shared = False
 
-    STATUS = ("failed", "noise_multiplier", "max_grad_norm", "mean divisor")  # each rank's slots, in order
+    #: Each rank's slots, in order; ``weights`` is :func:`weights_checksum` of the parameters the step updates.
+    STATUS = ("failed", "noise_multiplier", "max_grad_norm", "mean divisor", "weights")
 
-    def _status(self, device: torch.device, failed: bool, examples: int, divisor: float = 0.0) -> Tensor:
+    def _status(
+        self, device: torch.device, failed: bool, examples: int, divisor: float = 0.0, weights: Tensor | None = None
+    ) -> Tensor:
         """Per rank the :attr:`STATUS` slots (this rank's filled), then the examples clipped."""
         mine = torch.tensor([float(failed), self.noise_multiplier, self.max_grad_norm, divisor], dtype=torch.float64)
         status = torch.zeros(len(self.STATUS) * self.world_size + 1, dtype=torch.float64, device=device)
-        status[len(self.STATUS) * self.rank : len(self.STATUS) * (self.rank + 1)] = mine
+        start = len(self.STATUS) * self.rank
+        status[start : start + len(mine)] = mine
+        if weights is not None:  # on the device: no read here
+            status[start + len(mine)] = weights
         status[-1] = float(examples)
         return status
 
@@ -221,12 +249,23 @@ class _AllReduceMixin(_DPOptimizerBase):
         values, n = status.tolist(), len(self.STATUS)  # one host read
         rows = [dict(zip(self.STATUS, values[n * r : n * (r + 1)], strict=True)) for r in range(self.world_size)]
         failed = [r for r, row in enumerate(rows) if row.pop("failed") > 0]
-        disagree = "\n  ".join(rank_disagreements(rows))
+        for row in rows:
+            row["weights"] = float(f"{row['weights']:.{CHECKSUM_DIGITS}g}")
+        lines = rank_disagreements(rows)
+        disagree = "\n  ".join(lines)
         self._failure_shared |= bool(failed or disagree)
         if failed:
             raise RanksFailedError(
                 f"rank(s) {failed} raised during this DP step (see their traceback); rank {self.rank} stops "
                 "too, so that no rank waits forever in a collective."
+            )
+        if any(line.startswith("weights:") for line in lines):
+            raise RanksFailedError(
+                f"the ranks' weights differ before this DP step (the sum of the squared parameter norms):\n  "
+                f"{disagree}\nEach rank would apply the same noisy sum to other weights, and the replicas would "
+                "train apart, each from its own start. No rank applied this step. Fix: load a checkpoint on "
+                "every rank, or before wrapping the model in DPDDP (which copies rank 0's weights to the others), "
+                "and change weights on every rank alike."
             )
         if disagree:  # e.g. a scheduler stepped, or a checkpoint loaded, on one rank only
             raise RanksFailedError(
@@ -245,7 +284,9 @@ class _AllReduceMixin(_DPOptimizerBase):
         examples = sum(int(n.shape[0]) for n in self._norms)
         device = params[0].device if params else torch.device("cpu")
         divisor = self.mean_divisor if self.loss_reduction == "mean" else 1.0
-        reduced, self.global_batch_size = self._all_reduce(noises, self._status(device, False, examples, divisor))
+        weights = weights_checksum(list(params), device)
+        status = self._status(device, False, examples, divisor, weights)
+        reduced, self.global_batch_size = self._all_reduce(noises, status)
         return reduced, norms
 
     def _join_failed_step(self) -> None:

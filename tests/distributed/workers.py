@@ -355,13 +355,18 @@ def uneven_scenarios(rank: int, world_size: int, scenarios: list[tuple[list[dict
 
 def knob_changed_on_one_rank(rank: int, world_size: int, changes: list[tuple[str, Any]]) -> list[str]:
     """For each ``(knob, value)``: after one step, rank 1 alone sets ``optimizer.<knob> = value`` (a scheduler
-    stepped, or a checkpoint loaded, on one rank only); what the next step raised on this rank ("" if nothing)."""
+    stepped, or a checkpoint loaded, on one rank only), or for ``("weights", value)`` adds ``value`` to the
+    model's first parameter (weights loaded on one rank after wrapping); what the next step raised on this
+    rank ("" if nothing)."""
     seen = []
     for knob, value in changes:
         model, optimizer, loader = _engine_and_loop()
         try:
             for step, (x, y) in enumerate(loader):
-                if step == 1 and rank == 1:
+                if step == 1 and rank == 1 and knob == "weights":
+                    with torch.no_grad():
+                        next(model.parameters()).add_(value)
+                elif step == 1 and rank == 1:
                     setattr(optimizer, knob, value)
                 optimizer.zero_grad()
                 F.cross_entropy(model(x), y).backward()
