@@ -22,7 +22,9 @@ After the timing the graphed model's parameters are checked finite and moved by 
 
 First try (H200, 2026-11-27, every configuration in one process, warm-up on a side stream): a
 device-side assert in ``nll_loss`` (a target out of range) surfaced in the hooks configuration's first
-step and ended the run before any row; its cause was not found without a GPU.
+step and ended the run before any row; its cause was not found without a GPU. ``--launch-blocking`` runs
+each configuration with ``CUDA_LAUNCH_BLOCKING=1``, so that such an error names the operation that raised
+it (the timings are then meaningless), and a failed configuration's line gives the traceback's last frames.
 
     python tools/graph_bound.py --batch 2048 --models SampleConvNet MLP
 
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import statistics
 import subprocess
 import sys
@@ -140,6 +143,12 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["SampleConvNet", "MLP"])
     parser.add_argument("--configs", nargs="+", default=CONFIGS)
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument(
+        "--launch-blocking",
+        action="store_true",
+        help="CUDA_LAUNCH_BLOCKING=1 in each configuration's process: an error names the operation that "
+        "raised it (the timings then mean nothing)",
+    )
     parser.add_argument("--one", nargs=3, metavar=("MODEL", "B", "CONFIG"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:  # a child: one configuration
@@ -154,13 +163,17 @@ def main() -> None:
             for what in args.configs:
                 # its own process: a failed capture can leave the CUDA context unusable
                 command = [sys.executable, __file__, "--device", args.device, "--rounds", str(args.rounds)]
-                done = subprocess.run([*command, "--one", name, str(batch), what], capture_output=True, text=True)
+                env = {**os.environ, **({"CUDA_LAUNCH_BLOCKING": "1"} if args.launch_blocking else {})}
+                one = [*command, "--one", name, str(batch), what]
+                done = subprocess.run(one, capture_output=True, text=True, env=env)
                 lines = done.stdout.strip().splitlines()
                 if done.returncode == 0 and lines:
                     print(*(line for line in lines if line.startswith(("|", "<!-- graphed"))), sep="\n", flush=True)
                     continue
                 eager = [line for line in lines if line.startswith("<!-- eager")]
                 cause = (done.stderr.strip().splitlines() or ["no output"])[-1][:300]
+                where = [line.strip() for line in done.stderr.splitlines() if line.strip().startswith("File ")][-3:]
+                cause += "" if not where else " (" + "; ".join(where)[:600] + ")"
                 print(
                     *eager, f"<!-- {name} B={batch} {what}: exit {done.returncode}: {cause} -->", sep="\n", flush=True
                 )
