@@ -259,19 +259,19 @@ class _AllReduceMixin(_DPOptimizerBase):
                 f"rank(s) {failed} raised during this DP step (see their traceback); rank {self.rank} stops "
                 "too, so that no rank waits forever in a collective."
             )
-        if any(line.startswith("weights:") for line in lines):
+        if any(not line.startswith("weights:") for line in lines):  # a scheduler or checkpoint on one rank only
+            raise RanksFailedError(
+                f"the ranks' DP steps disagree:\n  {disagree}\nRank 0's noise fits its own sigma * C: a larger C "
+                "elsewhere, or another sigma counted, would make epsilon wrong. No rank applied this step. Fix: change "
+                "noise_multiplier, max_grad_norm, expected_batch_size (schedulers, checkpoints) on every rank alike."
+            )
+        if lines:  # the weights alone
             raise RanksFailedError(
                 f"the ranks' weights differ before this DP step (the sum of the squared parameter norms):\n  "
                 f"{disagree}\nEach rank would apply the same noisy sum to other weights, and the replicas would "
                 "train apart, each from its own start. No rank applied this step. Fix: load a checkpoint on "
                 "every rank, or before wrapping the model in DPDDP (which copies rank 0's weights to the others), "
                 "and change weights on every rank alike."
-            )
-        if disagree:  # e.g. a scheduler stepped, or a checkpoint loaded, on one rank only
-            raise RanksFailedError(
-                f"the ranks' DP steps disagree:\n  {disagree}\nRank 0's noise fits its own sigma * C: a larger C "
-                "elsewhere, or another sigma counted, would make epsilon wrong. No rank applied this step. Fix: change "
-                "noise_multiplier, max_grad_norm, expected_batch_size (schedulers, checkpoints) on every rank alike."
             )
         return cast(list[Tensor], reduced), int(values[-1])  # every index is in one group: all were set
 
