@@ -53,8 +53,8 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -m "not slow" -n auto
 
 # The GPU test path (docs/guarantees.md): samplers, modes, the DP step, the sensitivity grid, the accountant,
-# the widgets' state, mixed precision and the distributed tests (NCCL where two GPUs exist) with CUDA as the
-# default device, and the tutorials under nbval. Without a CUDA GPU every test is skipped, with one line saying so.
+# the widgets' state and mixed precision with CUDA as the default device, the distributed tests (NCCL where two
+# GPUs exist; the gloo ranks and their references on the CPU), and the tutorials under nbval. Without a CUDA GPU every test is skipped, with one line saying so.
 # The CPU wheel pinned by constraints.txt sees no GPU: install a CUDA build of torch 2.13 first.
 # tools/gpu-session reads GPU_TESTS from this file (a lent GPU machine may have no make).
 GPU_TESTS := tests/grad_sample/samplers tests/test_modes.py tests/grad_sample/_engine/test_grad_sample_module.py tests/grad_sample/_engine/test_provenance.py \

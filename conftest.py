@@ -58,6 +58,7 @@ class _FailuresAtOnce:
         if terminal is not None:
             terminal.write_line(f"\n--- failed at once: {report.nodeid} ({report.when}) ---")
             terminal.write_line(report.longreprtext[-4000:])
+            terminal.flush()  # now, not when a buffered stdout fills (a killed run never flushes it)
 
 
 def _gpu_wanted(config: pytest.Config) -> bool:

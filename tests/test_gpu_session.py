@@ -109,20 +109,32 @@ def test_the_host_profile_has_a_row_per_configuration_and_says_what_failed() -> 
 def test_failures_at_once_reports_each_failure_before_the_run_ends(tmp_path) -> None:
     """The third GPU run's test stage was cut off by its limit before pytest printed any failure's report:
     21 tests failed with no reason shown. With ``--failures-at-once`` (the root conftest.py) each report
-    is written when the failure arrives, also from xdist workers; the stages pass it."""
+    is written, and flushed, when the failure arrives, also from xdist workers; the stages pass it.
+
+    Here a second test waits until this test has read the first one's report from the run's stdout (a
+    pipe, so buffered: no PYTHONUNBUFFERED), and passes only if it is released within a minute."""
+    release = tmp_path / "release"
     (tmp_path / "test_planted.py").write_text(
-        "import time\n\ndef test_fails():\n    assert 1 + 1 == 3, 'planted failure'\n\n"
-        "def test_runs_on():\n    time.sleep(60)\n"
+        "import pathlib, time\n\ndef test_fails():\n    assert 1 + 1 == 3, 'planted failure'\n\n"
+        "def test_waits_for_the_report():\n    deadline = time.monotonic() + 60\n"
+        f"    while not pathlib.Path({str(release)!r}).exists():\n"
+        "        assert time.monotonic() < deadline, 'the report did not arrive while this test ran'\n"
+        "        time.sleep(0.1)\n"
     )
     command = [sys.executable, "-m", "pytest", "-p", "conftest", "--failures-at-once", "-n", "2", "--tb=short"]
     command += ["-p", "no:cacheprovider", "-o", "addopts=", "test_planted.py"]
-    env = {**os.environ, "PYTHONPATH": str(SCRIPT.parent.parent)}
-    with pytest.raises(subprocess.TimeoutExpired) as cut:  # cut off while test_runs_on still sleeps
-        subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=20)
-    out = cut.value.stdout
-    out = out.decode() if isinstance(out, bytes) else out or ""
-    assert "--- failed at once: test_planted.py::test_fails (call) ---" in out and "planted failure" in out
-    assert "short test summary" not in out  # the summary at the end never came
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    env["PYTHONPATH"] = str(SCRIPT.parent.parent)
+    run = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen: list[str] = []
+    assert run.stdout is not None
+    for line in run.stdout:
+        seen.append(line)
+        if "planted failure" in line and any("--- failed at once: test_planted.py::test_fails" in s for s in seen):
+            release.touch()  # the report came while the other test still waited
+    run.wait(timeout=120)
+    out = "".join(seen)
+    assert "1 failed, 1 passed" in out, out  # released in time: the report was not held back to the end
 
 
 def _read_counter(monkeypatch) -> list[int]:

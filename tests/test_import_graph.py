@@ -231,10 +231,12 @@ def test_every_allowed_loop_is_still_there() -> None:
 #: accountant counting where the noise is drawn (a loop of add_noise() and the wrapped optimizer's step had
 #: released noisy updates with no step counted) and the Opacus-named add_noise making the step's checks;
 #: then +33 for ew mode refusing a layer run with gradients outside its wrapper (the inner model, a DDP); then
-#: +41 for the provenance probe in training mode too (a layer mixing samples only in training had passed it).
-#: Lower it as modules shrink; never raise it without a feature that pays (the issue asks for at most 18,000
+#: +41 for the provenance probe in training mode too (a layer mixing samples only in training had passed it);
+#: then +73 (2026-11-27, the third GPU run) for the probe running torch RNNs without cuDNN (ew's nn.LSTM step
+#: raised on a GPU) and the ranks comparing a checksum of their weights each step (a checkpoint loaded on
+#: one rank had let the replicas train apart). Lower it as modules shrink; never raise it without a feature that pays (the issue asks for at most 18,000
 #: with no feature lost).
-CEILING = 24_915
+CEILING = 24_988
 
 
 def line_counts() -> dict[str, int]:

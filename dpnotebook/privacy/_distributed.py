@@ -19,6 +19,7 @@ See ``docs/distributed.md``.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, cast
@@ -175,25 +176,39 @@ def check_ranks_agree(**settings: Any) -> None:
 
 
 def weights_checksum(params: list[Tensor], device: torch.device) -> Tensor:
-    """The sum of the parameters' squared norms, float64 on ``device``: what the ranks compare of their weights.
+    """The sum of the parameters' squared norms, accumulated in float64, on ``device``: a checksum the ranks compare.
 
     Ranks that start from rank 0's weights (``DPDDP`` copies them) and apply the same noisy sum stay equal
-    to the last bit; a checkpoint loaded on one rank after wrapping moves this by far more than rounding.
+    to the last bit; a checkpoint loaded, or a weight changed, on one rank after wrapping moves this sum.
+    It is a checksum, not a comparison of every weight: it cannot see a permutation or a sign flip, nor a
+    change smaller than :data:`CHECKSUM_RTOL` of the sum, nor parameters the optimizer does not update.
 
     >>> weights_checksum([torch.tensor([3.0, 4.0]), torch.ones(2, 2)], torch.device("cpu"))
     tensor(29., dtype=torch.float64)
     """
     if not params:
         return torch.zeros((), dtype=torch.float64, device=device)
-    norms = list(torch._foreach_norm([p.detach() for p in params]))
-    if len({(n.dtype, n.device) for n in norms}) > 1:  # mixed dtypes or devices: one conversion each
-        norms = [n.to(device=device, dtype=torch.float64) for n in norms]
-    return torch.stack(norms).to(device=device, dtype=torch.float64).square().sum()
+    norms = list(torch._foreach_norm([p.detach() for p in params], 2, dtype=torch.float64))
+    if len({n.device for n in norms}) > 1:  # parameters on several devices: one copy each
+        norms = [n.to(device) for n in norms]
+    return torch.stack(norms).to(device).square().sum()
 
 
-#: Significant digits of :func:`weights_checksum` the ranks must share: rounding on unlike GPUs may differ
-#: in the last bits of a float64 sum; a weight loaded or changed on one rank changes far more.
-CHECKSUM_DIGITS = 9
+#: The relative difference of :func:`weights_checksum` at which ranks are told apart: float64 sums formed
+#: in another order (unlike devices) differ by about 1e-16 of the sum; a loaded checkpoint by far more.
+CHECKSUM_RTOL = 1e-9
+
+
+def weights_differ(mine: float, reference: float) -> bool:
+    """Whether two ranks' :func:`weights_checksum` values differ (NaN on both ranks is no difference).
+
+    >>> weights_differ(1.0, 1.0 + 1e-12), weights_differ(1.0, 1.001), weights_differ(float("nan"), float("nan"))
+    (False, True, False)
+    """
+    if math.isnan(mine) or math.isnan(reference):
+        return math.isnan(mine) != math.isnan(reference)
+    return not math.isclose(mine, reference, rel_tol=CHECKSUM_RTOL, abs_tol=0.0)
+
 
 if TYPE_CHECKING:  # the mixin is only mixed into a DP optimizer
     _DPOptimizerBase = DPOptimizer
@@ -249,9 +264,10 @@ class _AllReduceMixin(_DPOptimizerBase):
         values, n = status.tolist(), len(self.STATUS)  # one host read
         rows = [dict(zip(self.STATUS, values[n * r : n * (r + 1)], strict=True)) for r in range(self.world_size)]
         failed = [r for r, row in enumerate(rows) if row.pop("failed") > 0]
-        for row in rows:
-            row["weights"] = float(f"{row['weights']:.{CHECKSUM_DIGITS}g}")
+        weights = [row.pop("weights") for row in rows]  # compared with a tolerance, not exactly
         lines = rank_disagreements(rows)
+        if any(weights_differ(w, weights[0]) for w in weights):
+            lines += rank_disagreements([{"weights": w} for w in weights])
         disagree = "\n  ".join(lines)
         self._failure_shared |= bool(failed or disagree)
         if failed:
