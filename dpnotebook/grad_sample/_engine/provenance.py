@@ -184,7 +184,7 @@ def _row_gaps(a: Tensor, b: Tensor, bd: int) -> Tensor:
         d = torch.where(same, torch.zeros((), dtype=a.dtype, device=a.device), (ra - rb).abs()).nan_to_num(
             math.inf, posinf=math.inf
         )
-        gaps[rows.cpu()] = _row_max(d, bd).cpu()
+        gaps[rows] = _row_max(d, bd)  # on the tensors' device (the CPU copies this had raised on a GPU)
     return gaps
 
 
