@@ -47,7 +47,11 @@ Key = tuple[str, int, int, str]  # model, B, K, what
 
 #: Models whose DP flavour swaps in dpnotebook's DP layers (a second non-private row).
 DP_LAYER_MODELS = ("TextTransformer", "LSTMClassifier")
-KINDS = ("gsm", "dpsgd", "naive")
+KINDS = ("gsm", "dpsgd", "naive", "graphed")
+#: The kinds a run takes unless ``--kinds`` says (``graphed``, GraphedStep's step, is asked for: ``--gpu`` does).
+DEFAULT_KINDS = ("gsm", "dpsgd", "naive")
+#: The modes of the ``graphed`` kind (the fast modes; a graph of the others was never measured).
+GRAPHED_MODES = ("hooks", "ghost")
 
 
 @dataclass(frozen=True)
@@ -65,7 +69,7 @@ def plan(
     batches: Iterable[int],
     *,
     modes: Iterable[str] = MODES,
-    kinds: Iterable[str] = KINDS,
+    kinds: Iterable[str] = DEFAULT_KINDS,
     ks: Iterable[int] = (1,),
     k_batch: int = 32,
     k_modes: Iterable[str] = ("hooks", "ghost"),
@@ -77,7 +81,8 @@ def plan(
     Args:
         models, batches: the grid for K=1.
         modes: dpnotebook grad-sample modes.
-        kinds: ``"gsm"`` (per-sample gradients only), ``"dpsgd"``, ``"naive"`` (microbatching).
+        kinds: ``"gsm"`` (per-sample gradients only), ``"dpsgd"``, ``"naive"`` (microbatching), ``"graphed"``
+            (the DP-SGD step of :class:`~dpnotebook.privacy.GraphedStep`, in :data:`GRAPHED_MODES`).
         ks, k_batch, k_modes: each K > 1 runs at B=``k_batch`` in ``k_modes``.
         opacus: add Opacus' configurations (K=1).
         compiled: add the non-private and DP-SGD steps with the model compiled first (K=1).
@@ -92,6 +97,7 @@ def plan(
                     whats += [f"{kind}_{mode}" for mode in modes]
                     if opacus:
                         whats += [f"opacus_{kind}_{mode}" for mode in OPACUS_MODES if (kind, mode) != ("gsm", "ghost")]
+            whats += [f"graphed_{mode}" for mode in modes if mode in GRAPHED_MODES] if "graphed" in kinds else []
             whats += ["naive_microbatch"] if "naive" in kinds else []
             if compiled:
                 whats += ["compiled_nonprivate"] + [f"compiled_dpsgd_{mode}" for mode in modes if "dpsgd" in kinds]
@@ -332,6 +338,7 @@ def opacus_table(rows: Iterable[Row]) -> str:
     for key in keys:
         pairs = [
             ("DP-SGD step, best mode each", _best(index, key, "dpsgd_"), _best(index, key, "opacus_dpsgd_")),
+            ("GraphedStep, best mode", _best(index, key, "graphed_"), _best(index, key, "opacus_dpsgd_")),
             ("per-sample grads, hooks", _best(index, key, "gsm_hooks"), _best(index, key, "opacus_gsm_hooks")),
             ("DP-SGD step, hooks", _best(index, key, "dpsgd_hooks"), _best(index, key, "opacus_dpsgd_hooks")),
         ]
@@ -424,7 +431,7 @@ TRANSFORMERS = {
 GPU = {
     "models": list(MODELS),
     "batch": [512, 2048],
-    "kinds": ["dpsgd"],
+    "kinds": ["dpsgd", "graphed"],
     "ks": [1],
     "steps": 15,
     "warmup": 5,
@@ -442,7 +449,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--models", nargs="+", choices=sorted({*MODELS, *TRANSFORMER_MODELS}), default=list(MODELS))
     add("--batch", nargs="+", type=int, default=[32, 128], help="samples per batch B (default 32 128)")
     add("--modes", nargs="+", choices=MODES, default=list(MODES))
-    add("--kinds", nargs="+", choices=KINDS, default=list(KINDS), help="gsm: per-sample grads; naive: microbatching")
+    add(
+        "--kinds",
+        nargs="+",
+        choices=KINDS,
+        default=list(DEFAULT_KINDS),
+        help="gsm: per-sample grads; naive: microbatching; graphed: GraphedStep's DP-SGD step (hooks, ghost)",
+    )
     add("--ks", nargs="+", type=int, default=[1, 4, 16], help="augmentation multiplicities K (default 1 4 16)")
     add("--k-batch", type=int, default=32, help="B of the K > 1 configurations (default 32)")
     add("--k-models", nargs="+", choices=sorted(MODELS), help="models of the K > 1 configurations (default --models)")

@@ -7,6 +7,7 @@ Every step has the same DP-SGD settings (:data:`SIGMA`, :data:`CLIP`, :data:`LR`
 ``nonprivate_dplayers``    the same with dpnotebook's DP layers (``DPLSTM``, ``DPMultiheadAttention``)
 ``gsm_<mode>``             forward + backward with per-sample gradients (ghost: with the norms)
 ``dpsgd_<mode>``           full DP-SGD step: clip, sum, noise, SGD update
+``graphed_<mode>``         the same step run by :class:`~dpnotebook.privacy.GraphedStep` (a CUDA graph on a GPU)
 ``naive_microbatch``       DP-SGD by one forward/backward per sample, clipping each
 ``opacus_gsm_<mode>``      Opacus 1.6's per-sample gradients (``--compare-opacus``)
 ``opacus_dpsgd_<mode>``    Opacus 1.6's DP-SGD step via ``PrivacyEngine.make_private``
@@ -31,6 +32,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import dpnotebook
 from dpnotebook.benchmarks.models import build
+from dpnotebook.privacy._graphed import GraphedStep, row_cross_entropy
 from dpnotebook.privacy._optimizer import optimizer_class
 
 #: Noise multiplier, clipping bound and learning rate of every timed step.
@@ -145,6 +147,39 @@ def dpsgd_step(model: nn.Module, mode: str, x: Inputs, y: Tensor, K: int = 1, *,
     return _training(wrapped, opt, inputs, y, loss)
 
 
+def graphed_step(
+    model: nn.Module, mode: str, x: Inputs, y: Tensor, K: int = 1, *, loss: Loss = F.cross_entropy
+) -> Step:
+    """:func:`dpsgd_step` run by :class:`~dpnotebook.privacy.GraphedStep`, with its default ``max_batch_size``
+    for an expected batch of ``B`` (so ``B`` samples sit in a step of ``B + 4 sqrt(B) + 1``, as under Poisson
+    sampling); on a GPU it is captured after :data:`~dpnotebook.privacy._graphed.WARMUP` eager steps.
+
+    Raises:
+        ValueError: the model's loss is not cross-entropy (the graphed step needs it per row).
+
+    >>> from torch import nn
+    >>> step = graphed_step(nn.Linear(3, 2), "hooks", torch.randn(8, 3), torch.randint(0, 2, (8,)))
+    >>> step()
+    """
+    if loss is not F.cross_entropy:
+        raise ValueError(f"graphed_{mode} needs a cross-entropy model (a loss per row); this one's is {loss!r}.")
+    inputs = _tuple(x)
+    wrapped = dpnotebook.wrap_model(model, mode, K=K)
+    opt = optimizer_class(mode)(
+        torch.optim.SGD(wrapped.parameters(), lr=LR),
+        noise_multiplier=SIGMA,
+        max_grad_norm=CLIP,
+        expected_batch_size=inputs[0].shape[0] // K,
+        secure_mode=False,
+    )
+    graphed = GraphedStep(wrapped, opt, row_cross_entropy)
+
+    def step() -> None:
+        graphed(*inputs, y)
+
+    return step
+
+
 def naive_step(model: nn.Module, inputs: Inputs, targets: Tensor, loss: Loss, batch: int, K: int = 1) -> Step:
     """DP-SGD by microbatching: per sample, forward/backward on its K rows and clip; then noise and step."""
     params = [p for p in model.parameters() if p.requires_grad]
@@ -256,9 +291,11 @@ def make_step(name: str, what: str, batch: int, K: int = 1, device: str = "cpu",
         return gsm_step(model, mode, inputs, targets, loss, K)
     if mode in MODES and kind == "dpsgd":
         return dpsgd_step(model, mode, inputs, targets, K, loss=loss)
+    if mode in MODES and kind == "graphed":
+        return graphed_step(model, mode, inputs, targets, K, loss=loss)
     raise ValueError(
         f"configuration {what!r} is unknown; use nonprivate, nonprivate_dplayers, naive_microbatch, "
-        f"gsm_<mode> or dpsgd_<mode> with mode in {MODES}, or opacus_gsm_<mode> / opacus_dpsgd_<mode>; "
+        f"gsm_<mode>, dpsgd_<mode> or graphed_<mode> with mode in {MODES}, or opacus_gsm_<mode> / opacus_dpsgd_<mode>; "
         "any of them prefixed with compiled_."
     )
 
@@ -274,6 +311,7 @@ __all__ = [
     "plain_step",
     "gsm_step",
     "dpsgd_step",
+    "graphed_step",
     "naive_step",
     "opacus_available",
     "opacus_step",

@@ -40,6 +40,7 @@ from dpnotebook.privacy._distributed import (
     RanksFailedError,
 )
 from dpnotebook.privacy._engine import PrivacyEngine
+from dpnotebook.privacy._graphed import GraphedStep, row_cross_entropy
 from dpnotebook.privacy._launch import RankOutcome, run_on_ranks
 from dpnotebook.privacy._mechanisms import (
     CLIPPING_MODES,
@@ -97,6 +98,9 @@ __all__ = [
     "DPLossFastGradientClipping",
     "DPTensorFastGradientClipping",
     "StepStats",
+    # a step a CUDA graph replays
+    "GraphedStep",
+    "row_cross_entropy",
     # schedulers of sigma and C
     "ExponentialNoise",
     "StepNoise",

@@ -12,10 +12,11 @@ The textbook mechanisms compute a guarantee by hand (tutorial 03b).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -144,11 +145,37 @@ def masked_clip_factors(norms: Tensor, max_grad_norm: float, finite: Tensor | No
     return factors if finite is None else torch.where(finite, factors, torch.zeros_like(factors))
 
 
+_NO_HOST_READ = [0]  # > 0 inside finite_mask_on_device(): nonfinite_mask() masks without reading
+
+
+@contextlib.contextmanager
+def finite_mask_on_device() -> Iterator[None]:
+    """Inside it, :func:`nonfinite_mask` returns ``isfinite(norms)`` always, without reading the device.
+
+    A step captured in a CUDA graph cannot read the host (:class:`~dpnotebook.privacy.GraphedStep`): the
+    mask is then applied to every step, which gives the same sum (a finite sample's factor and
+    gradient pass ``torch.where`` unchanged) at the cost of one ``where`` per parameter, and the
+    warning is the caller's to give (from the step's norms).
+
+    >>> with finite_mask_on_device():
+    ...     nonfinite_mask(torch.tensor([1.0, float("nan")]))
+    tensor([ True, False])
+    """
+    _NO_HOST_READ[0] += 1
+    try:
+        yield
+    finally:
+        _NO_HOST_READ[0] -= 1
+
+
 def nonfinite_mask(norms: Tensor) -> Tensor | None:
     """``None`` if every per-sample norm (``[B]``) is finite, else ``isfinite(norms)`` and a warning.
 
     The usual case costs one reduction and the step's one read on the host (a GPU waits for it once).
+    Inside :func:`finite_mask_on_device` it reads nothing and always returns the mask.
     """
+    if _NO_HOST_READ[0]:
+        return torch.isfinite(norms)
     if math.isfinite(float(norms.sum())):
         return None
     finite = torch.isfinite(norms)

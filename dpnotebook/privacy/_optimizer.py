@@ -183,6 +183,7 @@ class DPOptimizer(PrivacyKnobs, WrappedOptimizer):
         self._skip_next_step = False
         self.sampled_batches = SampledBatches()
         self._dp_model: nn.Module | None = None  # the wrapped model, when make_private says which
+        self._noise_drawn: list[Tensor] | None = None  # GraphedStep's: noise drawn before the step, to add
         self._reset_accumulation()
         invariants.claim_parameters(self, [p for group in self.param_groups for p in group["params"]])
 
@@ -304,8 +305,14 @@ class DPOptimizer(PrivacyKnobs, WrappedOptimizer):
     def _noisy_sum(
         self, summed: list[Tensor], params: list[nn.Parameter], std: float
     ) -> tuple[list[Tensor], SumAndNoiseNorms]:
-        """``(clipped sum + noise, the norms of the clipped sum and of the noise)``."""
-        noises = draw_noise(params, std, self.generator, self.secure_mode)
+        """``(clipped sum + noise, the norms of the clipped sum and of the noise)``.
+
+        The noise is drawn here, or was drawn by :class:`~dpnotebook.privacy.GraphedStep` before the step (with
+        the same draw, :func:`draw_noise`) into buffers that a captured step adds at every replay."""
+        if self._noise_drawn is not None:
+            noises = [n.clone() for n in self._noise_drawn]
+        else:
+            noises = draw_noise(params, std, self.generator, self.secure_mode)
         norms = SumAndNoiseNorms(summed, noises)  # before they are added up
         torch._foreach_add_(noises, [s.detach() for s in summed])
         return noises, norms

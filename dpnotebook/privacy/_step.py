@@ -326,6 +326,18 @@ class SumAndNoiseNorms:
         self._norms = torch.stack(torch._foreach_norm(tensors)) if tensors else None
         self._values: tuple[float, float] | None = None
 
+    def snapshot(self) -> SumAndNoiseNorms:
+        """A copy holding the norms as they are now (a replayed CUDA graph overwrites the tensor at its next step).
+
+        >>> norms = SumAndNoiseNorms([torch.tensor([3.0])], [torch.tensor([4.0])])
+        >>> copy = norms.snapshot(); _ = norms._norms.zero_(); copy.values()
+        (3.0, 4.0)
+        """
+        copy = SumAndNoiseNorms([], [])
+        copy._split = self._split
+        copy._norms = None if self._norms is None else self._norms.clone()
+        return copy
+
     def values(self) -> tuple[float, float]:
         """``(norm of the first list, norm of the second)``, as Python floats."""
         if self._values is None:

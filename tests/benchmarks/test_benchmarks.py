@@ -95,11 +95,11 @@ def test_groups_and_the_gpu_preset() -> None:
     assert keys == [("MLP", 8, 1), ("MLP", 2, 4), ("SampleConvNet", 8, 1), ("SampleConvNet", 2, 4)]
     assert all(g[0].what == "nonprivate" for g in groups(configs))
     args = parse_args(["--gpu", "--device", "cpu"])
-    assert args.batch == [512, 2048] and args.kinds == ["dpsgd"] and args.ks == [1] and args.grouped is True
+    assert args.batch == [512, 2048] and args.kinds == ["dpsgd", "graphed"] and args.ks == [1] and args.grouped is True
     assert parse_args(["--no-grouped"]).grouped is False and parse_args([]).grouped is None
     # an option given beside a preset wins over the preset's value
     given = parse_args(["--gpu", "--models", "MLP", "--batch", "16", "--steps", "3"])
-    assert given.models == ["MLP"] and given.batch == [16] and given.steps == 3 and given.kinds == ["dpsgd"]
+    assert given.models == ["MLP"] and given.batch == [16] and given.steps == 3 and given.kinds == ["dpsgd", "graphed"]
     assert parse_args(["--quick", "--batch", "8"]).batch == [8]
 
 
@@ -111,6 +111,9 @@ def test_plan_covers_modes_kinds_multiplicity_and_opacus() -> None:
     assert (8, 1, "nonprivate_dplayers") in whats and (8, 1, "naive_microbatch") in whats
     assert (8, 1, "opacus_dpsgd_ghost") in whats and (8, 1, "opacus_gsm_ghost") not in whats
     assert (2, 4, "nonprivate") in whats and (2, 4, "dpsgd_ghost") in whats and (2, 1, "gsm_hooks") in whats
+    assert not any(w.startswith("graphed_") for _, _, w in whats)  # asked for by name (--gpu asks)
+    graphed = plan(["MLP"], [8], modes=["hooks", "ew"], kinds=["graphed"])
+    assert [c.what for c in graphed] == ["nonprivate", "graphed_hooks"]  # GRAPHED_MODES: hooks and ghost
 
 
 def test_quick_preset_and_bad_arguments() -> None:

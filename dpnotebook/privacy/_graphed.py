@@ -1,0 +1,413 @@
+"""A DP-SGD step on batches padded to one size, so that a CUDA graph can capture it once and replay it.
+
+On a GPU a small model's DP step is bound by the host: Python and one launch per kernel take longer
+than the kernels (``docs/performance.md``, "Where SampleConvNet's time goes"). A CUDA graph replays
+the step's kernels with neither, but it needs the same shapes at every replay and no read of the
+device while it is captured, and it runs none of the step's Python. :class:`GraphedStep` provides the
+three:
+
+- **one shape.** Every batch is copied into buffers of ``max_batch_size`` samples (``K`` rows each).
+  The rows past the batch copy its first sample and get loss weight 0: their per-sample gradients
+  are exactly 0 (a layer's parameter gradient is linear in the gradient of its output), so they add
+  nothing, and the real samples' gradients are those of the batch alone. A batch larger than
+  ``max_batch_size`` runs as an ordinary eager step, never truncated.
+- **no read.** Samples with a non-finite norm are masked on the device at every step
+  (:func:`~dpnotebook.privacy._mechanisms.finite_mask_on_device`); the warning is given at the next call.
+- **the Python outside.** What a step must do on the host is done here, at every call, around the
+  replay: the noise is drawn by the optimizer's own draw into buffers the graph adds (PyTorch's
+  generator, a seeded one, or ``secure_mode``'s OS randomness alike), the tied Poisson loader's check
+  that this batch is the last one drawn, and the step hooks (the accountant counts every step). The
+  constants the graph holds (``C``, clipping, the divisor, the optimizer's hyperparameters, the
+  tensors' addresses) are compared at every call, and a change captures the step again.
+
+Without CUDA (or with ``capture=False``) every call runs the same padded step eagerly: the CPU tests
+check that path against the plain step, and the GPU test path checks the replay against both.
+
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from dpnotebook.errors import PrivacyWarning
+from dpnotebook.privacy._arguments import check_positive_int
+from dpnotebook.privacy._batches import SampledBatches, draws_in
+from dpnotebook.privacy._distributed import DistributedDPOptimizer, DistributedGhostDPOptimizer
+from dpnotebook.privacy._mechanisms import draw_noise, finite_mask_on_device
+from dpnotebook.privacy._optimizer import DPOptimizer, is_wrapped
+
+#: ``per_row_loss(output, target)``: one loss per row, shape ``[rows]``.
+RowLoss = Callable[[Tensor, Tensor], Tensor]
+
+#: Eager padded steps before the capture: lazy state (the provenance probe, cuBLAS workspaces) is made then.
+WARMUP = 3
+
+
+def row_cross_entropy(output: Tensor, target: Tensor) -> Tensor:
+    """Cross-entropy per row (``reduction="none"``), the default loss of :class:`GraphedStep`.
+
+    >>> row_cross_entropy(torch.zeros(2, 3), torch.tensor([0, 2])).shape
+    torch.Size([2])
+    """
+    return F.cross_entropy(output, target, reduction="none")
+
+
+class GraphedStep:
+    """One DP-SGD step per call, on the batch padded to ``max_batch_size`` samples; on CUDA, a replayed graph.
+
+    Args:
+        model: the wrapped model (``make_private`` or :func:`dpnotebook.wrap_model`), any mode, ``batch_first``.
+        optimizer: its :class:`~dpnotebook.privacy.DPOptimizer` (or ghost mode's), not a distributed one.
+        per_row_loss: ``(output, target) -> [rows]``, one loss per row (default: cross-entropy); the step
+            combines the rows as the optimizer's ``loss_reduction`` says.
+        max_batch_size: the samples a captured step holds (``K`` rows each). Default: the optimizer's
+            ``expected_batch_size`` plus 4 standard deviations of a Poisson batch (a batch larger than that
+            comes about 3 times in 100,000 steps; it runs eagerly, correct and slower).
+        warmup: eager padded steps before the capture (each a real step, counted).
+        capture: ``None``: capture where the model's parameters are on CUDA; ``True``: require it; ``False``:
+            never (every step eager and padded, as on the CPU).
+
+    Attributes:
+        captures: how many times the step was captured (again after a change of ``C``, ``lr``, ...).
+        replays: the steps taken by replaying the graph.
+        eager_steps: the steps that ran eagerly (the warm-up, steps without CUDA, batches over the size).
+
+    Raises:
+        TypeError: ``model`` is not wrapped, or ``optimizer`` is not a single-process DP optimizer.
+        ValueError: a bad ``max_batch_size``, ``warmup`` or ``capture``; a time-major (``batch_first=False``)
+            model; ``capture=True`` without CUDA.
+
+    >>> import torch
+    >>> from torch import nn
+    >>> import dpnotebook
+    >>> _ = torch.manual_seed(0)
+    >>> model = dpnotebook.wrap_model(nn.Linear(4, 3), "ghost")
+    >>> opt = dpnotebook.privacy.GhostDPOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+    ...     noise_multiplier=1.0, max_grad_norm=1.0, expected_batch_size=8, secure_mode=False)
+    >>> step = GraphedStep(model, opt, max_batch_size=16)
+    >>> loss = step(torch.randn(5, 4), torch.randint(0, 3, (5,)))    # 5 samples in a step of 16
+    >>> loss.shape, opt.last_step_stats.batch_size, step.eager_steps
+    (torch.Size([]), 5, 1)
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: DPOptimizer,
+        per_row_loss: RowLoss = row_cross_entropy,
+        *,
+        max_batch_size: int | None = None,
+        warmup: int = WARMUP,
+        capture: bool | None = None,
+    ) -> None:
+        if not is_wrapped(model):
+            raise TypeError(
+                f"GraphedStep needs the wrapped model, got a plain {type(model).__name__}. Fix: pass the model "
+                "that make_private (or dpnotebook.wrap_model) returned."
+            )
+        if not isinstance(optimizer, DPOptimizer):
+            raise TypeError(
+                f"optimizer must be a DPOptimizer (make_private's), got {type(optimizer).__name__}: the step "
+                "clips and noises through it."
+            )
+        if isinstance(optimizer, (DistributedDPOptimizer, DistributedGhostDPOptimizer)):
+            raise TypeError(
+                "GraphedStep runs one process's steps; a distributed optimizer's step reads the ranks' status "
+                "on the host, which a CUDA graph cannot. Fix: train across processes with the eager step."
+            )
+        if not getattr(model, "batch_first", True):
+            raise ValueError(
+                "GraphedStep pads the batch along dim 0, but the model was wrapped with batch_first=False. "
+                "Fix: wrap it with batch_first=True and pass batch-first inputs."
+            )
+        if capture not in (None, True, False):
+            raise ValueError(f"capture={capture!r} is invalid; use None (where CUDA is), True or False.")
+        self.model, self.optimizer, self.per_row_loss = model, optimizer, per_row_loss
+        self.K = int(getattr(model, "K", 1))
+        if max_batch_size is None:
+            expected = float(optimizer.expected_batch_size)
+            max_batch_size = math.ceil(expected + 4 * math.sqrt(expected)) + 1
+        self.max_batch_size = check_positive_int("max_batch_size", max_batch_size)
+        self.warmup = check_positive_int("warmup", warmup) if warmup else 0
+        params = [p for p in model.parameters() if p.requires_grad]
+        on_cuda = bool(params) and all(p.device.type == "cuda" for p in params)
+        if capture and not on_cuda:
+            raise ValueError(
+                "capture=True needs the model's parameters on a CUDA device; they are on "
+                f"{sorted({str(p.device) for p in params})}. Fix: model.to('cuda') before wrapping, or capture=None."
+            )
+        self.capture = on_cuda if capture is None else bool(capture)
+        self._required = capture is True
+        self.captures = self.replays = self.eager_steps = 0
+        self._warmed = 0  # padded eager steps taken before capturing
+        self._graph: torch.cuda.CUDAGraph | None = None
+        self._held: tuple[Any, ...] | None = None  # the constants the graph holds
+        self._inputs: list[Tensor] | None = None
+        self._target: Tensor | None = None
+        self._weights: Tensor | None = None  # per row: the loss weight (0 past the batch)
+        self._keep: Tensor | None = None  # per row: 1 in the batch, 0 past it
+        self._noise: list[Tensor] = [torch.zeros_like(p) for p in optimizer.params]
+        self._loss_sum: Tensor | None = None
+        self._nonfinite: tuple[Tensor, Any] | None = None  # the last step's count on the host, and its event
+
+    # ---- the call -------------------------------------------------------------------------------------
+
+    def __call__(self, *batch: Tensor) -> Tensor:
+        """One DP-SGD step on ``batch`` (its inputs, then the target; ``K`` rows per sample, sample-major).
+
+        Returns the mean loss over the batch's rows, a 0-dim tensor on the device (not read).
+        """
+        self._warn_nonfinite()
+        inputs, target = self._split(batch)
+        rows = int(target.shape[0])
+        if self.optimizer._skip_next_step:
+            raise RuntimeError(
+                "GraphedStep takes whole logical batches, but signal_skip_step() (BatchMemoryManager) asked for "
+                "a virtual step. Fix: give the whole Poisson batch to the step; its size is max_batch_size."
+            )
+        samples = rows // self.K
+        if samples > self.max_batch_size:
+            return self._eager(inputs, target)
+        self._check_drawn(batch, samples)
+        self._fill(inputs, target, rows)
+        opt = self.optimizer
+        torch._foreach_copy_(
+            self._noise,
+            draw_noise(opt.params, opt.noise_multiplier * opt.max_grad_norm, opt.generator, opt.secure_mode),
+        )
+        if self.capture and self._warmed >= self.warmup and (self._graph is None or self._constants() != self._held):
+            self._capture()
+        if self.capture and self._graph is not None:
+            self._graph.replay()
+            self.replays += 1
+        else:
+            self._run_owned()
+            self._warmed += 1
+            self.eager_steps += 1
+        self._finish(samples)
+        assert self._loss_sum is not None
+        return self._loss_sum / max(rows, 1)
+
+    # ---- its parts --------------------------------------------------------------------------------------
+
+    def _split(self, batch: tuple[Tensor, ...]) -> tuple[list[Tensor], Tensor]:
+        if len(batch) < 2 or not all(isinstance(t, Tensor) for t in batch):
+            raise TypeError(
+                f"GraphedStep takes the batch's input tensors then its target, got {len(batch)} argument(s) of "
+                f"types {[type(t).__name__ for t in batch]}. Fix: step(x, y), or step(x1, x2, y)."
+            )
+        *inputs, target = batch
+        rows = {int(t.shape[0]) if t.dim() else -1 for t in batch}
+        if len(rows) != 1 or -1 in rows:
+            raise ValueError(
+                f"the batch's tensors have {[tuple(t.shape) for t in batch]} rows along dim 0; GraphedStep needs "
+                "one row count for every input and the target. Fix: batch-first tensors of one batch."
+            )
+        if rows.pop() % self.K:
+            raise ValueError(
+                f"the batch has {target.shape[0]} rows, not a multiple of K={self.K} (K rows per sample). "
+                "Fix: give each sample's K augmented copies, sample-major."
+            )
+        if self._inputs is not None:
+            shapes = [t.shape[1:] for t in self._inputs] + [self._target.shape[1:]]  # type: ignore[union-attr]
+            if [t.shape[1:] for t in batch] != shapes:
+                raise ValueError(
+                    f"the batch's rows have shapes {[tuple(t.shape[1:]) for t in batch]}, but this GraphedStep "
+                    f"was built for {[tuple(s) for s in shapes]}: a graph holds one shape. Fix: pad or crop the "
+                    "inputs to one shape, or make a GraphedStep per shape."
+                )
+        return list(inputs), target
+
+    def _check_drawn(self, batch: tuple[Tensor, ...], samples: int) -> None:
+        """The tied Poisson loader's check, as the eager step makes it (the batch's marks are its tensors')."""
+        tied = self.optimizer.sampled_batches
+        if not tied.tied:
+            return
+        tied._pending |= draws_in(batch)
+        tied.rows_clipped()
+        tied.check(samples)
+
+    def _fill(self, inputs: list[Tensor], target: Tensor, rows: int) -> None:
+        """Copy the batch into the step's buffers; the rows past it copy its first sample, with weight 0."""
+        if self._inputs is None:
+            device = self.optimizer.params[0].device if self.optimizer.params else torch.device("cpu")
+            capacity = self.max_batch_size * self.K
+            self._inputs = [t.new_zeros((capacity, *t.shape[1:]), device=device) for t in inputs]
+            self._target = target.new_zeros((capacity, *target.shape[1:]), device=device)
+            self._weights = torch.zeros(capacity, device=device)
+            self._keep = torch.zeros(capacity, device=device)
+        assert self._target is not None and self._weights is not None and self._keep is not None
+        for static, given in zip([*self._inputs, self._target], [*inputs, target], strict=True):
+            static[:rows].copy_(given, non_blocking=True)
+            if rows and rows < static.shape[0]:
+                first = static[: self.K]
+                past = static[rows:].view(-1, self.K, *static.shape[1:])
+                past.copy_(first.unsqueeze(0).expand_as(past))
+        scale = 1.0 / self._weights.shape[0] if self.optimizer.loss_reduction == "mean" else 1.0
+        self._keep.zero_()[:rows] = 1.0
+        torch.mul(self._keep, scale, out=self._weights)
+
+    def _padded_step(self) -> None:
+        """The step the graph holds: zero_grad, forward, weighted loss, backward, the DP optimizer's step."""
+        assert self._inputs is not None and self._target is not None
+        assert self._weights is not None and self._keep is not None
+        opt = self.optimizer
+        opt.zero_grad(set_to_none=True)
+        per_row = self.per_row_loss(self.model(*self._inputs), self._target)
+        if per_row.shape != self._weights.shape:
+            raise ValueError(
+                f"per_row_loss returned shape {tuple(per_row.shape)}; GraphedStep needs one loss per row, "
+                f"[{self._weights.shape[0]}]. Fix: reduction='none' "
+                "(e.g. partial(F.cross_entropy, reduction='none')), or sum a row's terms yourself."
+            )
+        (per_row * self._weights).sum().backward()
+        self._loss_sum = (per_row.detach() * self._keep).sum()
+        opt.step()
+
+    @contextlib.contextmanager
+    def _owned(self) -> Iterator[None]:
+        """The optimizer's host bookkeeping is this object's while the padded step runs (or is captured)."""
+        opt = self.optimizer
+        tied, hooks = opt.sampled_batches, opt.step_hooks
+        opt.sampled_batches, opt.step_hooks, opt._noise_drawn = SampledBatches(), [], self._noise
+        try:
+            with finite_mask_on_device():
+                yield
+        finally:
+            opt.sampled_batches, opt.step_hooks, opt._noise_drawn = tied, hooks, None
+
+    def _run_owned(self) -> None:
+        with self._owned():
+            self._padded_step()
+
+    def _capture(self) -> None:
+        """Capture the padded step (nothing runs: the replay that follows is the step); on failure, eager steps.
+
+        A capture fails where the step reads the device on the host (ghost mode's float64 guard of a Gram
+        norm does, for sequence layers), or holds optimizer state on the host (Adam without
+        ``capturable=True``). With ``capture=True`` that raises; with the default it warns once and every
+        later step runs eagerly, as on the CPU: nothing of the failed capture ran, and the next step starts
+        with ``zero_grad``.
+        """
+        self._graph = None  # the last one's memory goes first
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with self._owned(), torch.cuda.graph(graph):
+                self._padded_step()
+        except Exception as error:
+            message = (
+                f"capturing the DP step in a CUDA graph failed: {type(error).__name__}: {str(error)[:300]}. Likely "
+                "causes: the step reads the device on the host (ghost mode's Gram-norm guard for sequence layers: "
+                "use grad_sample_mode='hooks'), or an optimizer with state on the host "
+                "(torch.optim.Adam(..., capturable=True) keeps it on the device)."
+            )
+            if self._required:
+                raise RuntimeError(message + " Fix: one of those, or GraphedStep(..., capture=None).") from error
+            warnings.warn(message + " GraphedStep runs every step eagerly from now on.", RuntimeWarning, stacklevel=3)
+            self.capture = False
+            torch.cuda.synchronize()
+            return
+        self._graph = graph
+        self._held = self._constants()
+        self.captures += 1
+
+    def _constants(self) -> tuple[Any, ...]:
+        """What the captured step holds as numbers or addresses; a change means capturing again."""
+        opt = self.optimizer
+        groups = tuple(
+            tuple(sorted((k, repr(v)) for k, v in group.items() if k != "params")) for group in opt.param_groups
+        )
+        state = tuple(
+            t.data_ptr() for s in opt.original_optimizer.state.values() for t in s.values() if isinstance(t, Tensor)
+        )
+        return (
+            opt.max_grad_norm,
+            tuple(opt.max_grad_norms or ()),
+            opt.clipping,
+            opt.loss_reduction,
+            opt.expected_batch_size,
+            groups,
+            tuple(p.data_ptr() for p in opt.params),
+            state,
+            torch.is_grad_enabled(),
+            self.model.training,
+        )
+
+    def _finish(self, samples: int) -> None:
+        """The step's statistics over the batch's samples, its non-finite count (read later), its hooks."""
+        opt = self.optimizer
+        stats = opt.last_step_stats
+        if stats is not None:
+            norms = stats.per_sample_norms
+            past = norms[samples:]
+            clipped = torch.as_tensor(stats.num_clipped, device=norms.device)
+            if past.numel():  # a row past the batch is clipped only if its norm is not finite (factor 0)
+                clipped = clipped - (~torch.isfinite(past)).sum()
+            # copies: a replay overwrites the captured step's tensors at the next step
+            opt.last_step_stats = dataclasses.replace(
+                stats,
+                batch_size=samples,
+                per_sample_norms=norms[:samples].clone(),
+                num_clipped=clipped.clone(),
+                norms=stats.norms.snapshot(),
+            )
+            count = (~torch.isfinite(norms[:samples])).sum()
+            host = torch.empty((), dtype=count.dtype, device="cpu", pin_memory=count.is_cuda)
+            host.copy_(count, non_blocking=True)
+            event = torch.cuda.Event() if count.is_cuda else None
+            if event is not None:
+                event.record()
+            self._nonfinite = (host, event)
+        for hook in opt.step_hooks:  # the accountant counts every step, replayed or not
+            hook(opt)
+
+    def _warn_nonfinite(self) -> None:
+        """The last step's warning for samples with a non-finite norm (its count is read now, not then)."""
+        if self._nonfinite is None:
+            return
+        host, event = self._nonfinite
+        self._nonfinite = None
+        if event is not None:
+            event.synchronize()
+        if int(host):
+            warnings.warn(
+                f"{int(host)} sample(s) of the last GraphedStep step had a NaN or infinite gradient norm; they got "
+                "clip factor 0 and added nothing to the step. Check the loss and the inputs of those samples "
+                "(an overflow, a log of 0).",
+                PrivacyWarning,
+                stacklevel=3,
+            )
+
+    def flush(self) -> None:
+        """Give the last step's non-finite warning now (the next call would give it)."""
+        self._warn_nonfinite()
+
+    def _eager(self, inputs: list[Tensor], target: Tensor) -> Tensor:
+        """A batch over ``max_batch_size``: the plain eager step, with the optimizer's own checks and hooks."""
+        opt = self.optimizer
+        opt.zero_grad(set_to_none=True)
+        per_row = self.per_row_loss(self.model(*inputs), target)
+        reduce = torch.mean if opt.loss_reduction == "mean" else torch.sum
+        reduce(per_row).backward()
+        opt.step()
+        self.eager_steps += 1
+        return per_row.detach().mean()
+
+    def __repr__(self) -> str:
+        return (
+            f"GraphedStep(max_batch_size={self.max_batch_size}, K={self.K}, capture={self.capture}, "
+            f"captures={self.captures}, replays={self.replays}, eager_steps={self.eager_steps})"
+        )
+
+
+__all__ = ["GraphedStep", "RowLoss", "row_cross_entropy"]

@@ -1,0 +1,308 @@
+"""GraphedStep: the padded step equals the plain DP step, rows past the batch add nothing, every step is counted.
+
+On the CPU every call runs the padded step eagerly; under ``pytest --device cuda`` (the GPU test path) the
+same tests run with the step captured in a CUDA graph after ``warmup`` eager steps, so each comparison
+with the plain eager step is then a replay's.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+import dpnotebook
+from dpnotebook.audit._sensitivity import reference_clipped_sum
+from dpnotebook.errors import PrivacyWarning
+from dpnotebook.modes import available_modes
+from dpnotebook.privacy import DPDataLoader, GraphedStep, PrivacyEngine
+from dpnotebook.privacy._distributed import DistributedDPOptimizer
+from dpnotebook.privacy._optimizer import optimizer_class
+
+SIGMA, C, LR = 0.7, 0.5, 0.3
+
+
+def mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 3))
+
+
+def convnet() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(2, 4, 3), nn.GroupNorm(2, 4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 3 * 3, 3))
+
+
+def setup(make, mode, *, K=1, reduction="mean", sigma=SIGMA, expected=4.0, momentum=0.0):
+    model = dpnotebook.wrap_model(make(), mode, K=K, loss_reduction=reduction)
+    opt = optimizer_class(mode)(
+        torch.optim.SGD(model.parameters(), lr=LR, momentum=momentum),
+        noise_multiplier=sigma,
+        max_grad_norm=C,
+        expected_batch_size=expected,
+        loss_reduction=reduction,
+        generator=torch.Generator().manual_seed(7),
+        secure_mode=False,
+    )
+    return model, opt
+
+
+def plain_step(model, opt, x, y, reduction):
+    opt.zero_grad(set_to_none=True)
+    if x.shape[0]:
+        loss = F.cross_entropy(model(x), y, reduction=reduction)
+        loss.backward()
+    opt.step()
+
+
+def batches(shape, sizes, K, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    for b in sizes:
+        x = torch.randn(b * K, *shape, generator=g) * 2
+        y = torch.randint(0, 3, (b * K,), generator=g)
+        yield x, y
+
+
+def params_of(model):
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def assert_close(a, b, what):
+    for i, (u, v) in enumerate(zip(a, b, strict=True)):
+        assert torch.allclose(u, v, rtol=1e-5, atol=1e-6), f"{what}: parameter {i} differs by {(u - v).abs().max()}"
+
+
+@pytest.mark.parametrize("mode", available_modes())
+@pytest.mark.parametrize(("K", "reduction"), [(1, "mean"), (2, "sum")])
+def test_the_padded_step_is_the_plain_step(mode, K, reduction):
+    """Batches of 3, 0, 5, 2 and 4 samples in a step of 6: the same parameters as the plain step after each."""
+    plain, plain_opt = setup(mlp, mode, K=K, reduction=reduction)
+    padded, padded_opt = setup(mlp, mode, K=K, reduction=reduction)
+    step = GraphedStep(padded, padded_opt, max_batch_size=6, warmup=1)
+    for i, (x, y) in enumerate(batches((6,), [3, 0, 5, 2, 4], K)):
+        plain_step(plain, plain_opt, x, y, reduction)
+        loss = step(x, y)
+        assert_close(params_of(plain), params_of(padded), f"{mode} K={K} step {i}")
+        if x.shape[0]:
+            expected = F.cross_entropy(plain(x), y).detach()  # after the step: recompute on both
+            assert torch.allclose(F.cross_entropy(padded(x), y), expected, rtol=1e-5, atol=1e-6)
+            assert loss.dim() == 0 and torch.isfinite(loss)
+        stats = padded_opt.last_step_stats
+        assert stats.batch_size == x.shape[0] // K
+        assert stats.per_sample_norms.shape == (x.shape[0] // K,)
+        assert stats.fraction_clipped == plain_opt.last_step_stats.fraction_clipped
+    assert step.replays + step.eager_steps == 5
+    assert step.captures == (1 if step.capture else 0)
+
+
+@pytest.mark.parametrize("mode", ["hooks", "ghost"])
+def test_a_conv_model_with_momentum(mode):
+    plain, plain_opt = setup(convnet, mode, momentum=0.9)
+    padded, padded_opt = setup(convnet, mode, momentum=0.9)
+    step = GraphedStep(padded, padded_opt, max_batch_size=5, warmup=2)
+    for i, (x, y) in enumerate(batches((2, 5, 5), [4, 5, 1, 3, 2, 5], 1)):
+        plain_step(plain, plain_opt, x, y, "mean")
+        step(x, y)
+        assert_close(params_of(plain), params_of(padded), f"{mode} step {i}")
+
+
+def test_rows_past_the_batch_add_nothing_even_for_an_adversarial_first_sample():
+    """The sensitivity property of the padded step: sigma = 0, lr = 1, sum, divisor 1, so the update is -S(D).
+
+    Sample 0 (copied into the rows past the batch) has a huge gradient, sample 2 a NaN input. For each
+    sample s, ||S(D) - S(D without s)|| <= C, and S(D) is the float64 definition's clipped sum.
+    """
+    torch.manual_seed(3)
+    data = torch.randn(5, 6)
+    data[0] *= 1e4
+    data[2, 1] = float("nan")
+    target = torch.tensor([0, 1, 2, 0, 1])
+
+    def update(indices):
+        model = dpnotebook.wrap_model(mlp(), "hooks", loss_reduction="sum")
+        opt = optimizer_class("hooks")(
+            torch.optim.SGD(model.parameters(), lr=1.0),
+            noise_multiplier=0.0,
+            max_grad_norm=C,
+            expected_batch_size=1.0,
+            loss_reduction="sum",
+        )
+        before = params_of(model)
+        step = GraphedStep(model, opt, max_batch_size=8, warmup=1)
+        step(data[[1, 3]], target[[1, 3]])  # the first step probes the model: on finite samples
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(2):  # the second step (a replay on CUDA) from the same weights
+                for p, b in zip(model.parameters(), before, strict=True):
+                    p.data.copy_(b)
+                step(data[indices], target[indices])
+            step.flush()
+        assert any(issubclass(w.category, PrivacyWarning) for w in caught) == (2 in indices)
+        return [b.double() - p.detach().double() for b, p in zip(before, model.parameters(), strict=True)]
+
+    whole = update([0, 1, 2, 3, 4])
+    for s in range(5):
+        rest = update([i for i in range(5) if i != s])
+        moved = math.sqrt(sum(float((u - v).pow(2).sum()) for u, v in zip(whole, rest, strict=True)))
+        assert moved <= C * (1 + 1e-4), f"sample {s} moved the step by {moved / C:.6f} C"
+    finite = [0, 1, 3, 4]  # the NaN sample adds nothing, as in the eager step
+    ref = reference_clipped_sum(
+        mlp(),
+        batch=lambda idx: (data[[finite[i] for i in idx]], target[[finite[i] for i in idx]]),
+        loss=lambda m, b: F.cross_entropy(m(b[0]), b[1], reduction="sum"),
+        num_samples=len(finite),
+        K=1,
+        loss_reduction="sum",
+        clipping="flat",
+        max_grad_norm=C,
+    )
+    gap = math.sqrt(sum(float((u.cpu() - r.cpu()).pow(2).sum()) for u, r in zip(whole, ref, strict=True)))
+    assert gap <= 1e-4 * C, f"the padded step is {gap / C:.2e} C from the float64 clipped sum"
+
+
+def test_a_batch_over_the_size_runs_eagerly():
+    plain, plain_opt = setup(mlp, "ghost")
+    padded, padded_opt = setup(mlp, "ghost")
+    step = GraphedStep(padded, padded_opt, max_batch_size=3, warmup=1)
+    for x, y in batches((6,), [2, 7, 3, 4, 1], 1):
+        plain_step(plain, plain_opt, x, y, "mean")
+        step(x, y)
+        assert_close(params_of(plain), params_of(padded), "over the size")
+    padded_steps = 3
+    assert step.replays + step.eager_steps == 5
+    assert step.eager_steps >= 2 and step.replays == (padded_steps - 1 if step.capture else 0)
+
+
+def test_a_change_of_C_or_lr_is_used_at_the_next_step():
+    plain, plain_opt = setup(mlp, "hooks")
+    padded, padded_opt = setup(mlp, "hooks")
+    step = GraphedStep(padded, padded_opt, max_batch_size=6, warmup=1)
+    for i, (x, y) in enumerate(batches((6,), [4, 4, 4, 4, 4], 1)):
+        if i == 2:
+            for opt in (plain_opt, padded_opt):
+                opt.max_grad_norm = 0.05
+        if i == 3:
+            for opt in (plain_opt, padded_opt):
+                opt.param_groups[0]["lr"] = 0.01
+        held = step._constants()
+        plain_step(plain, plain_opt, x, y, "mean")
+        step(x, y)
+        assert_close(params_of(plain), params_of(padded), f"step {i}")
+        if i in (2, 3):
+            assert held != step._held or not step.capture
+    assert step.captures == (3 if step.capture else 0)
+
+
+def test_the_accountant_counts_every_step_and_the_loader_check_holds():
+    """make_private with Poisson sampling: one accountant step per call, and a batch not drawn last is refused."""
+    torch.manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(64, 6), torch.randint(0, 3, (64,)))
+    engine = PrivacyEngine(accountant="rdp", secure_mode=False)
+    net = mlp()
+    model, opt, loader = engine.make_private(
+        module=net,
+        optimizer=torch.optim.SGD(net.parameters(), lr=LR),
+        data_loader=torch.utils.data.DataLoader(data, batch_size=8),
+        noise_multiplier=SIGMA,
+        max_grad_norm=C,
+        grad_sample_mode="ghost",
+        sampling_generator=torch.Generator().manual_seed(1),
+    )
+    assert isinstance(loader, DPDataLoader)
+    step = GraphedStep(model, opt, warmup=1)
+    assert step.max_batch_size == math.ceil(8 + 4 * math.sqrt(8)) + 1
+    for x, y in loader:
+        step(x, y)
+    assert len(engine.accountant) == len(loader) == step.replays + step.eager_steps
+    first, second = iter(loader), None
+    x1, y1 = next(first)
+    second = next(first)
+    with pytest.raises(RuntimeError, match="handed out"):
+        step(x1, y1)
+    assert second is not None
+
+
+def test_a_sample_with_a_nan_norm_warns_at_the_next_call():
+    model, opt = setup(mlp, "ghost")
+    step = GraphedStep(model, opt, max_batch_size=4, warmup=1)
+    x, y = next(batches((6,), [3], 1))
+    x[1, 0] = float("inf")
+    step(x, y)
+    with pytest.warns(PrivacyWarning, match="1 sample"):
+        step(x[[0, 2]], y[[0, 2]])
+    assert all(bool(torch.isfinite(p).all()) for p in model.parameters())
+
+
+def test_bad_arguments_are_refused_with_the_fix():
+    model, opt = setup(mlp, "hooks")
+    with pytest.raises(TypeError, match="wrapped model"):
+        GraphedStep(mlp(), opt)
+    with pytest.raises(TypeError, match="DPOptimizer"):
+        GraphedStep(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(TypeError, match="distributed"):
+        GraphedStep(model, DistributedDPOptimizer.__new__(DistributedDPOptimizer))
+    with pytest.raises(ValueError, match="max_batch_size"):
+        GraphedStep(model, opt, max_batch_size=0)
+    cpu_model, cpu_opt = setup(mlp, "hooks")
+    cpu_model.to("cpu")
+    with pytest.raises(ValueError, match="capture=True needs"):
+        GraphedStep(cpu_model, cpu_opt, capture=True)
+    step = GraphedStep(model, opt, lambda out, y: F.cross_entropy(out, y), max_batch_size=4)
+    x, y = next(batches((6,), [2], 1))
+    with pytest.raises(ValueError, match="one loss per row"):
+        step(x, y)
+    step = GraphedStep(model, opt, max_batch_size=4)
+    with pytest.raises(TypeError, match="input tensors then its target"):
+        step(x)
+    with pytest.raises(ValueError, match="one row count"):
+        step(x, y[:1])
+    step(x, y)
+    with pytest.raises(ValueError, match="a graph holds one shape"):
+        step(torch.randn(2, 7), y)
+    model2, opt2 = setup(mlp, "hooks", K=2)
+    with pytest.raises(ValueError, match="not a multiple of K=2"):
+        GraphedStep(model2, opt2, max_batch_size=4)(torch.randn(3, 6), torch.zeros(3, dtype=torch.long))
+
+
+class ReadsTheDevice(nn.Module):
+    """A forward pass that reads the device on the host, which a CUDA graph's capture refuses."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = mlp()
+
+    def forward(self, x):
+        out = self.net(x)
+        return out * 2 if bool(out.abs().sum() > 1e30) else out
+
+
+def test_a_step_that_cannot_be_captured_runs_eagerly_with_a_warning():
+    """On CUDA the capture fails (a host read): the default warns and steps eagerly, ``capture=True`` raises.
+
+    On the CPU nothing is captured: no warning, and the same parameters as the plain step."""
+
+    def make():
+        return ReadsTheDevice()
+
+    plain, plain_opt = setup(make, "hooks")
+    padded, padded_opt = setup(make, "hooks")
+    step = GraphedStep(padded, padded_opt, max_batch_size=6, warmup=1)
+    on_cuda = step.capture
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for x, y in batches((6,), [3, 4, 5], 1):
+            plain_step(plain, plain_opt, x, y, "mean")
+            step(x, y)
+            assert_close(params_of(plain), params_of(padded), "after a failed capture")
+    failed = [w for w in caught if "capturing the DP step" in str(w.message)]
+    assert len(failed) == (1 if on_cuda else 0)
+    assert step.captures == 0 and step.eager_steps == 3 and not step.capture
+    if on_cuda:
+        strict, strict_opt = setup(make, "hooks")
+        required = GraphedStep(strict, strict_opt, max_batch_size=6, warmup=1, capture=True)
+        with pytest.raises(RuntimeError, match="capturing the DP step"):
+            for x, y in batches((6,), [3, 4], 1):
+                required(x, y)
