@@ -8,10 +8,12 @@ an upper bound for any graphed DP step the library could offer; **this is not su
 - a replayed graph runs no Python, so nothing the library does in Python (the accountant's step hook,
   the checks, the warning of the finite-norm check) runs at replay; a library step would have to count
   each replay itself;
-- the capture needs the step's one host read (:func:`~dpnotebook.privacy._mechanisms.nonfinite_mask`) off:
-  while ``--no-read`` is in force it answers "all finite" without reading, which is why the eager step is
-  also timed that way, to show what the read alone costs;
-- the batch has a fixed size; Poisson sampling would need padded batches.
+- the capture needs the step's host reads off: inside :func:`no_read`
+  (:func:`~dpnotebook.grad_sample._engine.host_reads.without_host_reads`) the finite-norm check masks on
+  the device at every step, as :class:`~dpnotebook.privacy.GraphedStep` does, which is why the eager step
+  is also timed that way, to show what the reads alone cost;
+- the batch has a fixed size; :class:`~dpnotebook.privacy.GraphedStep` is the library's step that pads
+  Poisson batches to one, counts every replay and draws the noise on the host.
 
 For each model and configuration (:func:`~dpnotebook.benchmarks.steps.make_step`), in a process of its
 own: ``eager`` and ``eager without the read``, timed in interleaved rounds with the eager non-private
@@ -22,9 +24,14 @@ After the timing the graphed model's parameters are checked finite and moved by 
 
 First try (H200, 2026-11-27, every configuration in one process, warm-up on a side stream): a
 device-side assert in ``nll_loss`` (a target out of range) surfaced in the hooks configuration's first
-step and ended the run before any row; its cause was not found without a GPU. ``--launch-blocking`` runs
-each configuration with ``CUDA_LAUNCH_BLOCKING=1``, so that such an error names the operation that raised
-it (the timings are then meaningless), and a failed configuration's line gives the traceback's last frames.
+step and ended the run before any row; its cause was not found without a GPU. Second try (same day, one
+process per configuration, warm-up on the default stream): every SampleConvNet row and the
+TextTransformer's hooks row ran (``docs/performance.md``, "CUDA graphs: GraphedStep"); the
+TextTransformer's ghost capture failed at ``capture_end`` (the message was cut before its cause), most
+likely on ``torch.unique`` in the embedding norms, whose result's size is the data's: the only such call
+a CPU check found in that step, and one :func:`no_read` now replaces. ``--launch-blocking`` runs each configuration with
+``CUDA_LAUNCH_BLOCKING=1``, so that such an error names the operation that raised it (the timings are
+then meaningless), and a failed configuration's line gives the traceback's last frames.
 
     python tools/graph_bound.py --batch 2048 --models SampleConvNet MLP
 
@@ -34,36 +41,22 @@ On the CPU it runs the eager columns only (a dry run: ``--device cpu``).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import statistics
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import torch
 
-import dpnotebook.privacy._mechanisms as dp_mechanisms
-import dpnotebook.privacy._optimizer as dp_optimizer
 from dpnotebook.benchmarks.steps import interleaved, make_step
+from dpnotebook.grad_sample._engine.host_reads import without_host_reads
 
 #: The configurations timed against the eager non-private step (which every row measures beside them).
 CONFIGS = ["dpsgd_ghost", "dpsgd_hooks", "opacus_dpsgd_hooks", "opacus_dpsgd_ew"]
-#: The modules that call the check (each holds its own name for it).
-_CALLERS = (dp_mechanisms, dp_optimizer)
-_real_mask = dp_mechanisms.nonfinite_mask
-
-
-@contextlib.contextmanager
-def no_read() -> Iterator[None]:
-    """The finite-norm check answers "all finite" without reading the device (the capture cannot read)."""
-    for module in _CALLERS:
-        setattr(module, "nonfinite_mask", lambda norms: None)  # noqa: B010 - both modules' own name for it
-    try:
-        yield
-    finally:
-        for module in _CALLERS:
-            setattr(module, "nonfinite_mask", _real_mask)  # noqa: B010
+#: The step without its host reads, as GraphedStep captures it: the finite-norm mask (and ghost mode's Gram
+#: guard, the embedding norms) computed on the device for every step, nothing read.
+no_read = without_host_reads
 
 
 def without_read(step: Callable[[], None]) -> Callable[[], None]:

@@ -12,7 +12,8 @@ three:
   nothing, and the real samples' gradients are those of the batch alone. A batch larger than
   ``max_batch_size`` runs as an ordinary eager step, never truncated.
 - **no read.** Samples with a non-finite norm are masked on the device at every step
-  (:func:`~dpnotebook.privacy._mechanisms.finite_mask_on_device`); the warning is given at the next call.
+  (:func:`~dpnotebook.grad_sample._engine.host_reads.without_host_reads`), as is ghost mode's
+  float64 guard of Gram norms; the non-finite warning is given at the next call.
 - **the Python outside.** What a step must do on the host is done here, at every call, around the
   replay: the noise is drawn by the optimizer's own draw into buffers the graph adds (PyTorch's
   generator, a seeded one, or ``secure_mode``'s OS randomness alike), the tied Poisson loader's check
@@ -39,10 +40,11 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from dpnotebook.errors import PrivacyWarning
+from dpnotebook.grad_sample._engine.host_reads import without_host_reads
 from dpnotebook.privacy._arguments import check_positive_int
 from dpnotebook.privacy._batches import SampledBatches, draws_in
 from dpnotebook.privacy._distributed import DistributedDPOptimizer, DistributedGhostDPOptimizer
-from dpnotebook.privacy._mechanisms import draw_noise, finite_mask_on_device
+from dpnotebook.privacy._mechanisms import draw_noise
 from dpnotebook.privacy._optimizer import DPOptimizer, is_wrapped
 
 #: ``per_row_loss(output, target)``: one loss per row, shape ``[rows]``.
@@ -280,7 +282,7 @@ class GraphedStep:
         tied, hooks = opt.sampled_batches, opt.step_hooks
         opt.sampled_batches, opt.step_hooks, opt._noise_drawn = SampledBatches(), [], self._noise
         try:
-            with finite_mask_on_device():
+            with without_host_reads():
                 yield
         finally:
             opt.sampled_batches, opt.step_hooks, opt._noise_drawn = tied, hooks, None
@@ -356,6 +358,8 @@ class GraphedStep:
             # copies: a replay overwrites the captured step's tensors at the next step
             opt.last_step_stats = dataclasses.replace(
                 stats,
+                noise_multiplier=opt.noise_multiplier,  # the captured step's numbers are its capture's
+                noise_std=opt.noise_multiplier * opt.max_grad_norm,
                 batch_size=samples,
                 per_sample_norms=norms[:samples].clone(),
                 num_clipped=clipped.clone(),

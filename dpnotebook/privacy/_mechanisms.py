@@ -12,11 +12,10 @@ The textbook mechanisms compute a guarantee by hand (tutorial 03b).
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +25,7 @@ import torch
 from torch import Tensor
 
 from dpnotebook.errors import PrivacyWarning
+from dpnotebook.grad_sample._engine.host_reads import host_reads_allowed
 from dpnotebook.grad_sample._engine.precision import exact_float32, full_precision
 from dpnotebook.grad_sample.samplers._contracts import flat_rows
 from dpnotebook.privacy._arguments import (
@@ -145,36 +145,20 @@ def masked_clip_factors(norms: Tensor, max_grad_norm: float, finite: Tensor | No
     return factors if finite is None else torch.where(finite, factors, torch.zeros_like(factors))
 
 
-_NO_HOST_READ = [0]  # > 0 inside finite_mask_on_device(): nonfinite_mask() masks without reading
-
-
-@contextlib.contextmanager
-def finite_mask_on_device() -> Iterator[None]:
-    """Inside it, :func:`nonfinite_mask` returns ``isfinite(norms)`` always, without reading the device.
-
-    A step captured in a CUDA graph cannot read the host (:class:`~dpnotebook.privacy.GraphedStep`): the
-    mask is then applied to every step, which gives the same sum (a finite sample's factor and
-    gradient pass ``torch.where`` unchanged) at the cost of one ``where`` per parameter, and the
-    warning is the caller's to give (from the step's norms).
-
-    >>> with finite_mask_on_device():
-    ...     nonfinite_mask(torch.tensor([1.0, float("nan")]))
-    tensor([ True, False])
-    """
-    _NO_HOST_READ[0] += 1
-    try:
-        yield
-    finally:
-        _NO_HOST_READ[0] -= 1
-
-
 def nonfinite_mask(norms: Tensor) -> Tensor | None:
     """``None`` if every per-sample norm (``[B]``) is finite, else ``isfinite(norms)`` and a warning.
 
     The usual case costs one reduction and the step's one read on the host (a GPU waits for it once).
-    Inside :func:`finite_mask_on_device` it reads nothing and always returns the mask.
+    Inside :func:`~dpnotebook.grad_sample._engine.host_reads.without_host_reads` (a step a CUDA graph
+    captures) it reads nothing and always returns the mask: the same sum, one ``where`` per parameter more,
+    and the warning is the caller's to give.
+
+    >>> from dpnotebook.grad_sample._engine.host_reads import without_host_reads
+    >>> with without_host_reads():
+    ...     nonfinite_mask(torch.tensor([1.0, float("nan")]))
+    tensor([ True, False])
     """
-    if _NO_HOST_READ[0]:
+    if not host_reads_allowed():
         return torch.isfinite(norms)
     if math.isfinite(float(norms.sum())):
         return None

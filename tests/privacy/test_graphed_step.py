@@ -14,9 +14,11 @@ import pytest
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.overrides import TorchFunctionMode
 
 import dpnotebook
 from dpnotebook.audit._sensitivity import reference_clipped_sum
+from dpnotebook.benchmarks.models import MODELS, build
 from dpnotebook.errors import PrivacyWarning
 from dpnotebook.modes import available_modes
 from dpnotebook.privacy import DPDataLoader, GraphedStep, PrivacyEngine
@@ -176,7 +178,7 @@ def test_a_batch_over_the_size_runs_eagerly():
     assert step.eager_steps >= 2 and step.replays == (padded_steps - 1 if step.capture else 0)
 
 
-def test_a_change_of_C_or_lr_is_used_at_the_next_step():
+def test_a_change_of_C_lr_or_sigma_is_used_at_the_next_step():
     plain, plain_opt = setup(mlp, "hooks")
     padded, padded_opt = setup(mlp, "hooks")
     step = GraphedStep(padded, padded_opt, max_batch_size=6, warmup=1)
@@ -187,6 +189,9 @@ def test_a_change_of_C_or_lr_is_used_at_the_next_step():
         if i == 3:
             for opt in (plain_opt, padded_opt):
                 opt.param_groups[0]["lr"] = 0.01
+        if i == 4:  # sigma: drawn on the host at every call, so no new capture
+            for opt in (plain_opt, padded_opt):
+                opt.noise_multiplier = 2.0
         held = step._constants()
         plain_step(plain, plain_opt, x, y, "mean")
         step(x, y)
@@ -194,6 +199,8 @@ def test_a_change_of_C_or_lr_is_used_at_the_next_step():
         if i in (2, 3):
             assert held != step._held or not step.capture
     assert step.captures == (3 if step.capture else 0)
+    stats = padded_opt.last_step_stats
+    assert (stats.noise_multiplier, stats.noise_std) == (2.0, 2.0 * 0.05)
 
 
 def test_the_accountant_counts_every_step_and_the_loader_check_holds():
@@ -306,3 +313,50 @@ def test_a_step_that_cannot_be_captured_runs_eagerly_with_a_warning():
         with pytest.raises(RuntimeError, match="capturing the DP step"):
             for x, y in batches((6,), [3, 4], 1):
                 required(x, y)
+
+
+class HostReads(TorchFunctionMode):
+    """Records what a CUDA graph's capture would refuse: reads of the device on the host, results whose size
+    is the data's, tensors made from host data, moves between devices (on the CPU all of them run, unseen)."""
+
+    READS = frozenset({"__bool__", "item", "tolist", "__float__", "__int__", "__index__", "numpy", "cpu", "cuda"})
+    SIZED_BY_DATA = frozenset({"nonzero", "argwhere", "unique", "unique_consecutive", "masked_select", "bincount"})
+    FROM_HOST = frozenset({"tensor", "as_tensor", "new_tensor", "from_numpy"})
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        moves = name == "to" and any(
+            isinstance(a, (str, torch.device, torch.Tensor)) for a in (*args[1:], *kwargs.values())
+        )
+        if name in self.READS | self.SIZED_BY_DATA | self.FROM_HOST or moves:
+            self.seen.add(name)
+        return func(*args, **kwargs)
+
+
+@pytest.mark.parametrize("mode", ["hooks", "ghost"])
+@pytest.mark.parametrize("name", list(MODELS))
+def test_the_padded_step_of_every_suite_model_reads_nothing_from_the_device(name, mode):
+    """What a capture refuses, looked for on the CPU: the step of each benchmark model in hooks and ghost mode.
+
+    The warm-up steps may read (the provenance probe does); the step a graph holds may not."""
+    model, inputs, targets, _ = build(name, 4, K=1, flavour="dp", seed=0)
+    wrapped = dpnotebook.wrap_model(model, mode)
+    opt = optimizer_class(mode)(
+        torch.optim.SGD(wrapped.parameters(), lr=0.1),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+        expected_batch_size=4,
+        secure_mode=False,
+    )
+    step = GraphedStep(wrapped, opt, max_batch_size=6, warmup=1, capture=False)
+    step(*inputs, targets)
+    step._fill(list(inputs), targets, int(targets.shape[0]))
+    reads = HostReads()
+    with step._owned(), reads:
+        step._padded_step()
+    assert not reads.seen, f"{name} in {mode} mode: {sorted(reads.seen)} in the step a graph would hold"

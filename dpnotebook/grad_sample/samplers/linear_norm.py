@@ -24,6 +24,7 @@ from typing import cast
 import torch
 from torch import Tensor, nn
 
+from dpnotebook.grad_sample._engine.host_reads import host_reads_allowed
 from dpnotebook.grad_sample.samplers._contracts import (
     GhostCall,
     GhostGroup,
@@ -54,6 +55,7 @@ __all__ = [
     "settle_pays",
     "guard_gram",
     "embedding_sq_norms",
+    "embedding_sq_norms_fixed",
     "embedding_weighted_sum",
     "CHUNK_BYTES",
     "GRAM_TRUST",
@@ -147,6 +149,8 @@ def guard_gram(A: Tensor, G: Tensor, sq: Tensor) -> Tensor:
     eps = torch.finfo(A.dtype).eps
     reach = (torch.linalg.vector_norm(A, dim=2) * torch.linalg.vector_norm(G, dim=2)).sum(1)  # >= ‖G_bᵀ A_b‖
     suspect = ~(sq >= reach.pow(2) * (GRAM_TRUST * eps * (A.shape[2] + G.shape[2])))
+    if not host_reads_allowed():  # a step a CUDA graph captures: every sample redone, selected on the device
+        return torch.where(suspect, _gram64_bound(A, G, reach, eps).to(sq.dtype), sq)
     if not bool(suspect.any()):
         return sq
     idx = suspect.nonzero().flatten()
@@ -154,6 +158,34 @@ def guard_gram(A: Tensor, G: Tensor, sq: Tensor) -> Tensor:
     sq = sq.clone()
     sq[idx] = (exact + A.shape[1] * eps * reach[idx].double()).pow(2).to(sq.dtype)
     return sq
+
+
+def _gram64_bound(A: Tensor, G: Tensor, reach: Tensor, eps: float) -> Tensor:
+    """Every sample's :func:`guard_gram` value without reading the device: its Gram norm in float64, raised by
+    a bound of that sum's own rounding, plus the float32 allowance ``n * eps * reach`` that the guard adds.
+
+    In float64 each dot product ``a_t·a_t'`` errs by at most ``in * eps64 * ‖a_t‖ ‖a_t'‖`` (and ``δ`` alike),
+    and the sum of the ``n²`` products by ``n² * eps64`` of their magnitudes, which add up to ``reach²``: so
+    ``(in + out + n² + 2) * eps64 * reach²`` bounds the sum's error (to first order), and the result is at
+    least the exact norm's square plus the allowance. It is above the guard's own value by that bound at
+    most: on the guard's worst case below (cancellation to ``1e-12`` of ``reach²``), by 5 %.
+
+    >>> a = torch.full((1, 2, 64), 1000.0); a[0, 1, 0] += 0.01   # two nearly equal positions
+    >>> g = torch.ones(1, 2, 64); g[0, 1] = -1.0                 # opposite backprops
+    >>> reach = (a.norm(dim=2) * g.norm(dim=2)).sum(1)
+    >>> eager = float(guard_gram(a, g, torch.tensor([-256.0])))   # the float64 norm, read and redone
+    >>> eager <= float(_gram64_bound(a, g, reach, torch.finfo(a.dtype).eps)) < 1.06 * eager
+    True
+    """
+    B, n, d_in = A.shape
+    gram = A.new_empty(B, dtype=torch.float64)
+    step = _chunk(B, 4 * n * n, A)  # float64 scratch: twice the entries of a float32 one
+    for s in range(0, B, step):
+        a, g = A[s : s + step].double(), G[s : s + step].double()
+        gram[s : s + step] = (a @ a.mT * (g @ g.mT)).sum((1, 2))
+    r = reach.double()
+    rounding = (d_in + G.shape[2] + n * n + 2) * torch.finfo(torch.float64).eps * r.pow(2)
+    return ((gram + rounding).clamp(min=0).sqrt() + n * eps * r).pow(2)
 
 
 def _chunk(B: int, per_sample: int, like: Tensor) -> int:
@@ -182,10 +214,32 @@ def embedding_sq_norms(idx: Tensor, G: Tensor, V: int) -> Tensor:
     B, n = idx.shape
     if B == 0 or n == 0:
         return G.new_zeros(B)
+    if not host_reads_allowed():  # unique's size is the data's: it reads the device
+        return embedding_sq_norms_fixed(idx, G, V)
     sample = torch.arange(B, device=idx.device).repeat_interleave(n)
     keys, inverse = torch.unique(sample * V + idx.reshape(-1), return_inverse=True)
     summed = G.new_zeros(keys.shape[0], G.shape[-1]).index_add_(0, inverse, G.reshape(B * n, -1))
     return G.new_zeros(B).index_add_(0, torch.div(keys, V, rounding_mode="floor"), summed.pow(2).sum(1))
+
+
+def embedding_sq_norms_fixed(idx: Tensor, G: Tensor, V: int) -> Tensor:
+    """:func:`embedding_sq_norms` with shapes that do not depend on the indices (a CUDA graph can replay it).
+
+    The ``B * n`` keys are sorted instead of made unique; a run of equal keys is one (sample, row) pair,
+    numbered by the running count of key changes, and its positions add up in that slot before squaring.
+    Slots past the last run stay 0.
+
+    >>> idx, G = torch.tensor([[1, 1, 2], [0, 2, 0]]), torch.randn(2, 3, 4)
+    >>> torch.allclose(embedding_sq_norms_fixed(idx, G, V=3), embedding_sq_norms(idx, G, V=3))
+    True
+    """
+    B, n = idx.shape
+    sample = torch.arange(B, device=idx.device).repeat_interleave(n)
+    keys, order = torch.sort(sample * V + idx.reshape(-1))
+    run = torch.cat([keys.new_zeros(1), (keys[1:] != keys[:-1]).cumsum(0)])  # slot of each sorted position
+    summed = G.new_zeros(B * n, G.shape[-1]).index_add_(0, run, G.reshape(B * n, -1)[order])
+    owner = keys.new_zeros(B * n).scatter_(0, run, torch.div(keys, V, rounding_mode="floor"))
+    return G.new_zeros(B).index_add_(0, owner, summed.pow(2).sum(1))
 
 
 def embedding_weighted_sum(idx: Tensor, G: Tensor, weights: Tensor, V: int) -> Tensor:
