@@ -46,6 +46,7 @@ from dpnotebook.privacy._batches import SampledBatches, draws_in
 from dpnotebook.privacy._distributed import DistributedDPOptimizer, DistributedGhostDPOptimizer
 from dpnotebook.privacy._mechanisms import draw_noise
 from dpnotebook.privacy._optimizer import DPOptimizer, is_wrapped
+from dpnotebook.privacy._step import StepStats
 
 #: ``per_row_loss(output, target)``: one loss per row, shape ``[rows]``.
 RowLoss = Callable[[Tensor, Tensor], Tensor]
@@ -159,7 +160,10 @@ class GraphedStep:
         self._keep: Tensor | None = None  # per row: 1 in the batch, 0 past it
         self._noise: list[Tensor] = [torch.zeros_like(p) for p in optimizer.params]
         self._loss_sum: Tensor | None = None
+        self._stats: StepStats | None = None  # the statistics the padded step (or the captured one) made
         self._nonfinite: tuple[Tensor, Any] | None = None  # the last step's count on the host, and its event
+        self._count_host: Tensor | None = None
+        self._count_done: Any = None
 
     # ---- the call -------------------------------------------------------------------------------------
 
@@ -290,6 +294,7 @@ class GraphedStep:
     def _run_owned(self) -> None:
         with self._owned():
             self._padded_step()
+        self._stats = self.optimizer.last_step_stats
 
     def _capture(self) -> None:
         """Capture the padded step (nothing runs: the replay that follows is the step); on failure, eager steps.
@@ -303,8 +308,12 @@ class GraphedStep:
         self._graph = None  # the last one's memory goes first
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
+        # autocast's cache of cast weights would hand the graph casts made before it, never redone: off
+        uncached: Any = contextlib.nullcontext()
+        if torch.is_autocast_enabled("cuda"):
+            uncached = torch.autocast("cuda", torch.get_autocast_dtype("cuda"), cache_enabled=False)
         try:
-            with self._owned(), torch.cuda.graph(graph):
+            with self._owned(), torch.cuda.graph(graph), uncached:
                 self._padded_step()
         except Exception as error:
             message = (
@@ -320,6 +329,7 @@ class GraphedStep:
             torch.cuda.synchronize()
             return
         self._graph = graph
+        self._stats = self.optimizer.last_step_stats  # its tensors are the graph's: each replay writes them
         self._held = self._constants()
         self.captures += 1
 
@@ -343,12 +353,14 @@ class GraphedStep:
             state,
             torch.is_grad_enabled(),
             self.model.training,
+            torch.is_autocast_enabled("cuda"),
+            torch.get_autocast_dtype("cuda"),
         )
 
     def _finish(self, samples: int) -> None:
         """The step's statistics over the batch's samples, its non-finite count (read later), its hooks."""
         opt = self.optimizer
-        stats = opt.last_step_stats
+        stats = self._stats  # the padded step's own (last_step_stats holds the last call's copy)
         if stats is not None:
             norms = stats.per_sample_norms
             past = norms[samples:]
@@ -366,12 +378,13 @@ class GraphedStep:
                 norms=stats.norms.snapshot(),
             )
             count = (~torch.isfinite(norms[:samples])).sum()
-            host = torch.empty((), dtype=count.dtype, device="cpu", pin_memory=count.is_cuda)
-            host.copy_(count, non_blocking=True)
-            event = torch.cuda.Event() if count.is_cuda else None
-            if event is not None:
-                event.record()
-            self._nonfinite = (host, event)
+            if self._count_host is None:  # one pinned number and one event, reused: read before each refill
+                self._count_host = torch.empty((), dtype=count.dtype, device="cpu", pin_memory=count.is_cuda)
+                self._count_done = torch.cuda.Event() if count.is_cuda else None
+            self._count_host.copy_(count, non_blocking=True)
+            if self._count_done is not None:
+                self._count_done.record()
+            self._nonfinite = (self._count_host, self._count_done)
         for hook in opt.step_hooks:  # the accountant counts every step, replayed or not
             hook(opt)
 
