@@ -1,8 +1,10 @@
 """GraphedStep: the padded step equals the plain DP step, rows past the batch add nothing, every step is counted.
 
-On the CPU every call runs the padded step eagerly; under ``pytest --device cuda`` (the GPU test path) the
-same tests run with the step captured in a CUDA graph after ``warmup`` eager steps, so each comparison
-with the plain eager step is then a replay's.
+The ``graphs`` fixture makes steps that capture: under ``pytest --device cuda`` (the GPU test path) in a
+real CUDA graph after ``warmup`` eager steps, so each comparison with the plain eager step is a replay's;
+on the CPU through :class:`FakeGraph`, which keeps a graph's semantics for everything GraphedStep does
+around it (a capture runs the step's Python and none of its tensor work; a replay the tensor work, into
+the capture's tensors, and none of the Python). The ``eager`` path (``capture=False``) is tested too.
 """
 
 from __future__ import annotations
@@ -191,58 +193,83 @@ def test_a_conv_model_with_momentum(mode, graphs):
         assert_close(params_of(plain), params_of(padded), f"{mode} step {i}")
 
 
-def test_rows_past_the_batch_add_nothing_even_for_an_adversarial_first_sample(graphs):
-    """The sensitivity property of the padded step: sigma = 0, lr = 1, sum, divisor 1, so the update is -S(D).
+def textnet() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Embedding(20, 8), nn.LayerNorm(8), nn.Flatten(), nn.Linear(5 * 8, 3))
 
-    Sample 0 (copied into the rows past the batch) has a huge gradient, sample 2 a NaN input. For each
-    sample s, ||S(D) - S(D without s)|| <= C, and S(D) is the float64 definition's clipped sum.
+
+def adversarial(kind: str, K: int):
+    """Five samples (``K`` rows each): sample 0, which the rows past the batch copy, has a gradient far larger
+    than the others'; for the MLP, sample 2 has a NaN input (its norm is not finite: it must add nothing)."""
+    g = torch.Generator().manual_seed(3)
+    if kind == "mlp":
+        data = torch.randn(5 * K, 6, generator=g)
+        data[:K] *= 1e4
+        data[2 * K, 1] = float("nan")
+        return data, [0, 1, 3, 4]
+    data = torch.randint(0, 20, (5 * K, 5), generator=g)
+    data[:K] = 7  # one token five times: its embedding row gets the whole gradient
+    return data, [0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("kind", ["mlp", "text"])
+@pytest.mark.parametrize("mode", available_modes())
+@pytest.mark.parametrize(("K", "clipping"), [(1, "flat"), (2, "per_layer")])
+def test_rows_past_the_batch_add_nothing_even_for_an_adversarial_first_sample(kind, mode, K, clipping, graphs):
+    """The sensitivity property of the captured step: sigma = 0, lr = 1, sum, divisor 1, so the update is -S(D).
+
+    For each sample s, ||S(D) - S(D without s)|| <= C (D without s has one more row copying sample 0), and
+    S(D) is the float64 definition's clipped sum over the finite samples.
     """
-    torch.manual_seed(3)
-    data = torch.randn(5, 6)
-    data[0] *= 1e4
-    data[2, 1] = float("nan")
-    target = torch.tensor([0, 1, 2, 0, 1])
+    make = mlp if kind == "mlp" else textnet
+    data, finite = adversarial(kind, K)
+    target = torch.arange(5 * K) % 3
 
-    def update(indices):
-        model = dpnotebook.wrap_model(mlp(), "hooks", loss_reduction="sum")
-        opt = optimizer_class("hooks")(
+    def rows(samples):
+        return [r for i in samples for r in range(i * K, (i + 1) * K)]
+
+    def update(samples):
+        model = dpnotebook.wrap_model(make(), mode, K=K, loss_reduction="sum")
+        opt = optimizer_class(mode)(
             torch.optim.SGD(model.parameters(), lr=1.0),
             noise_multiplier=0.0,
             max_grad_norm=C,
             expected_batch_size=1.0,
             loss_reduction="sum",
+            clipping=clipping,
         )
         before = params_of(model)
         step = graphs(model, opt, max_batch_size=8, warmup=1)
-        step(data[[1, 3]], target[[1, 3]])  # the first step probes the model: on finite samples
+        step(data[rows([1, 3])], target[rows([1, 3])])  # the first step probes the model: on finite samples
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            for _ in range(2):  # the second step (a replay on CUDA) from the same weights
+            for _ in range(2):  # the capture's replay, then a replay, each from the same weights
                 for p, b in zip(model.parameters(), before, strict=True):
                     p.data.copy_(b)
-                step(data[indices], target[indices])
+                step(data[rows(samples)], target[rows(samples)])
             step.flush()
-        assert any(issubclass(w.category, PrivacyWarning) for w in caught) == (2 in indices)
+        nonfinite = any(issubclass(w.category, PrivacyWarning) and "NaN" in str(w.message) for w in caught)
+        assert nonfinite == (kind == "mlp" and 2 in samples)
+        assert step.replays == 2
         return [b.double() - p.detach().double() for b, p in zip(before, model.parameters(), strict=True)]
 
-    whole = update([0, 1, 2, 3, 4])
+    whole = update(range(5))
     for s in range(5):
         rest = update([i for i in range(5) if i != s])
         moved = math.sqrt(sum(float((u - v).pow(2).sum()) for u, v in zip(whole, rest, strict=True)))
         assert moved <= C * (1 + 1e-4), f"sample {s} moved the step by {moved / C:.6f} C"
-    finite = [0, 1, 3, 4]  # the NaN sample adds nothing, as in the eager step
     ref = reference_clipped_sum(
-        mlp(),
-        batch=lambda idx: (data[[finite[i] for i in idx]], target[[finite[i] for i in idx]]),
+        make(),
+        batch=lambda idx: (data[rows([finite[i] for i in idx])], target[rows([finite[i] for i in idx])]),
         loss=lambda m, b: F.cross_entropy(m(b[0]), b[1], reduction="sum"),
         num_samples=len(finite),
-        K=1,
+        K=K,
         loss_reduction="sum",
-        clipping="flat",
+        clipping=clipping,
         max_grad_norm=C,
     )
     gap = math.sqrt(sum(float((u.cpu() - r.cpu()).pow(2).sum()) for u, r in zip(whole, ref, strict=True)))
-    assert gap <= 1e-4 * C, f"the padded step is {gap / C:.2e} C from the float64 clipped sum"
+    assert gap <= 1e-4 * C, f"the captured step is {gap / C:.2e} C from the float64 clipped sum"
 
 
 def test_a_batch_over_the_size_runs_eagerly(graphs):
