@@ -252,6 +252,20 @@ def _refusal(path: str, module: nn.Module, what: str, rows: int, B: int, K: int)
     )
 
 
+def _nonfinite_refusal(path: str, module: nn.Module, samples: list[int]) -> GradSampleError:
+    """The probe met NaN where it looks for a leak: a non-finite sample, which the probe cannot see past."""
+    return GradSampleError(
+        f"{path} ({type(module).__name__}): the rows of sample(s) {samples[:8]} of the batch the provenance "
+        "probe ran on turned a gradient sent back from another sample's output into NaN (0 * NaN or 0 * inf: "
+        "a NaN or infinite value in the sample's forward pass, or an infinite derivative, such as sqrt's at 0), "
+        "so the probe cannot prove that the layer's rows are the samples: NaN looks like a leak and could hide "
+        "one. The probe runs once, on the first batch of two or more samples. "
+        "Fix: find those samples (an input with NaN or inf, an overflow, a log of 0) and drop or repair them "
+        "in the data; the DP step itself gives a sample with a non-finite gradient norm clip factor 0, but "
+        "only after the probe has passed."
+    )
+
+
 def _forward_check(
     layers: list[ProbeLayer], rec: _Recorder, rows: int, B: int, K: int, j: int, k: int, own_rows: bool = True
 ) -> Any:
@@ -313,7 +327,10 @@ def _backward_check(
         path, module, bd = layers[i]
         if g is None or not _rows_of(g, rows, bd):
             continue
-        moved = _moved_rows(_row_max(g.detach().abs(), bd).nan_to_num(math.inf, posinf=math.inf), keep, _tolerance(g))
+        largest = _row_max(g.detach().abs(), bd)
+        moved = _moved_rows(largest.nan_to_num(math.inf, posinf=math.inf), keep, _tolerance(g))
+        if moved and bool(largest[moved].isnan().all()):  # 0 * NaN: the rows' own values, or mixing hidden by them
+            raise _nonfinite_refusal(path, module, sorted({r // K for r in moved}))
         if moved:
             what = (
                 f"A gradient on sample {j}'s rows of the model's output alone reached rows {moved[:8]} "

@@ -391,3 +391,15 @@ def test_a_torch_rnn_runs_without_cudnn_while_the_probe_runs_it() -> None:
     assert not any(enabled for _, enabled in probe)  # ... without cuDNN
     assert step == (True, before)  # the step itself: training, the user's setting
     assert all(p.grad_sample is not None for p in wrapped.parameters())
+
+
+@pytest.mark.parametrize("mode", ["hooks", "ghost", "ew"])
+def test_a_nan_sample_in_the_probed_batch_is_named_as_the_cause(mode: str) -> None:
+    """A NaN input turns the probe's gradient from another sample into 0 * NaN in its own rows: the refusal
+    names the sample and that cause, not a layer mixing samples (which it said before), and the fix."""
+    model = nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 3))
+    x = torch.randn(4, 6)
+    x[2, 1] = float("nan")
+    with pytest.raises(GradSampleError, match=r"sample\(s\) \[2\] .* turned a gradient .* into NaN") as caught:
+        torch.nn.functional.cross_entropy(dpnotebook.wrap_model(model, mode)(x), torch.tensor([0, 1, 2, 0])).backward()
+    assert "rows are not the samples" not in str(caught.value) and "Fix: find those samples" in str(caught.value)
