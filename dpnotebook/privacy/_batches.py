@@ -126,6 +126,10 @@ class SampledBatches:
     def _backward(self, marks: frozenset[Draw], grad: Tensor) -> None:
         self._pending |= marks
 
+    def trained_on(self, batch: Any) -> None:
+        """A step trains on ``batch``'s tensors, given directly (``GraphedStep``: the copies it runs carry no mark)."""
+        self._pending |= draws_in(batch)
+
     def rows_clipped(self) -> None:
         """The optimizer clipped the rows of the backward passes so far into the step's sum."""
         self._clipped |= self._pending

@@ -42,7 +42,7 @@ from torch.nn import functional as F
 from dpnotebook.errors import PrivacyWarning
 from dpnotebook.grad_sample._engine.host_reads import without_host_reads
 from dpnotebook.privacy._arguments import check_positive_int
-from dpnotebook.privacy._batches import SampledBatches, draws_in
+from dpnotebook.privacy._batches import SampledBatches
 from dpnotebook.privacy._distributed import DistributedDPOptimizer, DistributedGhostDPOptimizer
 from dpnotebook.privacy._mechanisms import draw_noise
 from dpnotebook.privacy._optimizer import DPOptimizer, is_wrapped
@@ -238,7 +238,7 @@ class GraphedStep:
         tied = self.optimizer.sampled_batches
         if not tied.tied:
             return
-        tied._pending |= draws_in(batch)
+        tied.trained_on(batch)
         tied.rows_clipped()
         tied.check(samples)
 
