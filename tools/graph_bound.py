@@ -9,7 +9,7 @@ an upper bound for any graphed DP step the library could offer; **this is not su
   the checks, the warning of the finite-norm check) runs at replay; a library step would have to count
   each replay itself;
 - the capture needs the step's host reads off: inside :func:`no_read`
-  (:func:`~dpnotebook.grad_sample._engine.host_reads.without_host_reads`) the finite-norm check masks on
+  (:func:`~dpnotebook.grad_sample._engine.capturable.capturable_step`) the finite-norm check masks on
   the device at every step, as :class:`~dpnotebook.privacy.GraphedStep` does, which is why the eager step
   is also timed that way, to show what the reads alone cost;
 - the batch has a fixed size; :class:`~dpnotebook.privacy.GraphedStep` is the library's step that pads
@@ -50,13 +50,13 @@ from collections.abc import Callable
 import torch
 
 from dpnotebook.benchmarks.steps import interleaved, make_step
-from dpnotebook.grad_sample._engine.host_reads import without_host_reads
+from dpnotebook.grad_sample._engine.capturable import capturable_step
 
 #: The configurations timed against the eager non-private step (which every row measures beside them).
 CONFIGS = ["dpsgd_ghost", "dpsgd_hooks", "opacus_dpsgd_hooks", "opacus_dpsgd_ew"]
 #: The step without its host reads, as GraphedStep captures it: the finite-norm mask (and ghost mode's Gram
 #: guard, the embedding norms) computed on the device for every step, nothing read.
-no_read = without_host_reads
+no_read = capturable_step
 
 
 def without_read(step: Callable[[], None]) -> Callable[[], None]:

@@ -2,28 +2,34 @@
 
 On a GPU a small model's DP step is bound by the host: Python and one launch per kernel take longer
 than the kernels (``docs/performance.md``, "Where SampleConvNet's time goes"). A CUDA graph replays
-the step's kernels with neither, but it needs the same shapes at every replay and no read of the
-device while it is captured, and it runs none of the step's Python. :class:`GraphedStep` provides the
-three:
+the step's kernels with neither, but it needs the same shapes and memory at every replay and no read of
+the device while it is captured, and it runs none of the step's Python. :class:`GraphedStep` provides
+them:
 
 - **one shape.** Every batch is copied into buffers of ``max_batch_size`` samples (``K`` rows each).
-  The rows past the batch copy its first sample and get loss weight 0: their per-sample gradients
-  are exactly 0 (a layer's parameter gradient is linear in the gradient of its output), so they add
-  nothing, and the real samples' gradients are those of the batch alone. A batch larger than
-  ``max_batch_size`` runs as an ordinary eager step, never truncated.
-- **no read.** Samples with a non-finite norm are masked on the device at every step
-  (:func:`~dpnotebook.grad_sample._engine.host_reads.without_host_reads`), as is ghost mode's
-  float64 guard of Gram norms; the non-finite warning is given at the next call.
+  The rows past the batch copy its first sample (an empty batch leaves the last batch's rows) and get
+  loss weight 0: their per-sample gradients are exactly 0 (a layer's parameter gradient is linear in
+  the gradient of its output), so they add nothing, and the real samples' gradients are those of the
+  batch alone. A batch larger than ``max_batch_size`` runs as an ordinary eager step, never truncated.
+- **no read, no kept buffer.** The step runs inside
+  :func:`~dpnotebook.grad_sample._engine.capturable.capturable_step`: samples with a non-finite norm are
+  masked on the device at every step (the warning is given at the next call), ghost mode's float64 Gram
+  guard and embedding norms take forms that read nothing, and no buffer is kept from step to step.
+  Before the first capture (and again after anything the graph holds changed) one eager padded step
+  runs with ``torch.cuda.set_sync_debug_mode("warn")``, after the provenance probe has proven the rows:
+  a synchronising call there means no capture (a failed capture would leave PyTorch's CUDA random
+  numbers unusable), and the state that step makes (momentum and the like) is made outside the graph.
 - **the Python outside.** What a step must do on the host is done here, at every call, around the
   replay: the noise is drawn by the optimizer's own draw into buffers the graph adds (PyTorch's
   generator, a seeded one, or ``secure_mode``'s OS randomness alike), the tied Poisson loader's check
-  that this batch is the last one drawn, and the step hooks (the accountant counts every step). The
-  constants the graph holds (``C``, clipping, the divisor, the optimizer's hyperparameters, the
-  tensors' addresses) are compared at every call, and a change captures the step again.
+  that this batch is the last one drawn, and the step hooks (the accountant counts every step). What
+  the graph holds (``C``, clipping, the divisor, the optimizer's hyperparameters, the addresses of the
+  model's parameters and buffers and of the optimizer's state, grad, training and autocast mode) is
+  compared at every call, and a step taken outside the graph (an eager step of the user's, or of a batch
+  over the size) is seen by the optimizer's count: either drops the graph.
 
 Without CUDA (or with ``capture=False``) every call runs the same padded step eagerly: the CPU tests
 check that path against the plain step, and the GPU test path checks the replay against both.
-
 """
 
 from __future__ import annotations
@@ -39,8 +45,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from dpnotebook.errors import PrivacyWarning
-from dpnotebook.grad_sample._engine.host_reads import without_host_reads
+from dpnotebook.errors import GradSampleError, PrivacyWarning
+from dpnotebook.grad_sample._engine.capturable import capturable_step
 from dpnotebook.privacy._arguments import check_positive_int
 from dpnotebook.privacy._batches import SampledBatches
 from dpnotebook.privacy._distributed import DistributedDPOptimizer, DistributedGhostDPOptimizer
@@ -75,14 +81,16 @@ class GraphedStep:
         max_batch_size: the samples a captured step holds (``K`` rows each). Default: the optimizer's
             ``expected_batch_size`` plus 4 standard deviations of a Poisson batch (a batch larger than that
             comes about 3 times in 100,000 steps; it runs eagerly, correct and slower).
-        warmup: eager padded steps before the capture (each a real step, counted).
+        warmup: eager padded steps before the capture, at least 1 (each a real step, counted); a capture
+            also waits for the provenance probe's proof and for an eager step without a synchronising call.
         capture: ``None``: capture where the model's parameters are on CUDA; ``True``: require it; ``False``:
             never (every step eager and padded, as on the CPU).
 
     Attributes:
         captures: how many times the step was captured (again after a change of ``C``, ``lr``, ...).
         replays: the steps taken by replaying the graph.
-        eager_steps: the steps that ran eagerly (the warm-up, steps without CUDA, batches over the size).
+        eager_steps: the steps that ran eagerly (the warm-up, one after each change, steps without CUDA,
+            batches over the size).
 
     Raises:
         TypeError: ``model`` is not wrapped, or ``optimizer`` is not a single-process DP optimizer.
@@ -140,7 +148,12 @@ class GraphedStep:
             expected = float(optimizer.expected_batch_size)
             max_batch_size = math.ceil(expected + 4 * math.sqrt(expected)) + 1
         self.max_batch_size = check_positive_int("max_batch_size", max_batch_size)
-        self.warmup = check_positive_int("warmup", warmup) if warmup else 0
+        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 1:
+            raise ValueError(
+                f"warmup={warmup!r} is invalid; use an int >= 1: the eager steps before the capture make the "
+                "state a step keeps (the optimizer's momentum, the provenance probe's proof) outside the graph."
+            )
+        self.warmup = warmup
         params = [p for p in model.parameters() if p.requires_grad]
         on_cuda = bool(params) and all(p.device.type == "cuda" for p in params)
         if capture and not on_cuda:
@@ -154,6 +167,8 @@ class GraphedStep:
         self._warmed = 0  # padded eager steps taken before capturing
         self._graph: torch.cuda.CUDAGraph | None = None
         self._held: tuple[Any, ...] | None = None  # the constants the graph holds
+        self._ready: tuple[Any, ...] | None = None  # the constants after the last eager padded step, if clean
+        self._steps_seen = optimizer.finished_batches  # the optimizer's count after this object's last step
         self._inputs: list[Tensor] | None = None
         self._target: Tensor | None = None
         self._weights: Tensor | None = None  # per row: the loss weight (0 past the batch)
@@ -164,6 +179,7 @@ class GraphedStep:
         self._nonfinite: tuple[Tensor, Any] | None = None  # the last step's count on the host, and its event
         self._count_host: Tensor | None = None
         self._count_done: Any = None
+        self._samples = 0  # the samples of the call running
 
     # ---- the call -------------------------------------------------------------------------------------
 
@@ -181,24 +197,34 @@ class GraphedStep:
                 "a virtual step. Fix: give the whole Poisson batch to the step; its size is max_batch_size."
             )
         samples = rows // self.K
+        opt = self.optimizer
+        if opt.finished_batches != self._steps_seen:  # a step ran outside this object: it may have replaced
+            self._forget_graph()  # buffers or state the graph writes into
         if samples > self.max_batch_size:
             return self._eager(inputs, target)
         self._check_drawn(batch, samples)
         self._fill(inputs, target, rows)
-        opt = self.optimizer
+        self._samples = samples
+        if [n.shape for n in self._noise] != [p.shape for p in opt.params]:  # parameters frozen or thawed
+            self._noise = [torch.zeros_like(p) for p in opt.params]
+            self._forget_graph()
         torch._foreach_copy_(
             self._noise,
             draw_noise(opt.params, opt.noise_multiplier * opt.max_grad_norm, opt.generator, opt.secure_mode),
         )
-        if self.capture and self._warmed >= self.warmup and (self._graph is None or self._constants() != self._held):
+        now = self._constants() if self.capture else None
+        if self._graph is not None and now != self._held:
+            self._forget_graph()
+        if self._graph is None and self.capture and self._warmed >= self.warmup and now == self._ready:
             self._capture()
-        if self.capture and self._graph is not None:
+        if self._graph is not None:
             self._graph.replay()
             self.replays += 1
         else:
             self._run_owned()
             self._warmed += 1
             self.eager_steps += 1
+        self._steps_seen = opt.finished_batches
         self._finish(samples)
         assert self._loss_sum is not None
         return self._loss_sum / max(rows, 1)
@@ -286,26 +312,68 @@ class GraphedStep:
         tied, hooks = opt.sampled_batches, opt.step_hooks
         opt.sampled_batches, opt.step_hooks, opt._noise_drawn = SampledBatches(), [], self._noise
         try:
-            with without_host_reads():
+            with capturable_step():
                 yield
         finally:
             opt.sampled_batches, opt.step_hooks, opt._noise_drawn = tied, hooks, None
 
     def _run_owned(self) -> None:
-        with self._owned():
-            self._padded_step()
+        """The padded step, eager. Where a capture is to follow, it also proves the step capturable: the
+        model's rows proven by the provenance probe (which reads the device), and no synchronising CUDA
+        call (``torch.cuda.set_sync_debug_mode``), after which its constants are the ones a capture may hold
+        (the state the step made, momentum and the like, is then made outside the graph)."""
+        check = self.capture and self._rows_proven()
+        watch = check and torch.cuda.is_available()  # the sync check is CUDA's (a CPU build has none)
+        syncs: list[str] = []
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            mode = torch.cuda.get_sync_debug_mode() if watch else 0
+            if watch:
+                torch.cuda.set_sync_debug_mode("warn")
+            try:
+                with self._owned():
+                    self._padded_step()
+            except GradSampleError as error:
+                raise GradSampleError(
+                    f"{error} (In a GraphedStep, the samples from {self._samples} on are copies of sample 0 "
+                    "that pad the batch.)"
+                ) from error
+            finally:
+                if watch:
+                    torch.cuda.set_sync_debug_mode(mode)
+        for w in caught:
+            if watch and "synchroniz" in str(w.message):
+                syncs.append(str(w.message).split("\n")[0][:200])
+            else:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
         self._stats = self.optimizer.last_step_stats
+        self._ready = self._constants() if check and not syncs else None
+        if syncs:
+            message = (
+                f"the DP step reads the device on the host ({syncs[0]}; {len(syncs)} such call(s)), which a CUDA "
+                "graph's capture refuses."
+            )
+            if self._required:
+                raise RuntimeError(message + " Fix: capture=None (steps eager where a capture would fail).")
+            warnings.warn(message + " GraphedStep runs every step eagerly.", RuntimeWarning, stacklevel=4)
+            self.capture = False
+
+    def _rows_proven(self) -> bool:
+        """Whether the provenance probe (hooks, ghost, ew) is done: it reads the device while it runs."""
+        proof = getattr(self.model, "_rows_proof", "proven")
+        return proof == "proven" or not getattr(self.model, "probes_rows", True)
+
+    def _forget_graph(self) -> None:
+        """Drop the graph: the next padded step runs eagerly, and a capture may follow it."""
+        self._graph = self._held = self._ready = None
 
     def _capture(self) -> None:
-        """Capture the padded step (nothing runs: the replay that follows is the step); on failure, eager steps.
+        """Capture the padded step (nothing runs: the replay that follows is the step).
 
-        A capture fails where the step reads the device on the host (ghost mode's float64 guard of a Gram
-        norm does, for sequence layers), or holds optimizer state on the host (Adam without
-        ``capturable=True``). With ``capture=True`` that raises; with the default it warns once and every
-        later step runs eagerly, as on the CPU: nothing of the failed capture ran, and the next step starts
-        with ``zero_grad``.
+        Only after an eager padded step with the same constants that made no synchronising call
+        (:meth:`_run_owned`). A capture that fails anyway raises: PyTorch's CUDA random numbers cannot be
+        used in this process after a failed capture (seen on an H200, torch 2.11).
         """
-        self._graph = None  # the last one's memory goes first
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         # autocast's cache of cast weights would hand the graph casts made before it, never redone: off
@@ -316,18 +384,13 @@ class GraphedStep:
             with self._owned(), torch.cuda.graph(graph), uncached:
                 self._padded_step()
         except Exception as error:
-            message = (
-                f"capturing the DP step in a CUDA graph failed: {type(error).__name__}: {str(error)[:300]}. Likely "
-                "causes: the step reads the device on the host (ghost mode's Gram-norm guard for sequence layers: "
-                "use grad_sample_mode='hooks'), or an optimizer with state on the host "
-                "(torch.optim.Adam(..., capturable=True) keeps it on the device)."
-            )
-            if self._required:
-                raise RuntimeError(message + " Fix: one of those, or GraphedStep(..., capture=None).") from error
-            warnings.warn(message + " GraphedStep runs every step eagerly from now on.", RuntimeWarning, stacklevel=3)
-            self.capture = False
-            torch.cuda.synchronize()
-            return
+            raise RuntimeError(
+                f"capturing the DP step in a CUDA graph failed: {type(error).__name__}: {str(error)[:300]}. An "
+                "eager step with the same constants made no synchronising call, so the cause is one that check "
+                "does not see (a random-number generator other than the device's default, a host copy). After a "
+                "failed capture PyTorch's CUDA random numbers cannot be drawn in this process: restart it, and "
+                "pass capture=False for this model (the same padded step, eager)."
+            ) from error
         self._graph = graph
         self._stats = self.optimizer.last_step_stats  # its tensors are the graph's: each replay writes them
         self._held = self._constants()
@@ -336,8 +399,11 @@ class GraphedStep:
     def _constants(self) -> tuple[Any, ...]:
         """What the captured step holds as numbers or addresses; a change means capturing again."""
         opt = self.optimizer
-        groups = tuple(
-            tuple(sorted((k, repr(v)) for k, v in group.items() if k != "params")) for group in opt.param_groups
+        groups = tuple(  # a tensor (a learning rate on the device) by its address: the graph reads its value
+            tuple(
+                sorted((k, v.data_ptr() if isinstance(v, Tensor) else repr(v)) for k, v in g.items() if k != "params")
+            )
+            for g in opt.param_groups
         )
         state = tuple(
             t.data_ptr() for s in opt.original_optimizer.state.values() for t in s.values() if isinstance(t, Tensor)
@@ -349,7 +415,8 @@ class GraphedStep:
             opt.loss_reduction,
             opt.expected_batch_size,
             groups,
-            tuple(p.data_ptr() for p in opt.params),
+            tuple(p.data_ptr() for p in self.model.parameters()),
+            tuple(b.data_ptr() for b in self.model.buffers()),
             state,
             torch.is_grad_enabled(),
             self.model.training,
@@ -410,7 +477,11 @@ class GraphedStep:
         self._warn_nonfinite()
 
     def _eager(self, inputs: list[Tensor], target: Tensor) -> Tensor:
-        """A batch over ``max_batch_size``: the plain eager step, with the optimizer's own checks and hooks."""
+        """A batch over ``max_batch_size``: the plain eager step, with the optimizer's own checks and hooks.
+
+        Its other shapes may replace buffers the graph writes into: the graph is dropped (the next padded
+        step runs eagerly, then a capture may follow)."""
+        self._forget_graph()
         opt = self.optimizer
         opt.zero_grad(set_to_none=True)
         per_row = self.per_row_loss(self.model(*inputs), target)
@@ -418,6 +489,7 @@ class GraphedStep:
         reduce(per_row).backward()
         opt.step()
         self.eager_steps += 1
+        self._steps_seen = opt.finished_batches
         return per_row.detach().mean()
 
     def __repr__(self) -> str:

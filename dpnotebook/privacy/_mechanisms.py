@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from dpnotebook.errors import PrivacyWarning
-from dpnotebook.grad_sample._engine.host_reads import host_reads_allowed
+from dpnotebook.grad_sample._engine.capturable import host_reads_allowed
 from dpnotebook.grad_sample._engine.precision import exact_float32, full_precision
 from dpnotebook.grad_sample.samplers._contracts import flat_rows
 from dpnotebook.privacy._arguments import (
@@ -149,12 +149,12 @@ def nonfinite_mask(norms: Tensor) -> Tensor | None:
     """``None`` if every per-sample norm (``[B]``) is finite, else ``isfinite(norms)`` and a warning.
 
     The usual case costs one reduction and the step's one read on the host (a GPU waits for it once).
-    Inside :func:`~dpnotebook.grad_sample._engine.host_reads.without_host_reads` (a step a CUDA graph
+    Inside :func:`~dpnotebook.grad_sample._engine.capturable.capturable_step` (a step a CUDA graph
     captures) it reads nothing and always returns the mask: the same sum, one ``where`` per parameter more,
     and the warning is the caller's to give.
 
-    >>> from dpnotebook.grad_sample._engine.host_reads import without_host_reads
-    >>> with without_host_reads():
+    >>> from dpnotebook.grad_sample._engine.capturable import capturable_step
+    >>> with capturable_step():
     ...     nonfinite_mask(torch.tensor([1.0, float("nan")]))
     tensor([ True, False])
     """

@@ -152,6 +152,8 @@ class DPOptimizer(PrivacyKnobs, WrappedOptimizer):
         last_step_stats: the :class:`StepStats` of the last step (``None`` before it).
         step_hooks: functions ``hook(optimizer)`` called once per logical batch, when its noise is drawn
             (:meth:`step`, :meth:`pre_step` or :meth:`add_noise`): the accountant's.
+        finished_batches: how many logical batches this optimizer has noised (a replayed CUDA graph's steps
+            are not among them: :class:`~dpnotebook.privacy.GraphedStep` counts those).
     """
 
     def __init__(
@@ -184,6 +186,7 @@ class DPOptimizer(PrivacyKnobs, WrappedOptimizer):
         self.sampled_batches = SampledBatches()
         self._dp_model: nn.Module | None = None  # the wrapped model, when make_private says which
         self._noise_drawn: list[Tensor] | None = None  # GraphedStep's: noise drawn before the step, to add
+        self.finished_batches = 0  # logical batches noised (GraphedStep: a step ran outside its graph)
         self._reset_accumulation()
         invariants.claim_parameters(self, [p for group in self.param_groups for p in group["params"]])
 
@@ -299,6 +302,7 @@ class DPOptimizer(PrivacyKnobs, WrappedOptimizer):
             virtual_steps=self._virtual_steps,
         )
         self._reset_accumulation()
+        self.finished_batches += 1
         for hook in self.step_hooks:  # the accountant counts where the noise is drawn, whoever asked for it
             hook(self)
 

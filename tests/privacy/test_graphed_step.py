@@ -21,6 +21,7 @@ from torch.overrides import TorchFunctionMode
 import dpnotebook
 from dpnotebook.audit._sensitivity import reference_clipped_sum
 from dpnotebook.benchmarks.models import MODELS, build
+from dpnotebook.benchmarks.steps import flavour_of
 from dpnotebook.errors import PrivacyWarning
 from dpnotebook.modes import available_modes
 from dpnotebook.privacy import DPDataLoader, GraphedStep, PrivacyEngine
@@ -65,7 +66,7 @@ class FakeGraph:
 
     def replay(self) -> None:
         step, opt = self.step, self.step.optimizer
-        before = [p.grad for p in opt.params], opt.last_step_stats, step._loss_sum
+        before = [p.grad for p in opt.params], opt.last_step_stats, step._loss_sum, opt.finished_batches
         with step._owned():
             step._padded_step()
         new = opt.last_step_stats
@@ -79,7 +80,7 @@ class FakeGraph:
             old.copy_(made)  # into the capture's tensors, as the graph's kernels write
         for p, grad in zip(opt.params, before[0], strict=True):  # and no Python ran
             p.grad = grad
-        opt.last_step_stats, step._loss_sum = before[1], before[2]
+        opt.last_step_stats, step._loss_sum, opt.finished_batches = before[1], before[2], before[3]
 
 
 @pytest.fixture
@@ -179,7 +180,10 @@ def test_the_padded_step_is_the_plain_step(mode, K, reduction, path, graphs):
         assert stats.per_sample_norms.shape == (x.shape[0] // K,)
         assert stats.fraction_clipped == plain_opt.last_step_stats.fraction_clipped
     assert step.replays + step.eager_steps == 5
-    assert (step.captures, step.replays) == ((1, 4) if path == "graph" else (0, 0))
+    # step 0 probes the rows (not in functorch mode), then an eager step proves the step capturable (no
+    # sync), then it is captured
+    eager = 1 if mode == "functorch" else 2
+    assert (step.captures, step.replays) == ((1, 5 - eager) if path == "graph" else (0, 0))
 
 
 @pytest.mark.parametrize("mode", ["hooks", "ghost"])
@@ -240,7 +244,8 @@ def test_rows_past_the_batch_add_nothing_even_for_an_adversarial_first_sample(ki
         )
         before = params_of(model)
         step = graphs(model, opt, max_batch_size=8, warmup=1)
-        step(data[rows([1, 3])], target[rows([1, 3])])  # the first step probes the model: on finite samples
+        for _ in range(2):  # the probe's step and the eager step before the capture, on finite samples
+            step(data[rows([1, 3])], target[rows([1, 3])])
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             for _ in range(2):  # the capture's replay, then a replay, each from the same weights
@@ -250,7 +255,7 @@ def test_rows_past_the_batch_add_nothing_even_for_an_adversarial_first_sample(ki
             step.flush()
         nonfinite = any(issubclass(w.category, PrivacyWarning) and "NaN" in str(w.message) for w in caught)
         assert nonfinite == (kind == "mlp" and 2 in samples)
-        assert step.replays == 2
+        assert step.replays == (3 if mode == "functorch" else 2)  # functorch runs no probe: one more
         return [b.double() - p.detach().double() for b, p in zip(before, model.parameters(), strict=True)]
 
     whole = update(range(5))
@@ -276,37 +281,56 @@ def test_a_batch_over_the_size_runs_eagerly(graphs):
     plain, plain_opt = setup(mlp, "ghost")
     padded, padded_opt = setup(mlp, "ghost")
     step = graphs(padded, padded_opt, max_batch_size=3, warmup=1)
-    for x, y in batches((6,), [2, 7, 3, 4, 1], 1):
+    for x, y in batches((6,), [2, 3, 3, 7, 3, 2, 1], 1):
         plain_step(plain, plain_opt, x, y, "mean")
         step(x, y)
         assert_close(params_of(plain), params_of(padded), "over the size")
-    padded_steps = 3
-    assert step.replays + step.eager_steps == 5
-    assert step.eager_steps == 5 - step.replays and step.replays == padded_steps - 1
+    # probe, eager, capture; the batch of 7 eager, and the graph dropped (its shapes may have replaced
+    # buffers the graph writes into); eager, capture again, replay
+    assert (step.eager_steps, step.captures, step.replays) == (4, 2, 3)
 
 
 def test_a_change_of_C_lr_or_sigma_is_used_at_the_next_step(graphs):
+    """C (step 3) and the learning rate (step 5) are held by the graph: each change runs one eager step,
+    then captures again; sigma (step 7) is drawn on the host at every call: no new capture."""
     plain, plain_opt = setup(mlp, "hooks")
     padded, padded_opt = setup(mlp, "hooks")
     step = graphs(padded, padded_opt, max_batch_size=6, warmup=1)
-    for i, (x, y) in enumerate(batches((6,), [4, 4, 4, 4, 4], 1)):
-        if i == 2:
-            for opt in (plain_opt, padded_opt):
-                opt.max_grad_norm = 0.05
+    captured = []
+    for i, (x, y) in enumerate(batches((6,), [4] * 8, 1)):
         if i == 3:
             for opt in (plain_opt, padded_opt):
+                opt.max_grad_norm = 0.05
+        if i == 5:
+            for opt in (plain_opt, padded_opt):
                 opt.param_groups[0]["lr"] = 0.01
-        if i == 4:  # sigma: drawn on the host at every call, so no new capture
+        if i == 7:
             for opt in (plain_opt, padded_opt):
                 opt.noise_multiplier = 2.0
         captures = step.captures
         plain_step(plain, plain_opt, x, y, "mean")
         step(x, y)
         assert_close(params_of(plain), params_of(padded), f"step {i}")
-        assert step.captures - captures == (1 if i in (1, 2, 3) else 0), i  # 1: the first capture
-    assert step.captures == 3
+        captured += [i] if step.captures > captures else []
+    assert captured == [2, 4, 6] and step.replays == 4
     stats = padded_opt.last_step_stats
     assert (stats.noise_multiplier, stats.noise_std) == (2.0, 2.0 * 0.05)
+
+
+def test_a_step_taken_outside_drops_the_graph(graphs):
+    """The user's own eager step between calls (it may replace state the graph writes into): the next call
+    runs eagerly, then the step is captured again."""
+    plain, plain_opt = setup(mlp, "ghost")
+    padded, padded_opt = setup(mlp, "ghost")
+    step = graphs(padded, padded_opt, max_batch_size=6, warmup=1)
+    for i, (x, y) in enumerate(batches((6,), [4, 4, 4, 3, 4, 4, 4], 1)):
+        plain_step(plain, plain_opt, x, y, "mean")
+        if i == 3:
+            plain_step(padded, padded_opt, x, y, "mean")
+        else:
+            step(x, y)
+        assert_close(params_of(plain), params_of(padded), f"step {i}")
+    assert (step.eager_steps, step.captures, step.replays) == (3, 2, 3)
 
 
 def test_the_accountant_counts_every_step_and_the_loader_check_holds(graphs):
@@ -342,9 +366,10 @@ def test_a_sample_with_a_nan_norm_warns_at_the_next_call(graphs):
     model, opt = setup(mlp, "ghost")
     step = graphs(model, opt, max_batch_size=4, warmup=1)
     x, y = next(batches((6,), [3], 1))
-    step(x, y)  # the warm-up (and the probe), on finite samples
+    step(x, y)  # the probe's step, on finite samples
+    step(x, y)  # the eager step before the capture
     x[1, 0] = float("inf")
-    step(x, y)  # replayed
+    step(x, y)  # captured and replayed
     with pytest.warns(PrivacyWarning, match="1 sample"):
         step(x[[0, 2]], y[[0, 2]])
     assert all(bool(torch.isfinite(p).all()) for p in model.parameters())
@@ -361,6 +386,9 @@ def test_bad_arguments_are_refused_with_the_fix():
         GraphedStep(model, DistributedDPOptimizer.__new__(DistributedDPOptimizer))
     with pytest.raises(ValueError, match="max_batch_size"):
         GraphedStep(model, opt, max_batch_size=0)
+    for bad in (0, None, True, -1):
+        with pytest.raises(ValueError, match=f"warmup={bad!r} is invalid"):
+            GraphedStep(model, opt, warmup=bad)
     cpu_model, cpu_opt = setup(mlp, "hooks")
     cpu_model.to("cpu")
     with pytest.raises(ValueError, match="capture=True needs"):
@@ -412,22 +440,28 @@ def test_a_step_that_cannot_be_captured_runs_eagerly_with_a_warning():
             plain_step(plain, plain_opt, x, y, "mean")
             step(x, y)
             assert_close(params_of(plain), params_of(padded), "after a failed capture")
-    failed = [w for w in caught if "capturing the DP step" in str(w.message)]
+    failed = [w for w in caught if "reads the device on the host" in str(w.message)]
     assert len(failed) == (1 if on_cuda else 0)
     assert step.captures == 0 and step.eager_steps == 3 and not step.capture
     if on_cuda:
         strict, strict_opt = setup(make, "hooks")
         required = GraphedStep(strict, strict_opt, max_batch_size=6, warmup=1, capture=True)
-        with pytest.raises(RuntimeError, match="capturing the DP step"):
+        with pytest.raises(RuntimeError, match="reads the device on the host"):
             for x, y in batches((6,), [3, 4], 1):
                 required(x, y)
 
 
 class HostReads(TorchFunctionMode):
     """Records what a CUDA graph's capture would refuse: reads of the device on the host, results whose size
-    is the data's, tensors made from host data, moves between devices (on the CPU all of them run, unseen)."""
+    is the data's, tensors made from host data, moves between devices (on the CPU all of them run, unseen).
 
-    READS = frozenset({"__bool__", "item", "tolist", "__float__", "__int__", "__index__", "numpy", "cpu", "cuda"})
+    It sees calls that reach Python's torch functions; a synchronisation inside a C++ kernel it cannot
+    see (on a GPU, :class:`GraphedStep` checks the step with ``torch.cuda.set_sync_debug_mode`` first).
+    """
+
+    READS = frozenset(
+        {"__bool__", "item", "tolist", "__float__", "__int__", "__index__", "numpy", "cpu", "cuda", "equal"}
+    )
     SIZED_BY_DATA = frozenset({"nonzero", "argwhere", "unique", "unique_consecutive", "masked_select", "bincount"})
     FROM_HOST = frozenset({"tensor", "as_tensor", "new_tensor", "from_numpy"})
 
@@ -438,21 +472,64 @@ class HostReads(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
-        moves = name == "to" and any(
-            isinstance(a, (str, torch.device, torch.Tensor)) for a in (*args[1:], *kwargs.values())
+        rest = (*args[1:], *kwargs.values())
+        moves = name == "to" and any(isinstance(a, (str, torch.device, torch.Tensor)) for a in rest)
+        bool_index = name in ("__getitem__", "__setitem__", "index_put_") and any(
+            isinstance(a, torch.Tensor) and a.dtype == torch.bool for a in _flat(args[1:2])
         )
-        if name in self.READS | self.SIZED_BY_DATA | self.FROM_HOST or moves:
+        one_arg_where = name == "where" and len(args) + len(kwargs) == 1
+        sized_repeats = name == "repeat_interleave" and any(isinstance(a, torch.Tensor) for a in rest)
+        if (
+            name in self.READS | self.SIZED_BY_DATA | self.FROM_HOST
+            or moves
+            or bool_index
+            or one_arg_where
+            or sized_repeats
+        ):
             self.seen.add(name)
         return func(*args, **kwargs)
 
 
-@pytest.mark.parametrize("mode", ["hooks", "ghost"])
-@pytest.mark.parametrize("name", list(MODELS))
+def _flat(items):
+    for item in items:
+        if isinstance(item, (tuple, list)):
+            yield from _flat(item)
+        else:
+            yield item
+
+
+def test_the_host_read_detector_sees_what_it_looks_for():
+    x = torch.randn(4)
+    for read, name in [
+        (lambda: bool(x.sum() > 0), "__bool__"),
+        (lambda: x[x > 0], "__getitem__"),
+        (lambda: torch.where(x > 0), "where"),
+        (lambda: x.repeat_interleave(torch.tensor([1, 2, 1, 0])), "repeat_interleave"),
+        (lambda: torch.unique(x), "unique"),
+        (lambda: torch.equal(x, x), "equal"),
+        (lambda: x.to("cpu"), "to"),
+        (lambda: torch.tensor([1.0]), "tensor"),
+    ]:
+        reads = HostReads()
+        with reads:
+            read()
+        assert name in reads.seen, name
+    reads = HostReads()
+    with reads:
+        torch.where(x > 0, x, 0.0), x.repeat_interleave(2), x[1:], x.to(torch.float64)
+    assert not reads.seen
+
+
+@pytest.mark.parametrize(
+    ("name", "mode"),
+    # ew has no rule for nn.MultiheadAttention and refuses the text transformer (docs/performance.md)
+    [(n, m) for n in MODELS for m in available_modes() if (n, m) != ("TextTransformer", "ew")],
+)
 def test_the_padded_step_of_every_suite_model_reads_nothing_from_the_device(name, mode):
-    """What a capture refuses, looked for on the CPU: the step of each benchmark model in hooks and ghost mode.
+    """What a capture refuses, looked for on the CPU: the step of each benchmark model in every mode.
 
     The warm-up steps may read (the provenance probe does); the step a graph holds may not."""
-    model, inputs, targets, _ = build(name, 4, K=1, flavour="dp", seed=0)
+    model, inputs, targets, _ = build(name, 4, K=1, flavour=flavour_of(f"dpsgd_{mode}"), seed=0)
     wrapped = dpnotebook.wrap_model(model, mode)
     opt = optimizer_class(mode)(
         torch.optim.SGD(wrapped.parameters(), lr=0.1),
@@ -484,4 +561,4 @@ def test_under_autocast_the_padded_step_is_the_plain_step(mode, graphs):
             step(x, y)
         for a, b in zip(params_of(plain), params_of(padded), strict=True):
             assert torch.allclose(a, b, rtol=1e-2, atol=1e-3), f"{mode} step {i}: {(a - b).abs().max()}"
-    assert step.replays == 3
+    assert step.replays == 2

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from dpnotebook.errors import GradSampleError
+from dpnotebook.grad_sample._engine.capturable import buffers_kept
 from dpnotebook.grad_sample._engine.precision import exact_float32
 from dpnotebook.grad_sample.samplers._contracts import (
     GhostCall,
@@ -125,7 +126,12 @@ class GhostLedger:
     def _scratch(
         self, m: nn.Module, ordinal: int | tuple[Any, ...], key: tuple[Any, ...], shape: tuple[int, ...], like: Tensor
     ) -> Tensor:
-        """A buffer kept from step to step for layer ``m`` (in the ``ordinal``-th forward pass or settled call)."""
+        """A buffer kept from step to step for layer ``m`` (in the ``ordinal``-th forward pass or settled call).
+
+        Inside :func:`~dpnotebook.grad_sample._engine.capturable.capturable_step` a fresh one: a kept buffer
+        would sit outside a CUDA graph's memory, and a step run outside the graph could replace it."""
+        if not buffers_kept():
+            return like.new_empty(shape)
         full = (id(m), ordinal, key)
         buf = self._buffers.get(full)
         if buf is None or tuple(buf.shape) != tuple(shape) or buf.dtype != like.dtype or buf.device != like.device:

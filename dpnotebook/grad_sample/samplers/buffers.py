@@ -29,6 +29,7 @@ from functools import partial
 import torch
 from torch import Tensor, nn
 
+from dpnotebook.grad_sample._engine.capturable import buffers_kept
 from dpnotebook.grad_sample._registry import register_grad_sampler
 from dpnotebook.grad_sample.samplers.conv import conv_grad_sampler, conv_grad_sampler_fast
 from dpnotebook.grad_sample.samplers.linear import linear_grad_sampler, linear_grad_sampler_fast
@@ -55,8 +56,8 @@ def _only_cached(t: Tensor) -> bool:
 
 def result_buffer(layer: nn.Module, shape: tuple[int, ...], like: Tensor) -> Tensor:
     """An uninitialised tensor of ``shape`` (``like``'s dtype and device): last step's, when nobody holds it."""
-    if like.element_size() * torch.Size(shape).numel() < MIN_BYTES or like.requires_grad:
-        return like.new_empty(shape)
+    if like.element_size() * torch.Size(shape).numel() < MIN_BYTES or like.requires_grad or not buffers_kept():
+        return like.new_empty(shape)  # small, differentiated, or in a step a CUDA graph captures (capturable)
     t = _KEPT.get(layer)
     if t is not None and t.shape == shape and t.dtype == like.dtype and t.device == like.device and _only_cached(t):
         return t

@@ -24,7 +24,7 @@ from typing import cast
 import torch
 from torch import Tensor, nn
 
-from dpnotebook.grad_sample._engine.host_reads import host_reads_allowed
+from dpnotebook.grad_sample._engine.capturable import host_reads_allowed
 from dpnotebook.grad_sample.samplers._contracts import (
     GhostCall,
     GhostGroup,

@@ -1,4 +1,4 @@
-"""The forms the per-sample work takes inside ``without_host_reads()`` (a step a CUDA graph captures).
+"""The forms the per-sample work takes inside ``capturable_step()`` (a step a CUDA graph captures).
 
 Each is checked against the form that reads the device, and against the float64 definition: the embedding
 norms must be equal, and a guarded Gram norm may only be larger (never clip a sample less than its norm).
@@ -9,14 +9,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dpnotebook.grad_sample._engine.host_reads import host_reads_allowed, without_host_reads
+from dpnotebook.grad_sample._engine.capturable import capturable_step, host_reads_allowed
 from dpnotebook.grad_sample.samplers.linear_norm import embedding_sq_norms, embedding_sq_norms_fixed, guard_gram
 
 
 def embedding_oracle(idx, G, V):
     """Each sample's embedding gradient formed in float64 ([B, V, D]), then its squared norm."""
     B, n = idx.shape
-    grads = torch.zeros(B, V, G.shape[-1], dtype=torch.float64)
+    grads = torch.zeros(B, V, G.shape[-1], dtype=torch.float64, device="cpu")  # the CPU, whatever the default
     for b in range(B):
         grads[b].index_add_(0, idx[b], G[b].double())
     return grads.flatten(1).pow(2).sum(1)
@@ -30,7 +30,7 @@ def test_the_fixed_embedding_norms_are_the_unique_ones(B, n, V):
     fixed, unique = embedding_sq_norms_fixed(idx, G, V), embedding_sq_norms(idx, G, V)
     assert torch.allclose(fixed, unique, rtol=1e-5, atol=1e-6)
     assert torch.allclose(fixed.double().cpu(), embedding_oracle(idx.cpu(), G.cpu(), V), rtol=1e-5, atol=1e-6)
-    with without_host_reads():
+    with capturable_step():
         assert not host_reads_allowed()
         assert torch.equal(embedding_sq_norms(idx, G, V), fixed)
     assert host_reads_allowed()
@@ -47,7 +47,7 @@ def test_the_guard_without_reads_never_gives_less_than_the_guard():
     A[3, 0, 0] = float("nan")
     sq = (A @ A.mT * (G @ G.mT)).sum((1, 2))  # the float32 Gram norms the guard checks
     read = guard_gram(A, G, sq)
-    with without_host_reads():
+    with capturable_step():
         fixed = guard_gram(A, G, sq)
     exact = torch.bmm(G.double().mT, A.double()).flatten(1).pow(2).sum(1)
     assert torch.equal(fixed[2], read[2]) and torch.equal(fixed[2], sq[2])  # not suspect: untouched
