@@ -59,6 +59,26 @@ RowLoss = Callable[[Tensor, Tensor], Tensor]
 
 #: Eager padded steps before the capture: lazy state (the provenance probe, cuBLAS workspaces) is made then.
 WARMUP = 3
+#: What ``torch.cuda.set_sync_debug_mode("warn")`` says at a synchronising call (c10/cuda, ``warn_or_error_on_sync``).
+SYNC_WARNING = "called a synchronizing CUDA operation"
+#: What it says, once per process, when the mode is switched on: no call of the step's. Taking it for a
+#: synchronising call made the first GraphedStep of each process run eagerly (H200, 2026-11-28).
+PROTOTYPE_NOTICE = "Synchronization debug mode is a prototype feature"
+
+
+def sync_calls(caught: list[warnings.WarningMessage]) -> tuple[list[str], list[warnings.WarningMessage]]:
+    """The synchronising calls among warnings recorded under ``set_sync_debug_mode("warn")``, and the others
+    (torch's notice that the mode is a prototype is neither: it says nothing of the step).
+
+    >>> made = [warnings.WarningMessage(UserWarning(m), UserWarning, "f", 1) for m in (
+    ...     SYNC_WARNING + " (function item)", PROTOTYPE_NOTICE + " and ...", "a warning of the step's")]
+    >>> syncs, others = sync_calls(made)
+    >>> syncs, [str(w.message) for w in others]
+    (['called a synchronizing CUDA operation (function item)'], ["a warning of the step's"])
+    """
+    syncs = [str(w.message).split("\n")[0][:200] for w in caught if str(w.message).startswith(SYNC_WARNING)]
+    others = [w for w in caught if not str(w.message).startswith((SYNC_WARNING, PROTOTYPE_NOTICE))]
+    return syncs, others
 
 
 def row_cross_entropy(output: Tensor, target: Tensor) -> Tensor:
@@ -324,7 +344,6 @@ class GraphedStep:
         (the state the step made, momentum and the like, is then made outside the graph)."""
         check = self.capture and self._rows_proven()
         watch = check and torch.cuda.is_available()  # the sync check is CUDA's (a CPU build has none)
-        syncs: list[str] = []
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             mode = torch.cuda.get_sync_debug_mode() if watch else 0
@@ -341,11 +360,9 @@ class GraphedStep:
             finally:
                 if watch:
                     torch.cuda.set_sync_debug_mode(mode)
-        for w in caught:
-            if watch and "synchroniz" in str(w.message):
-                syncs.append(str(w.message).split("\n")[0][:200])
-            else:
-                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        syncs, others = sync_calls(caught) if watch else ([], list(caught))
+        for w in others:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
         self._stats = self.optimizer.last_step_stats
         self._ready = self._constants() if check and not syncs else None
         if syncs:
