@@ -344,25 +344,21 @@ class GraphedStep:
         (the state the step made, momentum and the like, is then made outside the graph)."""
         check = self.capture and self._rows_proven()
         watch = check and torch.cuda.is_available()  # the sync check is CUDA's (a CPU build has none)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            mode = torch.cuda.get_sync_debug_mode() if watch else 0
-            if watch:
+        syncs: list[str] = []
+        if watch:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                mode = torch.cuda.get_sync_debug_mode()
                 torch.cuda.set_sync_debug_mode("warn")
-            try:
-                with self._owned():
-                    self._padded_step()
-            except GradSampleError as error:
-                raise GradSampleError(
-                    f"{error} (In a GraphedStep, the samples from {self._samples} on are copies of sample 0 "
-                    "that pad the batch.)"
-                ) from error
-            finally:
-                if watch:
+                try:
+                    self._step_naming_padding()
+                finally:
                     torch.cuda.set_sync_debug_mode(mode)
-        syncs, others = sync_calls(caught) if watch else ([], list(caught))
-        for w in others:
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+            syncs, others = sync_calls(caught)
+            for w in others:  # the step's own warnings, given as they came
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        else:
+            self._step_naming_padding()
         self._stats = self.optimizer.last_step_stats
         self._ready = self._constants() if check and not syncs else None
         if syncs:
@@ -374,6 +370,16 @@ class GraphedStep:
                 raise RuntimeError(message + " Fix: capture=None (steps eager where a capture would fail).")
             warnings.warn(message + " GraphedStep runs every step eagerly.", RuntimeWarning, stacklevel=4)
             self.capture = False
+
+    def _step_naming_padding(self) -> None:
+        try:
+            with self._owned():
+                self._padded_step()
+        except GradSampleError as error:  # the probe names samples: some may be the padding's
+            raise GradSampleError(
+                f"{error} (In a GraphedStep, the samples from {self._samples} on are copies of sample 0 that pad "
+                "the batch.)"
+            ) from error
 
     def _rows_proven(self) -> bool:
         """Whether the provenance probe (hooks, ghost, ew) is done: it reads the device while it runs."""

@@ -22,7 +22,7 @@ import dpnotebook
 from dpnotebook.audit._sensitivity import reference_clipped_sum
 from dpnotebook.benchmarks.models import MODELS, build
 from dpnotebook.benchmarks.steps import flavour_of
-from dpnotebook.errors import PrivacyWarning
+from dpnotebook.errors import GradSampleError, PrivacyWarning
 from dpnotebook.modes import available_modes
 from dpnotebook.privacy import DPDataLoader, GraphedStep, PrivacyEngine
 from dpnotebook.privacy._distributed import DistributedDPOptimizer
@@ -562,3 +562,13 @@ def test_under_autocast_the_padded_step_is_the_plain_step(mode, graphs):
         for a, b in zip(params_of(plain), params_of(padded), strict=True):
             assert torch.allclose(a, b, rtol=1e-2, atol=1e-3), f"{mode} step {i}: {(a - b).abs().max()}"
     assert step.replays == 2
+
+
+def test_a_probe_refusal_says_which_samples_are_padding():
+    """The provenance probe runs on the padded batch: a refusal naming samples past the batch says so."""
+    model, opt = setup(mlp, "hooks")
+    step = GraphedStep(model, opt, max_batch_size=5, warmup=1)
+    x, y = next(batches((6,), [3], 1))
+    x[0, 2] = float("nan")  # copied into the rows past the batch
+    with pytest.raises(GradSampleError, match=r"turned a gradient .* the samples from 3 on are copies of sample 0"):
+        step(x, y)
