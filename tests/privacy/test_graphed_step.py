@@ -2,9 +2,11 @@
 
 The ``graphs`` fixture makes steps that capture: under ``pytest --device cuda`` (the GPU test path) in a
 real CUDA graph after ``warmup`` eager steps, so each comparison with the plain eager step is a replay's;
-on the CPU through :class:`FakeGraph`, which keeps a graph's semantics for everything GraphedStep does
-around it (a capture runs the step's Python and none of its tensor work; a replay the tensor work, into
-the capture's tensors, and none of the Python). The ``eager`` path (``capture=False``) is tested too.
+on the CPU through :class:`FakeGraph`, which keeps a graph's semantics for what GraphedStep reads around
+it (a capture runs the step's Python and none of its tensor work; a replay the tensor work, into the
+capture's tensors, and none of the Python) but not a graph's fixed memory: memory freed under a replay,
+or state made inside a capture, shows only on a GPU (``docs/guarantees.md``, "On a GPU", has the rules
+that prevent both and what the H200 runs found). The ``eager`` path (``capture=False``) is tested too.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ SIGMA, C, LR = 0.7, 0.5, 0.3
 class FakeGraph:
     """A CUDA graph's semantics on the CPU, for the bookkeeping around it: a capture runs the step's Python
     but none of its tensor work (undone here), a replay does the tensor work into the tensors the capture
-    made and none of the Python (the objects GraphedStep reads are put back, holding the new values)."""
+    made and none of the Python (the objects GraphedStep reads are put back, holding the new values).
+    Unlike a graph, its replay allocates afresh and makes missing state again: fixed memory is not modelled."""
 
     def __init__(self, step: GraphedStep) -> None:
         self.step, self.captured = step, False
