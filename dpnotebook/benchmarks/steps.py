@@ -136,6 +136,12 @@ def dpsgd_step(model: nn.Module, mode: str, x: Inputs, y: Tensor, K: int = 1, *,
     >>> step()
     """
     inputs = _tuple(x)
+    wrapped, opt = _private(model, mode, inputs, K)
+    return _training(wrapped, opt, inputs, y, loss)
+
+
+def _private(model: nn.Module, mode: str, inputs: tuple[Tensor, ...], K: int) -> tuple[nn.Module, Any]:
+    """``model`` wrapped in ``mode`` and its DP optimizer, with the benchmarks' settings."""
     wrapped = dpnotebook.wrap_model(model, mode, K=K)
     opt = optimizer_class(mode)(
         torch.optim.SGD(wrapped.parameters(), lr=LR),
@@ -144,7 +150,7 @@ def dpsgd_step(model: nn.Module, mode: str, x: Inputs, y: Tensor, K: int = 1, *,
         expected_batch_size=inputs[0].shape[0] // K,
         secure_mode=False,  # a benchmark: PyTorch's generator, said so (no warning)
     )
-    return _training(wrapped, opt, inputs, y, loss)
+    return wrapped, opt
 
 
 def graphed_step(
@@ -164,15 +170,7 @@ def graphed_step(
     if loss is not F.cross_entropy:
         raise ValueError(f"graphed_{mode} needs a cross-entropy model (a loss per row); this one's is {loss!r}.")
     inputs = _tuple(x)
-    wrapped = dpnotebook.wrap_model(model, mode, K=K)
-    opt = optimizer_class(mode)(
-        torch.optim.SGD(wrapped.parameters(), lr=LR),
-        noise_multiplier=SIGMA,
-        max_grad_norm=CLIP,
-        expected_batch_size=inputs[0].shape[0] // K,
-        secure_mode=False,
-    )
-    graphed = GraphedStep(wrapped, opt, row_cross_entropy)
+    graphed = GraphedStep(*_private(model, mode, inputs, K), row_cross_entropy)
 
     def step() -> None:
         graphed(*inputs, y)

@@ -196,9 +196,9 @@ class GraphedStep:
         self._noise: list[Tensor] = [torch.zeros_like(p) for p in optimizer.params]
         self._loss_sum: Tensor | None = None
         self._stats: StepStats | None = None  # the statistics the padded step (or the captured one) made
-        self._nonfinite: tuple[Tensor, Any] | None = None  # the last step's count on the host, and its event
-        self._count_host: Tensor | None = None
-        self._count_done: Any = None
+        self._count_host: Tensor | None = None  # the last step's non-finite count, copied to the host
+        self._count_done: Any = None  # its copy's event (CUDA)
+        self._count_pending = False  # a count not read yet
         self._samples = 0  # the samples of the call running
 
     # ---- the call -------------------------------------------------------------------------------------
@@ -474,21 +474,20 @@ class GraphedStep:
             self._count_host.copy_(count, non_blocking=True)
             if self._count_done is not None:
                 self._count_done.record()
-            self._nonfinite = (self._count_host, self._count_done)
+            self._count_pending = True
         for hook in opt.step_hooks:  # the accountant counts every step, replayed or not
             hook(opt)
 
     def _warn_nonfinite(self) -> None:
         """The last step's warning for samples with a non-finite norm (its count is read now, not then)."""
-        if self._nonfinite is None:
+        if not self._count_pending or self._count_host is None:
             return
-        host, event = self._nonfinite
-        self._nonfinite = None
-        if event is not None:
-            event.synchronize()
-        if int(host):
+        self._count_pending = False
+        if self._count_done is not None:
+            self._count_done.synchronize()
+        if count := int(self._count_host):
             warnings.warn(
-                f"{int(host)} sample(s) of the last GraphedStep step had a NaN or infinite gradient norm; they got "
+                f"{count} sample(s) of the last GraphedStep step had a NaN or infinite gradient norm; they got "
                 "clip factor 0 and added nothing to the step. Check the loss and the inputs of those samples "
                 "(an overflow, a log of 0).",
                 PrivacyWarning,

@@ -119,14 +119,15 @@ def convnet() -> nn.Module:
     return nn.Sequential(nn.Conv2d(2, 4, 3), nn.GroupNorm(2, 4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 3 * 3, 3))
 
 
-def setup(make, mode, *, K=1, reduction="mean", sigma=SIGMA, expected=4.0, momentum=0.0):
+def setup(make, mode, *, K=1, reduction="mean", sigma=SIGMA, expected=4.0, momentum=0.0, lr=LR, clipping="flat"):
     model = dpnotebook.wrap_model(make(), mode, K=K, loss_reduction=reduction)
     opt = optimizer_class(mode)(
-        torch.optim.SGD(model.parameters(), lr=LR, momentum=momentum),
+        torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum),
         noise_multiplier=sigma,
         max_grad_norm=C,
         expected_batch_size=expected,
         loss_reduction=reduction,
+        clipping=clipping,
         generator=torch.Generator().manual_seed(7),
         secure_mode=False,
     )
@@ -236,15 +237,7 @@ def test_rows_past_the_batch_add_nothing_even_for_an_adversarial_first_sample(ki
         return [r for i in samples for r in range(i * K, (i + 1) * K)]
 
     def update(samples):
-        model = dpnotebook.wrap_model(make(), mode, K=K, loss_reduction="sum")
-        opt = optimizer_class(mode)(
-            torch.optim.SGD(model.parameters(), lr=1.0),
-            noise_multiplier=0.0,
-            max_grad_norm=C,
-            expected_batch_size=1.0,
-            loss_reduction="sum",
-            clipping=clipping,
-        )
+        model, opt = setup(make, mode, K=K, reduction="sum", sigma=0.0, expected=1.0, lr=1.0, clipping=clipping)
         before = params_of(model)
         step = graphs(model, opt, max_batch_size=8, warmup=1)
         for _ in range(2):  # the probe's step and the eager step before the capture, on finite samples
