@@ -568,3 +568,14 @@ def test_a_probe_refusal_says_which_samples_are_padding():
     x[0, 2] = float("nan")  # copied into the rows past the batch
     with pytest.raises(GradSampleError, match=r"turned a gradient .* the samples from 3 on are copies of sample 0"):
         step(x, y)
+
+
+def test_a_virtual_step_and_a_time_major_model_are_refused_with_the_fix():
+    model, opt = setup(mlp, "hooks")
+    with pytest.raises(ValueError, match="batch_first=False. Fix: wrap it with batch_first=True"):
+        GraphedStep(dpnotebook.wrap_model(mlp(), "hooks", batch_first=False), opt)
+    step = GraphedStep(model, opt, max_batch_size=4)
+    opt.signal_skip_step()  # as BatchMemoryManager does
+    x, y = next(batches((6,), [2], 1))
+    with pytest.raises(RuntimeError, match="asked for a virtual step. Fix: give the whole Poisson batch"):
+        step(x, y)
